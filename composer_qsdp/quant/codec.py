@@ -1,0 +1,189 @@
+"""The one codec interface: a floating tensor -> one flat ``uint8`` wire buffer -> a tensor.
+
+Every codec in :mod:`composer_qsdp.quant` implements :class:`Codec`. The communication layer only ever
+talks to this interface, so a new quantizer plugs into the quantized all-gather and reduce-scatter by
+implementing ``_encode``/``_decode`` (and optionally faster ``encode_rows``/``decode_rows``/``decode_sum``).
+
+Wire buffers are self-contained: everything :meth:`Codec.decode` needs (codes and per-bucket metadata)
+is inside the bytes, so a receiver never needs the sender's seed.
+
+Random streams: ``encode(x, seed, offset)`` draws the rounding noise of element ``i`` from a
+counter-based stream at counter ``offset + i`` under key ``seed``. ``encode_rows`` encodes row ``r`` of a
+``[R, n]`` matrix exactly as ``encode(x[r], seed, offset + r * n)``; that equivalence is the specification
+the Triton kernels are tested against.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+__all__ = ["Codec", "FLOAT_DTYPES", "check_bits", "check_bucket_size"]
+
+#: Dtypes a codec accepts as input and produces as output.
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+MAX_SEED = 2**63 - 1
+
+
+def check_bits(bits: int, allowed: range | tuple[int, ...] = range(1, 9)) -> int:
+    """Return ``bits`` if it is an int in ``allowed``, else raise a ``ValueError`` naming both."""
+    if isinstance(bits, bool) or not isinstance(bits, int) or bits not in allowed:
+        allowed_text = f"{allowed.start}..{allowed.stop - 1}" if isinstance(allowed, range) else str(allowed)
+        raise ValueError(f"bits={bits!r} is not supported; allowed: integers {allowed_text}")
+    return bits
+
+
+def check_bucket_size(bucket_size: int) -> int:
+    """Return ``bucket_size`` if it is a positive int, else raise a ``ValueError``."""
+    if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size < 1:
+        raise ValueError(f"bucket_size={bucket_size!r} is invalid; it must be an integer >= 1 (elements per bucket)")
+    return bucket_size
+
+
+class Codec(ABC):
+    """Bucketed quantizer with a flat ``uint8`` wire format.
+
+    Attributes:
+        name: registry name (``make_codec(name, ...)``).
+        bits: bits per code (1..8).
+        bucket_size: elements that share one set of metadata (scale, offset, levels...).
+    """
+
+    name: str = "abstract"
+
+    def __init__(self, bits: int, bucket_size: int) -> None:
+        self.bits = check_bits(bits)
+        self.bucket_size = check_bucket_size(bucket_size)
+
+    # ----------------------------------------------------------------- sizes
+    def num_buckets(self, numel: int) -> int:
+        """Number of buckets covering ``numel`` elements (the last one may be partial)."""
+        return -(-numel // self.bucket_size)
+
+    @abstractmethod
+    def wire_bytes(self, numel: int) -> int:
+        """Exact size in bytes of ``encode`` of a tensor with ``numel`` elements."""
+
+    @property
+    def unbiased(self) -> bool:
+        """True when ``E_seed[decode(encode(x, seed))] == x`` (stochastic codecs)."""
+        return False
+
+    # ------------------------------------------------------------- public API
+    def encode(self, x: torch.Tensor, seed: int = 0, offset: int = 0) -> torch.Tensor:
+        """Quantize ``x`` (any shape, flattened) into a 1-D ``uint8`` tensor of ``wire_bytes(x.numel())`` bytes.
+
+        Args:
+            x: floating tensor (fp32, bf16 or fp16), non-empty.
+            seed: key of the random stream (0 <= seed < 2**63); ignored by deterministic codecs.
+            offset: counter of the first element in the random stream (>= 0).
+        """
+        self._check_input(x)
+        self._check_seed(seed, offset)
+        wire = self._encode(x.reshape(-1), seed, offset)
+        assert wire.dtype == torch.uint8 and wire.numel() == self.wire_bytes(x.numel())
+        return wire
+
+    def decode(self, wire: torch.Tensor, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Decode a wire buffer produced by :meth:`encode` into a 1-D tensor of ``numel`` elements of ``dtype``."""
+        self._check_wire(wire, numel)
+        self._check_dtype(dtype)
+        return self._decode(wire, numel, dtype)
+
+    def encode_rows(self, x: torch.Tensor, seed: int = 0, offset: int = 0) -> torch.Tensor:
+        """Encode each row of a ``[R, n]`` tensor independently: ``[R, wire_bytes(n)]`` ``uint8``.
+
+        Row ``r`` equals ``encode(x[r], seed, offset + r * n)``.
+        """
+        if x.dim() != 2:
+            raise ValueError(f"encode_rows expects a 2-D [rows, n] tensor, got shape {tuple(x.shape)}")
+        self._check_input(x)
+        self._check_seed(seed, offset)
+        n = x.shape[1]
+        return torch.stack([self._encode(x[r], seed, offset + r * n) for r in range(x.shape[0])])
+
+    def decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Decode a ``[R, wire_bytes(numel)]`` buffer into a ``[R, numel]`` tensor of ``dtype``."""
+        self._check_wire_rows(wire, numel)
+        self._check_dtype(dtype)
+        return torch.stack([self._decode(wire[r], numel, dtype) for r in range(wire.shape[0])])
+
+    def decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
+        """Decode the ``R`` rows of ``wire`` and sum them in fp32: the reduce side of a reduce-scatter.
+
+        Returns a 1-D fp32 tensor of ``numel`` elements. The sum runs over rows in order 0..R-1 so every
+        implementation gives the same fp32 result.
+        """
+        self._check_wire_rows(wire, numel)
+        acc = torch.zeros(numel, dtype=torch.float32, device=wire.device)
+        for r in range(wire.shape[0]):
+            acc += self._decode(wire[r], numel, torch.float32)
+        return acc
+
+    # ------------------------------------------------------ codec-specific
+    @abstractmethod
+    def _encode(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
+        """Encode a validated, non-empty 1-D floating tensor."""
+
+    @abstractmethod
+    def _decode(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """Decode a validated 1-D wire buffer."""
+
+    # ---------------------------------------------------------- validation
+    def _check_input(self, x: torch.Tensor) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{self.name} codec expects a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in FLOAT_DTYPES:
+            raise ValueError(
+                f"{self.name} codec cannot encode dtype {x.dtype}; allowed: float32, bfloat16, float16"
+            )
+        if x.numel() == 0:
+            raise ValueError(f"{self.name} codec cannot encode an empty tensor (shape {tuple(x.shape)})")
+
+    @staticmethod
+    def _check_seed(seed: int, offset: int) -> None:
+        if not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+            raise ValueError(f"seed={seed!r} is invalid; it must be an integer in [0, 2**63)")
+        if not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"offset={offset!r} is invalid; it must be an integer >= 0")
+
+    def _check_dtype(self, dtype: torch.dtype) -> None:
+        if dtype not in FLOAT_DTYPES:
+            raise ValueError(f"cannot decode to dtype {dtype}; allowed: float32, bfloat16, float16")
+
+    def _check_numel(self, numel: int) -> None:
+        if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
+            raise ValueError(f"numel={numel!r} is invalid; it must be an integer >= 1")
+
+    def _check_wire(self, wire: torch.Tensor, numel: int) -> None:
+        self._check_numel(numel)
+        if not isinstance(wire, torch.Tensor) or wire.dtype != torch.uint8 or wire.dim() != 1:
+            raise ValueError(f"{self.name} wire must be a 1-D torch.uint8 tensor, got {_describe(wire)}")
+        expected = self.wire_bytes(numel)
+        if wire.numel() != expected:
+            raise ValueError(
+                f"{self.name} wire has {wire.numel()} bytes but numel={numel} needs exactly {expected} bytes "
+                f"(bits={self.bits}, bucket_size={self.bucket_size})"
+            )
+
+    def _check_wire_rows(self, wire: torch.Tensor, numel: int) -> None:
+        self._check_numel(numel)
+        if not isinstance(wire, torch.Tensor) or wire.dtype != torch.uint8 or wire.dim() != 2:
+            raise ValueError(f"{self.name} row wire must be a 2-D torch.uint8 tensor, got {_describe(wire)}")
+        expected = self.wire_bytes(numel)
+        if wire.shape[1] != expected:
+            raise ValueError(
+                f"{self.name} row wire has {wire.shape[1]} bytes per row but numel={numel} needs exactly "
+                f"{expected} (bits={self.bits}, bucket_size={self.bucket_size})"
+            )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(bits={self.bits}, bucket_size={self.bucket_size})"
+
+
+def _describe(t: object) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"dtype {t.dtype} with shape {tuple(t.shape)}"
+    return type(t).__name__
