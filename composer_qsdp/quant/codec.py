@@ -2,7 +2,8 @@
 
 Every codec in :mod:`composer_qsdp.quant` implements :class:`Codec`. The communication layer only ever
 talks to this interface, so a new quantizer plugs into the quantized all-gather and reduce-scatter by
-implementing ``_encode``/``_decode`` (and optionally faster ``encode_rows``/``decode_rows``/``decode_sum``).
+implementing ``_encode``/``_decode`` (and optionally batched ``_encode_rows``/``_decode_rows``/``_decode_sum``,
+the hooks behind the validated ``encode_rows``/``decode_rows``/``decode_sum``).
 
 Wire buffers are self-contained: everything :meth:`Codec.decode` needs (codes and per-bucket metadata)
 is inside the bytes, so a receiver never needs the sender's seed.
@@ -101,14 +102,13 @@ class Codec(ABC):
             raise ValueError(f"encode_rows expects a 2-D [rows, n] tensor, got shape {tuple(x.shape)}")
         self._check_input(x)
         self._check_seed(seed, offset)
-        n = x.shape[1]
-        return torch.stack([self._encode(x[r], seed, offset + r * n) for r in range(x.shape[0])])
+        return self._encode_rows(x, seed, offset)
 
     def decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Decode a ``[R, wire_bytes(numel)]`` buffer into a ``[R, numel]`` tensor of ``dtype``."""
         self._check_wire_rows(wire, numel)
         self._check_dtype(dtype)
-        return torch.stack([self._decode(wire[r], numel, dtype) for r in range(wire.shape[0])])
+        return self._decode_rows(wire, numel, dtype)
 
     def decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
         """Decode the ``R`` rows of ``wire`` and sum them in fp32: the reduce side of a reduce-scatter.
@@ -117,10 +117,7 @@ class Codec(ABC):
         implementation gives the same fp32 result.
         """
         self._check_wire_rows(wire, numel)
-        acc = torch.zeros(numel, dtype=torch.float32, device=wire.device)
-        for r in range(wire.shape[0]):
-            acc += self._decode(wire[r], numel, torch.float32)
-        return acc
+        return self._decode_sum(wire, numel)
 
     # ------------------------------------------------------ codec-specific
     @abstractmethod
@@ -130,6 +127,23 @@ class Codec(ABC):
     @abstractmethod
     def _decode(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """Decode a validated 1-D wire buffer."""
+
+    # Batched hooks behind the validated public row methods; codecs with a batched path (kernels) override them.
+    def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
+        """Encode a validated ``[R, n]`` tensor row by row (row ``r`` at counter ``offset + r * n``)."""
+        n = x.shape[1]
+        return torch.stack([self._encode(x[r], seed, offset + r * n) for r in range(x.shape[0])])
+
+    def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """Decode a validated ``[R, wire_bytes(numel)]`` buffer row by row."""
+        return torch.stack([self._decode(wire[r], numel, dtype) for r in range(wire.shape[0])])
+
+    def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
+        """Sum the fp32 decodes of the rows of a validated buffer, in row order starting from +0.0."""
+        acc = torch.zeros(numel, dtype=torch.float32, device=wire.device)
+        for r in range(wire.shape[0]):
+            acc += self._decode(wire[r], numel, torch.float32)
+        return acc
 
     # ---------------------------------------------------------- validation
     def _check_input(self, x: torch.Tensor) -> None:
