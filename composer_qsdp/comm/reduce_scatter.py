@@ -1,0 +1,92 @@
+"""Quantized reduce-scatter (ZeRO++ qgZ / QSDP single hop): quantize W chunks, all-to-all, decode-sum in fp32."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import torch.distributed as dist
+
+from composer_qsdp.comm.accounting import CallTraffic, call_traffic
+from composer_qsdp.comm.quality import relative_error
+from composer_qsdp.comm.seeds import mix_seed
+from composer_qsdp.comm.validation import check_collective_buffers
+from composer_qsdp.quant.codec import FLOAT_DTYPES, Codec
+
+__all__ = ["quantized_reduce_scatter", "is_average"]
+
+_SUPPORTED = {dist.ReduceOp.SUM: False, dist.ReduceOp.AVG: True}
+
+
+def is_average(op: dist.ReduceOp | dist.ReduceOp.RedOpType) -> bool:
+    """``False`` for ``ReduceOp.SUM``, ``True`` for ``ReduceOp.AVG``.
+
+    Raises:
+        ValueError: any other op (MAX, PRODUCT, FSDP's ``PREMUL_SUM`` from ``set_gradient_divide_factor``...).
+    """
+    kind = getattr(op, "op", op)  # a ReduceOp object (e.g. PREMUL_SUM) wraps its RedOpType in `.op`
+    for supported, average in _SUPPORTED.items():
+        if kind == supported:
+            return average
+    name = getattr(kind, "name", repr(kind))
+    hint = (
+        " (FSDP passes PREMUL_SUM after set_gradient_divide_factor(); call "
+        "set_force_sum_reduction_for_comms(True) on the FSDP modules so FSDP divides after the collective)"
+        if name == "PREMUL_SUM"
+        else ""
+    )
+    raise ValueError(f"quantized reduce-scatter supports ReduceOp SUM and AVG, got {name}{hint}")
+
+
+@torch.no_grad()
+def quantized_reduce_scatter(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    codec: Codec | None,
+    group: dist.ProcessGroup,
+    op: dist.ReduceOp | dist.ReduceOp.RedOpType,
+    seed: int,
+    *,
+    measure_error: bool = False,
+) -> CallTraffic:
+    """``reduce_scatter_tensor(output, input, op)`` with the chunks sent as ``codec`` wire buffers.
+
+    Chunk ``r`` of ``input`` (elements ``[r*n, (r+1)*n)``) is encoded and sent to rank ``r``; each rank decodes
+    the ``W`` versions of its chunk and sums them in fp32 (rank order 0..W-1), divides by ``W`` for AVG, and
+    writes ``output`` in its dtype. Non-finite inputs stay non-finite in the output (so a grad scaler can skip
+    the step). Work is enqueued on the current stream without host syncs.
+
+    Args:
+        output: contiguous chunk of ``n`` elements.
+        input: contiguous tensor of ``W * n`` elements, same dtype/device as ``output``.
+        codec: quantizer of the chunks; ``None`` runs the plain reduce-scatter with ``op`` unchanged.
+            Non-floating inputs are always reduced unquantized.
+        group: process group (NCCL or gloo).
+        op: ``ReduceOp.SUM`` or ``ReduceOp.AVG`` (checked before any communication).
+        seed: rounding-noise key of this call; the rank is mixed in, so ranks draw independent noise.
+        measure_error: also return the relative quantization error of this rank's ``W`` encoded chunks.
+
+    Returns:
+        The bytes this rank put on the wire ((W-1)/W of the volume) and the bf16 / native-dtype equivalents.
+
+    Raises:
+        ValueError: an op other than SUM/AVG on the quantized path, or mismatched buffers.
+    """
+    world_size, rank = group.size(), group.rank()
+    n = check_collective_buffers("quantized_reduce_scatter", output, input, world_size, gathers=False)
+    if codec is None or input.dtype not in FLOAT_DTYPES or n == 0:
+        dist.reduce_scatter_tensor(output, input, op=op, group=group)
+        return call_traffic(world_size, n, n * input.element_size(), input.element_size())
+    average = is_average(op)
+    rows = input.view(world_size, n)
+    send = codec.encode_rows(rows, seed=mix_seed(seed, rank))
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    total = codec.decode_sum(recv, n)
+    if average:
+        total.div_(world_size)
+    traffic = call_traffic(world_size, n, send.shape[1], input.element_size())
+    if measure_error:
+        traffic = replace(traffic, rel_error=relative_error(codec.decode_rows(send, n, torch.float32), rows))
+    output.view(-1).copy_(total)
+    return traffic
