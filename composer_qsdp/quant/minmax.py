@@ -9,6 +9,10 @@ valid elements)::
     code     = min(floor((x - min) * inv + u), 2**bits - 1)    # u: rounding noise, or 0.5 for nearest
     decoded  = min + scale * code                              # fp32, then cast to the output dtype
 
+On CUDA tensors (see :mod:`composer_qsdp.kernels.dispatch`) ``encode``/``decode``/``encode_rows``/
+``decode_rows``/``decode_sum`` run the Triton kernels of :mod:`composer_qsdp.kernels.minmax` when they cover
+the configuration (``bits`` in 1, 2, 4, 8; ``bucket_size`` up to 16384), else this torch reference.
+
 Every step is one IEEE fp32 operation in exactly this order, evaluated the same way by the torch reference
 here and by the Triton kernels of :mod:`composer_qsdp.kernels.minmax` (which disable FMA contraction), so
 both give the same codes and the same decoded values bit for bit. A constant bucket (``scale == 0``) gets
@@ -18,7 +22,8 @@ Stochastic rounding draws ``u`` for element ``i`` of ``encode(x, seed, offset)``
 :func:`composer_qsdp.quant.philox.rounding_noise` at counter ``offset + i``; ``E[code] = (x - min) * inv``
 up to ``2**-17`` steps, so ``E[decoded] = x`` to fp32 precision.
 
-Wire layout of ``encode`` for ``n`` elements in ``nb = ceil(n / bucket_size)`` buckets::
+Wire layout of ``encode`` for ``n`` elements in ``nb = ceil(n / bucket_size)`` buckets (the shared bucketed
+layout of :mod:`composer_qsdp.quant.wire`)::
 
     [codes of bucket 0][codes of bucket 1]...[codes of the last bucket][0-3 zero bytes][metadata]
 
@@ -37,43 +42,20 @@ are unaffected. A NaN/Inf never turns into finite garbage.
 
 from __future__ import annotations
 
-import dataclasses
+from types import ModuleType
 
 import torch
 
+from composer_qsdp.kernels.dispatch import use_triton
 from composer_qsdp.quant.codec import Codec
-from composer_qsdp.quant.packing import pack_codes, packed_bytes, unpack_codes
 from composer_qsdp.quant.philox import rounding_noise_range
+from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
 
-__all__ = ["MinMaxCodec", "WireLayout", "ROUNDINGS"]
+__all__ = ["MinMaxCodec", "ROUNDINGS"]
 
 #: Accepted values of ``rounding``.
 ROUNDINGS = ("stochastic", "nearest")
 _FP32_MAX = torch.finfo(torch.float32).max
-_META_BYTES = 8  # fp32 min + fp32 scale per bucket
-
-
-@dataclasses.dataclass(frozen=True)
-class WireLayout:
-    """Byte layout of one encoded row of ``numel`` elements (all sizes in bytes unless noted).
-
-    Attributes:
-        numel: elements in the row.
-        num_buckets: buckets covering the row (the last may be partial).
-        last_bucket: elements in the last bucket (1..bucket_size).
-        bucket_bytes: code bytes of one full bucket.
-        code_bytes: code bytes of the whole row (buckets back to back).
-        meta_offset: start of the metadata, a multiple of 4.
-        wire_bytes: total size; a multiple of 4.
-    """
-
-    numel: int
-    num_buckets: int
-    last_bucket: int
-    bucket_bytes: int
-    code_bytes: int
-    meta_offset: int
-    wire_bytes: int
 
 
 class MinMaxCodec(Codec):
@@ -112,14 +94,9 @@ class MinMaxCodec(Codec):
         return (1 << self.bits) - 1
 
     def layout(self, numel: int) -> WireLayout:
-        """Byte layout of the wire of ``numel`` elements (shared with the Triton launchers)."""
+        """Byte layout of the wire of ``numel`` elements: two fp32 metadata words (min, scale) per bucket."""
         self._check_numel(numel)
-        nb = self.num_buckets(numel)
-        last = numel - (nb - 1) * self.bucket_size
-        bucket_bytes = packed_bytes(self.bucket_size, self.bits)
-        code_bytes = (nb - 1) * bucket_bytes + packed_bytes(last, self.bits)
-        meta_offset = -(-code_bytes // 4) * 4
-        return WireLayout(numel, nb, last, bucket_bytes, code_bytes, meta_offset, meta_offset + nb * _META_BYTES)
+        return bucket_layout(numel, self.bucket_size, self.bits, 2 * self.num_buckets(numel))
 
     def wire_bytes(self, numel: int) -> int:
         return self.layout(numel).wire_bytes
@@ -131,25 +108,37 @@ class MinMaxCodec(Codec):
     def _decode(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
         return self._decode_rows(wire.reshape(1, -1), numel, dtype)[0]
 
-    # ------------------------------------------------------------------ batched public paths
-    def encode_rows(self, x: torch.Tensor, seed: int = 0, offset: int = 0) -> torch.Tensor:
-        if x.dim() != 2:
-            raise ValueError(f"encode_rows expects a 2-D [rows, n] tensor, got shape {tuple(x.shape)}")
-        self._check_input(x)
-        self._check_seed(seed, offset)
-        return self._encode_rows(x, seed, offset)
+    # ------------------------------------------------------------------ backend choice
+    def _kernels(self, t: torch.Tensor) -> ModuleType | None:
+        """The kernels module when Triton should handle ``t`` in this configuration, else None (torch)."""
+        if not use_triton(t):
+            return None
+        from composer_qsdp.kernels import minmax as kernels
 
-    def decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        self._check_wire_rows(wire, numel)
-        self._check_dtype(dtype)
-        return self._decode_rows(wire, numel, dtype)
+        return kernels if kernels.supports(self.bits, self.bucket_size) else None
 
-    def decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
-        self._check_wire_rows(wire, numel)
-        return self._decode_sum(wire, numel)
+    def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
+        kernels = self._kernels(x)
+        if kernels is None:
+            return self._encode_rows_reference(x, seed, offset)
+        layout = self.layout(x.shape[1])
+        return kernels.encode_rows(x, self.bits, self.bucket_size, layout, self.stochastic, seed, offset)
+
+    def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        kernels = self._kernels(wire)
+        if kernels is None:
+            return self._decode_rows_fp32(wire, numel).to(dtype)
+        return kernels.decode_rows(wire, self.bits, self.bucket_size, self.layout(numel), dtype)
+
+    def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
+        kernels = self._kernels(wire)
+        if kernels is None:
+            return self._decode_sum_reference(wire, numel)
+        return kernels.decode_sum(wire, self.bits, self.bucket_size, self.layout(numel))
 
     # ------------------------------------------------------------------ torch reference
-    def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
+    def _encode_rows_reference(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
+        """Reference of ``encode_rows`` (also the CPU path); the kernels match it bit for bit."""
         rows, n = x.shape
         lay = self.layout(n)
         bsz, nb = self.bucket_size, lay.num_buckets
@@ -174,31 +163,20 @@ class MinMaxCodec(Codec):
         codes = torch.floor(t).clamp_(0, self.levels)
         codes = codes.masked_fill_(nonfinite.unsqueeze(2), 0).to(torch.uint8).view(rows, nb * bsz)
         codes[:, n:] = 0
-        packed = pack_codes(codes.view(rows * nb, bsz), self.bits).view(rows, nb * lay.bucket_bytes)
-
         meta = torch.stack((lo, scale), dim=2).masked_fill_(nonfinite.unsqueeze(2), float("nan"))
-        wire = torch.zeros(rows, lay.wire_bytes, dtype=torch.uint8, device=x.device)
-        wire[:, : lay.code_bytes] = packed[:, : lay.code_bytes]
-        wire[:, lay.meta_offset :] = meta.view(rows, nb * 2).view(torch.uint8)
-        return wire
+        return assemble_rows(pack_rows(codes, lay, self.bits), meta.view(rows, 2 * nb), lay)
 
     def _decode_rows_fp32(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
+        """Reference of ``decode_rows`` in fp32 (the output dtype is one rounding of this)."""
         rows = wire.shape[0]
         lay = self.layout(numel)
-        bsz, nb = self.bucket_size, lay.num_buckets
-        code_region = wire[:, : lay.code_bytes]
-        if lay.code_bytes < nb * lay.bucket_bytes:
-            code_region = torch.nn.functional.pad(code_region, (0, nb * lay.bucket_bytes - lay.code_bytes))
-        codes = unpack_codes(code_region.reshape(rows * nb, lay.bucket_bytes), self.bits, bsz)
-        meta = _bytes_as_fp32(wire[:, lay.meta_offset :]).view(rows, nb, 2)
-        lo, scale = meta[:, :, 0:1], meta[:, :, 1:2]
-        decoded = lo + scale * codes.view(rows, nb, bsz).to(torch.float32)
-        return decoded.view(rows, nb * bsz)[:, :numel]
+        codes = unpack_rows(wire, lay, self.bits, self.bucket_size)
+        meta = read_meta(wire, lay).view(rows, lay.num_buckets, 2)
+        decoded = meta[:, :, 0:1] + meta[:, :, 1:2] * codes.to(torch.float32)
+        return decoded.view(rows, -1)[:, :numel]
 
-    def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        return self._decode_rows_fp32(wire, numel).to(dtype)
-
-    def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
+    def _decode_sum_reference(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
+        """Reference of ``decode_sum``."""
         decoded = self._decode_rows_fp32(wire, numel)
         # In row order, starting from +0.0, exactly as the kernel accumulates (torch.sum's order is unspecified).
         acc = torch.zeros(numel, dtype=torch.float32, device=wire.device)
@@ -209,8 +187,3 @@ class MinMaxCodec(Codec):
     def __repr__(self) -> str:
         return f"MinMaxCodec(bits={self.bits}, bucket_size={self.bucket_size}, rounding={self.rounding!r})"
 
-
-def _bytes_as_fp32(region: torch.Tensor) -> torch.Tensor:
-    """Reinterpret a ``[R, 4k]`` uint8 region as ``[R, k]`` fp32, copying only when it is misaligned."""
-    aligned = region.stride(-1) == 1 and region.data_ptr() % 4 == 0 and (region.dim() == 1 or region.stride(0) % 4 == 0)
-    return (region if aligned else region.clone(memory_format=torch.contiguous_format)).view(torch.float32)

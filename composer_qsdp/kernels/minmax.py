@@ -1,0 +1,310 @@
+"""Triton kernels of the min-max codec: fused quantize+pack, unpack+dequantize, fused dequantize-and-sum.
+
+Reference (same math, same wire, same numbers bit for bit): :class:`composer_qsdp.quant.minmax.MinMaxCodec`,
+methods ``_encode_rows_reference`` (:func:`encode_rows`), ``_decode_rows_fp32`` (:func:`decode_rows`) and
+``_decode_sum_reference`` (:func:`decode_sum`). The codec passes its wire layout (:meth:`MinMaxCodec.layout`,
+:mod:`composer_qsdp.quant.wire`); the launchers take ``[rows, n]`` tensors, so one launch covers every chunk
+of a reduce-scatter. They run on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (CI).
+
+Tiling: one program handles ``BPP`` consecutive buckets of one row as a ``[BPP, G, 8]`` tile, where ``G`` is
+the bucket's number of groups of 8 consecutive elements (rounded up to a power of two, padding lanes
+masked). A whole bucket lives in one program, so min, max and quantization happen in a single pass over the
+data (one read of ``x``, one write of the codes), and a group of 8 codes packs into ``bits`` bytes with
+shifts and a sum inside a thread. Stochastic rounding draws one Philox call per group when every group's
+first counter is a multiple of 8 (``ALIGNED``: ``offset``, ``bucket_size`` and, for several rows, ``n`` all
+multiples of 8) and one call per element otherwise; both give the same numbers
+(:mod:`composer_qsdp.kernels.noise`).
+
+Exactness: every fp32 operation appears once, in the reference's order, and the kernels launch with
+``enable_fp_fusion=False`` so ``a * b + c`` is not contracted into an FMA; divisions use ``div_rn`` (IEEE)
+instead of Triton's approximate ``/``. Under the Triton interpreter the fp32 -> bf16 cast truncates, so the
+kernels round to nearest even with integer ops there (``EMULATE_BF16_RNE``); on a GPU the hardware cast
+already does. The only difference left is the payload of NaN outputs (GPUs produce the canonical NaN).
+
+Coverage: ``bits`` in (1, 2, 4, 8) and ``bucket_size`` up to :data:`MAX_BUCKET`; the codec uses its torch
+reference for other configurations.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from composer_qsdp.kernels.dispatch import interpreter_enabled
+from composer_qsdp.kernels.noise import noise_at, noise_for_groups
+from composer_qsdp.quant.wire import WireLayout
+
+__all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_rows", "decode_sum"]
+
+#: Code widths with a kernel (a group of 8 codes is exactly ``bits`` bytes).
+SUPPORTED_BITS = (1, 2, 4, 8)
+#: Largest bucket (elements) a program holds in registers.
+MAX_BUCKET = 16384
+_FP32_MAX = 3.4028234663852886e38
+# Elements per program: enough in flight per SM on a GPU; under the interpreter (~12 ms per program,
+# almost independent of size) as few programs as possible.
+_GPU_TILE = 8192
+_INTERPRETER_TILE = 65536
+
+
+def supports(bits: int, bucket_size: int) -> bool:
+    """True when a kernel covers ``bits`` and ``bucket_size`` (elements)."""
+    return bits in SUPPORTED_BITS and 1 <= bucket_size <= MAX_BUCKET
+
+
+# --------------------------------------------------------------------------------------------- kernels
+@triton.jit
+def _tile(pid, n, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr):
+    """Bucket ids ``[BPP]``, in-bucket index ``[1, G, 8]``, element index ``[BPP, G, 8]`` and its mask."""
+    b = pid * BPP + tl.arange(0, BPP)
+    j = tl.arange(0, GROUPS)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+    e = b[:, None, None] * BUCKET + j
+    return b, j, e, (j < BUCKET) & (e < n)
+
+
+@triton.jit
+def _byte_tile(b, n, BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr):
+    """Byte ``p`` (0..BITS-1) of group ``g`` of bucket ``b``: wire index ``[BPP, G, BITS]`` and its mask."""
+    BUCKET_BYTES: tl.constexpr = (BUCKET * BITS + 7) // 8
+    p = tl.arange(0, BITS)[None, None, :]
+    first_code = tl.arange(0, GROUPS)[None, :, None] * 8 + p * (8 // BITS)
+    idx = b[:, None, None] * BUCKET_BYTES + first_code * BITS // 8
+    return p, idx, (first_code < BUCKET) & (b[:, None, None] * BUCKET + first_code < n)
+
+
+@triton.jit
+def _quantize_kernel(
+    x_ptr, wire_ptr, meta_ptr,
+    n, num_buckets, code_bytes, meta_offset, x_row_stride, wire_row_stride,
+    seed, offset,
+    BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr,
+    STOCHASTIC: tl.constexpr, ALIGNED: tl.constexpr,
+):  # fmt: skip
+    LEVELS: tl.constexpr = (1 << BITS) - 1
+    pid = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    b, j, e, valid = _tile(pid, n, BUCKET, GROUPS, BPP)
+    x = tl.load(x_ptr + row * x_row_stride + e, mask=valid, other=0.0).to(tl.float32)
+
+    lo = tl.min(tl.min(tl.where(valid, x, float("inf")), axis=2), axis=1)
+    hi = tl.max(tl.max(tl.where(valid, x, float("-inf")), axis=2), axis=1)
+    # Counted explicitly: min/max reductions may skip NaN on a GPU.
+    n_nonfinite = tl.sum(tl.sum((valid & ~(tl.abs(x) < float("inf"))).to(tl.int32), axis=2), axis=1)
+    scale = tl.math.div_rn(hi - lo, tl.full(lo.shape, LEVELS, tl.float32))
+    bad = (n_nonfinite > 0) | ~(scale < float("inf"))
+    positive = scale > 0
+    inv = tl.math.div_rn(tl.full(lo.shape, 1.0, tl.float32), tl.where(positive, scale, 1.0))
+    inv = tl.minimum(tl.where(positive, inv, 0.0), _FP32_MAX)
+
+    t = (x - lo[:, None, None]) * inv[:, None, None]
+    if STOCHASTIC:
+        row_counter = offset + row * n
+        if ALIGNED:
+            calls = ((row_counter + b * BUCKET) >> 3)[:, None] + tl.arange(0, GROUPS)[None, :]
+            t = t + noise_for_groups(seed, calls)
+        else:
+            t = t + noise_at(seed, row_counter + e)
+    else:
+        t = t + 0.5
+    q = tl.minimum(tl.maximum(tl.floor(t), 0.0), LEVELS)
+    codes = tl.where(valid & ~bad[:, None, None], q, 0.0).to(tl.int32)
+
+    row_wire = wire_ptr + row * wire_row_stride
+    if BITS == 8:
+        tl.store(row_wire + e, codes.to(tl.uint8), mask=valid)
+    else:
+        word = tl.sum(codes << (tl.arange(0, 8)[None, None, :] * BITS), axis=2)
+        p, byte_idx, byte_ok = _byte_tile(b, n, BITS, BUCKET, GROUPS)
+        tl.store(row_wire + byte_idx, ((word[:, :, None] >> (8 * p)) & 0xFF).to(tl.uint8), mask=byte_ok)
+    # The program holding the last bucket zeroes the 0-3 padding bytes before the metadata.
+    pad = code_bytes + tl.arange(0, 4)
+    tl.store(row_wire + pad, tl.zeros([4], tl.uint8), mask=(pad < meta_offset) & (pid == (num_buckets - 1) // BPP))
+
+    row_meta = meta_ptr + row * (wire_row_stride // 4) + meta_offset // 4 + 2 * b
+    on = b < num_buckets
+    tl.store(row_meta, tl.where(bad, float("nan"), lo), mask=on)
+    tl.store(row_meta + 1, tl.where(bad, float("nan"), scale), mask=on)
+
+
+@triton.jit
+def _decode_tile(
+    wire_ptr, meta_ptr, row, b, e, valid, n, num_buckets, meta_offset, wire_row_stride,
+    BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr,
+):  # fmt: skip
+    """Decoded fp32 values ``[BPP, G, 8]`` of buckets ``b`` of wire row ``row`` (0 where not ``valid``)."""
+    row_wire = wire_ptr + row * wire_row_stride
+    if BITS == 8:
+        codes = tl.load(row_wire + e, mask=valid, other=0).to(tl.int32)
+    else:
+        p, byte_idx, byte_ok = _byte_tile(b, n, BITS, BUCKET, GROUPS)
+        packed = tl.load(row_wire + byte_idx, mask=byte_ok, other=0).to(tl.int32)
+        word = tl.sum(packed << (8 * p), axis=2)
+        codes = (word[:, :, None] >> (tl.arange(0, 8)[None, None, :] * BITS)) & ((1 << BITS) - 1)
+    row_meta = meta_ptr + row * (wire_row_stride // 4) + meta_offset // 4 + 2 * b
+    on = b < num_buckets
+    lo = tl.load(row_meta, mask=on, other=0.0)
+    scale = tl.load(row_meta + 1, mask=on, other=0.0)
+    return lo[:, None, None] + scale[:, None, None] * codes.to(tl.float32)
+
+
+@triton.jit
+def _store_cast(ptr, y, mask, EMULATE_BF16_RNE: tl.constexpr):
+    """Store fp32 ``y`` as ``ptr``'s dtype, rounding to nearest even (NaN stays NaN)."""
+    if EMULATE_BF16_RNE and ptr.dtype.element_ty == tl.bfloat16:
+        bits = y.to(tl.uint32, bitcast=True)
+        rounded = tl.where(y == y, (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16, 0x7FC0)
+        tl.store(ptr, rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+    else:
+        tl.store(ptr, y.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dequantize_kernel(
+    wire_ptr, meta_ptr, out_ptr,
+    n, num_buckets, meta_offset, wire_row_stride, out_row_stride,
+    BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr,
+    EMULATE_BF16_RNE: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    b, j, e, valid = _tile(pid, n, BUCKET, GROUPS, BPP)
+    y = _decode_tile(wire_ptr, meta_ptr, row, b, e, valid, n, num_buckets, meta_offset, wire_row_stride,
+                     BITS, BUCKET, GROUPS)  # fmt: skip
+    _store_cast(out_ptr + row * out_row_stride + e, y, valid, EMULATE_BF16_RNE)
+
+
+@triton.jit
+def _dequantize_sum_kernel(
+    wire_ptr, meta_ptr, out_ptr,
+    n, num_buckets, meta_offset, wire_row_stride,
+    ROWS: tl.constexpr, BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    b, j, e, valid = _tile(pid, n, BUCKET, GROUPS, BPP)
+    acc = tl.zeros([BPP, GROUPS, 8], tl.float32)
+    for row in range(ROWS):  # in row order, like the reference
+        acc += _decode_tile(wire_ptr, meta_ptr, tl.cast(row, tl.int64), b, e, valid, n, num_buckets, meta_offset,
+                            wire_row_stride, BITS, BUCKET, GROUPS)  # fmt: skip
+    tl.store(out_ptr + e, acc, mask=valid)
+
+
+# --------------------------------------------------------------------------------------------- launchers
+def _config(bucket_size: int, num_buckets: int, device: torch.device, buckets_per_program: int | None,
+            num_warps: int | None) -> tuple[int, int, int]:  # fmt: skip
+    """(GROUPS, buckets per program, warps) for a launch."""
+    groups = triton.next_power_of_2(-(-bucket_size // 8))
+    tile = groups * 8
+    if buckets_per_program is None:
+        target = _GPU_TILE if device.type == "cuda" else _INTERPRETER_TILE
+        buckets_per_program = max(1, min(triton.next_power_of_2(num_buckets), target // tile))
+    elif buckets_per_program < 1 or buckets_per_program & (buckets_per_program - 1):
+        raise ValueError(f"buckets_per_program={buckets_per_program} must be a power of two >= 1")
+    if num_warps is None:
+        num_warps = 8 if buckets_per_program * tile >= 4096 else 4
+    return groups, buckets_per_program, num_warps
+
+
+def _aligned(wire: torch.Tensor) -> torch.Tensor:
+    """``wire`` itself when its fp32 metadata can be read in place (rows 4-byte aligned), else a copy."""
+    if wire.stride(1) == 1 and wire.data_ptr() % 4 == 0 and (wire.shape[0] == 1 or wire.stride(0) % 4 == 0):
+        return wire
+    return wire.clone(memory_format=torch.contiguous_format)
+
+
+def _check(bits: int, bucket_size: int, rows: int, layout: WireLayout) -> None:
+    if not supports(bits, bucket_size):
+        raise ValueError(
+            f"no min-max kernel for bits={bits}, bucket_size={bucket_size}; allowed: bits in {SUPPORTED_BITS}, "
+            f"1 <= bucket_size <= {MAX_BUCKET}"
+        )
+    if not 1 <= rows <= 65535 or layout.numel >= 2**31:
+        raise ValueError(f"rows={rows} must be in 1..65535 and n={layout.numel} below 2**31")
+
+
+def encode_rows(
+    x: torch.Tensor,
+    bits: int,
+    bucket_size: int,
+    layout: WireLayout,
+    stochastic: bool,
+    seed: int,
+    offset: int,
+    *,
+    buckets_per_program: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """Quantize each row of ``x`` ``[R, n]``: ``[R, layout.wire_bytes]`` ``uint8``, the codec's wire.
+
+    Row ``r`` uses noise counters ``offset + r * n + i`` under key ``seed``; ``layout`` is
+    :meth:`MinMaxCodec.layout(n) <composer_qsdp.quant.minmax.MinMaxCodec.layout>`. ``buckets_per_program`` (a
+    power of two) and ``num_warps`` override the launch heuristic for benchmark sweeps; they never change the
+    result.
+    """
+    rows, n = x.shape
+    _check(bits, bucket_size, rows, layout)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    wire = torch.empty(rows, layout.wire_bytes, dtype=torch.uint8, device=x.device)
+    nb = layout.num_buckets
+    groups, bpp, warps = _config(bucket_size, nb, x.device, buckets_per_program, num_warps)
+    aligned = offset % 8 == 0 and bucket_size % 8 == 0 and (rows == 1 or n % 8 == 0)
+    _quantize_kernel[(triton.cdiv(nb, bpp), rows)](
+        x, wire, wire.view(torch.float32),
+        n, nb, layout.code_bytes, layout.meta_offset, x.stride(0), wire.stride(0),
+        seed, offset,
+        BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, STOCHASTIC=stochastic, ALIGNED=aligned,
+        num_warps=warps, enable_fp_fusion=False,
+    )  # fmt: skip
+    return wire
+
+
+def decode_rows(
+    wire: torch.Tensor,
+    bits: int,
+    bucket_size: int,
+    layout: WireLayout,
+    dtype: torch.dtype,
+    *,
+    buckets_per_program: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """Decode a ``[R, layout.wire_bytes]`` wire into ``[R, layout.numel]`` values of ``dtype``."""
+    rows = wire.shape[0]
+    _check(bits, bucket_size, rows, layout)
+    wire = _aligned(wire)
+    out = torch.empty(rows, layout.numel, dtype=dtype, device=wire.device)
+    nb = layout.num_buckets
+    groups, bpp, warps = _config(bucket_size, nb, wire.device, buckets_per_program, num_warps)
+    _dequantize_kernel[(triton.cdiv(nb, bpp), rows)](
+        wire, wire.view(torch.float32), out,
+        layout.numel, nb, layout.meta_offset, wire.stride(0), out.stride(0),
+        BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, EMULATE_BF16_RNE=interpreter_enabled(),
+        num_warps=warps, enable_fp_fusion=False,
+    )  # fmt: skip
+    return out
+
+
+def decode_sum(
+    wire: torch.Tensor,
+    bits: int,
+    bucket_size: int,
+    layout: WireLayout,
+    *,
+    buckets_per_program: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """Sum of the fp32 decodes of the rows of a ``[R, layout.wire_bytes]`` wire, in row order: fp32 ``[numel]``."""
+    rows = wire.shape[0]
+    _check(bits, bucket_size, rows, layout)
+    wire = _aligned(wire)
+    out = torch.empty(layout.numel, dtype=torch.float32, device=wire.device)
+    nb = layout.num_buckets
+    groups, bpp, warps = _config(bucket_size, nb, wire.device, buckets_per_program, num_warps)
+    _dequantize_sum_kernel[(triton.cdiv(nb, bpp),)](
+        wire, wire.view(torch.float32), out,
+        layout.numel, nb, layout.meta_offset, wire.stride(0),
+        ROWS=rows, BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp,
+        num_warps=warps, enable_fp_fusion=False,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,166 @@
+"""Min-max Triton kernels equal the torch reference bit for bit (interpreter on CPU, compiled on CUDA)."""
+
+import pytest
+import torch
+
+from composer_qsdp.kernels import backend, use_triton
+from composer_qsdp.kernels import minmax as kernels
+from composer_qsdp.quant.minmax import MinMaxCodec
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# The interpreter evaluates IEEE special cases (inf - inf in NaN buckets, 1 / denormal scale) through numpy,
+# which warns where a GPU silently produces the same inf/NaN.
+pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+
+
+def _assert_same_values(got: torch.Tensor, expected: torch.Tensor) -> None:
+    """Bitwise equality, except that NaN only has to be NaN (GPUs write the canonical NaN payload)."""
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    nan = expected.isnan()
+    assert torch.equal(got.isnan(), nan)
+    bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[got.dtype]
+    assert torch.equal(got.view(bits)[~nan], expected.view(bits)[~nan])
+
+
+def _assert_same_wire(codec: MinMaxCodec, got: torch.Tensor, expected: torch.Tensor, n: int) -> None:
+    """Codes and padding bytewise; metadata bitwise up to NaN payloads."""
+    meta_offset = codec.layout(n).meta_offset
+    assert torch.equal(got[:, :meta_offset], expected[:, :meta_offset])
+    _assert_same_values(got[:, meta_offset:].contiguous().view(torch.float32),
+                        expected[:, meta_offset:].contiguous().view(torch.float32))  # fmt: skip
+
+
+def _data(rows: int, n: int, dtype: torch.dtype, seed: int, nonfinite: bool) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    # Magnitudes spread over 1e-3..1e3 so buckets differ in range and offset.
+    x = (torch.randn(rows, n, generator=gen) * 10 ** (6 * torch.rand(rows, n, generator=gen) - 3)).to(dtype)
+    if nonfinite:
+        x[0, n // 3] = float("nan")
+        x[-1, -1] = float("inf")
+    return x
+
+
+def _check_codec_kernels(codec: MinMaxCodec, x: torch.Tensor, seed: int, offset: int, **launch) -> None:
+    rows, n = x.shape
+    layout = codec.layout(n)
+    expected = codec._encode_rows_reference(x, seed, offset)
+    wire = kernels.encode_rows(x, codec.bits, codec.bucket_size, layout, codec.stochastic, seed, offset, **launch)
+    _assert_same_wire(codec, wire, expected, n)
+    for dtype in DTYPES:
+        got = kernels.decode_rows(expected, codec.bits, codec.bucket_size, layout, dtype, **launch)
+        _assert_same_values(got, codec._decode_rows_fp32(expected, n).to(dtype))
+    got_sum = kernels.decode_sum(expected, codec.bits, codec.bucket_size, layout, **launch)
+    _assert_same_values(got_sum, codec._decode_sum_reference(expected, n))
+
+
+CASES = [  # rows, n, bucket_size, bits, rounding, dtype, offset, seed
+    (1, 4096, 1024, 8, "stochastic", torch.float32, 0, 1),  # aligned: one Philox call per 8 elements
+    (4, 1000, 64, 4, "stochastic", torch.bfloat16, 8, 2**40 + 3),  # aligned rows, tail bucket
+    (3, 1001, 64, 4, "stochastic", torch.float16, 3, 7),  # unaligned counters
+    (2, 777, 100, 2, "stochastic", torch.bfloat16, 2**32 - 5, 9),  # non-power-of-two bucket, counter carry
+    (2, 530, 12, 1, "stochastic", torch.float32, 16, 5),  # bucket not a multiple of 8
+    (3, 99, 3, 8, "stochastic", torch.float16, 0, 0),  # tiny buckets
+    (2, 2048, 512, 2, "nearest", torch.float32, 0, 0),
+    (2, 1500, 256, 4, "nearest", torch.bfloat16, 1, 0),
+    (1, 5, 1024, 8, "nearest", torch.float16, 0, 0),  # one partial bucket
+    (5, 64, 16, 1, "nearest", torch.float32, 0, 0),
+]
+
+
+@pytest.mark.parametrize("nonfinite", [False, True])
+@pytest.mark.parametrize("rows,n,bucket,bits,rounding,dtype,offset,seed", CASES)
+def test_kernels_match_reference(rows, n, bucket, bits, rounding, dtype, offset, seed, nonfinite):
+    codec = MinMaxCodec(bits=bits, bucket_size=bucket, rounding=rounding)
+    _check_codec_kernels(codec, _data(rows, n, dtype, seed=n + bits, nonfinite=nonfinite), seed, offset)
+
+
+@pytest.mark.parametrize("buckets_per_program,num_warps", [(1, 4), (2, 2), (32, 8)])
+def test_launch_configuration_does_not_change_results(buckets_per_program, num_warps):
+    codec = MinMaxCodec(bits=4, bucket_size=128)
+    x = _data(2, 1000, torch.bfloat16, seed=3, nonfinite=False)
+    _check_codec_kernels(codec, x, 11, 8, buckets_per_program=buckets_per_program, num_warps=num_warps)
+
+
+def test_constant_and_tiny_range_buckets():
+    codec = MinMaxCodec(bits=8, bucket_size=32)
+    x = torch.cat([torch.full((32,), 1.5), torch.full((32,), -0.0), 1e-38 * torch.arange(32.0), torch.randn(32)])
+    _check_codec_kernels(codec, x.view(1, -1), 3, 0)
+
+
+@pytest.mark.parametrize("rounding", ["stochastic", "nearest"])
+def test_codec_dispatch_to_triton_matches_torch(rounding):
+    codec = MinMaxCodec(bits=2, bucket_size=256, rounding=rounding)
+    x = _data(3, 700, torch.float32, seed=4, nonfinite=False)
+    with backend("torch"):
+        assert not use_triton(x)
+        wire_1d, wire = codec.encode(x[1], seed=5, offset=700), codec.encode_rows(x, seed=5)
+        decoded, total = codec.decode(wire_1d, 700, torch.bfloat16), codec.decode_sum(wire, 700)
+    with backend("triton"):
+        assert use_triton(x)
+        assert torch.equal(codec.encode(x[1], seed=5, offset=700), wire_1d)
+        assert torch.equal(codec.encode_rows(x, seed=5), wire)
+        assert torch.equal(codec.decode(wire_1d, 700, torch.bfloat16), decoded)
+        assert torch.equal(codec.decode_rows(wire, 700, torch.float16), codec._decode_rows_fp32(wire, 700).half())
+        assert torch.equal(codec.decode_sum(wire, 700), total)
+        # A byte-shifted (misaligned) wire is copied before the kernel reads its fp32 metadata.
+        shifted = torch.cat([torch.zeros(1, dtype=torch.uint8), wire_1d])[1:]
+        assert torch.equal(codec.decode(shifted, 700, torch.bfloat16), decoded)
+
+
+def test_unsupported_configuration_falls_back_to_reference():
+    codec = MinMaxCodec(bits=3, bucket_size=64)
+    x = _data(1, 300, torch.float32, seed=6, nonfinite=False)
+    with backend("torch"):
+        expected = codec.encode(x[0], seed=1)
+    with backend("triton"):
+        assert torch.equal(codec.encode(x[0], seed=1), expected)
+    with pytest.raises(ValueError, match="bits=3"):
+        kernels.encode_rows(x, 3, 64, codec.layout(300), True, 1, 0)
+    with pytest.raises(ValueError, match="bucket_size=20000"):
+        kernels.decode_sum(torch.zeros(1, 8, dtype=torch.uint8), 8, 20000, MinMaxCodec(8, 20000).layout(3))
+
+
+def test_backend_selection_errors(monkeypatch):
+    with pytest.raises(ValueError, match="backend='fast'.*auto, triton, torch"):
+        with backend("fast"):
+            pass
+    monkeypatch.setenv("COMPOSER_QSDP_KERNELS", "gpu")
+    with pytest.raises(ValueError, match="COMPOSER_QSDP_KERNELS='gpu'"):
+        use_triton(torch.zeros(1))
+    monkeypatch.setenv("COMPOSER_QSDP_KERNELS", "torch")
+    assert not use_triton(torch.zeros(1))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with backend("triton"), pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        use_triton(torch.zeros(1))
+    with backend("auto"):
+        assert use_triton(torch.zeros(1)) is False
+
+
+# ------------------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rounding", ["stochastic", "nearest"])
+def test_cuda_kernels_match_reference(bits, dtype, rounding):
+    codec = MinMaxCodec(bits=bits, bucket_size=1024, rounding=rounding)
+    x = _data(4, (1 << 20) + 333, dtype, seed=bits, nonfinite=True).cuda()
+    assert use_triton(x)
+    for offset in (0, 5):  # aligned and unaligned noise paths
+        _check_codec_kernels(codec, x, 2**35 + 1, offset)
+    # The CPU reference gives the same wire as the GPU kernels.
+    _assert_same_wire(codec, codec.encode_rows(x, seed=3).cpu(), codec.encode_rows(x.cpu(), seed=3), x.shape[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bucket", [64, 100, 2048, 16384])
+def test_cuda_bucket_sizes(bucket):
+    codec = MinMaxCodec(bits=4, bucket_size=bucket)
+    _check_codec_kernels(codec, _data(2, 300_001, torch.bfloat16, seed=bucket, nonfinite=False).cuda(), 17, 8)
+
+
+@pytest.mark.gpu
+def test_cuda_decode_sum_many_rows():
+    codec = MinMaxCodec(bits=8, bucket_size=512)
+    x = _data(16, 1 << 18, torch.float32, seed=1, nonfinite=False).cuda()
+    wire = codec.encode_rows(x, seed=1)
+    _assert_same_values(codec.decode_sum(wire, x.shape[1]), codec._decode_sum_reference(wire, x.shape[1]))
