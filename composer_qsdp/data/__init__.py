@@ -1,0 +1,33 @@
+"""Training data: text -> GPT-2 tokens -> fixed-length samples -> MDS shards -> ``StreamingDataset`` batches.
+
+Build shards from the command line with ``python -m composer_qsdp.data.build`` (see :mod:`composer_qsdp.data.build`),
+read them with :func:`build_token_dataloader`.
+"""
+
+from composer_qsdp.data.dataloader import TokenSamples, build_token_dataloader
+from composer_qsdp.data.shards import SplitStats, shards_exist, write_token_shards
+from composer_qsdp.data.sources import (
+    TRAIN_SPLIT,
+    VAL_SPLIT,
+    assign_split,
+    c4_documents,
+    text_directory_documents,
+    wikipedia_sample_documents,
+)
+from composer_qsdp.data.tokenizer import EOT_TOKEN_ID, gpt2_tokenizer
+
+__all__ = [
+    "EOT_TOKEN_ID",
+    "SplitStats",
+    "TRAIN_SPLIT",
+    "TokenSamples",
+    "VAL_SPLIT",
+    "assign_split",
+    "build_token_dataloader",
+    "c4_documents",
+    "gpt2_tokenizer",
+    "shards_exist",
+    "text_directory_documents",
+    "wikipedia_sample_documents",
+    "write_token_shards",
+]

@@ -1,0 +1,115 @@
+"""Text sources: each yields ``(split, document)`` pairs for the shard writer.
+
+* :func:`text_directory_documents`: every ``*.txt`` file under a directory is one document.
+* :func:`wikipedia_sample_documents`: the English Wikipedia sample bundled in the ``gensim`` wheel (CC BY-SA 3.0;
+  generated from the installed package, never stored in this repository).
+* :func:`c4_documents`: C4 (``allenai/c4``) through Hugging Face ``datasets``, as the paper trained on;
+  needs internet and ``pip install datasets``, so it is not exercised offline.
+
+Sources without their own validation split assign each document to ``"train"`` or ``"val"`` by a hash of its
+text (:func:`assign_split`), so a document never straddles the split and reruns give the same split.
+"""
+
+from __future__ import annotations
+
+import bz2
+import hashlib
+import importlib
+import importlib.util
+import itertools
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = [
+    "TRAIN_SPLIT",
+    "VAL_SPLIT",
+    "assign_split",
+    "c4_documents",
+    "text_directory_documents",
+    "wikipedia_sample_documents",
+]
+
+TRAIN_SPLIT = "train"
+VAL_SPLIT = "val"
+
+_WIKI_SAMPLE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+# Shorter pages are stubs and disambiguation lists: not prose worth training on.
+_MIN_ARTICLE_CHARS = 200
+
+
+def assign_split(text: str, val_fraction: float) -> str:
+    """``"val"`` for a deterministic ``val_fraction`` of documents (by a hash of ``text``), else ``"train"``."""
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction={val_fraction!r} is invalid; it must be a number in [0, 1)")
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    return VAL_SPLIT if int.from_bytes(digest[:8], "big") / 2**64 < val_fraction else TRAIN_SPLIT
+
+
+def text_directory_documents(directory: str | os.PathLike, val_fraction: float) -> Iterator[tuple[str, str]]:
+    """Each ``*.txt`` file under ``directory`` (recursively, sorted by path) as one UTF-8 document.
+
+    Raises:
+        ValueError: ``directory`` does not exist or holds no ``*.txt`` file.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise ValueError(f"text directory {str(root)!r} does not exist or is not a directory")
+    paths = sorted(root.rglob("*.txt"))
+    if not paths:
+        raise ValueError(f"text directory {str(root)!r} holds no *.txt files")
+    for path in paths:
+        text = path.read_text(encoding="utf-8")
+        if text.strip():
+            yield assign_split(text, val_fraction), text
+
+
+def wikipedia_sample_documents(val_fraction: float) -> Iterator[tuple[str, str]]:
+    """Articles of gensim's bundled English Wikipedia sample, as plain text (title, blank line, body).
+
+    About 100 articles, 0.7 M GPT-2 tokens. The text is Wikipedia's, CC BY-SA 3.0.
+
+    Raises:
+        ImportError: ``gensim`` is not installed.
+    """
+    assign_split("", val_fraction)  # validate before the slow import
+    try:
+        wikicorpus = importlib.import_module("gensim.corpora.wikicorpus")
+    except ImportError as err:
+        raise ImportError("the Wikipedia sample ships inside gensim: pip install gensim==4.4.0") from err
+    gensim_dir = os.path.dirname(importlib.util.find_spec("gensim").origin)
+    dump = os.path.join(gensim_dir, "test", "test_data", _WIKI_SAMPLE)
+    with bz2.BZ2File(dump) as f:
+        for title, markup, _ in wikicorpus.extract_pages(f):
+            if markup.lower().startswith("#redirect"):
+                continue
+            # filter_wiki leaves bold/italic quote runs ('' and ''') in the text.
+            body = re.sub(r"\n{3,}", "\n\n", re.sub(r"'{2,}", "", wikicorpus.filter_wiki(markup))).strip()
+            if len(body) > _MIN_ARTICLE_CHARS:
+                text = f"{title}\n\n{body}"
+                yield assign_split(text, val_fraction), text
+
+
+def c4_documents(val_documents: int, name: str = "en") -> Iterator[tuple[str, str]]:
+    """C4 streamed from the Hugging Face Hub (``allenai/c4``; the paper trained on ``en``).
+
+    Yields the first ``val_documents`` documents of C4's ``validation`` split as ``"val"``, then the ``train``
+    split (365 M documents for ``en``) as ``"train"``; cap the total with ``max_documents`` of
+    :func:`~composer_qsdp.data.shards.write_token_shards`.
+
+    Raises:
+        ImportError: ``datasets`` is not installed.
+    """
+    if isinstance(val_documents, bool) or not isinstance(val_documents, int) or val_documents < 0:
+        raise ValueError(f"val_documents={val_documents!r} is invalid; it must be an integer >= 0")
+    try:
+        datasets = importlib.import_module("datasets")
+    except ImportError as err:
+        raise ImportError("the C4 source needs Hugging Face datasets and internet access: pip install datasets") \
+            from err
+    validation = datasets.load_dataset("allenai/c4", name, split="validation", streaming=True)
+    for row in itertools.islice(validation, val_documents):
+        yield VAL_SPLIT, row["text"]
+    for row in datasets.load_dataset("allenai/c4", name, split="train", streaming=True):
+        yield TRAIN_SPLIT, row["text"]

