@@ -1,0 +1,141 @@
+"""Hadamard pre-rotation (SDP4Bit's "Hadamard smoother"): quantize ``H x`` instead of ``x``, bucket by bucket.
+
+``H`` is the normalized Walsh-Hadamard matrix of order ``B = bucket_size`` (Sylvester's construction divided
+by ``sqrt(B)``): orthonormal and symmetric, so it is its own inverse. Rotating a bucket spreads an outlier's
+energy over all ``B`` coordinates, which shrinks the bucket's range and therefore the quantization step,
+while the rotation itself preserves the L2 norm of every bucket and of the error. ``B`` must be a power of two.
+
+:class:`HadamardCodec` wraps any codec with the same ``bucket_size``, so rotation buckets and quantization
+buckets coincide::
+
+    encode: pad each row with zeros to whole buckets -> rotate every bucket (fp32) -> inner.encode
+    decode: inner.decode (fp32) -> rotate every bucket back -> drop the padding -> cast
+
+Consequences:
+
+* unbiased iff the inner codec is (``E[H^T Q(H x)] = H^T H x = x``); the error of a bucket has the same L2
+  norm as the inner codec's error on the rotated bucket, at most ``sqrt(B)`` inner steps.
+* ``decode_sum`` rotates back once, after summing in the rotated domain (``sum_r H^T y_r = H^T sum_r y_r``),
+  as SDP4Bit's fused dequantize-reduce kernel does.
+* a NaN or an infinity spreads to its whole rotated bucket, which the inner codec turns into a non-finite
+  decoded bucket, and the inverse rotation keeps it non-finite.
+* the wire is the inner codec's wire of the padded length (``wire_bytes(n) = inner.wire_bytes(nb * B)``);
+  padded element ``j`` of bucket ``k`` draws its rounding noise at counter ``offset + k * B + j``.
+
+The transform runs as ``log2(B)`` butterfly stages; on CUDA tensors the Triton kernel of
+:mod:`composer_qsdp.kernels.hadamard` does the same stages in registers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from composer_qsdp.kernels.dispatch import use_triton
+from composer_qsdp.quant.codec import Codec
+
+__all__ = ["HadamardCodec", "hadamard_rows"]
+
+
+def _check_power_of_two(bucket_size: int) -> int:
+    if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size < 1 or bucket_size & (bucket_size - 1):
+        raise ValueError(
+            f"bucket_size={bucket_size!r} cannot be Hadamard-rotated; allowed: a power of two (1, 2, 4, ..., 1024, ...)"
+        )
+    return bucket_size
+
+
+def hadamard_rows(x: torch.Tensor, bucket_size: int, out_cols: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rotate every bucket of every row of ``x`` by the normalized Walsh-Hadamard matrix of order ``bucket_size``.
+
+    Each row of the ``[R, n]`` input is zero-padded to ``nb = ceil(n / bucket_size)`` whole buckets and each
+    bucket is multiplied by ``H / sqrt(bucket_size)`` in fp32; the result keeps the first ``out_cols`` columns
+    (``<= nb * bucket_size``) and is cast to ``dtype``. Applying it twice gives the input back (to fp32 rounding).
+
+    Args:
+        x: ``[R, n]`` floating tensor.
+        bucket_size: a power of two (elements).
+        out_cols: columns of the result (elements per row).
+        dtype: dtype of the result.
+
+    Returns:
+        ``[R, out_cols]`` tensor of ``dtype``.
+    """
+    _check_power_of_two(bucket_size)
+    padded = -(-x.shape[1] // bucket_size) * bucket_size
+    if not 1 <= out_cols <= padded:
+        raise ValueError(f"out_cols={out_cols!r} is invalid; allowed: 1..{padded} (the padded row length)")
+    if use_triton(x):
+        from composer_qsdp.kernels import hadamard as kernels
+
+        return kernels.hadamard_rows(x, bucket_size, out_cols, dtype)
+    return _hadamard_rows_reference(x, bucket_size, out_cols, dtype)
+
+
+def _hadamard_rows_reference(x: torch.Tensor, bucket_size: int, out_cols: int, dtype: torch.dtype) -> torch.Tensor:
+    rows, n = x.shape
+    padded = -(-n // bucket_size) * bucket_size
+    y = torch.nn.functional.pad(x.to(torch.float32), (0, padded - n)).reshape(-1)
+    half = 1
+    # Stage with half-width h: within each block of 2h, (a, b) -> (a + b, a - b) for the two halves a and b.
+    while half < bucket_size:
+        pairs = y.view(-1, 2, half)
+        y = torch.stack((pairs[:, 0] + pairs[:, 1], pairs[:, 0] - pairs[:, 1]), dim=1).view(-1)
+        half *= 2
+    y = y * torch.tensor(bucket_size**-0.5, dtype=torch.float32, device=y.device)
+    return y.view(rows, padded)[:, :out_cols].to(dtype)
+
+
+class HadamardCodec(Codec):
+    """``inner`` applied to Hadamard-rotated buckets (see the module docstring).
+
+    Args:
+        inner: the codec that quantizes the rotated values; its ``bucket_size`` must be a power of two.
+
+    Raises:
+        ValueError: ``inner`` is not a codec or its ``bucket_size`` is not a power of two.
+    """
+
+    name = "hadamard"
+
+    def __init__(self, inner: Codec) -> None:
+        if not isinstance(inner, Codec):
+            raise ValueError(f"HadamardCodec wraps a Codec, got {type(inner).__name__}")
+        super().__init__(inner.bits, _check_power_of_two(inner.bucket_size))
+        self.inner = inner
+
+    @property
+    def unbiased(self) -> bool:
+        return self.inner.unbiased
+
+    def padded(self, numel: int) -> int:
+        """Elements after zero-padding ``numel`` to whole buckets (what the inner codec encodes)."""
+        return self.num_buckets(numel) * self.bucket_size
+
+    def wire_bytes(self, numel: int) -> int:
+        self._check_numel(numel)
+        return self.inner.wire_bytes(self.padded(numel))
+
+    def _encode(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
+        return self._encode_rows(x.reshape(1, -1), seed, offset)[0]
+
+    def _decode(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return self._decode_rows(wire.reshape(1, -1), numel, dtype)[0]
+
+    def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
+        rows, n = x.shape
+        padded = self.padded(n)
+        rotated = hadamard_rows(x, self.bucket_size, padded, torch.float32)
+        if padded == n:  # row r starts at counter offset + r * n in both codecs: one batched call
+            return self.inner.encode_rows(rotated, seed, offset)
+        return torch.stack([self.inner.encode(rotated[r], seed, offset + r * n) for r in range(rows)])
+
+    def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        rotated = self.inner.decode_rows(wire, self.padded(numel), torch.float32)
+        return hadamard_rows(rotated, self.bucket_size, numel, dtype)
+
+    def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
+        rotated = self.inner.decode_sum(wire, self.padded(numel))
+        return hadamard_rows(rotated.view(1, -1), self.bucket_size, numel, torch.float32)[0]
+
+    def __repr__(self) -> str:
+        return f"HadamardCodec({self.inner!r})"

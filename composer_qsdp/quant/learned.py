@@ -1,0 +1,303 @@
+"""Learned non-uniform levels with unbiased stochastic rounding (QSDP, "Algorithm 1: gradient-based optimization
+of the levels"; reconstruction in research/papers.md §2.3).
+
+Each bucket is normalized by its own range, ``z = (x - lo) / (hi - lo)`` in ``[0, 1]``, and quantized onto
+``K = 2**bits`` levels ``0 = l_0 < l_1 < ... < l_{K-1} = 1`` by stochastic rounding between the two levels
+that bracket it::
+
+    j       = the largest index with l_j <= z (at most K - 2)
+    p       = (z - l_j) / (l_{j+1} - l_j)
+    code    = min(j + floor(p + u), K - 1)       # u: rounding noise, element i at counter offset + i
+    decoded = lo + l_code * (hi - lo)
+
+``E[l_code] = z``, so the codec is unbiased for any levels, and the error of one round trip is at most the
+gap of the bracketing levels times the bucket's range.
+
+Granularity: ONE set of normalized levels per wire, shared by all its buckets, with a per-bucket
+``(lo, hi - lo)``. Normalizing by the bucket's range makes the levels describe the *shape* of the value
+distribution (how heavy its tails are), which is close to the same for all buckets of a tensor and changes
+slowly during training, so one fitted set serves every bucket and many steps. Levels per bucket would cost
+``2**bits`` floats per bucket (as much as the codes at 8 bits and 1024-element buckets) and a fit per bucket.
+
+Fitting (:func:`fit_levels`) minimizes the expected squared error of this stochastic rounding, which for one
+element is the variance ``(z - l_j)(l_{j+1} - z) * (hi - lo)**2``, summed over a strided subsample of the
+tensor, by gradient steps (Adam) on the log-gaps of the levels: a softmax of the parameters gives gaps that
+stay positive and sum to 1, so the levels stay sorted with ``l_0 = 0`` and ``l_{K-1} = 1``. The optimum puts
+levels densely where values are dense (gaps shrink like ``density**-1/2``), which is where uniform levels
+waste precision on heavy-tailed tensors.
+
+Reuse and refresh: the codec holds its levels. They are fitted lazily on the first encode, refitted on the
+input of an encode after every ``refresh_every`` new seeds (warm-started from the current levels), or set
+explicitly with :meth:`LearnedLevelsCodec.fit` / :meth:`LearnedLevelsCodec.set_levels`. A seed is one
+quantization event (FSDP's forward and backward gathers of a step share one), so the levels an encode uses
+are pinned to its seed: a later encode with the same seed (among the ``pinned_seeds`` most recent) uses the
+same levels even if a refresh happened in between, and ``encode`` stays a function of ``(x, seed, offset)``.
+
+Wire (:mod:`composer_qsdp.quant.wire`): codes packed bucket by bucket, then ``(lo, hi - lo)`` as fp32 per
+bucket, then the ``K`` levels as fp32 (``bits + 64 / bucket_size`` bits per element plus ``32 * K`` bits per
+wire). The decoder needs nothing but the wire.
+
+Non-finite input: a bucket holding a NaN or an infinity, or whose range overflows fp32, is stored with
+``lo = range = NaN`` and codes 0, so every element of that bucket decodes to NaN. Fits ignore such buckets.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+
+from composer_qsdp.quant.codec import Codec
+from composer_qsdp.quant.philox import rounding_noise_range
+from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
+
+__all__ = ["LearnedLevelsCodec", "fit_levels", "uniform_levels", "expected_sq_error"]
+
+_FP32_MAX = torch.finfo(torch.float32).max
+# Smallest gap between fitted levels, a fraction of the normalized range: keeps 1 / gap finite and the levels
+# strictly increasing in fp32 (whose spacing just below 1 is 6e-8).
+_MIN_GAP = 2.0**-20
+_ADAM_LR = 0.1
+
+
+def uniform_levels(bits: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The ``2**bits`` evenly spaced normalized levels on ``[0, 1]`` (fp32): min-max quantization's grid."""
+    return torch.linspace(0.0, 1.0, 1 << bits, dtype=torch.float32, device=device)
+
+
+def _bucket_ranges(x: torch.Tensor, bucket_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Buckets of each row of ``[R, n]`` ``x`` in fp32: ``(xb [R, nb, bucket_size], lo [R, nb], max - min [R, nb])``."""
+    rows, n = x.shape
+    nb = -(-n // bucket_size)
+    xf = x.to(torch.float32)
+    if nb * bucket_size > n:
+        # Repeat the row's last element: a valid member of the last bucket, so its min/max are unchanged.
+        xf = torch.cat([xf, xf[:, -1:].expand(rows, nb * bucket_size - n)], dim=1)
+    xb = xf.view(rows, nb, bucket_size)
+    lo = xb.amin(dim=2)
+    return xb, lo, xb.amax(dim=2) - lo
+
+
+def _levels_from_params(theta: torch.Tensor) -> torch.Tensor:
+    """Sorted levels from ``K - 1`` unconstrained parameters: gaps ``>= _MIN_GAP`` summing to 1."""
+    gaps = torch.softmax(theta, dim=0) * (1.0 - _MIN_GAP * theta.numel()) + _MIN_GAP
+    inner = torch.cumsum(gaps, dim=0)[:-1]
+    return torch.cat([inner.new_zeros(1), inner, inner.new_ones(1)])
+
+
+def _bracket(levels: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """Index ``j`` of the lower bracketing level of each ``z`` (``l_j <= z``, clamped to ``0..K-2``)."""
+    j = torch.searchsorted(levels, z.contiguous(), right=True) - 1
+    return j.clamp_(0, levels.numel() - 2)
+
+
+def expected_sq_error(levels: torch.Tensor, z: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Weighted mean of the stochastic-rounding variance ``(z - l_j)(l_{j+1} - z)`` (differentiable in ``levels``).
+
+    Args:
+        levels: ``K`` sorted normalized levels.
+        z: normalized values in ``[0, 1]``.
+        weight: per-value weight (the squared bucket range turns it into the squared error of ``x``).
+    """
+    j = _bracket(levels.detach(), z)
+    return ((z - levels[j]) * (levels[j + 1] - z) * weight).sum() / weight.sum()
+
+
+def fit_levels(
+    x: torch.Tensor,
+    bits: int,
+    bucket_size: int,
+    init: torch.Tensor | None = None,
+    samples: int = 65536,
+    steps: int = 50,
+) -> torch.Tensor:
+    """Fit ``2**bits`` normalized levels to ``x`` by gradient descent on the expected squared error.
+
+    Args:
+        x: floating tensor; a 2-D one is bucketed row by row like ``encode_rows``, any other is flattened.
+        bits: bits per code; ``K = 2**bits`` levels.
+        bucket_size: elements per bucket.
+        init: levels to start from (warm start), default uniform.
+        samples: at most this many elements (a regular stride through the buckets) enter the objective.
+        steps: Adam steps.
+
+    Returns:
+        fp32 levels on ``x.device``: ``K`` values, ``0`` first, ``1`` last, gaps ``>= 2**-20``.
+    """
+    start = uniform_levels(bits, x.device) if init is None else init.to(device=x.device, dtype=torch.float32)
+    # Inside inference mode or no_grad (e.g. an evaluation loop) the fit still needs autograd.
+    with torch.inference_mode(False), torch.enable_grad():
+        xb, lo, rng = _bucket_ranges(x.detach().reshape(1, -1) if x.dim() != 2 else x.detach(), bucket_size)
+        flat = xb.reshape(-1)
+        idx = torch.arange(0, flat.numel(), -(-flat.numel() // samples), device=x.device)
+        lo_s, rng_s = lo.reshape(-1)[idx // bucket_size], rng.reshape(-1)[idx // bucket_size]
+        z = (flat[idx] - lo_s) / rng_s
+        # Constant buckets have no rounding error and non-finite ones no meaningful levels: leave them out.
+        keep = torch.isfinite(z) & torch.isfinite(rng_s) & (rng_s > 0)
+        if not keep.any():
+            return start
+        z, rng_s = z[keep].clamp(0.0, 1.0), rng_s[keep]
+        weight = (rng_s / rng_s.max()).square()  # relative squared ranges: the absolute ones could overflow
+
+        theta = torch.log(torch.diff(start).clamp_min(_MIN_GAP)).requires_grad_(True)
+        optimizer = torch.optim.Adam([theta], lr=_ADAM_LR)
+        for _ in range(steps):
+            optimizer.zero_grad(set_to_none=True)
+            expected_sq_error(_levels_from_params(theta), z, weight).backward()
+            optimizer.step()
+        return _levels_from_params(theta.detach())
+
+
+class LearnedLevelsCodec(Codec):
+    """Learned-levels quantizer with unbiased stochastic rounding (see the module docstring).
+
+    Args:
+        bits: bits per code, 1..8 (``2**bits`` levels).
+        bucket_size: elements per bucket (>= 1); one fp32 ``lo`` and one fp32 range per bucket.
+        refresh_every: refit the levels after this many new seeds (>= 1), or 0 to keep the first fit until
+            :meth:`fit` or :meth:`set_levels` is called.
+        fit_samples: elements of the input (a regular stride) used by a fit (>= 1).
+        fit_steps: gradient steps of a fit (>= 1).
+        pinned_seeds: how many recent seeds keep the levels their first encode used (>= 1).
+
+    Raises:
+        ValueError: an invalid option, naming it and the allowed values.
+    """
+
+    name = "learned"
+
+    def __init__(
+        self,
+        bits: int = 8,
+        bucket_size: int = 1024,
+        refresh_every: int = 1000,
+        fit_samples: int = 65536,
+        fit_steps: int = 50,
+        pinned_seeds: int = 1024,
+    ) -> None:
+        super().__init__(bits, bucket_size)
+        self.refresh_every = _check_count("refresh_every", refresh_every, minimum=0)
+        self.fit_samples = _check_count("fit_samples", fit_samples, minimum=1)
+        self.fit_steps = _check_count("fit_steps", fit_steps, minimum=1)
+        self.pinned_seeds = _check_count("pinned_seeds", pinned_seeds, minimum=1)
+        self._levels: torch.Tensor | None = None
+        self._seeds_since_fit = 0
+        self._pinned: collections.OrderedDict[int, torch.Tensor] = collections.OrderedDict()
+
+    @property
+    def unbiased(self) -> bool:
+        return True
+
+    @property
+    def num_levels(self) -> int:
+        """``K = 2**bits``."""
+        return 1 << self.bits
+
+    @property
+    def levels(self) -> torch.Tensor | None:
+        """The current normalized levels (fp32, ``K`` values from 0 to 1), or None before the first fit."""
+        return self._levels
+
+    # ------------------------------------------------------------------ levels
+    def fit(self, x: torch.Tensor) -> torch.Tensor:
+        """Fit the levels to ``x`` (warm-started from the current ones) and use them for every later encode.
+
+        Returns:
+            The new fp32 levels (on ``x.device``).
+        """
+        self._check_input(x)
+        return self.set_levels(fit_levels(x, self.bits, self.bucket_size, self._levels, self.fit_samples, self.fit_steps))
+
+    def set_levels(self, levels: torch.Tensor) -> torch.Tensor:
+        """Use ``levels`` (``K`` increasing values, 0 first and 1 last) for every later encode, e.g. levels
+        fitted once by another codec; forgets the levels pinned to earlier seeds.
+
+        Raises:
+            ValueError: wrong count, not finite, not strictly increasing, or not from 0 to 1.
+        """
+        if not isinstance(levels, torch.Tensor) or levels.shape != (self.num_levels,):
+            shape = tuple(levels.shape) if isinstance(levels, torch.Tensor) else type(levels).__name__
+            raise ValueError(f"levels must be a 1-D tensor of 2**bits = {self.num_levels} values, got {shape}")
+        levels = levels.to(torch.float32)
+        if not torch.isfinite(levels).all() or not (torch.diff(levels) > 0).all() or levels[0] != 0 or levels[-1] != 1:
+            raise ValueError(f"levels must be finite and strictly increasing from 0 to 1, got {levels.tolist()}")
+        self._levels = levels
+        self._seeds_since_fit = 0
+        self._pinned.clear()
+        return levels
+
+    def _levels_for(self, seed: int, x: torch.Tensor) -> torch.Tensor:
+        """The levels of an encode with ``seed``: pinned ones, else the current ones (fitted/refreshed on ``x``)."""
+        levels = self._pinned.get(seed)
+        if levels is not None:
+            self._pinned.move_to_end(seed)
+            return levels.to(x.device)
+        if self._levels is None or (self.refresh_every and self._seeds_since_fit >= self.refresh_every):
+            self._levels = fit_levels(x, self.bits, self.bucket_size, self._levels, self.fit_samples, self.fit_steps)
+            self._seeds_since_fit = 0
+        self._seeds_since_fit += 1
+        self._pinned[seed] = self._levels
+        if len(self._pinned) > self.pinned_seeds:
+            self._pinned.popitem(last=False)
+        return self._levels.to(x.device)
+
+    # ------------------------------------------------------------------ codec
+    def layout(self, numel: int) -> WireLayout:
+        """Byte layout of the wire of ``numel`` elements."""
+        self._check_numel(numel)
+        words = 2 * self.num_buckets(numel) + self.num_levels
+        return bucket_layout(numel, self.bucket_size, self.bits, meta_words=words)
+
+    def wire_bytes(self, numel: int) -> int:
+        return self.layout(numel).wire_bytes
+
+    def _encode(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
+        return self._encode_rows(x.reshape(1, -1), seed, offset)[0]
+
+    def _decode(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return self._decode_rows(wire.reshape(1, -1), numel, dtype)[0]
+
+    def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
+        levels = self._levels_for(seed, x)
+        rows, n = x.shape
+        layout = self.layout(n)
+        bsz, nb = self.bucket_size, layout.num_buckets
+        xb, lo, rng = _bucket_ranges(x, bsz)
+        nonfinite = (~torch.isfinite(xb)).any(dim=2) | ~torch.isfinite(rng)
+        inv = torch.where(rng > 0, 1.0 / rng, 0.0).clamp_(max=_FP32_MAX)
+        z = ((xb - lo.unsqueeze(2)) * inv.unsqueeze(2)).clamp_(0.0, 1.0).nan_to_num_(0.0)
+        j = _bracket(levels, z)
+        lower = levels[j]
+        p = (z - lower) / (levels[j + 1] - lower)
+        noise = rounding_noise_range(seed, offset, rows * n, device=x.device).view(rows, n)
+        noise = torch.nn.functional.pad(noise, (0, nb * bsz - n)).view(rows, nb, bsz)
+        codes = (j + torch.floor(p + noise).to(torch.int64)).clamp_(max=self.num_levels - 1)
+        codes = codes.masked_fill_(nonfinite.unsqueeze(2), 0).to(torch.uint8).view(rows, nb * bsz)
+        codes[:, n:] = 0
+
+        per_bucket = torch.stack((lo, rng), dim=2).masked_fill_(nonfinite.unsqueeze(2), float("nan"))
+        meta = torch.cat([per_bucket.view(rows, 2 * nb), levels.expand(rows, -1)], dim=1)
+        return assemble_rows(pack_rows(codes, layout, self.bits), meta, layout)
+
+    def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        layout = self.layout(numel)
+        rows, nb = wire.shape[0], layout.num_buckets
+        codes = unpack_rows(wire, layout, self.bits, self.bucket_size).to(torch.int64)
+        meta = read_meta(wire, layout)
+        per_bucket = meta[:, : 2 * nb].view(rows, nb, 2)
+        levels = meta[:, 2 * nb :]
+        values = torch.gather(levels, 1, codes.view(rows, -1)).view(rows, nb, -1)
+        decoded = per_bucket[:, :, 0:1] + values * per_bucket[:, :, 1:2]
+        return decoded.view(rows, -1)[:, :numel].to(dtype)
+
+    def __repr__(self) -> str:
+        return (
+            f"LearnedLevelsCodec(bits={self.bits}, bucket_size={self.bucket_size}, refresh_every={self.refresh_every}, "
+            f"fit_samples={self.fit_samples}, fit_steps={self.fit_steps}, pinned_seeds={self.pinned_seeds})"
+        )
+
+
+def _check_count(name: str, value: int, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} is invalid; it must be an integer >= {minimum}")
+    return value

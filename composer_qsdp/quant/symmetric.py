@@ -1,0 +1,131 @@
+"""Symmetric abs-max block quantizer with round-to-nearest (ZeRO++ qwZ, SDP4Bit).
+
+Per bucket (ZeRO++'s "block") of ``bucket_size`` elements, with ``qmax = 2**(bits - 1) - 1``::
+
+    absmax  = max |x|                                           # fp32
+    scale   = absmax / qmax                                     # fp32, one quantization step
+    inv     = qmax / absmax  (0 when absmax == 0, capped at the largest fp32)
+    q       = clamp(round_half_even(x * inv), -qmax, qmax)      # signed level
+    code    = q + qmax                                          # offset binary in [0, 2 * qmax]
+    decoded = (code - qmax) * scale                             # fp32, then cast to the output dtype
+
+Levels: ``±qmax`` (SDP4Bit's choice, ±7 at INT4 and ±127 at INT8) rather than DeepSpeed's
+``[-2**(b-1), 2**(b-1) - 1]``. The grid is then symmetric: ``x`` and ``-x`` quantize to opposite values, 0 is
+exact, and ``±absmax`` is itself a level, so no element is clipped and the error is at most half a step
+everywhere; DeepSpeed's extra negative level is never used by the largest positive element, whose
+``absmax * 2**b / (2 * absmax) = 2**(b-1)`` is clipped to ``2**(b-1) - 1``. The cost is one of the ``2**b``
+codes (code ``2**b - 1`` is never produced).
+
+Every step is one IEEE fp32 operation in this order, done the same way by this torch reference and by the
+Triton kernels of :mod:`composer_qsdp.kernels.symmetric` (which round half to even with the same result and
+disable FMA contraction), so both give the same wire and the same decoded values bit for bit.
+
+Wire (:mod:`composer_qsdp.quant.wire`): codes packed bucket by bucket, then one fp32 ``scale`` per bucket
+(``bits + 32 / bucket_size`` bits per element).
+
+Non-finite input: a bucket holding a NaN or an infinity is stored with ``scale = NaN`` and code ``qmax``
+(level 0), so every element of that bucket decodes to NaN; finite buckets are unaffected.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from composer_qsdp.kernels.dispatch import use_triton
+from composer_qsdp.quant.codec import Codec, check_bits
+from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
+
+__all__ = ["SymmetricCodec", "KERNEL_BITS"]
+
+#: Bit widths the Triton kernels pack (codes fill whole bytes); other widths use the torch reference on GPU too.
+KERNEL_BITS = (2, 4, 8)
+_FP32_MAX = torch.finfo(torch.float32).max
+
+
+class SymmetricCodec(Codec):
+    """Bucketed symmetric abs-max quantizer, round-to-nearest (see the module docstring for math and wire).
+
+    Args:
+        bits: bits per code, 2..8 (8 and 4 are ZeRO++/SDP4Bit's INT8/INT4).
+        bucket_size: elements per bucket (>= 1); one fp32 scale per bucket.
+
+    Raises:
+        ValueError: invalid ``bits`` or ``bucket_size``.
+    """
+
+    name = "symmetric"
+
+    def __init__(self, bits: int = 8, bucket_size: int = 2048) -> None:
+        super().__init__(check_bits(bits, range(2, 9)), bucket_size)
+
+    @property
+    def qmax(self) -> int:
+        """Largest level magnitude, ``2**(bits - 1) - 1``."""
+        return (1 << (self.bits - 1)) - 1
+
+    def layout(self, numel: int) -> WireLayout:
+        """Byte layout of the wire of ``numel`` elements (shared with the Triton launchers)."""
+        self._check_numel(numel)
+        return bucket_layout(numel, self.bucket_size, self.bits, meta_words=self.num_buckets(numel))
+
+    def wire_bytes(self, numel: int) -> int:
+        return self.layout(numel).wire_bytes
+
+    def _kernels(self, tensor: torch.Tensor) -> bool:
+        return self.bits in KERNEL_BITS and use_triton(tensor)
+
+    def _encode(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
+        return self._encode_rows(x.reshape(1, -1), seed, offset)[0]
+
+    def _decode(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return self._decode_rows(wire.reshape(1, -1), numel, dtype)[0]
+
+    def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
+        layout = self.layout(x.shape[1])
+        if self._kernels(x):
+            from composer_qsdp.kernels import symmetric as kernels
+
+            return kernels.encode_rows(x, self.bits, self.bucket_size, layout)
+        return self._encode_rows_reference(x, layout)
+
+    def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        layout = self.layout(numel)
+        if self._kernels(wire):
+            from composer_qsdp.kernels import symmetric as kernels
+
+            return kernels.decode_rows(wire, self.bits, self.bucket_size, layout, dtype)
+        return self._decode_rows_fp32(wire, layout).to(dtype)
+
+    def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
+        layout = self.layout(numel)
+        if self._kernels(wire):
+            from composer_qsdp.kernels import symmetric as kernels
+
+            return kernels.decode_sum(wire, self.bits, self.bucket_size, layout)
+        acc = torch.zeros(numel, dtype=torch.float32, device=wire.device)
+        for row in self._decode_rows_fp32(wire, layout):  # row order from +0.0, as the kernel accumulates
+            acc += row
+        return acc
+
+    # ------------------------------------------------------------------ torch reference
+    def _encode_rows_reference(self, x: torch.Tensor, layout: WireLayout) -> torch.Tensor:
+        rows, n = x.shape
+        bsz, nb = self.bucket_size, layout.num_buckets
+        # Zero padding leaves every bucket's absmax unchanged.
+        xb = torch.nn.functional.pad(x.to(torch.float32), (0, nb * bsz - n)).view(rows, nb, bsz)
+        absmax = xb.abs().amax(dim=2)
+        nonfinite = ~(xb.abs() < float("inf")).all(dim=2)
+        scale = (absmax / self.qmax).masked_fill_(nonfinite, float("nan"))
+        # A tensor numerator: torch evaluates `scalar / tensor` as reciprocal-then-multiply, not one IEEE division.
+        inv = torch.where(absmax > 0, torch.full_like(absmax, self.qmax) / absmax, 0.0).clamp_(max=_FP32_MAX)
+        q = torch.round(xb * inv.unsqueeze(2)).clamp_(-self.qmax, self.qmax)
+        q = q.masked_fill_(nonfinite.unsqueeze(2), 0)
+        codes = (q + self.qmax).to(torch.uint8).view(rows, nb * bsz)
+        codes[:, n:] = 0
+        return assemble_rows(pack_rows(codes, layout, self.bits), scale, layout)
+
+    def _decode_rows_fp32(self, wire: torch.Tensor, layout: WireLayout) -> torch.Tensor:
+        rows = wire.shape[0]
+        levels = unpack_rows(wire, layout, self.bits, self.bucket_size).to(torch.int32) - self.qmax
+        decoded = levels.to(torch.float32) * read_meta(wire, layout).unsqueeze(2)
+        return decoded.view(rows, -1)[:, : layout.numel]

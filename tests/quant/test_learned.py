@@ -1,0 +1,172 @@
+"""LearnedLevelsCodec: levels fitted to the expected squared error of stochastic rounding (QSDP Algorithm 1)."""
+
+import pytest
+import torch
+
+from composer_qsdp.quant import make_codec
+from composer_qsdp.quant.learned import LearnedLevelsCodec, fit_levels, uniform_levels
+
+
+def _student_t(n: int, seed: int = 0, df: float = 3.0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    normal = torch.randn(n, generator=gen, dtype=torch.float64)
+    chi2 = torch.randn(n, int(df), generator=gen, dtype=torch.float64).square().sum(1)
+    return (normal / (chi2 / df).sqrt()).to(torch.float32)
+
+
+def _expected_mse(levels: torch.Tensor, x: torch.Tensor, bucket: int) -> float:
+    """Exact expected squared error of stochastic rounding onto ``levels`` in each bucket's range (float64)."""
+    xb = x.to(torch.float64).view(-1, bucket)
+    lo, rng = xb.amin(1, keepdim=True), xb.amax(1, keepdim=True) - xb.amin(1, keepdim=True)
+    z = ((xb - lo) / rng).clamp(0, 1)
+    lv = levels.to(torch.float64)
+    j = (torch.searchsorted(lv, z.contiguous(), right=True) - 1).clamp(0, lv.numel() - 2)
+    return float(((z - lv[j]) * (lv[j + 1] - z) * rng.square()).mean())
+
+
+@pytest.mark.parametrize("bits", (3, 8))
+def test_learned_levels_beat_uniform_levels_on_heavy_tails_and_stay_unbiased(bits):
+    bucket, n = 256, 256 * 64
+    x = _student_t(n)
+    learned = LearnedLevelsCodec(bits, bucket)
+    levels = learned.fit(x)
+    uniform = LearnedLevelsCodec(bits, bucket)
+    uniform.set_levels(uniform_levels(bits))
+
+    # Exact expectation (float64, independent of the codec): the fit lowers it substantially.
+    assert _expected_mse(levels, x, bucket) < 0.85 * _expected_mse(uniform_levels(bits), x, bucket)
+
+    # Measured over seeds through the codec itself, on fresh data from the same distribution.
+    y = _student_t(n, seed=1)
+    seeds = 40
+    errs = {"learned": [], "uniform": []}
+    mean = torch.zeros(n, dtype=torch.float64)
+    for seed in range(seeds):
+        for name, codec in (("learned", learned), ("uniform", uniform)):
+            decoded = codec.decode(codec.encode(y, seed=seed), n)
+            errs[name].append(float((decoded.double() - y.double()).square().mean()))
+            if name == "learned":
+                mean += decoded.double()
+    mse_learned, mse_uniform = (sum(v) / seeds for v in errs.values())
+    assert mse_learned < 0.85 * mse_uniform
+    torch.testing.assert_close(mse_learned, _expected_mse(levels, y, bucket), rtol=0.05, atol=0)
+
+    # Unbiased: the mean over seeds of all errors, normalized by its standard error, is small.
+    err = mean / seeds - y.double()
+    sigma = (mse_learned / seeds) ** 0.5
+    assert abs(float(err.mean()) / (sigma / n**0.5)) < 5
+
+
+def test_fitted_levels_are_sorted_from_0_to_1_and_dense_where_values_are():
+    x = _student_t(128 * 64, seed=2)
+    levels = fit_levels(x, bits=3, bucket_size=128)
+    assert levels.dtype == torch.float32 and levels.shape == (8,)
+    assert levels[0] == 0 and levels[-1] == 1 and (torch.diff(levels) > 0).all()
+    # Student-t buckets are symmetric with most mass in the middle: the inner gaps are the small ones.
+    gaps = torch.diff(levels)
+    assert gaps[3] < gaps[0] and gaps[3] < gaps[-1]
+
+
+def test_wire_carries_the_levels_so_any_codec_instance_decodes_it():
+    x = _student_t(1000, seed=3)
+    sender = LearnedLevelsCodec(4, 100)
+    wire = sender.encode(x, seed=5)
+    receiver = LearnedLevelsCodec(4, 100)
+    receiver.set_levels(uniform_levels(4))
+    assert torch.equal(receiver.decode(wire, 1000), sender.decode(wire, 1000))
+    assert not torch.equal(sender.levels, receiver.levels)
+
+
+def test_fit_once_and_reuse_the_levels_elsewhere():
+    x = _student_t(4096, seed=4)
+    first = LearnedLevelsCodec(4, 256)
+    levels = first.fit(x)
+    second = LearnedLevelsCodec(4, 256)
+    second.set_levels(levels)
+    y = _student_t(4096, seed=5)
+    assert torch.equal(first.encode(y, seed=1), second.encode(y, seed=1))
+    assert torch.equal(first.levels, levels)  # encoding other data does not refit before refresh_every seeds
+
+
+def test_lazy_fit_then_refresh_every_n_new_seeds_keeps_levels_pinned_to_seen_seeds():
+    codec = LearnedLevelsCodec(3, 64, refresh_every=3)
+    assert codec.levels is None
+    x = _student_t(64 * 32, seed=6)
+    first_wire = codec.encode(x, seed=100)
+    lazily_fitted = codec.levels
+    assert lazily_fitted is not None and torch.equal(lazily_fitted, fit_levels(x, 3, 64))
+
+    uniform_data = torch.rand(64 * 32, generator=torch.Generator().manual_seed(0))
+    codec.encode(uniform_data, seed=101)
+    codec.encode(uniform_data, seed=102)
+    assert torch.equal(codec.levels, lazily_fitted)  # 3 seeds so far: no refresh yet
+    codec.encode(uniform_data, seed=102)  # a repeated seed is not a new one
+    assert torch.equal(codec.levels, lazily_fitted)
+    codec.encode(uniform_data, seed=103)  # 4th new seed: refit on this input
+    assert not torch.equal(codec.levels, lazily_fitted)
+    # Uniform data pulls the levels back towards an even spacing.
+    spread = lambda lv: float(torch.diff(lv).max() - torch.diff(lv).min())  # noqa: E731
+    assert spread(codec.levels) < spread(lazily_fitted)
+
+    # The first seed still encodes with the levels it was first encoded with (forward/backward consistency).
+    assert torch.equal(codec.encode(x, seed=100), first_wire)
+
+
+def test_refresh_every_zero_keeps_the_first_fit():
+    codec = LearnedLevelsCodec(2, 64, refresh_every=0)
+    codec.encode(_student_t(640), seed=0)
+    levels = codec.levels
+    for seed in range(1, 5):
+        codec.encode(torch.rand(640), seed=seed)
+    assert torch.equal(codec.levels, levels)
+
+
+def test_pinned_seeds_are_bounded():
+    codec = LearnedLevelsCodec(2, 64, refresh_every=1, pinned_seeds=2)
+    x = _student_t(640)
+    first = codec.encode(x, seed=0)
+    codec.encode(torch.rand(640), seed=1)
+    codec.encode(torch.rand(640), seed=2)  # evicts seed 0, whose levels were refreshed since
+    assert not torch.equal(codec.encode(x, seed=0), first)
+
+
+@pytest.mark.parametrize("context", (torch.no_grad, torch.inference_mode))
+def test_fits_inside_no_grad_and_inference_mode(context):
+    x = _student_t(2048, seed=7)
+    with context():
+        wire = LearnedLevelsCodec(3, 128).encode(x, seed=1)
+    assert torch.equal(wire, LearnedLevelsCodec(3, 128).encode(x, seed=1))
+
+
+def test_all_constant_or_nonfinite_input_keeps_uniform_levels():
+    x = torch.full((256,), 3.0)
+    x[200] = float("nan")
+    codec = LearnedLevelsCodec(2, 64)
+    decoded = codec.decode(codec.encode(x, seed=0), 256)
+    assert torch.equal(codec.levels, uniform_levels(2))
+    assert torch.equal(decoded[:192], x[:192]) and decoded[192:].isnan().all()
+
+
+@pytest.mark.parametrize(
+    "levels, match",
+    [
+        (torch.linspace(0, 1, 8), "2\\*\\*bits = 16 values"),
+        (torch.linspace(0, 2, 16), "from 0 to 1"),
+        (torch.linspace(0, 1, 16).flip(0), "strictly increasing"),
+        (torch.cat([torch.zeros(2), torch.linspace(0.1, 1, 14)]), "strictly increasing"),
+        (torch.linspace(0, 1, 16).index_fill(0, torch.tensor([3]), float("nan")), "finite"),
+        ([0.0, 1.0], "1-D tensor"),
+    ],
+)
+def test_set_levels_rejects_invalid_levels(levels, match):
+    with pytest.raises(ValueError, match=match):
+        LearnedLevelsCodec(4, 64).set_levels(levels)
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [("refresh_every", -1), ("fit_samples", 0), ("fit_steps", 0), ("pinned_seeds", 0), ("fit_steps", 2.5), ("bits", 9)],
+)
+def test_rejects_invalid_options(option, value):
+    with pytest.raises(ValueError, match=f"{option}="):
+        make_codec("learned", **{"bits": 4, "bucket_size": 64, option: value})
