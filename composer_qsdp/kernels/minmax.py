@@ -6,13 +6,13 @@ methods ``_encode_rows_reference`` (:func:`encode_rows`), ``_decode_rows_fp32`` 
 :mod:`composer_qsdp.quant.wire`); the launchers take ``[rows, n]`` tensors, so one launch covers every chunk
 of a reduce-scatter. They run on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (CI).
 
-Tiling: one program handles ``BPP`` consecutive buckets of one row as a ``[BPP, G, 8]`` tile, where ``G`` is
+Tiling: one program handles ``BPP`` consecutive buckets of one row as a ``[G, BPP, 8]`` tile, where ``G`` is
 the bucket's number of groups of 8 consecutive elements (rounded up to a power of two, padding lanes
 masked). A whole bucket lives in one program, so min, max and quantization happen in a single pass over the
-data (one read of ``x``, one write of the codes), and a group of 8 codes packs into ``bits`` bytes with
-shifts and a sum inside a thread. Stochastic rounding draws one Philox call per group when every group's
-first counter is a multiple of 8 (``ALIGNED``: ``offset``, ``bucket_size`` and, for several rows, ``n`` all
-multiples of 8) and one call per element otherwise; both give the same numbers
+data (one read of ``x``, one write of the codes). The 8 codes of a group pack, with shifts and a sum inside
+a thread, into one naturally aligned ``bits``-byte word stored with a single access. Stochastic rounding
+draws one Philox call per group of 8 when every group's first counter is a multiple of 8 (``ALIGNED``:
+``offset`` and, for several rows, ``n`` multiples of 8) and two otherwise; both give the same numbers
 (:mod:`composer_qsdp.kernels.noise`).
 
 Exactness: every fp32 operation appears once, in the reference's order, and the kernels launch with
@@ -21,8 +21,8 @@ instead of Triton's approximate ``/``. Under the Triton interpreter the fp32 -> 
 kernels round to nearest even with integer ops there (``EMULATE_BF16_RNE``); on a GPU the hardware cast
 already does. The only difference left is the payload of NaN outputs (GPUs produce the canonical NaN).
 
-Coverage: ``bits`` in (1, 2, 4, 8) and ``bucket_size`` up to :data:`MAX_BUCKET`; the codec uses its torch
-reference for other configurations.
+Coverage: ``bits`` in (1, 2, 4, 8) and ``bucket_size`` a multiple of 8 up to :data:`MAX_BUCKET`; the codec
+uses its torch reference for other configurations.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from composer_qsdp.kernels.dispatch import interpreter_enabled
-from composer_qsdp.kernels.noise import noise_at, noise_for_groups
+from composer_qsdp.kernels.noise import noise_for_groups
 from composer_qsdp.quant.wire import WireLayout
 
 __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_rows", "decode_sum"]
@@ -41,7 +41,7 @@ __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_ro
 SUPPORTED_BITS = (1, 2, 4, 8)
 #: Largest bucket (elements) a program holds in registers.
 MAX_BUCKET = 16384
-_FP32_MAX = 3.4028234663852886e38
+_FP32_MAX = tl.constexpr(3.4028234663852886e38)  # jit code reads only constexpr globals
 # Elements per program: enough in flight per SM on a GPU; under the interpreter (~12 ms per program,
 # almost independent of size) as few programs as possible.
 _GPU_TILE = 8192
@@ -49,28 +49,44 @@ _INTERPRETER_TILE = 65536
 
 
 def supports(bits: int, bucket_size: int) -> bool:
-    """True when a kernel covers ``bits`` and ``bucket_size`` (elements)."""
-    return bits in SUPPORTED_BITS and 1 <= bucket_size <= MAX_BUCKET
+    """True when a kernel covers ``bits`` and ``bucket_size`` (elements; a multiple of 8 up to ``MAX_BUCKET``)."""
+    return bits in SUPPORTED_BITS and 8 <= bucket_size <= MAX_BUCKET and bucket_size % 8 == 0
 
 
 # --------------------------------------------------------------------------------------------- kernels
 @triton.jit
 def _tile(pid, n, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr):
-    """Bucket ids ``[BPP]``, in-bucket index ``[1, G, 8]``, element index ``[BPP, G, 8]`` and its mask."""
-    b = pid * BPP + tl.arange(0, BPP)
-    j = tl.arange(0, GROUPS)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
-    e = b[:, None, None] * BUCKET + j
-    return b, j, e, (j < BUCKET) & (e < n)
+    """Buckets ``b`` ``[1, BPP, 1]``, groups ``g`` ``[G, 1, 1]``, element index ``[G, BPP, 8]`` and its mask.
+
+    Groups lead so that the lanes of a warp walk along contiguous memory (a bucket is contiguous).
+    """
+    b = (pid * BPP + tl.arange(0, BPP))[None, :, None]
+    g = tl.arange(0, GROUPS)[:, None, None]
+    e = b * BUCKET + g * 8 + tl.arange(0, 8)[None, None, :]
+    return b, g, e, (g * 8 < BUCKET) & (e < n)
 
 
 @triton.jit
-def _byte_tile(b, n, BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr):
-    """Byte ``p`` (0..BITS-1) of group ``g`` of bucket ``b``: wire index ``[BPP, G, BITS]`` and its mask."""
-    BUCKET_BYTES: tl.constexpr = (BUCKET * BITS + 7) // 8
-    p = tl.arange(0, BITS)[None, None, :]
-    first_code = tl.arange(0, GROUPS)[None, :, None] * 8 + p * (8 // BITS)
-    idx = b[:, None, None] * BUCKET_BYTES + first_code * BITS // 8
-    return p, idx, (first_code < BUCKET) & (b[:, None, None] * BUCKET + first_code < n)
+def _min_max(lo_a, hi_a, lo_b, hi_b):
+    """Combine of a (min, max) reduction that propagates NaN (plain min/max skip NaN on a GPU)."""
+    return (tl.minimum(lo_a, lo_b, propagate_nan=tl.PropagateNan.ALL),
+            tl.maximum(hi_a, hi_b, propagate_nan=tl.PropagateNan.ALL))  # fmt: skip
+
+
+@triton.jit
+def _group_words(row_wire, b, g, BITS: tl.constexpr, BUCKET: tl.constexpr):
+    """Pointers ``[G, BPP, 1]`` to the ``bits``-byte word holding the 8 codes of each group (``bits`` < 8).
+
+    A bucket's codes start at a multiple of ``bits`` bytes (``bucket_size`` is a multiple of 8), so each
+    group's codes are one naturally aligned 1-, 2- or 4-byte little-endian word.
+    """
+    if BITS == 1:
+        words = row_wire
+    elif BITS == 2:
+        words = row_wire.to(tl.pointer_type(tl.int16))
+    else:
+        words = row_wire.to(tl.pointer_type(tl.int32))
+    return words + b * (BUCKET // 8) + g
 
 
 @triton.jit
@@ -84,40 +100,37 @@ def _quantize_kernel(
     LEVELS: tl.constexpr = (1 << BITS) - 1
     pid = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
-    b, j, e, valid = _tile(pid, n, BUCKET, GROUPS, BPP)
+    b, g, e, valid = _tile(pid, n, BUCKET, GROUPS, BPP)
     x = tl.load(x_ptr + row * x_row_stride + e, mask=valid, other=0.0).to(tl.float32)
 
-    lo = tl.min(tl.min(tl.where(valid, x, float("inf")), axis=2), axis=1)
-    hi = tl.max(tl.max(tl.where(valid, x, float("-inf")), axis=2), axis=1)
-    # Counted explicitly: min/max reductions may skip NaN on a GPU.
-    n_nonfinite = tl.sum(tl.sum((valid & ~(tl.abs(x) < float("inf"))).to(tl.int32), axis=2), axis=1)
+    # NaN-propagating min/max: a NaN or infinity anywhere in the bucket makes the range non-finite.
+    lo, hi = tl.reduce((tl.where(valid, x, float("inf")), tl.where(valid, x, float("-inf"))), 2, _min_max,
+                       keep_dims=True)  # fmt: skip
+    lo, hi = tl.reduce((lo, hi), 0, _min_max, keep_dims=True)  # [1, BPP, 1]
     scale = tl.math.div_rn(hi - lo, tl.full(lo.shape, LEVELS, tl.float32))
-    bad = (n_nonfinite > 0) | ~(scale < float("inf"))
+    bad = ~(scale < float("inf"))
     positive = scale > 0
     inv = tl.math.div_rn(tl.full(lo.shape, 1.0, tl.float32), tl.where(positive, scale, 1.0))
     inv = tl.minimum(tl.where(positive, inv, 0.0), _FP32_MAX)
 
-    t = (x - lo[:, None, None]) * inv[:, None, None]
+    t = (x - lo) * inv
     if STOCHASTIC:
-        row_counter = offset + row * n
-        if ALIGNED:
-            calls = ((row_counter + b * BUCKET) >> 3)[:, None] + tl.arange(0, GROUPS)[None, :]
-            t = t + noise_for_groups(seed, calls)
-        else:
-            t = t + noise_at(seed, row_counter + e)
+        t = t + noise_for_groups(seed, offset + row * n + b * BUCKET + g * 8, ALIGNED)
     else:
         t = t + 0.5
     q = tl.minimum(tl.maximum(tl.floor(t), 0.0), LEVELS)
-    codes = tl.where(valid & ~bad[:, None, None], q, 0.0).to(tl.int32)
+    codes = tl.where(valid & ~bad, q, 0.0).to(tl.int32)
 
     row_wire = wire_ptr + row * wire_row_stride
     if BITS == 8:
         tl.store(row_wire + e, codes.to(tl.uint8), mask=valid)
     else:
-        word = tl.sum(codes << (tl.arange(0, 8)[None, None, :] * BITS), axis=2)
-        p, byte_idx, byte_ok = _byte_tile(b, n, BITS, BUCKET, GROUPS)
-        tl.store(row_wire + byte_idx, ((word[:, :, None] >> (8 * p)) & 0xFF).to(tl.uint8), mask=byte_ok)
-    # The program holding the last bucket zeroes the 0-3 padding bytes before the metadata.
+        word = tl.sum(codes << (tl.arange(0, 8)[None, None, :] * BITS), axis=2, keep_dims=True)
+        group_ok = (g * 8 < BUCKET) & (b * BUCKET + g * 8 < n)
+        words = _group_words(row_wire, b, g, BITS, BUCKET)
+        tl.store(words, word.to(words.dtype.element_ty), mask=group_ok)
+    # The program holding the last bucket zeroes the padding before the metadata; a tail group's word may
+    # already have written zeros there.
     pad = code_bytes + tl.arange(0, 4)
     tl.store(row_wire + pad, tl.zeros([4], tl.uint8), mask=(pad < meta_offset) & (pid == (num_buckets - 1) // BPP))
 
@@ -129,23 +142,25 @@ def _quantize_kernel(
 
 @triton.jit
 def _decode_tile(
-    wire_ptr, meta_ptr, row, b, e, valid, n, num_buckets, meta_offset, wire_row_stride,
-    BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr,
+    wire_ptr, meta_ptr, row, b, g, e, valid, n, num_buckets, meta_offset, wire_row_stride,
+    BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr,
 ):  # fmt: skip
-    """Decoded fp32 values ``[BPP, G, 8]`` of buckets ``b`` of wire row ``row`` (0 where not ``valid``)."""
+    """Decoded fp32 values ``[G, BPP, 8]`` of wire row ``row`` (0 where not ``valid``)."""
     row_wire = wire_ptr + row * wire_row_stride
     if BITS == 8:
         codes = tl.load(row_wire + e, mask=valid, other=0).to(tl.int32)
     else:
-        p, byte_idx, byte_ok = _byte_tile(b, n, BITS, BUCKET, GROUPS)
-        packed = tl.load(row_wire + byte_idx, mask=byte_ok, other=0).to(tl.int32)
-        word = tl.sum(packed << (8 * p), axis=2)
-        codes = (word[:, :, None] >> (tl.arange(0, 8)[None, None, :] * BITS)) & ((1 << BITS) - 1)
-    row_meta = meta_ptr + row * (wire_row_stride // 4) + meta_offset // 4 + 2 * b
-    on = b < num_buckets
-    lo = tl.load(row_meta, mask=on, other=0.0)
-    scale = tl.load(row_meta + 1, mask=on, other=0.0)
-    return lo[:, None, None] + scale[:, None, None] * codes.to(tl.float32)
+        group_ok = (g * 8 < BUCKET) & (b * BUCKET + g * 8 < n)
+        word = tl.load(_group_words(row_wire, b, g, BITS, BUCKET), mask=group_ok, other=0).to(tl.int32)
+        codes = (word >> (tl.arange(0, 8)[None, None, :] * BITS)) & ((1 << BITS) - 1)
+    # Metadata loaded once per bucket as 1-D vectors, then broadcast (loading it in the tile's layout would
+    # issue one load per element).
+    bucket = tl.program_id(0) * BPP + tl.arange(0, BPP)
+    row_meta = meta_ptr + row * (wire_row_stride // 4) + meta_offset // 4 + 2 * bucket
+    on = bucket < num_buckets
+    lo = tl.load(row_meta, mask=on, other=0.0)[None, :, None]
+    scale = tl.load(row_meta + 1, mask=on, other=0.0)[None, :, None]
+    return lo + scale * codes.to(tl.float32)
 
 
 @triton.jit
@@ -168,9 +183,9 @@ def _dequantize_kernel(
 ):  # fmt: skip
     pid = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
-    b, j, e, valid = _tile(pid, n, BUCKET, GROUPS, BPP)
-    y = _decode_tile(wire_ptr, meta_ptr, row, b, e, valid, n, num_buckets, meta_offset, wire_row_stride,
-                     BITS, BUCKET, GROUPS)  # fmt: skip
+    b, g, e, valid = _tile(pid, n, BUCKET, GROUPS, BPP)
+    y = _decode_tile(wire_ptr, meta_ptr, row, b, g, e, valid, n, num_buckets, meta_offset, wire_row_stride,
+                     BITS, BUCKET, BPP)  # fmt: skip
     _store_cast(out_ptr + row * out_row_stride + e, y, valid, EMULATE_BF16_RNE)
 
 
@@ -181,11 +196,11 @@ def _dequantize_sum_kernel(
     ROWS: tl.constexpr, BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
-    b, j, e, valid = _tile(pid, n, BUCKET, GROUPS, BPP)
-    acc = tl.zeros([BPP, GROUPS, 8], tl.float32)
+    b, g, e, valid = _tile(pid, n, BUCKET, GROUPS, BPP)
+    acc = tl.zeros([GROUPS, BPP, 8], tl.float32)
     for row in range(ROWS):  # in row order, like the reference
-        acc += _decode_tile(wire_ptr, meta_ptr, tl.cast(row, tl.int64), b, e, valid, n, num_buckets, meta_offset,
-                            wire_row_stride, BITS, BUCKET, GROUPS)  # fmt: skip
+        acc += _decode_tile(wire_ptr, meta_ptr, tl.cast(row, tl.int64), b, g, e, valid, n, num_buckets,
+                            meta_offset, wire_row_stride, BITS, BUCKET, BPP)  # fmt: skip
     tl.store(out_ptr + e, acc, mask=valid)
 
 
@@ -216,7 +231,7 @@ def _check(bits: int, bucket_size: int, rows: int, layout: WireLayout) -> None:
     if not supports(bits, bucket_size):
         raise ValueError(
             f"no min-max kernel for bits={bits}, bucket_size={bucket_size}; allowed: bits in {SUPPORTED_BITS}, "
-            f"1 <= bucket_size <= {MAX_BUCKET}"
+            f"bucket_size a multiple of 8 up to {MAX_BUCKET}"
         )
     if not 1 <= rows <= 65535 or layout.numel >= 2**31:
         raise ValueError(f"rows={rows} must be in 1..65535 and n={layout.numel} below 2**31")
@@ -248,7 +263,7 @@ def encode_rows(
     wire = torch.empty(rows, layout.wire_bytes, dtype=torch.uint8, device=x.device)
     nb = layout.num_buckets
     groups, bpp, warps = _config(bucket_size, nb, x.device, buckets_per_program, num_warps)
-    aligned = offset % 8 == 0 and bucket_size % 8 == 0 and (rows == 1 or n % 8 == 0)
+    aligned = offset % 8 == 0 and (rows == 1 or n % 8 == 0)
     _quantize_kernel[(triton.cdiv(nb, bpp), rows)](
         x, wire, wire.view(torch.float32),
         n, nb, layout.code_bytes, layout.meta_offset, x.stride(0), wire.stride(0),

@@ -2,15 +2,15 @@
 
 Counter ``c`` takes half ``c % 2`` (low half first) of word ``(c // 2) % 4`` of ``tl.randint4x(seed, c // 8)``
 and maps the 16-bit value ``k`` to ``(k + 0.5) / 2**16``. Kernels lay their tiles out as groups of 8
-consecutive elements (``[..., 8]``), so one Philox call serves a whole group when the group's first counter
-is a multiple of 8 (:func:`noise_for_groups`); :func:`noise_at` handles arbitrary counters at one Philox call
-per element. Both return float32 in ``(0, 1)``, identical to the torch reference bit for bit.
+consecutive elements (``[..., 8]``); :func:`noise_for_groups` draws a group's noise with one Philox call when
+the group's first counter is a multiple of 8 and two otherwise, float32 in ``(0, 1)``, identical to the torch
+reference bit for bit.
 """
 
 import triton
 import triton.language as tl
 
-__all__ = ["noise_at", "noise_for_groups"]
+__all__ = ["noise_for_groups"]
 
 
 @triton.jit
@@ -23,15 +23,19 @@ def _noise_from_words(w0, w1, w2, w3, lane):
 
 
 @triton.jit
-def noise_for_groups(seed, calls):
-    """Noise of counters ``8 * calls[a, g] + m`` for ``m`` in 0..7: ``calls`` int64 ``[A, G]`` -> ``[A, G, 8]``."""
-    w0, w1, w2, w3 = tl.randint4x(seed, calls)
+def noise_for_groups(seed, start, ALIGNED: tl.constexpr):
+    """Noise of counters ``start + m`` for ``m`` in 0..7: int64 ``start`` ``[A, B, 1]`` -> float32 ``[A, B, 8]``.
+
+    ``ALIGNED`` promises every ``start`` is a multiple of 8: the group is then one Philox call. Otherwise its
+    8 counters straddle two consecutive calls, and both are drawn (still 4x fewer than one per element).
+    """
     lane = tl.arange(0, 8)[None, None, :]
-    return _noise_from_words(w0[:, :, None], w1[:, :, None], w2[:, :, None], w3[:, :, None], lane)
-
-
-@triton.jit
-def noise_at(seed, counters):
-    """Noise at arbitrary int64 ``counters`` (any shape); one Philox call per element."""
-    w0, w1, w2, w3 = tl.randint4x(seed, counters >> 3)
-    return _noise_from_words(w0, w1, w2, w3, counters & 7)
+    call = start >> 3
+    w0, w1, w2, w3 = tl.randint4x(seed, call)
+    if ALIGNED:
+        return _noise_from_words(w0, w1, w2, w3, lane)
+    pos = (start & 7) + lane  # 0..14: position in call `call` (< 8) or in call `call + 1`
+    v0, v1, v2, v3 = tl.randint4x(seed, call + 1)
+    nxt = pos >= 8
+    return _noise_from_words(tl.where(nxt, v0, w0), tl.where(nxt, v1, w1), tl.where(nxt, v2, w2),
+                             tl.where(nxt, v3, w3), pos & 7)  # fmt: skip

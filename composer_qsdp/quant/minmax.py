@@ -11,7 +11,8 @@ valid elements)::
 
 On CUDA tensors (see :mod:`composer_qsdp.kernels.dispatch`) ``encode``/``decode``/``encode_rows``/
 ``decode_rows``/``decode_sum`` run the Triton kernels of :mod:`composer_qsdp.kernels.minmax` when they cover
-the configuration (``bits`` in 1, 2, 4, 8; ``bucket_size`` up to 16384), else this torch reference.
+the configuration (``bits`` in 1, 2, 4, 8; ``bucket_size`` a multiple of 8 up to 16384), else this torch
+reference.
 
 Every step is one IEEE fp32 operation in exactly this order, evaluated the same way by the torch reference
 here and by the Triton kernels of :mod:`composer_qsdp.kernels.minmax` (which disable FMA contraction), so
@@ -150,7 +151,8 @@ class MinMaxCodec(Codec):
         lo = xb.amin(dim=2)
         hi = xb.amax(dim=2)
         scale = (hi - lo) / self.levels
-        nonfinite = (~torch.isfinite(xb)).any(dim=2) | ~torch.isfinite(scale)
+        # amin/amax propagate NaN, so a NaN or infinity anywhere in a bucket makes its scale non-finite.
+        nonfinite = ~torch.isfinite(scale)
         inv = torch.where(scale > 0, 1.0 / scale, 0.0).clamp(max=_FP32_MAX)
         t = (xb - lo.unsqueeze(2)) * inv.unsqueeze(2)
         if self.stochastic:

@@ -57,9 +57,9 @@ CASES = [  # rows, n, bucket_size, bits, rounding, dtype, offset, seed
     (1, 4096, 1024, 8, "stochastic", torch.float32, 0, 1),  # aligned: one Philox call per 8 elements
     (4, 1000, 64, 4, "stochastic", torch.bfloat16, 8, 2**40 + 3),  # aligned rows, tail bucket
     (3, 1001, 64, 4, "stochastic", torch.float16, 3, 7),  # unaligned counters
-    (2, 777, 100, 2, "stochastic", torch.bfloat16, 2**32 - 5, 9),  # non-power-of-two bucket, counter carry
-    (2, 530, 12, 1, "stochastic", torch.float32, 16, 5),  # bucket not a multiple of 8
-    (3, 99, 3, 8, "stochastic", torch.float16, 0, 0),  # tiny buckets
+    (2, 777, 104, 2, "stochastic", torch.bfloat16, 2**32 - 5, 9),  # non-power-of-two bucket, counter carry
+    (2, 530, 24, 1, "stochastic", torch.float32, 16, 5),  # odd group count per bucket
+    (3, 99, 8, 8, "stochastic", torch.float16, 0, 0),  # one group per bucket, tail group
     (2, 2048, 512, 2, "nearest", torch.float32, 0, 0),
     (2, 1500, 256, 4, "nearest", torch.bfloat16, 1, 0),
     (1, 5, 1024, 8, "nearest", torch.float16, 0, 0),  # one partial bucket
@@ -107,13 +107,20 @@ def test_codec_dispatch_to_triton_matches_torch(rounding):
         assert torch.equal(codec.decode(shifted, 700, torch.bfloat16), decoded)
 
 
-def test_unsupported_configuration_falls_back_to_reference():
-    codec = MinMaxCodec(bits=3, bucket_size=64)
+@pytest.mark.parametrize("bits,bucket", [(3, 64), (4, 100)])
+def test_unsupported_configuration_falls_back_to_reference(bits, bucket):
+    codec = MinMaxCodec(bits=bits, bucket_size=bucket)
+    assert not kernels.supports(bits, bucket)
     x = _data(1, 300, torch.float32, seed=6, nonfinite=False)
     with backend("torch"):
         expected = codec.encode(x[0], seed=1)
     with backend("triton"):
         assert torch.equal(codec.encode(x[0], seed=1), expected)
+
+
+def test_kernel_launchers_reject_unsupported_configurations():
+    x = _data(1, 300, torch.float32, seed=6, nonfinite=False)
+    codec = MinMaxCodec(bits=3, bucket_size=64)
     with pytest.raises(ValueError, match="bits=3"):
         kernels.encode_rows(x, 3, 64, codec.layout(300), True, 1, 0)
     with pytest.raises(ValueError, match="bucket_size=20000"):
@@ -152,7 +159,7 @@ def test_cuda_kernels_match_reference(bits, dtype, rounding):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bucket", [64, 100, 2048, 16384])
+@pytest.mark.parametrize("bucket", [64, 200, 2048, 16384])
 def test_cuda_bucket_sizes(bucket):
     codec = MinMaxCodec(bits=4, bucket_size=bucket)
     _check_codec_kernels(codec, _data(2, 300_001, torch.bfloat16, seed=bucket, nonfinite=False).cuda(), 17, 8)
