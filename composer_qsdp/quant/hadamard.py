@@ -23,7 +23,8 @@ Consequences:
   padded element ``j`` of bucket ``k`` draws its rounding noise at counter ``offset + k * B + j``.
 
 The transform runs as ``log2(B)`` butterfly stages; on CUDA tensors the Triton kernel of
-:mod:`composer_qsdp.kernels.hadamard` does the same stages in registers.
+:mod:`composer_qsdp.kernels.hadamard` does the same stages in registers (``B`` up to 16384; larger buckets
+use this torch reference).
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ def hadamard_rows(x: torch.Tensor, bucket_size: int, out_cols: int, dtype: torch
     if use_triton(x):
         from composer_qsdp.kernels import hadamard as kernels
 
-        return kernels.hadamard_rows(x, bucket_size, out_cols, dtype)
+        if kernels.supports(bucket_size):
+            return kernels.hadamard_rows(x, bucket_size, out_cols, dtype)
     return _hadamard_rows_reference(x, bucket_size, out_cols, dtype)
 
 

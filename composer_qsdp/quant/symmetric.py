@@ -18,7 +18,9 @@ codes (code ``2**b - 1`` is never produced).
 
 Every step is one IEEE fp32 operation in this order, done the same way by this torch reference and by the
 Triton kernels of :mod:`composer_qsdp.kernels.symmetric` (which round half to even with the same result and
-disable FMA contraction), so both give the same wire and the same decoded values bit for bit.
+disable FMA contraction), so both give the same wire and the same decoded values bit for bit. On CUDA tensors
+(see :mod:`composer_qsdp.kernels.dispatch`) every encode/decode path runs those kernels when they cover the
+configuration (``bits`` in 2, 4, 8; ``bucket_size`` up to 16384), else this torch reference.
 
 Wire (:mod:`composer_qsdp.quant.wire`): codes packed bucket by bucket, then one fp32 ``scale`` per bucket
 (``bits + 32 / bucket_size`` bits per element).
@@ -29,16 +31,16 @@ Non-finite input: a bucket holding a NaN or an infinity is stored with ``scale =
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 
 from composer_qsdp.kernels.dispatch import use_triton
 from composer_qsdp.quant.codec import Codec, check_bits
 from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
 
-__all__ = ["SymmetricCodec", "KERNEL_BITS"]
+__all__ = ["SymmetricCodec"]
 
-#: Bit widths the Triton kernels pack (codes fill whole bytes); other widths use the torch reference on GPU too.
-KERNEL_BITS = (2, 4, 8)
 _FP32_MAX = torch.finfo(torch.float32).max
 
 
@@ -71,8 +73,13 @@ class SymmetricCodec(Codec):
     def wire_bytes(self, numel: int) -> int:
         return self.layout(numel).wire_bytes
 
-    def _kernels(self, tensor: torch.Tensor) -> bool:
-        return self.bits in KERNEL_BITS and use_triton(tensor)
+    def _kernels(self, tensor: torch.Tensor) -> ModuleType | None:
+        """The kernel module when ``tensor`` should take the Triton path and a kernel covers this codec."""
+        if not use_triton(tensor):
+            return None
+        from composer_qsdp.kernels import symmetric as kernels
+
+        return kernels if kernels.supports(self.bits, self.bucket_size) else None
 
     def _encode(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
         return self._encode_rows(x.reshape(1, -1), seed, offset)[0]
@@ -82,25 +89,22 @@ class SymmetricCodec(Codec):
 
     def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
         layout = self.layout(x.shape[1])
-        if self._kernels(x):
-            from composer_qsdp.kernels import symmetric as kernels
-
+        kernels = self._kernels(x)
+        if kernels is not None:
             return kernels.encode_rows(x, self.bits, self.bucket_size, layout)
         return self._encode_rows_reference(x, layout)
 
     def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
         layout = self.layout(numel)
-        if self._kernels(wire):
-            from composer_qsdp.kernels import symmetric as kernels
-
+        kernels = self._kernels(wire)
+        if kernels is not None:
             return kernels.decode_rows(wire, self.bits, self.bucket_size, layout, dtype)
         return self._decode_rows_fp32(wire, layout).to(dtype)
 
     def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
         layout = self.layout(numel)
-        if self._kernels(wire):
-            from composer_qsdp.kernels import symmetric as kernels
-
+        kernels = self._kernels(wire)
+        if kernels is not None:
             return kernels.decode_sum(wire, self.bits, self.bucket_size, layout)
         acc = torch.zeros(numel, dtype=torch.float32, device=wire.device)
         for row in self._decode_rows_fp32(wire, layout):  # row order from +0.0, as the kernel accumulates

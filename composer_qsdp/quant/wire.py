@@ -20,7 +20,7 @@ import torch
 
 from composer_qsdp.quant.packing import pack_codes, packed_bytes, unpack_codes
 
-__all__ = ["WireLayout", "bucket_layout", "pack_rows", "unpack_rows", "assemble_rows", "read_meta"]
+__all__ = ["WireLayout", "bucket_layout", "pack_rows", "unpack_rows", "assemble_rows", "read_meta", "aligned_rows"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +91,12 @@ def assemble_rows(packed: torch.Tensor, meta: torch.Tensor, layout: WireLayout) 
 
 def read_meta(wire: torch.Tensor, layout: WireLayout) -> torch.Tensor:
     """The ``[R, meta_words]`` fp32 metadata of a ``[R, wire_bytes]`` wire (copied only when misaligned)."""
-    region = wire[:, layout.meta_offset :]
-    aligned = region.stride(-1) == 1 and region.data_ptr() % 4 == 0 and (region.shape[0] == 1 or region.stride(0) % 4 == 0)
-    return (region if aligned else region.clone(memory_format=torch.contiguous_format)).view(torch.float32)
+    return aligned_rows(wire[:, layout.meta_offset :]).view(torch.float32)
+
+
+def aligned_rows(wire: torch.Tensor) -> torch.Tensor:
+    """``wire`` itself when the fp32 metadata of its ``[R, wire_bytes]`` rows can be read in place (rows
+    contiguous and 4-byte aligned, as kernels need), else an aligned copy."""
+    if wire.stride(1) == 1 and wire.data_ptr() % 4 == 0 and (wire.shape[0] == 1 or wire.stride(0) % 4 == 0):
+        return wire
+    return wire.clone(memory_format=torch.contiguous_format)

@@ -1,0 +1,85 @@
+"""Triton kernel of the bucketed, normalized fast Walsh-Hadamard transform (:func:`composer_qsdp.quant.hadamard.hadamard_rows`).
+
+Each program loads a tile of ``G`` buckets of one row (zeros past the row's end, which is the padding),
+runs the ``log2(B)`` butterfly stages in registers, scales by ``1 / sqrt(B)`` and stores the columns that
+exist in the output, cast to its dtype. A stage with half-width ``h`` views the tile as
+``[G * B / (2h), 2, h]`` and maps the two halves ``(a, b)`` to ``(a + b, a - b)``; blocks of ``2h <= B``
+never straddle a bucket, so the flat tile can be transformed at once.
+
+The stages are the torch reference's additions in the same order and the scale is the same fp32 number, so
+the kernel gives the reference's fp32 results (checked bit for bit under the interpreter).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+import torch
+
+from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
+
+__all__ = ["MAX_BUCKET", "supports", "hadamard_rows"]
+
+#: Largest bucket (elements) a program transforms in registers.
+MAX_BUCKET = 16384
+# Elements per program: enough in flight per SM on a GPU; under the interpreter (~12 ms per program) few programs.
+_GPU_TILE = 4096
+_INTERPRETER_TILE = 65536
+
+
+def supports(bucket_size: int) -> bool:
+    """True when the kernel covers ``bucket_size`` (a power of two up to :data:`MAX_BUCKET` elements)."""
+    return 1 <= bucket_size <= MAX_BUCKET and bucket_size & (bucket_size - 1) == 0
+
+
+@triton.jit
+def _hadamard_kernel(
+    x_ptr, y_ptr, n_in, n_out, x_row_stride, y_row_stride, scale,
+    B: tl.constexpr, LOG_B: tl.constexpr, G: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
+):  # fmt: skip
+    tile = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    bucket = tile.to(tl.int64) * G + tl.arange(0, G)
+    col = bucket[:, None] * B + tl.arange(0, B)[None, :]
+    v = tl.load(x_ptr + row * x_row_stride + col, mask=col < n_in, other=0.0).to(tl.float32)
+    v = tl.reshape(v, (G * B,))
+    for stage in tl.static_range(LOG_B):
+        pairs = tl.permute(tl.reshape(v, (G * B // (2 << stage), 2, 1 << stage)), (0, 2, 1))
+        a, b = tl.split(pairs)
+        v = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), (G * B,))
+    store_cast(y_ptr + row * y_row_stride + col, tl.reshape(v, (G, B)) * scale, col < n_out, EMULATE_BF16_RNE)
+
+
+def hadamard_rows(
+    x: torch.Tensor,
+    bucket_size: int,
+    out_cols: int,
+    dtype: torch.dtype,
+    buckets_per_program: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """Kernel launch of :func:`composer_qsdp.quant.hadamard.hadamard_rows` (same arguments, validated there).
+
+    ``buckets_per_program`` (a power of two) and ``num_warps`` override the launch shape, not the result.
+    """
+    if not supports(bucket_size):
+        raise ValueError(f"no Hadamard kernel for bucket_size={bucket_size}; allowed: powers of two up to {MAX_BUCKET}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    rows, n = x.shape
+    num_buckets = triton.cdiv(out_cols, bucket_size)
+    if buckets_per_program is None:
+        target = _GPU_TILE if x.device.type == "cuda" else _INTERPRETER_TILE
+        buckets_per_program = max(1, min(target // bucket_size, triton.next_power_of_2(num_buckets)))
+    elif buckets_per_program < 1 or buckets_per_program & (buckets_per_program - 1):
+        raise ValueError(f"buckets_per_program={buckets_per_program} must be a power of two >= 1")
+    if num_warps is None:
+        num_warps = min(16, max(4, buckets_per_program * bucket_size // 1024))
+    y = torch.empty(rows, out_cols, dtype=dtype, device=x.device)
+    scale = torch.tensor(bucket_size**-0.5, dtype=torch.float32).item()  # the reference's fp32 value
+    _hadamard_kernel[(triton.cdiv(num_buckets, buckets_per_program), rows)](
+        x, y, n, out_cols, x.stride(0), y.stride(0), scale,
+        B=bucket_size, LOG_B=bucket_size.bit_length() - 1, G=buckets_per_program,
+        EMULATE_BF16_RNE=emulate_bf16_rne(), num_warps=num_warps,
+    )  # fmt: skip
+    return y

@@ -1,0 +1,98 @@
+"""The Walsh-Hadamard Triton kernel equals the torch reference (bit for bit under the interpreter) and the
+explicit float64 Sylvester matrix to fp32 tolerance."""
+
+import pytest
+import torch
+
+from composer_qsdp.kernels import backend, use_triton
+from composer_qsdp.kernels import hadamard as kernels
+from composer_qsdp.quant import make_codec
+from composer_qsdp.quant.hadamard import hadamard_rows
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _sylvester(order: int) -> torch.Tensor:
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < order:
+        h = torch.kron(torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64), h)
+    return h / order**0.5
+
+
+def _reference(x: torch.Tensor, bucket: int, out_cols: int, dtype: torch.dtype) -> torch.Tensor:
+    with backend("torch"):
+        return hadamard_rows(x, bucket, out_cols, dtype)
+
+
+@pytest.mark.parametrize(
+    "rows,n,bucket,in_dtype",
+    [(3, 2 * 1024 + 5, 1024, torch.float32), (2, 100, 32, torch.bfloat16), (4, 7, 2, torch.float16),
+     (1, 3, 1, torch.float32), (2, 4096, 4096, torch.float32), (1, 20000, 16384, torch.bfloat16)],
+)  # fmt: skip
+def test_kernel_matches_reference_and_the_sylvester_matrix(rows, n, bucket, in_dtype):
+    gen = torch.Generator().manual_seed(n)
+    x = (torch.randn(rows, n, generator=gen) * 3).to(in_dtype)
+    padded = -(-n // bucket) * bucket
+    rotated = kernels.hadamard_rows(x, bucket, padded, torch.float32)
+    assert torch.equal(rotated, _reference(x, bucket, padded, torch.float32))
+    if bucket <= 4096:  # the explicit matrix of the largest bucket would take 2 GiB
+        exact = torch.nn.functional.pad(x.double(), (0, padded - n)).view(rows, -1, bucket) @ _sylvester(bucket)
+        torch.testing.assert_close(rotated.double(), exact.view(rows, padded), rtol=0, atol=2e-6 * x.abs().max().item())
+    for dtype in DTYPES:  # the inverse: drop the padding, cast (bf16 rounds to nearest even, as on a GPU)
+        back = kernels.hadamard_rows(rotated, bucket, n, dtype)
+        assert torch.equal(back, _reference(rotated, bucket, n, dtype))
+
+
+@pytest.mark.parametrize("buckets_per_program,num_warps", [(1, 4), (8, 2)])
+def test_launch_configuration_does_not_change_results(buckets_per_program, num_warps):
+    x = torch.randn(2, 1000)
+    got = kernels.hadamard_rows(x, 64, 1024, torch.float32, buckets_per_program=buckets_per_program, num_warps=num_warps)
+    assert torch.equal(got, _reference(x, 64, 1024, torch.float32))
+
+
+def test_codec_dispatch_to_triton_matches_torch():
+    codec = make_codec("symmetric", bits=4, bucket_size=64, hadamard=True)
+    x = torch.randn(3, 300)
+    with backend("torch"):
+        wire = codec.encode_rows(x)
+        decoded, total = codec.decode_rows(wire, 300, torch.bfloat16), codec.decode_sum(wire, 300)
+    with backend("triton"):
+        assert use_triton(x)
+        assert torch.equal(codec.encode_rows(x), wire)
+        assert torch.equal(codec.decode_rows(wire, 300, torch.bfloat16), decoded)
+        assert torch.equal(codec.decode_sum(wire, 300), total)
+
+
+def test_unsupported_bucket_sizes():
+    assert not kernels.supports(100) and not kernels.supports(2 * kernels.MAX_BUCKET) and kernels.supports(1)
+    with pytest.raises(ValueError, match="bucket_size=32768"):
+        kernels.hadamard_rows(torch.randn(1, 10), 32768, 10, torch.float32)
+    with pytest.raises(ValueError, match="buckets_per_program=3"):
+        kernels.hadamard_rows(torch.randn(1, 10), 8, 10, torch.float32, buckets_per_program=3)
+    x = torch.randn(1, 40000)  # larger than the kernel's buckets: the torch reference runs instead
+    with backend("triton"):
+        assert torch.equal(hadamard_rows(x, 32768, 40000, torch.float32), _reference(x, 32768, 40000, torch.float32))
+
+
+# ------------------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("bucket", [2, 32, 128, 1024, 16384])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_kernel_matches_reference(bucket, dtype):
+    x = (torch.randn(3, (1 << 20) + 77) * 5).to(dtype)
+    padded = -(-x.shape[1] // bucket) * bucket
+    rotated = hadamard_rows(x.cuda(), bucket, padded, torch.float32)
+    expected = _reference(x, bucket, padded, torch.float32)
+    torch.testing.assert_close(rotated.cpu(), expected, rtol=0, atol=1e-6 * expected.abs().max().item())
+    back = hadamard_rows(rotated, bucket, x.shape[1], dtype)
+    torch.testing.assert_close(back.cpu(), _reference(rotated.cpu(), bucket, x.shape[1], dtype))
+
+
+@pytest.mark.gpu
+def test_cuda_hadamard_codec_round_trip_matches_cpu():
+    codec = make_codec("symmetric", bits=4, bucket_size=128, hadamard=True)
+    x = torch.randn(4, 500_000)
+    wire = codec.encode_rows(x.cuda())
+    assert torch.equal(wire.cpu()[:, : codec.inner.layout(500_096).meta_offset],
+                       codec.encode_rows(x)[:, : codec.inner.layout(500_096).meta_offset])  # fmt: skip
+    torch.testing.assert_close(codec.decode_sum(wire, 500_000).cpu(), codec.decode_sum(wire.cpu(), 500_000))

@@ -1,0 +1,162 @@
+"""Symmetric abs-max Triton kernels equal the torch reference bit for bit (interpreter on CPU, compiled on CUDA)."""
+
+import pytest
+import torch
+
+from composer_qsdp.kernels import backend, use_triton
+from composer_qsdp.kernels import symmetric as kernels
+from composer_qsdp.quant.symmetric import SymmetricCodec
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+_INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+# The interpreter evaluates IEEE special cases of non-finite buckets through numpy, which warns.
+pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+
+
+def _assert_bitwise(got: torch.Tensor, expected: torch.Tensor) -> None:
+    """Same bits, except that a NaN only has to be a NaN (GPUs write the canonical NaN payload)."""
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    nan = expected.isnan()
+    assert torch.equal(got.isnan(), nan)
+    view = _INT_VIEW[got.dtype]
+    assert torch.equal(got.contiguous().view(view)[~nan], expected.contiguous().view(view)[~nan])
+
+
+def _assert_same_wire(codec: SymmetricCodec, got: torch.Tensor, expected: torch.Tensor, n: int) -> None:
+    """Codes and padding bytewise; the fp32 scales bitwise up to NaN payloads."""
+    meta_offset = codec.layout(n).meta_offset
+    assert torch.equal(got[:, :meta_offset], expected[:, :meta_offset])
+    scales = [w[:, meta_offset:].contiguous().view(torch.float32) for w in (got, expected)]
+    _assert_bitwise(*scales)
+
+
+def _data(rows: int, n: int, dtype: torch.dtype, seed: int, nonfinite: bool) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    # Magnitudes spread over 1e-3..1e3 so buckets differ in scale; exact zeros give zero buckets and ties.
+    x = torch.randn(rows, n, generator=gen) * 10 ** (6 * torch.rand(rows, n, generator=gen) - 3)
+    x[:, : min(n, 7)] = 0.0
+    x = x.to(dtype)
+    if nonfinite:
+        x[0, n // 3] = float("nan")
+        x[-1, -1] = float("inf")
+    return x
+
+
+def _check_kernels(codec: SymmetricCodec, x: torch.Tensor, **launch) -> None:
+    rows, n = x.shape
+    layout = codec.layout(n)
+    expected = codec._encode_rows_reference(x, layout)
+    wire = kernels.encode_rows(x, codec.bits, codec.bucket_size, layout, **launch)
+    _assert_same_wire(codec, wire, expected, n)
+    reference = codec._decode_rows_fp32(expected, layout)
+    for dtype in DTYPES:
+        _assert_bitwise(kernels.decode_rows(expected, codec.bits, codec.bucket_size, layout, dtype, **launch), reference.to(dtype))
+    total = torch.zeros(n)
+    for row in reference:
+        total += row
+    _assert_bitwise(kernels.decode_sum(expected, codec.bits, codec.bucket_size, layout, **launch), total)
+
+
+CASES = [  # rows, n, bucket_size, bits, dtype
+    (1, 4096, 1024, 8, torch.float32),
+    (4, 1000, 64, 4, torch.bfloat16),  # tail bucket
+    (3, 1001, 100, 4, torch.float16),  # non-power-of-two bucket, odd tail
+    (2, 777, 12, 2, torch.bfloat16),  # bucket not a multiple of 4 codes per byte
+    (3, 99, 3, 8, torch.float16),  # tiny buckets
+    (1, 5, 2048, 4, torch.float32),  # one partial bucket
+    (5, 64, 1, 2, torch.float32),  # one element per bucket
+]
+
+
+@pytest.mark.parametrize("nonfinite", [False, True])
+@pytest.mark.parametrize("rows,n,bucket,bits,dtype", CASES)
+def test_kernels_match_reference(rows, n, bucket, bits, dtype, nonfinite):
+    codec = SymmetricCodec(bits=bits, bucket_size=bucket)
+    _check_kernels(codec, _data(rows, n, dtype, seed=n + bits, nonfinite=nonfinite))
+
+
+@pytest.mark.parametrize("buckets_per_program,num_warps", [(1, 4), (4, 2), (64, 8)])
+def test_launch_configuration_does_not_change_results(buckets_per_program, num_warps):
+    codec = SymmetricCodec(bits=4, bucket_size=128)
+    x = _data(2, 1000, torch.bfloat16, seed=3, nonfinite=False)
+    _check_kernels(codec, x, buckets_per_program=buckets_per_program, num_warps=num_warps)
+
+
+def test_tiny_and_huge_scales():
+    codec = SymmetricCodec(bits=8, bucket_size=32)
+    x = torch.cat([1e-38 * torch.arange(32.0), torch.full((32,), -3e38), torch.randn(32) * 1e-44, torch.randn(32)])
+    _check_kernels(codec, x.view(1, -1))
+
+
+def test_ties_round_half_to_even():
+    codec = SymmetricCodec(bits=4, bucket_size=8)  # absmax 7 = qmax: the scaled values are the inputs
+    x = torch.tensor([[7.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5]])
+    _check_kernels(codec, x)
+    with backend("triton"):
+        decoded = codec.decode(codec.encode(x[0]), 8)
+    assert decoded.tolist() == [7.0, 0.0, 2.0, 2.0, 0.0, -2.0, -2.0, 4.0]
+
+
+def test_codec_dispatch_to_triton_matches_torch():
+    codec = SymmetricCodec(bits=4, bucket_size=256)
+    x = _data(3, 700, torch.float32, seed=4, nonfinite=False)
+    with backend("torch"):
+        assert not use_triton(x)
+        wire_1d, wire = codec.encode(x[1]), codec.encode_rows(x)
+        decoded, total = codec.decode(wire_1d, 700, torch.bfloat16), codec.decode_sum(wire, 700)
+        rows = codec.decode_rows(wire, 700, torch.float16)
+    with backend("triton"):
+        assert use_triton(x)
+        assert torch.equal(codec.encode(x[1]), wire_1d)
+        assert torch.equal(codec.encode_rows(x), wire)
+        assert torch.equal(codec.decode(wire_1d, 700, torch.bfloat16), decoded)
+        assert torch.equal(codec.decode_rows(wire, 700, torch.float16), rows)
+        assert torch.equal(codec.decode_sum(wire, 700), total)
+        # A byte-shifted (misaligned) wire is copied before the kernel reads its fp32 scales.
+        shifted = torch.cat([torch.zeros(1, dtype=torch.uint8), wire_1d])[1:]
+        assert torch.equal(codec.decode(shifted, 700, torch.bfloat16), decoded)
+
+
+def test_unsupported_configurations_fall_back_to_the_reference():
+    x = _data(1, 300, torch.float32, seed=6, nonfinite=False)
+    for codec in (SymmetricCodec(bits=3, bucket_size=64), SymmetricCodec(bits=8, bucket_size=20000)):
+        with backend("torch"):
+            expected = codec.encode(x[0])
+        with backend("triton"):
+            assert torch.equal(codec.encode(x[0]), expected)
+    with pytest.raises(ValueError, match=r"bits=3.*allowed: bits in \(2, 4, 8\)"):
+        kernels.encode_rows(x, 3, 64, SymmetricCodec(3, 64).layout(300))
+    with pytest.raises(ValueError, match="bucket_size=20000"):
+        kernels.decode_sum(torch.zeros(1, 8, dtype=torch.uint8), 8, 20000, SymmetricCodec(8, 20000).layout(3))
+    with pytest.raises(ValueError, match="buckets_per_program=3"):
+        kernels.encode_rows(x, 8, 64, SymmetricCodec(8, 64).layout(300), buckets_per_program=3)
+
+
+# ------------------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_kernels_match_reference(bits, dtype):
+    codec = SymmetricCodec(bits=bits, bucket_size=2048)
+    x = _data(4, (1 << 20) + 333, dtype, seed=bits, nonfinite=True).cuda()
+    assert use_triton(x)
+    _check_kernels(codec, x)
+    # The GPU kernels write the same wire as the CPU reference.
+    _assert_same_wire(codec, codec.encode_rows(x).cpu(), codec.encode_rows(x.cpu()), x.shape[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bucket", [64, 100, 4096, 16384])
+def test_cuda_bucket_sizes(bucket):
+    codec = SymmetricCodec(bits=4, bucket_size=bucket)
+    _check_kernels(codec, _data(2, 300_001, torch.bfloat16, seed=bucket, nonfinite=False).cuda())
+
+
+@pytest.mark.gpu
+def test_cuda_decode_sum_many_rows():
+    codec = SymmetricCodec(bits=8, bucket_size=512)
+    x = _data(16, 1 << 18, torch.float32, seed=1, nonfinite=False).cuda()
+    wire = codec.encode_rows(x)
+    with backend("torch"):
+        expected = codec.decode_sum(wire, x.shape[1])
+    _assert_bitwise(codec.decode_sum(wire, x.shape[1]), expected)
