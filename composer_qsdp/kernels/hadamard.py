@@ -1,4 +1,7 @@
-"""Triton kernel of the bucketed, normalized fast Walsh-Hadamard transform (:func:`composer_qsdp.quant.hadamard.hadamard_rows`).
+"""Triton kernel of the bucketed, normalized fast Walsh-Hadamard transform.
+
+It computes :func:`composer_qsdp.quant.hadamard.hadamard_rows` on CUDA tensors (and on CPU tensors under
+``TRITON_INTERPRET=1``, in CI).
 
 Each program loads a tile of ``G`` buckets of one row (zeros past the row's end, which is the padding),
 runs the ``log2(B)`` butterfly stages in registers, scales by ``1 / sqrt(B)`` and stores the columns that

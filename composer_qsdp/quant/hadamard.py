@@ -38,7 +38,8 @@ __all__ = ["HadamardCodec", "hadamard_rows"]
 
 
 def _check_power_of_two(bucket_size: int) -> int:
-    if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size < 1 or bucket_size & (bucket_size - 1):
+    is_int = isinstance(bucket_size, int) and not isinstance(bucket_size, bool)
+    if not is_int or bucket_size < 1 or bucket_size & (bucket_size - 1):
         raise ValueError(
             f"bucket_size={bucket_size!r} cannot be Hadamard-rotated; allowed: a power of two (1, 2, 4, ..., 1024, ...)"
         )

@@ -206,7 +206,8 @@ class LearnedLevelsCodec(Codec):
             The new fp32 levels (on ``x.device``).
         """
         self._check_input(x)
-        return self.set_levels(fit_levels(x, self.bits, self.bucket_size, self._levels, self.fit_samples, self.fit_steps))
+        levels = fit_levels(x, self.bits, self.bucket_size, self._levels, self.fit_samples, self.fit_steps)
+        return self.set_levels(levels)
 
     def set_levels(self, levels: torch.Tensor) -> torch.Tensor:
         """Use ``levels`` (``K`` increasing values, 0 first and 1 last) for every later encode, e.g. levels

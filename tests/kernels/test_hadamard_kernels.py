@@ -46,7 +46,8 @@ def test_kernel_matches_reference_and_the_sylvester_matrix(rows, n, bucket, in_d
 @pytest.mark.parametrize("buckets_per_program,num_warps", [(1, 4), (8, 2)])
 def test_launch_configuration_does_not_change_results(buckets_per_program, num_warps):
     x = torch.randn(2, 1000)
-    got = kernels.hadamard_rows(x, 64, 1024, torch.float32, buckets_per_program=buckets_per_program, num_warps=num_warps)
+    launch = {"buckets_per_program": buckets_per_program, "num_warps": num_warps}
+    got = kernels.hadamard_rows(x, 64, 1024, torch.float32, **launch)
     assert torch.equal(got, _reference(x, 64, 1024, torch.float32))
 
 

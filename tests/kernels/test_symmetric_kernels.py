@@ -50,7 +50,8 @@ def _check_kernels(codec: SymmetricCodec, x: torch.Tensor, **launch) -> None:
     _assert_same_wire(codec, wire, expected, n)
     reference = codec._decode_rows_fp32(expected, layout)
     for dtype in DTYPES:
-        _assert_bitwise(kernels.decode_rows(expected, codec.bits, codec.bucket_size, layout, dtype, **launch), reference.to(dtype))
+        got = kernels.decode_rows(expected, codec.bits, codec.bucket_size, layout, dtype, **launch)
+        _assert_bitwise(got, reference.to(dtype))
     total = torch.zeros(n)
     for row in reference:
         total += row
