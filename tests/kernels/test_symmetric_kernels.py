@@ -52,7 +52,7 @@ def _check_kernels(codec: SymmetricCodec, x: torch.Tensor, **launch) -> None:
     for dtype in DTYPES:
         got = kernels.decode_rows(expected, codec.bits, codec.bucket_size, layout, dtype, **launch)
         _assert_bitwise(got, reference.to(dtype))
-    total = torch.zeros(n)
+    total = torch.zeros(n, device=x.device)
     for row in reference:
         total += row
     _assert_bitwise(kernels.decode_sum(expected, codec.bits, codec.bucket_size, layout, **launch), total)
