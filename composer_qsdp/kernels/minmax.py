@@ -39,12 +39,14 @@ __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_ro
 
 #: Code widths with a kernel (a group of 8 codes is exactly ``bits`` bytes).
 SUPPORTED_BITS = (1, 2, 4, 8)
-#: Largest bucket (elements) a program holds in registers.
-MAX_BUCKET = 16384
+#: Largest bucket (elements) a program holds in registers without spilling (16 warps x 16 elements/thread).
+MAX_BUCKET = 8192
 _FP32_MAX = tl.constexpr(3.4028234663852886e38)  # jit code reads only constexpr globals
-# Elements per program: enough in flight per SM on a GPU; under the interpreter (~12 ms per program,
-# almost independent of size) as few programs as possible.
-_GPU_TILE = 8192
+# Elements per program on a GPU, at 16 per thread: more (32 per thread) spills registers once the row
+# strides are not known multiples of 16. Under the interpreter (~12 ms per program, almost independent of
+# size) as few programs as possible.
+_GPU_TILE = 4096
+_ELEMENTS_PER_THREAD = 16
 _INTERPRETER_TILE = 65536
 
 
@@ -121,7 +123,7 @@ def _quantize_kernel(
     q = tl.minimum(tl.maximum(tl.floor(t), 0.0), LEVELS)
     codes = tl.where(valid & ~bad, q, 0.0).to(tl.int32)
 
-    row_wire = wire_ptr + row * wire_row_stride
+    row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)  # wire rows are whole fp32 words
     if BITS == 8:
         tl.store(row_wire + e, codes.to(tl.uint8), mask=valid)
     else:
@@ -146,7 +148,7 @@ def _decode_tile(
     BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr,
 ):  # fmt: skip
     """Decoded fp32 values ``[G, BPP, 8]`` of wire row ``row`` (0 where not ``valid``)."""
-    row_wire = wire_ptr + row * wire_row_stride
+    row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)  # wire rows are whole fp32 words
     if BITS == 8:
         codes = tl.load(row_wire + e, mask=valid, other=0).to(tl.int32)
     else:
@@ -207,17 +209,23 @@ def _dequantize_sum_kernel(
 # --------------------------------------------------------------------------------------------- launchers
 def _config(bucket_size: int, num_buckets: int, device: torch.device, buckets_per_program: int | None,
             num_warps: int | None) -> tuple[int, int, int]:  # fmt: skip
-    """(GROUPS, buckets per program, warps) for a launch."""
-    groups = triton.next_power_of_2(-(-bucket_size // 8))
-    tile = groups * 8
+    """(GROUPS, buckets per program, warps) for a launch: about ``_GPU_TILE`` elements, 16 per thread."""
+    groups = triton.next_power_of_2(bucket_size // 8)
+    bucket_tile = groups * 8
     if buckets_per_program is None:
         target = _GPU_TILE if device.type == "cuda" else _INTERPRETER_TILE
-        buckets_per_program = max(1, min(triton.next_power_of_2(num_buckets), target // tile))
+        buckets_per_program = max(1, min(triton.next_power_of_2(num_buckets), target // bucket_tile))
     elif buckets_per_program < 1 or buckets_per_program & (buckets_per_program - 1):
         raise ValueError(f"buckets_per_program={buckets_per_program} must be a power of two >= 1")
     if num_warps is None:
-        num_warps = 8 if buckets_per_program * tile >= 4096 else 4
+        num_warps = min(16, max(1, buckets_per_program * bucket_tile // (32 * _ELEMENTS_PER_THREAD)))
     return groups, buckets_per_program, num_warps
+
+
+def _row_stride(t: torch.Tensor) -> int:
+    """Row stride of a ``[R, ...]`` launch argument; 0 for one row, which never moves by it: Triton then
+    specializes it as a multiple of 16 and vectorizes the single-row (all-gather) case whatever ``n`` is."""
+    return t.stride(0) if t.shape[0] > 1 else 0
 
 
 def _aligned(wire: torch.Tensor) -> torch.Tensor:
@@ -266,7 +274,7 @@ def encode_rows(
     aligned = offset % 8 == 0 and (rows == 1 or n % 8 == 0)
     _quantize_kernel[(triton.cdiv(nb, bpp), rows)](
         x, wire, wire.view(torch.float32),
-        n, nb, layout.code_bytes, layout.meta_offset, x.stride(0), wire.stride(0),
+        n, nb, layout.code_bytes, layout.meta_offset, _row_stride(x), _row_stride(wire),
         seed, offset,
         BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, STOCHASTIC=stochastic, ALIGNED=aligned,
         num_warps=warps, enable_fp_fusion=False,
@@ -293,7 +301,7 @@ def decode_rows(
     groups, bpp, warps = _config(bucket_size, nb, wire.device, buckets_per_program, num_warps)
     _dequantize_kernel[(triton.cdiv(nb, bpp), rows)](
         wire, wire.view(torch.float32), out,
-        layout.numel, nb, layout.meta_offset, wire.stride(0), out.stride(0),
+        layout.numel, nb, layout.meta_offset, _row_stride(wire), _row_stride(out),
         BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, EMULATE_BF16_RNE=interpreter_enabled(),
         num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
@@ -318,7 +326,7 @@ def decode_sum(
     groups, bpp, warps = _config(bucket_size, nb, wire.device, buckets_per_program, num_warps)
     _dequantize_sum_kernel[(triton.cdiv(nb, bpp),)](
         wire, wire.view(torch.float32), out,
-        layout.numel, nb, layout.meta_offset, wire.stride(0),
+        layout.numel, nb, layout.meta_offset, _row_stride(wire),
         ROWS=rows, BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp,
         num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip

@@ -11,7 +11,7 @@ valid elements)::
 
 On CUDA tensors (see :mod:`composer_qsdp.kernels.dispatch`) ``encode``/``decode``/``encode_rows``/
 ``decode_rows``/``decode_sum`` run the Triton kernels of :mod:`composer_qsdp.kernels.minmax` when they cover
-the configuration (``bits`` in 1, 2, 4, 8; ``bucket_size`` a multiple of 8 up to 16384), else this torch
+the configuration (``bits`` in 1, 2, 4, 8; ``bucket_size`` a multiple of 8 up to 8192), else this torch
 reference.
 
 Every step is one IEEE fp32 operation in exactly this order, evaluated the same way by the torch reference
