@@ -114,7 +114,8 @@ def fit_levels(
     """Fit ``2**bits`` normalized levels to ``x`` by gradient descent on the expected squared error.
 
     Args:
-        x: floating tensor; a 2-D one is bucketed row by row like ``encode_rows``, any other is flattened.
+        x: floating tensor; a 2-D one is bucketed row by row (as ``encode_rows`` does), any other is flattened
+            (as ``encode`` does).
         bits: bits per code; ``K = 2**bits`` levels.
         bucket_size: elements per bucket.
         init: levels to start from (warm start), default uniform.
@@ -200,13 +201,14 @@ class LearnedLevelsCodec(Codec):
 
     # ------------------------------------------------------------------ levels
     def fit(self, x: torch.Tensor) -> torch.Tensor:
-        """Fit the levels to ``x`` (warm-started from the current ones) and use them for every later encode.
+        """Fit the levels to ``x`` (any shape, bucketed flat like :meth:`encode`; warm-started from the current
+        levels) and use them for every later encode.
 
         Returns:
             The new fp32 levels (on ``x.device``).
         """
         self._check_input(x)
-        levels = fit_levels(x, self.bits, self.bucket_size, self._levels, self.fit_samples, self.fit_steps)
+        levels = fit_levels(x.reshape(-1), self.bits, self.bucket_size, self._levels, self.fit_samples, self.fit_steps)
         return self.set_levels(levels)
 
     def set_levels(self, levels: torch.Tensor) -> torch.Tensor:

@@ -49,7 +49,8 @@ class SymmetricCodec(Codec):
 
     Args:
         bits: bits per code, 2..8 (8 and 4 are ZeRO++/SDP4Bit's INT8/INT4).
-        bucket_size: elements per bucket (>= 1); one fp32 scale per bucket.
+        bucket_size: elements per bucket (>= 1); one fp32 scale per bucket. The default, 2048, is SDP4Bit's
+            weight group; ZeRO++'s qwZ blocks are 4k-8k elements and SDP4Bit's gradient groups 128.
 
     Raises:
         ValueError: invalid ``bits`` or ``bucket_size``.

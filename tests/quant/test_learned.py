@@ -88,6 +88,13 @@ def test_fit_once_and_reuse_the_levels_elsewhere():
     assert torch.equal(first.levels, levels)  # encoding other data does not refit before refresh_every seeds
 
 
+def test_fit_buckets_any_shape_flat_like_encode():
+    x = _student_t(100 * 30, seed=8)
+    matrix = LearnedLevelsCodec(3, 64).fit(x.view(30, 100))  # rows of 100 would split the buckets differently
+    assert torch.equal(matrix, LearnedLevelsCodec(3, 64).fit(x))
+    assert not torch.equal(matrix, fit_levels(x.view(30, 100), 3, 64))
+
+
 def test_lazy_fit_then_refresh_every_n_new_seeds_keeps_levels_pinned_to_seen_seeds():
     codec = LearnedLevelsCodec(3, 64, refresh_every=3)
     assert codec.levels is None
