@@ -14,6 +14,8 @@ from composer_qsdp.kernels import minmax as kernels
 from composer_qsdp.quant.minmax import MinMaxCodec
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# Kernels run on CPU tensors under the interpreter (CI) and compiled on CUDA tensors on a GPU machine.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter evaluates IEEE special cases (inf - inf in NaN buckets, 1 / denormal scale) through numpy,
 # which warns where a GPU silently produces the same inf/NaN.
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
@@ -39,7 +41,7 @@ def _assert_same_wire(codec: MinMaxCodec, got: torch.Tensor, expected: torch.Ten
 def _data(rows: int, n: int, dtype: torch.dtype, seed: int, nonfinite: bool) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     # Magnitudes spread over 1e-3..1e3 so buckets differ in range and offset.
-    x = (torch.randn(rows, n, generator=gen) * 10 ** (6 * torch.rand(rows, n, generator=gen) - 3)).to(dtype)
+    x = (torch.randn(rows, n, generator=gen) * 10 ** (6 * torch.rand(rows, n, generator=gen) - 3)).to(DEVICE, dtype)
     if nonfinite:
         x[0, n // 3] = float("nan")
         x[-1, -1] = float("inf")
@@ -90,7 +92,7 @@ def test_launch_configuration_does_not_change_results(buckets_per_program, num_w
 def test_constant_and_tiny_range_buckets():
     codec = MinMaxCodec(bits=8, bucket_size=32)
     x = torch.cat([torch.full((32,), 1.5), torch.full((32,), -0.0), 1e-38 * torch.arange(32.0), torch.randn(32)])
-    _check_codec_kernels(codec, x.view(1, -1), 3, 0)
+    _check_codec_kernels(codec, x.view(1, -1).to(DEVICE), 3, 0)
 
 
 @pytest.mark.parametrize("rounding", ["stochastic", "nearest"])
@@ -109,7 +111,7 @@ def test_codec_dispatch_to_triton_matches_torch(rounding):
         assert torch.equal(codec.decode_rows(wire, 700, torch.float16), codec._decode_rows_fp32(wire, 700).half())
         assert torch.equal(codec.decode_sum(wire, 700), total)
         # A byte-shifted (misaligned) wire is copied before the kernel reads its fp32 metadata.
-        shifted = torch.cat([torch.zeros(1, dtype=torch.uint8), wire_1d])[1:]
+        shifted = torch.cat([torch.zeros(1, dtype=torch.uint8, device=DEVICE), wire_1d])[1:]
         assert torch.equal(codec.decode(shifted, 700, torch.bfloat16), decoded)
 
 
@@ -130,7 +132,7 @@ def test_kernel_launchers_reject_unsupported_configurations():
     with pytest.raises(ValueError, match="bits=3"):
         kernels.encode_rows(x, 3, 64, codec.layout(300), True, 1, 0)
     with pytest.raises(ValueError, match="bucket_size=16384"):
-        kernels.decode_sum(torch.zeros(1, 8, dtype=torch.uint8), 8, 16384, MinMaxCodec(8, 16384).layout(3))
+        kernels.decode_sum(torch.zeros(1, 8, dtype=torch.uint8, device=DEVICE), 8, 16384, MinMaxCodec(8, 16384).layout(3))
 
 
 def test_backend_selection_errors(monkeypatch):
@@ -226,7 +228,7 @@ def test_kernels_compile_for_hopper_without_spills():
 @pytest.mark.parametrize("rounding", ["stochastic", "nearest"])
 def test_cuda_kernels_match_reference(bits, dtype, rounding):
     codec = MinMaxCodec(bits=bits, bucket_size=1024, rounding=rounding)
-    x = _data(4, (1 << 20) + 333, dtype, seed=bits, nonfinite=True).cuda()
+    x = _data(4, (1 << 20) + 333, dtype, seed=bits, nonfinite=True)
     assert use_triton(x)
     for offset in (0, 5):  # aligned and unaligned noise paths
         _check_codec_kernels(codec, x, 2**35 + 1, offset)
@@ -238,12 +240,12 @@ def test_cuda_kernels_match_reference(bits, dtype, rounding):
 @pytest.mark.parametrize("bucket", [64, 200, 2048, 8192])
 def test_cuda_bucket_sizes(bucket):
     codec = MinMaxCodec(bits=4, bucket_size=bucket)
-    _check_codec_kernels(codec, _data(2, 300_001, torch.bfloat16, seed=bucket, nonfinite=False).cuda(), 17, 8)
+    _check_codec_kernels(codec, _data(2, 300_001, torch.bfloat16, seed=bucket, nonfinite=False), 17, 8)
 
 
 @pytest.mark.gpu
 def test_cuda_decode_sum_many_rows():
     codec = MinMaxCodec(bits=8, bucket_size=512)
-    x = _data(16, 1 << 18, torch.float32, seed=1, nonfinite=False).cuda()
+    x = _data(16, 1 << 18, torch.float32, seed=1, nonfinite=False)
     wire = codec.encode_rows(x, seed=1)
     _assert_same_values(codec.decode_sum(wire, x.shape[1]), codec._decode_sum_reference(wire, x.shape[1]))

@@ -9,6 +9,8 @@ from composer_qsdp.quant import philox
 
 _MASK = 0xFFFFFFFF
 SEEDS = [0, 1, 12345, 2**31 + 7, 2**40 + 3, 2**63 - 1, 2**64 - 1]
+# The Triton comparison runs under the interpreter on CPU (CI) and compiled on a GPU machine.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _philox_python(seed: int, counter: int, rounds: int = 10) -> tuple[int, int, int, int]:
@@ -57,10 +59,10 @@ def test_randint4x_matches_python_philox(seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_matches_triton_stream(seed):
-    offsets = _offsets()
+    offsets = _offsets().to(DEVICE)
     n = offsets.numel()
-    words = torch.zeros(n, 4, dtype=torch.int64)
-    uniform = torch.zeros(n, dtype=torch.float32)
+    words = torch.zeros(n, 4, dtype=torch.int64, device=DEVICE)
+    uniform = torch.zeros(n, dtype=torch.float32, device=DEVICE)
     _triton_stream_kernel[(1,)](seed, offsets, words, uniform, n, BLOCK=triton.next_power_of_2(n))
     assert torch.equal(torch.stack(philox.randint4x(seed, offsets), dim=1), words)
     assert torch.equal(philox.randint(seed, offsets), words[:, 0])
