@@ -24,7 +24,7 @@ from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
 __all__ = ["MAX_BUCKET", "supports", "hadamard_rows"]
 
 #: Largest bucket (elements) a program transforms in registers.
-MAX_BUCKET = 16384
+MAX_BUCKET = 8192
 # Elements per program: enough in flight per SM on a GPU; under the interpreter (~12 ms per program) few programs.
 _GPU_TILE = 4096
 _INTERPRETER_TILE = 65536
@@ -65,24 +65,30 @@ def hadamard_rows(
 
     ``buckets_per_program`` (a power of two) and ``num_warps`` override the launch shape, not the result.
     """
-    if not supports(bucket_size):
-        raise ValueError(f"no Hadamard kernel for bucket_size={bucket_size}; allowed: powers of two up to {MAX_BUCKET}")
     if x.stride(1) != 1:
         x = x.contiguous()
     rows, n = x.shape
-    num_buckets = triton.cdiv(out_cols, bucket_size)
+    g, warps = _launch_shape(x.device, bucket_size, out_cols, buckets_per_program, num_warps)
+    y = torch.empty(rows, out_cols, dtype=dtype, device=x.device)
+    scale = torch.tensor(bucket_size**-0.5, dtype=torch.float32).item()  # the reference's fp32 value
+    _hadamard_kernel[(triton.cdiv(triton.cdiv(out_cols, bucket_size), g), rows)](
+        x, y, n, out_cols, x.stride(0), y.stride(0), scale,
+        B=bucket_size, LOG_B=bucket_size.bit_length() - 1, G=g, EMULATE_BF16_RNE=emulate_bf16_rne(), num_warps=warps,
+    )  # fmt: skip
+    return y
+
+
+def _launch_shape(device: torch.device, bucket_size: int, out_cols: int, buckets_per_program: int | None,
+                  num_warps: int | None) -> tuple[int, int]:  # fmt: skip
+    """Validate a launch; return (buckets per program, warps)."""
+    if not supports(bucket_size):
+        raise ValueError(f"no Hadamard kernel for bucket_size={bucket_size}; allowed: powers of two up to {MAX_BUCKET}")
     if buckets_per_program is None:
-        target = _GPU_TILE if x.device.type == "cuda" else _INTERPRETER_TILE
+        target = _GPU_TILE if device.type == "cuda" else _INTERPRETER_TILE
+        num_buckets = triton.cdiv(out_cols, bucket_size)
         buckets_per_program = max(1, min(target // bucket_size, triton.next_power_of_2(num_buckets)))
     elif buckets_per_program < 1 or buckets_per_program & (buckets_per_program - 1):
         raise ValueError(f"buckets_per_program={buckets_per_program} must be a power of two >= 1")
     if num_warps is None:
-        num_warps = min(16, max(4, buckets_per_program * bucket_size // 1024))
-    y = torch.empty(rows, out_cols, dtype=dtype, device=x.device)
-    scale = torch.tensor(bucket_size**-0.5, dtype=torch.float32).item()  # the reference's fp32 value
-    _hadamard_kernel[(triton.cdiv(num_buckets, buckets_per_program), rows)](
-        x, y, n, out_cols, x.stride(0), y.stride(0), scale,
-        B=bucket_size, LOG_B=bucket_size.bit_length() - 1, G=buckets_per_program,
-        EMULATE_BF16_RNE=emulate_bf16_rne(), num_warps=num_warps,
-    )  # fmt: skip
-    return y
+        num_warps = min(16, max(4, buckets_per_program * bucket_size // 512))  # 16 elements per thread
+    return buckets_per_program, num_warps

@@ -35,7 +35,7 @@ __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_ro
 #: Code widths with a kernel (whole codes per byte).
 SUPPORTED_BITS = (2, 4, 8)
 #: Largest bucket (elements) a program holds in registers.
-MAX_BUCKET = 16384
+MAX_BUCKET = 8192
 _FP32_MAX = tl.constexpr(3.4028234663852886e38)  # jit code reads only constexpr globals
 _RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: adding and subtracting it rounds |v| < 2**22 half to even
 # Elements per program: enough in flight per SM on a GPU; under the interpreter (~12 ms per program,
@@ -66,7 +66,7 @@ def _config(bits: int, bucket_size: int, rows: int, layout: WireLayout, device: 
     elif buckets_per_program < 1 or buckets_per_program & (buckets_per_program - 1):
         raise ValueError(f"buckets_per_program={buckets_per_program} must be a power of two >= 1")
     if num_warps is None:
-        num_warps = min(16, max(4, buckets_per_program * bp // 1024))
+        num_warps = min(16, max(4, buckets_per_program * bp // 512))  # 16 elements per thread
     return bp, buckets_per_program, num_warps
 
 

@@ -23,7 +23,7 @@ Consequences:
   padded element ``j`` of bucket ``k`` draws its rounding noise at counter ``offset + k * B + j``.
 
 The transform runs as ``log2(B)`` butterfly stages; on CUDA tensors the Triton kernel of
-:mod:`composer_qsdp.kernels.hadamard` does the same stages in registers (``B`` up to 16384; larger buckets
+:mod:`composer_qsdp.kernels.hadamard` does the same stages in registers (``B`` up to 8192; larger buckets
 use this torch reference).
 """
 

@@ -20,7 +20,7 @@ Every step is one IEEE fp32 operation in this order, done the same way by this t
 Triton kernels of :mod:`composer_qsdp.kernels.symmetric` (which round half to even with the same result and
 disable FMA contraction), so both give the same wire and the same decoded values bit for bit. On CUDA tensors
 (see :mod:`composer_qsdp.kernels.dispatch`) every encode/decode path runs those kernels when they cover the
-configuration (``bits`` in 2, 4, 8; ``bucket_size`` up to 16384), else this torch reference.
+configuration (``bits`` in 2, 4, 8; ``bucket_size`` up to 8192), else this torch reference.
 
 Wire (:mod:`composer_qsdp.quant.wire`): codes packed bucket by bucket, then one fp32 ``scale`` per bucket
 (``bits + 32 / bucket_size`` bits per element).

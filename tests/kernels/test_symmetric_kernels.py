@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from hopper import resource_usage
+
 from composer_qsdp.kernels import backend, use_triton
 from composer_qsdp.kernels import symmetric as kernels
 from composer_qsdp.quant.symmetric import SymmetricCodec
@@ -133,6 +135,30 @@ def test_unsupported_configurations_fall_back_to_the_reference():
         kernels.encode_rows(x, 8, 64, SymmetricCodec(8, 64).layout(300), buckets_per_program=3)
 
 
+def test_kernels_compile_for_hopper_without_spills():
+    variants = []
+    for bits, dtype, bucket in [(8, "bf16", 2048), (4, "fp32", 8192), (2, "fp16", 100), (4, "bf16", 12)]:
+        layout = SymmetricCodec(bits, bucket).layout(1 << 24)
+        bp, g, warps = kernels._config(bits, bucket, 1, layout, torch.device("cuda"), None, None)
+        constants = {"BUCKET": bucket, "BUCKET_BYTES": layout.bucket_bytes, "BP": bp, "G": g, "BITS": bits,
+                     "QMAX": (1 << (bits - 1)) - 1}  # fmt: skip
+        common = {"module": kernels.__name__, "num_warps": warps}
+        variants += [
+            {"name": f"encode {bits}b {dtype} bucket {bucket}", "kernel": "_encode_kernel",
+             "types": {"x_ptr": "*" + dtype, "wire_ptr": "*u8"}, "constants": constants, **common},
+            {"name": f"decode {bits}b {dtype} bucket {bucket}", "kernel": "_decode_kernel",
+             "types": {"wire_ptr": "*u8", "out_ptr": "*" + dtype}, **common,
+             "constants": {**constants, "SUM": False, "ROWS": 1, "EMULATE_BF16_RNE": False}},
+            {"name": f"decode_sum {bits}b bucket {bucket}", "kernel": "_decode_kernel",
+             "types": {"wire_ptr": "*u8", "out_ptr": "*fp32"}, **common,
+             "constants": {**constants, "SUM": True, "ROWS": 8, "EMULATE_BF16_RNE": False}},
+        ]  # fmt: skip
+    report = resource_usage(variants)
+    assert len(report) == len(variants)
+    for variant, usage in report.items():
+        assert "REG:" in usage and "STACK:0" in usage and "LOCAL:0" in usage, f"{variant}: {usage}"
+
+
 # ------------------------------------------------------------------------------------------ GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("bits", [2, 4, 8])
@@ -147,7 +173,7 @@ def test_cuda_kernels_match_reference(bits, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bucket", [64, 100, 4096, 16384])
+@pytest.mark.parametrize("bucket", [64, 100, 4096, 8192])
 def test_cuda_bucket_sizes(bucket):
     codec = SymmetricCodec(bits=4, bucket_size=bucket)
     _check_kernels(codec, _data(2, 300_001, torch.bfloat16, seed=bucket, nonfinite=False).cuda())

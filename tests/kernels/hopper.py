@@ -1,0 +1,54 @@
+"""Compile Triton kernels for Hopper (sm_90) on a machine without a GPU and report their resource usage.
+
+The interpreter accepts code the compiler rejects, and cannot show register spills, so kernel tests also
+compile their launch configurations through Triton's bundled ptxas. The test process has the kernels
+decorated for the interpreter (``TRITON_INTERPRET=1`` is set before they are imported), so compilation runs
+in a fresh subprocess without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+__all__ = ["resource_usage"]
+
+_SCRIPT = """
+import importlib, json, os, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+report = {}
+for v in json.loads(sys.stdin.read()):
+    kernel = getattr(importlib.import_module(v["module"]), v["kernel"])
+    sig = {p.name: "constexpr" if p.is_constexpr else v["types"].get(p.name, "i32") for p in kernel.params}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(kernel.params) if p.name.endswith("ptr")}
+    compiled = triton.compile(ASTSource(kernel, sig, v["constants"], aligned), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": v["num_warps"], "enable_fp_fusion": False})
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(compiled.asm["cubin"])
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    os.unlink(f.name)
+    report[v["name"]] = " ".join(line.strip() for line in usage.splitlines() if "REG:" in line)
+print(json.dumps(report))
+"""
+
+
+def resource_usage(variants: list[dict]) -> dict[str, str]:
+    """Compile each variant for sm_90 and return ``{name: "REG:<n> STACK:<bytes> ... LOCAL:<bytes> ..."}``.
+
+    Args:
+        variants: dicts with ``name``, ``module`` (importable path), ``kernel`` (a ``@triton.jit`` function's
+            name in it), ``types`` (Triton types of the pointer and float arguments, e.g. ``{"x_ptr": "*bf16"}``;
+            the others are ``i32``), ``constants`` (the constexpr arguments) and ``num_warps``. Pointers are
+            compiled as 16-byte aligned, as torch allocations are.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _SCRIPT], input=json.dumps(variants), capture_output=True,
+                         text=True, env=env, timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
