@@ -71,8 +71,9 @@ def hadamard_rows(
     g, warps = _launch_shape(x.device, bucket_size, out_cols, buckets_per_program, num_warps)
     y = torch.empty(rows, out_cols, dtype=dtype, device=x.device)
     scale = torch.tensor(bucket_size**-0.5, dtype=torch.float32).item()  # the reference's fp32 value
+    # A single row passes row stride 0, which lets Triton prove aligned, vectorizable addresses.
     _hadamard_kernel[(triton.cdiv(triton.cdiv(out_cols, bucket_size), g), rows)](
-        x, y, n, out_cols, x.stride(0), y.stride(0), scale,
+        x, y, n, out_cols, x.stride(0) if rows > 1 else 0, y.stride(0) if rows > 1 else 0, scale,
         B=bucket_size, LOG_B=bucket_size.bit_length() - 1, G=g, EMULATE_BF16_RNE=emulate_bf16_rne(), num_warps=warps,
     )  # fmt: skip
     return y

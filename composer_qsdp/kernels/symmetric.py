@@ -154,6 +154,11 @@ def _decode_kernel(
         store_cast(out_ptr + row * out_row_stride + col, val, valid, EMULATE_BF16_RNE)
 
 
+def _row_stride(t: torch.Tensor) -> int:
+    """Row stride for a launch: 0 for a single row, which lets Triton prove aligned, vectorizable addresses."""
+    return t.stride(0) if t.dim() == 2 and t.shape[0] > 1 else 0
+
+
 def encode_rows(
     x: torch.Tensor,
     bits: int,
@@ -174,7 +179,7 @@ def encode_rows(
     wire = torch.empty(rows, layout.wire_bytes, dtype=torch.uint8, device=x.device)
     wire[:, layout.code_bytes : layout.meta_offset] = 0
     _encode_kernel[(triton.cdiv(layout.num_buckets, g), rows)](
-        x, wire, n, x.stride(0), wire.stride(0), layout.num_buckets, layout.code_bytes, layout.meta_offset,
+        x, wire, n, _row_stride(x), _row_stride(wire), layout.num_buckets, layout.code_bytes, layout.meta_offset,
         BUCKET=bucket_size, BUCKET_BYTES=layout.bucket_bytes, BP=bp, G=g, BITS=bits, QMAX=(1 << (bits - 1)) - 1,
         num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
@@ -188,7 +193,7 @@ def _decode(wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout,
     bp, g, warps = _config(bits, bucket_size, rows, layout, wire.device, buckets_per_program, num_warps)
     tiles = triton.cdiv(layout.num_buckets, g)
     _decode_kernel[(tiles,) if sum_rows else (tiles, rows)](
-        wire, out, layout.numel, wire.stride(0), out.stride(0), layout.num_buckets, layout.meta_offset,
+        wire, out, layout.numel, _row_stride(wire), _row_stride(out), layout.num_buckets, layout.meta_offset,
         BUCKET=bucket_size, BUCKET_BYTES=layout.bucket_bytes, BP=bp, G=g, BITS=bits, QMAX=(1 << (bits - 1)) - 1,
         SUM=sum_rows, ROWS=rows if sum_rows else 1, EMULATE_BF16_RNE=emulate_bf16_rne(),
         num_warps=warps, enable_fp_fusion=False,
