@@ -146,9 +146,8 @@ def _sweep(bucket: int) -> str:
     size, dtype = 64 * MI, torch.bfloat16
     x = torch.randn(1, size, device=DEVICE, dtype=dtype)
     copy = _copy_gbps(size, dtype)
-    lines = [f"Launch sweep, {size // MI}M bf16, bucket {bucket} (copy {copy:.0f} GB/s); cells: quantize / "
-             "dequantize GB/s", "", "| bits | buckets/program | warps | quantize GB/s | dequantize GB/s |",
-             "|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [f"Launch sweep, {size // MI}M bf16, bucket {bucket}, stochastic rounding (copy {copy:.0f} GB/s)", "",
+             "| bits | buckets/program | warps | quantize GB/s | dequantize GB/s |", "|---:|---:|---:|---:|---:|"]
     tile = triton.next_power_of_2(-(-bucket // 8)) * 8
     for bits in (8, 4):
         codec = MinMaxCodec(bits=bits, bucket_size=bucket)
@@ -156,9 +155,9 @@ def _sweep(bucket: int) -> str:
         wire = codec.encode_rows(x, seed=1)
         nbytes = wire.numel() + size * 2
         for bpp in (1, 2, 4, 8, 16):
-            if bpp * tile > 16384:
-                continue
             for warps in (4, 8, 16):
+                if bpp * tile // (32 * warps) not in (8, 16, 32):  # elements per thread
+                    continue
                 launch = {"buckets_per_program": bpp, "num_warps": warps}
                 q = _ms(lambda: kernels.encode_rows(x, bits, bucket, layout, True, 1, 0, **launch))
                 d = _ms(lambda: kernels.decode_rows(wire, bits, bucket, layout, dtype, **launch))
