@@ -52,8 +52,8 @@ def _git_revision() -> str:
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
                              cwd=Path(__file__).resolve().parent).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "composer_qsdp", "benchmarks"],
-                               capture_output=True, text=True, cwd=Path(__file__).resolve().parent).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "composer_qsdp", "benchmarks"], capture_output=True,
+                               text=True, cwd=Path(__file__).resolve().parent).stdout.strip()  # fmt: skip
         return rev + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown (set GIT_REV)"

@@ -48,11 +48,14 @@ _FP32_MAX = tl.constexpr(3.4028234663852886e38)  # jit code reads only constexpr
 _GPU_TILE = 4096
 _ELEMENTS_PER_THREAD = 16
 _INTERPRETER_TILE = 65536
+_MAX_ROWS = 65535
 
 
-def supports(bits: int, bucket_size: int) -> bool:
-    """True when a kernel covers ``bits`` and ``bucket_size`` (elements; a multiple of 8 up to ``MAX_BUCKET``)."""
-    return bits in SUPPORTED_BITS and 8 <= bucket_size <= MAX_BUCKET and bucket_size % 8 == 0
+def supports(bits: int, bucket_size: int, rows: int = 1, n: int = 1) -> bool:
+    """True when a kernel covers ``bits``, ``bucket_size`` (elements; a multiple of 8 up to ``MAX_BUCKET``),
+    ``rows`` (the second grid dimension: at most 65535) and ``n`` elements per row (int32 indexing)."""
+    return (bits in SUPPORTED_BITS and 8 <= bucket_size <= MAX_BUCKET and bucket_size % 8 == 0
+            and rows <= _MAX_ROWS and n < 2**31)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------- kernels
@@ -236,13 +239,12 @@ def _aligned(wire: torch.Tensor) -> torch.Tensor:
 
 
 def _check(bits: int, bucket_size: int, rows: int, layout: WireLayout) -> None:
-    if not supports(bits, bucket_size):
+    if not supports(bits, bucket_size, rows, layout.numel):
         raise ValueError(
-            f"no min-max kernel for bits={bits}, bucket_size={bucket_size}; allowed: bits in {SUPPORTED_BITS}, "
-            f"bucket_size a multiple of 8 up to {MAX_BUCKET}"
+            f"no min-max kernel for bits={bits}, bucket_size={bucket_size}, rows={rows}, n={layout.numel}; "
+            f"allowed: bits in {SUPPORTED_BITS}, bucket_size a multiple of 8 up to {MAX_BUCKET}, rows up to "
+            f"{_MAX_ROWS}, n below 2**31"
         )
-    if not 1 <= rows <= 65535 or layout.numel >= 2**31:
-        raise ValueError(f"rows={rows} must be in 1..65535 and n={layout.numel} below 2**31")
 
 
 def encode_rows(

@@ -110,29 +110,30 @@ class MinMaxCodec(Codec):
         return self._decode_rows(wire.reshape(1, -1), numel, dtype)[0]
 
     # ------------------------------------------------------------------ backend choice
-    def _kernels(self, t: torch.Tensor) -> ModuleType | None:
-        """The kernels module when Triton should handle ``t`` in this configuration, else None (torch)."""
+    def _kernels(self, t: torch.Tensor, numel: int) -> ModuleType | None:
+        """The kernels module when Triton should handle ``t`` (``[rows, ...]``, ``numel`` elements per row) in
+        this configuration, else None (torch reference)."""
         if not use_triton(t):
             return None
         from composer_qsdp.kernels import minmax as kernels
 
-        return kernels if kernels.supports(self.bits, self.bucket_size) else None
+        return kernels if kernels.supports(self.bits, self.bucket_size, t.shape[0], numel) else None
 
     def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
-        kernels = self._kernels(x)
+        kernels = self._kernels(x, x.shape[1])
         if kernels is None:
             return self._encode_rows_reference(x, seed, offset)
         layout = self.layout(x.shape[1])
         return kernels.encode_rows(x, self.bits, self.bucket_size, layout, self.stochastic, seed, offset)
 
     def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        kernels = self._kernels(wire)
+        kernels = self._kernels(wire, numel)
         if kernels is None:
             return self._decode_rows_fp32(wire, numel).to(dtype)
         return kernels.decode_rows(wire, self.bits, self.bucket_size, self.layout(numel), dtype)
 
     def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
-        kernels = self._kernels(wire)
+        kernels = self._kernels(wire, numel)
         if kernels is None:
             return self._decode_sum_reference(wire, numel)
         return kernels.decode_sum(wire, self.bits, self.bucket_size, self.layout(numel))

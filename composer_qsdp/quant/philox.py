@@ -1,4 +1,4 @@
-"""Counter-based random numbers in pure torch, bit-identical to Triton's ``tl.randint4x`` / ``tl.randint`` / ``tl.rand``.
+"""Counter-based random numbers in pure torch, bit-identical to Triton's ``tl.randint4x``/``tl.randint``/``tl.rand``.
 
 Triton's generator (``triton/language/random.py``) is Philox4x32 with 10 rounds. For a 64-bit seed ``s`` and an
 int64 counter ``c`` it runs Philox on the 128-bit counter ``(c mod 2**32, c >> 32, 0, 0)`` with the 64-bit key
@@ -140,7 +140,7 @@ def rounding_noise(seed: int, counters: torch.Tensor) -> torch.Tensor:
 
 
 def rounding_noise_range(seed: int, start: int, count: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """:func:`rounding_noise` at counters ``start, start + 1, ..., start + count - 1`` (1-D float32, ``count`` elements).
+    """:func:`rounding_noise` at counters ``start, ..., start + count - 1`` (1-D float32, ``count`` elements).
 
     Runs one Philox call per 8 counters.
     """

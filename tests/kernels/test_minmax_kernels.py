@@ -119,6 +119,7 @@ def test_codec_dispatch_to_triton_matches_torch(rounding):
 def test_unsupported_configuration_falls_back_to_reference(bits, bucket):
     codec = MinMaxCodec(bits=bits, bucket_size=bucket)
     assert not kernels.supports(bits, bucket)
+    assert not kernels.supports(8, 1024, rows=65536) and not kernels.supports(8, 1024, n=2**31)
     x = _data(1, 300, torch.float32, seed=6, nonfinite=False)
     with backend("torch"):
         expected = codec.encode(x[0], seed=1)
@@ -132,7 +133,8 @@ def test_kernel_launchers_reject_unsupported_configurations():
     with pytest.raises(ValueError, match="bits=3"):
         kernels.encode_rows(x, 3, 64, codec.layout(300), True, 1, 0)
     with pytest.raises(ValueError, match="bucket_size=16384"):
-        kernels.decode_sum(torch.zeros(1, 8, dtype=torch.uint8, device=DEVICE), 8, 16384, MinMaxCodec(8, 16384).layout(3))
+        wire = torch.zeros(1, 8, dtype=torch.uint8, device=DEVICE)
+        kernels.decode_sum(wire, 8, 16384, MinMaxCodec(8, 16384).layout(3))
 
 
 def test_backend_selection_errors(monkeypatch):
@@ -213,7 +215,8 @@ _COMPILE_SCRIPT = textwrap.dedent(
 
 def test_kernels_compile_for_hopper_without_spills():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    run = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], capture_output=True, text=True, env=env,
+                         timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert len(report) == 12
