@@ -231,10 +231,12 @@ def test_kernels_compile_for_hopper_without_spills():
 @pytest.mark.parametrize("rounding", ["stochastic", "nearest"])
 def test_cuda_kernels_match_reference(bits, dtype, rounding):
     codec = MinMaxCodec(bits=bits, bucket_size=1024, rounding=rounding)
-    x = _data(4, (1 << 20) + 333, dtype, seed=bits, nonfinite=True)
+    # n a multiple of 8 but not of 16: rows are not 16-byte aligned, noise is aligned at offset 0.
+    x = _data(4, (1 << 20) + 328, dtype, seed=bits, nonfinite=True)
     assert use_triton(x)
     for offset in (0, 5):  # aligned and unaligned noise paths
         _check_codec_kernels(codec, x, 2**35 + 1, offset)
+    _check_codec_kernels(codec, x[:1], 7, 0)  # the single-row (all-gather) launch
     # The CPU reference gives the same wire as the GPU kernels.
     _assert_same_wire(codec, codec.encode_rows(x, seed=3).cpu(), codec.encode_rows(x.cpu(), seed=3), x.shape[1])
 
