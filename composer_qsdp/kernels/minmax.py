@@ -17,9 +17,9 @@ draws one Philox call per group of 8 when every group's first counter is a multi
 
 Exactness: every fp32 operation appears once, in the reference's order, and the kernels launch with
 ``enable_fp_fusion=False`` so ``a * b + c`` is not contracted into an FMA; divisions use ``div_rn`` (IEEE)
-instead of Triton's approximate ``/``. Under the Triton interpreter the fp32 -> bf16 cast truncates, so the
-kernels round to nearest even with integer ops there (``EMULATE_BF16_RNE``); on a GPU the hardware cast
-already does. The only difference left is the payload of NaN outputs (GPUs produce the canonical NaN).
+instead of Triton's approximate ``/``. Outputs are stored through :func:`composer_qsdp.kernels.cast.store_cast`
+(round to nearest even also under the interpreter, whose own bf16 cast truncates). The only difference left
+is the payload of NaN outputs (GPUs produce the canonical NaN).
 
 Coverage: ``bits`` in (1, 2, 4, 8) and ``bucket_size`` a multiple of 8 up to :data:`MAX_BUCKET`; the codec
 uses its torch reference for other configurations.
@@ -31,9 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
-from composer_qsdp.kernels.dispatch import interpreter_enabled
+from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
 from composer_qsdp.kernels.noise import noise_for_groups
-from composer_qsdp.quant.wire import WireLayout
+from composer_qsdp.quant.wire import WireLayout, aligned_rows
 
 __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_rows", "decode_sum"]
 
@@ -169,17 +169,6 @@ def _decode_tile(
 
 
 @triton.jit
-def _store_cast(ptr, y, mask, EMULATE_BF16_RNE: tl.constexpr):
-    """Store fp32 ``y`` as ``ptr``'s dtype, rounding to nearest even (NaN stays NaN)."""
-    if EMULATE_BF16_RNE and ptr.dtype.element_ty == tl.bfloat16:
-        bits = y.to(tl.uint32, bitcast=True)
-        rounded = tl.where(y == y, (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16, 0x7FC0)
-        tl.store(ptr, rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
-    else:
-        tl.store(ptr, y.to(ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _dequantize_kernel(
     wire_ptr, meta_ptr, out_ptr,
     n, num_buckets, meta_offset, wire_row_stride, out_row_stride,
@@ -191,7 +180,7 @@ def _dequantize_kernel(
     b, g, e, valid = _tile(pid, n, BUCKET, GROUPS, BPP)
     y = _decode_tile(wire_ptr, meta_ptr, row, b, g, e, valid, n, num_buckets, meta_offset, wire_row_stride,
                      BITS, BUCKET, BPP)  # fmt: skip
-    _store_cast(out_ptr + row * out_row_stride + e, y, valid, EMULATE_BF16_RNE)
+    store_cast(out_ptr + row * out_row_stride + e, y, valid, EMULATE_BF16_RNE)
 
 
 @triton.jit
@@ -229,13 +218,6 @@ def _row_stride(t: torch.Tensor) -> int:
     """Row stride of a ``[R, ...]`` launch argument; 0 for one row, which never moves by it: Triton then
     specializes it as a multiple of 16 and vectorizes the single-row (all-gather) case whatever ``n`` is."""
     return t.stride(0) if t.shape[0] > 1 else 0
-
-
-def _aligned(wire: torch.Tensor) -> torch.Tensor:
-    """``wire`` itself when its fp32 metadata can be read in place (rows 4-byte aligned), else a copy."""
-    if wire.stride(1) == 1 and wire.data_ptr() % 4 == 0 and (wire.shape[0] == 1 or wire.stride(0) % 4 == 0):
-        return wire
-    return wire.clone(memory_format=torch.contiguous_format)
 
 
 def _check(bits: int, bucket_size: int, rows: int, layout: WireLayout) -> None:
@@ -297,14 +279,14 @@ def decode_rows(
     """Decode a ``[R, layout.wire_bytes]`` wire into ``[R, layout.numel]`` values of ``dtype``."""
     rows = wire.shape[0]
     _check(bits, bucket_size, rows, layout)
-    wire = _aligned(wire)
+    wire = aligned_rows(wire)
     out = torch.empty(rows, layout.numel, dtype=dtype, device=wire.device)
     nb = layout.num_buckets
     groups, bpp, warps = _config(bucket_size, nb, wire.device, buckets_per_program, num_warps)
     _dequantize_kernel[(triton.cdiv(nb, bpp), rows)](
         wire, wire.view(torch.float32), out,
         layout.numel, nb, layout.meta_offset, _row_stride(wire), _row_stride(out),
-        BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, EMULATE_BF16_RNE=interpreter_enabled(),
+        BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, EMULATE_BF16_RNE=emulate_bf16_rne(),
         num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
     return out
@@ -322,7 +304,7 @@ def decode_sum(
     """Sum of the fp32 decodes of the rows of a ``[R, layout.wire_bytes]`` wire, in row order: fp32 ``[numel]``."""
     rows = wire.shape[0]
     _check(bits, bucket_size, rows, layout)
-    wire = _aligned(wire)
+    wire = aligned_rows(wire)
     out = torch.empty(layout.numel, dtype=torch.float32, device=wire.device)
     nb = layout.num_buckets
     groups, bpp, warps = _config(bucket_size, nb, wire.device, buckets_per_program, num_warps)
