@@ -1,13 +1,8 @@
 """Min-max Triton kernels equal the torch reference bit for bit (interpreter on CPU, compiled on CUDA)."""
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
+from hopper import resource_usage
 
 from composer_qsdp.kernels import backend, use_triton
 from composer_qsdp.kernels import minmax as kernels
@@ -153,73 +148,36 @@ def test_backend_selection_errors(monkeypatch):
         assert use_triton(torch.zeros(1)) is False
 
 
-# The interpreter accepts code the compiler rejects (e.g. non-constexpr globals), so CI also compiles the
-# kernels for Hopper (sm_90, through Triton's bundled ptxas; no GPU needed) in a process without
-# TRITON_INTERPRET, and checks that no variant spills registers to local memory.
-_COMPILE_SCRIPT = textwrap.dedent(
-    """
-    import json, os, subprocess, sys, tempfile
-    import torch
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from composer_qsdp.kernels import minmax as km
-
-    def compile_(kernel, pointers, constants, warps):
-        sig = {}
-        for param in kernel.params:
-            name = param.name
-            if param.is_constexpr:
-                sig[name] = "constexpr"
-            elif name in pointers:
-                sig[name] = pointers[name]
-            else:
-                sig[name] = "i64" if name in ("seed", "offset") else "i32"
-        aligned = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(kernel.params) if p.name.endswith("ptr")}
-        compiled = triton.compile(ASTSource(kernel, sig, constants, aligned), target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": warps, "enable_fp_fusion": False})
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(compiled.asm["cubin"])
-        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-        os.unlink(f.name)
-        return " ".join(line.strip() for line in usage.splitlines() if "REG:" in line)
-
-    def tile(bucket):  # the launch configuration the launchers pick for a large tensor on a GPU
-        groups, bpp, warps = km._config(bucket, 1 << 16, torch.device("cuda"), None, None)
-        return {"BUCKET": bucket, "GROUPS": groups, "BPP": bpp}, warps
-
-    wire = {"wire_ptr": "*u8", "meta_ptr": "*fp32"}
-    report = {}
-    for bits, dtype, stochastic, aligned, bucket in [
-        (8, "bf16", True, True, 1024), (4, "bf16", True, False, 1024), (2, "fp16", True, False, 64),
-        (1, "fp32", True, True, 200), (4, "fp32", True, False, 8192), (2, "bf16", False, True, 2048),
-    ]:
-        constants, warps = tile(bucket)
-        report[f"quantize {bits}b {dtype} bucket {bucket} stochastic={stochastic} aligned={aligned}"] = compile_(
-            km._quantize_kernel, {"x_ptr": "*" + dtype, **wire},
-            {"BITS": bits, "STOCHASTIC": stochastic, "ALIGNED": aligned, **constants}, warps)
-    for bits, dtype, bucket in [(8, "bf16", 1024), (4, "fp32", 8192), (2, "fp16", 64), (1, "bf16", 200)]:
-        constants, warps = tile(bucket)
-        report[f"dequantize {bits}b {dtype} bucket {bucket}"] = compile_(
-            km._dequantize_kernel, {"out_ptr": "*" + dtype, **wire}, {"BITS": bits, "EMULATE_BF16_RNE": False,
-            **constants}, warps)
-    for bits, bucket in [(8, 1024), (4, 8192)]:
-        constants, warps = tile(bucket)
-        report[f"decode_sum {bits}b bucket {bucket}"] = compile_(
-            km._dequantize_sum_kernel, {"out_ptr": "*fp32", **wire}, {"ROWS": 8, "BITS": bits, **constants}, warps)
-    print(json.dumps(report))
-    """
-)
+def _hopper_variant(name: str, kernel: str, types: dict, constants: dict, bucket: int) -> dict:
+    """A compile job for :func:`hopper.resource_usage` in the launch configuration a large tensor gets on a GPU."""
+    groups, bpp, warps = kernels._config(bucket, 1 << 16, torch.device("cuda"), None, None)
+    return {"name": name, "module": "composer_qsdp.kernels.minmax", "kernel": kernel,
+            "types": {"wire_ptr": "*u8", "meta_ptr": "*fp32", "seed": "i64", "offset": "i64", **types},
+            "constants": {"BUCKET": bucket, "GROUPS": groups, "BPP": bpp, **constants}, "num_warps": warps}  # fmt: skip
 
 
 def test_kernels_compile_for_hopper_without_spills():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], capture_output=True, text=True, env=env,
-                         timeout=300)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    report = json.loads(run.stdout.strip().splitlines()[-1])
-    assert len(report) == 12
+    variants = [
+        _hopper_variant(f"quantize {bits}b {dtype} bucket {bucket} stochastic={stochastic} aligned={aligned}",
+                        "_quantize_kernel", {"x_ptr": "*" + dtype},
+                        {"BITS": bits, "STOCHASTIC": stochastic, "ALIGNED": aligned}, bucket)  # fmt: skip
+        for bits, dtype, stochastic, aligned, bucket in [
+            (8, "bf16", True, True, 1024), (4, "bf16", True, False, 1024), (2, "fp16", True, False, 64),
+            (1, "fp32", True, True, 200), (4, "fp32", True, False, 8192), (2, "bf16", False, True, 2048),
+        ]
+    ]
+    variants += [
+        _hopper_variant(f"dequantize {bits}b {dtype} bucket {bucket}", "_dequantize_kernel", {"out_ptr": "*" + dtype},
+                        {"BITS": bits, "EMULATE_BF16_RNE": False}, bucket)  # fmt: skip
+        for bits, dtype, bucket in [(8, "bf16", 1024), (4, "fp32", 8192), (2, "fp16", 64), (1, "bf16", 200)]
+    ]
+    variants += [
+        _hopper_variant(f"decode_sum {bits}b bucket {bucket}", "_dequantize_sum_kernel", {"out_ptr": "*fp32"},
+                        {"ROWS": 8, "BITS": bits}, bucket)  # fmt: skip
+        for bits, bucket in [(8, 1024), (4, 8192)]
+    ]
+    report = resource_usage(variants)
+    assert len(report) == len(variants)
     for variant, usage in report.items():
         assert "REG:" in usage and "STACK:0" in usage and "LOCAL:0" in usage, f"{variant}: {usage}"
 
