@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from composer.distributed.fsdp2_utils import generate_composer_model_policy
 
-from composer_qsdp.models import GPT, GPT_PRESETS, ComposerGPT, GPTBlock, GPTConfig, gpt_config
+from composer_qsdp.models import GPT, ComposerGPT, GPTBlock, GPTConfig, gpt_config
 from composer_qsdp.models.alibi import alibi_slopes, causal_alibi_bias
 
 

@@ -1,0 +1,16 @@
+# The README main job: build the bundled-Wikipedia shards if missing, then train the tiny GPT with QSDP W8G8 on
+# 2 CPU processes through Composer's launcher (a few minutes on 2 cores). `make demo-baseline` runs plain FSDP2.
+PYTHON ?= .venv/bin/python
+COMPOSER ?= .venv/bin/composer
+WIKI_SHARDS := data/wiki-gpt2-t64
+
+.PHONY: demo demo-baseline wiki-shards
+
+demo: wiki-shards
+	OMP_NUM_THREADS=1 $(COMPOSER) -n 2 -m composer_qsdp.train yamls/cpu/gpt-tiny-qsdp.yaml
+
+demo-baseline: wiki-shards
+	OMP_NUM_THREADS=1 $(COMPOSER) -n 2 -m composer_qsdp.train yamls/cpu/gpt-tiny-baseline.yaml
+
+wiki-shards:
+	$(PYTHON) -m composer_qsdp.data.build wikipedia $(WIKI_SHARDS) --seq-len 64 --skip-existing
