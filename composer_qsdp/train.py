@@ -301,10 +301,13 @@ def _validate(cfg: DictConfig) -> ValidatedRecipe:
 
 
 # ------------------------------------------------------------------------------------------------ training
-def _dataloader(cfg: DictConfig, split: str, batch_size: int, shuffle: bool, max_seq_len: int):
+def _dataloader(cfg: DictConfig, split: str, batch_size: int, max_seq_len: int, training: bool):
+    # Training shuffles (unless data.shuffle is false) and keeps full batches only; evaluation reads every
+    # sample in order.
     try:
         return build_token_dataloader(cfg.data.local, split, batch_size, max_seq_len, remote=cfg.data.remote,
-                                      shuffle=shuffle, shuffle_seed=cfg.seed, num_workers=cfg.data.num_workers)
+                                      shuffle=training and cfg.data.shuffle, shuffle_seed=cfg.seed,
+                                      num_workers=cfg.data.num_workers, drop_last=training)
     except ValueError as err:
         raise RecipeError(f"recipe section 'data': {err}") from None
 
@@ -344,13 +347,13 @@ def train(recipe: ValidatedRecipe) -> Trainer:
     """
     cfg, model_config = recipe.cfg, recipe.model_config
     world = dist.get_world_size()
-    train_dl = _dataloader(cfg, cfg.data.train_split, cfg.global_train_batch_size // world, cfg.data.shuffle,
-                           model_config.max_seq_len)
+    seq_len = model_config.max_seq_len
+    train_dl = _dataloader(cfg, cfg.data.train_split, cfg.global_train_batch_size // world, seq_len, training=True)
     eval_dl = None
     if cfg.data.eval_split is not None:
         eval_dl = Evaluator(label="val", metric_names=["LanguageCrossEntropy", "LanguagePerplexity"],
-                            dataloader=_dataloader(cfg, cfg.data.eval_split, cfg.device_eval_batch_size, False,
-                                                   model_config.max_seq_len),
+                            dataloader=_dataloader(cfg, cfg.data.eval_split, cfg.device_eval_batch_size, seq_len,
+                                                   training=False),
                             subset_num_batches=cfg.eval_subset_num_batches)
 
     # Every rank must start from the same weights; FSDP then shards them.

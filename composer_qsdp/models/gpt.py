@@ -29,7 +29,8 @@ class CausalSelfAttention(nn.Module):
         if attn_bias is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias)
+            # Under autocast q/k/v may be in a lower precision than the bias was built in.
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias.to(q.dtype))
         return self.out_proj(y.transpose(1, 2).reshape(b, s, d))
 
 

@@ -169,3 +169,30 @@ def test_bad_config_raises_clear_error(kwargs, match):
     with pytest.raises(ValueError, match=match):
         gpt_config(**kwargs)
 
+
+
+# ------------------------------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("position_embedding", ["learned", "alibi"])
+def test_cuda_logits_match_cpu(position_embedding):
+    torch.manual_seed(0)
+    model = GPT(gpt_config("tiny", position_embedding=position_embedding))
+    tokens = torch.randint(0, 50257, (2, 64))
+    with torch.no_grad():
+        expected = model(tokens)
+        # fp32 on the GPU may use TF32 matmuls: compare at that precision.
+        got = model.cuda()(tokens.cuda()).cpu()
+    torch.testing.assert_close(got, expected, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("position_embedding", ["learned", "alibi"])
+def test_paper_125m_trains_a_step_in_bf16_autocast(position_embedding):
+    torch.manual_seed(0)
+    model = ComposerGPT(gpt_config("125m", position_embedding=position_embedding)).cuda()
+    batch = torch.randint(0, 50257, (2, 2048), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model.loss(model(batch), batch)
+    loss.backward()
+    assert abs(loss.item() - math.log(50304)) < 0.2
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
