@@ -1,0 +1,146 @@
+"""A real Composer FSDP2 run with the QSDP algorithm, for ``composer -n 2`` (driven by test_qsdp_composer.py).
+
+    FSDP_VERSION=2 composer -n 2 tests/algorithms/composer_run.py OUT.json [save CKPT_DIR | resume CKPT_DIR]
+
+Trains an MLP towards a fixed linear teacher on CPU (gloo) or GPUs (``QSDP_TEST_DEVICE=gpu``), then rank 0
+writes JSON: the losses, the trained parameters' relative distance to an exact single-process reference, the
+algorithm's traffic report and the metrics QSDP logged. ``save`` checkpoints at batch 3 of 6 (full run);
+``resume`` loads that checkpoint and trains batches 4-6.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+import torch
+import torch.nn as nn
+from composer import Trainer
+from composer.core import Callback
+from composer.loggers import InMemoryLogger
+from composer.models import ComposerModel
+from composer.utils import dist
+from torch.utils.data import DataLoader, TensorDataset
+
+from composer_qsdp import QSDP
+
+N, BS, IN, HID, OUT, LR = 512, 16, 32, 128, 16, 0.05
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.l2, self.l3 = nn.Linear(IN, HID), nn.Linear(HID, 67), nn.Linear(67, OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l3(torch.relu(self.l2(torch.relu(self.l1(x)))))
+
+    def fsdp_wrap_fn(self, module: nn.Module) -> bool:  # Composer's wrapping hook: each Linear is a unit
+        return isinstance(module, nn.Linear)
+
+
+class Model(ComposerModel):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1234)
+        self.net = Net()
+        for layer in (self.net.l1, self.net.l2, self.net.l3):  # He init: a signal that learns in a few steps
+            nn.init.kaiming_normal_(layer.weight, nonlinearity="relu")
+
+    def forward(self, batch):
+        return self.net(batch[0])
+
+    def loss(self, outputs, batch):
+        return nn.functional.mse_loss(outputs.float(), batch[1])
+
+
+class LossRecorder(Callback):
+    """The global mean loss of every batch (Composer's ``state.loss`` is this rank's)."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def after_train_batch(self, state, logger) -> None:
+        loss = state.loss.detach().clone()
+        dist.all_reduce(loss)
+        self.losses.append(loss.item() / dist.get_world_size())
+
+
+def dataset() -> TensorDataset:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(N, IN, generator=gen)
+    teacher = torch.randn(OUT, IN, generator=gen) / IN**0.5
+    return TensorDataset(x, x @ teacher.T)
+
+
+def reference(batches: int, world: int) -> dict[str, torch.Tensor]:
+    """Exact single-process SGD on the global batches the DistributedSampler (no shuffle) hands out."""
+    model = Model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    x_all, y_all = dataset().tensors
+    for b in range(batches):
+        # Rank r's b-th batch holds samples r, r + W, r + 2W, ... of the global block of W * BS samples.
+        block = slice(b * world * BS, (b + 1) * world * BS)
+        x, y = x_all[block], y_all[block]
+        model.loss(model.net(x), (x, y)).backward()
+        opt.step()
+        opt.zero_grad()
+    return {n: p.detach() for n, p in model.net.named_parameters()}
+
+
+def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
+    device = "gpu" if os.environ.get("QSDP_TEST_DEVICE") == "gpu" else "cpu"
+    model = Model()
+    ds = dataset()
+    loader = DataLoader(ds, batch_size=BS, sampler=dist.get_sampler(ds, shuffle=False, drop_last=True))
+    qsdp = QSDP(weight_bits=8, grad_bits=8, bucket_size=256, error_sample_interval=2)
+    recorder = LossRecorder()
+    memory = InMemoryLogger()
+    checkpointing = {}
+    if mode == "save":
+        checkpointing = {"save_folder": ckpt_dir, "save_interval": "3ba", "save_overwrite": True}
+    elif mode == "resume":
+        checkpointing = {"load_path": os.path.join(ckpt_dir, "ep0-ba3")}
+    trainer = Trainer(
+        model=model,
+        optimizers=torch.optim.SGD(model.parameters(), lr=LR),
+        train_dataloader=loader,
+        max_duration="6ba" if mode != "full" else "16ba",
+        device=device,
+        precision="fp32",
+        parallelism_config={"fsdp": {"mixed_precision": "FULL", "state_dict_type": "sharded"}},
+        algorithms=[qsdp],
+        callbacks=[recorder],
+        loggers=[memory],
+        progress_bar=False,
+        log_to_console=False,
+        seed=0,
+        **checkpointing,
+    )
+    trainer.fit()
+    params = {n: p.full_tensor().cpu() for n, p in trainer.state.model.net.named_parameters()}
+    batches = int(trainer.state.timestamp.batch)
+    if dist.get_global_rank() == 0:
+        ref = reference(batches, dist.get_world_size())
+        rel = {n: ((params[n] - ref[n]).norm() / ref[n].norm()).item() for n in ref}
+        metrics = {name: [float(v) for _, v in series] for name, series in memory.data.items()
+                   if name.startswith("qsdp/")}
+        traffic = qsdp.traffic()
+        result = {
+            "fsdp_version": trainer.state.fsdp_config_version,
+            "world_size": dist.get_world_size(),
+            "losses": recorder.losses,
+            "param_rel_error": rel,
+            "traffic": {side: dataclasses.asdict(getattr(traffic, side)) for side in ("weights", "grads")},
+            "metrics": metrics,
+            "step": qsdp.handle.seeds.step if qsdp.handle is not None else None,
+        }
+        with open(out_path, "w") as f:
+            json.dump(result, f)
+    trainer.close()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

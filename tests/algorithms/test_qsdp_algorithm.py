@@ -1,0 +1,95 @@
+"""QSDP as a Composer algorithm, in process: options, run validation, world size 1, entry point."""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import entry_points
+
+import pytest
+import torch
+import torch.nn as nn
+from composer import Trainer
+from composer.core import Event
+from composer.models import ComposerModel
+from composer.utils import FSDP2Config
+from torch.distributed.fsdp import FSDPModule
+from torch.utils.data import DataLoader, TensorDataset
+
+from composer_qsdp import QSDP
+from composer_qsdp.algorithms.qsdp import check_run
+
+
+class Regression(ComposerModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+    def forward(self, batch):
+        return self.net(batch[0])
+
+    def loss(self, outputs, batch):
+        return nn.functional.mse_loss(outputs, batch[1])
+
+
+def _trainer(**kwargs) -> Trainer:
+    data = TensorDataset(torch.randn(32, 8), torch.randn(32, 4))
+    model = Regression()
+    return Trainer(model=model, train_dataloader=DataLoader(data, batch_size=8), max_duration="2ba", device="cpu",
+                   optimizers=torch.optim.SGD(model.parameters(), lr=0.1), progress_bar=False,
+                   log_to_console=False, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(weight_bits=16), r"weight codec 'minmax'.*bits=16"),
+    (dict(grad_rounding="round"), r"rounding='round'"),
+    (dict(bucket_size=-1), r"bucket_size=-1"),
+    (dict(exclude="model.wte"), r"must be a list of fnmatch patterns"),
+    (dict(min_numel="big"), r"min_numel='big' is invalid"),
+])
+def test_out_of_range_options_fail_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        QSDP(**kwargs)
+
+
+def test_defaults_are_w8g8_stochastic():
+    config = QSDP().config
+    assert (config.weight_bits, config.grad_bits, config.weight_rounding, config.grad_rounding) == (
+        8, 8, "stochastic", "stochastic")
+
+
+def test_run_validation():
+    with pytest.raises(ValueError, match=r"does not use FSDP.*FSDP_VERSION=2"):
+        check_run(0, 2)
+    with pytest.raises(ValueError, match=r"FSDP2 .* only, but this run uses FSDP1.*FSDP_VERSION=2.*FSDP2Config"):
+        check_run(1, 8)
+    with pytest.warns(UserWarning, match="world size 1"):
+        assert check_run(2, 1) is False
+    assert check_run(2, 2) is True
+
+
+def test_run_validation_rejects_torch_without_custom_collectives(monkeypatch):
+    monkeypatch.delattr(FSDPModule, "set_custom_all_gather")
+    with pytest.raises(RuntimeError, match="torch 2.9"):
+        check_run(2, 2)
+
+
+def test_trainer_without_fsdp_is_refused_at_after_load():
+    with pytest.raises(ValueError, match="does not use FSDP"):
+        _trainer(algorithms=[QSDP()])
+
+
+def test_world_size_one_warns_and_trains_unchanged():
+    qsdp = QSDP()
+    with pytest.warns(UserWarning, match="world size 1"):
+        trainer = _trainer(algorithms=[qsdp], parallelism_config={"fsdp": FSDP2Config()})
+    assert trainer.state.fsdp_config_version == 2
+    assert qsdp.handle is None and not qsdp.match(Event.BATCH_END, trainer.state)
+    trainer.fit()
+    assert qsdp.traffic().total.calls == 0
+    trainer.close()
+
+
+def test_registered_as_composer_algorithm_entry_point():
+    (entry,) = [e for e in entry_points(group="composer.algorithms") if e.name == "qsdp"]
+    assert entry.load() is QSDP
+    assert "composer_qsdp.algorithms.qsdp" in sys.modules
