@@ -1,0 +1,226 @@
+"""Quantized all-gather / reduce-scatter against bf16 NCCL collectives, on N GPUs of one host.
+
+For total message sizes of 16, 64, 256 and 512 MB (the bf16 size of the all-gather's output and of the
+reduce-scatter's input, as nccl-tests counts them) it times:
+
+* bf16 NCCL ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (``AVG``), the baseline;
+* ``composer_qsdp.comm.quantized_all_gather`` / ``quantized_reduce_scatter`` of the same bf16 tensors with the
+  min-max codec at 8, 4 and 2 bits (stochastic rounding, buckets of 1024): encode, the byte collective, decode
+  (decode-sum in fp32 for the reduce-scatter), everything the FSDP integration runs per call.
+
+Each case runs ``--warmup`` untimed and ``--iters`` timed calls; every call is timed with CUDA events on the
+current stream, the median is taken per rank and the table reports the slowest rank's median. Bus bandwidth
+follows nccl-tests: ``size / time * (W - 1) / W``, with ``size`` the bf16 message ("bf16-equivalent busbw",
+what the quantized call delivers) and, for quantized rows, also the bytes actually on the wire ("wire busbw").
+
+The NCCL environment is the caller's (printed in the header); keep ``NCCL_NVLS_ENABLE=0``. The emulated slow
+network of the project's measurements::
+
+    NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo
+
+Usage (one process per GPU, spawned here; under ``torchrun`` the launcher's processes are used instead)::
+
+    NCCL_NVLS_ENABLE=0 python benchmarks/bench_collectives.py                # all visible GPUs
+    NCCL_NVLS_ENABLE=0 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo \\
+        python benchmarks/bench_collectives.py                               # tag "socket" in the output names
+    python benchmarks/bench_collectives.py --quick                           # 16 MB and 64 MB, 8 and 4 bits
+
+Prints the markdown table; with ``$OUT`` set also writes ``$OUT/bench_collectives-<tag>.md`` and ``.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from composer_qsdp.comm import quantized_all_gather, quantized_reduce_scatter
+from composer_qsdp.quant import make_codec
+
+MB = 10**6
+BF16 = 2
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL", "CUDA_VISIBLE_DEVICES", "TORCH_SYMM_MEM")
+
+
+def _git_revision() -> str:
+    if os.environ.get("GIT_REV"):
+        return os.environ["GIT_REV"]
+    here = Path(__file__).resolve().parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                             cwd=here).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "composer_qsdp", "benchmarks"],
+                               capture_output=True, text=True, cwd=here).stdout.strip()
+        return rev + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (set GIT_REV)"
+
+
+def _network_tag() -> str:
+    if os.environ.get("NCCL_NET") == "Socket" or os.environ.get("NCCL_P2P_DISABLE") == "1":
+        return "socket"
+    return "default"
+
+
+def _header(world: int, command: str) -> dict[str, str]:
+    props = torch.cuda.get_device_properties(0)
+    env = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES))
+    return {
+        "device": f"{world} x {props.name} ({props.total_memory / 2**30:.0f} GiB), host {socket.gethostname()}",
+        "torch": torch.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "git": _git_revision(),
+        "env": env or "(no NCCL_* variables set)",
+        "command": command,
+    }
+
+
+def _time_ms(fn: Callable[[int], object], warmup: int, iters: int) -> float:
+    """Median over ``iters`` calls of ``fn(i)``, each timed with CUDA events on the current stream."""
+    for i in range(warmup):
+        fn(i)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for i, (start, end) in enumerate(events):
+        start.record()
+        fn(warmup + i)
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def _run_cases(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> list[dict]:
+    group = dist.group.WORLD
+    rows: list[dict] = []
+    for size_mb in args.sizes:
+        total = size_mb * MB // BF16 // world * world  # elements of the full message, divisible by W
+        chunk = total // world
+        ag_in = torch.randn(chunk, device=device, dtype=torch.bfloat16)
+        ag_out = torch.empty(total, device=device, dtype=torch.bfloat16)
+        rs_in = torch.randn(total, device=device, dtype=torch.bfloat16)
+        rs_out = torch.empty(chunk, device=device, dtype=torch.bfloat16)
+        cases: list[tuple[str, str, Callable[[int], object], int]] = [
+            ("all_gather", "bf16", lambda i: dist.all_gather_into_tensor(ag_out, ag_in, group=group),
+             chunk * BF16),
+            ("reduce_scatter", "bf16",
+             lambda i: dist.reduce_scatter_tensor(rs_out, rs_in, op=dist.ReduceOp.AVG, group=group), chunk * BF16),
+        ]
+        for bits in args.bits:
+            codec = make_codec("minmax", bits=bits, bucket_size=args.bucket_size, rounding="stochastic")
+            wire = codec.wire_bytes(chunk)
+            cases += [
+                ("all_gather", f"{bits}-bit",
+                 lambda i, c=codec: quantized_all_gather(ag_out, ag_in, c, group, seed=i), wire),
+                ("reduce_scatter", f"{bits}-bit",
+                 lambda i, c=codec: quantized_reduce_scatter(rs_out, rs_in, c, group, dist.ReduceOp.AVG, seed=i),
+                 wire),
+            ]
+        for op, precision, fn, chunk_wire_bytes in cases:
+            dist.barrier()
+            ms = _time_ms(fn, args.warmup, args.iters)
+            medians: list[float] = [0.0] * world
+            dist.all_gather_object(medians, ms)
+            rows.append({"op": op, "size_mb": size_mb, "precision": precision, "ms": max(medians),
+                         "ms_per_rank": medians, "wire_bytes_per_rank": (world - 1) * chunk_wire_bytes,
+                         "bf16_bytes": total * BF16})
+            if rank == 0:
+                print(f"  {op:<15} {size_mb:>4} MB {precision:>6}: {max(medians):9.3f} ms", flush=True)
+        del ag_in, ag_out, rs_in, rs_out
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _finish_rows(rows: list[dict], world: int) -> None:
+    baseline = {(r["op"], r["size_mb"]): r["ms"] for r in rows if r["precision"] == "bf16"}
+    factor = (world - 1) / world
+    for r in rows:
+        seconds = r["ms"] * 1e-3
+        r["ratio_vs_bf16"] = r["ms"] / baseline[(r["op"], r["size_mb"])]
+        r["busbw_gbps"] = r["bf16_bytes"] / seconds * factor / 1e9
+        # wire_bytes_per_rank already is (W-1)/W of the wire volume.
+        r["wire_busbw_gbps"] = r["wire_bytes_per_rank"] / seconds / 1e9
+
+
+def _table(header: dict[str, str], rows: list[dict]) -> str:
+    lines = [f"### bench_collectives ({header['device']})", ""]
+    lines += [f"- {k}: `{v}`" for k, v in header.items()]
+    lines += ["", "| op | size (MB, bf16) | precision | time (ms, median) | quantized / bf16 | busbw bf16-equiv "
+              "(GB/s) | wire busbw (GB/s) | wire MB per rank |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['op']} | {r['size_mb']} | {r['precision']} | {r['ms']:.3f} | {r['ratio_vs_bf16']:.2f} "
+                     f"| {r['busbw_gbps']:.1f} | {r['wire_busbw_gbps']:.1f} | {r['wire_bytes_per_rank'] / MB:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _worker(local_rank: int, args: argparse.Namespace, world: int, command: str) -> None:
+    if "RANK" not in os.environ:  # spawned here, not by torchrun
+        os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world))
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    rank = dist.get_rank()
+    try:
+        header = _header(world, command)
+        if rank == 0:
+            print("\n".join(f"{k}: {v}" for k, v in header.items()), flush=True)
+        rows = _run_cases(args, rank, world, torch.device("cuda", local_rank))
+        if rank == 0:
+            _finish_rows(rows, world)
+            table = _table(header, rows)
+            print(table, flush=True)
+            if os.environ.get("OUT"):
+                out = Path(os.environ["OUT"])
+                out.mkdir(parents=True, exist_ok=True)
+                name = f"bench_collectives-{args.tag}"
+                (out / f"{name}.md").write_text(table)
+                (out / f"{name}.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1))
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nproc", type=int, default=torch.cuda.device_count(), help="GPUs (default: all)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256, 512], help="message sizes, MB")
+    parser.add_argument("--bits", type=int, nargs="+", default=[8, 4, 2])
+    parser.add_argument("--bucket-size", type=int, default=1024)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--tag", default=_network_tag(), help="output name suffix (default: socket/default)")
+    parser.add_argument("--quick", action="store_true", help="16 and 64 MB at 8 and 4 bits")
+    args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.bits = [16, 64], [8, 4]
+    if not torch.cuda.is_available():
+        print("bench_collectives needs CUDA GPUs", file=sys.stderr)
+        return 2
+    command = " ".join([os.path.basename(sys.executable), *sys.argv])
+    if "RANK" in os.environ:  # torchrun
+        _worker(int(os.environ["LOCAL_RANK"]), args, int(os.environ["WORLD_SIZE"]), command)
+        return 0
+    if args.nproc < 2:
+        print(f"bench_collectives needs >= 2 GPUs, found {args.nproc}", file=sys.stderr)
+        return 2
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(port))
+    mp.spawn(_worker, args=(args, args.nproc, command), nprocs=args.nproc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
