@@ -38,7 +38,8 @@ def quantized_all_gather(
         codec: quantizer of the chunks; ``None`` sends the chunk unquantized. Non-floating inputs (FSDP2's
             ``uint8`` mixed-dtype path) are always sent unquantized.
         group: process group (NCCL or gloo).
-        seed: rounding-noise key of this call; the rank is mixed in, so ranks draw independent noise.
+        seed: rounding-noise key of this call. The key used is ``mix_seed(seed, group.rank())``: ranks draw
+            independent noise, and HSDP replicas (same group rank, same shard) decode identical weights.
         measure_error: also return the relative quantization error of this rank's chunk (device tensor).
 
     Returns:

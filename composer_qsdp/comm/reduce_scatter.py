@@ -63,7 +63,8 @@ def quantized_reduce_scatter(
             Non-floating inputs are always reduced unquantized.
         group: process group (NCCL or gloo).
         op: ``ReduceOp.SUM`` or ``ReduceOp.AVG`` (checked before any communication).
-        seed: rounding-noise key of this call; the rank is mixed in, so ranks draw independent noise.
+        seed: rounding-noise key of this call. The key used is ``mix_seed(seed, dist.get_rank())``: the global
+            rank, so every process draws independent noise, across HSDP replicas too.
         measure_error: also return the relative quantization error of this rank's ``W`` encoded chunks.
 
     Returns:
@@ -72,14 +73,14 @@ def quantized_reduce_scatter(
     Raises:
         ValueError: an op other than SUM/AVG on the quantized path, or mismatched buffers.
     """
-    world_size, rank = group.size(), group.rank()
+    world_size = group.size()
     n = check_collective_buffers("quantized_reduce_scatter", output, input, world_size, gathers=False)
     if codec is None or input.dtype not in FLOAT_DTYPES or n == 0:
         dist.reduce_scatter_tensor(output, input, op=op, group=group)
         return call_traffic(world_size, n, n * input.element_size(), input.element_size())
     average = is_average(op)
     rows = input.view(world_size, n)
-    send = codec.encode_rows(rows, seed=mix_seed(seed, rank))
+    send = codec.encode_rows(rows, seed=mix_seed(seed, dist.get_rank()))
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)
     total = codec.decode_sum(recv, n)

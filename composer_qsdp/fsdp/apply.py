@@ -103,6 +103,9 @@ class QSDPHandle:
         errors: dict[Side, torch.Tensor] = {}
         for side, comms in (("weights", self._all_gathers), ("grads", self._reduce_scatters)):
             fresh = [e for e in (c.take_error() for c in comms) if e is not None]
+            for error in fresh:
+                if error.is_cuda:  # made on a comm stream, read on this one: keep its memory until then
+                    error.record_stream(torch.cuda.current_stream(error.device))
             if fresh:
                 errors[side] = torch.stack(fresh).mean()  # type: ignore[index]
         return errors

@@ -72,6 +72,18 @@ def _worker(info: RankInfo) -> dict:
         quantized_reduce_scatter(output, inp, _codec(8, "stochastic", 32), group, dist.ReduceOp.SUM, SEED)
         out["fp32_accumulation"] = output
 
+    # HSDP-like layout: shard groups {0, 1} and {2, 3}; rank r and r + 2 are replicas holding the same data.
+    if world == 4:
+        shard_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        shard_group = shard_groups[rank // 2]
+        replica_data = _input("replica", rank % 2, 2 * 512, torch.float32).to(dev)
+        gathered = torch.empty(2 * 512, dtype=torch.float32, device=dev)
+        quantized_all_gather(gathered, replica_data[:512], _codec(8, "stochastic", 64), shard_group, SEED)
+        reduced = torch.empty(512, dtype=torch.float32, device=dev)
+        quantized_reduce_scatter(reduced, replica_data, _codec(8, "stochastic", 64), shard_group,
+                                 dist.ReduceOp.SUM, SEED)
+        out["replicas"] = (gathered, reduced)
+
     # Identical inputs on every rank: independent per-rank noise averages out, a shared stream would not.
     same = _input("same", 0, world * 4096, torch.float32).to(dev)
     output = torch.empty(4096, dtype=torch.float32, device=dev)
@@ -247,6 +259,17 @@ def test_ranks_draw_independent_rounding_noise(run):
     averaged_mse = (results[0]["same_inputs_avg"] - x[0]).square().mean()
     # W independent roundings average to 1/W of the variance; one shared stream would keep all of it.
     assert averaged_mse < 0.75 * single_mse, (averaged_mse.item(), single_mse.item())
+
+
+def test_replicas_gather_identical_weights_but_round_gradients_independently(run):
+    world, results = run
+    if world != 4:
+        pytest.skip("needs 2 shard groups of 2 ranks")
+    for rank in (0, 1):
+        gathered, reduced = results[rank]["replicas"]
+        replica_gathered, replica_reduced = results[rank + 2]["replicas"]
+        assert torch.equal(gathered, replica_gathered)  # every process computes with the same weights
+        assert not torch.equal(reduced, replica_reduced)  # replica gradients carry independent noise
 
 
 def test_non_finite_values_stay_non_finite(run):
