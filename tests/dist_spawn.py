@@ -4,6 +4,7 @@
 ``fn(RankInfo, *args)`` inside an initialized default group and the call returns every rank's result (tensors
 moved to CPU), or raises with the failing rank's traceback. ``backend`` is ``"gloo"`` (CPU tensors) or
 ``"nccl"`` (one GPU per rank, ``cuda:r``). ``fn`` must be a module-level function of an importable module.
+Test modules parametrize a module-scoped fixture with :func:`spawn_params` to run once per backend and size.
 """
 
 from __future__ import annotations
@@ -21,7 +22,16 @@ from typing import Any
 import pytest
 import torch
 
-BACKENDS = ("gloo", pytest.param("nccl", marks=pytest.mark.gpu))
+
+
+def spawn_params(world_sizes: tuple[int, ...]) -> list:
+    """``(backend, world_size)`` parameters: gloo at every size, plus nccl at every size marked ``gpu``.
+
+    For ``pytest.mark.parametrize(..., indirect=True, scope="module")``, so that ``-m gpu`` selects the nccl
+    runs (marks on fixture params are invisible to ``-m``).
+    """
+    params = [pytest.param(("gloo", w), id=f"gloo-w{w}") for w in world_sizes]
+    return params + [pytest.param(("nccl", w), id=f"nccl-w{w}", marks=pytest.mark.gpu) for w in world_sizes]
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,10 @@ def _launch(tmp_path: Path, *args: str, gpu: bool = False) -> dict:
     env = {**os.environ, "FSDP_VERSION": "2", "OMP_NUM_THREADS": "1"}
     if gpu:
         env["QSDP_TEST_DEVICE"] = "gpu"
-    launcher = Path(sys.executable).with_name("composer")
-    proc = subprocess.run([str(launcher), "-n", "2", str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
+    # Composer's launcher: its console script, or the same module where wheels were installed without scripts.
+    script = Path(sys.executable).with_name("composer")
+    launcher = [str(script)] if script.exists() else [sys.executable, "-m", "composer.cli"]
+    proc = subprocess.run([*launcher, "-n", "2", str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"launcher failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
     return json.loads(out.read_text())

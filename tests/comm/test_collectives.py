@@ -12,7 +12,7 @@ import zlib
 import pytest
 import torch
 import torch.distributed as dist
-from dist_spawn import BACKENDS, RankInfo, run_ranks, skip_unless_backend
+from dist_spawn import RankInfo, run_ranks, skip_unless_backend, spawn_params
 
 from composer_qsdp.comm import mix_seed, quantized_all_gather, quantized_reduce_scatter
 from composer_qsdp.quant import make_codec
@@ -140,11 +140,12 @@ def _worker(info: RankInfo) -> dict:
     return out
 
 
-@pytest.fixture(scope="module", params=[(b, w) for b in BACKENDS for w in WORLD_SIZES],
-                ids=lambda p: f"{getattr(p[0], 'values', [p[0]])[0]}-w{p[1]}")
+pytestmark = pytest.mark.parametrize("run", spawn_params(WORLD_SIZES), indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
 def run(request):
-    backend_param, world = request.param
-    backend = getattr(backend_param, "values", [backend_param])[0]
+    backend, world = request.param
     skip_unless_backend(backend, world)
     return world, run_ranks(_worker, world, backend=backend)
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from dist_spawn import BACKENDS, RankInfo, run_ranks, skip_unless_backend
+from dist_spawn import RankInfo, run_ranks, skip_unless_backend, spawn_params
 
 from composer_qsdp.fsdp import NonFiniteWeightError, QSDPConfig, apply_qsdp, remove_qsdp
 
@@ -197,11 +197,12 @@ def _worker(info: RankInfo, ckpt_dir: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- tests
-@pytest.fixture(scope="module", params=[(b, w) for b in BACKENDS for w in (2, 4)],
-                ids=lambda p: f"{getattr(p[0], 'values', [p[0]])[0]}-w{p[1]}")
+pytestmark = pytest.mark.parametrize("run", spawn_params((2, 4)), indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
 def run(request, tmp_path_factory):
-    backend_param, world = request.param
-    backend = getattr(backend_param, "values", [backend_param])[0]
+    backend, world = request.param
     skip_unless_backend(backend, world)
     ckpt_dir = str(tmp_path_factory.mktemp("dcp"))
     return world, run_ranks(_worker, world, ckpt_dir, backend=backend), ckpt_dir
@@ -290,7 +291,8 @@ def test_gradient_is_the_exact_gradient_at_the_quantized_weights(run):
     x, y = global_batch(world, 0)
     nn.functional.mse_loss(model(x), y).backward()
     for name, p in model.named_parameters():
-        torch.testing.assert_close(res["grads0"][name], p.grad, rtol=1e-5, atol=1e-7)
+        # fp32 summation-order noise only: other weights (another seed) would put ~1e-2 relative errors here.
+        torch.testing.assert_close(res["grads0"][name], p.grad, rtol=1e-4, atol=1e-6)
 
 
 def test_mixed_precision_gathers_bf16_and_reduces_fp32(run):
