@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Source this first on a GPU machine (no internet): installs the carried wheels (tools/gpu_wheels.sh makes them
+# in .whl/) and sets the environment every GPU run here uses. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || { echo "wheel install failed: run tools/gpu_wheels.sh on a machine with PyPI access first"; return 1; }
+export PYTHONPATH=/tmp/site:$PWD
+mkdir -p "${OUT:-/tmp/out}"
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, triton, composer, streaming; print('torch', torch.__version__, 'triton', triton.__version__, 'composer', composer.__version__, 'gpus', torch.cuda.device_count())"
