@@ -32,11 +32,12 @@ class QSDPConfig:
         weight_codec: registry name of the weight codec (:func:`composer_qsdp.quant.codec_names`).
         grad_codec: registry name of the gradient codec.
         bucket_size: elements sharing one set of codec metadata (scale/offset), for both sides.
-        weight_rounding: ``rounding`` option of the weight codec (``"stochastic"`` or ``"nearest"`` for
-            minmax), or ``None`` for codecs without that option. Stochastic weight rounding is seeded per step
-            so the forward and backward all-gathers of one step see identical weights.
-        grad_rounding: ``rounding`` option of the gradient codec; stochastic keeps the reduced gradient
-            unbiased.
+        weight_rounding: ``rounding`` option of the weight codec (minmax: ``"stochastic"`` or ``"nearest"``);
+            ``None`` keeps the codec's default (minmax: stochastic) and is required for codecs without that
+            option. Stochastic weight rounding is seeded per step, so the forward and backward all-gathers of one
+            step see identical weights.
+        grad_rounding: ``rounding`` option of the gradient codec, ``None`` for its default (minmax:
+            stochastic, which keeps the reduced gradient unbiased).
         weight_codec_options: extra :func:`~composer_qsdp.quant.make_codec` options of the weight codec
             (e.g. ``{"hadamard": True}``).
         grad_codec_options: extra options of the gradient codec.
@@ -63,8 +64,8 @@ class QSDPConfig:
     weight_codec: str = "minmax"
     grad_codec: str = "minmax"
     bucket_size: int = 1024
-    weight_rounding: str | None = "stochastic"
-    grad_rounding: str | None = "stochastic"
+    weight_rounding: str | None = None
+    grad_rounding: str | None = None
     weight_codec_options: Mapping[str, Any] = field(default_factory=dict)
     grad_codec_options: Mapping[str, Any] = field(default_factory=dict)
     min_numel: int = 0
@@ -80,7 +81,11 @@ class QSDPConfig:
         set_ = object.__setattr__
         set_(self, "exclude", _patterns("exclude", self.exclude))
         for name in ("weight_codec_options", "grad_codec_options"):
-            set_(self, name, _mapping(name, getattr(self, name)))
+            options = _mapping(name, getattr(self, name))
+            reserved = sorted(set(options) & {"bits", "bucket_size", "rounding"})
+            if reserved:
+                raise ValueError(f"{name} sets {reserved}; use the QSDPConfig fields of the same names instead")
+            set_(self, name, options)
         for name in ("weight_bits_overrides", "grad_bits_overrides"):
             overrides = _mapping(name, getattr(self, name))
             _patterns(name, tuple(overrides))

@@ -53,8 +53,8 @@ def test_out_of_range_options_fail_at_construction(kwargs, message):
 
 def test_defaults_are_w8g8_stochastic():
     config = QSDP().config
-    assert (config.weight_bits, config.grad_bits, config.weight_rounding, config.grad_rounding) == (
-        8, 8, "stochastic", "stochastic")
+    assert (config.weight_bits, config.grad_bits, config.bucket_size) == (8, 8, 1024)
+    assert config.make_codec("weights", 8).rounding == config.make_codec("grads", 8).rounding == "stochastic"
 
 
 def test_run_validation():

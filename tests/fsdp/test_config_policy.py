@@ -51,8 +51,9 @@ def _sharded() -> Net:
 def test_defaults_are_the_paper_headline_setting():
     config = QSDPConfig()
     assert (config.weight_bits, config.grad_bits, config.bucket_size) == (8, 8, 1024)
-    assert config.weight_rounding == config.grad_rounding == "stochastic"
-    assert config.make_codec("grads", 8).unbiased
+    for side in ("weights", "grads"):  # rounding=None: the min-max codec's default, stochastic (unbiased)
+        codec = config.make_codec(side, 8)
+        assert codec.name == "minmax" and codec.rounding == "stochastic" and codec.unbiased
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -71,10 +72,18 @@ def test_defaults_are_the_paper_headline_setting():
     (dict(seed=-1), r"seed=-1 is invalid"),
     (dict(check_finite="yes"), r"check_finite='yes' is invalid"),
     (dict(grad_codec_options={"colour": 1}), r"invalid option for codec 'minmax'"),
+    (dict(weight_codec_options={"bits": 4}), r"weight_codec_options sets \['bits'\]; use the QSDPConfig fields"),
+    (dict(grad_codec="symmetric", grad_rounding="nearest"), r"invalid option for codec 'symmetric'"),
 ])
 def test_bad_options_raise_value_errors_naming_them(kwargs, message):
     with pytest.raises(ValueError, match=message):
         QSDPConfig(**kwargs)
+
+
+@pytest.mark.parametrize("codec", ["symmetric", "random_shift", "learned"])
+def test_codecs_without_a_rounding_option_work_with_the_defaults(codec):
+    config = QSDPConfig(weight_codec=codec, grad_codec=codec, weight_codec_options={"hadamard": True})
+    assert config.make_codec("grads", 4).bits == 4
 
 
 def test_yaml_containers_are_normalized():

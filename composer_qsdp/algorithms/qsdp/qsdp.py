@@ -66,8 +66,8 @@ class QSDP(Algorithm):
     quantization errors at every ``BATCH_END``.
 
     The keyword arguments are those of :class:`~composer_qsdp.fsdp.QSDPConfig` (see it for details);
-    the defaults are the paper's headline setting, 8-bit weights and 8-bit gradients with stochastic
-    rounding and buckets of 1024 elements.
+    the defaults are the paper's headline setting, 8-bit weights and 8-bit gradients with the min-max codec's
+    stochastic rounding and buckets of 1024 elements.
 
     Example::
 
@@ -90,8 +90,8 @@ class QSDP(Algorithm):
         weight_codec: str = "minmax",
         grad_codec: str = "minmax",
         bucket_size: int = 1024,
-        weight_rounding: str | None = "stochastic",
-        grad_rounding: str | None = "stochastic",
+        weight_rounding: str | None = None,
+        grad_rounding: str | None = None,
         weight_codec_options: Mapping[str, Any] | None = None,
         grad_codec_options: Mapping[str, Any] | None = None,
         min_numel: int = 0,
