@@ -73,7 +73,8 @@ def _entry(rank: int, world_size: int, backend: str, init_file: str, fn: Callabl
             device = torch.device("cuda", rank)
         else:
             device = torch.device("cpu")
-        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size,
+                                device_id=device if backend == "nccl" else None)
         out = fn(RankInfo(rank, world_size, backend, device), *args)
         out = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.detach().cpu().clone(), out)
         buf = io.BytesIO()
