@@ -88,14 +88,14 @@ def test_two_processes_through_the_launcher(wiki_shards, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_processes_resume_reproduces_losses(wiki_shards, tmp_path):
+def test_two_processes_qsdp_resume_reproduces_losses(wiki_shards, tmp_path):
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     common = ["max_duration=10ba", "eval_interval=10ba"]
-    result = launch(2, BASELINE, tiny_overrides(wiki_shards, full, *common, f"save_folder={full / 'ckpt'}",
-                                                "save_interval=5ba"))
+    result = launch(2, QSDP_RECIPE, tiny_overrides(wiki_shards, full, *common, f"save_folder={full / 'ckpt'}",
+                                                   "save_interval=5ba"))
     assert result.returncode == 0, result.stderr[-3000:]
-    result = launch(2, BASELINE, tiny_overrides(wiki_shards, resumed, *common,
-                                                f"load_path={full / 'ckpt' / 'ep0-ba5'}"))
+    result = launch(2, QSDP_RECIPE, tiny_overrides(wiki_shards, resumed, *common,
+                                                   f"load_path={full / 'ckpt' / 'ep0-ba5'}"))
     assert result.returncode == 0, result.stderr[-3000:]
     losses, resumed_losses = train_losses(full), train_losses(resumed)
     assert resumed_losses == {b: losses[b] for b in range(5, 10)}
