@@ -101,13 +101,14 @@ class QSDPHandle:
         absent. Units sample every ``config.error_sample_interval`` calls.
         """
         errors: dict[Side, torch.Tensor] = {}
-        for side, comms in (("weights", self._all_gathers), ("grads", self._reduce_scatters)):
+        sides: tuple[tuple[Side, list[Any]], ...] = (("weights", self._all_gathers), ("grads", self._reduce_scatters))
+        for side, comms in sides:
             fresh = [e for e in (c.take_error() for c in comms) if e is not None]
             for error in fresh:
                 if error.is_cuda:  # made on a comm stream, read on this one: keep its memory until then
                     error.record_stream(torch.cuda.current_stream(error.device))
             if fresh:
-                errors[side] = torch.stack(fresh).mean()  # type: ignore[index]
+                errors[side] = torch.stack(fresh).mean()
         return errors
 
     def check_finite(self) -> None:

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from composer_qsdp.comm import CallTraffic, TrafficCounter, quantized_all_gather, quantized_reduce_scatter
+from composer_qsdp.fsdp.config import Side
 from composer_qsdp.fsdp.finite_check import WeightFiniteMonitor
 from composer_qsdp.fsdp.seeding import StepSeeds
 from composer_qsdp.quant import Codec
@@ -30,7 +31,7 @@ class _UnitComm:
         latest_error: the latest sampled relative quantization error, or ``None``.
     """
 
-    side: str
+    side: Side
 
     def __init__(self, unit_index: int, codec: Codec | None, seeds: StepSeeds, error_sample_interval: int) -> None:
         self.unit_index = unit_index
@@ -48,7 +49,7 @@ class _UnitComm:
         return torch.empty(*size, dtype=dtype, device=device)
 
     def _seed(self) -> int:
-        return self._seeds.seed(self.unit_index, self.side)  # type: ignore[arg-type]
+        return self._seeds.seed(self.unit_index, self.side)
 
     def _measure_now(self) -> bool:
         # The first call of a unit is measured too, so short runs still report an error.
@@ -81,7 +82,7 @@ class QSDPAllGather(_UnitComm, AllGather):
         monitor: non-finite weight monitor, or ``None`` to skip the check.
     """
 
-    side = "weights"
+    side: Side = "weights"
 
     def __init__(
         self,
@@ -122,7 +123,7 @@ class QSDPReduceScatter(_UnitComm, ReduceScatter):
         error_sample_interval: measure the quantization error every this many calls (0: never).
     """
 
-    side = "grads"
+    side: Side = "grads"
 
     def __call__(
         self,

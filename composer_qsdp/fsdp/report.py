@@ -38,11 +38,14 @@ class TrafficReport:
         for label, c in (("weights (all-gather)", self.weights), ("grads (reduce-scatter)", self.grads),
                          ("total", self.total)):
             lines.append(
-                f"{label:<24} sent {_mib(c.sent):>10} | bf16 {_mib(c.bf16):>10} ({c.ratio_vs_bf16:.2f}x less) | "
-                f"unquantized {_mib(c.native):>10} ({c.ratio_vs_native:.2f}x less) | {c.calls} calls"
+                f"{label:<24} sent {_size(c.sent):>10} | bf16 {_size(c.bf16):>10} ({c.ratio_vs_bf16:.2f}x less) | "
+                f"unquantized {_size(c.native):>10} ({c.ratio_vs_native:.2f}x less) | {c.calls} calls"
             )
         return "\n".join(lines)
 
 
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"

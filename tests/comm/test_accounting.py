@@ -1,0 +1,33 @@
+"""Byte accounting: NCCL's (W-1)/W convention, running totals, ratios and the report's text."""
+
+from composer_qsdp.comm import TrafficCounter, call_traffic
+from composer_qsdp.fsdp import TrafficReport
+
+
+def test_call_traffic_counts_the_peers_chunks_only():
+    traffic = call_traffic(world_size=4, chunk_numel=1000, chunk_wire_bytes=1016, element_size=4)
+    assert (traffic.sent, traffic.bf16, traffic.native) == (3 * 1016, 3 * 2000, 3 * 4000)
+    assert call_traffic(1, 1000, 1016, 4).sent == 0  # a single rank sends nothing
+
+
+def test_counters_accumulate_subtract_and_round_trip():
+    counter = TrafficCounter()
+    for _ in range(3):
+        counter.add(call_traffic(2, 1024, 1032, 2))
+    assert (counter.calls, counter.sent, counter.bf16, counter.native) == (3, 3096, 6144, 6144)
+    assert counter.ratio_vs_bf16 == 6144 / 3096
+    assert (counter - counter).sent == 0 and (counter + counter).calls == 6
+    restored = TrafficCounter()
+    restored.load_state_dict(counter.state_dict())
+    assert restored == counter
+    assert TrafficCounter().ratio_vs_bf16 == 1.0  # nothing sent: no division by zero
+
+
+def test_report_totals_and_summary():
+    weights, grads = TrafficCounter(2, 1000, 2000, 4000), TrafficCounter(1, 3 * 2**20, 6 * 2**20, 12 * 2**20)
+    report = TrafficReport(weights, grads)
+    assert report.total == TrafficCounter(3, 1000 + 3 * 2**20, 2000 + 6 * 2**20, 4000 + 12 * 2**20)
+    assert (report - report).total.calls == 0
+    lines = report.summary().splitlines()
+    assert lines[0].startswith("weights (all-gather)") and "1000 B" in lines[0] and "2.00x less" in lines[0]
+    assert "3.0 MiB" in lines[1] and "4.00x less" in lines[1] and "1 calls" in lines[1]
