@@ -188,6 +188,20 @@ def _worker(info: RankInfo, ckpt_dir: str) -> dict:
     out["mixed_precision"] = _train(info, model, STEPS)
     out["mixed_precision"]["traffic"] = handle.traffic()
 
+    model = _sharded(info)  # FSDP sends SUM and divides by the world size itself
+    for module in (model, model.l1, model.l2, model.l3):
+        module.set_force_sum_reduction_for_comms(True)
+    apply_qsdp(model, W8G8)
+    out["force_sum"] = _train(info, model, STEPS)
+    model = _sharded(info)  # a custom divide factor makes FSDP pass PREMUL_SUM, which a quantized sum cannot apply
+    model.l1.set_gradient_divide_factor(4.0)
+    apply_qsdp(model, W8G8)
+    try:
+        _train(info, model, 1)
+        out["premul_sum"] = "no error"
+    except ValueError as err:
+        out["premul_sum"] = str(err)
+
     model = _sharded(info)
     apply_qsdp(model, W8G8)
     out["nonfinite_grads"] = _train(info, model, 1, poison=(1, 0))
@@ -304,6 +318,17 @@ def test_mixed_precision_gathers_bf16_and_reduces_fp32(run):
     ref_params, _ = reference_training(world, STEPS)
     for name, ref in ref_params.items():
         assert _rel(res["params"][name], ref) < 2e-2, name
+
+
+def test_fsdp_reduce_ops_sum_and_premul_sum(run):
+    world, results, _ = run
+    _only_world_2(world)
+    ref_params, _ = reference_training(world, STEPS)
+    for name, ref in ref_params.items():  # force-sum: SUM on the wire, FSDP divides afterwards
+        assert _rel(results[0]["force_sum"]["params"][name], ref) < 1e-2, name
+    for rank in range(world):  # PREMUL_SUM: refused on every rank, with the fix in the message
+        assert "got PREMUL_SUM" in results[rank]["premul_sum"]
+        assert "set_force_sum_reduction_for_comms(True)" in results[rank]["premul_sum"]
 
 
 def test_non_finite_gradients_stay_non_finite(run):
