@@ -45,9 +45,12 @@ def train_losses(run_dir: Path) -> dict[int, float]:
 
 
 def launch(nproc: int, recipe: Path, overrides: list[str], timeout: int = 400) -> subprocess.CompletedProcess:
-    launcher = Path(sys.executable).parent / "composer"
+    # The `composer` console script; where wheels were installed without scripts (the GPU machines), the same
+    # launcher through `python -m composer.cli`.
+    script = Path(sys.executable).parent / "composer"
+    launcher = [str(script)] if script.exists() else [sys.executable, "-m", "composer.cli"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([str(launcher), "-n", str(nproc), "-m", "composer_qsdp.train", str(recipe), *overrides],
+    return subprocess.run([*launcher, "-n", str(nproc), "-m", "composer_qsdp.train", str(recipe), *overrides],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
