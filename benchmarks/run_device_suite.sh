@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The GPU side of the test suite and the kernel/collective benchmarks, staged so each stage fits one
+# 10-minute device command. Run from the repository root of a GPU machine (2+ GPUs for the NCCL parts):
+#   GIT_REV=<short sha> OUT=<dir> bash benchmarks/run_device_suite.sh tests kernels     # GPU tests, kernel tables
+#   GIT_REV=<short sha> OUT=<dir> bash benchmarks/run_device_suite.sh collectives       # NVLink + emulated socket net
+# Logs and tables land in $OUT; each stage's exit status is printed at the end.
+set -uo pipefail
+: "${GIT_REV:?set GIT_REV to the commit under test}"
+export OUT=${OUT:-/tmp/out}
+source "$(dirname "$0")/device_env.sh" || exit 1
+status=()
+run() {  # run NAME COMMAND...: tee the log into $OUT and remember the exit status
+  local name=$1; shift
+  echo "=== $name: $*"
+  "$@" 2>&1 | tee "$OUT/$name.log" | tail -25
+  status+=("$name=${PIPESTATUS[0]}")
+}
+for stage in "$@"; do
+  case $stage in
+    tests) run pytest_gpu timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider tests ;;
+    kernels)
+      run bench_kernels timeout 240 python3 benchmarks/bench_kernels.py
+      run bench_symmetric_hadamard timeout 120 python3 benchmarks/bench_symmetric_hadamard.py ;;
+    collectives)
+      run bench_collectives_nvlink timeout 240 python3 benchmarks/bench_collectives.py
+      run bench_collectives_socket env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo \
+        timeout 300 python3 benchmarks/bench_collectives.py ;;
+    *) echo "unknown stage '$stage'; allowed: tests kernels collectives"; exit 2 ;;
+  esac
+done
+echo "stage status: ${status[*]}"
