@@ -8,8 +8,8 @@ Same harness, timing, table and output conventions as ``bench_kernels.py`` (whos
 * quantize (``SymmetricCodec.encode_rows`` on one row), dequantize (``decode_rows`` to the input dtype) and
   decode_sum of 8 rows of ``n / 8`` elements into fp32, at 8/4/2 bits;
 * the Hadamard rotation alone (``hadamard_rows`` to fp32) at orders 32, 128 and 1024;
-* rotated 4-bit quantize and dequantize end to end (``make_codec("symmetric", hadamard=True)``: rotation
-  kernel, then the codec kernel) at the same bucket size;
+* rotated 4-bit quantize, dequantize and decode_sum end to end (``make_codec("symmetric", hadamard=True)``: the
+  codec's kernels apply the rotation in registers, one pass over memory) at the same bucket size;
 * the eager PyTorch reference of the 4-bit calls.
 
 Usage::
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from bench_kernels import DTYPE_NAMES, MI, REDUCE_ROWS, _copy_gbps, _gbps, _header, _ms, _table
+from bench_kernels import DTYPE_NAMES, MI, REDUCE_ROWS, _copy_gbps, _gbps, _header, _ms, _ms_twice, _table
 from composer_qsdp.kernels import backend
 from composer_qsdp.quant import make_codec
 from composer_qsdp.quant.hadamard import hadamard_rows
@@ -44,10 +44,10 @@ def _measure(rows: list[dict], size: int, dtype: torch.dtype, bits_list: tuple[i
 
     def record(op: str, bits: int | str, nbytes: int, fn: Callable[[], object], eager: bool) -> None:
         # Rows in bench_kernels.py's schema, so its table writer formats them.
-        ms = _ms(fn)
+        ms, spread = _ms_twice(fn)
         row = {"elements": size, "dtype": DTYPE_NAMES[dtype], "op": op, "bits": bits, "rounding": "nearest",
-               "bytes": nbytes, "ms": ms, "gbps": _gbps(nbytes, ms), "pct_copy": 100 * _gbps(nbytes, ms) / copy_gbps,
-               "eager_ms": None, "eager_gbps": None}  # fmt: skip
+               "bytes": nbytes, "ms": ms, "spread_pct": spread, "gbps": _gbps(nbytes, ms),
+               "pct_copy": 100 * _gbps(nbytes, ms) / copy_gbps, "eager_ms": None, "eager_gbps": None}  # fmt: skip
         if eager:
             with backend("torch"):
                 row["eager_ms"] = _ms(fn)
@@ -72,6 +72,10 @@ def _measure(rows: list[dict], size: int, dtype: torch.dtype, bits_list: tuple[i
     wire = rotated.encode_rows(x)
     record("hadamard + quantize", 4, in_bytes + wire.numel(), lambda: rotated.encode_rows(x), False)
     record("dequantize + hadamard", 4, wire.numel() + in_bytes, lambda: rotated.decode_rows(wire, size, dtype), False)
+    chunk = size // REDUCE_ROWS
+    wires = rotated.encode_rows(x.view(REDUCE_ROWS, chunk))
+    record(f"decode_sum + hadamard ({REDUCE_ROWS} rows)", 4, wires.numel() + 4 * chunk,
+           lambda: rotated.decode_sum(wires, chunk), False)  # fmt: skip
 
 
 def main() -> int:

@@ -21,7 +21,7 @@ import torch
 
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
 
-__all__ = ["MAX_BUCKET", "supports", "hadamard_rows"]
+__all__ = ["MAX_BUCKET", "supports", "hadamard_rows", "butterflies", "rotation_scale"]
 
 #: Largest bucket (elements) a program transforms in registers.
 MAX_BUCKET = 8192
@@ -36,6 +36,18 @@ def supports(bucket_size: int) -> bool:
 
 
 @triton.jit
+def butterflies(v, B: tl.constexpr, LOG_B: tl.constexpr):
+    """The ``log2(B)`` unscaled butterfly stages of every ``B``-element block of a flat fp32 tile, in the torch
+    reference's order (stage ``h = 1, 2, ..., B / 2``: ``(a, b) -> (a + b, a - b)`` within blocks of ``2h``)."""
+    N: tl.constexpr = v.shape[0]
+    for stage in tl.static_range(LOG_B):
+        pairs = tl.permute(tl.reshape(v, (N // (2 << stage), 2, 1 << stage)), (0, 2, 1))
+        a, b = tl.split(pairs)
+        v = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), (N,))
+    return v
+
+
+@triton.jit
 def _hadamard_kernel(
     x_ptr, y_ptr, n_in, n_out, x_row_stride, y_row_stride, scale,
     B: tl.constexpr, LOG_B: tl.constexpr, G: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
@@ -45,12 +57,8 @@ def _hadamard_kernel(
     bucket = tile.to(tl.int64) * G + tl.arange(0, G)
     col = bucket[:, None] * B + tl.arange(0, B)[None, :]
     v = tl.load(x_ptr + row * x_row_stride + col, mask=col < n_in, other=0.0).to(tl.float32)
-    v = tl.reshape(v, (G * B,))
-    for stage in tl.static_range(LOG_B):
-        pairs = tl.permute(tl.reshape(v, (G * B // (2 << stage), 2, 1 << stage)), (0, 2, 1))
-        a, b = tl.split(pairs)
-        v = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), (G * B,))
-    store_cast(y_ptr + row * y_row_stride + col, tl.reshape(v, (G, B)) * scale, col < n_out, EMULATE_BF16_RNE)
+    v = tl.reshape(butterflies(tl.reshape(v, (G * B,)), B, LOG_B), (G, B))
+    store_cast(y_ptr + row * y_row_stride + col, v * scale, col < n_out, EMULATE_BF16_RNE)
 
 
 def hadamard_rows(
@@ -70,13 +78,18 @@ def hadamard_rows(
     rows, n = x.shape
     g, warps = _launch_shape(x.device, bucket_size, out_cols, buckets_per_program, num_warps)
     y = torch.empty(rows, out_cols, dtype=dtype, device=x.device)
-    scale = torch.tensor(bucket_size**-0.5, dtype=torch.float32).item()  # the reference's fp32 value
+    scale = rotation_scale(bucket_size)
     # A single row passes row stride 0, which lets Triton prove aligned, vectorizable addresses.
     _hadamard_kernel[(triton.cdiv(triton.cdiv(out_cols, bucket_size), g), rows)](
         x, y, n, out_cols, x.stride(0) if rows > 1 else 0, y.stride(0) if rows > 1 else 0, scale,
         B=bucket_size, LOG_B=bucket_size.bit_length() - 1, G=g, EMULATE_BF16_RNE=emulate_bf16_rne(), num_warps=warps,
     )  # fmt: skip
     return y
+
+
+def rotation_scale(bucket_size: int) -> float:
+    """``1 / sqrt(bucket_size)`` rounded to fp32, the factor the torch reference applies after the butterflies."""
+    return torch.tensor(bucket_size**-0.5, dtype=torch.float32).item()
 
 
 def _launch_shape(device: torch.device, bucket_size: int, out_cols: int, buckets_per_program: int | None,

@@ -1,41 +1,80 @@
 """Triton side of the codecs' stochastic-rounding stream (:func:`composer_qsdp.quant.philox.rounding_noise`).
 
-Counter ``c`` takes half ``c % 2`` (low half first) of word ``(c // 2) % 4`` of ``tl.randint4x(seed, c // 8)``
-and maps the 16-bit value ``k`` to ``(k + 0.5) / 2**16``. Kernels lay their tiles out as groups of 8
-consecutive elements (``[..., 8]``); :func:`noise_for_groups` draws a group's noise with one Philox call when
-the group's first counter is a multiple of 8 and two otherwise, float32 in ``(0, 1)``, identical to the torch
-reference bit for bit.
+Counter ``c`` takes half ``c % 2`` (low half first) of word ``(c // 2) % 4`` of ``tl.randint4x(seed, c // 8)``;
+the 16-bit value ``k`` is the noise ``u = (k + 0.5) / 2**16``. Kernels lay their tiles out as groups of 8
+consecutive elements (:mod:`composer_qsdp.kernels.groups`); :func:`centered_noise` draws a group's noise with
+one Philox call when the group's first counter is a multiple of 8 and two otherwise, and returns ``u - 1/2``,
+the form the min-max codec adds before rounding to nearest, identical to the torch reference's
+``rounding_noise(...) - 0.5`` bit for bit.
+
+``u - 1/2`` is built from bits rather than with an int -> float conversion (1/8 of the fp32 rate on sm_90):
+``0x3F800040 | k << 7`` is the fp32 number ``1 + (k + 0.5) / 2**16 = 1 + u`` (``k`` in mantissa bits 22..7,
+the half in bit 6), and ``(1 + u) - 1.5`` is exact.
+
+The Philox rounds are :func:`_philox` rather than ``tl.randint4x``: the same function (Philox4x32-10 on the
+counter ``(c mod 2**32, c >> 32, 0, 0)`` under the key ``(seed mod 2**32, seed >> 32)``), with each round's two
+32 x 32 -> 64-bit products written as one widening multiply instead of separate high and low halves, which
+takes two instructions per round fewer in the stochastic quantize kernels, whose instruction issue bounds them.
 """
 
 import triton
 import triton.language as tl
 
-__all__ = ["noise_for_groups"]
+from composer_qsdp.quant import philox
+
+__all__ = ["centered_noise"]
+
+# jit code reads only constexpr globals
+_KEY_A = tl.constexpr(philox.KEY_A)
+_KEY_B = tl.constexpr(philox.KEY_B)
+_ROUND_A = tl.constexpr(philox.ROUND_A)
+_ROUND_B = tl.constexpr(philox.ROUND_B)
+_N_ROUNDS = tl.constexpr(philox.N_ROUNDS)
 
 
 @triton.jit
-def _noise_from_words(w0, w1, w2, w3, lane):
-    """Noise of lane ``lane`` (0..7) of the Philox call that returned words ``w0..w3`` (all broadcastable)."""
+def _philox(seed, call):
+    """The four uint32 words of ``tl.randint4x(seed, call)`` for an int64 ``call`` tensor."""
+    seed = seed.to(tl.uint64)
+    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
+    k1 = (seed >> 32).to(tl.uint32)
+    c0 = call.to(tl.uint32)
+    c1 = (call >> 32).to(tl.uint32)
+    c2 = tl.zeros(c0.shape, tl.uint32)
+    c3 = c2
+    for _ in tl.static_range(_N_ROUNDS):
+        prod_a = c0.to(tl.uint64) * _ROUND_A
+        prod_b = c2.to(tl.uint64) * _ROUND_B
+        c0, c1, c2, c3 = ((prod_b >> 32).to(tl.uint32) ^ c1 ^ k0, prod_b.to(tl.uint32),
+                          (prod_a >> 32).to(tl.uint32) ^ c3 ^ k1, prod_a.to(tl.uint32))  # fmt: skip
+        k0 = k0 + _KEY_A
+        k1 = k1 + _KEY_B
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _centered_from_words(w0, w1, w2, w3, lane):
+    """``u - 1/2`` of lane ``lane`` (0..7) of the Philox call that returned words ``w0..w3`` (all broadcastable)."""
     pair = lane >> 1
     word = tl.where(pair == 0, w0, tl.where(pair == 1, w1, tl.where(pair == 2, w2, w3)))
-    half = tl.where((lane & 1) == 0, word & 0xFFFF, word >> 16)
-    return (half.to(tl.float32) + 0.5) * (1.0 / 65536.0)
+    mantissa = tl.where((lane & 1) == 0, word << 7, word >> 9) & 0x7FFF80
+    return (mantissa | 0x3F800040).to(tl.float32, bitcast=True) - 1.5
 
 
 @triton.jit
-def noise_for_groups(seed, start, ALIGNED: tl.constexpr):
-    """Noise of counters ``start + m`` for ``m`` in 0..7: int64 ``start`` ``[A, B, 1]`` -> float32 ``[A, B, 8]``.
+def centered_noise(seed, start, lane, ALIGNED: tl.constexpr):
+    """``u - 1/2`` at counters ``start + lane``: int64 group starts ``start`` ``[G, B, 1, 1]`` and lanes ``lane``
+    (0..7, ``[1, 1, H, V]``) -> fp32 ``[G, B, H, V]``.
 
     ``ALIGNED`` promises every ``start`` is a multiple of 8: the group is then one Philox call. Otherwise its
     8 counters straddle two consecutive calls, and both are drawn (still 4x fewer than one per element).
     """
-    lane = tl.arange(0, 8)[None, None, :]
     call = start >> 3
-    w0, w1, w2, w3 = tl.randint4x(seed, call)
+    w0, w1, w2, w3 = _philox(seed, call)
     if ALIGNED:
-        return _noise_from_words(w0, w1, w2, w3, lane)
+        return _centered_from_words(w0, w1, w2, w3, lane)
     pos = (start & 7) + lane  # 0..14: position in call `call` (< 8) or in call `call + 1`
-    v0, v1, v2, v3 = tl.randint4x(seed, call + 1)
+    v0, v1, v2, v3 = _philox(seed, call + 1)
     nxt = pos >= 8
-    return _noise_from_words(tl.where(nxt, v0, w0), tl.where(nxt, v1, w1), tl.where(nxt, v2, w2),
-                             tl.where(nxt, v3, w3), pos & 7)  # fmt: skip
+    return _centered_from_words(tl.where(nxt, v0, w0), tl.where(nxt, v1, w1), tl.where(nxt, v2, w2),
+                                tl.where(nxt, v3, w3), pos & 7)  # fmt: skip

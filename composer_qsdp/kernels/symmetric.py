@@ -1,157 +1,201 @@
-"""Triton kernels of the symmetric abs-max codec: fused quantize+pack, unpack+dequantize, dequantize-and-sum.
+"""Triton kernels of the symmetric abs-max codec: fused quantize+pack, unpack+dequantize, dequantize-and-sum, each
+optionally fused with the Hadamard rotation of :class:`composer_qsdp.quant.hadamard.HadamardCodec`.
 
 Reference (same math, same wire, same numbers bit for bit): :class:`composer_qsdp.quant.symmetric.SymmetricCodec`,
 methods ``_encode_rows_reference`` (:func:`encode_rows`) and ``_decode_rows_fp32`` (:func:`decode_rows`,
-:func:`decode_sum`). The launchers take ``[rows, n]`` tensors, so one launch covers every chunk of a
-reduce-scatter; they run on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (CI).
+:func:`decode_sum`); with ``rotate=True``, :func:`composer_qsdp.quant.hadamard.hadamard_rows` before the encode
+and after the decode (or the sum), as ``HadamardCodec`` composes them. The launchers take ``[rows, n]`` tensors,
+so one launch covers every chunk of a reduce-scatter; they run on CUDA tensors, and on CPU tensors under
+``TRITON_INTERPRET=1`` (CI).
 
-Tiling: a program handles ``G`` buckets of one row as a ``[G, BP]`` tile (``BP`` = ``bucket_size`` rounded up
-to a power of two, extra lanes masked), so a bucket's abs-max is one in-register reduction and its codes are
-packed (``8 // bits`` per byte, shifted and summed) without leaving registers: one read of ``x``, one write of
-the wire.
+Tiling (:mod:`composer_qsdp.kernels.groups`): a program handles whole buckets of one row as a tile of groups of
+8 elements, so a bucket's abs-max is one in-register reduction, the 8 codes of a group pack into one aligned
+``bits``-byte word inside a thread, and one read of ``x`` and one write of the wire cover everything. With
+``rotate`` the tile's buckets are rotated in registers (:func:`composer_qsdp.kernels.hadamard.butterflies`) right
+after the load, or right before the store: the rotated values never go through memory.
 
 Exactness: every fp32 operation of the reference appears once, in its order; divisions use ``div_rn`` (IEEE)
-instead of Triton's approximate ``/``; launches pass ``enable_fp_fusion=False`` so ``acc + code * scale`` is not
-contracted into an FMA; ``torch.round``'s half-to-even rounding is the exact identity
-``(v + 1.5 * 2**23) - 1.5 * 2**23`` for ``|v| < 2**22`` (here ``|v| <= qmax``); bf16 outputs round to nearest
-even under the interpreter too (:mod:`composer_qsdp.kernels.cast`). Only NaN payloads may differ (GPUs write
-the canonical NaN).
+instead of Triton's approximate ``/``; launches pass ``enable_fp_fusion=False`` so ``acc + level * scale`` is not
+contracted into an FMA; ``torch.round``'s half-to-even rounding is one addition of
+:data:`composer_qsdp.kernels.groups.MAGIC`, and levels are read back as fp32 through the same identity (no
+conversion instructions); bf16 outputs round to nearest even under the interpreter too
+(:mod:`composer_qsdp.kernels.cast`). Only NaN payloads may differ (GPUs write the canonical NaN).
 
-Coverage: ``bits`` in :data:`SUPPORTED_BITS`, ``bucket_size`` up to :data:`MAX_BUCKET`; the codec uses its
-torch reference for other configurations.
+Coverage: ``bits`` in :data:`SUPPORTED_BITS`, ``bucket_size`` a multiple of 8 up to :data:`MAX_BUCKET` (a power
+of two with ``rotate``); the codec uses its torch reference for other configurations.
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
-import torch
 
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
+from composer_qsdp.kernels.groups import MAGIC, MAGIC_BITS, codes_to_float, group_words, launch_shape, pack_words, tile
+from composer_qsdp.kernels.groups import unpack_words, vec
+from composer_qsdp.kernels.hadamard import butterflies, rotation_scale
 from composer_qsdp.quant.wire import WireLayout, aligned_rows
 
 __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_rows", "decode_sum"]
 
-#: Code widths with a kernel (whole codes per byte).
+#: Code widths with a kernel (a group of 8 codes is exactly ``bits`` bytes).
 SUPPORTED_BITS = (2, 4, 8)
 #: Largest bucket (elements) a program holds in registers.
 MAX_BUCKET = 8192
 _FP32_MAX = tl.constexpr(3.4028234663852886e38)  # jit code reads only constexpr globals
-_RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: adding and subtracting it rounds |v| < 2**22 half to even
-# Elements per program: enough in flight per SM on a GPU; under the interpreter (~12 ms per program,
-# almost independent of size) as few programs as possible.
-_GPU_TILE = 4096
+# Elements per program and per thread on a GPU, as the min-max kernels (:mod:`composer_qsdp.kernels.minmax`):
+# a 1024-element bucket is one warp, 32 elements per thread. Under the interpreter (~12 ms per program, almost
+# independent of size) as few programs as possible.
+_GPU_TILE = 1024
+_ELEMENTS_PER_THREAD = 32
 _INTERPRETER_TILE = 65536
 
 
-def supports(bits: int, bucket_size: int) -> bool:
-    """True when a kernel covers ``bits`` and ``bucket_size`` (elements, up to :data:`MAX_BUCKET`)."""
-    return bits in SUPPORTED_BITS and 1 <= bucket_size <= MAX_BUCKET
+def supports(bits: int, bucket_size: int, rotate: bool = False) -> bool:
+    """True when a kernel covers ``bits`` and ``bucket_size`` (elements: a multiple of 8 up to :data:`MAX_BUCKET`,
+    and a power of two when the kernel also applies the Hadamard rotation, ``rotate``)."""
+    power_of_two = bucket_size & (bucket_size - 1) == 0
+    return bits in SUPPORTED_BITS and 8 <= bucket_size <= MAX_BUCKET and bucket_size % 8 == 0 and (
+        power_of_two or not rotate)  # fmt: skip
 
 
-def _config(bits: int, bucket_size: int, rows: int, layout: WireLayout, device: torch.device,
-            buckets_per_program: int | None, num_warps: int | None) -> tuple[int, int, int]:  # fmt: skip
-    """Validate a launch; return (BP, buckets per program, warps)."""
-    if not supports(bits, bucket_size):
-        raise ValueError(
-            f"no symmetric kernel for bits={bits}, bucket_size={bucket_size}; allowed: bits in {SUPPORTED_BITS}, "
-            f"bucket_size 1..{MAX_BUCKET}"
-        )
-    if not 1 <= rows <= 65535 or layout.numel >= 2**31:
-        raise ValueError(f"rows={rows} must be in 1..65535 and n={layout.numel} below 2**31")
-    bp = max(triton.next_power_of_2(bucket_size), 8 // bits)
-    if buckets_per_program is None:
-        target = _GPU_TILE if device.type == "cuda" else _INTERPRETER_TILE
-        buckets_per_program = max(1, min(target // bp, triton.next_power_of_2(layout.num_buckets)))
-    elif buckets_per_program < 1 or buckets_per_program & (buckets_per_program - 1):
-        raise ValueError(f"buckets_per_program={buckets_per_program} must be a power of two >= 1")
-    if num_warps is None:
-        num_warps = min(16, max(4, buckets_per_program * bp // 512))  # 16 elements per thread
-    return bp, buckets_per_program, num_warps
+@triton.jit
+def _abs_max(a, b):
+    """Combine of a max reduction that propagates NaN (a plain max skips NaN on a GPU)."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _rotated_load(x_ptr, pid, n_in, BUCKET: tl.constexpr, LOG_B: tl.constexpr, GROUPS: tl.constexpr,
+                  BPP: tl.constexpr, VEC: tl.constexpr, scale):  # fmt: skip
+    """The Hadamard rotation of the zero-padded buckets of program ``pid`` of a row on the ``[G, BPP, H, V]`` tile
+    (loaded bucket-major, as the rotation kernel does, then rearranged once), and the buckets' NaN-propagating
+    abs-max ``[1, BPP, 1, 1]``, reduced before the rearrangement, where a bucket spans few threads."""
+    col = (pid * BPP + tl.arange(0, BPP))[:, None] * BUCKET + tl.arange(0, BUCKET)[None, :]
+    v = tl.load(x_ptr + col, mask=col < n_in, other=0.0).to(tl.float32)
+    v = tl.reshape(butterflies(tl.reshape(v, (BPP * BUCKET,)), BUCKET, LOG_B), (BPP, BUCKET)) * scale
+    absmax = tl.reduce(tl.abs(v), 1, _abs_max)
+    return tl.permute(tl.reshape(v, (BPP, GROUPS, 8 // VEC, VEC)), (1, 0, 2, 3)), absmax[None, :, None, None]
+
+
+@triton.jit
+def _rotated_store(out_ptr, v, pid, n_out, BUCKET: tl.constexpr, LOG_B: tl.constexpr, scale,
+                   EMULATE_BF16_RNE: tl.constexpr):  # fmt: skip
+    """Store the first ``n_out`` columns of the Hadamard rotation of the buckets of a ``[G, BPP, H, V]`` tile."""
+    BPP: tl.constexpr = v.shape[1]
+    flat = butterflies(tl.reshape(tl.permute(v, (1, 0, 2, 3)), (BPP * BUCKET,)), BUCKET, LOG_B)
+    col = (pid * BPP + tl.arange(0, BPP))[:, None] * BUCKET + tl.arange(0, BUCKET)[None, :]
+    store_cast(out_ptr + col, tl.reshape(flat, (BPP, BUCKET)) * scale, col < n_out, EMULATE_BF16_RNE)
 
 
 @triton.jit
 def _encode_kernel(
-    x_ptr, wire_ptr, n, x_row_stride, wire_row_stride, num_buckets, code_bytes, meta_offset,
-    BUCKET: tl.constexpr, BUCKET_BYTES: tl.constexpr, BP: tl.constexpr, G: tl.constexpr,
-    BITS: tl.constexpr, QMAX: tl.constexpr,
-):
-    tile = tl.program_id(0)
+    x_ptr, wire_ptr, n_in, n, x_row_stride, wire_row_stride, num_buckets, code_bytes, meta_offset, scale_rot,
+    BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, VEC: tl.constexpr,
+    QMAX: tl.constexpr, ROTATE: tl.constexpr, LOG_B: tl.constexpr, PARTIAL_GROUPS: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
-    bucket = tile.to(tl.int64) * G + tl.arange(0, G)
-    lane = tl.arange(0, BP)
-    col = bucket[:, None] * BUCKET + lane[None, :]
-    valid = (lane[None, :] < BUCKET) & (col < n)
-    x = tl.load(x_ptr + row * x_row_stride + col, mask=valid, other=0.0).to(tl.float32)
-
-    ax = tl.abs(x)
-    absmax = tl.max(ax, axis=1)
-    # Explicit flag: a max reduction may drop NaNs on the GPU.
-    nonfinite = tl.max(tl.where(ax < float("inf"), 0, 1), axis=1) > 0
-    scale = tl.where(nonfinite, float("nan"), tl.div_rn(absmax, QMAX * 1.0))
+    b, g, lane, e, valid = tile(pid, n, BUCKET, GROUPS, BPP, VEC)
+    # NaN-propagating abs-max: a NaN or an infinity anywhere makes the bucket's abs-max non-finite.
+    if ROTATE:  # columns n_in..n are the zero padding of the rotation
+        x, absmax = _rotated_load(x_ptr + row * x_row_stride, pid, n_in, BUCKET, LOG_B, GROUPS, BPP, VEC, scale_rot)
+    else:
+        x = tl.load(x_ptr + row * x_row_stride + e, mask=valid, other=0.0).to(tl.float32)
+        absmax = tl.reduce(tl.reduce(tl.where(valid, tl.abs(x), 0.0), 3, _abs_max, keep_dims=True), 2, _abs_max,
+                           keep_dims=True)  # fmt: skip
+        absmax = tl.reduce(absmax, 0, _abs_max, keep_dims=True)  # [1, BPP, 1, 1]
+    nonfinite = ~(absmax < float("inf"))
+    scale = tl.where(nonfinite, float("nan"), tl.div_rn(absmax, tl.full(absmax.shape, QMAX, tl.float32)))
     positive = absmax > 0
     safe = tl.where(positive, absmax, 1.0)  # keeps the discarded branch free of 1/0 (interpreter warnings)
-    inv = tl.where(positive, tl.minimum(tl.div_rn(tl.full([G], QMAX, tl.float32), safe), _FP32_MAX), 0.0)
-    v = x * inv[:, None]
-    q = (v + _RNE_MAGIC) - _RNE_MAGIC
-    q = tl.minimum(tl.maximum(q, -QMAX * 1.0), QMAX * 1.0)
-    q = tl.where(nonfinite[:, None], 0.0, q)
-    code = tl.where(valid, q.to(tl.int32) + QMAX, 0)
+    inv = tl.where(positive, tl.minimum(tl.div_rn(tl.full(absmax.shape, QMAX, tl.float32), safe), _FP32_MAX), 0.0)
 
+    # Round half to even through MAGIC and clamp to +-QMAX on the bit patterns (as unsigned ints, ordered like the
+    # values there); a non-finite bucket clamps to level 0, and its NaN lanes (patterns above any cap) too.
+    low = tl.where(nonfinite, MAGIC_BITS, MAGIC_BITS - QMAX).to(tl.uint32)
+    high = tl.where(nonfinite, MAGIC_BITS, MAGIC_BITS + QMAX).to(tl.uint32)
+    rounded = tl.minimum(tl.maximum((x * inv + MAGIC).to(tl.uint32, bitcast=True), low), high)
+    codes = (rounded - (MAGIC_BITS - QMAX)).to(tl.int32)
+
+    row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)  # wire rows are whole fp32 words
     if BITS == 8:
-        packed = code
-        byte = lane
+        tl.store(row_wire + e, codes.to(tl.uint8), mask=valid)
     else:
-        per_byte: tl.constexpr = 8 // BITS
-        grouped = tl.reshape(code, (G, BP // per_byte, per_byte))
-        shifts = tl.arange(0, per_byte) * BITS
-        packed = tl.sum(grouped << shifts[None, None, :], axis=2)
-        byte = tl.arange(0, BP // per_byte)
-    pos = bucket[:, None] * BUCKET_BYTES + byte[None, :]
-    wire_row = wire_ptr + row * wire_row_stride
-    tl.store(wire_row + pos, packed.to(tl.uint8), mask=(byte[None, :] < BUCKET_BYTES) & (pos < code_bytes))
-    meta = (wire_row + meta_offset).to(tl.pointer_type(tl.float32))
-    tl.store(meta + bucket, scale, mask=bucket < num_buckets)
+        if PARTIAL_GROUPS:
+            codes = tl.where(valid, codes, 0)  # lanes past the row's end in its last word are zero
+        group_ok = (g * 8 < BUCKET) & (b * BUCKET + g * 8 < n)
+        words = group_words(row_wire, b, g, BITS, BUCKET)
+        tl.store(words, pack_words(codes, lane, BITS).to(words.dtype.element_ty), mask=group_ok)
+    # The program holding the last bucket zeroes the padding before the scales; a tail group's word may already
+    # have written zeros there.
+    pad = code_bytes + tl.arange(0, 4)
+    tl.store(row_wire + pad, tl.zeros([4], tl.uint8), mask=(pad < meta_offset) & (pid == (num_buckets - 1) // BPP))
+    meta = (row_wire + meta_offset).to(tl.pointer_type(tl.float32))
+    tl.store(meta + b, scale, mask=b < num_buckets)
 
 
 @triton.jit
-def _dequantize(wire_row, bucket, lane, valid, num_buckets, meta_offset,
-                BUCKET_BYTES: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr):
-    """fp32 values of a [G, BP] tile of one wire row (garbage where not ``valid``)."""
+def _decode_tile(row_wire, b, g, lane, e, valid, n, num_buckets, meta_offset,
+                 BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr, QMAX: tl.constexpr):  # fmt: skip
+    """fp32 values of one wire row on the tile ``(b, g, lane, e, valid)`` (garbage where not ``valid``)."""
     if BITS == 8:
-        code = tl.load(wire_row + bucket[:, None] * BUCKET_BYTES + lane[None, :], mask=valid, other=0)
+        codes = tl.load(row_wire + e, mask=valid, other=0).to(tl.int32)
     else:
-        per_byte: tl.constexpr = 8 // BITS
-        byte = tl.load(wire_row + bucket[:, None] * BUCKET_BYTES + (lane // per_byte)[None, :], mask=valid, other=0)
-        code = (byte >> ((lane % per_byte) * BITS).to(tl.uint8)[None, :]) & ((1 << BITS) - 1)
-    scale = tl.load((wire_row + meta_offset).to(tl.pointer_type(tl.float32)) + bucket, mask=bucket < num_buckets)
-    return (code.to(tl.int32) - QMAX).to(tl.float32) * scale[:, None]
+        group_ok = (g * 8 < BUCKET) & (b * BUCKET + g * 8 < n)
+        words = tl.load(group_words(row_wire, b, g, BITS, BUCKET), mask=group_ok, other=0).to(tl.int32)
+        codes = unpack_words(words, lane, BITS)
+    # Scales loaded once per bucket as a 1-D vector, then broadcast (loading them in the tile's layout would issue
+    # one load per element).
+    bucket = tl.program_id(0) * BPP + tl.arange(0, BPP)
+    meta = (row_wire + meta_offset).to(tl.pointer_type(tl.float32))
+    scale = tl.load(meta + bucket, mask=bucket < num_buckets, other=0.0)[None, :, None, None]
+    return codes_to_float(codes, QMAX) * scale
 
 
 @triton.jit
 def _decode_kernel(
-    wire_ptr, out_ptr, n, wire_row_stride, out_row_stride, num_buckets, meta_offset,
-    BUCKET: tl.constexpr, BUCKET_BYTES: tl.constexpr, BP: tl.constexpr, G: tl.constexpr,
-    BITS: tl.constexpr, QMAX: tl.constexpr, SUM: tl.constexpr, ROWS: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
-):
-    tile = tl.program_id(0)
-    bucket = tile.to(tl.int64) * G + tl.arange(0, G)
-    lane = tl.arange(0, BP)
-    col = bucket[:, None] * BUCKET + lane[None, :]
-    valid = (lane[None, :] < BUCKET) & (col < n)
+    wire_ptr, out_ptr, n, n_out, wire_row_stride, out_row_stride, num_buckets, meta_offset, scale_rot,
+    BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, VEC: tl.constexpr,
+    QMAX: tl.constexpr, ROTATE: tl.constexpr, LOG_B: tl.constexpr, SUM: tl.constexpr, ROWS: tl.constexpr,
+    EMULATE_BF16_RNE: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    b, g, lane, e, valid = tile(pid, n, BUCKET, GROUPS, BPP, VEC)
     if SUM:
         # Rows in order from +0.0, like the reference's loop, so the fp32 sum is the same.
-        acc = tl.zeros([G, BP], tl.float32)
-        wire_row = wire_ptr
-        for _ in range(ROWS):
-            acc += _dequantize(wire_row, bucket, lane, valid, num_buckets, meta_offset, BUCKET_BYTES, BITS, QMAX)
-            wire_row += wire_row_stride
-        tl.store(out_ptr + col, acc, mask=valid)
+        acc = tl.zeros(e.shape, tl.float32)
+        for row in range(ROWS):
+            row_wire = wire_ptr + tl.cast(row, tl.int64) * tl.multiple_of(wire_row_stride, 4)
+            acc += _decode_tile(row_wire, b, g, lane, e, valid, n, num_buckets, meta_offset, BITS, BUCKET, BPP, QMAX)
+        if ROTATE:  # the sum of the rotated rows, rotated back once
+            _rotated_store(out_ptr, acc, pid, n_out, BUCKET, LOG_B, scale_rot, False)
+        else:
+            tl.store(out_ptr + e, acc, mask=valid)
     else:
         row = tl.program_id(1).to(tl.int64)
-        val = _dequantize(wire_ptr + row * wire_row_stride, bucket, lane, valid, num_buckets, meta_offset,
-                          BUCKET_BYTES, BITS, QMAX)
-        store_cast(out_ptr + row * out_row_stride + col, val, valid, EMULATE_BF16_RNE)
+        row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)
+        val = _decode_tile(row_wire, b, g, lane, e, valid, n, num_buckets, meta_offset, BITS, BUCKET, BPP, QMAX)
+        if ROTATE:
+            _rotated_store(out_ptr + row * out_row_stride, val, pid, n_out, BUCKET, LOG_B, scale_rot,
+                           EMULATE_BF16_RNE)  # fmt: skip
+        else:
+            store_cast(out_ptr + row * out_row_stride + e, val, valid, EMULATE_BF16_RNE)
+
+
+def _config(bits: int, bucket_size: int, rows: int, layout: WireLayout, rotate: bool, on_gpu: bool,
+            buckets_per_program: int | None, num_warps: int | None) -> tuple[int, int, int]:  # fmt: skip
+    """Validate a launch; return (GROUPS, buckets per program, warps)."""
+    if not supports(bits, bucket_size, rotate):
+        raise ValueError(
+            f"no symmetric kernel for bits={bits}, bucket_size={bucket_size}, rotate={rotate}; allowed: bits in "
+            f"{SUPPORTED_BITS}, bucket_size a multiple of 8 up to {MAX_BUCKET} (a power of two to rotate)"
+        )
+    if not 1 <= rows <= 65535 or layout.numel >= 2**31:
+        raise ValueError(f"rows={rows} must be in 1..65535 and n={layout.numel} below 2**31")
+    return launch_shape(bucket_size, layout.num_buckets, on_gpu, _GPU_TILE, _INTERPRETER_TILE, _ELEMENTS_PER_THREAD,
+                        buckets_per_program, num_warps)  # fmt: skip
 
 
 def _row_stride(t: torch.Tensor) -> int:
@@ -159,42 +203,53 @@ def _row_stride(t: torch.Tensor) -> int:
     return t.stride(0) if t.dim() == 2 and t.shape[0] > 1 else 0
 
 
+def _rotation(bucket_size: int, rotate: bool) -> dict:
+    """Launch arguments of the Hadamard rotation (unused when ``rotate`` is False)."""
+    return {"scale_rot": rotation_scale(bucket_size) if rotate else 1.0, "ROTATE": rotate,
+            "LOG_B": bucket_size.bit_length() - 1}  # fmt: skip
+
+
 def encode_rows(
     x: torch.Tensor,
     bits: int,
     bucket_size: int,
     layout: WireLayout,
+    rotate: bool = False,
     buckets_per_program: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
     """Encode each row of a ``[R, n]`` float tensor into ``[R, layout.wire_bytes]`` ``uint8``.
 
-    ``layout`` is :meth:`SymmetricCodec.layout(n) <composer_qsdp.quant.symmetric.SymmetricCodec.layout>`;
-    ``buckets_per_program`` (a power of two) and ``num_warps`` override the launch shape, not the result.
+    ``layout`` is :meth:`SymmetricCodec.layout(m) <composer_qsdp.quant.symmetric.SymmetricCodec.layout>` of
+    ``m = n`` elements, or with ``rotate`` of ``m = n`` padded to whole buckets, which then encodes each row's
+    zero-padded buckets Hadamard-rotated. ``buckets_per_program`` (a power of two) and ``num_warps`` override
+    the launch shape, not the result.
     """
     if x.stride(1) != 1:
         x = x.contiguous()
     rows, n = x.shape
-    bp, g, warps = _config(bits, bucket_size, rows, layout, x.device, buckets_per_program, num_warps)
+    groups, bpp, warps = _config(bits, bucket_size, rows, layout, rotate, x.is_cuda, buckets_per_program, num_warps)
     wire = torch.empty(rows, layout.wire_bytes, dtype=torch.uint8, device=x.device)
-    wire[:, layout.code_bytes : layout.meta_offset] = 0
-    _encode_kernel[(triton.cdiv(layout.num_buckets, g), rows)](
-        x, wire, n, _row_stride(x), _row_stride(wire), layout.num_buckets, layout.code_bytes, layout.meta_offset,
-        BUCKET=bucket_size, BUCKET_BYTES=layout.bucket_bytes, BP=bp, G=g, BITS=bits, QMAX=(1 << (bits - 1)) - 1,
-        num_warps=warps, enable_fp_fusion=False,
+    _encode_kernel[(triton.cdiv(layout.num_buckets, bpp), rows)](
+        x, wire, n, layout.numel, _row_stride(x), _row_stride(wire), layout.num_buckets, layout.code_bytes,
+        layout.meta_offset, **_rotation(bucket_size, rotate),
+        BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=vec(x.dtype), QMAX=(1 << (bits - 1)) - 1,
+        PARTIAL_GROUPS=bits < 8 and layout.numel % 8 != 0, num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
     return wire
 
 
 def _decode(wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout, out: torch.Tensor, sum_rows: bool,
-            buckets_per_program: int | None, num_warps: int | None) -> torch.Tensor:  # fmt: skip
+            rotate: bool, buckets_per_program: int | None, num_warps: int | None) -> torch.Tensor:  # fmt: skip
     wire = aligned_rows(wire)
     rows = wire.shape[0]
-    bp, g, warps = _config(bits, bucket_size, rows, layout, wire.device, buckets_per_program, num_warps)
-    tiles = triton.cdiv(layout.num_buckets, g)
+    groups, bpp, warps = _config(bits, bucket_size, rows, layout, rotate, wire.is_cuda, buckets_per_program,
+                                 num_warps)  # fmt: skip
+    tiles = triton.cdiv(layout.num_buckets, bpp)
     _decode_kernel[(tiles,) if sum_rows else (tiles, rows)](
-        wire, out, layout.numel, _row_stride(wire), _row_stride(out), layout.num_buckets, layout.meta_offset,
-        BUCKET=bucket_size, BUCKET_BYTES=layout.bucket_bytes, BP=bp, G=g, BITS=bits, QMAX=(1 << (bits - 1)) - 1,
+        wire, out, layout.numel, out.shape[-1], _row_stride(wire), _row_stride(out), layout.num_buckets,
+        layout.meta_offset, **_rotation(bucket_size, rotate),
+        BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=vec(out.dtype), QMAX=(1 << (bits - 1)) - 1,
         SUM=sum_rows, ROWS=rows if sum_rows else 1, EMULATE_BF16_RNE=emulate_bf16_rne(),
         num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
@@ -207,12 +262,18 @@ def decode_rows(
     bucket_size: int,
     layout: WireLayout,
     dtype: torch.dtype,
+    rotate: bool = False,
+    numel: int | None = None,
     buckets_per_program: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
-    """Decode a ``[R, layout.wire_bytes]`` wire into ``[R, layout.numel]`` values of ``dtype``."""
-    out = torch.empty(wire.shape[0], layout.numel, dtype=dtype, device=wire.device)
-    return _decode(wire, bits, bucket_size, layout, out, False, buckets_per_program, num_warps)
+    """Decode a ``[R, layout.wire_bytes]`` wire into ``[R, numel]`` values of ``dtype``.
+
+    ``numel`` defaults to ``layout.numel``; with ``rotate`` the decoded buckets are rotated back and the first
+    ``numel <= layout.numel`` columns kept (``HadamardCodec`` drops its padding so).
+    """
+    out = torch.empty(wire.shape[0], layout.numel if numel is None else numel, dtype=dtype, device=wire.device)
+    return _decode(wire, bits, bucket_size, layout, out, False, rotate, buckets_per_program, num_warps)
 
 
 def decode_sum(
@@ -220,9 +281,12 @@ def decode_sum(
     bits: int,
     bucket_size: int,
     layout: WireLayout,
+    rotate: bool = False,
+    numel: int | None = None,
     buckets_per_program: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
-    """Sum, in row order from +0.0, of the fp32 decodes of the rows of a wire: fp32 ``[layout.numel]``."""
-    out = torch.empty(layout.numel, dtype=torch.float32, device=wire.device)
-    return _decode(wire, bits, bucket_size, layout, out, True, buckets_per_program, num_warps)
+    """Sum, in row order from +0.0, of the fp32 decodes of the rows of a wire: fp32 ``[numel]`` (default
+    ``layout.numel``); with ``rotate`` the sum is rotated back and its first ``numel`` columns kept."""
+    out = torch.empty(layout.numel if numel is None else numel, dtype=torch.float32, device=wire.device)
+    return _decode(wire, bits, bucket_size, layout, out, True, rotate, buckets_per_program, num_warps)

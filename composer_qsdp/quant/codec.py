@@ -145,6 +145,23 @@ class Codec(ABC):
             acc += self._decode(wire[r], numel, torch.float32)
         return acc
 
+    # Fused Hadamard rotation (:class:`composer_qsdp.quant.hadamard.HadamardCodec`): a codec whose kernels can
+    # rotate buckets in registers returns the rotated result from these hooks, saving a pass over memory, and
+    # None where it cannot; the wrapper then rotates with its own kernel. Arguments are validated.
+    def _encode_rows_rotated(self, x: torch.Tensor, padded: int, seed: int, offset: int) -> torch.Tensor | None:
+        """``encode_rows`` of the Hadamard rotation of each ``[R, n]`` row zero-padded to ``padded`` elements."""
+        return None
+
+    def _decode_rows_rotated(
+        self, wire: torch.Tensor, padded: int, numel: int, dtype: torch.dtype
+    ) -> torch.Tensor | None:
+        """The rotation of ``decode_rows(wire, padded)``, its first ``numel`` columns, in ``dtype``."""
+        return None
+
+    def _decode_sum_rotated(self, wire: torch.Tensor, padded: int, numel: int) -> torch.Tensor | None:
+        """The rotation of ``decode_sum(wire, padded)``, its first ``numel`` elements."""
+        return None
+
     # ---------------------------------------------------------- validation
     def _check_input(self, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor):

@@ -24,7 +24,9 @@ Consequences:
 
 The transform runs as ``log2(B)`` butterfly stages; on CUDA tensors the Triton kernel of
 :mod:`composer_qsdp.kernels.hadamard` does the same stages in registers (``B`` up to 8192; larger buckets
-use this torch reference).
+use this torch reference). An inner codec whose kernels can apply the rotation themselves (the symmetric
+codec's, through the ``_*_rotated`` hooks of :class:`composer_qsdp.quant.codec.Codec`) does the whole encode or
+decode in one pass over memory, with the same numbers.
 """
 
 from __future__ import annotations
@@ -127,17 +129,28 @@ class HadamardCodec(Codec):
     def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
         rows, n = x.shape
         padded = self.padded(n)
+        fused = self.inner._encode_rows_rotated(x, padded, seed, offset)
+        if fused is not None:
+            return fused
         rotated = hadamard_rows(x, self.bucket_size, padded, torch.float32)
         if padded == n:  # row r starts at counter offset + r * n in both codecs: one batched call
             return self.inner.encode_rows(rotated, seed, offset)
         return torch.stack([self.inner.encode(rotated[r], seed, offset + r * n) for r in range(rows)])
 
     def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        rotated = self.inner.decode_rows(wire, self.padded(numel), torch.float32)
+        padded = self.padded(numel)
+        fused = self.inner._decode_rows_rotated(wire, padded, numel, dtype)
+        if fused is not None:
+            return fused
+        rotated = self.inner.decode_rows(wire, padded, torch.float32)
         return hadamard_rows(rotated, self.bucket_size, numel, dtype)
 
     def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
-        rotated = self.inner.decode_sum(wire, self.padded(numel))
+        padded = self.padded(numel)
+        fused = self.inner._decode_sum_rotated(wire, padded, numel)
+        if fused is not None:
+            return fused
+        rotated = self.inner.decode_sum(wire, padded)
         return hadamard_rows(rotated.view(1, -1), self.bucket_size, numel, torch.float32)[0]
 
     def __repr__(self) -> str:

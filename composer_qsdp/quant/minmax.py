@@ -6,7 +6,8 @@ valid elements)::
     min, max = bucket.min(), bucket.max()                     # fp32
     scale    = (max - min) / (2**bits - 1)                     # fp32, one quantization step
     inv      = 1 / scale  (0 when scale == 0, capped at the largest fp32)
-    code     = min(floor((x - min) * inv + u), 2**bits - 1)    # u: rounding noise, or 0.5 for nearest
+    t        = (x - min) * inv + w                             # w: u - 1/2 (u: rounding noise), or 0 for nearest
+    code     = clamp(round_half_even(t), 0, 2**bits - 1)
     decoded  = min + scale * code                              # fp32, then cast to the output dtype
 
 On CUDA tensors (see :mod:`composer_qsdp.kernels.dispatch`) ``encode``/``decode``/``encode_rows``/
@@ -20,8 +21,11 @@ both give the same codes and the same decoded values bit for bit. A constant buc
 code 0 everywhere and decodes exactly to its value.
 
 Stochastic rounding draws ``u`` for element ``i`` of ``encode(x, seed, offset)`` from
-:func:`composer_qsdp.quant.philox.rounding_noise` at counter ``offset + i``; ``E[code] = (x - min) * inv``
-up to ``2**-17`` steps, so ``E[decoded] = x`` to fp32 precision.
+:func:`composer_qsdp.quant.philox.rounding_noise` at counter ``offset + i`` (uniform on ``(k + 0.5) / 2**16``);
+``w = u - 1/2`` is exact in fp32, and ``round_half_even(y + w)`` equals ``floor(y + u)`` except on exact ties, so
+``E[code] = (x - min) * inv`` up to ``2**-17`` steps and ``E[decoded] = x`` to fp32 precision. Rounding half to
+even (rather than ``floor(y + u)``) is what one fp32 addition of ``1.5 * 2**23`` computes, which is how the
+kernels round without a conversion instruction (:mod:`composer_qsdp.kernels.groups`).
 
 Wire layout of ``encode`` for ``n`` elements in ``nb = ceil(n / bucket_size)`` buckets (the shared bucketed
 layout of :mod:`composer_qsdp.quant.wire`)::
@@ -160,10 +164,8 @@ class MinMaxCodec(Codec):
             noise = rounding_noise_range(seed, offset, rows * n, device=x.device).view(rows, n)
             if lay.last_bucket < bsz:
                 noise = torch.nn.functional.pad(noise, (0, nb * bsz - n))
-            t = t + noise.view(rows, nb, bsz)
-        else:
-            t = t + 0.5
-        codes = torch.floor(t).clamp_(0, self.levels)
+            t = t + (noise.view(rows, nb, bsz) - 0.5)
+        codes = torch.round(t).clamp_(0, self.levels)  # torch.round: half to even
         codes = codes.masked_fill_(nonfinite.unsqueeze(2), 0).to(torch.uint8).view(rows, nb * bsz)
         codes[:, n:] = 0
         meta = torch.stack((lo, scale), dim=2).masked_fill_(nonfinite.unsqueeze(2), float("nan"))

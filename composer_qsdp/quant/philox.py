@@ -23,6 +23,10 @@ from __future__ import annotations
 import torch
 
 __all__ = [
+    "KEY_A",
+    "KEY_B",
+    "ROUND_A",
+    "ROUND_B",
     "N_ROUNDS",
     "NOISE_PER_CALL",
     "randint4x",
@@ -38,10 +42,11 @@ N_ROUNDS = 10
 NOISE_PER_CALL = 8
 
 _MASK32 = 0xFFFFFFFF
-_KEY_A = 0x9E3779B9
-_KEY_B = 0xBB67AE85
-_ROUND_A = 0xD2511F53
-_ROUND_B = 0xCD9E8D57
+#: Philox4x32 key increments (Weyl constants) and round multipliers, Triton's and Random123's.
+KEY_A = 0x9E3779B9
+KEY_B = 0xBB67AE85
+ROUND_A = 0xD2511F53
+ROUND_B = 0xCD9E8D57
 # Triton's uint32 -> float scale: the largest float such that (2**31 - 1) * scale < 1 in fp32.
 _UNIFORM_SCALE = 4.6566127342e-10
 _MAX_SEED = 2**64 - 1
@@ -92,11 +97,11 @@ def randint4x(
     c2 = torch.zeros_like(c0)
     c3 = torch.zeros_like(c0)
     for _ in range(n_rounds):
-        hi_b, lo_b = _mul_hi_lo(_ROUND_B, c2)
-        hi_a, lo_a = _mul_hi_lo(_ROUND_A, c0)
+        hi_b, lo_b = _mul_hi_lo(ROUND_B, c2)
+        hi_a, lo_a = _mul_hi_lo(ROUND_A, c0)
         c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
-        k0 = (k0 + _KEY_A) & _MASK32
-        k1 = (k1 + _KEY_B) & _MASK32
+        k0 = (k0 + KEY_A) & _MASK32
+        k1 = (k1 + KEY_B) & _MASK32
     return c0, c1, c2, c3
 
 

@@ -20,7 +20,9 @@ Every step is one IEEE fp32 operation in this order, done the same way by this t
 Triton kernels of :mod:`composer_qsdp.kernels.symmetric` (which round half to even with the same result and
 disable FMA contraction), so both give the same wire and the same decoded values bit for bit. On CUDA tensors
 (see :mod:`composer_qsdp.kernels.dispatch`) every encode/decode path runs those kernels when they cover the
-configuration (``bits`` in 2, 4, 8; ``bucket_size`` up to 8192), else this torch reference.
+configuration (``bits`` in 2, 4, 8; ``bucket_size`` a multiple of 8 up to 8192), else this torch reference;
+wrapped in :class:`composer_qsdp.quant.hadamard.HadamardCodec`, the kernels also apply the rotation (power-of-two
+buckets), so a rotated encode or decode is one pass over memory.
 
 Wire (:mod:`composer_qsdp.quant.wire`): codes packed bucket by bucket, then one fp32 ``scale`` per bucket
 (``bits + 32 / bucket_size`` bits per element).
@@ -74,13 +76,14 @@ class SymmetricCodec(Codec):
     def wire_bytes(self, numel: int) -> int:
         return self.layout(numel).wire_bytes
 
-    def _kernels(self, tensor: torch.Tensor) -> ModuleType | None:
-        """The kernel module when ``tensor`` should take the Triton path and a kernel covers this codec."""
+    def _kernels(self, tensor: torch.Tensor, rotate: bool = False) -> ModuleType | None:
+        """The kernel module when ``tensor`` should take the Triton path and a kernel covers this codec (and the
+        Hadamard rotation, with ``rotate``)."""
         if not use_triton(tensor):
             return None
         from composer_qsdp.kernels import symmetric as kernels
 
-        return kernels if kernels.supports(self.bits, self.bucket_size) else None
+        return kernels if kernels.supports(self.bits, self.bucket_size, rotate) else None
 
     def _encode(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
         return self._encode_rows(x.reshape(1, -1), seed, offset)[0]
@@ -111,6 +114,27 @@ class SymmetricCodec(Codec):
         for row in self._decode_rows_fp32(wire, layout):  # row order from +0.0, as the kernel accumulates
             acc += row
         return acc
+
+    # ------------------------------------------------------------------ fused Hadamard rotation
+    def _encode_rows_rotated(self, x: torch.Tensor, padded: int, seed: int, offset: int) -> torch.Tensor | None:
+        kernels = self._kernels(x, rotate=True)
+        if kernels is None:
+            return None
+        return kernels.encode_rows(x, self.bits, self.bucket_size, self.layout(padded), rotate=True)
+
+    def _decode_rows_rotated(
+        self, wire: torch.Tensor, padded: int, numel: int, dtype: torch.dtype
+    ) -> torch.Tensor | None:
+        kernels = self._kernels(wire, rotate=True)
+        if kernels is None:
+            return None
+        return kernels.decode_rows(wire, self.bits, self.bucket_size, self.layout(padded), dtype, True, numel)
+
+    def _decode_sum_rotated(self, wire: torch.Tensor, padded: int, numel: int) -> torch.Tensor | None:
+        kernels = self._kernels(wire, rotate=True)
+        if kernels is None:
+            return None
+        return kernels.decode_sum(wire, self.bits, self.bucket_size, self.layout(padded), True, numel)
 
     # ------------------------------------------------------------------ torch reference
     def _encode_rows_reference(self, x: torch.Tensor, layout: WireLayout) -> torch.Tensor:

@@ -25,7 +25,9 @@ report = {}
 for v in json.loads(sys.stdin.read()):
     kernel = getattr(importlib.import_module(v["module"]), v["kernel"])
     sig = {p.name: "constexpr" if p.is_constexpr else v["types"].get(p.name, "i32") for p in kernel.params}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(kernel.params) if p.name.endswith("ptr")}
+    divisible = set(v.get("divisible", ()))
+    aligned = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(kernel.params)
+               if p.name.endswith("ptr") or p.name in divisible}
     compiled = triton.compile(ASTSource(kernel, sig, v["constants"], aligned), target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": v["num_warps"], "enable_fp_fusion": False})
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
@@ -44,8 +46,9 @@ def resource_usage(variants: list[dict]) -> dict[str, str]:
     Args:
         variants: dicts with ``name``, ``module`` (importable path), ``kernel`` (a ``@triton.jit`` function's
             name in it), ``types`` (Triton types of the pointer and float arguments, e.g. ``{"x_ptr": "*bf16"}``;
-            the others are ``i32``), ``constants`` (the constexpr arguments) and ``num_warps``. Pointers are
-            compiled as 16-byte aligned, as torch allocations are.
+            the others are ``i32``), ``constants`` (the constexpr arguments), ``num_warps`` and optionally
+            ``divisible`` (names of integer arguments known to be multiples of 16, as Triton specializes them at a
+            launch). Pointers are compiled as 16-byte aligned, as torch allocations are.
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", _SCRIPT], input=json.dumps(variants), capture_output=True,

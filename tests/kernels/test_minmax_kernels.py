@@ -6,6 +6,7 @@ from hopper import resource_usage
 
 from composer_qsdp.kernels import backend, use_triton
 from composer_qsdp.kernels import minmax as kernels
+from composer_qsdp.kernels.groups import vec
 from composer_qsdp.quant.minmax import MinMaxCodec
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -148,19 +149,29 @@ def test_backend_selection_errors(monkeypatch):
         assert use_triton(torch.zeros(1)) is False
 
 
-def _hopper_variant(name: str, kernel: str, types: dict, constants: dict, bucket: int) -> dict:
-    """A compile job for :func:`hopper.resource_usage` in the launch configuration a large tensor gets on a GPU."""
-    groups, bpp, warps = kernels._config(bucket, 1 << 16, torch.device("cuda"), None, None)
+def _hopper_variant(name: str, kernel: str, types: dict, constants: dict, bucket: int, aligned_rows: bool) -> dict:
+    """A compile job for :func:`hopper.resource_usage` in the launch configuration a large tensor gets on a GPU.
+
+    ``aligned_rows``: rows start on 16-element boundaries (one row: row stride 0), so the row strides are known
+    multiples of 16, as Triton specializes them; otherwise nothing but the pointers is known to be aligned.
+    """
+    groups, bpp, warps = kernels._config(bucket, 1 << 16, True, aligned_rows, None, None)
+    streamed = {"*bf16": torch.bfloat16, "*fp16": torch.float16, "*fp32": torch.float32}[
+        types.get("x_ptr", types.get("out_ptr"))]
     return {"name": name, "module": "composer_qsdp.kernels.minmax", "kernel": kernel,
             "types": {"wire_ptr": "*u8", "meta_ptr": "*fp32", "seed": "i64", "offset": "i64", **types},
-            "constants": {"BUCKET": bucket, "GROUPS": groups, "BPP": bpp, **constants}, "num_warps": warps}  # fmt: skip
+            "constants": {"BUCKET": bucket, "GROUPS": groups, "BPP": bpp, "VEC": vec(streamed), **constants},
+            "num_warps": warps,
+            "divisible": ["x_row_stride", "wire_row_stride", "out_row_stride"] if aligned_rows else []}  # fmt: skip
 
 
-def test_kernels_compile_for_hopper_without_spills():
+@pytest.mark.parametrize("aligned_rows", [True, False])
+def test_kernels_compile_for_hopper_without_spills(aligned_rows):
     variants = [
         _hopper_variant(f"quantize {bits}b {dtype} bucket {bucket} stochastic={stochastic} aligned={aligned}",
                         "_quantize_kernel", {"x_ptr": "*" + dtype},
-                        {"BITS": bits, "STOCHASTIC": stochastic, "ALIGNED": aligned}, bucket)  # fmt: skip
+                        {"BITS": bits, "STOCHASTIC": stochastic, "ALIGNED": aligned, "PARTIAL_GROUPS": not aligned},
+                        bucket, aligned_rows)  # fmt: skip
         for bits, dtype, stochastic, aligned, bucket in [
             (8, "bf16", True, True, 1024), (4, "bf16", True, False, 1024), (2, "fp16", True, False, 64),
             (1, "fp32", True, True, 200), (4, "fp32", True, False, 8192), (2, "bf16", False, True, 2048),
@@ -168,12 +179,12 @@ def test_kernels_compile_for_hopper_without_spills():
     ]
     variants += [
         _hopper_variant(f"dequantize {bits}b {dtype} bucket {bucket}", "_dequantize_kernel", {"out_ptr": "*" + dtype},
-                        {"BITS": bits, "EMULATE_BF16_RNE": False}, bucket)  # fmt: skip
+                        {"BITS": bits, "EMULATE_BF16_RNE": False}, bucket, aligned_rows)  # fmt: skip
         for bits, dtype, bucket in [(8, "bf16", 1024), (4, "fp32", 8192), (2, "fp16", 64), (1, "bf16", 200)]
     ]
     variants += [
         _hopper_variant(f"decode_sum {bits}b bucket {bucket}", "_dequantize_sum_kernel", {"out_ptr": "*fp32"},
-                        {"ROWS": 8, "BITS": bits}, bucket)  # fmt: skip
+                        {"ROWS": 8, "BITS": bits}, bucket, aligned_rows)  # fmt: skip
         for bits, bucket in [(8, 1024), (4, 8192)]
     ]
     report = resource_usage(variants)

@@ -7,6 +7,8 @@ from hopper import resource_usage
 
 from composer_qsdp.kernels import backend, use_triton
 from composer_qsdp.kernels import symmetric as kernels
+from composer_qsdp.kernels.groups import vec
+from composer_qsdp.quant.hadamard import hadamard_rows
 from composer_qsdp.quant.symmetric import SymmetricCodec
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -63,11 +65,11 @@ def _check_kernels(codec: SymmetricCodec, x: torch.Tensor, **launch) -> None:
 CASES = [  # rows, n, bucket_size, bits, dtype
     (1, 4096, 1024, 8, torch.float32),
     (4, 1000, 64, 4, torch.bfloat16),  # tail bucket
-    (3, 1001, 100, 4, torch.float16),  # non-power-of-two bucket, odd tail
-    (2, 777, 12, 2, torch.bfloat16),  # bucket not a multiple of 4 codes per byte
-    (3, 99, 3, 8, torch.float16),  # tiny buckets
+    (3, 1001, 104, 4, torch.float16),  # non-power-of-two bucket, odd tail (a partial last word)
+    (2, 777, 24, 2, torch.bfloat16),  # odd number of groups per bucket
+    (3, 99, 8, 8, torch.float16),  # one group per bucket
     (1, 5, 2048, 4, torch.float32),  # one partial bucket
-    (5, 64, 1, 2, torch.float32),  # one element per bucket
+    (5, 64, 8, 2, torch.float32),
 ]
 
 
@@ -78,11 +80,44 @@ def test_kernels_match_reference(rows, n, bucket, bits, dtype, nonfinite):
     _check_kernels(codec, _data(rows, n, dtype, seed=n + bits, nonfinite=nonfinite))
 
 
+def _check_rotated_kernels(codec: SymmetricCodec, x: torch.Tensor, **launch) -> None:
+    """The fused Hadamard kernels equal the rotation kernel's reference composed with the codec's reference."""
+    rows, n = x.shape
+    bucket = codec.bucket_size
+    padded = -(-n // bucket) * bucket
+    layout = codec.layout(padded)
+    with backend("torch"):
+        expected = codec._encode_rows_reference(hadamard_rows(x, bucket, padded, torch.float32), layout)
+    _assert_same_wire(codec, kernels.encode_rows(x, codec.bits, bucket, layout, True, **launch), expected, padded)
+    decoded = codec._decode_rows_fp32(expected, layout)
+    total = torch.zeros(padded, device=x.device)
+    for row in decoded:
+        total += row
+    with backend("torch"):
+        rotated_sum = hadamard_rows(total.view(1, -1), bucket, n, torch.float32)[0]
+        rotated = {dtype: hadamard_rows(decoded, bucket, n, dtype) for dtype in DTYPES}
+    for dtype in DTYPES:
+        got = kernels.decode_rows(expected, codec.bits, bucket, layout, dtype, True, n, **launch)
+        _assert_bitwise(got, rotated[dtype])
+    _assert_bitwise(kernels.decode_sum(expected, codec.bits, bucket, layout, True, n, **launch), rotated_sum)
+
+
+@pytest.mark.parametrize("nonfinite", [False, True])
+@pytest.mark.parametrize("rows,n,bucket,bits,dtype", [
+    (3, 1000, 128, 4, torch.bfloat16), (2, 2048, 1024, 8, torch.float32), (2, 70, 64, 2, torch.float16),
+    (1, 20, 8, 4, torch.float32),
+])  # fmt: skip
+def test_fused_rotation_matches_rotation_then_reference(rows, n, bucket, bits, dtype, nonfinite):
+    codec = SymmetricCodec(bits=bits, bucket_size=bucket)
+    _check_rotated_kernels(codec, _data(rows, n, dtype, seed=n + bucket, nonfinite=nonfinite))
+
+
 @pytest.mark.parametrize("buckets_per_program,num_warps", [(1, 4), (4, 2), (64, 8)])
 def test_launch_configuration_does_not_change_results(buckets_per_program, num_warps):
     codec = SymmetricCodec(bits=4, bucket_size=128)
     x = _data(2, 1000, torch.bfloat16, seed=3, nonfinite=False)
     _check_kernels(codec, x, buckets_per_program=buckets_per_program, num_warps=num_warps)
+    _check_rotated_kernels(codec, x, buckets_per_program=buckets_per_program, num_warps=num_warps)
 
 
 def test_tiny_and_huge_scales():
@@ -122,7 +157,8 @@ def test_codec_dispatch_to_triton_matches_torch():
 
 def test_unsupported_configurations_fall_back_to_the_reference():
     x = _data(1, 300, torch.float32, seed=6, nonfinite=False)
-    for codec in (SymmetricCodec(bits=3, bucket_size=64), SymmetricCodec(bits=8, bucket_size=20000)):
+    for codec in (SymmetricCodec(bits=3, bucket_size=64), SymmetricCodec(bits=8, bucket_size=20000),
+                  SymmetricCodec(bits=4, bucket_size=100)):  # fmt: skip
         with backend("torch"):
             expected = codec.encode(x[0])
         with backend("triton"):
@@ -133,25 +169,30 @@ def test_unsupported_configurations_fall_back_to_the_reference():
         kernels.decode_sum(torch.zeros(1, 8, dtype=torch.uint8), 8, 20000, SymmetricCodec(8, 20000).layout(3))
     with pytest.raises(ValueError, match="buckets_per_program=3"):
         kernels.encode_rows(x, 8, 64, SymmetricCodec(8, 64).layout(300), buckets_per_program=3)
+    with pytest.raises(ValueError, match="bucket_size=24, rotate=True"):
+        kernels.encode_rows(x, 8, 24, SymmetricCodec(8, 24).layout(312), rotate=True)
 
 
 def test_kernels_compile_for_hopper_without_spills():
     variants = []
-    for bits, dtype, bucket in [(8, "bf16", 2048), (4, "fp32", 8192), (2, "fp16", 100), (4, "bf16", 12)]:
+    for bits, dtype, bucket, rotate in [(8, "bf16", 2048, False), (4, "fp32", 8192, False), (2, "fp16", 104, False),
+                                        (4, "bf16", 16, False), (4, "bf16", 2048, True), (8, "fp32", 128, True)]:
         layout = SymmetricCodec(bits, bucket).layout(1 << 24)
-        bp, g, warps = kernels._config(bits, bucket, 1, layout, torch.device("cuda"), None, None)
-        constants = {"BUCKET": bucket, "BUCKET_BYTES": layout.bucket_bytes, "BP": bp, "G": g, "BITS": bits,
-                     "QMAX": (1 << (bits - 1)) - 1}  # fmt: skip
+        groups, bpp, warps = kernels._config(bits, bucket, 1, layout, rotate, True, None, None)
+        streamed = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+        constants = {"BUCKET": bucket, "GROUPS": groups, "BPP": bpp, "BITS": bits, "QMAX": (1 << (bits - 1)) - 1,
+                     "ROTATE": rotate, "LOG_B": bucket.bit_length() - 1}  # fmt: skip
         common = {"module": kernels.__name__, "num_warps": warps}
+        name = f"{bits}b {dtype} bucket {bucket} rotate={rotate}"
         variants += [
-            {"name": f"encode {bits}b {dtype} bucket {bucket}", "kernel": "_encode_kernel",
-             "types": {"x_ptr": "*" + dtype, "wire_ptr": "*u8"}, "constants": constants, **common},
-            {"name": f"decode {bits}b {dtype} bucket {bucket}", "kernel": "_decode_kernel",
-             "types": {"wire_ptr": "*u8", "out_ptr": "*" + dtype}, **common,
-             "constants": {**constants, "SUM": False, "ROWS": 1, "EMULATE_BF16_RNE": False}},
-            {"name": f"decode_sum {bits}b bucket {bucket}", "kernel": "_decode_kernel",
-             "types": {"wire_ptr": "*u8", "out_ptr": "*fp32"}, **common,
-             "constants": {**constants, "SUM": True, "ROWS": 8, "EMULATE_BF16_RNE": False}},
+            {"name": f"encode {name}", "kernel": "_encode_kernel", "types": {"x_ptr": "*" + dtype, "wire_ptr": "*u8",
+             "scale_rot": "fp32"}, "constants": {**constants, "VEC": vec(streamed), "PARTIAL_GROUPS": True}, **common},
+            {"name": f"decode {name}", "kernel": "_decode_kernel",
+             "types": {"wire_ptr": "*u8", "out_ptr": "*" + dtype, "scale_rot": "fp32"}, **common,
+             "constants": {**constants, "VEC": vec(streamed), "SUM": False, "ROWS": 1, "EMULATE_BF16_RNE": False}},
+            {"name": f"decode_sum {name}", "kernel": "_decode_kernel",
+             "types": {"wire_ptr": "*u8", "out_ptr": "*fp32", "scale_rot": "fp32"}, **common,
+             "constants": {**constants, "VEC": vec(torch.float32), "SUM": True, "ROWS": 8, "EMULATE_BF16_RNE": False}},
         ]  # fmt: skip
     report = resource_usage(variants)
     assert len(report) == len(variants)
@@ -173,10 +214,17 @@ def test_cuda_kernels_match_reference(bits, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bucket", [64, 100, 4096, 8192])
+@pytest.mark.parametrize("bucket", [64, 104, 4096, 8192])
 def test_cuda_bucket_sizes(bucket):
     codec = SymmetricCodec(bits=4, bucket_size=bucket)
     _check_kernels(codec, _data(2, 300_001, torch.bfloat16, seed=bucket, nonfinite=False).cuda())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bucket,dtype", [(128, torch.bfloat16), (2048, torch.bfloat16), (8192, torch.float32)])
+def test_cuda_fused_rotation(bucket, dtype):
+    codec = SymmetricCodec(bits=4, bucket_size=bucket)
+    _check_rotated_kernels(codec, _data(3, 300_001, dtype, seed=bucket, nonfinite=True).cuda())
 
 
 @pytest.mark.gpu

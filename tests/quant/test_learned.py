@@ -24,6 +24,27 @@ def _expected_mse(levels: torch.Tensor, x: torch.Tensor, bucket: int) -> float:
     return float(((z - lv[j]) * (lv[j + 1] - z) * rng.square()).mean())
 
 
+def _required_ratio(x: torch.Tensor, bucket: int, levels: int) -> float:
+    """Largest acceptable ratio of fitted to uniform expected squared error on ``x``: the fit must realize at least
+    half of the gain that high-resolution quantization theory predicts for the best levels.
+
+    For many levels, an interval of width ``g`` holding values of density ``p`` costs ``p * g**3 / 6``, so the best
+    levels have gaps ``~ p**(-1/3)`` and the best-to-uniform ratio is ``(integral of p**(1/3))**3`` for the density
+    ``p`` of the bucket-normalized values weighted by their squared bucket ranges (which turn normalized errors
+    into errors of ``x``). Estimated in float64 with a histogram no finer than the levels and with >= 512 values
+    per bin on average, so sampling noise does not inflate the predicted gain. Uniform levels give ratio 1, which
+    always fails; a fit that does nothing fails.
+    """
+    xb = x.to(torch.float64).view(-1, bucket)
+    lo, rng = xb.amin(1, keepdim=True), xb.amax(1, keepdim=True) - xb.amin(1, keepdim=True)
+    z = ((xb - lo) / rng).reshape(-1)
+    bins = min(levels, x.numel() // 512)
+    mass = torch.zeros(bins, dtype=torch.float64).index_add_(0, (z * bins).long().clamp(max=bins - 1),
+                                                             rng.square().expand_as(xb).reshape(-1))  # fmt: skip
+    best = float((mass / mass.sum()).pow(1 / 3).sum() ** 3 / bins**2)
+    return 1 - (1 - best) / 2
+
+
 @pytest.mark.parametrize("bits", (3, 8))
 def test_learned_levels_beat_uniform_levels_on_heavy_tails_and_stay_unbiased(bits):
     bucket, n = 256, 256 * 64
@@ -33,11 +54,14 @@ def test_learned_levels_beat_uniform_levels_on_heavy_tails_and_stay_unbiased(bit
     uniform = LearnedLevelsCodec(bits, bucket)
     uniform.set_levels(uniform_levels(bits))
 
-    # Exact expectation (float64, independent of the codec): the fit lowers it substantially.
-    assert _expected_mse(levels, x, bucket) < 0.85 * _expected_mse(uniform_levels(bits), x, bucket)
-
-    # Measured over seeds through the codec itself, on fresh data from the same distribution.
+    # Exact expectations (float64, independent of the codec) on the fitted data and on fresh data from the same
+    # distribution: the fit realizes at least half of the gain theory predicts.
     y = _student_t(n, seed=1)
+    for data in (x, y):
+        ratio = _expected_mse(levels, data, bucket) / _expected_mse(uniform_levels(bits), data, bucket)
+        assert ratio < _required_ratio(data, bucket, 1 << bits)
+
+    # Measured over seeds through the codec itself on the fresh data: the error is the expected one, unbiased.
     seeds = 40
     errs = {"learned": [], "uniform": []}
     mean = torch.zeros(n, dtype=torch.float64)
@@ -48,13 +72,34 @@ def test_learned_levels_beat_uniform_levels_on_heavy_tails_and_stay_unbiased(bit
             if name == "learned":
                 mean += decoded.double()
     mse_learned, mse_uniform = (sum(v) / seeds for v in errs.values())
-    assert mse_learned < 0.85 * mse_uniform
     torch.testing.assert_close(mse_learned, _expected_mse(levels, y, bucket), rtol=0.05, atol=0)
+    torch.testing.assert_close(mse_uniform, _expected_mse(uniform_levels(bits), y, bucket), rtol=0.05, atol=0)
 
     # Unbiased: the mean over seeds of all errors, normalized by its standard error, is small.
     err = mean / seeds - y.double()
     sigma = (mse_learned / seeds) ** 0.5
     assert abs(float(err.mean()) / (sigma / n**0.5)) < 5
+
+
+@pytest.mark.gpu
+def test_cuda_fit_is_deterministic_and_equals_the_cpu_fit():
+    x = _student_t(256 * 512, seed=9)
+    reference = fit_levels(x, 8, 256, steps=10)
+    for _ in range(2):
+        assert torch.equal(fit_levels(x.cuda(), 8, 256, steps=10).cpu(), reference)
+
+
+def test_fit_starts_at_the_high_resolution_optimum():
+    # Values with density 8 on [0, 1/4] and 8/3 on [1/4, 1] in every bucket (endpoints 0 and 1 present): the
+    # best gaps are in ratio (8 / (8/3)) ** (-1/3) = 3 ** (-1/3) between the two parts.
+    gen = torch.Generator().manual_seed(0)
+    x = torch.where(torch.rand(64 * 4096, generator=gen) < 0.5, torch.rand(64 * 4096, generator=gen) / 4,
+                    0.25 + 0.75 * torch.rand(64 * 4096, generator=gen))  # fmt: skip
+    x.view(64, 4096)[:, 0], x.view(64, 4096)[:, 1] = 0.0, 1.0
+    levels = fit_levels(x, 6, 4096, samples=x.numel(), steps=0).double()
+    gaps = torch.diff(levels)
+    dense, sparse = gaps[levels[1:] <= 0.24].mean(), gaps[levels[:-1] >= 0.26].mean()
+    torch.testing.assert_close(float(dense / sparse), 3 ** (-1 / 3), rtol=0.03, atol=0)
 
 
 def test_fitted_levels_are_sorted_from_0_to_1_and_dense_where_values_are():

@@ -1,0 +1,112 @@
+"""Building blocks of the bucketed codec kernels: tiles of groups of 8 elements, packed code words, and exact
+integer <-> float conversions that avoid the GPU's conversion unit.
+
+Tiles: a program handles ``BPP`` consecutive buckets of one row as a ``[G, BPP, 8 // VEC, VEC]`` tile, ``G``
+being the bucket's number of groups of 8 consecutive elements rounded up to a power of two (padding groups
+masked) and ``VEC`` the elements of one 16-byte access of the streamed dtype (8 for bf16/fp16, 4 for fp32).
+Groups lead, so the lanes of a warp walk along contiguous memory, and a thread holds whole groups: Triton
+vectorizes an access to at most 16 bytes along the innermost dimension, and the extra ``8 // VEC`` dimension
+keeps the two halves of an fp32 group in one thread (as two 16-byte accesses) instead of splitting it over two
+threads, which would then both run the group's Philox call and exchange its codes. When a program has fewer
+warps than ``G / 32``, each thread holds several groups of the same bucket, and the bucket's reductions run
+mostly inside the thread.
+
+Code words: a bucket of a multiple of 8 elements starts at a multiple of ``bits`` bytes, so the 8 codes of a
+group are one naturally aligned ``bits``-byte little-endian word (code ``j`` in bits ``[j * bits, (j + 1) *
+bits)``, the layout of :mod:`composer_qsdp.quant.packing`), packed and unpacked inside a thread.
+
+Exact conversions through the fp32 "magic number" ``MAGIC = 1.5 * 2**23`` (bits ``0x4B400000``): fp32 numbers
+in ``[2**23, 2**24)`` are the integers, one unit apart, so
+
+* for ``|v| < 2**22``, the round-to-nearest sum ``v + MAGIC`` is ``MAGIC + round_half_even(v)`` and its bit
+  pattern is ``0x4B400000 + round_half_even(v)``: rounding to an integer code with one fp32 add;
+* for an integer ``0 <= c < 2**22``, the bit pattern ``0x4B400000 | c`` is the fp32 number ``MAGIC + c``:
+  subtracting ``MAGIC`` gives ``c`` exactly.
+
+On sm_90 ``F2I``/``I2F``/``FRND`` issue at 16 per clock per SM, an eighth of the fp32 add rate (CUDA C++
+Programming Guide, arithmetic instruction throughput), and they bounded the quantize kernels; the additions
+and bit operations here run on the full-rate pipes. The torch references state the same arithmetic with
+``torch.round`` and integer tensors, so both give the same numbers.
+"""
+
+import triton
+import triton.language as tl
+
+__all__ = [
+    "MAGIC", "MAGIC_BITS", "tile", "group_words", "pack_words", "unpack_words", "codes_to_float",
+    "launch_shape", "vec",
+]
+
+#: 1.5 * 2**23 (fp32): ``v + MAGIC`` rounds ``|v| < 2**22`` half to even onto the integers.
+MAGIC = tl.constexpr(12582912.0)
+#: The bit pattern of :data:`MAGIC`; ``MAGIC + c`` is ``MAGIC_BITS + c`` for integers ``0 <= c < 2**22``.
+MAGIC_BITS = tl.constexpr(0x4B400000)
+
+
+@triton.jit
+def tile(pid, n, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, VEC: tl.constexpr):
+    """The tile of program ``pid`` over a row of ``n`` elements: buckets ``b`` ``[1, BPP, 1, 1]``, groups ``g``
+    ``[G, 1, 1, 1]``, lanes ``[1, 1, 8 // VEC, VEC]`` (0..7 within a group), element indices and their mask
+    ``[G, BPP, 8 // VEC, VEC]``."""
+    b = (pid * BPP + tl.arange(0, BPP))[None, :, None, None]
+    g = tl.arange(0, GROUPS)[:, None, None, None]
+    lane = tl.arange(0, 8 // VEC)[None, None, :, None] * VEC + tl.arange(0, VEC)[None, None, None, :]
+    e = b * BUCKET + g * 8 + lane
+    return b, g, lane, e, (g * 8 < BUCKET) & (e < n)
+
+
+@triton.jit
+def group_words(row_wire, b, g, BITS: tl.constexpr, BUCKET: tl.constexpr):
+    """Pointers ``[G, BPP, 1, 1]`` to the ``BITS``-byte word holding the 8 codes of each group (``BITS`` < 8)."""
+    if BITS == 1:
+        words = row_wire
+    elif BITS == 2:
+        words = row_wire.to(tl.pointer_type(tl.int16))
+    else:
+        words = row_wire.to(tl.pointer_type(tl.int32))
+    return words + b * (BUCKET // 8) + g
+
+
+@triton.jit
+def pack_words(codes, lane, BITS: tl.constexpr):
+    """int32 codes (each in ``[0, 2**BITS)``) on a tile with lanes ``lane`` -> the groups' packed words
+    ``[G, BPP, 1, 1]`` (int32)."""
+    return tl.sum(tl.sum(codes << (lane * BITS), 3, keep_dims=True), 2, keep_dims=True)
+
+
+@triton.jit
+def unpack_words(words, lane, BITS: tl.constexpr):
+    """The int32 codes of the lanes ``lane`` of packed words ``[G, BPP, 1, 1]`` (inverse of :func:`pack_words`)."""
+    return (words >> (lane * BITS)) & ((1 << BITS) - 1)
+
+
+@triton.jit
+def codes_to_float(codes, OFFSET: tl.constexpr):
+    """``codes - OFFSET`` as exact fp32, for int32 codes in ``[0, 2**22)``, without a conversion instruction."""
+    return (codes | MAGIC_BITS).to(tl.float32, bitcast=True) - (MAGIC + OFFSET)
+
+
+def vec(dtype) -> int:
+    """``VEC`` of a tile streaming ``dtype`` (a torch dtype): its elements per 16-byte access, at most 8."""
+    return min(8, 16 // dtype.itemsize)
+
+
+def launch_shape(bucket_size: int, num_buckets: int, on_gpu: bool, gpu_tile: int, interpreter_tile: int,
+                 elements_per_thread: int, buckets_per_program: int | None,
+                 num_warps: int | None) -> tuple[int, int, int]:  # fmt: skip
+    """(``G``, buckets per program, warps) of a launch over ``num_buckets`` buckets of ``bucket_size`` elements.
+
+    About ``gpu_tile`` elements per program on a GPU (``interpreter_tile`` under the interpreter, whose cost is
+    per program) and ``elements_per_thread`` per thread; ``buckets_per_program`` (a power of two) and
+    ``num_warps`` override the heuristic for benchmark sweeps, never the result.
+    """
+    groups = triton.next_power_of_2(-(-bucket_size // 8))
+    bucket_tile = groups * 8
+    if buckets_per_program is None:
+        target = gpu_tile if on_gpu else interpreter_tile
+        buckets_per_program = max(1, min(triton.next_power_of_2(num_buckets), target // bucket_tile))
+    elif buckets_per_program < 1 or buckets_per_program & (buckets_per_program - 1):
+        raise ValueError(f"buckets_per_program={buckets_per_program} must be a power of two >= 1")
+    if num_warps is None:
+        num_warps = min(16, max(1, buckets_per_program * bucket_tile // (32 * elements_per_thread)))
+    return groups, buckets_per_program, num_warps
