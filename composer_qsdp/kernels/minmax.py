@@ -74,7 +74,9 @@ def _min_max(lo_a, hi_a, lo_b, hi_b):
             tl.maximum(hi_a, hi_b, propagate_nan=tl.PropagateNan.ALL))  # fmt: skip
 
 
-@triton.jit
+# Seeds and counter offsets change every step: specializing on their values (Triton compiles an integer equal to 1
+# as a constant and one divisible by 16 apart) would compile new variants during training.
+@triton.jit(do_not_specialize=["seed", "offset"])
 def _quantize_kernel(
     x_ptr, wire_ptr, meta_ptr,
     n, num_buckets, code_bytes, meta_offset, x_row_stride, wire_row_stride,
