@@ -17,15 +17,16 @@ run() {  # run NAME COMMAND...: tee the log into $OUT and remember the exit stat
 }
 for stage in "$@"; do
   case $stage in
-    tests) run pytest_gpu timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider tests ;;
+    sweep) run bench_kernels_sweep timeout 100 python3 benchmarks/bench_kernels.py --sweep ;;
+    tests) run pytest_gpu timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests ;;
     kernels)
-      run bench_kernels timeout 240 python3 benchmarks/bench_kernels.py
-      run bench_symmetric_hadamard timeout 120 python3 benchmarks/bench_symmetric_hadamard.py ;;
+      run bench_kernels timeout 170 python3 benchmarks/bench_kernels.py
+      run bench_symmetric_hadamard timeout 110 python3 benchmarks/bench_symmetric_hadamard.py ;;
     collectives)
       run bench_collectives_nvlink timeout 240 python3 benchmarks/bench_collectives.py
       run bench_collectives_socket env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo \
         timeout 300 python3 benchmarks/bench_collectives.py ;;
-    *) echo "unknown stage '$stage'; allowed: tests kernels collectives"; exit 2 ;;
+    *) echo "unknown stage '$stage'; allowed: tests kernels sweep collectives"; exit 2 ;;
   esac
 done
 echo "stage status: ${status[*]}"
