@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 __all__ = [
-    "MAGIC", "MAGIC_BITS", "tile", "group_words", "pack_words", "unpack_words", "codes_to_float",
+    "MAGIC", "MAGIC_BITS", "tile", "split_tile", "group_words", "pack_words", "unpack_words", "codes_to_float",
     "launch_shape", "vec",
 ]
 
@@ -52,6 +52,26 @@ def tile(pid, n, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, 
     g = tl.arange(0, GROUPS)[:, None, None, None]
     lane = tl.arange(0, 8 // VEC)[None, None, :, None] * VEC + tl.arange(0, VEC)[None, None, None, :]
     e = b * BUCKET + g * 8 + lane
+    return b, g, lane, e, (g * 8 < BUCKET) & (e < n)
+
+
+@triton.jit
+def split_tile(pid, n, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, VEC: tl.constexpr):
+    """:func:`tile` for kernels that need no group inside one thread (the decoders): the ``8 // VEC`` 16-byte
+    parts of a group lie on consecutive tile rows, ``[G * 8 // VEC, BPP, 1, VEC]``, so consecutive threads
+    access consecutive 16-byte chunks. Same ``b`` and element indices; ``g`` and ``lane`` are per row.
+
+    With :func:`tile`, an fp32 tile's thread holds a whole group as two 16-byte accesses 32 bytes apart, so each
+    warp-wide access covers every 32-byte sector by half: fine for loads (the other half hits L1), but stores
+    reach L2 as half-sector writes, which halved the fp32 decoders' bandwidth. Equal to :func:`tile` when
+    ``VEC`` is 8 (bf16, fp16).
+    """
+    H: tl.constexpr = 8 // VEC
+    b = (pid * BPP + tl.arange(0, BPP))[None, :, None, None]
+    r = tl.arange(0, GROUPS * H)[:, None, None, None]  # group r // H, part r % H
+    g = r // H
+    e = b * BUCKET + r * VEC + tl.arange(0, VEC)[None, None, None, :]
+    lane = (r % H) * VEC + tl.arange(0, VEC)[None, None, None, :]
     return b, g, lane, e, (g * 8 < BUCKET) & (e < n)
 
 

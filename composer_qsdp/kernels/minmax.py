@@ -34,7 +34,7 @@ import triton.language as tl
 
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
 from composer_qsdp.kernels.groups import (MAGIC, MAGIC_BITS, codes_to_float, group_words, launch_shape,
-                                          pack_words, tile, unpack_words, vec)
+                                          pack_words, split_tile, tile, unpack_words, vec)
 from composer_qsdp.kernels.noise import centered_noise
 from composer_qsdp.quant.wire import WireLayout, aligned_rows
 
@@ -161,7 +161,7 @@ def _dequantize_kernel(
 ):  # fmt: skip
     pid = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
-    b, g, lane, e, valid = tile(pid, n, BUCKET, GROUPS, BPP, VEC)
+    b, g, lane, e, valid = split_tile(pid, n, BUCKET, GROUPS, BPP, VEC)  # coalesced fp32 stores
     y = _decode_tile(wire_ptr, meta_ptr, row, b, g, lane, e, valid, n, num_buckets, meta_offset, wire_row_stride,
                      BITS, BUCKET, BPP)  # fmt: skip
     store_cast(out_ptr + row * out_row_stride + e, y, valid, EMULATE_BF16_RNE)
@@ -175,7 +175,7 @@ def _dequantize_sum_kernel(
     VEC: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
-    b, g, lane, e, valid = tile(pid, n, BUCKET, GROUPS, BPP, VEC)
+    b, g, lane, e, valid = split_tile(pid, n, BUCKET, GROUPS, BPP, VEC)  # coalesced fp32 stores
     acc = tl.zeros(e.shape, tl.float32)
     for row in range(ROWS):  # in row order, like the reference
         acc += _decode_tile(wire_ptr, meta_ptr, tl.cast(row, tl.int64), b, g, lane, e, valid, n, num_buckets,

@@ -33,7 +33,7 @@ import triton.language as tl
 
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
 from composer_qsdp.kernels.groups import MAGIC, MAGIC_BITS, codes_to_float, group_words, launch_shape, pack_words, tile
-from composer_qsdp.kernels.groups import unpack_words, vec
+from composer_qsdp.kernels.groups import split_tile, unpack_words, vec
 from composer_qsdp.kernels.hadamard import butterflies, rotation_scale
 from composer_qsdp.quant.wire import WireLayout, aligned_rows
 
@@ -162,7 +162,10 @@ def _decode_kernel(
     EMULATE_BF16_RNE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
-    b, g, lane, e, valid = tile(pid, n, BUCKET, GROUPS, BPP, VEC)
+    if ROTATE:  # the rotation rearranges the tile anyway
+        b, g, lane, e, valid = tile(pid, n, BUCKET, GROUPS, BPP, VEC)
+    else:  # coalesced fp32 stores
+        b, g, lane, e, valid = split_tile(pid, n, BUCKET, GROUPS, BPP, VEC)
     if SUM:
         # Rows in order from +0.0, like the reference's loop, so the fp32 sum is the same.
         acc = tl.zeros(e.shape, tl.float32)

@@ -155,7 +155,9 @@ class MinMaxCodec(Codec):
         xb = xf.view(rows, nb, bsz)
         lo = xb.amin(dim=2)
         hi = xb.amax(dim=2)
-        scale = (hi - lo) / self.levels
+        # A tensor divisor: on CUDA, torch evaluates `tensor / python_scalar` as a multiplication by the fp32
+        # reciprocal (1 ulp off the IEEE quotient the kernels and the CPU compute), `tensor / tensor` as one division.
+        scale = (hi - lo) / torch.full_like(hi, self.levels)
         # amin/amax propagate NaN, so a NaN or infinity anywhere in a bucket makes its scale non-finite.
         nonfinite = ~torch.isfinite(scale)
         inv = torch.where(scale > 0, 1.0 / scale, 0.0).clamp(max=_FP32_MAX)

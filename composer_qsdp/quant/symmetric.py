@@ -144,7 +144,9 @@ class SymmetricCodec(Codec):
         xb = torch.nn.functional.pad(x.to(torch.float32), (0, nb * bsz - n)).view(rows, nb, bsz)
         absmax = xb.abs().amax(dim=2)
         nonfinite = ~(xb.abs() < float("inf")).all(dim=2)
-        scale = (absmax / self.qmax).masked_fill_(nonfinite, float("nan"))
+        # A tensor divisor: on CUDA, torch evaluates `tensor / python_scalar` as a multiplication by the fp32
+        # reciprocal (1 ulp off the IEEE quotient the kernels and the CPU compute), `tensor / tensor` as one division.
+        scale = (absmax / torch.full_like(absmax, self.qmax)).masked_fill_(nonfinite, float("nan"))
         # A tensor numerator: torch evaluates `scalar / tensor` as reciprocal-then-multiply, not one IEEE division.
         inv = torch.where(absmax > 0, torch.full_like(absmax, self.qmax) / absmax, 0.0).clamp_(max=_FP32_MAX)
         q = torch.round(xb * inv.unsqueeze(2)).clamp_(-self.qmax, self.qmax)

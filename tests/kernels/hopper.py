@@ -16,7 +16,7 @@ import sys
 __all__ = ["resource_usage"]
 
 _SCRIPT = """
-import importlib, json, os, subprocess, sys, tempfile
+import importlib, json, os, re, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -35,13 +35,22 @@ for v in json.loads(sys.stdin.read()):
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
     os.unlink(f.name)
-    report[v["name"]] = " ".join(line.strip() for line in usage.splitlines() if "REG:" in line)
+    # fp32 instructions that are not exactly rounded: approximate division, reciprocal, root, ...; contracted fma.
+    inexact = sorted(set(re.findall(
+        r"\\b(?:div[.](?:full|approx)|(?:rcp|sqrt|rsqrt|ex2|lg2|sin|cos|tanh)[.]approx"
+        r"|(?:fma|mad)[.][\\w.]*f32)[\\w.]*",
+        compiled.asm["ptx"])))
+    report[v["name"]] = " ".join(line.strip() for line in usage.splitlines() if "REG:" in line) + (
+        " INEXACT:" + (",".join(inexact) or "none"))
 print(json.dumps(report))
 """
 
 
 def resource_usage(variants: list[dict]) -> dict[str, str]:
-    """Compile each variant for sm_90 and return ``{name: "REG:<n> STACK:<bytes> ... LOCAL:<bytes> ..."}``.
+    """Compile each variant for sm_90; return ``{name: "REG:<n> STACK:<bytes> ... LOCAL:<bytes> ... INEXACT:<ops>"}``,
+    ``<ops>`` the PTX instructions that are not exactly rounded fp32 operations (``div.full``, ``rcp.approx``,
+    ``sqrt.approx``, a contracted ``fma.rn.f32``, ...) or ``none``: the kernels must match their torch references
+    bit for bit.
 
     Args:
         variants: dicts with ``name``, ``module`` (importable path), ``kernel`` (a ``@triton.jit`` function's

@@ -191,6 +191,7 @@ def test_kernels_compile_for_hopper_without_spills(aligned_rows):
     assert len(report) == len(variants)
     for variant, usage in report.items():
         assert "REG:" in usage and "STACK:0" in usage and "LOCAL:0" in usage, f"{variant}: {usage}"
+        assert usage.endswith("INEXACT:none"), f"{variant}: {usage}"  # bit-exact against the torch reference
 
 
 # ------------------------------------------------------------------------------------------ GPU
