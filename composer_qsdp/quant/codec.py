@@ -2,8 +2,8 @@
 
 Every codec in :mod:`composer_qsdp.quant` implements :class:`Codec`. The communication layer only ever
 talks to this interface, so a new quantizer plugs into the quantized all-gather and reduce-scatter by
-implementing ``_encode``/``_decode`` (and optionally batched ``_encode_rows``/``_decode_rows``/``_decode_sum``,
-the hooks behind the validated ``encode_rows``/``decode_rows``/``decode_sum``).
+implementing the batched hooks ``_encode_rows``/``_decode_rows`` (and optionally ``_decode_sum``) behind the
+validated ``encode_rows``/``decode_rows``/``decode_sum``; a 1-D ``encode``/``decode`` is the one-row case.
 
 Wire buffers are self-contained: everything :meth:`Codec.decode` needs (codes and per-bucket metadata)
 is inside the bytes, so a receiver never needs the sender's seed.
@@ -120,23 +120,22 @@ class Codec(ABC):
         return self._decode_sum(wire, numel)
 
     # ------------------------------------------------------ codec-specific
-    @abstractmethod
+    # Every codec is batched: rows are the hooks, and a 1-D tensor is the one-row case.
     def _encode(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
-        """Encode a validated, non-empty 1-D floating tensor."""
+        """Encode a validated, non-empty 1-D floating tensor (one row of :meth:`_encode_rows`)."""
+        return self._encode_rows(x.reshape(1, -1), seed, offset)[0]
+
+    def _decode(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """Decode a validated 1-D wire buffer (one row of :meth:`_decode_rows`)."""
+        return self._decode_rows(wire.reshape(1, -1), numel, dtype)[0]
 
     @abstractmethod
-    def _decode(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """Decode a validated 1-D wire buffer."""
-
-    # Batched hooks behind the validated public row methods; codecs with a batched path (kernels) override them.
     def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
-        """Encode a validated ``[R, n]`` tensor row by row (row ``r`` at counter ``offset + r * n``)."""
-        n = x.shape[1]
-        return torch.stack([self._encode(x[r], seed, offset + r * n) for r in range(x.shape[0])])
+        """Encode a validated ``[R, n]`` tensor; row ``r`` draws its noise at counter ``offset + r * n``."""
 
+    @abstractmethod
     def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """Decode a validated ``[R, wire_bytes(numel)]`` buffer row by row."""
-        return torch.stack([self._decode(wire[r], numel, dtype) for r in range(wire.shape[0])])
+        """Decode a validated ``[R, wire_bytes(numel)]`` buffer into ``[R, numel]``."""
 
     def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
         """Sum the fp32 decodes of the rows of a validated buffer, in row order starting from +0.0."""

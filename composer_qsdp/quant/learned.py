@@ -296,12 +296,6 @@ class LearnedLevelsCodec(Codec):
     def wire_bytes(self, numel: int) -> int:
         return self.layout(numel).wire_bytes
 
-    def _encode(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
-        return self._encode_rows(x.reshape(1, -1), seed, offset)[0]
-
-    def _decode(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        return self._decode_rows(wire.reshape(1, -1), numel, dtype)[0]
-
     def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
         levels = self._levels_for(seed, x)
         rows, n = x.shape

@@ -106,13 +106,6 @@ class MinMaxCodec(Codec):
     def wire_bytes(self, numel: int) -> int:
         return self.layout(numel).wire_bytes
 
-    # ------------------------------------------------------------------ single tensor = one row
-    def _encode(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
-        return self._encode_rows(x.reshape(1, -1), seed, offset)[0]
-
-    def _decode(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        return self._decode_rows(wire.reshape(1, -1), numel, dtype)[0]
-
     # ------------------------------------------------------------------ backend choice
     def _kernels(self, t: torch.Tensor, numel: int) -> ModuleType | None:
         """The kernels module when Triton should handle ``t`` (``[rows, ...]``, ``numel`` elements per row) in

@@ -85,12 +85,6 @@ class SymmetricCodec(Codec):
 
         return kernels if kernels.supports(self.bits, self.bucket_size, rotate) else None
 
-    def _encode(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
-        return self._encode_rows(x.reshape(1, -1), seed, offset)[0]
-
-    def _decode(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        return self._decode_rows(wire.reshape(1, -1), numel, dtype)[0]
-
     def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
         layout = self.layout(x.shape[1])
         kernels = self._kernels(x)
