@@ -58,6 +58,7 @@ import collections
 
 import torch
 
+from composer_qsdp.quant.buckets import bucket_min_max
 from composer_qsdp.quant.codec import Codec
 from composer_qsdp.quant.philox import rounding_noise_range
 from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
@@ -80,15 +81,8 @@ def uniform_levels(bits: int, device: torch.device | str = "cpu") -> torch.Tenso
 
 def _bucket_ranges(x: torch.Tensor, bucket_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Buckets of each row of ``[R, n]`` ``x`` in fp32: ``(xb [R, nb, bucket_size], lo [R, nb], max - min [R, nb])``."""
-    rows, n = x.shape
-    nb = -(-n // bucket_size)
-    xf = x.to(torch.float32)
-    if nb * bucket_size > n:
-        # Repeat the row's last element: a valid member of the last bucket, so its min/max are unchanged.
-        xf = torch.cat([xf, xf[:, -1:].expand(rows, nb * bucket_size - n)], dim=1)
-    xb = xf.view(rows, nb, bucket_size)
-    lo = xb.amin(dim=2)
-    return xb, lo, xb.amax(dim=2) - lo
+    xb, lo, hi = bucket_min_max(x, bucket_size)
+    return xb, lo, hi - lo
 
 
 def _levels_from_params(theta: torch.Tensor) -> torch.Tensor:

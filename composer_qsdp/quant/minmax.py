@@ -52,6 +52,7 @@ from types import ModuleType
 import torch
 
 from composer_qsdp.kernels.dispatch import use_triton
+from composer_qsdp.quant.buckets import bucket_min_max
 from composer_qsdp.quant.codec import Codec
 from composer_qsdp.quant.philox import rounding_noise_range
 from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
@@ -141,13 +142,7 @@ class MinMaxCodec(Codec):
         rows, n = x.shape
         lay = self.layout(n)
         bsz, nb = self.bucket_size, lay.num_buckets
-        xf = x.to(torch.float32)
-        if lay.last_bucket < bsz:
-            # Repeat the row's last element: a valid member of the last bucket, so its min/max are unchanged.
-            xf = torch.cat([xf, xf[:, -1:].expand(rows, nb * bsz - n)], dim=1)
-        xb = xf.view(rows, nb, bsz)
-        lo = xb.amin(dim=2)
-        hi = xb.amax(dim=2)
+        xb, lo, hi = bucket_min_max(x, bsz)
         # A tensor divisor: on CUDA, torch evaluates `tensor / python_scalar` as a multiplication by the fp32
         # reciprocal (1 ulp off the IEEE quotient the kernels and the CPU compute), `tensor / tensor` as one division.
         scale = (hi - lo) / torch.full_like(hi, self.levels)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import torch
 
+from composer_qsdp.quant.buckets import bucket_min_max
 from composer_qsdp.quant.codec import Codec
 from composer_qsdp.quant.philox import rounding_noise
 from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
@@ -79,13 +80,8 @@ class RandomShiftCodec(Codec):
         rows, n = x.shape
         layout = self.layout(n)
         bsz, nb = self.bucket_size, layout.num_buckets
-        xf = x.to(torch.float32)
-        if layout.last_bucket < bsz:
-            # Repeat the row's last element: a valid member of the last bucket, so its min/max are unchanged.
-            xf = torch.cat([xf, xf[:, -1:].expand(rows, nb * bsz - n)], dim=1)
-        xb = xf.view(rows, nb, bsz)
-        lo = xb.amin(dim=2)
-        scale = (xb.amax(dim=2) - lo) / self.levels
+        xb, lo, hi = bucket_min_max(x, bsz)
+        scale = (hi - lo) / self.levels
         nonfinite = (~torch.isfinite(xb)).any(dim=2) | ~torch.isfinite(scale)
         inv = torch.where(scale > 0, 1.0 / scale, 0.0).clamp_(max=_FP32_MAX)
 

@@ -1,0 +1,23 @@
+"""Bucketing of rows for the bucketed codecs' torch references."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["bucket_min_max"]
+
+
+def bucket_min_max(x: torch.Tensor, bucket_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split each row of ``[R, n]`` ``x`` into buckets of ``bucket_size`` elements, in fp32.
+
+    Returns ``(xb [R, nb, bucket_size], lo [R, nb], hi [R, nb])``: the buckets and their min and max. A partial last
+    bucket is filled with the row's last element, a valid member of that bucket, so its min/max are unchanged;
+    NaN propagates into both.
+    """
+    rows, n = x.shape
+    nb = -(-n // bucket_size)
+    xf = x.to(torch.float32)
+    if nb * bucket_size > n:
+        xf = torch.cat([xf, xf[:, -1:].expand(rows, nb * bucket_size - n)], dim=1)
+    xb = xf.view(rows, nb, bucket_size)
+    return xb, xb.amin(dim=2), xb.amax(dim=2)
