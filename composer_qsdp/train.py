@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
 from composer import Algorithm, Evaluator, Trainer
 from composer.algorithms import GradientClipping
 from composer.callbacks import LRMonitor, SpeedMonitor
-from composer.core import Time
-from composer.loggers import InMemoryLogger
+from composer.core import Callback, State, Time
+from composer.loggers import InMemoryLogger, Logger
 from composer.optim import CosineAnnealingWithWarmupScheduler, DecoupledAdamW
 from composer.utils import FSDP2Config, dist, reproducibility
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -132,7 +133,9 @@ class TrainRecipe:
     progress_bar: bool = True
     log_to_console: bool = False
     console_log_interval: str = "1ba"
-    metrics_file: Optional[str] = None  #: rank 0 writes the logged metrics and the communication summary (JSON)
+    #: rank 0 writes the logged metrics, the communication summary and peak GPU memory (JSON), after every
+    #: evaluation and at the end, so a run stopped early keeps its evaluations
+    metrics_file: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -317,15 +320,39 @@ def _traffic_reports(algorithms: Sequence[Algorithm]) -> dict[str, Any]:
     return {type(a).__name__: a.traffic() for a in algorithms if callable(getattr(a, "traffic", None))}
 
 
-def _write_metrics(path: str, logger: InMemoryLogger, traffic: dict[str, Any]) -> None:
-    """JSON: ``metrics`` (name -> ``[batch, value]`` pairs, batch as Composer's 0-based timestamp) and
-    ``communication`` (algorithm -> side -> byte counters of rank 0)."""
+def _peak_memory(device: str) -> Optional[dict[str, int]]:
+    """This rank's peak GPU memory since the process started (bytes), or None when not training on a GPU."""
+    if device != "gpu" or not torch.cuda.is_available():
+        return None
+    return {"peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+            "peak_reserved_bytes": torch.cuda.max_memory_reserved()}
+
+
+def _write_metrics(path: str, logger: InMemoryLogger, traffic: dict[str, Any],
+                   memory: Optional[dict[str, int]]) -> None:
+    """JSON: ``metrics`` (name -> ``[batch, value]`` pairs, batch as Composer's 0-based timestamp),
+    ``communication`` (algorithm -> side -> byte counters of rank 0) and ``memory`` (rank 0's peak GPU memory in
+    bytes: ``peak_allocated_bytes``, ``peak_reserved_bytes``; null on CPU)."""
     metrics = {name: [[int(ts.batch), float(value)] for ts, value in series]
                for name, series in logger.data.items() if series and _is_number(series[0][1])}
     communication = {name: {side: dataclasses.asdict(getattr(report, side)) for side in ("weights", "grads", "total")}
                      for name, report in traffic.items()}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps({"metrics": metrics, "communication": communication}, indent=1))
+    # Write-then-rename: a reader (or a kill) never sees a half-written file.
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps({"metrics": metrics, "communication": communication, "memory": memory}, indent=1))
+    tmp.replace(path)
+
+
+class _MetricsFileAfterEval(Callback):
+    """Rewrites the metrics file after every evaluation, so a run killed mid-way keeps its evaluations."""
+
+    def __init__(self, path: str, logger: InMemoryLogger, device: str) -> None:
+        self.path, self.logger, self.device = path, logger, device
+
+    def eval_end(self, state: State, logger: Logger) -> None:
+        if dist.get_global_rank() == 0:
+            _write_metrics(self.path, self.logger, _traffic_reports(state.algorithms), _peak_memory(self.device))
 
 
 def _is_number(value: Any) -> bool:
@@ -370,6 +397,9 @@ def train(recipe: ValidatedRecipe) -> Trainer:
         # An FSDP2Config (not a dict) selects FSDP2 in composer 0.32.1 without the FSDP_VERSION variable.
         parallelism = {"fsdp": FSDP2Config(**OmegaConf.to_container(cfg.fsdp))}
     memory_logger = InMemoryLogger()
+    callbacks = [SpeedMonitor(window_size=10), LRMonitor()]
+    if cfg.metrics_file is not None:
+        callbacks.append(_MetricsFileAfterEval(cfg.metrics_file, memory_logger, cfg.device))
 
     trainer = Trainer(
         run_name=cfg.run_name,
@@ -396,7 +426,7 @@ def train(recipe: ValidatedRecipe) -> Trainer:
         log_to_console=cfg.log_to_console,
         console_log_interval=cfg.console_log_interval,
         loggers=[memory_logger],
-        callbacks=[SpeedMonitor(window_size=10), LRMonitor()],
+        callbacks=callbacks,
     )
     try:
         trainer.fit()
@@ -405,7 +435,7 @@ def train(recipe: ValidatedRecipe) -> Trainer:
     traffic = _traffic_reports(trainer.state.algorithms)
     if dist.get_global_rank() == 0:
         if cfg.metrics_file is not None:
-            _write_metrics(cfg.metrics_file, memory_logger, traffic)
+            _write_metrics(cfg.metrics_file, memory_logger, traffic, _peak_memory(cfg.device))
         for name, report in traffic.items():
             print(f"\n{name} communication of rank 0 over {int(trainer.state.timestamp.batch)} batches:\n"
                   f"{report.summary()}")

@@ -11,6 +11,8 @@ from composer_qsdp.data.sources import (
     VAL_SPLIT,
     assign_split,
     c4_documents,
+    python_source_documents,
+    python_source_files,
     text_directory_documents,
     wikipedia_sample_documents,
 )
@@ -26,6 +28,8 @@ __all__ = [
     "build_token_dataloader",
     "c4_documents",
     "gpt2_tokenizer",
+    "python_source_documents",
+    "python_source_files",
     "shards_exist",
     "text_directory_documents",
     "wikipedia_sample_documents",

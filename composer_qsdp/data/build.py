@@ -6,6 +6,8 @@ Examples::
     python -m composer_qsdp.data.build wikipedia data/wiki-gpt2-t64 --seq-len 64 --skip-existing
     # any directory of *.txt files
     python -m composer_qsdp.data.build textdir data/mytext-t2048 --input ~/corpus --seq-len 2048
+    # the *.py files of the installed Python packages (offline; the text stays on this machine, never commit it)
+    python -m composer_qsdp.data.build pysource data/pysource-gpt2-t512 --seq-len 512 --val-fraction 0.02
     # C4 as in the paper (internet + `pip install datasets`); upload the result and point data.remote at it
     python -m composer_qsdp.data.build c4 data/c4-gpt2-t2048 --seq-len 2048 --max-documents 2000000
 """
@@ -17,7 +19,12 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from composer_qsdp.data.shards import shards_exist, write_token_shards
-from composer_qsdp.data.sources import c4_documents, text_directory_documents, wikipedia_sample_documents
+from composer_qsdp.data.sources import (
+    c4_documents,
+    python_source_documents,
+    text_directory_documents,
+    wikipedia_sample_documents,
+)
 
 __all__ = ["main"]
 
@@ -29,18 +36,22 @@ def _documents(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
         if args.input is None:
             raise ValueError("source 'textdir' needs --input DIR (a directory of *.txt files)")
         return text_directory_documents(args.input, args.val_fraction)
+    if args.source == "pysource":
+        return python_source_documents(args.val_fraction, None if args.input is None else [args.input])
     return c4_documents(args.c4_val_documents, name=args.c4_name)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m composer_qsdp.data.build", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("source", choices=("wikipedia", "textdir", "c4"), help="where the text comes from")
+    parser.add_argument("source", choices=("wikipedia", "textdir", "pysource", "c4"),
+                        help="where the text comes from")
     parser.add_argument("out_dir", help="directory to create, holding train/ and val/ shards")
     parser.add_argument("--seq-len", type=int, required=True, help="tokens per sample (the model's max_seq_len)")
-    parser.add_argument("--input", help="textdir: directory searched recursively for *.txt files")
+    parser.add_argument("--input", help="textdir: directory searched recursively for *.txt files; pysource: "
+                                        "directory searched for *.py files (default: the site-packages)")
     parser.add_argument("--val-fraction", type=float, default=0.05,
-                        help="wikipedia/textdir: fraction of documents (by text hash) held out for val")
+                        help="wikipedia/textdir/pysource: fraction of documents (by text hash) held out for val")
     parser.add_argument("--c4-name", default="en", help="c4: dataset configuration (the paper used 'en')")
     parser.add_argument("--c4-val-documents", type=int, default=10_000,
                         help="c4: documents taken from C4's validation split")

@@ -5,6 +5,10 @@
   generated from the installed package, never stored in this repository).
 * :func:`c4_documents`: C4 (``allenai/c4``) through Hugging Face ``datasets``, as the paper trained on;
   needs internet and ``pip install datasets``, so it is not exercised offline.
+* :func:`python_source_documents`: the ``*.py`` files of the installed Python packages (``site-packages``): a
+  large offline corpus on any machine (hundreds of millions of GPT-2 tokens where torch and friends are
+  installed). The text belongs to those packages under their own licenses: build shards on the machine that
+  has them, never commit or redistribute the text.
 
 Sources without their own validation split assign each document to ``"train"`` or ``"val"`` by a hash of its
 text (:func:`assign_split`), so a document never straddles the split and reruns give the same split.
@@ -19,7 +23,8 @@ import importlib.util
 import itertools
 import os
 import re
-from collections.abc import Iterator
+import site
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 __all__ = [
@@ -27,6 +32,8 @@ __all__ = [
     "VAL_SPLIT",
     "assign_split",
     "c4_documents",
+    "python_source_documents",
+    "python_source_files",
     "text_directory_documents",
     "wikipedia_sample_documents",
 ]
@@ -113,3 +120,59 @@ def c4_documents(val_documents: int, name: str = "en") -> Iterator[tuple[str, st
         yield VAL_SPLIT, row["text"]
     for row in datasets.load_dataset("allenai/c4", name, split="train", streaming=True):
         yield TRAIN_SPLIT, row["text"]
+
+
+def python_source_files(roots: Sequence[str | os.PathLike] | None = None) -> list[Path]:
+    """Every ``*.py`` file under ``roots``, in a deterministic order.
+
+    Args:
+        roots: directories to search recursively; None means those of this interpreter's
+            ``site.getsitepackages()`` that exist (distributions list some that they never create). Roots are
+            taken in sorted order and the files of each in sorted path order; a file reached twice (overlapping
+            roots, symbolic links) is listed once, at its first position.
+
+    Raises:
+        ValueError: a given root is not a directory, or no ``*.py`` file is found.
+    """
+    if roots is None:
+        roots = [r for r in site.getsitepackages() if os.path.isdir(r)]
+    dirs = [Path(r) for r in roots]
+    missing = [str(d) for d in dirs if not d.is_dir()]
+    if missing:
+        raise ValueError(f"Python source root(s) {', '.join(map(repr, missing))} do not exist or are not directories")
+    files: list[Path] = []
+    seen: set[Path] = set()
+    for root in sorted(dirs):
+        for path in sorted(root.rglob("*.py")):
+            real = path.resolve()
+            if real not in seen and real.is_file():
+                seen.add(real)
+                files.append(path)
+    if not files:
+        raise ValueError(f"no *.py files under {', '.join(map(str, sorted(dirs)))}")
+    return files
+
+
+def python_source_documents(val_fraction: float,
+                            roots: Sequence[str | os.PathLike] | None = None) -> Iterator[tuple[str, str]]:
+    """Each Python source file of :func:`python_source_files` (default: the installed packages) as one document.
+
+    Files that are empty, not UTF-8 (PEP 263 allows other encodings) or unreadable are skipped, and so is a file
+    whose text equals an earlier one's (packages vendor identical copies): a repeated document would be
+    training data seen twice and, through :func:`assign_split`, could never straddle train and val anyway.
+
+    Raises:
+        ValueError: ``val_fraction`` out of range, a root that is not a directory, or no ``*.py`` file.
+    """
+    assign_split("", val_fraction)  # validate before the file walk
+    seen: set[bytes] = set()
+    for path in python_source_files(roots):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        digest = hashlib.sha256(text.encode("utf-8")).digest()
+        if not text.strip() or digest in seen:
+            continue
+        seen.add(digest)
+        yield assign_split(text, val_fraction), text

@@ -1,0 +1,579 @@
+"""End-to-end training throughput: plain Composer FSDP2 against QSDP W8G8 and W4G4, from the project's recipes,
+on the GPUs of one host, on NVLink and on an emulated slow network, with a compute-only bound.
+
+One command runs, for one recipe family (``--model 1.3b`` reads ``yamls/gpt-1.3b/``), every configuration
+through Composer's launcher (``composer -n N -m composer_qsdp.train RECIPE key=value ...``):
+
+================  ==========================================================================================
+``baseline``       ``baseline.yaml``: plain Composer FSDP2 (full sharding; the recipes' DEFAULT mixed precision
+                   all-gathers bf16 weights and reduce-scatters fp32 gradients)
+``qsdp-w8g8``      ``qsdp-w8g8.yaml``: 8-bit weights and gradients (min-max, stochastic rounding, buckets of 1024)
+``qsdp-w4g4``      ``qsdp-w4g4.yaml``: 4-bit weights and gradients
+``compute-bound``  ``baseline.yaml`` on ONE GPU with the same micro-batch and per-GPU batch: FSDP2 over a single
+                   rank sends nothing between GPUs, so this is the per-GPU compute (and optimizer, here over all
+                   parameters instead of 1/N) without communication; N x its tokens/s bounds the N-GPU runs.
+                   Measured once, it serves every network.
+``baseline-pure``  (only when named in ``--configs``) ``baseline.yaml`` with ``fsdp.mixed_precision=PURE``:
+                   bf16 gradient reduce-scatters too
+================  ==========================================================================================
+
+Each launch trains ``--warmup`` + ``--steps`` batches of ``N x micro-batch x grad-accum`` samples (the recipe's
+sequence length, bf16, FSDP2 full sharding) with evaluation and checkpoints off and QSDP's sampled error
+measurement off (``error_sample_interval=0``: a host sync that is instrumentation, not the method). Step times
+are the recipe's ``SpeedMonitor`` wall clock per batch (``time/train`` in the metrics file; Composer syncs the
+host on the loss every batch) for the batches after the warm-up; tokens/s = tokens per step / mean step time.
+Peak GPU memory is rank 0's ``torch.cuda.max_memory_allocated``. Bytes on the wire per step and rank are QSDP's
+byte accounting (NCCL's convention, (W-1)/W of each collective's volume); the baseline's are the ``native``
+bytes of the same accounting in the QSDP runs of the same job: what FSDP sends unquantized for the same
+collectives.
+
+Networks (``--network``, both by default), applied to every launch and to a quick NCCL bandwidth probe
+(all-reduce and all-gather bus bandwidth, nccl-tests' formulas) run first under the same environment:
+
+* ``nvlink``: NCCL's own transport choice (NVLink/NVSwitch inside a node); the four variables below are unset.
+* ``socket``: ``NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo``: every byte goes
+  through TCP over loopback, an emulated slow inter-node network.
+
+Resumable: each configuration's result is a JSON file under ``--out-dir``; a rerun skips finished ones (and
+failed ones unless ``--retry-failed``), so ``--time-budget`` can cut a long sweep into several commands. The
+table (markdown) and all results (JSON) go to ``--out-dir`` and, when ``$OUT`` is set, to ``$OUT`` as
+``bench_e2e-<family>-<N>x.md`` / ``.json``.
+
+Data: random-token MDS shards of the recipe's sequence length are generated under ``--out-dir`` (speed does not
+depend on the token values); ``--data DIR`` uses real shards (``python -m composer_qsdp.data.build``) instead.
+
+Usage::
+
+    python benchmarks/bench_e2e.py --model 1.3b                        # all GPUs, both networks, every config
+    python benchmarks/bench_e2e.py --model 350m --network socket --micro-batch 16 --time-budget 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import e2e_common as common  # noqa: E402
+
+#: NCCL settings of each network; ``nvlink`` unsets the variables ``socket`` sets.
+NETWORKS: dict[str, dict[str, str]] = {
+    "nvlink": {},
+    "socket": {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "lo"},
+}
+_NETWORK_VARS = frozenset(NETWORKS["socket"])
+
+
+@dataclass(frozen=True)
+class Config:
+    """One measured configuration.
+
+    Attributes:
+        name: its name in ``--configs`` and the table.
+        recipe: file name in the recipe directory.
+        overrides: extra ``key=value`` overrides of this configuration.
+        single_gpu: runs on one process (the compute-only bound) instead of all.
+        description: what it is, for the table's legend.
+    """
+
+    name: str
+    recipe: str
+    overrides: tuple[str, ...]
+    single_gpu: bool
+    description: str
+
+
+_NO_ERROR_SAMPLING = ("algorithms.qsdp.error_sample_interval=0",)
+CONFIGS: dict[str, Config] = {c.name: c for c in (
+    Config("baseline", "baseline.yaml", (), False,
+           "plain Composer FSDP2 in the recipe's mixed precision (paper recipes: bf16 weight all-gathers, fp32 "
+           "gradient reduce-scatters)"),
+    Config("qsdp-w8g8", "qsdp-w8g8.yaml", _NO_ERROR_SAMPLING, False, "QSDP, 8-bit weights and gradients"),
+    Config("qsdp-w4g4", "qsdp-w4g4.yaml", _NO_ERROR_SAMPLING, False, "QSDP, 4-bit weights and gradients"),
+    Config("compute-bound", "baseline.yaml", (), True,
+           "baseline recipe on 1 GPU, same micro-batch and per-GPU batch: no inter-GPU traffic; tokens/s x N"),
+    Config("baseline-pure", "baseline.yaml", ("fsdp.mixed_precision=PURE",), False,
+           "plain Composer FSDP2 with bf16 gradient reduce-scatters (fsdp.mixed_precision=PURE)"),
+)}
+DEFAULT_CONFIGS = ("baseline", "qsdp-w8g8", "qsdp-w4g4", "compute-bound")
+
+#: The project's throughput targets (stated for GPT-1.3B); reported, never asserted.
+SOCKET_TARGETS = {"qsdp-w8g8": 1.8, "qsdp-w4g4": 3.0}  # tokens/s vs baseline
+SOCKET_BOUND_TARGET = 0.85  # best QSDP tokens/s vs the compute-only bound
+NVLINK_TARGET = 0.95  # every QSDP config's tokens/s vs baseline
+
+GB = 1e9
+GIB = 2**30
+
+
+# ---------------------------------------------------------------------------------------------- bandwidth probe
+def probe_worker(out: Path, sizes_mb: list[int], warmup: int, iters: int) -> None:
+    """One rank of the bandwidth probe (run under Composer's launcher): all-reduce and all-gather of each size,
+    median wall time per rank, the slowest rank's median; rank 0 writes ``out`` (JSON rows)."""
+    import torch.distributed as dist
+
+    gpu = torch.cuda.is_available()
+    if gpu:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    rows = []
+    try:
+        for size_mb in sizes_mb:
+            numel = size_mb * 10**6 // 4 // world * world  # fp32 elements, divisible by the world size
+            buf = torch.ones(numel, device=device)
+            shard = torch.ones(numel // world, device=device)
+            cases = {"all_reduce": (lambda: dist.all_reduce(buf), 2 * (world - 1) / world),
+                     "all_gather": (lambda: dist.all_gather_into_tensor(buf, shard), (world - 1) / world)}
+            for op, (fn, bus_factor) in cases.items():
+                for _ in range(warmup):
+                    fn()
+                times = []
+                for _ in range(iters):
+                    sync()
+                    t0 = time.perf_counter()
+                    fn()
+                    sync()
+                    times.append(time.perf_counter() - t0)
+                slowest = torch.tensor([statistics.median(times)], device=device)
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+                seconds = float(slowest)
+                rows.append({"op": op, "size_mb": numel * 4 / 10**6, "time_ms": seconds * 1e3,
+                             "busbw_gbps": numel * 4 / seconds * bus_factor / GB})
+        if dist.get_rank() == 0:
+            common.write_json(out, {"world": world, "rows": rows})
+    finally:
+        dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------------------------- measurements
+def measure(metrics: dict[str, Any], warmup: int, steps: int, tokens_per_step: int) -> dict[str, Any]:
+    """Throughput, memory and wire bytes of one finished launch from its metrics file (``train.py``'s JSON).
+
+    Args:
+        metrics: the parsed metrics file.
+        warmup: batches excluded from the timing (the first ones).
+        steps: timed batches after them.
+        tokens_per_step: tokens of one optimizer step, all ranks together.
+
+    Raises:
+        ValueError: the file lacks the wall clock of some batch (the run did not finish).
+    """
+    total = warmup + steps
+    # time/train: SpeedMonitor's cumulative training wall clock in hours, logged as batch b ends (key b).
+    ends = {int(b): float(hours) * 3600.0 for b, hours in metrics["metrics"].get("time/train", [])}
+    missing = [b for b in range(1, total + 1) if b not in ends]
+    if missing:
+        raise ValueError(f"the metrics file has no time/train for batch(es) {missing[:5]}: the run did not finish "
+                         f"{total} batches")
+    step_times = [ends[b] - (ends[b - 1] if b > 1 else 0.0) for b in range(warmup + 1, total + 1)]
+    result: dict[str, Any] = {
+        "step_times_s": step_times,
+        "step_time_s": statistics.fmean(step_times),
+        "step_time_min_s": min(step_times),
+        "step_time_max_s": max(step_times),
+        "tokens_per_step": tokens_per_step,
+        "tokens_per_s": tokens_per_step * steps / sum(step_times),
+        "memory": metrics.get("memory"),
+        "wire_per_step": None,
+    }
+    qsdp = metrics.get("communication", {}).get("QSDP")
+    if qsdp is not None:
+        # Evaluation is off, so every counted collective belongs to one of the `total` training batches.
+        result["wire_per_step"] = {side: {k: qsdp[side][k] / total for k in ("sent", "bf16", "native")}
+                                   for side in ("weights", "grads", "total")}
+    return result
+
+
+# ------------------------------------------------------------------------------------------------------ data
+def random_token_shards(out: Path, samples: int, seq_len: int, vocab_size: int) -> Path:
+    """MDS shards (a ``train`` split) of ``samples`` uniformly random token sequences, in the layout of
+    :func:`composer_qsdp.data.write_token_shards`; reused when ``out`` already exists. Seeded: the same
+    arguments give the same tokens."""
+    from streaming import MDSWriter
+
+    from composer_qsdp.data.shards import TOKENS_COLUMN
+
+    if (out / "train" / "index.json").is_file():
+        return out
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    rng = np.random.default_rng(0)
+    with MDSWriter(out=str(tmp / "train"), columns={TOKENS_COLUMN: "ndarray:uint16"}, size_limit="64mb") as writer:
+        for _ in range(samples):
+            writer.write({TOKENS_COLUMN: rng.integers(0, vocab_size, seq_len, dtype=np.uint16)})
+    tmp.rename(out)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- the sweep
+@dataclass
+class Plan:
+    """Everything the launches of one invocation share."""
+
+    args: argparse.Namespace
+    recipe_dir: Path
+    name: str
+    out_dir: Path
+    seq_len: int
+    vocab_size: int
+    micro: int
+    data: Path
+    synthetic_samples: int | None  #: samples of the random-token shards to generate at ``data``; None: real data
+    settings: dict[str, Any]
+
+    def global_batch(self, nproc: int) -> int:
+        return nproc * self.micro * self.args.grad_accum
+
+    def overrides(self, config: Config, nproc: int, metrics_file: Path) -> list[str]:
+        return [f"max_duration={self.args.warmup + self.args.steps}ba",
+                f"global_train_batch_size={self.global_batch(nproc)}", f"device_train_microbatch_size={self.micro}",
+                "data.remote=null", f"data.local={self.data}", "data.eval_split=null", "save_folder=null",
+                "load_path=null", "autoresume=false", "progress_bar=false", f"metrics_file={metrics_file}",
+                *config.overrides, *self.args.override]
+
+
+def _plan(args: argparse.Namespace) -> Plan:
+    from composer_qsdp.train import RecipeError, load_recipe
+
+    recipe_dir = common.recipe_dir(args.model, args.recipe_dir)
+    name = recipe_dir.name
+    out_dir = Path(args.out_dir or common.ROOT / "runs" / "bench_e2e" / f"{name}-{args.nproc}x").resolve()
+    try:
+        base = load_recipe(recipe_dir / "baseline.yaml", ["data.remote=null", "data.local=unused"])
+    except RecipeError as err:
+        raise SystemExit(f"recipe error: {err}") from None
+    micro = args.micro_batch or base.cfg.device_train_microbatch_size
+    if not micro:
+        raise SystemExit("the baseline recipe sets no device_train_microbatch_size: pass --micro-batch")
+    seq_len, vocab = base.model_config.max_seq_len, base.model_config.vocab_size
+    samples = None
+    if args.data:
+        data = Path(args.data).resolve()
+        if not (data / "train" / "index.json").is_file():
+            raise SystemExit(f"--data {str(data)!r} holds no train/index.json (build shards with "
+                             "python -m composer_qsdp.data.build)")
+    else:
+        # One spare step: running out of samples would start a new epoch (a dataloader restart) in a timed step.
+        samples = (args.warmup + args.steps + 1) * args.nproc * micro * args.grad_accum
+        data = out_dir / f"synthetic-t{seq_len}-n{samples}"
+    settings = {"recipe_dir": str(recipe_dir), "nproc": args.nproc, "micro_batch": micro,
+                "grad_accum": args.grad_accum, "seq_len": seq_len, "warmup": args.warmup, "steps": args.steps,
+                "data": str(data), "overrides": list(args.override)}
+    plan = Plan(args, recipe_dir, name, out_dir, seq_len, vocab, micro, data, samples, settings)
+    # Every launch's recipe must load with its overrides before any GPU time is spent.
+    for config in map(CONFIGS.get, args.configs):
+        nproc = 1 if config.single_gpu else args.nproc
+        try:
+            load_recipe(recipe_dir / config.recipe, plan.overrides(config, nproc, out_dir / "check.json"))
+        except RecipeError as err:
+            raise SystemExit(f"recipe error in {config.name} ({config.recipe}): {err}") from None
+    return plan
+
+
+def _network_env(network: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _NETWORK_VARS}
+    env.update(NETWORKS[network])
+    return env
+
+
+def _result_path(plan: Plan, network: str, config: Config) -> Path:
+    # The compute-only bound sends nothing between GPUs: one measurement serves every network.
+    return plan.out_dir / ("compute-bound.json" if config.single_gpu else f"{network}/{config.name}.json")
+
+
+def _pending(path: Path, retry_failed: bool) -> bool:
+    if not path.is_file():
+        return True
+    return retry_failed and common.read_json(path)["status"] != "ok"
+
+
+def _run_probe(plan: Plan, network: str, budget: common.Budget) -> bool | None:
+    """The bandwidth probe of ``network``; True when measured, False when it failed, None when out of time."""
+    path = plan.out_dir / network / "nccl_probe.json"
+    raw = path.with_name("nccl_probe.raw.json")
+    raw.unlink(missing_ok=True)
+    command = [*common.launcher(plan.args.nproc), str(Path(__file__).resolve()), "--probe-worker", str(raw),
+               "--probe-mb", *map(str, plan.args.probe_mb)]
+    env = _network_env(network)
+    print(f"[{network}] NCCL bandwidth probe", flush=True)
+    rc = common.run(command, path.with_suffix(".log"), env, budget)
+    if rc is None:
+        return None
+    ok = rc == 0 and raw.is_file()
+    record = {"status": "ok" if ok else "failed", "env": common.recorded_env(env),
+              **(common.read_json(raw) if ok else {"log_tail": common.log_tail(path.with_suffix(".log"))})}
+    common.write_json(path, record)
+    return ok
+
+
+def _run_config(plan: Plan, network: str, config: Config, budget: common.Budget) -> bool | None:
+    """One configuration; True when measured, False when it failed, None when out of time."""
+    path = _result_path(plan, network, config)
+    nproc = 1 if config.single_gpu else plan.args.nproc
+    metrics_file = path.with_suffix(".metrics.json")
+    metrics_file.unlink(missing_ok=True)
+    command = common.train_command(nproc, plan.recipe_dir / config.recipe,
+                                   plan.overrides(config, nproc, metrics_file))
+    env = _network_env(network)
+    print(f"[{network}] {config.name} on {nproc} process(es)", flush=True)
+    t0 = time.monotonic()
+    rc = common.run(command, path.with_suffix(".log"), env, budget)
+    if rc is None:
+        return None
+    record: dict[str, Any] = {"config": config.name, "network": None if config.single_gpu else network,
+                              "nproc": nproc, "global_batch": plan.global_batch(nproc), "command": command,
+                              "env": common.recorded_env(env), "wall_s": time.monotonic() - t0,
+                              "settings": plan.settings}
+    try:
+        if rc != 0:
+            raise ValueError(f"the launch exited with status {rc}")
+        metrics = common.read_json(metrics_file)
+        record.update(status="ok", **measure(metrics, plan.args.warmup, plan.args.steps,
+                                             plan.global_batch(nproc) * plan.seq_len))
+    except (OSError, ValueError, KeyError) as err:
+        record.update(status="failed", error=str(err), log_tail=common.log_tail(path.with_suffix(".log")))
+        print(f"  failed: {err}; log: {path.with_suffix('.log')}", flush=True)
+    common.write_json(path, record)
+    return record["status"] == "ok"
+
+
+def sweep(plan: Plan, budget: common.Budget) -> str:
+    """Run what is missing; ``"complete"``, ``"incomplete"`` (budget or signal) or ``"failed"`` (some launch)."""
+    failed = False
+    try:
+        for network in plan.args.network:
+            todo = [(plan.out_dir / network / "nccl_probe.json", None)]
+            todo += [(_result_path(plan, network, CONFIGS[c]), CONFIGS[c]) for c in plan.args.configs]
+            for path, config in todo:
+                if not _pending(path, plan.args.retry_failed):
+                    continue
+                if not budget.allows(plan.args.min_launch_s):
+                    print(f"time budget nearly spent ({budget.remaining():.0f} s left): rerun to continue")
+                    return "incomplete"
+                outcome = (_run_probe(plan, network, budget) if config is None
+                           else _run_config(plan, network, config, budget))
+                if outcome is None:
+                    print("time budget spent during a launch (killed, not recorded): rerun to continue")
+                    return "incomplete"
+                failed |= not outcome
+    except common.Interrupted as sig:
+        print(f"stopped by {sig}: finished results are kept; rerun to continue")
+        return "incomplete"
+    return "failed" if failed else "complete"
+
+
+# ------------------------------------------------------------------------------------------------------ table
+def collect(plan: Plan) -> dict[str, Any]:
+    """All recorded results of this plan's networks and configurations (missing ones absent)."""
+    networks = {}
+    bound_path = plan.out_dir / "compute-bound.json"
+    bound = common.read_json(bound_path) if bound_path.is_file() else None
+    for network in plan.args.network:
+        probe_path = plan.out_dir / network / "nccl_probe.json"
+        results = {}
+        for name in plan.args.configs:
+            path = _result_path(plan, network, CONFIGS[name])
+            if path.is_file() and not CONFIGS[name].single_gpu:
+                results[name] = common.read_json(path)
+        networks[network] = {"probe": common.read_json(probe_path) if probe_path.is_file() else None,
+                             "results": results}
+    return {"networks": networks, "compute_bound": bound}
+
+
+def rows(network_data: dict[str, Any], bound: dict[str, Any] | None, nproc: int) -> list[dict[str, Any]]:
+    """Table rows of one network: each result with its ratios to the baseline and to the compute-only bound.
+
+    The baseline's wire bytes are the ``native`` bytes of the same job's QSDP runs (FSDP's unquantized traffic of
+    the same collectives); the bound's tokens/s is ``nproc`` times the one-GPU run's.
+    """
+    results = {k: r for k, r in network_data["results"].items() if r["status"] == "ok"}
+    if bound is not None and bound["status"] == "ok":
+        results["compute-bound"] = {**bound, "tokens_per_s": bound["tokens_per_s"] * nproc,
+                                    "wire_per_step": {"total": {"sent": 0.0}}}
+    native = [r["wire_per_step"]["total"]["native"] for r in results.values()
+              if r.get("wire_per_step") and "native" in r["wire_per_step"]["total"]]
+    base = results.get("baseline")
+    if base is not None and native:
+        base = results["baseline"] = {**base, "wire_per_step": {"total": {"sent": native[0]}}}
+    out = []
+    for name, r in results.items():
+        sent = r["wire_per_step"]["total"]["sent"] if r.get("wire_per_step") else None
+        base_sent = base["wire_per_step"]["total"]["sent"] if base and base.get("wire_per_step") else None
+        out.append({
+            "config": name,
+            "gpus": r["nproc"],
+            "tokens_per_s": r["tokens_per_s"],
+            "vs_baseline": r["tokens_per_s"] / base["tokens_per_s"] if base else None,
+            "of_bound": (r["tokens_per_s"] / results["compute-bound"]["tokens_per_s"]
+                         if "compute-bound" in results else None),
+            "step_time_s": r["step_time_s"],
+            "step_time_min_s": r["step_time_min_s"],
+            "step_time_max_s": r["step_time_max_s"],
+            "peak_allocated_gib": r["memory"]["peak_allocated_bytes"] / GIB if r.get("memory") else None,
+            "wire_gb_per_step": None if sent is None else sent / GB,
+            "wire_vs_baseline": sent / base_sent if sent is not None and base_sent else None,
+        })
+    failed = {k: r for k, r in network_data["results"].items() if r["status"] != "ok"}
+    if bound is not None and bound["status"] != "ok":
+        failed["compute-bound"] = bound
+    out += [{"config": k, "failed": r.get("error", "failed")} for k, r in failed.items()]
+    return out
+
+
+def targets(network: str, table: list[dict[str, Any]]) -> list[str]:
+    """The project's targets for ``network``, each with the measured value (informative: never asserted)."""
+    by_name = {r["config"]: r for r in table if "failed" not in r}
+    lines = []
+    if network == "socket":
+        for name, goal in SOCKET_TARGETS.items():
+            r = by_name.get(name)
+            if r and r["vs_baseline"] is not None:
+                lines.append(f"{name} tokens/s = {r['vs_baseline']:.2f}x baseline (target >= {goal}x): "
+                             f"{'met' if r['vs_baseline'] >= goal else 'NOT met'}")
+        qsdp = [r for n, r in by_name.items() if n.startswith("qsdp") and r["of_bound"] is not None]
+        if qsdp:
+            best = max(qsdp, key=lambda r: r["of_bound"])
+            met = "met" if best["of_bound"] >= SOCKET_BOUND_TARGET else "NOT met"
+            lines.append(f"best QSDP ({best['config']}) = {best['of_bound']:.0%} of the compute-only bound (target "
+                         f">= {SOCKET_BOUND_TARGET:.0%}): {met}")
+    elif network == "nvlink":
+        for name, r in by_name.items():
+            if name.startswith("qsdp") and r["vs_baseline"] is not None:
+                lines.append(f"{name} tokens/s = {r['vs_baseline']:.2f}x baseline (target >= {NVLINK_TARGET}x): "
+                             f"{'met' if r['vs_baseline'] >= NVLINK_TARGET else 'NOT met'}")
+    return lines
+
+
+def render(plan: Plan, head: dict[str, str], data: dict[str, Any], status: str) -> tuple[str, dict[str, Any]]:
+    """The markdown table of every network and the JSON record."""
+    s = plan.settings
+    tokens = plan.global_batch(plan.args.nproc) * plan.seq_len
+    lines = [f"### bench_e2e: {plan.name} on {head['device']}", "", *common.header_lines(head),
+             f"- settings: sequence {plan.seq_len}, micro-batch {s['micro_batch']}, grad accumulation "
+             f"{s['grad_accum']}, global batch {plan.global_batch(plan.args.nproc)} ({tokens} tokens/step), "
+             f"{s['warmup']} warm-up + {s['steps']} timed steps, data `{s['data']}`",
+             f"- status: {status}", ""]
+    tables = {}
+    for network, network_data in data["networks"].items():
+        table = rows(network_data, data["compute_bound"], plan.args.nproc)
+        tables[network] = table
+        lines += [f"#### network: {network} (`{common.recorded_env(_network_env(network))}`)", ""]
+        probe = network_data["probe"]
+        if probe and probe["status"] == "ok":
+            lines.append("NCCL probe: " + "; ".join(f"{r['op']} {r['size_mb']:.0f} MB busbw {r['busbw_gbps']:.1f} GB/s"
+                                                     for r in probe["rows"]))
+        else:
+            lines.append("NCCL probe: " + ("failed" if probe else "not run"))
+        lines += ["", "| config | GPUs | tokens/s | vs baseline | of compute bound | step time (ms, mean [min-max]) "
+                  "| peak mem (GiB, rank 0) | wire GB/step/rank | wire vs baseline |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in table:
+            if "failed" in r:
+                lines.append(f"| {r['config']} | failed: {r['failed']} | | | | | | | |")
+                continue
+            gpus = f"1 (x{plan.args.nproc})" if r["config"] == "compute-bound" else str(r["gpus"])
+            fmt = common.fmt
+            ms = [r[k] * 1e3 for k in ("step_time_s", "step_time_min_s", "step_time_max_s")]
+            step_ms = f"{ms[0]:.0f} [{ms[1]:.0f}-{ms[2]:.0f}]"
+            lines.append(
+                f"| {r['config']} | {gpus} | {r['tokens_per_s']:,.0f} | {fmt(r['vs_baseline'], '.2f', 'x')} "
+                f"| {fmt(r['of_bound'], '.0%')} | {step_ms} | {fmt(r['peak_allocated_gib'], '.1f')} "
+                f"| {fmt(r['wire_gb_per_step'], '.3f')} | {fmt(r['wire_vs_baseline'], '.3f')} |")
+        goal_lines = targets(network, table)
+        if goal_lines:
+            lines += ["", "Targets (stated for GPT-1.3B; measured here, never asserted):", ""]
+            lines += [f"- {line}" for line in goal_lines]
+        lines.append("")
+    lines += ["Configurations:", ""] + [f"- `{c}`: {CONFIGS[c].description}" for c in plan.args.configs]
+    record = {"header": head, "settings": plan.settings, "status": status, "tables": tables, **data}
+    return "\n".join(lines) + "\n", record
+
+
+# ------------------------------------------------------------------------------------------------------- main
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="See the module docstring and benchmarks/README.md.")
+    parser.add_argument("--model", default="1.3b", help="recipe family: reads yamls/gpt-<model>/ (default 1.3b)")
+    parser.add_argument("--recipe-dir", help="directory with baseline.yaml, qsdp-w8g8.yaml, qsdp-w4g4.yaml "
+                                             "(instead of --model)")
+    parser.add_argument("--network", nargs="+", choices=list(NETWORKS), default=list(NETWORKS))
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(DEFAULT_CONFIGS))
+    parser.add_argument("--nproc", type=int, default=torch.cuda.device_count(),
+                        help="processes (GPUs) of the FSDP runs (default: every visible GPU)")
+    parser.add_argument("--micro-batch", type=int, help="samples per forward/backward per GPU (default: the "
+                                                        "recipe's device_train_microbatch_size)")
+    parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step (default 1)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed first steps (default 3)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps after the warm-up (default 10)")
+    parser.add_argument("--data", help="real MDS token shards (default: random tokens generated here)")
+    parser.add_argument("--out-dir", help="results directory (default runs/bench_e2e/<family>-<nproc>x)")
+    parser.add_argument("--time-budget", type=float, help="seconds this command may use; it stops launching, "
+                                                          "kills a launch that would overrun, writes the table")
+    parser.add_argument("--min-launch-s", type=float, default=120.0,
+                        help="start no launch with less budget left than this (default 120 s)")
+    parser.add_argument("--retry-failed", action="store_true", help="rerun configurations recorded as failed")
+    parser.add_argument("--probe-mb", type=int, nargs="+", default=[64, 256],
+                        help="NCCL probe message sizes in MB (default 64 256)")
+    parser.add_argument("-o", "--override", action="append", default=[],
+                        help="extra recipe override key=value for every launch (repeatable)")
+    parser.add_argument("--probe-worker", help=argparse.SUPPRESS)  # one rank of the probe (internal)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the sweep (or one probe rank); 0 complete, 1 some launch failed, 3 incomplete (rerun to continue)."""
+    args = _parser().parse_args(argv)
+    if args.probe_worker:
+        probe_worker(Path(args.probe_worker), args.probe_mb, warmup=2, iters=5)
+        return 0
+    for name in ("nproc", "grad_accum", "steps"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid; it must be >= 1"
+                             + (" (no GPU is visible: pass --nproc for a CPU recipe)" if name == "nproc" else ""))
+    if args.warmup < 1:
+        raise SystemExit(f"--warmup {args.warmup} is invalid; it must be >= 1 (the first step compiles kernels "
+                         "and sets up NCCL)")
+    if args.micro_batch is not None and args.micro_batch < 1:
+        raise SystemExit(f"--micro-batch {args.micro_batch} is invalid; it must be >= 1")
+    args.configs = list(dict.fromkeys(args.configs))
+    args.network = list(dict.fromkeys(args.network))
+    budget = common.Budget(args.time_budget)
+    plan = _plan(args)
+    common.check_settings(plan.out_dir, plan.settings)
+    command = " ".join([os.path.basename(sys.executable), *sys.argv])
+    with common.stop_on_signals():
+        try:
+            if plan.synthetic_samples is not None:
+                random_token_shards(plan.data, plan.synthetic_samples, plan.seq_len, plan.vocab_size)
+            status = sweep(plan, budget)
+        except common.Interrupted as sig:
+            print(f"stopped by {sig}")
+            status = "incomplete"
+        # The header only now: querying the device earlier could leave a CUDA context of this process on GPU 0
+        # during the measurements.
+        md, record = render(plan, common.header(args.nproc, command), collect(plan), status)
+        stem = f"bench_e2e-{plan.name}-{args.nproc}x"
+        common.write_outputs(stem, plan.out_dir, {".md": md, ".json": json.dumps(record, indent=1)})
+    print(md)
+    return {"complete": 0, "failed": 1, "incomplete": 3}[status]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

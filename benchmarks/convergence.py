@@ -1,0 +1,575 @@
+"""Convergence: validation-loss curves of the same GPT, data order, seed and hyperparameters under plain FSDP2 and
+under each QSDP setting, on a corpus large enough that no run sees a sample twice.
+
+Arms (``--arms``, all by default), each a recipe of the family (``--model 125m`` reads ``yamls/gpt-125m/``) plus
+overrides:
+
+=================  ==============================================================================================
+``baseline``        ``baseline.yaml``: plain Composer FSDP2
+``w8g8``            ``qsdp-w8g8.yaml``: 8-bit min-max weights and gradients, stochastic rounding, buckets of 1024
+``w4g4``            ``qsdp-w4g4.yaml``: 4-bit min-max weights and gradients
+``w4g4-learned``    ``qsdp-w4g4.yaml`` with ``weight_codec=learned grad_codec=learned``: learned levels (QSDP
+                    Algorithm 1) on both sides
+``w4g4-hadamard``   ``qsdp-w4g4.yaml`` with ``grad_codec_options={hadamard: true}``: min-max gradients rotated by a
+                    Walsh-Hadamard transform per bucket (SDP4Bit)
+=================  ==============================================================================================
+
+Every arm runs the recipe with the same shortened schedule: ``--steps`` batches (the cosine decay ends there) of
+``--global-batch`` samples of ``--seq-len`` tokens, the recipe's seed (so the same initial weights and the same
+shuffled sample order, on the same number of processes), evaluation every ``--eval-interval`` steps on the same
+first ``--eval-batches`` batches of the held-out split.
+
+Corpus (built once if missing, on the machine that runs the arms): every ``*.py`` file of the installed Python
+packages (``site.getsitepackages()``, sorted paths, exact duplicates dropped), tokenized with GPT-2 BPE by
+``python -m composer_qsdp.data.build pysource``; a document goes to the validation split when the hash of its text
+falls in ``--val-fraction``. ``<corpus>/manifest.json`` records the exact command, the interpreter, every
+installed distribution and a SHA-256 over the files' relative paths and contents, so the same corpus can be
+rebuilt and checked. The text belongs to those packages under their own licenses: it stays on the machine and is
+never committed. The driver refuses to run when the train split is smaller than ``steps x global batch`` samples.
+
+Resumable: each arm checkpoints every ``--save-interval`` steps and resumes from its newest checkpoint
+(Composer ``autoresume``); each launch writes its own metrics file, rewritten after every evaluation, so a launch
+killed by ``--time-budget`` or an outer limit loses no evaluation. A rerun continues unfinished arms and skips
+finished ones. Arms run ``--parallel`` at a time, each on ``--nproc`` GPUs (``CUDA_VISIBLE_DEVICES``); with more
+arms than disjoint GPU groups, groups are shared round-robin: a 125M model on small batches leaves a GPU mostly
+idle, so sharing shortens the whole run, and the losses do not depend on it (the step times do).
+
+Outputs, in ``--out-dir`` and in ``$OUT`` when set, as ``convergence-<name>.csv`` (step, tokens, one validation-loss
+column per arm), ``.json`` (curves, final losses, gaps to the baseline, QSDP compression and sampled errors,
+settings, corpus manifest), ``.md`` (the summary table) and ``.png`` (all curves, and the second half zoomed).
+``--replot RECORD.json`` redraws the PNG from a record (e.g. where matplotlib is missing on the GPU machine).
+
+Usage::
+
+    python benchmarks/convergence.py --model 125m                      # every arm, 2 GPUs each
+    python benchmarks/convergence.py --build-only                      # only the corpus
+    python benchmarks/convergence.py --time-budget 500                 # stop cleanly; rerun to continue
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import importlib.metadata
+import io
+import json
+import os
+import platform
+import site
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import e2e_common as common  # noqa: E402
+
+VAL_LOSS = "metrics/val/LanguageCrossEntropy"
+W8G8_TARGET_PCT = 1.0  # the project's target: W8G8 final validation loss within 1% of plain FSDP
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One convergence arm: a recipe of the family plus overrides.
+
+    Attributes:
+        recipe: file name in the recipe directory.
+        overrides: ``key=value`` recipe overrides.
+        description: what it is, for the table.
+    """
+
+    recipe: str
+    overrides: tuple[str, ...]
+    description: str
+
+
+ARMS: dict[str, Arm] = {
+    "baseline": Arm("baseline.yaml", (), "plain Composer FSDP2"),
+    "w8g8": Arm("qsdp-w8g8.yaml", (), "QSDP W8G8, min-max, stochastic rounding"),
+    "w4g4": Arm("qsdp-w4g4.yaml", (), "QSDP W4G4, min-max, stochastic rounding"),
+    "w4g4-learned": Arm("qsdp-w4g4.yaml", ("algorithms.qsdp.weight_codec=learned",
+                                           "algorithms.qsdp.grad_codec=learned"),
+                        "QSDP W4G4, learned levels on weights and gradients"),
+    "w4g4-hadamard": Arm("qsdp-w4g4.yaml", ("algorithms.qsdp.grad_codec_options.hadamard=true",),
+                         "QSDP W4G4, min-max, Hadamard-rotated gradients"),
+}
+
+
+# ----------------------------------------------------------------------------------------------------- corpus
+def split_samples(corpus: Path, split: str) -> int:
+    """Samples in one split of an MDS shard directory (from its ``index.json``)."""
+    index = common.read_json(corpus / split / "index.json")
+    return sum(shard["samples"] for shard in index["shards"])
+
+
+def source_fingerprint(roots: list[str] | None) -> dict[str, Any]:
+    """Files, bytes and a SHA-256 over (path relative to its root, SHA-256 of the content) of every file the
+    ``pysource`` build reads, in its order: equal fingerprints mean equal input text."""
+    from composer_qsdp.data import python_source_files
+
+    if roots is None:  # the default of python_source_files: the site-packages directories that exist
+        roots = [r for r in site.getsitepackages() if os.path.isdir(r)]
+    dirs = sorted(Path(r).resolve() for r in roots)
+    digest, total = hashlib.sha256(), 0
+    files = python_source_files(dirs)
+    for path in files:
+        data = path.read_bytes()
+        total += len(data)
+        root = next(d for d in dirs if path.is_relative_to(d))
+        digest.update(f"{path.relative_to(root)}\0".encode() + hashlib.sha256(data).digest())
+    return {"roots": [str(d) for d in dirs], "files": len(files), "bytes": total, "sha256": digest.hexdigest()}
+
+
+def build_corpus(corpus: Path, seq_len: int, val_fraction: float, inputs: str | None,
+                 max_documents: int | None) -> dict[str, Any]:
+    """Build the ``pysource`` shards at ``corpus`` unless present; returns its manifest (written beside them).
+
+    Raises:
+        SystemExit: the build failed (its log is named), an existing corpus was built with another
+            ``val_fraction``, or ``corpus`` exists without the manifest this function writes.
+    """
+    manifest_path = corpus / "manifest.json"
+    if manifest_path.is_file():
+        manifest = common.read_json(manifest_path)
+        if manifest["val_fraction"] != val_fraction or manifest["seq_len"] != seq_len:
+            raise SystemExit(f"corpus {corpus} was built with val_fraction={manifest['val_fraction']}, seq_len="
+                             f"{manifest['seq_len']}; pass those, or another --corpus")
+        return manifest
+    if corpus.exists():
+        raise SystemExit(f"{corpus} exists but has no manifest.json (not built by this driver, or its build was "
+                         "interrupted): remove it, or pass another --corpus")
+    command = [sys.executable, "-m", "composer_qsdp.data.build", "pysource", str(corpus), "--seq-len", str(seq_len),
+               "--val-fraction", str(val_fraction)]
+    command += ["--input", inputs] if inputs else []
+    command += ["--max-documents", str(max_documents)] if max_documents else []
+    log = corpus.with_name(corpus.name + ".build.log")
+    print(f"building the corpus: {' '.join(command)} (log: {log})", flush=True)
+    t0 = time.monotonic()
+    if common.run(command, log, os.environ, common.Budget(None)) != 0:
+        raise SystemExit(f"corpus build failed; see {log}:\n{common.log_tail(log, 2000)}")
+    manifest = {
+        "source": "pysource: every *.py file of the installed Python packages (site.getsitepackages(), sorted "
+                  "paths, exact duplicates dropped), GPT-2 BPE, documents split by text hash",
+        "command": " ".join(["python", *command[1:]]),
+        "python": platform.python_version(),
+        "seq_len": seq_len,
+        "val_fraction": val_fraction,
+        "max_documents": max_documents,
+        "input": source_fingerprint(None if inputs is None else [inputs]),
+        "samples": {split: split_samples(corpus, split) for split in ("train", "val")},
+        "build_seconds": round(time.monotonic() - t0, 1),
+        "distributions": sorted({f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
+                                 if d.metadata["Name"]}),
+        "license": "the text of the installed packages, under their own licenses: kept on this machine, "
+                   "never committed",
+    }
+    manifest["tokens"] = {split: n * seq_len for split, n in manifest["samples"].items()}
+    common.write_json(manifest_path, manifest)
+    return manifest
+
+
+# ------------------------------------------------------------------------------------------------------- plan
+@dataclass
+class Plan:
+    """Everything the arms of one invocation share."""
+
+    args: argparse.Namespace
+    recipe_dir: Path
+    name: str
+    out_dir: Path
+    corpus: Path
+    micro: int
+    gpus: list[str]  #: visible GPU ids, empty on CPU
+    parallel: int
+    settings: dict[str, Any]
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.args.global_batch * self.args.seq_len
+
+    def arm_dir(self, arm: str) -> Path:
+        return self.out_dir / arm
+
+    def slot_data(self, slot: int) -> Path:
+        """The corpus under a path of its own per slot: concurrent jobs must not give streaming the same local
+        directory (it keys its shared memory on the path)."""
+        return self.out_dir / "data" / f"slot{slot}"
+
+    def overrides(self, arm: str, segment: int, data: Path) -> list[str]:
+        a, d = self.args, self.arm_dir(arm)
+        return [f"run_name={arm}", "data.remote=null", f"data.local={data}", "data.train_split=train",
+                "data.eval_split=val", f"model.max_seq_len={a.seq_len}", f"global_train_batch_size={a.global_batch}",
+                f"device_train_microbatch_size={self.micro}", f"max_duration={a.steps}ba",
+                f"eval_interval={a.eval_interval}ba", f"eval_subset_num_batches={a.eval_batches}",
+                f"device_eval_batch_size={a.eval_batch_size}", f"save_folder={d / 'checkpoints'}",
+                f"save_interval={a.save_interval}ba", "save_num_checkpoints_to_keep=1", "autoresume=true",
+                "load_path=null", "progress_bar=false", f"data.num_workers={a.num_workers}",
+                f"metrics_file={d / f'metrics-{segment:02d}.json'}",
+                *ARMS[arm].overrides, *a.override]
+
+
+def _visible_gpus() -> list[str]:
+    if not torch.cuda.is_available():
+        return []
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return [g.strip() for g in listed.split(",") if g.strip()] if listed else \
+        [str(i) for i in range(torch.cuda.device_count())]
+
+
+def _plan(args: argparse.Namespace) -> Plan:
+    from composer_qsdp.train import RecipeError, load_recipe
+
+    recipe_dir = common.recipe_dir(args.model, args.recipe_dir)
+    if args.global_batch % args.nproc:
+        raise SystemExit(f"--global-batch {args.global_batch} is not a multiple of --nproc {args.nproc}")
+    micro = args.micro_batch or args.global_batch // args.nproc
+    name = f"{recipe_dir.name}-t{args.seq_len}-b{args.global_batch}-s{args.steps}"
+    out_dir = Path(args.out_dir or common.ROOT / "runs" / "convergence" / name).resolve()
+    corpus = Path(args.corpus or common.ROOT / "data" / f"pysource-gpt2-t{args.seq_len}").resolve()
+    gpus = _visible_gpus()
+    if gpus and len(gpus) < args.nproc:
+        raise SystemExit(f"--nproc {args.nproc} needs that many GPUs; {len(gpus)} visible")
+    parallel = args.parallel or (len(gpus) // args.nproc if gpus else 1)
+    settings = {"recipe_dir": str(recipe_dir), "steps": args.steps, "seq_len": args.seq_len,
+                "global_batch": args.global_batch, "micro_batch": micro, "nproc": args.nproc,
+                "eval_interval": args.eval_interval, "eval_batches": args.eval_batches,
+                "eval_batch_size": args.eval_batch_size, "corpus": str(corpus), "overrides": list(args.override)}
+    plan = Plan(args, recipe_dir, name, out_dir, corpus, micro, gpus, parallel, settings)
+    # Every arm's recipe must load with its overrides before any GPU time is spent (the driver is world size 1,
+    # so the per-device batch is checked against the full batch here; train.py checks it again per rank).
+    for arm in args.arms:
+        try:
+            load_recipe(recipe_dir / ARMS[arm].recipe, plan.overrides(arm, 0, corpus))
+        except RecipeError as err:
+            raise SystemExit(f"recipe error in arm {arm} ({ARMS[arm].recipe}): {err}") from None
+    return plan
+
+
+def _check_corpus(plan: Plan, manifest: dict[str, Any]) -> None:
+    need = plan.args.steps * plan.args.global_batch
+    have = manifest["samples"]["train"]
+    if have < need:
+        raise SystemExit(f"the corpus has {have} train samples but {plan.args.steps} steps x {plan.args.global_batch} "
+                         f"= {need} are needed so that no sample repeats; lower --steps/--global-batch/--seq-len or "
+                         "give more text (--corpus-input)")
+    if manifest["samples"]["val"] == 0:
+        raise SystemExit("the corpus has no validation samples; raise --val-fraction")
+
+
+# ------------------------------------------------------------------------------------------------ running arms
+def _segments(arm_dir: Path) -> list[Path]:
+    return sorted(arm_dir.glob("metrics-*.json"))
+
+
+def _next_segment(arm_dir: Path) -> int:
+    return len(list(arm_dir.glob("log-*.txt")))
+
+
+def run_arms(plan: Plan, budget: common.Budget) -> str:
+    """Run (or continue) every unfinished arm; ``"complete"``, ``"incomplete"`` (budget or signal) or
+    ``"failed"`` (an arm's launch failed; it continues from its checkpoint on the next invocation)."""
+    queue = [arm for arm in plan.args.arms if not (plan.arm_dir(arm) / "done.json").is_file()]
+    running: dict[int, tuple[str, subprocess.Popen]] = {}  # slot -> (arm, its launch)
+    failures = dict.fromkeys(queue, 0)
+    failed, last_start = False, float("-inf")
+    for slot in range(plan.parallel):
+        link = plan.slot_data(slot)
+        if not link.exists():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(plan.corpus, target_is_directory=True)
+    try:
+        while queue or running:
+            for slot, (arm, proc) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                del running[slot]
+                if proc.returncode == 0:
+                    common.write_json(plan.arm_dir(arm) / "done.json", {"segments": _next_segment(plan.arm_dir(arm))})
+                    print(f"{arm}: finished", flush=True)
+                elif failures[arm] < plan.args.retries:
+                    # Transient start-up failures happen (streaming's temporary process groups race when train.py
+                    # builds two datasets before Composer initializes torch.distributed): continue from the
+                    # checkpoint, after the other queued arms.
+                    failures[arm] += 1
+                    queue.append(arm)
+                    print(f"{arm}: launch failed (status {proc.returncode}); retrying later "
+                          f"({failures[arm]} of {plan.args.retries}); log in {plan.arm_dir(arm)}", flush=True)
+                else:
+                    failed = True
+                    print(f"{arm}: launch failed (status {proc.returncode}); log in {plan.arm_dir(arm)}", flush=True)
+            if running and budget.remaining() == 0:
+                print("time budget spent: stopping the running arms (they resume from their checkpoints)")
+                return "incomplete"
+            free = [s for s in range(plan.parallel) if s not in running]
+            # Starts are spaced by --stagger-s: two jobs initializing streaming at once could race for its
+            # shared-memory prefix.
+            spaced = not running or time.monotonic() - last_start >= plan.args.stagger_s
+            if queue and free and spaced and budget.allows(plan.args.min_launch_s):
+                arm, slot = queue.pop(0), free[0]
+                running[slot] = (arm, _start_arm(plan, arm, slot))
+                last_start = time.monotonic()
+                continue
+            if not running:
+                if queue:
+                    print(f"time budget nearly spent ({budget.remaining():.0f} s left): rerun to continue "
+                          f"{', '.join(queue)}")
+                    return "incomplete"
+                break
+            time.sleep(1.0)
+    except common.Interrupted as sig:
+        print(f"stopped by {sig}: the arms resume from their checkpoints on the next run")
+        return "incomplete"
+    finally:
+        for _, proc in running.values():
+            common.kill(proc)
+    return "failed" if failed else "complete"
+
+
+def _start_arm(plan: Plan, arm: str, slot: int) -> subprocess.Popen:
+    """Start the next launch of ``arm`` on ``slot``'s GPUs and corpus path."""
+    arm_dir = plan.arm_dir(arm)
+    segment = _next_segment(arm_dir)
+    command = common.train_command(plan.args.nproc, plan.recipe_dir / ARMS[arm].recipe,
+                                   plan.overrides(arm, segment, plan.slot_data(slot)))
+    env = dict(os.environ)
+    if plan.gpus:
+        # Slots beyond the number of disjoint GPU groups share groups round-robin (time-sliced GPUs: the losses
+        # do not change, the step times do).
+        group = slot % (len(plan.gpus) // plan.args.nproc)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(plan.gpus[group * plan.args.nproc:(group + 1) * plan.args.nproc])
+    common.write_json(arm_dir / "arm.json", {"arm": arm, **ARMS[arm].__dict__, "settings": plan.settings})
+    print(f"{arm}: launch {segment} on slot {slot}"
+          + (f" (GPUs {env['CUDA_VISIBLE_DEVICES']})" if plan.gpus else ""), flush=True)
+    return common.start(command, arm_dir / f"log-{segment:02d}.txt", env)
+
+
+# ------------------------------------------------------------------------------------------------- collecting
+def merged_metrics(arm_dir: Path) -> dict[str, dict[int, float]]:
+    """Metric name -> {batch: value} over an arm's launches; a later launch's value wins (a resumed launch
+    redoes the batches after its checkpoint)."""
+    merged: dict[str, dict[int, float]] = {}
+    for path in _segments(arm_dir):
+        for name, series in common.read_json(path)["metrics"].items():
+            merged.setdefault(name, {}).update({int(b): float(v) for b, v in series})
+    return merged
+
+
+def _mean(series: dict[int, float] | None) -> float | None:
+    return statistics.fmean(series.values()) if series else None
+
+
+def summarize(plan: Plan) -> dict[str, Any]:
+    """Per arm: its validation curve, final loss, gap to the baseline's loss at the same step, QSDP's compression
+    and sampled errors, the median step time."""
+    arms: dict[str, Any] = {}
+    for arm in plan.args.arms:
+        metrics = merged_metrics(plan.arm_dir(arm))
+        curve = sorted(metrics.get(VAL_LOSS, {}).items())
+        wall = sorted(metrics.get("time/train", {}).items())
+        step_times = [(t1 - t0) * 3600.0 for (b0, t0), (b1, t1) in zip(wall, wall[1:]) if b1 == b0 + 1]
+        arms[arm] = {
+            "description": ARMS[arm].description,
+            "overrides": list(ARMS[arm].overrides),
+            "complete": (plan.arm_dir(arm) / "done.json").is_file(),
+            "launches": len(list(plan.arm_dir(arm).glob("log-*.txt"))),
+            "curve": [[step, loss] for step, loss in curve],
+            "final_step": curve[-1][0] if curve else None,
+            "final_val_loss": curve[-1][1] if curve else None,
+            "compression_vs_unquantized": _mean(metrics.get("qsdp/compression_vs_unquantized")),
+            "rel_error": {side: _mean(metrics.get(f"qsdp/{side}/rel_error")) for side in ("weights", "grads")},
+            "step_time_s_median": statistics.median(step_times) if step_times else None,
+        }
+    base = dict(arms["baseline"]["curve"]) if "baseline" in arms else {}
+    for record in arms.values():
+        step = record["final_step"]
+        record["gap_vs_baseline_pct"] = (100.0 * (record["final_val_loss"] - base[step]) / base[step]
+                                         if step in base else None)
+    return arms
+
+
+def csv_text(plan: Plan, arms: dict[str, Any]) -> str:
+    """``step,tokens,<arm>...``: validation loss (nats/token) of each arm at each evaluation step; empty where
+    an arm has no evaluation (yet)."""
+    curves = {arm: dict(map(tuple, r["curve"])) for arm, r in arms.items()}
+    steps = sorted({s for c in curves.values() for s in c})
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["step", "tokens", *arms])
+    for step in steps:
+        writer.writerow([step, step * plan.tokens_per_step,
+                         *(f"{curves[a][step]:.6f}" if step in curves[a] else "" for a in arms)])
+    return buf.getvalue()
+
+
+def markdown(plan: Plan, head: dict[str, str], manifest: dict[str, Any], arms: dict[str, Any],
+             status: str) -> str:
+    a = plan.args
+    m = manifest
+    lines = [f"### convergence: {plan.recipe_dir.name} on {head['device']}", "", *common.header_lines(head),
+             f"- settings: {a.steps} steps x {a.global_batch} samples x {a.seq_len} tokens = "
+             f"{a.steps * plan.tokens_per_step:,} tokens per arm; micro-batch {plan.micro}, {a.nproc} processes "
+             f"per arm; evaluation every {a.eval_interval} steps on {a.eval_batches} batches x {a.eval_batch_size} "
+             f"samples per process of the held-out split",
+             f"- corpus: `{m['command']}`: {m['input']['files']} files, {m['input']['bytes'] / 1e6:.1f} MB of "
+             f"Python source -> {m['tokens']['train']:,} train / {m['tokens']['val']:,} val tokens; input sha256 "
+             f"`{m['input']['sha256'][:16]}`",
+             f"- status: {status}", "",
+             "| arm | final step | final val loss | vs baseline | compression vs unquantized | rel. error w / g "
+             "| step time (ms, median; arms may share GPUs) | description |", "|---|---|---|---|---|---|---|---|"]
+    fmt = common.fmt
+    for arm, r in arms.items():
+        err = r["rel_error"]
+        step = "n/a" if r["final_step"] is None else f"{r['final_step']}{'' if r['complete'] else ' (partial)'}"
+        step_ms = None if r["step_time_s_median"] is None else r["step_time_s_median"] * 1e3
+        lines.append(f"| {arm} | {step} | {fmt(r['final_val_loss'], '.4f')} "
+                     f"| {fmt(r['gap_vs_baseline_pct'], '+.2f', '%')} "
+                     f"| {fmt(r['compression_vs_unquantized'], '.2f', 'x')} | {fmt(err['weights'], '.3f')} / "
+                     f"{fmt(err['grads'], '.3f')} | {fmt(step_ms, '.0f')} | {r['description']} |")
+    gap = arms.get("w8g8", {}).get("gap_vs_baseline_pct")
+    if gap is not None:
+        lines += ["", f"Target (measured, never asserted): W8G8 final validation loss within "
+                      f"{W8G8_TARGET_PCT:.0f}% of plain FSDP: {gap:+.2f}% "
+                      f"({'met' if abs(gap) <= W8G8_TARGET_PCT else 'NOT met'})"]
+    return "\n".join(lines) + "\n"
+
+
+def png_bytes(record: dict[str, Any]) -> bytes | None:
+    """All arms' validation-loss curves (left) and their second half zoomed (right), as PNG; None without
+    matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no PNG; redraw it elsewhere with --replot <the .json record>")
+        return None
+    s = record["settings"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    for ax, start in zip(axes, (0, s["steps"] // 2)):
+        for arm, r in record["arms"].items():
+            points = [(step, loss) for step, loss in r["curve"] if step >= start]
+            if points:
+                ax.plot(*zip(*points), marker=".", label=arm)
+        ax.set_xlabel(f"step ({s['global_batch']} x {s['seq_len']} tokens each)")
+        ax.set_ylabel("validation loss (nats/token)")
+        ax.grid(alpha=0.3)
+    axes[0].set_title("validation loss")
+    axes[1].set_title(f"from step {s['steps'] // 2}")
+    axes[0].legend()
+    tokens = s["steps"] * s["global_batch"] * s["seq_len"]
+    fig.suptitle(f"{Path(s['recipe_dir']).name}: same seed, data order and hyperparameters; "
+                 f"{tokens:,} tokens per arm ({record['header']['git']})")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def write_results(plan: Plan, manifest: dict[str, Any], status: str) -> dict[str, Any]:
+    head = common.header(plan.args.nproc, " ".join([os.path.basename(sys.executable), *sys.argv]))
+    arms = summarize(plan)
+    record = {"header": head, "settings": {**plan.settings, "micro_batch": plan.micro}, "status": status,
+              "corpus": manifest, "arms": arms}
+    md = markdown(plan, head, manifest, arms, status)
+    files: dict[str, str | bytes] = {".csv": csv_text(plan, arms), ".json": json.dumps(record, indent=1), ".md": md}
+    png = png_bytes(record)
+    if png is not None:
+        files[".png"] = png
+    common.write_outputs(f"convergence-{plan.name}", plan.out_dir, files)
+    print(md)
+    return record
+
+
+# ------------------------------------------------------------------------------------------------------- main
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="See the module docstring and benchmarks/README.md.")
+    parser.add_argument("--model", default="125m", help="recipe family: reads yamls/gpt-<model>/ (default 125m)")
+    parser.add_argument("--recipe-dir", help="directory with baseline.yaml, qsdp-w8g8.yaml, qsdp-w4g4.yaml")
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    parser.add_argument("--steps", type=int, default=2000, help="optimizer steps per arm (default 2000)")
+    parser.add_argument("--seq-len", type=int, default=512, help="tokens per sample (default 512)")
+    parser.add_argument("--global-batch", type=int, default=32, help="samples per step, all processes (default 32)")
+    parser.add_argument("--micro-batch", type=int, help="samples per forward/backward per process (default: the "
+                                                        "per-process batch, no accumulation)")
+    parser.add_argument("--eval-interval", type=int, default=100, help="steps between evaluations (default 100)")
+    parser.add_argument("--eval-batches", type=int, default=8, help="batches per evaluation and process (default 8)")
+    parser.add_argument("--eval-batch-size", type=int, default=32, help="samples per evaluation batch (default 32)")
+    parser.add_argument("--save-interval", type=int, default=500, help="steps between checkpoints (default 500)")
+    parser.add_argument("--nproc", type=int, default=2, help="processes (GPUs) per arm (default 2)")
+    parser.add_argument("--parallel", type=int, help="arms at a time (default: visible GPUs // nproc; 1 on CPU); "
+                                                     "more than that share GPUs round-robin")
+    parser.add_argument("--num-workers", type=int, default=2,
+                        help="data loader workers per process (default 2; the recipes' 8 are for big batches)")
+    parser.add_argument("--corpus", help="shard directory (default data/pysource-gpt2-t<seq-len>; built if missing)")
+    parser.add_argument("--corpus-input", help="build from the *.py files under this directory instead of the "
+                                               "site-packages")
+    parser.add_argument("--val-fraction", type=float, default=0.02,
+                        help="fraction of files held out for validation (default 0.02)")
+    parser.add_argument("--max-documents", type=int, help="build from at most this many files")
+    parser.add_argument("--build-only", action="store_true", help="build the corpus (if missing) and stop")
+    parser.add_argument("--out-dir", help="results directory (default runs/convergence/<name>)")
+    parser.add_argument("--time-budget", type=float, help="seconds this command may use: it stops the arms "
+                                                          "(they resume later) and writes the results in time")
+    parser.add_argument("--min-launch-s", type=float, default=120.0,
+                        help="start no launch with less budget left than this (default 120 s)")
+    parser.add_argument("--retries", type=int, default=1,
+                        help="relaunches of a failed arm within one run, from its checkpoint (default 1)")
+    parser.add_argument("--stagger-s", type=float, default=10.0,
+                        help="seconds between two launches that would overlap (default 10)")
+    parser.add_argument("-o", "--override", action="append", default=[],
+                        help="extra recipe override key=value for every arm (repeatable)")
+    parser.add_argument("--replot", metavar="RECORD_JSON", help="only redraw the PNG of a convergence-*.json record "
+                                                                "(written beside it)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build the corpus, run the arms, write the results; 0 complete, 1 some launch failed, 3 incomplete."""
+    args = _parser().parse_args(argv)
+    if args.replot:
+        record_path = Path(args.replot)
+        png = png_bytes(common.read_json(record_path))
+        if png is None:
+            return 2
+        record_path.with_suffix(".png").write_bytes(png)
+        print(f"wrote {record_path.with_suffix('.png')}")
+        return 0
+    for name in ("steps", "seq_len", "global_batch", "eval_interval", "eval_batches", "eval_batch_size",
+                 "save_interval", "nproc", "parallel"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid; it must be >= 1")
+    for name in ("num_workers", "retries"):
+        if getattr(args, name) < 0:
+            raise SystemExit(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid; it must be >= 0")
+    args.arms = list(dict.fromkeys(args.arms))
+    budget = common.Budget(args.time_budget)
+    plan = _plan(args)
+    with common.stop_on_signals():
+        try:
+            manifest = build_corpus(plan.corpus, args.seq_len, args.val_fraction, args.corpus_input,
+                                    args.max_documents)
+        except common.Interrupted as sig:
+            print(f"stopped by {sig} while building the corpus; rerun to build it")
+            return 3
+        print(f"corpus {plan.corpus}: {manifest['tokens']['train']:,} train / {manifest['tokens']['val']:,} val "
+              "tokens", flush=True)
+        if args.build_only:
+            return 0
+        _check_corpus(plan, manifest)
+        # Arms of one directory share every setting and the very same corpus.
+        common.check_settings(plan.out_dir, {**plan.settings, "corpus_sha256": manifest["input"]["sha256"]})
+        status = run_arms(plan, budget)
+        write_results(plan, manifest, status)
+    return {"complete": 0, "failed": 1, "incomplete": 3}[status]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

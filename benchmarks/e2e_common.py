@@ -1,0 +1,244 @@
+"""Shared plumbing of the end-to-end drivers (``bench_e2e.py``, ``convergence.py``): launching
+``composer_qsdp.train`` through Composer's launcher, time budgets that end a command cleanly before an outer
+limit, process-group kills, the record header (device, date, git revision, command) and output files.
+
+Not a benchmark itself; the drivers import it from this directory.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Environment variables worth recording with a measurement (the NCCL transport and the visible devices).
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL", "CUDA_VISIBLE_DEVICES", "TORCH_SYMM_MEM", "OMP_NUM_THREADS")
+
+#: Seconds a killed launch gets between SIGTERM and SIGKILL.
+KILL_GRACE_S = 15.0
+
+
+class Interrupted(Exception):
+    """The driver received SIGTERM or SIGINT (e.g. an outer time limit): stop, keep what is finished."""
+
+
+def launcher(nproc: int) -> list[str]:
+    """Composer's launcher for ``nproc`` local processes: the ``composer`` script beside this interpreter, or
+    ``python -m composer.cli`` where wheels were installed without scripts (the GPU machines)."""
+    script = Path(sys.executable).parent / "composer"
+    base = [str(script)] if script.exists() else [sys.executable, "-m", "composer.cli"]
+    return [*base, "-n", str(nproc)]
+
+
+def train_command(nproc: int, recipe: Path, overrides: Sequence[str]) -> list[str]:
+    """``composer -n nproc -m composer_qsdp.train recipe key=value ...``."""
+    return [*launcher(nproc), "-m", "composer_qsdp.train", str(recipe), *overrides]
+
+
+def git_revision() -> str:
+    """Short commit of this checkout, ``+dirty`` with uncommitted changes under the code that a measurement
+    depends on; ``$GIT_REV`` wins (checkouts copied without ``.git``)."""
+    if os.environ.get("GIT_REV"):
+        return os.environ["GIT_REV"]
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                             cwd=ROOT).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "composer_qsdp", "benchmarks", "yamls"],
+                               capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
+        return rev + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (set GIT_REV)"
+
+
+def recorded_env(env: Mapping[str, str]) -> str:
+    """The NCCL/device variables of ``env`` as ``K=V`` words (what a measurement's transport depends on)."""
+    words = [f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)]
+    return " ".join(words) or "(none set)"
+
+
+def header(nproc: int, command: str) -> dict[str, str]:
+    """Device, software versions, date (UTC), git revision and the exact command, for a result record."""
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        device = f"{nproc} x {props.name} ({props.total_memory / 2**30:.0f} GiB) of {torch.cuda.device_count()} visible"
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    else:
+        device, nccl = f"{nproc} CPU processes (gloo), {os.cpu_count()} cores", "n/a"
+    return {
+        "device": f"{device}, host {socket.gethostname()}",
+        "torch": torch.__version__,
+        "nccl": nccl,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "git": git_revision(),
+        "command": command,
+    }
+
+
+def header_lines(head: Mapping[str, str]) -> list[str]:
+    return [f"- {k}: `{v}`" for k, v in head.items()]
+
+
+def write_outputs(stem: str, out_dir: Path, files: Mapping[str, str | bytes]) -> list[Path]:
+    """Write ``{stem}{suffix}`` for each ``suffix -> content`` into ``out_dir`` and, when ``$OUT`` is set, into
+    ``$OUT`` too (what comes back from a device machine). Returns the paths written."""
+    targets = [out_dir] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else [])
+    written = []
+    for target in targets:
+        target.mkdir(parents=True, exist_ok=True)
+        for suffix, content in files.items():
+            path = target / f"{stem}{suffix}"
+            if isinstance(content, bytes):
+                path.write_bytes(content)
+            else:
+                path.write_text(content)
+            written.append(path)
+    return written
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write-then-rename, so an interrupted driver never leaves a truncated record that looks finished."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def recipe_dir(model: str, path: str | None) -> Path:
+    """The recipe family's directory: ``path`` when given, else ``yamls/gpt-<model>/``.
+
+    Raises:
+        SystemExit: it does not exist.
+    """
+    found = Path(path) if path else ROOT / "yamls" / f"gpt-{model}"
+    if not found.is_dir():
+        raise SystemExit(f"recipe directory {str(found)!r} does not exist (--model {model!r} reads "
+                         "yamls/gpt-<model>/; or pass --recipe-dir)")
+    return found.resolve()
+
+
+def check_settings(out_dir: Path, settings: Mapping[str, Any]) -> None:
+    """Record ``settings`` in ``out_dir/settings.json``, or check them against the recorded ones: results of one
+    directory must come from one set of settings.
+
+    Raises:
+        SystemExit: the recorded settings differ; the message names the keys and both values.
+    """
+    path = out_dir / "settings.json"
+    if not path.is_file():
+        write_json(path, dict(settings))
+        return
+    stored = read_json(path)
+    differ = sorted(k for k in set(stored) | set(settings) if stored.get(k) != settings.get(k))
+    if differ:
+        raise SystemExit(f"{out_dir} holds results of other settings ({', '.join(differ)}: "
+                         f"{ {k: stored.get(k) for k in differ} } vs now { {k: settings.get(k) for k in differ} }); "
+                         "pass another --out-dir or remove it")
+
+
+def fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    """``value`` formatted with ``spec`` plus ``suffix``, or ``n/a`` for None (a table cell)."""
+    return "n/a" if value is None else f"{value:{spec}}{suffix}"
+
+
+def log_tail(path: Path, chars: int = 4000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+class Budget:
+    """Wall-clock seconds this driver may still use (None: unlimited), so that it stops its launches and writes
+    its tables before an outer limit kills it.
+
+    Args:
+        seconds: the budget from now, or None.
+    """
+
+    def __init__(self, seconds: float | None) -> None:
+        if seconds is not None and seconds <= 0:
+            raise ValueError(f"time budget {seconds!r} s is invalid; it must be > 0 seconds")
+        self._end = None if seconds is None else time.monotonic() + seconds
+
+    def remaining(self) -> float | None:
+        """Seconds left (never negative), or None without a budget."""
+        return None if self._end is None else max(0.0, self._end - time.monotonic())
+
+    def allows(self, seconds: float) -> bool:
+        """Whether ``seconds`` still fit."""
+        left = self.remaining()
+        return left is None or left >= seconds
+
+
+def start(command: Sequence[str], log_path: Path, env: Mapping[str, str]) -> subprocess.Popen:
+    """Start ``command`` in the repository root, in its own process group (so it can be killed whole),
+    stdout and stderr into ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        log.write(f"$ {' '.join(command)}\n{recorded_env(env)}\n\n")
+        log.flush()
+        return subprocess.Popen(list(command), cwd=ROOT, env=dict(env), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def kill(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group of ``proc`` (the launcher and its ranks), SIGKILL it if still alive after
+    :data:`KILL_GRACE_S` seconds."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def run(command: Sequence[str], log_path: Path, env: Mapping[str, str], budget: Budget) -> int | None:
+    """Run ``command`` to completion within ``budget``; its exit status, or None when the budget ran out (the
+    process group is killed then)."""
+    proc = start(command, log_path, env)
+    try:
+        return proc.wait(budget.remaining())
+    except subprocess.TimeoutExpired:
+        kill(proc)
+        return None
+    finally:
+        kill(proc)  # also on Interrupted: never leave ranks behind
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGINT into :class:`Interrupted` inside the block, so a driver killed by an outer time
+    limit still kills its launches and writes what is finished."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

@@ -1,0 +1,24 @@
+"""The benchmark drivers live in ``benchmarks/`` (scripts, not a package): make them importable, and give the
+tests a tiny CPU recipe family in the layout the drivers read (``baseline.yaml``, ``qsdp-w8g8.yaml``,
+``qsdp-w4g4.yaml``), built on the repository's ``yamls/cpu`` recipes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+@pytest.fixture(scope="session")
+def tiny_recipes(tmp_path_factory) -> Path:
+    """The tiny CPU GPT as a recipe family, micro-batch 4."""
+    d = tmp_path_factory.mktemp("gpt-tiny")
+    cpu = ROOT / "yamls" / "cpu"
+    (d / "baseline.yaml").write_text(f"base: {cpu / 'gpt-tiny-baseline.yaml'}\ndevice_train_microbatch_size: 4\n")
+    (d / "qsdp-w8g8.yaml").write_text(f"base: {cpu / 'gpt-tiny-qsdp.yaml'}\ndevice_train_microbatch_size: 4\n")
+    (d / "qsdp-w4g4.yaml").write_text("base: qsdp-w8g8.yaml\nalgorithms: {qsdp: {weight_bits: 4, grad_bits: 4}}\n")
+    return d

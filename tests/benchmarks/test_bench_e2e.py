@@ -1,0 +1,181 @@
+"""``benchmarks/bench_e2e.py``: the measurement arithmetic against hand-computed references, the table's ratios,
+random-token shards, the planned launches of every paper recipe family, and (slow) the whole sweep on 2 CPU
+processes: probe, baseline, QSDP, the compute-only bound, skipping what is finished on a rerun."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streaming import StreamingDataset
+
+import bench_e2e
+import e2e_common
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def hours(seconds: list[float]) -> list[list[float]]:
+    """``time/train`` as train.py records it: [completed batches, cumulative hours]."""
+    return [[b + 1, s / 3600.0] for b, s in enumerate(seconds)]
+
+
+def test_measure_against_hand_computed_reference():
+    metrics = {"metrics": {"time/train": hours([10.0, 11.0, 12.5, 13.5, 15.0])},
+               "communication": {"QSDP": {side: {"sent": 500, "bf16": 1000, "native": 2000, "calls": 5}
+                                          for side in ("weights", "grads", "total")}},
+               "memory": {"peak_allocated_bytes": 7, "peak_reserved_bytes": 9}}
+    r = bench_e2e.measure(metrics, warmup=2, steps=3, tokens_per_step=1000)
+    assert r["step_times_s"] == pytest.approx([1.5, 1.0, 1.5])  # batches 3, 4, 5
+    assert r["step_time_s"] == pytest.approx(4.0 / 3)
+    assert (r["step_time_min_s"], r["step_time_max_s"]) == pytest.approx((1.0, 1.5))
+    assert r["tokens_per_s"] == pytest.approx(3000 / 4.0)
+    assert r["wire_per_step"]["total"] == pytest.approx({"sent": 100, "bf16": 200, "native": 400})
+    assert r["memory"] == {"peak_allocated_bytes": 7, "peak_reserved_bytes": 9}
+    assert bench_e2e.measure({"metrics": {"time/train": hours([1.0, 2.0])}}, 1, 1, 10)["wire_per_step"] is None
+    with pytest.raises(ValueError, match=r"no time/train for batch\(es\) \[3\]"):
+        bench_e2e.measure(metrics | {"metrics": {"time/train": hours([1.0, 2.0])}}, 1, 2, 10)
+
+
+def result(nproc: int, tokens_per_s: float, wire: dict | None, status: str = "ok") -> dict:
+    return {"status": status, "nproc": nproc, "tokens_per_s": tokens_per_s, "step_time_s": 1.0,
+            "step_time_min_s": 0.9, "step_time_max_s": 1.1, "memory": {"peak_allocated_bytes": 2**30},
+            "wire_per_step": wire, "error": "the launch exited with status 1"}
+
+
+def test_rows_ratios_bound_and_targets():
+    wire = {"total": {"sent": 10e9, "bf16": 20e9, "native": 40e9}}
+    network = {"results": {"baseline": result(4, 100.0, None), "qsdp-w8g8": result(4, 200.0, wire),
+                           "qsdp-w4g4": result(4, 300.0, {"total": {**wire["total"], "sent": 5e9}}),
+                           "baseline-pure": result(4, 0.0, None, status="failed")}}
+    rows = {r["config"]: r for r in bench_e2e.rows(network, result(1, 90.0, None), nproc=4)}
+    assert rows["qsdp-w8g8"]["vs_baseline"] == pytest.approx(2.0)
+    assert rows["qsdp-w4g4"]["vs_baseline"] == pytest.approx(3.0)
+    assert rows["compute-bound"]["tokens_per_s"] == pytest.approx(360.0)  # 4 GPUs x the one-GPU run
+    assert rows["qsdp-w4g4"]["of_bound"] == pytest.approx(300 / 360)
+    assert rows["baseline"]["wire_gb_per_step"] == pytest.approx(40.0)  # the QSDP runs' native bytes
+    assert rows["qsdp-w8g8"]["wire_vs_baseline"] == pytest.approx(0.25)
+    assert rows["compute-bound"]["wire_gb_per_step"] == 0.0
+    assert rows["qsdp-w8g8"]["peak_allocated_gib"] == pytest.approx(1.0)
+    assert rows["baseline-pure"] == {"config": "baseline-pure", "failed": "the launch exited with status 1"}
+
+    socket = bench_e2e.targets("socket", list(rows.values()))
+    assert socket == ["qsdp-w8g8 tokens/s = 2.00x baseline (target >= 1.8x): met",
+                      "qsdp-w4g4 tokens/s = 3.00x baseline (target >= 3.0x): met",
+                      "best QSDP (qsdp-w4g4) = 83% of the compute-only bound (target >= 85%): NOT met"]
+    assert bench_e2e.targets("nvlink", list(rows.values())) == [
+        "qsdp-w8g8 tokens/s = 2.00x baseline (target >= 0.95x): met",
+        "qsdp-w4g4 tokens/s = 3.00x baseline (target >= 0.95x): met"]
+
+
+def test_random_token_shards_are_seeded_and_reused(tmp_path):
+    out = bench_e2e.random_token_shards(tmp_path / "a", samples=10, seq_len=16, vocab_size=100)
+    dataset = StreamingDataset(local=str(out), split="train", shuffle=False)
+    tokens = np.stack([dataset[i]["tokens"] for i in range(dataset.num_samples)])
+    assert tokens.shape == (10, 16) and tokens.dtype == np.uint16 and tokens.max() < 100
+    assert len(np.unique(tokens)) > 50  # spread over the vocabulary, not a constant
+    again = bench_e2e.random_token_shards(tmp_path / "b", samples=10, seq_len=16, vocab_size=100)
+    assert (again / "train" / "shard.00000.mds").read_bytes() == (out / "train" / "shard.00000.mds").read_bytes()
+    stamp = (out / "train" / "index.json").stat().st_mtime_ns
+    bench_e2e.random_token_shards(out, samples=10, seq_len=16, vocab_size=100)
+    assert (out / "train" / "index.json").stat().st_mtime_ns == stamp
+
+
+@pytest.mark.parametrize("model", ["125m", "350m", "1.3b"])
+def test_every_paper_family_plans_valid_launches(model, tmp_path):
+    args = bench_e2e._parser().parse_args(["--model", model, "--nproc", "4", "--out-dir", str(tmp_path),
+                                           "--configs", *bench_e2e.CONFIGS])
+    plan = bench_e2e._plan(args)  # loads every configuration's recipe with its overrides
+    micro = plan.settings["micro_batch"]
+    assert micro == {"125m": 16, "350m": 8, "1.3b": 4}[model]  # the recipe's device_train_microbatch_size
+    assert plan.seq_len == 2048 and plan.global_batch(4) == 4 * micro and plan.global_batch(1) == micro
+    qsdp = plan.overrides(bench_e2e.CONFIGS["qsdp-w8g8"], 4, tmp_path / "m.json")
+    base = plan.overrides(bench_e2e.CONFIGS["baseline"], 4, tmp_path / "m.json")
+    assert "algorithms.qsdp.error_sample_interval=0" in qsdp and not any("qsdp" in o for o in base)
+    for needed in ("max_duration=13ba", "data.eval_split=null", "save_folder=null",
+                   f"global_train_batch_size={4 * micro}"):
+        assert needed in base
+
+
+def test_settings_of_one_directory_cannot_be_mixed(tmp_path, tiny_recipes):
+    parse = bench_e2e._parser().parse_args
+    plan = bench_e2e._plan(parse(["--recipe-dir", str(tiny_recipes), "--nproc", "2", "--out-dir", str(tmp_path)]))
+    e2e_common.check_settings(plan.out_dir, plan.settings)
+    e2e_common.check_settings(plan.out_dir, plan.settings)  # same settings: fine
+    other = bench_e2e._plan(parse(["--recipe-dir", str(tiny_recipes), "--nproc", "2", "--out-dir", str(tmp_path),
+                                   "--micro-batch", "2"]))
+    with pytest.raises(SystemExit, match="other settings \\(data, micro_batch: "):
+        e2e_common.check_settings(other.out_dir, other.settings)
+
+
+def test_network_environments(monkeypatch):
+    monkeypatch.setenv("NCCL_NET", "Socket")
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    nvlink, socket = bench_e2e._network_env("nvlink"), bench_e2e._network_env("socket")
+    assert "NCCL_NET" not in nvlink and nvlink["NCCL_NVLS_ENABLE"] == "0"
+    assert {k: socket[k] for k in bench_e2e._NETWORK_VARS} == {
+        "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "lo"}
+
+
+def test_bad_arguments_are_named(tmp_path):
+    with pytest.raises(SystemExit, match="--warmup 0 is invalid"):
+        bench_e2e.main(["--nproc", "2", "--warmup", "0"])
+    with pytest.raises(SystemExit, match="recipe directory .*nothing.* does not exist"):
+        bench_e2e.main(["--recipe-dir", str(tmp_path / "nothing"), "--nproc", "2"])
+    with pytest.raises(SystemExit, match="holds no train/index.json"):
+        bench_e2e.main(["--model", "125m", "--nproc", "2", "--data", str(tmp_path)])
+
+
+# ------------------------------------------------------------------------------------------------------- slow
+def sweep(tiny_recipes, out, out_env, *extra):
+    command = [sys.executable, str(ROOT / "benchmarks" / "bench_e2e.py"), "--recipe-dir", str(tiny_recipes),
+               "--nproc", "2", "--network", "nvlink", "--probe-mb", "1", "--warmup", "1", "--steps", "3",
+               "--out-dir", str(out), "--min-launch-s", "0", *extra]
+    return subprocess.run(command, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "OUT": str(out_env)},
+                          capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_cpu_sweep_measures_every_config_and_skips_finished_ones(tiny_recipes, tmp_path):
+    out, out_env = tmp_path / "e2e", tmp_path / "OUT"
+    first = sweep(tiny_recipes, out, out_env, "--configs", "baseline", "qsdp-w8g8")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    finished = {p: p.stat().st_mtime_ns for p in (out / "nvlink").glob("*.log")}
+    assert {p.name for p in finished} == {"nccl_probe.log", "baseline.log", "qsdp-w8g8.log"}
+
+    second = sweep(tiny_recipes, out, out_env)  # the default configs: only the missing ones run
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in finished} == finished
+    assert "[nvlink] qsdp-w4g4" in second.stdout and "[nvlink] baseline on" not in second.stdout
+
+    record = json.loads((out_env / f"bench_e2e-{tiny_recipes.name}-2x.json").read_text())
+    rows = {r["config"]: r for r in record["tables"]["nvlink"]}
+    assert list(rows) == ["baseline", "qsdp-w8g8", "qsdp-w4g4", "compute-bound"]
+    results = record["networks"]["nvlink"]["results"]
+    for name in ("baseline", "qsdp-w8g8", "qsdp-w4g4"):
+        # tokens/s recomputed from the run's own metrics file: 3 timed steps of 2 x 4 samples x 64 tokens.
+        wall = json.loads((out / "nvlink" / f"{name}.metrics.json").read_text())["metrics"]["time/train"]
+        seconds = (wall[3][1] - wall[0][1]) * 3600
+        assert results[name]["tokens_per_s"] == pytest.approx(3 * 8 * 64 / seconds)
+        assert results[name]["memory"] is None  # CPU
+    bound = record["compute_bound"]
+    assert bound["nproc"] == 1 and bound["global_batch"] == 4 and bound["tokens_per_step"] == 4 * 64
+    assert rows["compute-bound"]["tokens_per_s"] == pytest.approx(2 * bound["tokens_per_s"])
+    # Bytes: the same collectives in every FSDP run; fp32 on CPU, so 8-bit codes (+64 bits per 1024-element
+    # bucket) are 32 / 8.06 = 3.97x fewer bytes, 4-bit codes 32 / 4.06 = 7.9x.
+    native = {n: results[n]["wire_per_step"]["total"]["native"] for n in ("qsdp-w8g8", "qsdp-w4g4")}
+    assert native["qsdp-w8g8"] == native["qsdp-w4g4"] == rows["baseline"]["wire_gb_per_step"] * 1e9
+    assert 3.9 < 1 / rows["qsdp-w8g8"]["wire_vs_baseline"] < 4.0
+    assert 7.5 < 1 / rows["qsdp-w4g4"]["wire_vs_baseline"] < 8.0
+    probe = record["networks"]["nvlink"]["probe"]
+    assert [r["op"] for r in probe["rows"]] == ["all_reduce", "all_gather"] and all(
+        r["busbw_gbps"] > 0 for r in probe["rows"])
+    md = (out_env / f"bench_e2e-{tiny_recipes.name}-2x.md").read_text()
+    assert "| compute-bound | 1 (x2) |" in md and "- git: `" in md and "- command: `" in md
+    assert "status: complete" in md

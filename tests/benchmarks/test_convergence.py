@@ -1,0 +1,185 @@
+"""``benchmarks/convergence.py``: merging a resumed arm's metrics, the summary (final losses, gaps), CSV,
+markdown and PNG against hand-computed values, the corpus manifest and checks, the planned launches of every arm,
+and (slow) the whole driver on 2 CPU processes: killed mid-run, resumed from the checkpoint, finished arms
+skipped."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import convergence
+
+ROOT = Path(__file__).resolve().parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_segment(path: Path, val: dict[int, float], **series: dict[int, float]) -> None:
+    metrics = {convergence.VAL_LOSS: [[b, v] for b, v in val.items()]}
+    metrics |= {name.replace("__", "/"): [[b, v] for b, v in s.items()] for name, s in series.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"metrics": metrics, "communication": {}, "memory": None}))
+
+
+def plan_for(tiny_recipes, tmp_path, *extra):
+    args = convergence._parser().parse_args(
+        ["--recipe-dir", str(tiny_recipes), "--steps", "20", "--seq-len", "32", "--global-batch", "8",
+         "--out-dir", str(tmp_path / "out"), "--corpus", str(tmp_path / "corpus"), *extra])
+    return convergence._plan(args)
+
+
+def test_merged_metrics_later_launch_wins(tmp_path):
+    write_segment(tmp_path / "metrics-00.json", {5: 3.0, 10: 2.5, 15: 2.4})  # killed after step 15
+    write_segment(tmp_path / "metrics-01.json", {15: 2.3, 20: 2.0})  # resumed from the checkpoint at step 10
+    assert convergence.merged_metrics(tmp_path)[convergence.VAL_LOSS] == {5: 3.0, 10: 2.5, 15: 2.3, 20: 2.0}
+
+
+def test_summary_csv_markdown_png(tiny_recipes, tmp_path, monkeypatch):
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", "w4g4")
+    out = plan.out_dir
+    write_segment(out / "baseline" / "metrics-00.json", {10: 5.0, 20: 4.0},
+                  time__train={1: 1 / 3600, 2: 3 / 3600, 3: 4 / 3600})
+    write_segment(out / "w8g8" / "metrics-00.json", {10: 5.1, 20: 4.05},
+                  qsdp__compression_vs_unquantized={1: 3.9, 2: 4.0}, qsdp__weights__rel_error={1: 0.01},
+                  qsdp__grads__rel_error={1: 0.02, 2: 0.04})
+    write_segment(out / "w4g4" / "metrics-00.json", {10: 5.5})  # still running
+    for arm in ("baseline", "w8g8"):
+        (out / arm / "done.json").write_text("{}")
+    arms = convergence.summarize(plan)
+    assert arms["w8g8"]["gap_vs_baseline_pct"] == pytest.approx(1.25)
+    assert arms["w4g4"]["gap_vs_baseline_pct"] == pytest.approx(10.0)  # at its last step, 10
+    assert (arms["w4g4"]["final_step"], arms["w4g4"]["complete"]) == (10, False)
+    assert arms["w8g8"]["compression_vs_unquantized"] == pytest.approx(3.95)
+    assert arms["w8g8"]["rel_error"] == pytest.approx({"weights": 0.01, "grads": 0.03})
+    assert arms["baseline"]["step_time_s_median"] == pytest.approx(1.5)  # median of 2 s and 1 s
+
+    rows = list(csv.reader(io.StringIO(convergence.csv_text(plan, arms))))
+    assert rows == [["step", "tokens", "baseline", "w8g8", "w4g4"],
+                    ["10", str(10 * 8 * 32), "5.000000", "5.100000", "5.500000"],
+                    ["20", str(20 * 8 * 32), "4.000000", "4.050000", ""]]
+
+    manifest = {"command": "python -m composer_qsdp.data.build pysource X", "tokens": {"train": 1000, "val": 100},
+                "input": {"files": 3, "bytes": 4000, "sha256": "ab" * 32}}
+    monkeypatch.setenv("OUT", str(tmp_path / "OUT"))
+    record = convergence.write_results(plan, manifest, "incomplete")
+    stem = f"convergence-{plan.name}"
+    md = (tmp_path / "OUT" / f"{stem}.md").read_text()
+    assert "| w4g4 | 10 (partial) | 5.5000 | +10.00% |" in md
+    assert "within 1% of plain FSDP: +1.25% (NOT met)" in md
+    for target in (out, tmp_path / "OUT"):
+        assert (target / f"{stem}.png").read_bytes().startswith(PNG_MAGIC)
+        assert json.loads((target / f"{stem}.json").read_text())["arms"]["w8g8"]["final_val_loss"] == 4.05
+    assert record["settings"]["micro_batch"] == 4
+
+    (out / f"{stem}.png").unlink()
+    assert convergence.main(["--replot", str(out / f"{stem}.json")]) == 0
+    assert (out / f"{stem}.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_every_arm_plans_valid_launches_for_the_125m_family(tmp_path):
+    args = convergence._parser().parse_args(["--model", "125m", "--out-dir", str(tmp_path), "--corpus",
+                                             str(tmp_path / "c")])
+    plan = convergence._plan(args)  # loads every arm's recipe with its overrides
+    assert plan.settings["micro_batch"] == 16 and plan.tokens_per_step == 32 * 512
+    hadamard = plan.overrides("w4g4-hadamard", 3, plan.slot_data(1))
+    assert "algorithms.qsdp.grad_codec_options.hadamard=true" in hadamard
+    assert f"metrics_file={tmp_path / 'w4g4-hadamard' / 'metrics-03.json'}" in hadamard
+    assert f"data.local={tmp_path / 'data' / 'slot1'}" in hadamard
+    for needed in ("autoresume=true", "max_duration=2000ba", "model.max_seq_len=512", "global_train_batch_size=32"):
+        assert needed in hadamard
+
+
+def test_corpus_manifest_fingerprint_and_checks(tiny_recipes, tmp_path):
+    tree = tmp_path / "src"
+    for i in range(40):
+        (tree / f"pkg{i % 3}").mkdir(parents=True, exist_ok=True)
+        (tree / f"pkg{i % 3}" / f"m{i}.py").write_text(f"def f{i}(x):\n    return x ** {i} + {i}\n" * 20)
+    manifest = convergence.build_corpus(tmp_path / "corpus", 16, 0.25, str(tree), None)
+    assert manifest["samples"] == {split: convergence.split_samples(tmp_path / "corpus", split)
+                                   for split in ("train", "val")}
+    assert manifest["samples"]["val"] > 0 and manifest["input"]["files"] == 40
+    assert convergence.build_corpus(tmp_path / "corpus", 16, 0.25, str(tree), None) == manifest  # no rebuild
+    with pytest.raises(SystemExit, match="was built with val_fraction=0.25"):
+        convergence.build_corpus(tmp_path / "corpus", 16, 0.1, str(tree), None)
+    (tmp_path / "other").mkdir()
+    with pytest.raises(SystemExit, match="exists but has no manifest.json"):
+        convergence.build_corpus(tmp_path / "other", 16, 0.25, str(tree), None)
+
+    # The fingerprint depends on relative paths and contents only.
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(tree), str(copy)], check=True)
+    assert convergence.source_fingerprint([str(copy)])["sha256"] == manifest["input"]["sha256"]
+    (copy / "pkg0" / "m0.py").write_text("changed = True\n")
+    assert convergence.source_fingerprint([str(copy)])["sha256"] != manifest["input"]["sha256"]
+
+    plan = plan_for(tiny_recipes, tmp_path, "--steps", "1000")
+    with pytest.raises(SystemExit, match="train samples but 1000 steps x 8 = 8000 are needed"):
+        convergence._check_corpus(plan, manifest)
+
+
+# ------------------------------------------------------------------------------------------------------- slow
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_cpu_arms_resume_after_a_kill_and_skip_finished_ones(tiny_recipes, tmp_path):
+    out, out_env = tmp_path / "runs", tmp_path / "OUT"
+    command = [sys.executable, str(ROOT / "benchmarks" / "convergence.py"), "--recipe-dir", str(tiny_recipes),
+               "--arms", "baseline", "w4g4-hadamard", "--steps", "40", "--seq-len", "32", "--global-batch", "8",
+               "--eval-interval", "5", "--eval-batches", "2", "--eval-batch-size", "4", "--save-interval", "10",
+               "--corpus", str(tmp_path / "corpus"), "--corpus-input", str(ROOT / "composer_qsdp"),
+               "--val-fraction", "0.2", "--out-dir", str(out), "--min-launch-s", "0", "--stagger-s", "0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OUT": str(out_env)}
+    stem = f"convergence-{tiny_recipes.name}-t32-b8-s40"
+
+    # 1. Stop the driver (as an outer time limit would) once the first arm has its first checkpoint.
+    driver = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    latest = out / "baseline" / "checkpoints" / "latest-rank0.pt"
+    deadline = time.monotonic() + 600
+    while not latest.exists() and driver.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    driver.send_signal(signal.SIGTERM)
+    log = driver.communicate(timeout=120)[0]
+    assert driver.returncode == 3, log[-3000:]
+    checkpoint = int(os.readlink(latest).rsplit("ba", 1)[1])
+    assert 0 < checkpoint < 40
+    partial = json.loads((out_env / f"{stem}.json").read_text())
+    assert partial["status"] == "incomplete" and not partial["arms"]["baseline"]["complete"]
+    kept = dict(map(tuple, partial["arms"]["baseline"]["curve"]))
+    assert checkpoint in kept  # the evaluation before the checkpoint survived the kill
+
+    # 2. Rerun: the baseline continues from its checkpoint, the second arm runs, all evaluations are there.
+    second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    record = json.loads((out_env / f"{stem}.json").read_text())
+    for arm in ("baseline", "w4g4-hadamard"):
+        assert record["arms"][arm]["complete"]
+        assert [step for step, _ in record["arms"][arm]["curve"]] == list(range(5, 45, 5))
+    # Two launches, or more when a start-up failure was retried: the first and the one that finished count.
+    segments = sorted((out / "baseline").glob("metrics-*.json"))
+    assert record["arms"]["baseline"]["launches"] >= 2 and segments[0].name == "metrics-00.json"
+    first_seg, resumed = (json.loads(path.read_text())["metrics"] for path in (segments[0], segments[-1]))
+    first_losses, resumed_losses = (dict(map(tuple, m["loss/train/total"])) for m in (first_seg, resumed))
+    assert min(resumed_losses) == checkpoint  # resumed, not restarted: batches are keyed 0-based
+    overlap = set(first_losses) & set(resumed_losses)
+    assert {b: resumed_losses[b] for b in overlap} == {b: first_losses[b] for b in overlap}  # exact resume
+    merged = dict(map(tuple, record["arms"]["baseline"]["curve"]))
+    assert all(merged[s] == v for s, v in kept.items() if s <= checkpoint)
+    rows = list(csv.reader((out_env / f"{stem}.csv").read_text().splitlines()))
+    assert rows[0] == ["step", "tokens", "baseline", "w4g4-hadamard"] and len(rows) == 9
+    assert (out_env / f"{stem}.png").read_bytes().startswith(PNG_MAGIC)
+    manifest = json.loads((tmp_path / "corpus" / "manifest.json").read_text())
+    assert manifest["samples"]["train"] >= 40 * 8
+
+    # 3. Nothing left to do: no launch.
+    logs = sorted(out.glob("*/log-*.txt"))
+    third = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert third.returncode == 0 and ": launch " not in third.stdout
+    assert sorted(out.glob("*/log-*.txt")) == logs
