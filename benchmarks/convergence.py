@@ -20,7 +20,8 @@ shuffled sample order, on the same number of processes), evaluation every ``--ev
 first ``--eval-batches`` batches of the held-out split.
 
 Corpus (built once if missing, on the machine that runs the arms): every ``*.py`` file of the installed Python
-packages (``site.getsitepackages()``, sorted paths, exact duplicates dropped), tokenized with GPT-2 BPE by
+packages and the standard library (``site.getsitepackages()`` and ``sysconfig``'s ``stdlib``, sorted paths, exact
+duplicates dropped), tokenized with GPT-2 BPE by
 ``python -m composer_qsdp.data.build pysource``; a document goes to the validation split when the hash of its text
 falls in ``--val-fraction``. ``<corpus>/manifest.json`` records the exact command, the interpreter, every
 installed distribution and a SHA-256 over the files' relative paths and contents, so the same corpus can be
@@ -56,7 +57,6 @@ import io
 import json
 import os
 import platform
-import site
 import statistics
 import subprocess
 import sys
@@ -111,10 +111,10 @@ def split_samples(corpus: Path, split: str) -> int:
 def source_fingerprint(roots: list[str] | None) -> dict[str, Any]:
     """Files, bytes and a SHA-256 over (path relative to its root, SHA-256 of the content) of every file the
     ``pysource`` build reads, in its order: equal fingerprints mean equal input text."""
-    from composer_qsdp.data import python_source_files
+    from composer_qsdp.data import default_python_source_roots, python_source_files
 
-    if roots is None:  # the default of python_source_files: the site-packages directories that exist
-        roots = [r for r in site.getsitepackages() if os.path.isdir(r)]
+    if roots is None:
+        roots = default_python_source_roots()
     dirs = sorted(Path(r).resolve() for r in roots)
     digest, total = hashlib.sha256(), 0
     files = python_source_files(dirs)
@@ -154,7 +154,7 @@ def build_corpus(corpus: Path, seq_len: int, val_fraction: float, inputs: str | 
     if common.run(command, log, os.environ, common.Budget(None)) != 0:
         raise SystemExit(f"corpus build failed; see {log}:\n{common.log_tail(log, 2000)}")
     manifest = {
-        "source": "pysource: every *.py file of the installed Python packages (site.getsitepackages(), sorted "
+        "source": "pysource: every *.py file of the installed Python packages and the standard library (sorted "
                   "paths, exact duplicates dropped), GPT-2 BPE, documents split by text hash",
         "command": " ".join(["python", *command[1:]]),
         "python": platform.python_version(),
@@ -293,9 +293,8 @@ def run_arms(plan: Plan, budget: common.Budget) -> str:
                     common.write_json(plan.arm_dir(arm) / "done.json", {"segments": _next_segment(plan.arm_dir(arm))})
                     print(f"{arm}: finished", flush=True)
                 elif failures[arm] < plan.args.retries:
-                    # Transient start-up failures happen (streaming's temporary process groups race when train.py
-                    # builds two datasets before Composer initializes torch.distributed): continue from the
-                    # checkpoint, after the other queued arms.
+                    # A launch can fail for reasons outside the arm (a port taken by a concurrent job, a node
+                    # hiccup): continue from the checkpoint, after the other queued arms.
                     failures[arm] += 1
                     queue.append(arm)
                     print(f"{arm}: launch failed (status {proc.returncode}); retrying later "
@@ -510,7 +509,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="data loader workers per process (default 2; the recipes' 8 are for big batches)")
     parser.add_argument("--corpus", help="shard directory (default data/pysource-gpt2-t<seq-len>; built if missing)")
     parser.add_argument("--corpus-input", help="build from the *.py files under this directory instead of the "
-                                               "site-packages")
+                                               "installed packages and standard library")
     parser.add_argument("--val-fraction", type=float, default=0.02,
                         help="fraction of files held out for validation (default 0.02)")
     parser.add_argument("--max-documents", type=int, help="build from at most this many files")

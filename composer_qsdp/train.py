@@ -373,6 +373,9 @@ def train(recipe: ValidatedRecipe) -> Trainer:
         RecipeError: the shards named in ``data`` are missing or do not fit the model.
     """
     cfg, model_config = recipe.cfg, recipe.model_config
+    # The process group must exist before the streaming datasets are built: without one, each rank's
+    # StreamingDataset creates temporary groups of its own, and concurrent ranks race on them at start-up.
+    dist.initialize_dist(cfg.device)
     world = dist.get_world_size()
     seq_len = model_config.max_seq_len
     train_dl = _dataloader(cfg, cfg.data.train_split, cfg.global_train_batch_size // world, seq_len, training=True)

@@ -5,9 +5,9 @@
   generated from the installed package, never stored in this repository).
 * :func:`c4_documents`: C4 (``allenai/c4``) through Hugging Face ``datasets``, as the paper trained on;
   needs internet and ``pip install datasets``, so it is not exercised offline.
-* :func:`python_source_documents`: the ``*.py`` files of the installed Python packages (``site-packages``): a
-  large offline corpus on any machine (hundreds of millions of GPT-2 tokens where torch and friends are
-  installed). The text belongs to those packages under their own licenses: build shards on the machine that
+* :func:`python_source_documents`: the ``*.py`` files of the installed Python packages (``site-packages``) and
+  of the standard library: a large offline corpus on any machine (torch's files alone give about 19 M GPT-2
+  tokens). The text belongs to those packages under their own licenses: build shards on the machine that
   has them, never commit or redistribute the text.
 
 Sources without their own validation split assign each document to ``"train"`` or ``"val"`` by a hash of its
@@ -24,6 +24,7 @@ import itertools
 import os
 import re
 import site
+import sysconfig
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -32,6 +33,7 @@ __all__ = [
     "VAL_SPLIT",
     "assign_split",
     "c4_documents",
+    "default_python_source_roots",
     "python_source_documents",
     "python_source_files",
     "text_directory_documents",
@@ -122,12 +124,19 @@ def c4_documents(val_documents: int, name: str = "en") -> Iterator[tuple[str, st
         yield TRAIN_SPLIT, row["text"]
 
 
+def default_python_source_roots() -> list[str]:
+    """The directories :func:`python_source_files` searches by default: this interpreter's
+    ``site.getsitepackages()`` that exist (distributions list some that they never create) and its standard
+    library (``sysconfig``'s ``stdlib`` path), which together hold every installed package's source."""
+    roots = [*site.getsitepackages(), sysconfig.get_paths()["stdlib"]]
+    return [r for r in dict.fromkeys(roots) if os.path.isdir(r)]
+
+
 def python_source_files(roots: Sequence[str | os.PathLike] | None = None) -> list[Path]:
     """Every ``*.py`` file under ``roots``, in a deterministic order.
 
     Args:
-        roots: directories to search recursively; None means those of this interpreter's
-            ``site.getsitepackages()`` that exist (distributions list some that they never create). Roots are
+        roots: directories to search recursively; None means :func:`default_python_source_roots`. Roots are
             taken in sorted order and the files of each in sorted path order; a file reached twice (overlapping
             roots, symbolic links) is listed once, at its first position.
 
@@ -135,7 +144,7 @@ def python_source_files(roots: Sequence[str | os.PathLike] | None = None) -> lis
         ValueError: a given root is not a directory, or no ``*.py`` file is found.
     """
     if roots is None:
-        roots = [r for r in site.getsitepackages() if os.path.isdir(r)]
+        roots = default_python_source_roots()
     dirs = [Path(r) for r in roots]
     missing = [str(d) for d in dirs if not d.is_dir()]
     if missing:

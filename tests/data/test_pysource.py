@@ -3,6 +3,8 @@ file, skipped documents (empty, not UTF-8, duplicates), the hash split, and the 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from streaming import StreamingDataset
@@ -10,6 +12,7 @@ from streaming import StreamingDataset
 from composer_qsdp.data import (
     EOT_TOKEN_ID,
     assign_split,
+    default_python_source_roots,
     gpt2_tokenizer,
     python_source_documents,
     python_source_files,
@@ -51,11 +54,24 @@ def test_documents_skip_empty_non_utf8_and_duplicates(tmp_path):
     assert [split for split, _ in documents] == [assign_split(t, 0.5) for t in texts]
 
 
-def test_default_roots_are_the_existing_site_packages(tmp_path, monkeypatch):
-    make_tree(tmp_path)
+def test_default_roots_are_the_existing_site_packages_and_the_stdlib(tmp_path, monkeypatch):
+    make_tree(tmp_path / "site")
+    make_tree(tmp_path / "stdlib")
     monkeypatch.setattr("composer_qsdp.data.sources.site.getsitepackages",
-                        lambda: [str(tmp_path), str(tmp_path / "never-created")])
-    assert python_source_files() == python_source_files([tmp_path])
+                        lambda: [str(tmp_path / "site"), str(tmp_path / "never-created")])
+    monkeypatch.setattr("composer_qsdp.data.sources.sysconfig.get_paths", lambda: {"stdlib": str(tmp_path / "stdlib")})
+    assert default_python_source_roots() == [str(tmp_path / "site"), str(tmp_path / "stdlib")]
+    assert python_source_files() == python_source_files([tmp_path / "site", tmp_path / "stdlib"])
+
+
+def test_default_roots_hold_this_interpreter_s_packages_and_stdlib():
+    import json
+
+    import omegaconf
+
+    files = set(python_source_files())
+    assert Path(json.__file__).resolve() in {f.resolve() for f in files}
+    assert Path(omegaconf.__file__).resolve() in {f.resolve() for f in files}
 
 
 def test_errors_name_the_problem(tmp_path):
