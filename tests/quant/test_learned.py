@@ -190,6 +190,29 @@ def test_fits_inside_no_grad_and_inference_mode(context):
     assert torch.equal(wire, LearnedLevelsCodec(3, 128).encode(x, seed=1))
 
 
+def test_fit_runs_on_one_thread_and_restores_the_callers_thread_count(monkeypatch):
+    x = _student_t(1 << 16, seed=3)
+    seen = []
+    real = torch.Tensor.backward
+
+    def spy(self, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(self, *args, **kwargs)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        monkeypatch.setattr(torch.Tensor, "backward", spy)
+        levels = fit_levels(x, 4, 256, steps=5)
+        assert seen == [1] * 5
+        assert torch.get_num_threads() == 2
+        monkeypatch.undo()
+        torch.set_num_threads(1)
+        assert torch.equal(fit_levels(x, 4, 256, steps=5), levels)  # the caller's thread count does not matter
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_all_constant_or_nonfinite_input_keeps_uniform_levels():
     x = torch.full((256,), 3.0)
     x[200] = float("nan")
