@@ -434,7 +434,8 @@ def markdown(plan: Plan, head: dict[str, str], manifest: dict[str, Any], arms: d
     if gap is not None:
         lines += ["", f"Target (measured, never asserted): W8G8 final validation loss within "
                       f"{W8G8_TARGET_PCT:.0f}% of plain FSDP: {gap:+.2f}% "
-                      f"({'met' if abs(gap) <= W8G8_TARGET_PCT else 'NOT met'})"]
+                      f"({'met' if abs(gap) <= W8G8_TARGET_PCT else 'NOT met'}; W8G8 ended "
+                      f"{'below' if gap < 0 else 'above'} the baseline)"]
     return "\n".join(lines) + "\n"
 
 
