@@ -224,13 +224,9 @@ def random_token_shards(out: Path, samples: int, seq_len: int, vocab_size: int) 
 
 # --------------------------------------------------------------------------------------------------- the sweep
 @dataclass
-class Plan:
+class Plan(common.DriverPlan):
     """Everything the launches of one invocation share."""
 
-    args: argparse.Namespace
-    recipe_dir: Path
-    name: str
-    out_dir: Path
     seq_len: int
     vocab_size: int
     micro: int

@@ -176,13 +176,9 @@ def build_corpus(corpus: Path, seq_len: int, val_fraction: float, inputs: str | 
 
 # ------------------------------------------------------------------------------------------------------- plan
 @dataclass
-class Plan:
+class Plan(common.DriverPlan):
     """Everything the arms of one invocation share."""
 
-    args: argparse.Namespace
-    recipe_dir: Path
-    name: str
-    out_dir: Path
     corpus: Path
     micro: int
     gpus: list[str]  #: visible GPU ids, empty on CPU

@@ -1,12 +1,14 @@
 """Shared plumbing of the end-to-end drivers (``bench_e2e.py``, ``convergence.py``): launching
 ``composer_qsdp.train`` through Composer's launcher, time budgets that end a command cleanly before an outer
-limit, process-group kills, the record header (device, date, git revision, command) and output files.
+limit, process-group kills, the record header (device, date, git revision, command), output files and the
+fields every driver's plan starts with.
 
 Not a benchmark itself; the drivers import it from this directory.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -18,6 +20,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,16 @@ ENV_PREFIXES = ("NCCL_", "TORCH_NCCL", "CUDA_VISIBLE_DEVICES", "TORCH_SYMM_MEM",
 
 #: Seconds a killed launch gets between SIGTERM and SIGKILL.
 KILL_GRACE_S = 15.0
+
+
+@dataclass
+class DriverPlan:
+    """What the plan of every end-to-end driver holds; each driver's ``Plan`` adds its own fields after these."""
+
+    args: argparse.Namespace  #: the driver's command line
+    recipe_dir: Path  #: the recipe family (``baseline.yaml``, ``qsdp-*.yaml``), see :func:`recipe_dir`
+    name: str  #: the run's name, part of its output paths
+    out_dir: Path  #: where the results and ``settings.json`` go
 
 
 class Interrupted(Exception):
