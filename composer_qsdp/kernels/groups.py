@@ -29,18 +29,24 @@ and bit operations here run on the full-rate pipes. The torch references state t
 ``torch.round`` and integer tensors, so both give the same numbers.
 """
 
+import torch
 import triton
 import triton.language as tl
 
 __all__ = [
-    "MAGIC", "MAGIC_BITS", "tile", "split_tile", "group_words", "pack_words", "unpack_words", "codes_to_float",
-    "launch_shape", "vec",
+    "FP32_MAX", "MAGIC", "MAGIC_BITS", "MAX_ROWS", "tile", "split_tile", "group_words", "pack_words", "unpack_words",
+    "store_codes", "load_codes", "codes_to_float", "launch_fits", "launch_shape", "row_stride", "vec",
 ]
 
+#: The largest finite fp32 number: the quantize kernels cap the reciprocal of a tiny scale by it, as the torch
+#: references clamp theirs (a constexpr, as jit code reads no other globals).
+FP32_MAX = tl.constexpr(3.4028234663852886e38)
 #: 1.5 * 2**23 (fp32): ``v + MAGIC`` rounds ``|v| < 2**22`` half to even onto the integers.
 MAGIC = tl.constexpr(12582912.0)
 #: The bit pattern of :data:`MAGIC`; ``MAGIC + c`` is ``MAGIC_BITS + c`` for integers ``0 <= c < 2**22``.
 MAGIC_BITS = tl.constexpr(0x4B400000)
+#: Most rows of one launch: the rows are the grid's second dimension, which CUDA caps at 65535.
+MAX_ROWS = 65535
 
 
 @triton.jit
@@ -101,6 +107,42 @@ def unpack_words(words, lane, BITS: tl.constexpr):
 
 
 @triton.jit
+def store_codes(row_wire, codes, pid, b, g, lane, e, valid, n, num_buckets, code_bytes, meta_offset,
+                BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr, PARTIAL_GROUPS: tl.constexpr):  # fmt: skip
+    """Write the int32 codes of program ``pid``'s tile ``(b, g, lane, e, valid)`` into the wire row at ``row_wire``
+    (bytes ``[0, code_bytes)``), and zero the row's padding ``[code_bytes, meta_offset)`` before its metadata.
+
+    ``PARTIAL_GROUPS``: the row's last group may be partial (``n`` not a multiple of 8); its packed word then has
+    zero codes past the row's end, as :mod:`composer_qsdp.quant.packing` writes them.
+    """
+    if BITS == 8:
+        tl.store(row_wire + e, codes.to(tl.uint8), mask=valid)
+    else:
+        if PARTIAL_GROUPS:
+            codes = tl.where(valid, codes, 0)  # lanes past the row's end in its last word are zero
+        group_ok = (g * 8 < BUCKET) & (b * BUCKET + g * 8 < n)
+        words = group_words(row_wire, b, g, BITS, BUCKET)
+        tl.store(words, pack_words(codes, lane, BITS).to(words.dtype.element_ty), mask=group_ok)
+    # The program holding the last bucket zeroes the padding; a tail group's word may already have written zeros
+    # there.
+    pad = code_bytes + tl.arange(0, 4)
+    tl.store(row_wire + pad, tl.zeros([4], tl.uint8), mask=(pad < meta_offset) & (pid == (num_buckets - 1) // BPP))
+
+
+@triton.jit
+def load_codes(row_wire, b, g, lane, e, valid, n, BITS: tl.constexpr, BUCKET: tl.constexpr):
+    """The int32 codes stored by :func:`store_codes` in the wire row at ``row_wire``, on the tile ``(b, g, lane, e,
+    valid)``: 0 in groups outside the row, and past its end inside its last group what that group's word holds."""
+    if BITS == 8:
+        codes = tl.load(row_wire + e, mask=valid, other=0).to(tl.int32)
+    else:
+        group_ok = (g * 8 < BUCKET) & (b * BUCKET + g * 8 < n)
+        words = tl.load(group_words(row_wire, b, g, BITS, BUCKET), mask=group_ok, other=0).to(tl.int32)
+        codes = unpack_words(words, lane, BITS)
+    return codes
+
+
+@triton.jit
 def codes_to_float(codes, OFFSET: tl.constexpr):
     """``codes - OFFSET`` as exact fp32, for int32 codes in ``[0, 2**22)``, without a conversion instruction."""
     return (codes | MAGIC_BITS).to(tl.float32, bitcast=True) - (MAGIC + OFFSET)
@@ -109,6 +151,18 @@ def codes_to_float(codes, OFFSET: tl.constexpr):
 def vec(dtype) -> int:
     """``VEC`` of a tile streaming ``dtype`` (a torch dtype): its elements per 16-byte access, at most 8."""
     return min(8, 16 // dtype.itemsize)
+
+
+def launch_fits(rows: int, n: int) -> bool:
+    """True when one launch covers ``rows`` rows (at most :data:`MAX_ROWS`) of ``n`` elements (below ``2**31``:
+    the tiles index elements with int32)."""
+    return rows <= MAX_ROWS and n < 2**31
+
+
+def row_stride(t: torch.Tensor) -> int:
+    """Row stride of a ``[R, ...]`` launch argument; 0 for one row or a 1-D tensor, which never moves by it: Triton
+    then specializes it as a multiple of 16 and vectorizes the single-row (all-gather) case whatever ``n`` is."""
+    return t.stride(0) if t.dim() == 2 and t.shape[0] > 1 else 0
 
 
 def launch_shape(bucket_size: int, num_buckets: int, on_gpu: bool, gpu_tile: int, interpreter_tile: int,

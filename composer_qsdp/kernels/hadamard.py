@@ -20,6 +20,7 @@ import triton.language as tl
 import torch
 
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
+from composer_qsdp.kernels.groups import row_stride
 
 __all__ = ["MAX_BUCKET", "supports", "hadamard_rows", "butterflies", "rotation_scale"]
 
@@ -79,9 +80,8 @@ def hadamard_rows(
     g, warps = _launch_shape(x.device, bucket_size, out_cols, buckets_per_program, num_warps)
     y = torch.empty(rows, out_cols, dtype=dtype, device=x.device)
     scale = rotation_scale(bucket_size)
-    # A single row passes row stride 0, which lets Triton prove aligned, vectorizable addresses.
     _hadamard_kernel[(triton.cdiv(triton.cdiv(out_cols, bucket_size), g), rows)](
-        x, y, n, out_cols, x.stride(0) if rows > 1 else 0, y.stride(0) if rows > 1 else 0, scale,
+        x, y, n, out_cols, row_stride(x), row_stride(y), scale,
         B=bucket_size, LOG_B=bucket_size.bit_length() - 1, G=g, EMULATE_BF16_RNE=emulate_bf16_rne(), num_warps=warps,
     )  # fmt: skip
     return y

@@ -33,8 +33,8 @@ import triton
 import triton.language as tl
 
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
-from composer_qsdp.kernels.groups import (MAGIC, MAGIC_BITS, codes_to_float, group_words, launch_shape,
-                                          pack_words, split_tile, tile, unpack_words, vec)
+from composer_qsdp.kernels.groups import (FP32_MAX, MAGIC, MAGIC_BITS, MAX_ROWS, codes_to_float, launch_fits,
+                                          launch_shape, load_codes, row_stride, split_tile, store_codes, tile, vec)
 from composer_qsdp.kernels.noise import centered_noise
 from composer_qsdp.quant.wire import WireLayout, aligned_rows
 
@@ -44,7 +44,6 @@ __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_ro
 SUPPORTED_BITS = (1, 2, 4, 8)
 #: Largest bucket (elements) a program holds in registers without spilling (8 warps x 32 elements/thread).
 MAX_BUCKET = 8192
-_FP32_MAX = tl.constexpr(3.4028234663852886e38)  # jit code reads only constexpr globals
 # Elements per program and per thread on a GPU: one warp per 1024-element bucket, each thread holding 4 of its
 # groups, keeps a bucket's min/max reduction inside one warp (no shared memory, no barrier) and halves the
 # per-thread fixed work (reductions, divisions, addresses) per element against 16 per thread; sm_90 SASS of
@@ -56,14 +55,13 @@ _GPU_TILE = 1024
 _ELEMENTS_PER_THREAD = 32
 _ELEMENTS_PER_THREAD_UNALIGNED_ROWS = 16
 _INTERPRETER_TILE = 65536
-_MAX_ROWS = 65535
 
 
 def supports(bits: int, bucket_size: int, rows: int = 1, n: int = 1) -> bool:
     """True when a kernel covers ``bits``, ``bucket_size`` (elements; a multiple of 8 up to ``MAX_BUCKET``),
-    ``rows`` (the second grid dimension: at most 65535) and ``n`` elements per row (int32 indexing)."""
+    ``rows`` and ``n`` elements per row (:func:`composer_qsdp.kernels.groups.launch_fits`)."""
     return (bits in SUPPORTED_BITS and 8 <= bucket_size <= MAX_BUCKET and bucket_size % 8 == 0
-            and rows <= _MAX_ROWS and n < 2**31)  # fmt: skip
+            and launch_fits(rows, n))  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------- kernels
@@ -99,7 +97,7 @@ def _quantize_kernel(
     bad = ~(scale < float("inf"))
     positive = scale > 0
     inv = tl.math.div_rn(tl.full(lo.shape, 1.0, tl.float32), tl.where(positive, scale, 1.0))
-    inv = tl.minimum(tl.where(positive, inv, 0.0), _FP32_MAX)
+    inv = tl.minimum(tl.where(positive, inv, 0.0), FP32_MAX)
 
     t = (x - lo) * inv
     if STOCHASTIC:
@@ -110,19 +108,8 @@ def _quantize_kernel(
     codes = (tl.minimum((t + MAGIC).to(tl.uint32, bitcast=True), cap) - MAGIC_BITS).to(tl.int32)
 
     row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)  # wire rows are whole fp32 words
-    if BITS == 8:
-        tl.store(row_wire + e, codes.to(tl.uint8), mask=valid)
-    else:
-        if PARTIAL_GROUPS:
-            codes = tl.where(valid, codes, 0)  # lanes past the row's end in its last word are zero
-        group_ok = (g * 8 < BUCKET) & (b * BUCKET + g * 8 < n)
-        words = group_words(row_wire, b, g, BITS, BUCKET)
-        tl.store(words, pack_words(codes, lane, BITS).to(words.dtype.element_ty), mask=group_ok)
-    # The program holding the last bucket zeroes the padding before the metadata; a tail group's word may
-    # already have written zeros there.
-    pad = code_bytes + tl.arange(0, 4)
-    tl.store(row_wire + pad, tl.zeros([4], tl.uint8), mask=(pad < meta_offset) & (pid == (num_buckets - 1) // BPP))
-
+    store_codes(row_wire, codes, pid, b, g, lane, e, valid, n, num_buckets, code_bytes, meta_offset,
+                BITS, BUCKET, BPP, PARTIAL_GROUPS)  # fmt: skip
     row_meta = meta_ptr + row * (wire_row_stride // 4) + meta_offset // 4 + 2 * b
     on = b < num_buckets
     tl.store(row_meta, tl.where(bad, float("nan"), lo), mask=on)
@@ -136,12 +123,7 @@ def _decode_tile(
 ):  # fmt: skip
     """Decoded fp32 values of wire row ``row`` on the tile ``(b, g, lane, e, valid)`` (0 where not ``valid``)."""
     row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)  # wire rows are whole fp32 words
-    if BITS == 8:
-        codes = tl.load(row_wire + e, mask=valid, other=0).to(tl.int32)
-    else:
-        group_ok = (g * 8 < BUCKET) & (b * BUCKET + g * 8 < n)
-        words = tl.load(group_words(row_wire, b, g, BITS, BUCKET), mask=group_ok, other=0).to(tl.int32)
-        codes = unpack_words(words, lane, BITS)
+    codes = load_codes(row_wire, b, g, lane, e, valid, n, BITS, BUCKET)
     # Metadata loaded once per bucket as 1-D vectors, then broadcast (loading it in the tile's layout would
     # issue one load per element).
     bucket = tl.program_id(0) * BPP + tl.arange(0, BPP)
@@ -198,18 +180,12 @@ def _aligned_rows(t: torch.Tensor) -> bool:
     return t.shape[0] == 1 or t.stride(0) % 16 == 0
 
 
-def _row_stride(t: torch.Tensor) -> int:
-    """Row stride of a ``[R, ...]`` launch argument; 0 for one row, which never moves by it: Triton then
-    specializes it as a multiple of 16 and vectorizes the single-row (all-gather) case whatever ``n`` is."""
-    return t.stride(0) if t.shape[0] > 1 else 0
-
-
 def _check(bits: int, bucket_size: int, rows: int, layout: WireLayout) -> None:
     if not supports(bits, bucket_size, rows, layout.numel):
         raise ValueError(
             f"no min-max kernel for bits={bits}, bucket_size={bucket_size}, rows={rows}, n={layout.numel}; "
             f"allowed: bits in {SUPPORTED_BITS}, bucket_size a multiple of 8 up to {MAX_BUCKET}, rows up to "
-            f"{_MAX_ROWS}, n below 2**31"
+            f"{MAX_ROWS}, n below 2**31"
         )
 
 
@@ -242,7 +218,7 @@ def encode_rows(
     aligned = offset % 8 == 0 and (rows == 1 or n % 8 == 0)
     _quantize_kernel[(triton.cdiv(nb, bpp), rows)](
         x, wire, wire.view(torch.float32),
-        n, nb, layout.code_bytes, layout.meta_offset, _row_stride(x), _row_stride(wire),
+        n, nb, layout.code_bytes, layout.meta_offset, row_stride(x), row_stride(wire),
         seed, offset,
         BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=vec(x.dtype), STOCHASTIC=stochastic,
         ALIGNED=aligned, PARTIAL_GROUPS=bits < 8 and n % 8 != 0, num_warps=warps, enable_fp_fusion=False,
@@ -261,20 +237,7 @@ def decode_rows(
     num_warps: int | None = None,
 ) -> torch.Tensor:
     """Decode a ``[R, layout.wire_bytes]`` wire into ``[R, layout.numel]`` values of ``dtype``."""
-    rows = wire.shape[0]
-    _check(bits, bucket_size, rows, layout)
-    wire = aligned_rows(wire)
-    out = torch.empty(rows, layout.numel, dtype=dtype, device=wire.device)
-    nb = layout.num_buckets
-    groups, bpp, warps = _config(bucket_size, nb, out.is_cuda, _aligned_rows(out), buckets_per_program,
-                                 num_warps)  # fmt: skip
-    _dequantize_kernel[(triton.cdiv(nb, bpp), rows)](
-        wire, wire.view(torch.float32), out,
-        layout.numel, nb, layout.meta_offset, _row_stride(wire), _row_stride(out),
-        BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=vec(dtype), EMULATE_BF16_RNE=emulate_bf16_rne(),
-        num_warps=warps, enable_fp_fusion=False,
-    )  # fmt: skip
-    return out
+    return _decode(wire, bits, bucket_size, layout, dtype, False, buckets_per_program, num_warps)
 
 
 def decode_sum(
@@ -287,16 +250,30 @@ def decode_sum(
     num_warps: int | None = None,
 ) -> torch.Tensor:
     """Sum of the fp32 decodes of the rows of a ``[R, layout.wire_bytes]`` wire, in row order: fp32 ``[numel]``."""
+    return _decode(wire, bits, bucket_size, layout, torch.float32, True, buckets_per_program, num_warps)
+
+
+def _decode(wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout, dtype: torch.dtype, sum_rows: bool,
+            buckets_per_program: int | None, num_warps: int | None) -> torch.Tensor:  # fmt: skip
+    """:func:`decode_rows` (``[R, numel]`` of ``dtype``), or with ``sum_rows`` :func:`decode_sum` (fp32 ``[numel]``)."""
     rows = wire.shape[0]
     _check(bits, bucket_size, rows, layout)
     wire = aligned_rows(wire)
-    out = torch.empty(layout.numel, dtype=torch.float32, device=wire.device)
+    out = torch.empty((layout.numel,) if sum_rows else (rows, layout.numel), dtype=dtype, device=wire.device)
     nb = layout.num_buckets
-    groups, bpp, warps = _config(bucket_size, nb, out.is_cuda, True, buckets_per_program, num_warps)
-    _dequantize_sum_kernel[(triton.cdiv(nb, bpp),)](
-        wire, wire.view(torch.float32), out,
-        layout.numel, nb, layout.meta_offset, _row_stride(wire),
-        ROWS=rows, BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=vec(torch.float32),
-        num_warps=warps, enable_fp_fusion=False,
-    )  # fmt: skip
+    # The sum's output is one row, which starts aligned.
+    groups, bpp, warps = _config(bucket_size, nb, out.is_cuda, sum_rows or _aligned_rows(out), buckets_per_program,
+                                 num_warps)  # fmt: skip
+    launch = {"BITS": bits, "BUCKET": bucket_size, "GROUPS": groups, "BPP": bpp, "VEC": vec(dtype), "num_warps": warps,
+             "enable_fp_fusion": False}  # fmt: skip
+    if sum_rows:
+        _dequantize_sum_kernel[(triton.cdiv(nb, bpp),)](
+            wire, wire.view(torch.float32), out, layout.numel, nb, layout.meta_offset, row_stride(wire), ROWS=rows,
+            **launch,
+        )  # fmt: skip
+    else:
+        _dequantize_kernel[(triton.cdiv(nb, bpp), rows)](
+            wire, wire.view(torch.float32), out, layout.numel, nb, layout.meta_offset, row_stride(wire),
+            row_stride(out), EMULATE_BF16_RNE=emulate_bf16_rne(), **launch,
+        )  # fmt: skip
     return out

@@ -32,8 +32,8 @@ import triton
 import triton.language as tl
 
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
-from composer_qsdp.kernels.groups import MAGIC, MAGIC_BITS, codes_to_float, group_words, launch_shape, pack_words, tile
-from composer_qsdp.kernels.groups import split_tile, unpack_words, vec
+from composer_qsdp.kernels.groups import FP32_MAX, MAGIC, MAGIC_BITS, MAX_ROWS, codes_to_float, launch_fits
+from composer_qsdp.kernels.groups import launch_shape, load_codes, row_stride, split_tile, store_codes, tile, vec
 from composer_qsdp.kernels.hadamard import butterflies, rotation_scale
 from composer_qsdp.quant.wire import WireLayout, aligned_rows
 
@@ -43,7 +43,6 @@ __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_ro
 SUPPORTED_BITS = (2, 4, 8)
 #: Largest bucket (elements) a program holds in registers.
 MAX_BUCKET = 8192
-_FP32_MAX = tl.constexpr(3.4028234663852886e38)  # jit code reads only constexpr globals
 # Elements per program and per thread on a GPU, as the min-max kernels (:mod:`composer_qsdp.kernels.minmax`):
 # a 1024-element bucket is one warp, 32 elements per thread. Under the interpreter (~12 ms per program, almost
 # independent of size) as few programs as possible.
@@ -110,7 +109,7 @@ def _encode_kernel(
     scale = tl.where(nonfinite, float("nan"), tl.div_rn(absmax, tl.full(absmax.shape, QMAX, tl.float32)))
     positive = absmax > 0
     safe = tl.where(positive, absmax, 1.0)  # keeps the discarded branch free of 1/0 (interpreter warnings)
-    inv = tl.where(positive, tl.minimum(tl.div_rn(tl.full(absmax.shape, QMAX, tl.float32), safe), _FP32_MAX), 0.0)
+    inv = tl.where(positive, tl.minimum(tl.div_rn(tl.full(absmax.shape, QMAX, tl.float32), safe), FP32_MAX), 0.0)
 
     # Round half to even through MAGIC and clamp to +-QMAX on the bit patterns (as unsigned ints, ordered like the
     # values there); a non-finite bucket clamps to level 0, and its NaN lanes (patterns above any cap) too.
@@ -120,18 +119,8 @@ def _encode_kernel(
     codes = (rounded - (MAGIC_BITS - QMAX)).to(tl.int32)
 
     row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)  # wire rows are whole fp32 words
-    if BITS == 8:
-        tl.store(row_wire + e, codes.to(tl.uint8), mask=valid)
-    else:
-        if PARTIAL_GROUPS:
-            codes = tl.where(valid, codes, 0)  # lanes past the row's end in its last word are zero
-        group_ok = (g * 8 < BUCKET) & (b * BUCKET + g * 8 < n)
-        words = group_words(row_wire, b, g, BITS, BUCKET)
-        tl.store(words, pack_words(codes, lane, BITS).to(words.dtype.element_ty), mask=group_ok)
-    # The program holding the last bucket zeroes the padding before the scales; a tail group's word may already
-    # have written zeros there.
-    pad = code_bytes + tl.arange(0, 4)
-    tl.store(row_wire + pad, tl.zeros([4], tl.uint8), mask=(pad < meta_offset) & (pid == (num_buckets - 1) // BPP))
+    store_codes(row_wire, codes, pid, b, g, lane, e, valid, n, num_buckets, code_bytes, meta_offset,
+                BITS, BUCKET, BPP, PARTIAL_GROUPS)  # fmt: skip
     meta = (row_wire + meta_offset).to(tl.pointer_type(tl.float32))
     tl.store(meta + b, scale, mask=b < num_buckets)
 
@@ -140,12 +129,7 @@ def _encode_kernel(
 def _decode_tile(row_wire, b, g, lane, e, valid, n, num_buckets, meta_offset,
                  BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr, QMAX: tl.constexpr):  # fmt: skip
     """fp32 values of one wire row on the tile ``(b, g, lane, e, valid)`` (garbage where not ``valid``)."""
-    if BITS == 8:
-        codes = tl.load(row_wire + e, mask=valid, other=0).to(tl.int32)
-    else:
-        group_ok = (g * 8 < BUCKET) & (b * BUCKET + g * 8 < n)
-        words = tl.load(group_words(row_wire, b, g, BITS, BUCKET), mask=group_ok, other=0).to(tl.int32)
-        codes = unpack_words(words, lane, BITS)
+    codes = load_codes(row_wire, b, g, lane, e, valid, n, BITS, BUCKET)
     # Scales loaded once per bucket as a 1-D vector, then broadcast (loading them in the tile's layout would issue
     # one load per element).
     bucket = tl.program_id(0) * BPP + tl.arange(0, BPP)
@@ -195,15 +179,10 @@ def _config(bits: int, bucket_size: int, rows: int, layout: WireLayout, rotate: 
             f"no symmetric kernel for bits={bits}, bucket_size={bucket_size}, rotate={rotate}; allowed: bits in "
             f"{SUPPORTED_BITS}, bucket_size a multiple of 8 up to {MAX_BUCKET} (a power of two to rotate)"
         )
-    if not 1 <= rows <= 65535 or layout.numel >= 2**31:
-        raise ValueError(f"rows={rows} must be in 1..65535 and n={layout.numel} below 2**31")
+    if rows < 1 or not launch_fits(rows, layout.numel):
+        raise ValueError(f"rows={rows} must be in 1..{MAX_ROWS} and n={layout.numel} below 2**31")
     return launch_shape(bucket_size, layout.num_buckets, on_gpu, _GPU_TILE, _INTERPRETER_TILE, _ELEMENTS_PER_THREAD,
                         buckets_per_program, num_warps)  # fmt: skip
-
-
-def _row_stride(t: torch.Tensor) -> int:
-    """Row stride for a launch: 0 for a single row, which lets Triton prove aligned, vectorizable addresses."""
-    return t.stride(0) if t.dim() == 2 and t.shape[0] > 1 else 0
 
 
 def _rotation(bucket_size: int, rotate: bool) -> dict:
@@ -234,7 +213,7 @@ def encode_rows(
     groups, bpp, warps = _config(bits, bucket_size, rows, layout, rotate, x.is_cuda, buckets_per_program, num_warps)
     wire = torch.empty(rows, layout.wire_bytes, dtype=torch.uint8, device=x.device)
     _encode_kernel[(triton.cdiv(layout.num_buckets, bpp), rows)](
-        x, wire, n, layout.numel, _row_stride(x), _row_stride(wire), layout.num_buckets, layout.code_bytes,
+        x, wire, n, layout.numel, row_stride(x), row_stride(wire), layout.num_buckets, layout.code_bytes,
         layout.meta_offset, **_rotation(bucket_size, rotate),
         BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=vec(x.dtype), QMAX=(1 << (bits - 1)) - 1,
         PARTIAL_GROUPS=bits < 8 and layout.numel % 8 != 0, num_warps=warps, enable_fp_fusion=False,
@@ -250,7 +229,7 @@ def _decode(wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout,
                                  num_warps)  # fmt: skip
     tiles = triton.cdiv(layout.num_buckets, bpp)
     _decode_kernel[(tiles,) if sum_rows else (tiles, rows)](
-        wire, out, layout.numel, out.shape[-1], _row_stride(wire), _row_stride(out), layout.num_buckets,
+        wire, out, layout.numel, out.shape[-1], row_stride(wire), row_stride(out), layout.num_buckets,
         layout.meta_offset, **_rotation(bucket_size, rotate),
         BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=vec(out.dtype), QMAX=(1 << (bits - 1)) - 1,
         SUM=sum_rows, ROWS=rows if sum_rows else 1, EMULATE_BF16_RNE=emulate_bf16_rne(),
