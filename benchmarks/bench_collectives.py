@@ -103,43 +103,50 @@ def _time_ms(fn: Callable[[int], object], warmup: int, iters: int) -> float:
 
 
 def _run_cases(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> list[dict]:
-    group = dist.group.WORLD
     rows: list[dict] = []
     for size_mb in args.sizes:
-        total = size_mb * MB // BF16 // world * world  # elements of the full message, divisible by W
-        chunk = total // world
-        ag_in = torch.randn(chunk, device=device, dtype=torch.bfloat16)
-        ag_out = torch.empty(total, device=device, dtype=torch.bfloat16)
-        rs_in = torch.randn(total, device=device, dtype=torch.bfloat16)
-        rs_out = torch.empty(chunk, device=device, dtype=torch.bfloat16)
-        cases: list[tuple[str, str, Callable[[int], object], int]] = [
-            ("all_gather", "bf16", lambda i: dist.all_gather_into_tensor(ag_out, ag_in, group=group),
-             chunk * BF16),
-            ("reduce_scatter", "bf16",
-             lambda i: dist.reduce_scatter_tensor(rs_out, rs_in, op=dist.ReduceOp.AVG, group=group), chunk * BF16),
-        ]
-        for bits in args.bits:
-            codec = make_codec("minmax", bits=bits, bucket_size=args.bucket_size, rounding="stochastic")
-            wire = codec.wire_bytes(chunk)
-            cases += [
-                ("all_gather", f"{bits}-bit",
-                 lambda i, c=codec: quantized_all_gather(ag_out, ag_in, c, group, seed=i), wire),
-                ("reduce_scatter", f"{bits}-bit",
-                 lambda i, c=codec: quantized_reduce_scatter(rs_out, rs_in, c, group, dist.ReduceOp.AVG, seed=i),
-                 wire),
-            ]
-        for op, precision, fn, chunk_wire_bytes in cases:
-            dist.barrier()
-            ms = _time_ms(fn, args.warmup, args.iters)
-            medians: list[float] = [0.0] * world
-            dist.all_gather_object(medians, ms)
-            rows.append({"op": op, "size_mb": size_mb, "precision": precision, "ms": max(medians),
-                         "ms_per_rank": medians, "wire_bytes_per_rank": (world - 1) * chunk_wire_bytes,
-                         "bf16_bytes": total * BF16})
-            if rank == 0:
-                print(f"  {op:<15} {size_mb:>4} MB {precision:>6}: {max(medians):9.3f} ms", flush=True)
-        del ag_in, ag_out, rs_in, rs_out
+        rows += _run_size(args, size_mb, rank, world, device)
+        # The size's buffers died with _run_size's frame: give their cached blocks back before the next size.
         torch.cuda.empty_cache()
+    return rows
+
+
+def _run_size(args: argparse.Namespace, size_mb: int, rank: int, world: int, device: torch.device) -> list[dict]:
+    """The rows of every case at a total message of ``size_mb`` MB."""
+    group = dist.group.WORLD
+    rows: list[dict] = []
+    total = size_mb * MB // BF16 // world * world  # elements of the full message, divisible by W
+    chunk = total // world
+    ag_in = torch.randn(chunk, device=device, dtype=torch.bfloat16)
+    ag_out = torch.empty(total, device=device, dtype=torch.bfloat16)
+    rs_in = torch.randn(total, device=device, dtype=torch.bfloat16)
+    rs_out = torch.empty(chunk, device=device, dtype=torch.bfloat16)
+    cases: list[tuple[str, str, Callable[[int], object], int]] = [
+        ("all_gather", "bf16", lambda i: dist.all_gather_into_tensor(ag_out, ag_in, group=group),
+         chunk * BF16),
+        ("reduce_scatter", "bf16",
+         lambda i: dist.reduce_scatter_tensor(rs_out, rs_in, op=dist.ReduceOp.AVG, group=group), chunk * BF16),
+    ]
+    for bits in args.bits:
+        codec = make_codec("minmax", bits=bits, bucket_size=args.bucket_size, rounding="stochastic")
+        wire = codec.wire_bytes(chunk)
+        cases += [
+            ("all_gather", f"{bits}-bit",
+             lambda i, c=codec: quantized_all_gather(ag_out, ag_in, c, group, seed=i), wire),
+            ("reduce_scatter", f"{bits}-bit",
+             lambda i, c=codec: quantized_reduce_scatter(rs_out, rs_in, c, group, dist.ReduceOp.AVG, seed=i),
+             wire),
+        ]
+    for op, precision, fn, chunk_wire_bytes in cases:
+        dist.barrier()
+        ms = _time_ms(fn, args.warmup, args.iters)
+        medians: list[float] = [0.0] * world
+        dist.all_gather_object(medians, ms)
+        rows.append({"op": op, "size_mb": size_mb, "precision": precision, "ms": max(medians),
+                     "ms_per_rank": medians, "wire_bytes_per_rank": (world - 1) * chunk_wire_bytes,
+                     "bf16_bytes": total * BF16})
+        if rank == 0:
+            print(f"  {op:<15} {size_mb:>4} MB {precision:>6}: {max(medians):9.3f} ms", flush=True)
     return rows
 
 
