@@ -321,8 +321,7 @@ def run_arms(plan: Plan, budget: common.Budget) -> str:
         print(f"stopped by {sig}: the arms resume from their checkpoints on the next run")
         return "incomplete"
     finally:
-        for _, proc in running.values():
-            common.kill(proc)
+        common.kill(*(proc for _, proc in running.values()))
     return "failed" if failed else "complete"
 
 

@@ -213,19 +213,27 @@ def start(command: Sequence[str], log_path: Path, env: Mapping[str, str]) -> sub
                                 start_new_session=True)
 
 
-def kill(proc: subprocess.Popen) -> None:
-    """SIGTERM the process group of ``proc`` (the launcher and its ranks), SIGKILL it if still alive after
-    :data:`KILL_GRACE_S` seconds."""
-    if proc.poll() is not None:
-        return
+def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        os.killpg(proc.pid, sig)
     except ProcessLookupError:
         pass
+
+
+def kill(*procs: subprocess.Popen) -> None:
+    """SIGTERM the process groups of ``procs`` (launchers and their ranks) all at once, then SIGKILL each group
+    still alive :data:`KILL_GRACE_S` seconds later: stopping several launches takes one grace period, not one
+    each (five arms stopped one after another overran a 600 s device call)."""
+    alive = [p for p in procs if p.poll() is None]
+    for proc in alive:
+        _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + KILL_GRACE_S
+    for proc in alive:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
 
 
 def run(command: Sequence[str], log_path: Path, env: Mapping[str, str], budget: Budget) -> int | None:
