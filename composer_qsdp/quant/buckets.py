@@ -1,10 +1,10 @@
-"""Bucketing of rows for the bucketed codecs' torch references."""
+"""Bucketing of rows, and the exact division of bucket statistics, for the bucketed codecs' torch references."""
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["bucket_min_max"]
+__all__ = ["bucket_min_max", "ieee_div"]
 
 
 def bucket_min_max(x: torch.Tensor, bucket_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -21,3 +21,12 @@ def bucket_min_max(x: torch.Tensor, bucket_size: int) -> tuple[torch.Tensor, tor
         xf = torch.cat([xf, xf[:, -1:].expand(rows, nb * bucket_size - n)], dim=1)
     xb = xf.view(rows, nb, bucket_size)
     return xb, xb.amin(dim=2), xb.amax(dim=2)
+
+
+def ieee_div(numerator: torch.Tensor, divisor: int | float) -> torch.Tensor:
+    """``numerator / divisor`` as one correctly rounded division on every device.
+
+    On CUDA, torch evaluates ``tensor / python_scalar`` as a multiplication by the fp32 reciprocal, 1 ulp off
+    the quotient that the CPU and the Triton kernels compute; a tensor divisor gives one IEEE division.
+    """
+    return numerator / torch.full_like(numerator, divisor)

@@ -52,7 +52,7 @@ from types import ModuleType
 import torch
 
 from composer_qsdp.kernels.dispatch import use_triton
-from composer_qsdp.quant.buckets import bucket_min_max
+from composer_qsdp.quant.buckets import bucket_min_max, ieee_div
 from composer_qsdp.quant.codec import Codec
 from composer_qsdp.quant.philox import rounding_noise_range
 from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
@@ -143,9 +143,7 @@ class MinMaxCodec(Codec):
         lay = self.layout(n)
         bsz, nb = self.bucket_size, lay.num_buckets
         xb, lo, hi = bucket_min_max(x, bsz)
-        # A tensor divisor: on CUDA, torch evaluates `tensor / python_scalar` as a multiplication by the fp32
-        # reciprocal (1 ulp off the IEEE quotient the kernels and the CPU compute), `tensor / tensor` as one division.
-        scale = (hi - lo) / torch.full_like(hi, self.levels)
+        scale = ieee_div(hi - lo, self.levels)
         # amin/amax propagate NaN, so a NaN or infinity anywhere in a bucket makes its scale non-finite.
         nonfinite = ~torch.isfinite(scale)
         inv = torch.where(scale > 0, 1.0 / scale, 0.0).clamp(max=_FP32_MAX)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from composer_qsdp.quant.buckets import bucket_min_max
+from composer_qsdp.quant.buckets import bucket_min_max, ieee_div
 from composer_qsdp.quant.codec import Codec
 from composer_qsdp.quant.philox import rounding_noise
 from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
@@ -81,7 +81,7 @@ class RandomShiftCodec(Codec):
         layout = self.layout(n)
         bsz, nb = self.bucket_size, layout.num_buckets
         xb, lo, hi = bucket_min_max(x, bsz)
-        scale = (hi - lo) / self.levels
+        scale = ieee_div(hi - lo, self.levels)
         nonfinite = (~torch.isfinite(xb)).any(dim=2) | ~torch.isfinite(scale)
         inv = torch.where(scale > 0, 1.0 / scale, 0.0).clamp_(max=_FP32_MAX)
 

@@ -38,6 +38,7 @@ from types import ModuleType
 import torch
 
 from composer_qsdp.kernels.dispatch import use_triton
+from composer_qsdp.quant.buckets import ieee_div
 from composer_qsdp.quant.codec import Codec, check_bits
 from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
 
@@ -138,9 +139,7 @@ class SymmetricCodec(Codec):
         xb = torch.nn.functional.pad(x.to(torch.float32), (0, nb * bsz - n)).view(rows, nb, bsz)
         absmax = xb.abs().amax(dim=2)
         nonfinite = ~(xb.abs() < float("inf")).all(dim=2)
-        # A tensor divisor: on CUDA, torch evaluates `tensor / python_scalar` as a multiplication by the fp32
-        # reciprocal (1 ulp off the IEEE quotient the kernels and the CPU compute), `tensor / tensor` as one division.
-        scale = (absmax / torch.full_like(absmax, self.qmax)).masked_fill_(nonfinite, float("nan"))
+        scale = ieee_div(absmax, self.qmax).masked_fill_(nonfinite, float("nan"))
         # A tensor numerator: torch evaluates `scalar / tensor` as reciprocal-then-multiply, not one IEEE division.
         inv = torch.where(absmax > 0, torch.full_like(absmax, self.qmax) / absmax, 0.0).clamp_(max=_FP32_MAX)
         q = torch.round(xb * inv.unsqueeze(2)).clamp_(-self.qmax, self.qmax)

@@ -93,3 +93,12 @@ def test_rejects_bits_outside_1_to_8(bits):
 def test_rejects_unknown_option():
     with pytest.raises(ValueError, match="invalid option for codec 'random_shift'"):
         make_codec("random_shift", bits=8, bucket_size=64, shift="fixed")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", (2, 4, 8))
+def test_cuda_wire_equals_the_cpu_wire(bits):
+    # The bucket scale is one IEEE division on both devices (torch's CUDA `tensor / scalar` would be 1 ulp off).
+    codec = RandomShiftCodec(bits, 1000)
+    x = torch.randn(3, 4096, generator=torch.Generator().manual_seed(bits)) * torch.logspace(-3, 3, 4096)
+    assert torch.equal(codec.encode_rows(x.cuda(), seed=5, offset=7).cpu(), codec.encode_rows(x, seed=5, offset=7))
