@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 
-__all__ = ["resource_usage"]
+__all__ = ["assert_no_spills_and_exact", "resource_usage"]
 
 _SCRIPT = """
 import importlib, json, os, re, subprocess, sys, tempfile
@@ -64,3 +64,14 @@ def resource_usage(variants: list[dict]) -> dict[str, str]:
                          text=True, env=env, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def assert_no_spills_and_exact(variants: list[dict]) -> None:
+    """Compile ``variants`` (as :func:`resource_usage` takes them) and assert that every one compiled, uses no
+    stack or local memory (no register spills) and has no inexact PTX, so it stays bit-exact against the torch
+    reference."""
+    report = resource_usage(variants)
+    assert len(report) == len(variants)
+    for variant, usage in report.items():
+        assert "REG:" in usage and "STACK:0" in usage and "LOCAL:0" in usage, f"{variant}: {usage}"
+        assert usage.endswith("INEXACT:none"), f"{variant}: {usage}"

@@ -4,7 +4,7 @@ explicit float64 Sylvester matrix to fp32 tolerance."""
 import pytest
 import torch
 
-from hopper import resource_usage
+from hopper import assert_no_spills_and_exact
 
 from composer_qsdp.kernels import backend, use_triton
 from composer_qsdp.kernels import hadamard as kernels
@@ -87,11 +87,7 @@ def test_kernel_compiles_for_hopper_without_spills():
                          "types": {"x_ptr": in_type, "y_ptr": out_type, "scale": "fp32"},
                          "constants": {"B": bucket, "LOG_B": bucket.bit_length() - 1, "G": g,
                                        "EMULATE_BF16_RNE": False}})  # fmt: skip
-    report = resource_usage(variants)
-    assert len(report) == len(variants)
-    for variant, usage in report.items():
-        assert "REG:" in usage and "STACK:0" in usage and "LOCAL:0" in usage, f"{variant}: {usage}"
-        assert usage.endswith("INEXACT:none"), f"{variant}: {usage}"  # bit-exact against the torch reference
+    assert_no_spills_and_exact(variants)
 
 
 # ------------------------------------------------------------------------------------------ GPU

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from hopper import resource_usage
+from hopper import assert_no_spills_and_exact
 
 from composer_qsdp.kernels import backend, use_triton
 from composer_qsdp.kernels import minmax as kernels
@@ -187,11 +187,7 @@ def test_kernels_compile_for_hopper_without_spills(aligned_rows):
                         {"ROWS": 8, "BITS": bits}, bucket, aligned_rows)  # fmt: skip
         for bits, bucket in [(8, 1024), (4, 8192)]
     ]
-    report = resource_usage(variants)
-    assert len(report) == len(variants)
-    for variant, usage in report.items():
-        assert "REG:" in usage and "STACK:0" in usage and "LOCAL:0" in usage, f"{variant}: {usage}"
-        assert usage.endswith("INEXACT:none"), f"{variant}: {usage}"  # bit-exact against the torch reference
+    assert_no_spills_and_exact(variants)
 
 
 # ------------------------------------------------------------------------------------------ GPU

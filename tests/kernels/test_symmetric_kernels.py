@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hopper import resource_usage
+from hopper import assert_no_spills_and_exact
 
 from composer_qsdp.kernels import backend, use_triton
 from composer_qsdp.kernels import symmetric as kernels
@@ -194,11 +194,7 @@ def test_kernels_compile_for_hopper_without_spills():
              "types": {"wire_ptr": "*u8", "out_ptr": "*fp32", "scale_rot": "fp32"}, **common,
              "constants": {**constants, "VEC": vec(torch.float32), "SUM": True, "ROWS": 8, "EMULATE_BF16_RNE": False}},
         ]  # fmt: skip
-    report = resource_usage(variants)
-    assert len(report) == len(variants)
-    for variant, usage in report.items():
-        assert "REG:" in usage and "STACK:0" in usage and "LOCAL:0" in usage, f"{variant}: {usage}"
-        assert usage.endswith("INEXACT:none"), f"{variant}: {usage}"  # bit-exact against the torch reference
+    assert_no_spills_and_exact(variants)
 
 
 # ------------------------------------------------------------------------------------------ GPU
