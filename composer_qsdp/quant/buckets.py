@@ -1,10 +1,13 @@
-"""Bucketing of rows, and the exact division of bucket statistics, for the bucketed codecs' torch references."""
+"""Bucketing of rows, bucket lattices and the exact division of bucket statistics, for the bucketed codecs' torch
+references."""
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["bucket_min_max", "ieee_div"]
+__all__ = ["bucket_lattice", "bucket_min_max", "ieee_div"]
+
+_FP32_MAX = torch.finfo(torch.float32).max
 
 
 def bucket_min_max(x: torch.Tensor, bucket_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -30,3 +33,20 @@ def ieee_div(numerator: torch.Tensor, divisor: int | float) -> torch.Tensor:
     the quotient that the CPU and the Triton kernels compute; a tensor divisor gives one IEEE division.
     """
     return numerator / torch.full_like(numerator, divisor)
+
+
+def bucket_lattice(
+    x: torch.Tensor, bucket_size: int, levels: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The min-max lattice of each bucket of ``[R, n]`` ``x``: ``levels`` equal steps from its min to its max.
+
+    Returns ``(xb, lo, scale, inv, nonfinite)``, all but ``xb`` ``[R, nb]``: the fp32 buckets (as
+    :func:`bucket_min_max`), each bucket's min, its step ``(max - min) / levels`` (one IEEE division), the step's
+    reciprocal (0 for a constant bucket, capped at the largest fp32 so that a tiny step never gives infinity), and
+    whether the step is non-finite: min and max propagate NaN, so a NaN or an infinity anywhere in a bucket, or a
+    range that overflows fp32, makes it so.
+    """
+    xb, lo, hi = bucket_min_max(x, bucket_size)
+    scale = ieee_div(hi - lo, levels)
+    inv = torch.where(scale > 0, 1.0 / scale, 0.0).clamp_(max=_FP32_MAX)
+    return xb, lo, scale, inv, ~torch.isfinite(scale)

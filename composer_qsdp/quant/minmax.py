@@ -52,7 +52,7 @@ from types import ModuleType
 import torch
 
 from composer_qsdp.kernels.dispatch import use_triton
-from composer_qsdp.quant.buckets import bucket_min_max, ieee_div
+from composer_qsdp.quant.buckets import bucket_lattice
 from composer_qsdp.quant.codec import Codec
 from composer_qsdp.quant.philox import rounding_noise_range
 from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
@@ -61,7 +61,6 @@ __all__ = ["MinMaxCodec", "ROUNDINGS"]
 
 #: Accepted values of ``rounding``.
 ROUNDINGS = ("stochastic", "nearest")
-_FP32_MAX = torch.finfo(torch.float32).max
 
 
 class MinMaxCodec(Codec):
@@ -142,11 +141,7 @@ class MinMaxCodec(Codec):
         rows, n = x.shape
         lay = self.layout(n)
         bsz, nb = self.bucket_size, lay.num_buckets
-        xb, lo, hi = bucket_min_max(x, bsz)
-        scale = ieee_div(hi - lo, self.levels)
-        # amin/amax propagate NaN, so a NaN or infinity anywhere in a bucket makes its scale non-finite.
-        nonfinite = ~torch.isfinite(scale)
-        inv = torch.where(scale > 0, 1.0 / scale, 0.0).clamp(max=_FP32_MAX)
+        xb, lo, scale, inv, nonfinite = bucket_lattice(x, bsz, self.levels)
         t = (xb - lo.unsqueeze(2)) * inv.unsqueeze(2)
         if self.stochastic:
             noise = rounding_noise_range(seed, offset, rows * n, device=x.device).view(rows, n)

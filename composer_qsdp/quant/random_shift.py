@@ -33,14 +33,12 @@ from __future__ import annotations
 
 import torch
 
-from composer_qsdp.quant.buckets import bucket_min_max, ieee_div
+from composer_qsdp.quant.buckets import bucket_lattice
 from composer_qsdp.quant.codec import Codec
 from composer_qsdp.quant.philox import rounding_noise
 from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
 
 __all__ = ["RandomShiftCodec"]
-
-_FP32_MAX = torch.finfo(torch.float32).max
 
 
 class RandomShiftCodec(Codec):
@@ -80,10 +78,7 @@ class RandomShiftCodec(Codec):
         rows, n = x.shape
         layout = self.layout(n)
         bsz, nb = self.bucket_size, layout.num_buckets
-        xb, lo, hi = bucket_min_max(x, bsz)
-        scale = ieee_div(hi - lo, self.levels)
-        nonfinite = (~torch.isfinite(xb)).any(dim=2) | ~torch.isfinite(scale)
-        inv = torch.where(scale > 0, 1.0 / scale, 0.0).clamp_(max=_FP32_MAX)
+        xb, lo, scale, inv, nonfinite = bucket_lattice(x, bsz, self.levels)
 
         first = torch.arange(rows, device=x.device).unsqueeze(1) * n + torch.arange(nb, device=x.device) * bsz
         shift = rounding_noise(seed, offset + first)  # [rows, nb]
