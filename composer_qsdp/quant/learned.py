@@ -176,31 +176,34 @@ def fit_levels(
     """
     num_levels = 1 << bits
     # Inside inference mode or no_grad (e.g. an evaluation loop) the fit still needs autograd.
-    with torch.inference_mode(False), torch.enable_grad(), _one_cpu_thread():
+    with torch.inference_mode(False), torch.enable_grad():
         xb, lo, rng = _bucket_ranges(x.detach().reshape(1, -1) if x.dim() != 2 else x.detach(), bucket_size)
         flat = xb.reshape(-1)
         idx = torch.arange(0, flat.numel(), -(-flat.numel() // samples), device=x.device)
-        cpu = {"device": "cpu", "dtype": torch.float64}
-        lo_s, rng_s = lo.reshape(-1)[idx // bucket_size].to(**cpu), rng.reshape(-1)[idx // bucket_size].to(**cpu)
-        z = (flat[idx].to(**cpu) - lo_s) / rng_s
-        # Constant buckets have no rounding error and non-finite ones no meaningful levels: leave them out.
-        keep = torch.isfinite(z) & torch.isfinite(rng_s) & (rng_s > 0)
-        if not keep.any():
-            start = uniform_levels(bits) if init is None else init.to(torch.float32)
-            return start.to(x.device)
-        z, rng_s = z[keep].clamp(0.0, 1.0), rng_s[keep]
-        weight = (rng_s / rng_s.max()).square()  # relative squared ranges: the absolute ones could overflow
+        # Only the small float64 work on the sample is pinned to one thread; the bucketing above sees the whole
+        # tensor and keeps the caller's threads.
+        with _one_cpu_thread():
+            cpu = {"device": "cpu", "dtype": torch.float64}
+            lo_s, rng_s = lo.reshape(-1)[idx // bucket_size].to(**cpu), rng.reshape(-1)[idx // bucket_size].to(**cpu)
+            z = (flat[idx].to(**cpu) - lo_s) / rng_s
+            # Constant buckets have no rounding error and non-finite ones no meaningful levels: leave them out.
+            keep = torch.isfinite(z) & torch.isfinite(rng_s) & (rng_s > 0)
+            if not keep.any():
+                start = uniform_levels(bits) if init is None else init.to(torch.float32)
+                return start.to(x.device)
+            z, rng_s = z[keep].clamp(0.0, 1.0), rng_s[keep]
+            weight = (rng_s / rng_s.max()).square()  # relative squared ranges: the absolute ones could overflow
 
-        start = high_resolution_levels(z, weight, num_levels) if init is None else init.to(**cpu)
-        # Inverse of _levels_from_params; gaps at the minimum become very negative parameters.
-        free = (torch.diff(start) - _MIN_GAP) / (1.0 - _MIN_GAP * (num_levels - 1))
-        theta = torch.log(free.clamp_min(torch.finfo(torch.float64).tiny)).requires_grad_(True)
-        optimizer = torch.optim.Adam([theta], lr=_ADAM_LR)
-        for _ in range(steps):
-            optimizer.zero_grad(set_to_none=True)
-            expected_sq_error(_levels_from_params(theta), z, weight).backward()
-            optimizer.step()
-        return _levels_from_params(theta.detach()).to(device=x.device, dtype=torch.float32)
+            start = high_resolution_levels(z, weight, num_levels) if init is None else init.to(**cpu)
+            # Inverse of _levels_from_params; gaps at the minimum become very negative parameters.
+            free = (torch.diff(start) - _MIN_GAP) / (1.0 - _MIN_GAP * (num_levels - 1))
+            theta = torch.log(free.clamp_min(torch.finfo(torch.float64).tiny)).requires_grad_(True)
+            optimizer = torch.optim.Adam([theta], lr=_ADAM_LR)
+            for _ in range(steps):
+                optimizer.zero_grad(set_to_none=True)
+                expected_sq_error(_levels_from_params(theta), z, weight).backward()
+                optimizer.step()
+            return _levels_from_params(theta.detach()).to(device=x.device, dtype=torch.float32)
 
 
 class LearnedLevelsCodec(Codec):
