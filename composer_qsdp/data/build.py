@@ -6,7 +6,8 @@ Examples::
     python -m composer_qsdp.data.build wikipedia data/wiki-gpt2-t64 --seq-len 64 --skip-existing
     # any directory of *.txt files
     python -m composer_qsdp.data.build textdir data/mytext-t2048 --input ~/corpus --seq-len 2048
-    # the *.py files of the installed Python packages and the standard library (offline; the text stays on this machine, never commit it)
+    # the *.py files of the installed Python packages and the standard library (offline; the text stays on this
+    # machine, never commit it)
     python -m composer_qsdp.data.build pysource data/pysource-gpt2-t512 --seq-len 512 --val-fraction 0.02
     # C4 as in the paper (internet + `pip install datasets`); upload the result and point data.remote at it
     python -m composer_qsdp.data.build c4 data/c4-gpt2-t2048 --seq-len 2048 --max-documents 2000000
@@ -49,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("out_dir", help="directory to create, holding train/ and val/ shards")
     parser.add_argument("--seq-len", type=int, required=True, help="tokens per sample (the model's max_seq_len)")
     parser.add_argument("--input", help="textdir: directory searched recursively for *.txt files; pysource: "
-                                        "directory searched for *.py files (default: the installed packages and the standard library)")
+                                        "directory searched for *.py files (default: the installed packages and "
+                                        "the standard library)")
     parser.add_argument("--val-fraction", type=float, default=0.05,
                         help="wikipedia/textdir/pysource: fraction of documents (by text hash) held out for val")
     parser.add_argument("--c4-name", default="en", help="c4: dataset configuration (the paper used 'en')")
