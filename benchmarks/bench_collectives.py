@@ -37,7 +37,6 @@ import os
 import platform
 import socket
 import statistics
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -48,24 +47,11 @@ import torch.multiprocessing as mp
 
 from composer_qsdp.comm import quantized_all_gather, quantized_reduce_scatter
 from composer_qsdp.quant import make_codec
+from provenance import git_revision
 
 MB = 10**6
 BF16 = 2
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL", "CUDA_VISIBLE_DEVICES", "TORCH_SYMM_MEM")
-
-
-def _git_revision() -> str:
-    if os.environ.get("GIT_REV"):
-        return os.environ["GIT_REV"]
-    here = Path(__file__).resolve().parent
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-                             cwd=here).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "composer_qsdp", "benchmarks"],
-                               capture_output=True, text=True, cwd=here).stdout.strip()
-        return rev + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (set GIT_REV)"
 
 
 def _network_tag() -> str:
@@ -83,7 +69,7 @@ def _header(world: int, command: str) -> dict[str, str]:
         "nccl": ".".join(map(str, torch.cuda.nccl.version())),
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "git": _git_revision(),
+        "git": git_revision(),
         "env": env or "(no NCCL_* variables set)",
         "command": command,
     }

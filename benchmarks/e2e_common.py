@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from provenance import git_revision
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: Environment variables worth recording with a measurement (the NCCL transport and the visible devices).
@@ -62,21 +64,6 @@ def train_command(nproc: int, recipe: Path, overrides: Sequence[str]) -> list[st
     return [*launcher(nproc), "-m", "composer_qsdp.train", str(recipe), *overrides]
 
 
-def git_revision() -> str:
-    """Short commit of this checkout, ``+dirty`` with uncommitted changes under the code that a measurement
-    depends on; ``$GIT_REV`` wins (checkouts copied without ``.git``)."""
-    if os.environ.get("GIT_REV"):
-        return os.environ["GIT_REV"]
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-                             cwd=ROOT).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "composer_qsdp", "benchmarks", "yamls"],
-                               capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
-        return rev + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (set GIT_REV)"
-
-
 def recorded_env(env: Mapping[str, str]) -> str:
     """The NCCL/device variables of ``env`` as ``K=V`` words (what a measurement's transport depends on)."""
     words = [f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)]
@@ -97,7 +84,7 @@ def header(nproc: int, command: str) -> dict[str, str]:
         "nccl": nccl,
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "git": git_revision(),
+        "git": git_revision(("composer_qsdp", "benchmarks", "yamls")),  # the recipes too
         "command": command,
     }
 

@@ -12,7 +12,6 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -23,6 +22,7 @@ import triton
 from triton.testing import do_bench
 
 from composer_qsdp.kernels import backend
+from provenance import git_revision
 
 MI = 2**20
 DEVICE = "cuda"
@@ -53,19 +53,6 @@ def cuda_missing() -> bool:
     return True
 
 
-def _git_revision() -> str:
-    if os.environ.get("GIT_REV"):
-        return os.environ["GIT_REV"]
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-                             cwd=Path(__file__).resolve().parent).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "composer_qsdp", "benchmarks"], capture_output=True,
-                               text=True, cwd=Path(__file__).resolve().parent).stdout.strip()  # fmt: skip
-        return rev + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (set GIT_REV)"
-
-
 def header() -> dict[str, str]:
     """GPU, software versions, date (UTC), git revision and this process's command line, for a result record."""
     props = torch.cuda.get_device_properties(0)
@@ -76,7 +63,7 @@ def header() -> dict[str, str]:
         "triton": triton.__version__,
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "git": _git_revision(),
+        "git": git_revision(),
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
     }
 
