@@ -33,12 +33,16 @@ Resumable: each arm checkpoints every ``--save-interval`` steps and resumes from
 killed by ``--time-budget`` or an outer limit loses no evaluation. A rerun continues unfinished arms and skips
 finished ones. Arms run ``--parallel`` at a time, each on ``--nproc`` GPUs (``CUDA_VISIBLE_DEVICES``); with more
 arms than disjoint GPU groups, groups are shared round-robin: a 125M model on small batches leaves a GPU mostly
-idle, so sharing shortens the whole run, and the losses do not depend on it (the step times do).
+idle, so sharing shortens the whole run; it changes the step times, not the computation. GPU kernels are not
+bitwise deterministic, so two runs of one arm with the same seed and data still end at slightly different losses.
 
 Outputs, in ``--out-dir`` and in ``$OUT`` when set, as ``convergence-<name>.csv`` (step, tokens, one validation-loss
 column per arm), ``.json`` (curves, final losses, gaps to the baseline, QSDP compression and sampled errors,
 settings, corpus manifest), ``.md`` (the summary table) and ``.png`` (all curves, and the second half zoomed).
 ``--replot RECORD.json`` redraws the PNG from a record (e.g. where matplotlib is missing on the GPU machine).
+``--combine RUN1.json RUN2.json ...`` merges the records of several runs with the same settings and corpus (an arm
+finished on a later machine, a repeated baseline that measures the run-to-run spread) into
+``<first>-combined.{csv,json,md,png}``, with every arm's gap to every run's baseline.
 
 Usage::
 
@@ -387,7 +391,7 @@ def summarize(plan: Plan) -> dict[str, Any]:
     return arms
 
 
-def csv_text(plan: Plan, arms: dict[str, Any]) -> str:
+def csv_text(tokens_per_step: int, arms: dict[str, Any]) -> str:
     """``step,tokens,<arm>...``: validation loss (nats/token) of each arm at each evaluation step; empty where
     an arm has no evaluation (yet)."""
     curves = {arm: dict(map(tuple, r["curve"])) for arm, r in arms.items()}
@@ -396,7 +400,7 @@ def csv_text(plan: Plan, arms: dict[str, Any]) -> str:
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["step", "tokens", *arms])
     for step in steps:
-        writer.writerow([step, step * plan.tokens_per_step,
+        writer.writerow([step, step * tokens_per_step,
                          *(f"{curves[a][step]:.6f}" if step in curves[a] else "" for a in arms)])
     return buf.getvalue()
 
@@ -413,25 +417,34 @@ def markdown(plan: Plan, head: dict[str, str], manifest: dict[str, Any], arms: d
              f"- corpus: `{m['command']}`: {m['input']['files']} files, {m['input']['bytes'] / 1e6:.1f} MB of "
              f"Python source -> {m['tokens']['train']:,} train / {m['tokens']['val']:,} val tokens; input sha256 "
              f"`{m['input']['sha256'][:16]}`",
-             f"- status: {status}", "",
-             "| arm | final step | final val loss | vs baseline | compression vs unquantized | rel. error w / g "
-             "| step time (ms, median; arms may share GPUs) | description |", "|---|---|---|---|---|---|---|---|"]
-    fmt = common.fmt
-    for arm, r in arms.items():
-        err = r["rel_error"]
-        step = "n/a" if r["final_step"] is None else f"{r['final_step']}{'' if r['complete'] else ' (partial)'}"
-        step_ms = None if r["step_time_s_median"] is None else r["step_time_s_median"] * 1e3
-        lines.append(f"| {arm} | {step} | {fmt(r['final_val_loss'], '.4f')} "
-                     f"| {fmt(r['gap_vs_baseline_pct'], '+.2f', '%')} "
-                     f"| {fmt(r['compression_vs_unquantized'], '.2f', 'x')} | {fmt(err['weights'], '.3f')} / "
-                     f"{fmt(err['grads'], '.3f')} | {fmt(step_ms, '.0f')} | {r['description']} |")
+             f"- status: {status}", "", "| arm " + _TABLE_HEAD[0], "|---" + _TABLE_HEAD[1]]
+    lines += [_arm_row(arm, r) for arm, r in arms.items()]
     gap = arms.get("w8g8", {}).get("gap_vs_baseline_pct")
     if gap is not None:
         lines += ["", f"Target (measured, never asserted): W8G8 final validation loss within "
-                      f"{W8G8_TARGET_PCT:.0f}% of plain FSDP: {gap:+.2f}% "
-                      f"({'met' if abs(gap) <= W8G8_TARGET_PCT else 'NOT met'}; W8G8 ended "
-                      f"{'below' if gap < 0 else 'above'} the baseline)"]
+                      f"{W8G8_TARGET_PCT:.0f}% of plain FSDP: {_w8g8_verdict(gap)}"]
     return "\n".join(lines) + "\n"
+
+
+_TABLE_HEAD = ["| final step | final val loss | vs baseline | compression vs unquantized | rel. error w / g "
+               "| step time (ms, median; arms may share GPUs) | description |", "|---|---|---|---|---|---|---|"]
+
+
+def _arm_row(label: str, r: dict[str, Any], *extra: str) -> str:
+    """A table row of one arm's record: ``label``, the ``extra`` cells, then the columns of ``_TABLE_HEAD``."""
+    fmt = common.fmt
+    err = r["rel_error"]
+    step = "n/a" if r["final_step"] is None else f"{r['final_step']}{'' if r['complete'] else ' (partial)'}"
+    step_ms = None if r["step_time_s_median"] is None else r["step_time_s_median"] * 1e3
+    return (f"| {' | '.join([label, *extra])} | {step} | {fmt(r['final_val_loss'], '.4f')} "
+            f"| {fmt(r['gap_vs_baseline_pct'], '+.2f', '%')} "
+            f"| {fmt(r['compression_vs_unquantized'], '.2f', 'x')} | {fmt(err['weights'], '.3f')} / "
+            f"{fmt(err['grads'], '.3f')} | {fmt(step_ms, '.0f')} | {r['description']} |")
+
+
+def _w8g8_verdict(gap_pct: float) -> str:
+    return (f"{gap_pct:+.2f}% ({'met' if abs(gap_pct) <= W8G8_TARGET_PCT else 'NOT met'}; W8G8 ended "
+            f"{'below' if gap_pct < 0 else 'above'} the baseline)")
 
 
 def png_bytes(record: dict[str, Any]) -> bytes | None:
@@ -473,12 +486,96 @@ def write_results(plan: Plan, manifest: dict[str, Any], status: str) -> dict[str
     record = {"header": head, "settings": {**plan.settings, "micro_batch": plan.micro}, "status": status,
               "corpus": manifest, "arms": arms}
     md = markdown(plan, head, manifest, arms, status)
-    files: dict[str, str | bytes] = {".csv": csv_text(plan, arms), ".json": json.dumps(record, indent=1), ".md": md}
+    _write_record(f"convergence-{plan.name}", plan.out_dir, record, csv_text(plan.tokens_per_step, arms), md)
+    print(md)
+    return record
+
+
+def _write_record(stem: str, out_dir: Path, record: dict[str, Any], csv_body: str, md: str) -> list[Path]:
+    """``stem`` .csv, .json, .md and (with matplotlib) .png into ``out_dir`` and ``$OUT``; the paths written."""
+    files: dict[str, str | bytes] = {".csv": csv_body, ".json": json.dumps(record, indent=1), ".md": md}
     png = png_bytes(record)
     if png is not None:
         files[".png"] = png
-    common.write_outputs(f"convergence-{plan.name}", plan.out_dir, files)
-    print(md)
+    return common.write_outputs(stem, out_dir, files)
+
+
+# ---------------------------------------------------------------------------------------------------- combine
+def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One record from several runs of the same settings and corpus, e.g. an arm finished on a later machine, or
+    a second baseline run that measures the run-to-run spread (GPU kernels are not bitwise deterministic).
+
+    An arm name found in one run keeps its name; one found in several becomes ``<arm>@run<i>`` (1-based, in the
+    order given). Each arm keeps its gap to its own run's baseline (``gap_vs_baseline_pct``) and gains
+    ``gap_vs_baselines_pct``: its gap to every run's baseline at its final step, by baseline label. Raises
+    ``ValueError`` naming the first setting or corpus fingerprint that differs between runs."""
+    if len(records) < 2:
+        raise ValueError(f"combining needs at least 2 records, got {len(records)}")
+    first = records[0]
+    for i, record in enumerate(records[1:], start=2):
+        for key in sorted(set(first["settings"]) | set(record["settings"])):
+            if first["settings"].get(key) != record["settings"].get(key):
+                raise ValueError(f"run {i} differs from run 1 in setting {key!r}: "
+                                 f"{record['settings'].get(key)!r} != {first['settings'].get(key)!r}")
+        if record["corpus"]["input"]["sha256"] != first["corpus"]["input"]["sha256"]:
+            raise ValueError(f"run {i} used another corpus (input sha256 {record['corpus']['input']['sha256'][:16]}"
+                             f" != {first['corpus']['input']['sha256'][:16]})")
+    counts: dict[str, int] = {}
+    for record in records:
+        for arm in record["arms"]:
+            counts[arm] = counts.get(arm, 0) + 1
+    arms: dict[str, Any] = {}
+    for i, record in enumerate(records, start=1):
+        for arm, r in record["arms"].items():
+            arms[arm if counts[arm] == 1 else f"{arm}@run{i}"] = {**r, "arm": arm, "run": i}
+    baselines = {label: dict(map(tuple, r["curve"])) for label, r in arms.items() if r["arm"] == "baseline"}
+    for r in arms.values():
+        step = r["final_step"]
+        r["gap_vs_baselines_pct"] = {label: 100.0 * (r["final_val_loss"] - curve[step]) / curve[step]
+                                     for label, curve in baselines.items() if step in curve}
+    runs = [record["header"] for record in records]
+    return {"header": {"git": " + ".join(dict.fromkeys(h["git"] for h in runs))}, "runs": runs,
+            "settings": first["settings"], "corpus": first["corpus"],
+            "status": "complete" if all(r["status"] == "complete" for r in records) else "incomplete", "arms": arms}
+
+
+def combined_markdown(record: dict[str, Any]) -> str:
+    """The summary table of a combined record: the runs, each arm with its run and its gap to every baseline."""
+    s = record["settings"]
+    labels = [label for label, r in record["arms"].items() if r["arm"] == "baseline"]
+    lines = [f"### convergence: {Path(s['recipe_dir']).name}, {len(record['runs'])} runs combined", ""]
+    lines += [f"- run {i}: {h['date']}, git `{h['git']}`, {h['device']}: `{h['command']}`"
+              for i, h in enumerate(record["runs"], start=1)]
+    lines += [f"- settings: {s['steps']} steps x {s['global_batch']} samples x {s['seq_len']} tokens per arm, the "
+              f"same seed and data order in every run; corpus input sha256 "
+              f"`{record['corpus']['input']['sha256'][:16]}`", f"- status: {record['status']}", "",
+              "| arm | run | " + " | ".join(f"vs {label}" for label in labels) + " "
+              + _TABLE_HEAD[0].replace("vs baseline", "vs its run's baseline"),
+              "|---|---|" + "---|" * len(labels) + _TABLE_HEAD[1][1:]]
+    for label, r in record["arms"].items():
+        gaps = [common.fmt(r["gap_vs_baselines_pct"].get(b), "+.2f", "%") for b in labels]
+        lines.append(_arm_row(label, r, str(r["run"]), *gaps))
+    finals = [record["arms"][b]["final_val_loss"] for b in labels]
+    if len(labels) > 1 and None not in finals:
+        lines += ["", f"Baseline run-to-run spread: {100.0 * (max(finals) - min(finals)) / min(finals):.2f}% "
+                      f"between the final losses of {', '.join(labels)}."]
+    w8g8 = record["arms"].get("w8g8")
+    if w8g8 is not None and w8g8["gap_vs_baselines_pct"]:
+        lines += ["", f"Target (measured, never asserted): W8G8 final validation loss within {W8G8_TARGET_PCT:.0f}% "
+                      "of plain FSDP: " + "; ".join(f"vs {b}: {_w8g8_verdict(g)}"
+                                                   for b, g in w8g8["gap_vs_baselines_pct"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def write_combined(paths: list[Path], out_dir: Path | None) -> dict[str, Any]:
+    """Combine the ``convergence-*.json`` records at ``paths`` and write ``<first stem>-combined`` .csv, .json,
+    .md and .png (when matplotlib is there) into ``out_dir`` (default: the first record's directory)."""
+    record = combine_records([common.read_json(path) for path in paths])
+    s = record["settings"]
+    md = combined_markdown(record)
+    written = _write_record(f"{paths[0].stem}-combined", out_dir or paths[0].parent, record,
+                            csv_text(s["global_batch"] * s["seq_len"], record["arms"]), md)
+    print(md + "\n".join(f"wrote {path}" for path in written))
     return record
 
 
@@ -523,6 +620,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="extra recipe override key=value for every arm (repeatable)")
     parser.add_argument("--replot", metavar="RECORD_JSON", help="only redraw the PNG of a convergence-*.json record "
                                                                 "(written beside it)")
+    parser.add_argument("--combine", nargs="+", metavar="RECORD_JSON",
+                        help="only combine the convergence-*.json records of several runs with the same settings "
+                             "(e.g. a second baseline run, or an arm finished later) into <first>-combined.* in "
+                             "--out-dir (default: beside the first record)")
     return parser
 
 
@@ -536,6 +637,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         record_path.with_suffix(".png").write_bytes(png)
         print(f"wrote {record_path.with_suffix('.png')}")
+        return 0
+    if args.combine:
+        try:
+            write_combined([Path(p) for p in args.combine], Path(args.out_dir) if args.out_dir else None)
+        except ValueError as err:
+            raise SystemExit(f"--combine: {err}") from None
         return 0
     for name in ("steps", "seq_len", "global_batch", "eval_interval", "eval_batches", "eval_batch_size",
                  "save_interval", "nproc", "parallel"):

@@ -62,7 +62,7 @@ def test_summary_csv_markdown_png(tiny_recipes, tmp_path, monkeypatch):
     assert arms["w8g8"]["rel_error"] == pytest.approx({"weights": 0.01, "grads": 0.03})
     assert arms["baseline"]["step_time_s_median"] == pytest.approx(1.5)  # median of 2 s and 1 s
 
-    rows = list(csv.reader(io.StringIO(convergence.csv_text(plan, arms))))
+    rows = list(csv.reader(io.StringIO(convergence.csv_text(plan.tokens_per_step, arms))))
     assert rows == [["step", "tokens", "baseline", "w8g8", "w4g4"],
                     ["10", str(10 * 8 * 32), "5.000000", "5.100000", "5.500000"],
                     ["20", str(20 * 8 * 32), "4.000000", "4.050000", ""]]
@@ -183,3 +183,66 @@ def test_cpu_arms_resume_after_a_kill_and_skip_finished_ones(tiny_recipes, tmp_p
     third = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert third.returncode == 0 and ": launch " not in third.stdout
     assert sorted(out.glob("*/log-*.txt")) == logs
+
+
+def fake_record(git: str, arms: dict[str, dict[int, float]], steps: int = 20, sha: str = "ab" * 32) -> dict:
+    """A convergence record as ``write_results`` writes it, with the given validation curves."""
+    return {
+        "header": {"device": "2 CPU processes", "date": "2026-11-21 20:00 UTC", "git": git,
+                   "command": "python3 benchmarks/convergence.py"},
+        "settings": {"recipe_dir": "/r/gpt-125m", "steps": steps, "seq_len": 32, "global_batch": 8, "micro_batch": 4},
+        "status": "complete", "corpus": {"input": {"sha256": sha}},
+        "arms": {arm: {"description": arm, "complete": max(curve) == steps, "curve": sorted(curve.items()),
+                       "final_step": max(curve), "final_val_loss": curve[max(curve)],
+                       "compression_vs_unquantized": None, "rel_error": {"weights": None, "grads": None},
+                       "step_time_s_median": None, "gap_vs_baseline_pct": None}
+                 for arm, curve in arms.items()},
+    }
+
+
+def test_combine_labels_repeated_arms_and_gaps_to_every_baseline(tmp_path):
+    first = fake_record("aaa1111", {"baseline": {10: 5.0, 20: 4.0}, "w8g8": {10: 5.0, 20: 3.97},
+                                    "w4g4-learned": {10: 5.5}})
+    second = fake_record("bbb2222", {"baseline": {10: 4.8, 20: 4.2}, "w4g4-learned": {10: 5.4, 20: 4.41}})
+    paths = [tmp_path / "run1" / "convergence-x.json", tmp_path / "run2" / "convergence-x.json"]
+    for path, record in zip(paths, (first, second)):
+        path.parent.mkdir()
+        path.write_text(json.dumps(record))
+    assert convergence.main(["--combine", *map(str, paths)]) == 0
+    stem = tmp_path / "run1" / "convergence-x-combined"
+    combined = json.loads(stem.with_suffix(".json").read_text())
+    arms = combined["arms"]
+    assert list(arms) == ["baseline@run1", "w8g8", "w4g4-learned@run1", "baseline@run2", "w4g4-learned@run2"]
+    assert (arms["w8g8"]["run"], arms["baseline@run2"]["run"]) == (1, 2)
+    assert arms["w8g8"]["gap_vs_baselines_pct"] == pytest.approx({"baseline@run1": -0.75,
+                                                                   "baseline@run2": 3.97 / 4.2 * 100 - 100})
+    # a partial arm is compared with each baseline at its own last step (10)
+    assert arms["w4g4-learned@run1"]["gap_vs_baselines_pct"] == pytest.approx({"baseline@run1": 10.0,
+                                                                                "baseline@run2": 5.5 / 4.8 * 100 - 100})
+    assert arms["w4g4-learned@run2"]["gap_vs_baselines_pct"]["baseline@run1"] == pytest.approx(10.25)
+    assert combined["header"]["git"] == "aaa1111 + bbb2222"
+    rows = list(csv.reader(io.StringIO(stem.with_suffix(".csv").read_text())))
+    assert rows[0] == ["step", "tokens", *arms]
+    assert rows[2] == ["20", str(20 * 8 * 32), "4.000000", "3.970000", "", "4.200000", "4.410000"]
+    md = stem.with_suffix(".md").read_text()
+    assert "Baseline run-to-run spread: 5.00% between the final losses of baseline@run1, baseline@run2." in md
+    assert "vs baseline@run1: -0.75% (met; W8G8 ended below the baseline)" in md
+    assert "vs baseline@run2: -5.48% (NOT met; W8G8 ended below the baseline)" in md
+    header, rule = md.splitlines()[7:9]
+    assert header.count("|") == rule.count("|")
+    assert stem.with_suffix(".png").read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"settings": {"steps": 30}}, "run 2 differs from run 1 in setting 'steps': 30 != 20"),
+    ({"corpus": {"input": {"sha256": "cd" * 32}}}, "run 2 used another corpus"),
+])
+def test_combine_refuses_runs_that_differ(change, message):
+    first = fake_record("a", {"baseline": {20: 4.0}})
+    second = fake_record("b", {"baseline": {20: 4.1}})
+    for key, value in change.items():
+        second[key] = {**second[key], **value}
+    with pytest.raises(ValueError, match=message):
+        convergence.combine_records([first, second])
+    with pytest.raises(ValueError, match="at least 2 records, got 1"):
+        convergence.combine_records([first])
