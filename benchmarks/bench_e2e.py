@@ -208,9 +208,9 @@ def random_token_shards(out: Path, samples: int, seq_len: int, vocab_size: int) 
     arguments give the same tokens."""
     from streaming import MDSWriter
 
-    from composer_qsdp.data.shards import TOKENS_COLUMN
+    from composer_qsdp.data.shards import TOKENS_COLUMN, TRAIN_SPLIT, shards_exist
 
-    if (out / "train" / "index.json").is_file():
+    if shards_exist(out, (TRAIN_SPLIT,)):
         return out
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -10,7 +10,7 @@ import torch
 from streaming import StreamingDataset
 from torch.utils.data import DataLoader
 
-from composer_qsdp.data.shards import TOKENS_COLUMN
+from composer_qsdp.data.shards import TOKENS_COLUMN, shards_exist
 
 __all__ = ["TokenSamples", "build_token_dataloader"]
 
@@ -71,7 +71,7 @@ def build_token_dataloader(
     Raises:
         ValueError: no shards at ``local`` (with no ``remote``), an empty split, or samples of the wrong length.
     """
-    if remote is None and not os.path.isfile(os.path.join(local, split, "index.json")):
+    if remote is None and not shards_exist(local, (split,)):
         raise ValueError(f"no MDS shards for split {split!r} in {os.fspath(local)!r} (missing {split}/index.json); "
                          "build them with: python -m composer_qsdp.data.build")
     dataset = TokenSamples(max_seq_len=max_seq_len, local=os.fspath(local), remote=remote, split=split,

@@ -50,9 +50,18 @@ _MIN_ARTICLE_CHARS = 200
 
 def assign_split(text: str, val_fraction: float) -> str:
     """``"val"`` for a deterministic ``val_fraction`` of documents (by a hash of ``text``), else ``"train"``."""
+    _check_val_fraction(val_fraction)
+    return _split_of(hashlib.sha256(text.encode("utf-8")).digest(), val_fraction)
+
+
+def _check_val_fraction(val_fraction: float) -> None:
     if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
         raise ValueError(f"val_fraction={val_fraction!r} is invalid; it must be a number in [0, 1)")
-    digest = hashlib.sha256(text.encode("utf-8")).digest()
+
+
+def _split_of(digest: bytes, val_fraction: float) -> str:
+    """The split of a document whose text has SHA-256 ``digest``: val when its first 8 bytes, as a fraction of
+    2**64, fall below ``val_fraction``."""
     return VAL_SPLIT if int.from_bytes(digest[:8], "big") / 2**64 < val_fraction else TRAIN_SPLIT
 
 
@@ -82,7 +91,7 @@ def wikipedia_sample_documents(val_fraction: float) -> Iterator[tuple[str, str]]
     Raises:
         ImportError: ``gensim`` is not installed.
     """
-    assign_split("", val_fraction)  # validate before the slow import
+    _check_val_fraction(val_fraction)  # before the slow import
     try:
         wikicorpus = importlib.import_module("gensim.corpora.wikicorpus")
     except ImportError as err:
@@ -173,7 +182,7 @@ def python_source_documents(val_fraction: float,
     Raises:
         ValueError: ``val_fraction`` out of range, a root that is not a directory, or no ``*.py`` file.
     """
-    assign_split("", val_fraction)  # validate before the file walk
+    _check_val_fraction(val_fraction)  # before the file walk
     seen: set[bytes] = set()
     for path in python_source_files(roots):
         try:
@@ -184,4 +193,4 @@ def python_source_documents(val_fraction: float,
         if not text.strip() or digest in seen:
             continue
         seen.add(digest)
-        yield assign_split(text, val_fraction), text
+        yield _split_of(digest, val_fraction), text
