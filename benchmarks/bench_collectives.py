@@ -47,6 +47,8 @@ import torch.multiprocessing as mp
 
 from composer_qsdp.comm import quantized_all_gather, quantized_reduce_scatter
 from composer_qsdp.quant import make_codec
+
+import e2e_common as common
 from provenance import git_revision
 
 MB = 10**6
@@ -149,7 +151,7 @@ def _finish_rows(rows: list[dict], world: int) -> None:
 
 def _table(header: dict[str, str], rows: list[dict]) -> str:
     lines = [f"### bench_collectives ({header['device']})", ""]
-    lines += [f"- {k}: `{v}`" for k, v in header.items()]
+    lines += common.header_lines(header)
     lines += ["", "| op | size (MB, bf16) | precision | time (ms, median) | quantized / bf16 | busbw bf16-equiv "
               "(GB/s) | wire busbw (GB/s) | wire MB per rank |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -165,8 +167,8 @@ def _worker(local_rank: int, args: argparse.Namespace, world: int, command: str)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
     rank = dist.get_rank()
     try:
-        header = _header(world, command)
-        if rank == 0:
+        if rank == 0:  # only rank 0 writes the record: one set of git and device queries
+            header = _header(world, command)
             print("\n".join(f"{k}: {v}" for k, v in header.items()), flush=True)
         rows = _run_cases(args, rank, world, torch.device("cuda", local_rank))
         if rank == 0:

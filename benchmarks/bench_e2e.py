@@ -553,7 +553,6 @@ def main(argv: list[str] | None = None) -> int:
     budget = common.Budget(args.time_budget)
     plan = _plan(args)
     common.check_settings(plan.out_dir, plan.settings)
-    command = " ".join([os.path.basename(sys.executable), *sys.argv])
     with common.stop_on_signals():
         try:
             if plan.synthetic_samples is not None:
@@ -564,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
             status = "incomplete"
         # The header only now: querying the device earlier could leave a CUDA context of this process on GPU 0
         # during the measurements.
-        md, record = render(plan, common.header(args.nproc, command), collect(plan), status)
+        md, record = render(plan, common.header(args.nproc), collect(plan), status)
         stem = f"bench_e2e-{plan.name}-{args.nproc}x"
         common.write_outputs(stem, plan.out_dir, {".md": md, ".json": json.dumps(record, indent=1)})
     print(md)

@@ -376,7 +376,7 @@ def summarize(plan: Plan) -> dict[str, Any]:
             "description": ARMS[arm].description,
             "overrides": list(ARMS[arm].overrides),
             "complete": (plan.arm_dir(arm) / "done.json").is_file(),
-            "launches": len(list(plan.arm_dir(arm).glob("log-*.txt"))),
+            "launches": _next_segment(plan.arm_dir(arm)),
             "curve": [[step, loss] for step, loss in curve],
             "final_step": curve[-1][0] if curve else None,
             "final_val_loss": curve[-1][1] if curve else None,
@@ -386,16 +386,23 @@ def summarize(plan: Plan) -> dict[str, Any]:
         }
     base = dict(arms["baseline"]["curve"]) if "baseline" in arms else {}
     for record in arms.values():
-        step = record["final_step"]
-        record["gap_vs_baseline_pct"] = (100.0 * (record["final_val_loss"] - base[step]) / base[step]
-                                         if step in base else None)
+        record["gap_vs_baseline_pct"] = _gap_pct(record, base)
     return arms
+
+
+def _gap_pct(arm: dict[str, Any], baseline_curve: dict[int, float]) -> float | None:
+    """The gap (%) of an arm's final validation loss to the baseline's at the same step; None where the baseline
+    has no evaluation at that step."""
+    step = arm["final_step"]
+    if step not in baseline_curve:
+        return None
+    return 100.0 * (arm["final_val_loss"] - baseline_curve[step]) / baseline_curve[step]
 
 
 def csv_text(tokens_per_step: int, arms: dict[str, Any]) -> str:
     """``step,tokens,<arm>...``: validation loss (nats/token) of each arm at each evaluation step; empty where
     an arm has no evaluation (yet)."""
-    curves = {arm: dict(map(tuple, r["curve"])) for arm, r in arms.items()}
+    curves = {arm: dict(r["curve"]) for arm, r in arms.items()}
     steps = sorted({s for c in curves.values() for s in c})
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
@@ -418,19 +425,26 @@ def markdown(plan: Plan, head: dict[str, str], manifest: dict[str, Any], arms: d
              f"- corpus: `{m['command']}`: {m['input']['files']} files, {m['input']['bytes'] / 1e6:.1f} MB of "
              f"Python source -> {m['tokens']['train']:,} train / {m['tokens']['val']:,} val tokens; input sha256 "
              f"`{m['input']['sha256'][:16]}`",
-             f"- status: {status}", "", "| arm " + _TABLE_HEAD[0], "|---" + _TABLE_HEAD[1]]
+             f"- status: {status}", "", *_table_head(["arm", *_arm_columns()])]
     lines += [_arm_row(arm, r) for arm, r in arms.items()]
     gap = arms.get("w8g8", {}).get("gap_vs_baseline_pct")
     lines += _w8g8_target({} if gap is None else {"": gap})
     return "\n".join(lines) + "\n"
 
 
-_TABLE_HEAD = ["| final step | final val loss | vs baseline | compression vs unquantized | rel. error w / g "
-               "| step time (ms, median; arms may share GPUs) | description |", "|---|---|---|---|---|---|---|"]
+def _arm_columns(gap: str = "vs baseline") -> list[str]:
+    """The titles of ``_arm_row``'s columns after its leading cells; ``gap`` titles the gap to the baseline."""
+    return ["final step", "final val loss", gap, "compression vs unquantized", "rel. error w / g",
+            "step time (ms, median; arms may share GPUs)", "description"]
+
+
+def _table_head(columns: list[str]) -> list[str]:
+    """A markdown table's title row and rule."""
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
 
 
 def _arm_row(label: str, r: dict[str, Any], *extra: str) -> str:
-    """A table row of one arm's record: ``label``, the ``extra`` cells, then the columns of ``_TABLE_HEAD``."""
+    """A table row of one arm's record: ``label``, the ``extra`` cells, then the columns of ``_arm_columns``."""
     fmt = common.fmt
     err = r["rel_error"]
     step = "n/a" if r["final_step"] is None else f"{r['final_step']}{'' if r['complete'] else ' (partial)'}"
@@ -486,7 +500,7 @@ def png_bytes(record: dict[str, Any]) -> bytes | None:
 
 
 def write_results(plan: Plan, manifest: dict[str, Any], status: str) -> dict[str, Any]:
-    head = common.header(plan.args.nproc, " ".join([os.path.basename(sys.executable), *sys.argv]))
+    head = common.header(plan.args.nproc)
     arms = summarize(plan)
     record = {"header": head, "settings": {**plan.settings, "micro_batch": plan.micro}, "status": status,
               "corpus": manifest, "arms": arms}
@@ -518,10 +532,11 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         raise ValueError(f"combining needs at least 2 records, got {len(records)}")
     first = records[0]
     for i, record in enumerate(records[1:], start=2):
-        for key in sorted(set(first["settings"]) | set(record["settings"])):
-            if first["settings"].get(key) != record["settings"].get(key):
-                raise ValueError(f"run {i} differs from run 1 in setting {key!r}: "
-                                 f"{record['settings'].get(key)!r} != {first['settings'].get(key)!r}")
+        differ = common.differing_keys(first["settings"], record["settings"])
+        if differ:
+            key = differ[0]
+            raise ValueError(f"run {i} differs from run 1 in setting {key!r}: "
+                             f"{record['settings'].get(key)!r} != {first['settings'].get(key)!r}")
         if record["corpus"]["input"]["sha256"] != first["corpus"]["input"]["sha256"]:
             raise ValueError(f"run {i} used another corpus (input sha256 {record['corpus']['input']['sha256'][:16]}"
                              f" != {first['corpus']['input']['sha256'][:16]})")
@@ -530,11 +545,10 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     for i, record in enumerate(records, start=1):
         for arm, r in record["arms"].items():
             arms[arm if counts[arm] == 1 else f"{arm}@run{i}"] = {**r, "arm": arm, "run": i}
-    baselines = {label: dict(map(tuple, r["curve"])) for label, r in arms.items() if r["arm"] == "baseline"}
+    baselines = {label: dict(r["curve"]) for label, r in arms.items() if r["arm"] == "baseline"}
     for r in arms.values():
-        step = r["final_step"]
-        r["gap_vs_baselines_pct"] = {label: 100.0 * (r["final_val_loss"] - curve[step]) / curve[step]
-                                     for label, curve in baselines.items() if step in curve}
+        gaps = {label: _gap_pct(r, curve) for label, curve in baselines.items()}
+        r["gap_vs_baselines_pct"] = {label: gap for label, gap in gaps.items() if gap is not None}
     runs = [record["header"] for record in records]
     return {"header": {"git": " + ".join(dict.fromkeys(h["git"] for h in runs))}, "runs": runs,
             "settings": first["settings"], "corpus": first["corpus"],
@@ -551,9 +565,8 @@ def combined_markdown(record: dict[str, Any]) -> str:
     lines += [f"- settings: {s['steps']} steps x {s['global_batch']} samples x {s['seq_len']} tokens per arm, the "
               f"same seed and data order in every run; corpus input sha256 "
               f"`{record['corpus']['input']['sha256'][:16]}`", f"- status: {record['status']}", "",
-              "| arm | run | " + " | ".join(f"vs {label}" for label in labels) + " "
-              + _TABLE_HEAD[0].replace("vs baseline", "vs its run's baseline"),
-              "|---|---|" + "---|" * len(labels) + _TABLE_HEAD[1][1:]]
+              *_table_head(["arm", "run", *(f"vs {label}" for label in labels),
+                            *_arm_columns("vs its run's baseline")])]
     for label, r in record["arms"].items():
         gaps = [common.fmt(r["gap_vs_baselines_pct"].get(b), "+.2f", "%") for b in labels]
         lines.append(_arm_row(label, r, str(r["run"]), *gaps))

@@ -70,8 +70,9 @@ def recorded_env(env: Mapping[str, str]) -> str:
     return " ".join(words) or "(none set)"
 
 
-def header(nproc: int, command: str) -> dict[str, str]:
-    """Device, software versions, date (UTC), git revision and the exact command, for a result record."""
+def header(nproc: int) -> dict[str, str]:
+    """Device, software versions, date (UTC), git revision and this process's command line, for a result
+    record."""
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         device = f"{nproc} x {props.name} ({props.total_memory / 2**30:.0f} GiB) of {torch.cuda.device_count()} visible"
@@ -85,7 +86,7 @@ def header(nproc: int, command: str) -> dict[str, str]:
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "git": git_revision(("composer_qsdp", "benchmarks", "yamls")),  # the recipes too
-        "command": command,
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
     }
 
 
@@ -147,11 +148,16 @@ def check_settings(out_dir: Path, settings: Mapping[str, Any]) -> None:
         write_json(path, dict(settings))
         return
     stored = read_json(path)
-    differ = sorted(k for k in set(stored) | set(settings) if stored.get(k) != settings.get(k))
+    differ = differing_keys(stored, settings)
     if differ:
         raise SystemExit(f"{out_dir} holds results of other settings ({', '.join(differ)}: "
                          f"{ {k: stored.get(k) for k in differ} } vs now { {k: settings.get(k) for k in differ} }); "
                          "pass another --out-dir or remove it")
+
+
+def differing_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """The keys, sorted, whose values differ between ``a`` and ``b`` (a key missing on one side counts as None)."""
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
 def fmt(value: float | None, spec: str, suffix: str = "") -> str:
