@@ -246,3 +246,11 @@ def test_combine_refuses_runs_that_differ(change, message):
         convergence.combine_records([first, second])
     with pytest.raises(ValueError, match="at least 2 records, got 1"):
         convergence.combine_records([first])
+
+
+def test_combined_table_without_a_baseline_has_as_many_titles_as_cells():
+    record = convergence.combine_records([fake_record("a", {"w8g8": {20: 4.0}}), fake_record("b", {"w8g8": {20: 4.1}})])
+    table = [line for line in convergence.combined_markdown(record).splitlines() if line.startswith("|")]
+    assert len(table) == 4  # titles, rule, two arms
+    assert len({line.count("|") for line in table}) == 1
+    assert "Target" not in convergence.combined_markdown(record)  # no baseline, no gap to judge
