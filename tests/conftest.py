@@ -6,6 +6,8 @@ The codecs still use the torch reference on CPU tensors; kernel tests call the l
 """
 
 import os
+import sys
+from pathlib import Path
 
 import torch
 
@@ -13,6 +15,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 # Multi-process CPU tests: 2 ranks x N intra-op threads oversubscribe small machines badly.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The benchmark drivers' shared plumbing (scripts in benchmarks/, not a package), e.g. Composer's launcher command.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import pytest  # noqa: E402
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import composer_qsdp.train as train_module
+import e2e_common  # benchmarks/ (tests/conftest.py): Composer's launcher command
 from composer_qsdp.data import write_token_shards
 from composer_qsdp.data.sources import wikipedia_sample_documents
 from composer_qsdp.train import RecipeError, load_recipe, main
@@ -45,12 +45,8 @@ def train_losses(run_dir: Path) -> dict[int, float]:
 
 
 def launch(nproc: int, recipe: Path, overrides: list[str], timeout: int = 400) -> subprocess.CompletedProcess:
-    # The `composer` console script; where wheels were installed without scripts (the GPU machines), the same
-    # launcher through `python -m composer.cli`.
-    script = Path(sys.executable).parent / "composer"
-    launcher = [str(script)] if script.exists() else [sys.executable, "-m", "composer.cli"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([*launcher, "-n", str(nproc), "-m", "composer_qsdp.train", str(recipe), *overrides],
+    return subprocess.run(e2e_common.train_command(nproc, recipe, overrides),
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 

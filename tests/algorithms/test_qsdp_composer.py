@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+import e2e_common  # benchmarks/ (tests/conftest.py): Composer's launcher command
 
 SCRIPT = Path(__file__).with_name("composer_run.py")
 
@@ -19,10 +20,7 @@ def _launch(tmp_path: Path, *args: str, gpu: bool = False) -> dict:
     env = {**os.environ, "FSDP_VERSION": "2", "OMP_NUM_THREADS": "1"}
     if gpu:
         env["QSDP_TEST_DEVICE"] = "gpu"
-    # Composer's launcher: its console script, or the same module where wheels were installed without scripts.
-    script = Path(sys.executable).with_name("composer")
-    launcher = [str(script)] if script.exists() else [sys.executable, "-m", "composer.cli"]
-    proc = subprocess.run([*launcher, "-n", "2", str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
+    proc = subprocess.run([*e2e_common.launcher(2), str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"launcher failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
     return json.loads(out.read_text())

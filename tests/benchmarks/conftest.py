@@ -1,16 +1,14 @@
-"""The benchmark drivers live in ``benchmarks/`` (scripts, not a package): make them importable, and give the
-tests a tiny CPU recipe family in the layout the drivers read (``baseline.yaml``, ``qsdp-w8g8.yaml``,
-``qsdp-w4g4.yaml``), built on the repository's ``yamls/cpu`` recipes."""
+"""A tiny CPU recipe family in the layout the benchmark drivers read (``baseline.yaml``, ``qsdp-w8g8.yaml``,
+``qsdp-w4g4.yaml``), built on the repository's ``yamls/cpu`` recipes. (``tests/conftest.py`` puts
+``benchmarks/`` on the import path.)"""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 @pytest.fixture(scope="session")
