@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["bucket_lattice", "bucket_min_max", "ieee_div"]
+__all__ = ["FP32_MAX", "bucket_lattice", "bucket_min_max", "ieee_div"]
 
-_FP32_MAX = torch.finfo(torch.float32).max
+#: The largest finite fp32 number: the codecs cap the reciprocal of a tiny step or abs-max by it, so that it never
+#: becomes infinity (the kernels use :data:`composer_qsdp.kernels.groups.FP32_MAX`, the same value).
+FP32_MAX = torch.finfo(torch.float32).max
 
 
 def bucket_min_max(x: torch.Tensor, bucket_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -48,5 +50,5 @@ def bucket_lattice(
     """
     xb, lo, hi = bucket_min_max(x, bucket_size)
     scale = ieee_div(hi - lo, levels)
-    inv = torch.where(scale > 0, 1.0 / scale, 0.0).clamp_(max=_FP32_MAX)
+    inv = torch.where(scale > 0, 1.0 / scale, 0.0).clamp_(max=FP32_MAX)
     return xb, lo, scale, inv, ~torch.isfinite(scale)

@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-__all__ = ["Codec", "FLOAT_DTYPES", "check_bits", "check_bucket_size"]
+__all__ = ["Codec", "FLOAT_DTYPES", "check_bits", "check_bucket_size", "check_int", "sum_rows_in_order"]
 
 #: Dtypes a codec accepts as input and produces as output.
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -41,6 +41,25 @@ def check_bucket_size(bucket_size: int) -> int:
     if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size < 1:
         raise ValueError(f"bucket_size={bucket_size!r} is invalid; it must be an integer >= 1 (elements per bucket)")
     return bucket_size
+
+
+def check_int(name: str, value: object, minimum: int = 0) -> int:
+    """Return ``value`` if it is an int (not a bool) ``>= minimum``, else raise a ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} is invalid; it must be an integer >= {minimum}")
+    return value
+
+
+def sum_rows_in_order(decoded: torch.Tensor) -> torch.Tensor:
+    """The sum of the rows of ``[R, n]`` fp32 ``decoded`` as a 1-D fp32 tensor of ``n`` elements.
+
+    Rows are added one at a time in order 0..R-1 starting from +0.0, exactly as the decode-and-sum kernels
+    accumulate, so the fp32 result is the same on every implementation (``torch.sum``'s order is unspecified).
+    """
+    acc = torch.zeros(decoded.shape[1], dtype=torch.float32, device=decoded.device)
+    for row in decoded:
+        acc += row
+    return acc
 
 
 class Codec(ABC):
@@ -184,8 +203,7 @@ class Codec(ABC):
             raise ValueError(f"cannot decode to dtype {dtype}; allowed: float32, bfloat16, float16")
 
     def _check_numel(self, numel: int) -> None:
-        if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
-            raise ValueError(f"numel={numel!r} is invalid; it must be an integer >= 1")
+        check_int("numel", numel, minimum=1)
 
     def _check_wire(self, wire: torch.Tensor, numel: int) -> None:
         self._check_numel(numel)

@@ -60,14 +60,13 @@ from collections.abc import Iterator
 
 import torch
 
-from composer_qsdp.quant.buckets import bucket_min_max
-from composer_qsdp.quant.codec import Codec
+from composer_qsdp.quant.buckets import bucket_lattice, bucket_min_max
+from composer_qsdp.quant.codec import Codec, check_int
 from composer_qsdp.quant.philox import rounding_noise_range
 from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
 
 __all__ = ["LearnedLevelsCodec", "fit_levels", "uniform_levels", "expected_sq_error", "high_resolution_levels"]
 
-_FP32_MAX = torch.finfo(torch.float32).max
 # Smallest gap between fitted levels, a fraction of the normalized range: keeps 1 / gap finite and the levels
 # strictly increasing in fp32 (whose spacing just below 1 is 6e-8).
 _MIN_GAP = 2.0**-20
@@ -79,12 +78,6 @@ _ADAM_LR = 0.03
 def uniform_levels(bits: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """The ``2**bits`` evenly spaced normalized levels on ``[0, 1]`` (fp32): min-max quantization's grid."""
     return torch.linspace(0.0, 1.0, 1 << bits, dtype=torch.float32, device=device)
-
-
-def _bucket_ranges(x: torch.Tensor, bucket_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Buckets of each row of ``[R, n]`` ``x`` in fp32: ``(xb [R, nb, bucket_size], lo [R, nb], max - min [R, nb])``."""
-    xb, lo, hi = bucket_min_max(x, bucket_size)
-    return xb, lo, hi - lo
 
 
 def _levels_from_params(theta: torch.Tensor) -> torch.Tensor:
@@ -177,7 +170,8 @@ def fit_levels(
     num_levels = 1 << bits
     # Inside inference mode or no_grad (e.g. an evaluation loop) the fit still needs autograd.
     with torch.inference_mode(False), torch.enable_grad():
-        xb, lo, rng = _bucket_ranges(x.detach().reshape(1, -1) if x.dim() != 2 else x.detach(), bucket_size)
+        xb, lo, hi = bucket_min_max(x.detach().reshape(1, -1) if x.dim() != 2 else x.detach(), bucket_size)
+        rng = hi - lo
         flat = xb.reshape(-1)
         idx = torch.arange(0, flat.numel(), -(-flat.numel() // samples), device=x.device)
         # Only the small float64 work on the sample is pinned to one thread; the bucketing above sees the whole
@@ -234,10 +228,10 @@ class LearnedLevelsCodec(Codec):
         pinned_seeds: int = 1024,
     ) -> None:
         super().__init__(bits, bucket_size)
-        self.refresh_every = _check_count("refresh_every", refresh_every, minimum=0)
-        self.fit_samples = _check_count("fit_samples", fit_samples, minimum=1)
-        self.fit_steps = _check_count("fit_steps", fit_steps, minimum=1)
-        self.pinned_seeds = _check_count("pinned_seeds", pinned_seeds, minimum=1)
+        self.refresh_every = check_int("refresh_every", refresh_every, minimum=0)
+        self.fit_samples = check_int("fit_samples", fit_samples, minimum=1)
+        self.fit_steps = check_int("fit_steps", fit_steps, minimum=1)
+        self.pinned_seeds = check_int("pinned_seeds", pinned_seeds, minimum=1)
         self._levels: torch.Tensor | None = None
         self._seeds_since_fit = 0
         self._pinned: collections.OrderedDict[int, torch.Tensor] = collections.OrderedDict()
@@ -316,9 +310,9 @@ class LearnedLevelsCodec(Codec):
         rows, n = x.shape
         layout = self.layout(n)
         bsz, nb = self.bucket_size, layout.num_buckets
-        xb, lo, rng = _bucket_ranges(x, bsz)
-        nonfinite = (~torch.isfinite(xb)).any(dim=2) | ~torch.isfinite(rng)
-        inv = torch.where(rng > 0, 1.0 / rng, 0.0).clamp_(max=_FP32_MAX)
+        # One level step spans the whole range: rng = max - min exactly (a division by 1), with its capped
+        # reciprocal, and a NaN or infinity anywhere in a bucket makes its range non-finite.
+        xb, lo, rng, inv, nonfinite = bucket_lattice(x, bsz, 1)
         z = ((xb - lo.unsqueeze(2)) * inv.unsqueeze(2)).clamp_(0.0, 1.0).nan_to_num_(0.0)
         j = _bracket(levels, z)
         lower = levels[j]
@@ -349,9 +343,3 @@ class LearnedLevelsCodec(Codec):
             f"LearnedLevelsCodec(bits={self.bits}, bucket_size={self.bucket_size}, refresh_every={self.refresh_every}, "
             f"fit_samples={self.fit_samples}, fit_steps={self.fit_steps}, pinned_seeds={self.pinned_seeds})"
         )
-
-
-def _check_count(name: str, value: int, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r} is invalid; it must be an integer >= {minimum}")
-    return value

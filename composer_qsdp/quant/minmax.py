@@ -53,9 +53,9 @@ import torch
 
 from composer_qsdp.kernels.dispatch import use_triton
 from composer_qsdp.quant.buckets import bucket_lattice
-from composer_qsdp.quant.codec import Codec
+from composer_qsdp.quant.codec import Codec, sum_rows_in_order
 from composer_qsdp.quant.philox import rounding_noise_range
-from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
+from composer_qsdp.quant.wire import WireLayout, affine_decode, assemble_rows, bucket_layout, pack_rows
 
 __all__ = ["MinMaxCodec", "ROUNDINGS"]
 
@@ -156,21 +156,11 @@ class MinMaxCodec(Codec):
 
     def _decode_rows_fp32(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
         """Reference of ``decode_rows`` in fp32 (the output dtype is one rounding of this)."""
-        rows = wire.shape[0]
-        lay = self.layout(numel)
-        codes = unpack_rows(wire, lay, self.bits, self.bucket_size)
-        meta = read_meta(wire, lay).view(rows, lay.num_buckets, 2)
-        decoded = meta[:, :, 0:1] + meta[:, :, 1:2] * codes.to(torch.float32)
-        return decoded.view(rows, -1)[:, :numel]
+        return affine_decode(wire, self.layout(numel), self.bits, self.bucket_size)
 
     def _decode_sum_reference(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
-        """Reference of ``decode_sum``."""
-        decoded = self._decode_rows_fp32(wire, numel)
-        # In row order, starting from +0.0, exactly as the kernel accumulates (torch.sum's order is unspecified).
-        acc = torch.zeros(numel, dtype=torch.float32, device=wire.device)
-        for row in decoded:
-            acc += row
-        return acc
+        """Reference of ``decode_sum``: the decoded rows summed in order, as the kernel accumulates."""
+        return sum_rows_in_order(self._decode_rows_fp32(wire, numel))
 
     def __repr__(self) -> str:
         return f"MinMaxCodec(bits={self.bits}, bucket_size={self.bucket_size}, rounding={self.rounding!r})"

@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import torch
 
+from composer_qsdp.quant.codec import check_int
+
 __all__ = [
     "KEY_A",
     "KEY_B",
     "ROUND_A",
     "ROUND_B",
     "N_ROUNDS",
-    "NOISE_PER_CALL",
+    "check_seed",
     "randint4x",
     "randint",
     "uniform",
@@ -38,8 +40,6 @@ __all__ = [
 
 #: Philox rounds, Triton's default (``triton.language.random.N_ROUNDS_DEFAULT``).
 N_ROUNDS = 10
-#: Rounding-noise values drawn from one Philox call (4 words x 2 halves of 16 bits).
-NOISE_PER_CALL = 8
 
 _MASK32 = 0xFFFFFFFF
 #: Philox4x32 key increments (Weyl constants) and round multipliers, Triton's and Random123's.
@@ -65,10 +65,12 @@ def _mul_hi_lo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return hi, lo
 
 
-def _check_seed(seed: int) -> tuple[int, int]:
+def check_seed(seed: object) -> int:
+    """Return ``seed`` if it is a valid Philox key, an int (not a bool) in ``[0, 2**64)``, else raise a
+    ``ValueError`` naming it."""
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _MAX_SEED:
         raise ValueError(f"seed={seed!r} is invalid; it must be an integer in [0, 2**64)")
-    return seed & _MASK32, seed >> 32
+    return seed
 
 
 def _check_offsets(offsets: torch.Tensor) -> torch.Tensor:
@@ -90,7 +92,8 @@ def randint4x(
     Returns:
         Four int64 tensors shaped like ``offsets`` holding the unsigned 32-bit words (values in ``[0, 2**32)``).
     """
-    k0, k1 = _check_seed(seed)
+    seed = check_seed(seed)
+    k0, k1 = seed & _MASK32, seed >> 32
     c = _check_offsets(offsets)
     c0 = c & _MASK32
     c1 = (c >> 32) & _MASK32
@@ -149,10 +152,8 @@ def rounding_noise_range(seed: int, start: int, count: int, device: torch.device
 
     Runs one Philox call per 8 counters.
     """
-    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-        raise ValueError(f"start={start!r} is invalid; it must be an integer >= 0")
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise ValueError(f"count={count!r} is invalid; it must be an integer >= 0")
+    check_int("start", start)
+    check_int("count", count)
     first_call = start >> 3
     last_call = (start + count + 7) >> 3
     calls = torch.arange(first_call, last_call, dtype=torch.int64, device=device)

@@ -36,7 +36,7 @@ import torch
 from composer_qsdp.quant.buckets import bucket_lattice
 from composer_qsdp.quant.codec import Codec
 from composer_qsdp.quant.philox import rounding_noise
-from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
+from composer_qsdp.quant.wire import WireLayout, affine_decode, assemble_rows, bucket_layout, pack_rows
 
 __all__ = ["RandomShiftCodec"]
 
@@ -92,8 +92,4 @@ class RandomShiftCodec(Codec):
         return assemble_rows(pack_rows(codes, layout, self.bits), meta.view(rows, 2 * nb), layout)
 
     def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        layout = self.layout(numel)
-        codes = unpack_rows(wire, layout, self.bits, self.bucket_size).to(torch.float32)
-        meta = read_meta(wire, layout).view(wire.shape[0], layout.num_buckets, 2)
-        decoded = meta[:, :, 0:1] + meta[:, :, 1:2] * codes
-        return decoded.view(wire.shape[0], -1)[:, :numel].to(dtype)
+        return affine_decode(wire, self.layout(numel), self.bits, self.bucket_size).to(dtype)

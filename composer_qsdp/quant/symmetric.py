@@ -38,13 +38,11 @@ from types import ModuleType
 import torch
 
 from composer_qsdp.kernels.dispatch import use_triton
-from composer_qsdp.quant.buckets import ieee_div
-from composer_qsdp.quant.codec import Codec, check_bits
+from composer_qsdp.quant.buckets import FP32_MAX, ieee_div
+from composer_qsdp.quant.codec import Codec, check_bits, sum_rows_in_order
 from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
 
 __all__ = ["SymmetricCodec"]
-
-_FP32_MAX = torch.finfo(torch.float32).max
 
 
 class SymmetricCodec(Codec):
@@ -105,10 +103,7 @@ class SymmetricCodec(Codec):
         kernels = self._kernels(wire)
         if kernels is not None:
             return kernels.decode_sum(wire, self.bits, self.bucket_size, layout)
-        acc = torch.zeros(numel, dtype=torch.float32, device=wire.device)
-        for row in self._decode_rows_fp32(wire, layout):  # row order from +0.0, as the kernel accumulates
-            acc += row
-        return acc
+        return sum_rows_in_order(self._decode_rows_fp32(wire, layout))
 
     # ------------------------------------------------------------------ fused Hadamard rotation
     def _encode_rows_rotated(self, x: torch.Tensor, padded: int, seed: int, offset: int) -> torch.Tensor | None:
@@ -138,10 +133,11 @@ class SymmetricCodec(Codec):
         # Zero padding leaves every bucket's absmax unchanged.
         xb = torch.nn.functional.pad(x.to(torch.float32), (0, nb * bsz - n)).view(rows, nb, bsz)
         absmax = xb.abs().amax(dim=2)
-        nonfinite = ~(xb.abs() < float("inf")).all(dim=2)
+        # amax propagates NaN, so the abs-max is non-finite exactly when the bucket holds a NaN or an infinity.
+        nonfinite = ~torch.isfinite(absmax)
         scale = ieee_div(absmax, self.qmax).masked_fill_(nonfinite, float("nan"))
         # A tensor numerator: torch evaluates `scalar / tensor` as reciprocal-then-multiply, not one IEEE division.
-        inv = torch.where(absmax > 0, torch.full_like(absmax, self.qmax) / absmax, 0.0).clamp_(max=_FP32_MAX)
+        inv = torch.where(absmax > 0, torch.full_like(absmax, self.qmax) / absmax, 0.0).clamp_(max=FP32_MAX)
         q = torch.round(xb * inv.unsqueeze(2)).clamp_(-self.qmax, self.qmax)
         q = q.masked_fill_(nonfinite.unsqueeze(2), 0)
         codes = (q + self.qmax).to(torch.uint8).view(rows, nb * bsz)

@@ -20,7 +20,10 @@ import torch
 
 from composer_qsdp.quant.packing import pack_codes, packed_bytes, unpack_codes
 
-__all__ = ["WireLayout", "bucket_layout", "pack_rows", "unpack_rows", "assemble_rows", "read_meta", "aligned_rows"]
+__all__ = [
+    "WireLayout", "bucket_layout", "pack_rows", "unpack_rows", "assemble_rows", "read_meta", "aligned_rows",
+    "affine_decode",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +95,20 @@ def assemble_rows(packed: torch.Tensor, meta: torch.Tensor, layout: WireLayout) 
 def read_meta(wire: torch.Tensor, layout: WireLayout) -> torch.Tensor:
     """The ``[R, meta_words]`` fp32 metadata of a ``[R, wire_bytes]`` wire (copied only when misaligned)."""
     return aligned_rows(wire[:, layout.meta_offset :]).view(torch.float32)
+
+
+def affine_decode(wire: torch.Tensor, layout: WireLayout, bits: int, bucket_size: int) -> torch.Tensor:
+    """Decode a ``[R, wire_bytes]`` wire whose metadata is one fp32 ``(origin, step)`` pair per bucket (the min-max
+    and random-shift codecs): ``origin + step * code``, one fp32 multiply then one add.
+
+    Returns:
+        ``[R, layout.numel]`` fp32 values, in the units of the encoded input.
+    """
+    rows = wire.shape[0]
+    codes = unpack_rows(wire, layout, bits, bucket_size)
+    meta = read_meta(wire, layout).view(rows, layout.num_buckets, 2)
+    decoded = meta[:, :, 0:1] + meta[:, :, 1:2] * codes.to(torch.float32)
+    return decoded.view(rows, -1)[:, : layout.numel]
 
 
 def aligned_rows(wire: torch.Tensor) -> torch.Tensor:
