@@ -33,7 +33,8 @@ import triton
 import triton.language as tl
 
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
-from composer_qsdp.kernels.groups import (FP32_MAX, MAGIC, MAGIC_BITS, MAX_ROWS, codes_to_float, launch_fits,
+from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, FP32_MAX, GPU_TILE, INTERPRETER_TILE, MAGIC,
+                                          MAGIC_BITS, MAX_BUCKET, MAX_ROWS, codes_to_float, launch_fits,
                                           launch_shape, load_codes, row_stride, split_tile, store_codes, tile, vec)
 from composer_qsdp.kernels.noise import centered_noise
 from composer_qsdp.quant.wire import WireLayout, aligned_rows
@@ -42,19 +43,10 @@ __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_ro
 
 #: Code widths with a kernel (a group of 8 codes is exactly ``bits`` bytes).
 SUPPORTED_BITS = (1, 2, 4, 8)
-#: Largest bucket (elements) a program holds in registers without spilling (8 warps x 32 elements/thread).
-MAX_BUCKET = 8192
-# Elements per program and per thread on a GPU: one warp per 1024-element bucket, each thread holding 4 of its
-# groups, keeps a bucket's min/max reduction inside one warp (no shared memory, no barrier) and halves the
-# per-thread fixed work (reductions, divisions, addresses) per element against 16 per thread; sm_90 SASS of
-# the stochastic quantize kernel: ~26 instructions per element instead of ~40. When the input's rows do not
-# start on 16-element boundaries, its loads cannot be vectorized and 32 elements per thread would spill
-# registers, so those launches take 16. Under the interpreter (~12 ms per program, almost independent of
-# size) as few programs as possible.
-_GPU_TILE = 1024
-_ELEMENTS_PER_THREAD = 32
+# Launch targets: those of :mod:`composer_qsdp.kernels.groups`, except that when the input's rows do not start on
+# 16-element boundaries its loads cannot be vectorized and 32 elements per thread would spill registers, so those
+# launches take 16.
 _ELEMENTS_PER_THREAD_UNALIGNED_ROWS = 16
-_INTERPRETER_TILE = 65536
 
 
 def supports(bits: int, bucket_size: int, rows: int = 1, n: int = 1) -> bool:
@@ -170,8 +162,8 @@ def _config(bucket_size: int, num_buckets: int, on_gpu: bool, aligned_rows: bool
             num_warps: int | None) -> tuple[int, int, int]:  # fmt: skip
     """(GROUPS, buckets per program, warps) of a launch (:func:`composer_qsdp.kernels.groups.launch_shape`);
     ``aligned_rows``: the rows of the streamed input or output start on 16-element boundaries."""
-    per_thread = _ELEMENTS_PER_THREAD if aligned_rows else _ELEMENTS_PER_THREAD_UNALIGNED_ROWS
-    return launch_shape(bucket_size, num_buckets, on_gpu, _GPU_TILE, _INTERPRETER_TILE, per_thread,
+    per_thread = ELEMENTS_PER_THREAD if aligned_rows else _ELEMENTS_PER_THREAD_UNALIGNED_ROWS
+    return launch_shape(bucket_size, num_buckets, on_gpu, GPU_TILE, INTERPRETER_TILE, per_thread,
                         buckets_per_program, num_warps)  # fmt: skip
 
 

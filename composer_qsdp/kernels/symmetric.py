@@ -32,8 +32,9 @@ import triton
 import triton.language as tl
 
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
-from composer_qsdp.kernels.groups import FP32_MAX, MAGIC, MAGIC_BITS, MAX_ROWS, codes_to_float, launch_fits
-from composer_qsdp.kernels.groups import launch_shape, load_codes, row_stride, split_tile, store_codes, tile, vec
+from composer_qsdp.kernels.groups import ELEMENTS_PER_THREAD, FP32_MAX, GPU_TILE, INTERPRETER_TILE, MAGIC, MAGIC_BITS
+from composer_qsdp.kernels.groups import MAX_BUCKET, MAX_ROWS, codes_to_float, launch_fits, launch_shape, load_codes
+from composer_qsdp.kernels.groups import row_stride, split_tile, store_codes, tile, vec
 from composer_qsdp.kernels.hadamard import butterflies, rotation_scale
 from composer_qsdp.quant.wire import WireLayout, aligned_rows
 
@@ -41,14 +42,6 @@ __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_ro
 
 #: Code widths with a kernel (a group of 8 codes is exactly ``bits`` bytes).
 SUPPORTED_BITS = (2, 4, 8)
-#: Largest bucket (elements) a program holds in registers.
-MAX_BUCKET = 8192
-# Elements per program and per thread on a GPU, as the min-max kernels (:mod:`composer_qsdp.kernels.minmax`):
-# a 1024-element bucket is one warp, 32 elements per thread. Under the interpreter (~12 ms per program, almost
-# independent of size) as few programs as possible.
-_GPU_TILE = 1024
-_ELEMENTS_PER_THREAD = 32
-_INTERPRETER_TILE = 65536
 
 
 def supports(bits: int, bucket_size: int, rotate: bool = False) -> bool:
@@ -181,7 +174,7 @@ def _config(bits: int, bucket_size: int, rows: int, layout: WireLayout, rotate: 
         )
     if rows < 1 or not launch_fits(rows, layout.numel):
         raise ValueError(f"rows={rows} must be in 1..{MAX_ROWS} and n={layout.numel} below 2**31")
-    return launch_shape(bucket_size, layout.num_buckets, on_gpu, _GPU_TILE, _INTERPRETER_TILE, _ELEMENTS_PER_THREAD,
+    return launch_shape(bucket_size, layout.num_buckets, on_gpu, GPU_TILE, INTERPRETER_TILE, ELEMENTS_PER_THREAD,
                         buckets_per_program, num_warps)  # fmt: skip
 
 
