@@ -7,14 +7,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from composer_qsdp.quant import Codec, make_codec
+from composer_qsdp.quant.codec import check_int
+from composer_qsdp.quant.philox import check_seed
 
 __all__ = ["QSDPConfig", "Side"]
 
 #: The two quantized paths: the weight all-gather and the gradient reduce-scatter.
 Side = Literal["weights", "grads"]
-
-_MAX_SEED = (1 << 64) - 1
-
 
 @dataclass(frozen=True)
 class QSDPConfig:
@@ -95,9 +94,8 @@ class QSDPConfig:
         for name in ("weight_bits", "grad_bits"):
             _bits_or_none(name, getattr(self, name))
         for name in ("min_numel", "error_sample_interval"):
-            _non_negative_int(name, getattr(self, name))
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= _MAX_SEED:
-            raise ValueError(f"seed={self.seed!r} is invalid; it must be an integer in [0, 2**64)")
+            check_int(name, getattr(self, name))
+        check_seed(self.seed)
         if not isinstance(self.check_finite, bool):
             raise ValueError(f"check_finite={self.check_finite!r} is invalid; it must be True or False")
         # Build every codec the config can produce once, so a bad codec option fails here, not mid-training.
@@ -137,11 +135,6 @@ class QSDPConfig:
 def _bits_or_none(name: str, value: object) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
         raise ValueError(f"{name} has bits={value!r}; bits must be an integer (the codec's range) or None")
-
-
-def _non_negative_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name}={value!r} is invalid; it must be an integer >= 0")
 
 
 def _patterns(name: str, value: object) -> tuple[str, ...]:
