@@ -2,9 +2,10 @@
 
 Top-level names::
 
-    from composer_qsdp import QSDP          # the Composer algorithm
-    from composer_qsdp import apply_qsdp    # functional form for a plain fully_shard model
-    from composer_qsdp import QSDPConfig    # the settings both take
+    from composer_qsdp import QSDP                      # the Composer algorithm
+    from composer_qsdp import apply_qsdp, remove_qsdp   # functional form for a plain fully_shard model
+    from composer_qsdp import QSDPConfig, SideConfig    # the settings apply_qsdp takes
+    from composer_qsdp import from_recipe               # a QSDPConfig from a named preset
 
 They load on first access, so ``import composer_qsdp.quant`` (codecs, kernels) never imports Composer.
 """
@@ -18,12 +19,14 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "QSDP": "composer_qsdp.algorithms.qsdp",
-    "apply_qsdp": "composer_qsdp.fsdp",
-    "remove_qsdp": "composer_qsdp.fsdp",
-    "QSDPConfig": "composer_qsdp.fsdp",
+    "apply_qsdp": "composer_qsdp.fsdp2",
+    "remove_qsdp": "composer_qsdp.fsdp2",
+    "QSDPConfig": "composer_qsdp.policy",
+    "SideConfig": "composer_qsdp.policy",
+    "from_recipe": "composer_qsdp.policy",
 }
 
-__all__ = ["QSDP", "QSDPConfig", "__version__", "apply_qsdp", "remove_qsdp"]
+__all__ = ["QSDP", "QSDPConfig", "SideConfig", "__version__", "apply_qsdp", "from_recipe", "remove_qsdp"]
 
 
 def __getattr__(name: str) -> Any:

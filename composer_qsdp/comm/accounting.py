@@ -5,15 +5,20 @@ bytes (the ``W`` chunks of an all-gather's output, or the ``W`` chunks of a redu
 ``(W - 1) / W * V`` bytes on the wire per rank: a rank never sends its own chunk to itself. All counts here
 are per rank and follow that convention, so ``sent`` is comparable with the bf16 (and native-dtype) figures
 computed the same way.
+
+Hops: ``inter_node`` is the part of ``sent`` addressed to ranks on other nodes (of a
+:class:`~composer_qsdp.comm.topology.Topology`), counted point to point: a flat collective whose group has
+``k`` of its ``W - 1`` peers on other nodes puts ``k`` of its ``W - 1`` chunks on the inter-node network. That
+is what a cluster pays for; the rest (``sent - inter_node``) stays on the node's NVLink/PCIe.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, astuple, dataclass, fields
 
 import torch
 
-__all__ = ["CallTraffic", "TrafficCounter", "call_traffic"]
+__all__ = ["CallTraffic", "TrafficCounter", "TrafficReport", "call_traffic"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,7 @@ class CallTraffic:
         sent: bytes actually sent (quantized codes + metadata, or the raw tensor when passed through).
         bf16: bytes the same collective would send in bf16 (2 bytes per element): the paper's baseline.
         native: bytes the same collective would send in the input's own dtype (what plain FSDP sends).
+        inter_node: the part of ``sent`` addressed to ranks on other nodes.
         rel_error: when measured, a 0-dim fp32 device tensor ``||decode(encode(x)) - x|| / ||x||`` over this
             rank's input; ``None`` otherwise. Kept on the device so measuring never syncs the host.
     """
@@ -31,23 +37,28 @@ class CallTraffic:
     sent: int
     bf16: int
     native: int
+    inter_node: int = 0
     rel_error: torch.Tensor | None = None
 
 
-def call_traffic(world_size: int, chunk_numel: int, chunk_wire_bytes: int, element_size: int) -> CallTraffic:
-    """Per-rank traffic of a collective moving ``world_size`` chunks of ``chunk_numel`` elements.
+def call_traffic(
+    world_size: int, chunk_numel: int, chunk_wire_bytes: int, element_size: int, off_node_peers: int = 0
+) -> CallTraffic:
+    """Per-rank traffic of a flat collective moving ``world_size`` chunks of ``chunk_numel`` elements.
 
     Args:
         world_size: ranks in the group.
         chunk_numel: elements per rank's chunk.
         chunk_wire_bytes: bytes one chunk occupies on the wire.
         element_size: bytes per element of the input dtype.
+        off_node_peers: peers of this rank in the group that sit on other nodes (0 on one node).
     """
     peers = world_size - 1
     return CallTraffic(
         sent=peers * chunk_wire_bytes,
         bf16=peers * chunk_numel * 2,
         native=peers * chunk_numel * element_size,
+        inter_node=off_node_peers * chunk_wire_bytes,
     )
 
 
@@ -60,12 +71,14 @@ class TrafficCounter:
         sent: bytes sent.
         bf16: bytes a bf16 collective would have sent.
         native: bytes the collective in its input dtype would have sent.
+        inter_node: the part of ``sent`` addressed to ranks on other nodes.
     """
 
     calls: int = 0
     sent: int = 0
     bf16: int = 0
     native: int = 0
+    inter_node: int = 0
 
     def add(self, traffic: CallTraffic) -> None:
         """Count one call."""
@@ -73,16 +86,18 @@ class TrafficCounter:
         self.sent += traffic.sent
         self.bf16 += traffic.bf16
         self.native += traffic.native
+        self.inter_node += traffic.inter_node
 
     def __add__(self, other: TrafficCounter) -> TrafficCounter:
-        return TrafficCounter(
-            self.calls + other.calls, self.sent + other.sent, self.bf16 + other.bf16, self.native + other.native
-        )
+        return TrafficCounter(*(a + b for a, b in zip(astuple(self), astuple(other))))
 
     def __sub__(self, other: TrafficCounter) -> TrafficCounter:
-        return TrafficCounter(
-            self.calls - other.calls, self.sent - other.sent, self.bf16 - other.bf16, self.native - other.native
-        )
+        return TrafficCounter(*(a - b for a, b in zip(astuple(self), astuple(other))))
+
+    @property
+    def intra_node(self) -> int:
+        """Bytes sent to ranks on this rank's own node: ``sent - inter_node``."""
+        return self.sent - self.inter_node
 
     @property
     def ratio_vs_bf16(self) -> float:
@@ -95,11 +110,55 @@ class TrafficCounter:
         return self.native / self.sent if self.sent else 1.0
 
     def state_dict(self) -> dict[str, int]:
-        """The four counts, for checkpoints."""
-        return {"calls": self.calls, "sent": self.sent, "bf16": self.bf16, "native": self.native}
+        """The counts, for checkpoints."""
+        return asdict(self)
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restore counts written by :meth:`state_dict`."""
-        self.calls, self.sent, self.bf16, self.native = (
-            int(state["calls"]), int(state["sent"]), int(state["bf16"]), int(state["native"])
-        )
+        """Restore counts written by :meth:`state_dict` (``inter_node`` is 0 in checkpoints that predate it)."""
+        for f in fields(self):
+            setattr(self, f.name, int(state.get(f.name, 0)))
+
+
+@dataclass(frozen=True)
+class TrafficReport:
+    """Bytes this rank put on the wire through QSDP's collectives, per side and in total.
+
+    Counts follow NCCL's convention ((W-1)/W of each collective's volume, per rank) and cover every unit QSDP
+    manages, quantized or not, so the ratios are those of the whole run's sharded-data-parallel traffic.
+
+    Attributes:
+        weights: the weight all-gathers.
+        grads: the gradient reduce-scatters.
+    """
+
+    weights: TrafficCounter
+    grads: TrafficCounter
+
+    @property
+    def total(self) -> TrafficCounter:
+        """Both sides together."""
+        return self.weights + self.grads
+
+    def __sub__(self, other: TrafficReport) -> TrafficReport:
+        return TrafficReport(self.weights - other.weights, self.grads - other.grads)
+
+    def summary(self) -> str:
+        """Human-readable lines: bytes sent against bf16 and against the dtypes FSDP would have sent."""
+        lines = []
+        for label, c in (("weights (all-gather)", self.weights), ("grads (reduce-scatter)", self.grads),
+                         ("total", self.total)):
+            line = (
+                f"{label:<24} sent {_size(c.sent):>10} | bf16 {_size(c.bf16):>10} ({c.ratio_vs_bf16:.2f}x less) | "
+                f"unquantized {_size(c.native):>10} ({c.ratio_vs_native:.2f}x less) | {c.calls} calls"
+            )
+            if c.inter_node:
+                line += f" | inter-node {_size(c.inter_node)}"
+            lines.append(line)
+        return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"

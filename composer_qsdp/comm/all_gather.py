@@ -25,6 +25,7 @@ def quantized_all_gather(
     seed: int,
     *,
     measure_error: bool = False,
+    off_node_peers: int = 0,
 ) -> CallTraffic:
     """``all_gather_into_tensor(output, input)`` with the chunks sent as ``codec`` wire buffers.
 
@@ -40,6 +41,7 @@ def quantized_all_gather(
         group: process group (NCCL or gloo).
         seed: rounding-noise key of this call. The key used is ``mix_seed(seed, group.rank())``: ranks draw
             independent noise, and HSDP replicas (same group rank, same shard) decode identical weights.
+        off_node_peers: peers of this rank in ``group`` on other nodes, for the per-hop count (0: one node).
         measure_error: also return the relative quantization error of this rank's chunk (device tensor).
 
     Returns:
@@ -52,12 +54,12 @@ def quantized_all_gather(
     n = check_collective_buffers("quantized_all_gather", output, input, world_size, gathers=True)
     if codec is None or input.dtype not in FLOAT_DTYPES or n == 0:
         dist.all_gather_into_tensor(output, input, group=group)
-        return call_traffic(world_size, n, n * input.element_size(), input.element_size())
+        return call_traffic(world_size, n, n * input.element_size(), input.element_size(), off_node_peers)
     wire = codec.encode(input, seed=mix_seed(seed, rank))
     gathered = torch.empty(world_size * wire.numel(), dtype=torch.uint8, device=input.device)
     dist.all_gather_into_tensor(gathered, wire, group=group)
     decoded = codec.decode_rows(gathered.view(world_size, wire.numel()), n, output.dtype)
-    traffic = call_traffic(world_size, n, wire.numel(), input.element_size())
+    traffic = call_traffic(world_size, n, wire.numel(), input.element_size(), off_node_peers)
     if measure_error:
         # Before the copy below: `input` may be this rank's slot of `output`.
         traffic = replace(traffic, rel_error=relative_error(decoded[rank], input))

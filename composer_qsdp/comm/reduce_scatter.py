@@ -48,6 +48,7 @@ def quantized_reduce_scatter(
     seed: int,
     *,
     measure_error: bool = False,
+    off_node_peers: int = 0,
 ) -> CallTraffic:
     """``reduce_scatter_tensor(output, input, op)`` with the chunks sent as ``codec`` wire buffers.
 
@@ -65,6 +66,7 @@ def quantized_reduce_scatter(
         op: ``ReduceOp.SUM`` or ``ReduceOp.AVG`` (checked before any communication).
         seed: rounding-noise key of this call. The key used is ``mix_seed(seed, dist.get_rank())``: the global
             rank, so every process draws independent noise, across HSDP replicas too.
+        off_node_peers: peers of this rank in ``group`` on other nodes, for the per-hop count (0: one node).
         measure_error: also return the relative quantization error of this rank's ``W`` encoded chunks.
 
     Returns:
@@ -77,7 +79,7 @@ def quantized_reduce_scatter(
     n = check_collective_buffers("quantized_reduce_scatter", output, input, world_size, gathers=False)
     if codec is None or input.dtype not in FLOAT_DTYPES or n == 0:
         dist.reduce_scatter_tensor(output, input, op=op, group=group)
-        return call_traffic(world_size, n, n * input.element_size(), input.element_size())
+        return call_traffic(world_size, n, n * input.element_size(), input.element_size(), off_node_peers)
     average = is_average(op)
     rows = input.view(world_size, n)
     send = codec.encode_rows(rows, seed=mix_seed(seed, dist.get_rank()))
@@ -86,7 +88,7 @@ def quantized_reduce_scatter(
     total = codec.decode_sum(recv, n)
     if average:
         total.div_(world_size)
-    traffic = call_traffic(world_size, n, send.shape[1], input.element_size())
+    traffic = call_traffic(world_size, n, send.shape[1], input.element_size(), off_node_peers)
     if measure_error:
         traffic = replace(traffic, rel_error=relative_error(codec.decode_rows(send, n, torch.float32), rows))
     output.view(-1).copy_(total)

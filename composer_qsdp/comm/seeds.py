@@ -1,8 +1,11 @@
-"""Derive independent 63-bit random-stream keys from tuples of integers (step, unit, side, rank...)."""
+"""Rounding-noise keys: ``mix_seed`` hashes tuples of integers (step, unit, stream, rank...) into independent
+63-bit keys, and ``StepSeeds`` is the per-step schedule every adapter uses."""
 
 from __future__ import annotations
 
-__all__ = ["mix_seed"]
+import enum
+
+__all__ = ["SeedStream", "StepSeeds", "mix_seed"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -30,3 +33,53 @@ def mix_seed(*parts: int) -> int:
             raise ValueError(f"seed part {part!r} is invalid; seed parts must be integers in [0, 2**64)")
         h = _splitmix64(h ^ _splitmix64(part))
     return h >> 1
+
+
+class SeedStream(enum.IntEnum):
+    """Which traffic a key is for; part of every key so the two sides never share noise."""
+
+    WEIGHTS = 0
+    GRADS = 1
+
+
+class StepSeeds:
+    """The seed schedule ``mix_seed(base_seed, optimizer_step, microbatch, unit, stream)``.
+
+    The step boundary is the optimizer step: ``optimizer_step`` counts completed optimizer steps and
+    ``microbatch`` the forward passes since the last one (1 for the first). A microbatch's forward all-gather,
+    its backward re-gather (FSDP's ``reshard_after_forward``) and any recomputation under activation
+    checkpointing read the same key, so they decode the same weights; every microbatch of a gradient
+    accumulation gets its own key, so gradient noise stays independent. The collectives mix in the rank.
+
+    Attributes:
+        base_seed: the run's ``seed``.
+        optimizer_step: optimizer steps completed; saved in checkpoints.
+        microbatch: forward passes since the last optimizer step; saved in checkpoints.
+    """
+
+    def __init__(self, base_seed: int) -> None:
+        self.base_seed = base_seed
+        self.optimizer_step = 0
+        self.microbatch = 0
+
+    def begin_microbatch(self) -> None:
+        """A forward pass of the model begins (called before any unit all-gathers)."""
+        self.microbatch += 1
+
+    def end_optimizer_step(self) -> None:
+        """The optimizer has updated the weights: the next forward is the first microbatch of a new step."""
+        self.optimizer_step += 1
+        self.microbatch = 0
+
+    def seed(self, unit_index: int, stream: SeedStream) -> int:
+        """Key of ``stream`` of unit ``unit_index`` in the current microbatch."""
+        return mix_seed(self.base_seed, self.optimizer_step, self.microbatch, unit_index, int(stream))
+
+    def state_dict(self) -> dict[str, int]:
+        """The counters, for checkpoints (the base seed comes from the configuration)."""
+        return {"optimizer_step": self.optimizer_step, "microbatch": self.microbatch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restore counters written by :meth:`state_dict`."""
+        self.optimizer_step = int(state["optimizer_step"])
+        self.microbatch = int(state["microbatch"])

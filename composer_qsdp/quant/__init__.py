@@ -4,7 +4,8 @@ Pure math with a torch reference implementation; on CUDA tensors the hot codecs 
 kernels of :mod:`composer_qsdp.kernels`. Knows nothing of distributed training.
 """
 
-from composer_qsdp.quant.codec import Codec
+from composer_qsdp.quant.codec import FLOAT_DTYPES, Codec, check_int
+from composer_qsdp.quant.philox import check_seed
 from composer_qsdp.quant.registry import codec_names, make_codec
 
-__all__ = ["Codec", "codec_names", "make_codec"]
+__all__ = ["FLOAT_DTYPES", "Codec", "check_int", "check_seed", "codec_names", "make_codec"]

@@ -135,7 +135,8 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
             "param_rel_error": rel,
             "traffic": {side: dataclasses.asdict(getattr(traffic, side)) for side in ("weights", "grads")},
             "metrics": metrics,
-            "step": qsdp.handle.seeds.step if qsdp.handle is not None else None,
+            "seeds": qsdp.handle.seeds.state_dict() if qsdp.handle is not None else None,
+            "batches": batches,
         }
         with open(out_path, "w") as f:
             json.dump(result, f)

@@ -38,6 +38,8 @@ def _check_quantized_training(result: dict) -> None:
     assert sum(metrics["qsdp/weights/bytes_sent"]) == weights["sent"]
     assert all(1.9 < r < 2 for r in metrics["qsdp/compression_vs_bf16"])
     assert all(0 < e < 0.05 for e in metrics["qsdp/weights/rel_error"] + metrics["qsdp/grads/rel_error"])
+    # Composer's optimizer steps are QSDP's step boundary: one per batch, each closing its microbatches.
+    assert result["seeds"] == {"optimizer_step": result["batches"], "microbatch": 0}
     losses = result["losses"]
     assert sum(losses[-4:]) / 4 < 0.7 * sum(losses[:2]) / 2, losses
     assert max(result["param_rel_error"].values()) < 2e-2, result["param_rel_error"]
@@ -53,7 +55,7 @@ def test_composer_checkpoint_resume_gives_the_same_losses(tmp_path):
     saved = _launch(tmp_path, "save", ckpt)
     resumed = _launch(tmp_path, "resume", ckpt)
     assert resumed["losses"] == saved["losses"][3:]
-    assert resumed["step"] == saved["step"]  # the seed schedule continues where it stopped
+    assert resumed["seeds"] == saved["seeds"]  # the seed schedule continues where it stopped
     assert resumed["traffic"] == saved["traffic"]  # cumulative counters are checkpointed too
 
 

@@ -1,13 +1,14 @@
 """Byte accounting: NCCL's (W-1)/W convention, running totals, ratios and the report's text."""
 
-from composer_qsdp.comm import TrafficCounter, call_traffic
-from composer_qsdp.fsdp import TrafficReport
+from composer_qsdp.comm import TrafficCounter, TrafficReport, call_traffic
 
 
 def test_call_traffic_counts_the_peers_chunks_only():
     traffic = call_traffic(world_size=4, chunk_numel=1000, chunk_wire_bytes=1016, element_size=4)
     assert (traffic.sent, traffic.bf16, traffic.native) == (3 * 1016, 3 * 2000, 3 * 4000)
     assert call_traffic(1, 1000, 1016, 4).sent == 0  # a single rank sends nothing
+    two_nodes = call_traffic(world_size=4, chunk_numel=1000, chunk_wire_bytes=1016, element_size=4, off_node_peers=2)
+    assert (two_nodes.sent, two_nodes.inter_node) == (3 * 1016, 2 * 1016)  # 2 of the 3 peers are off the node
 
 
 def test_counters_accumulate_subtract_and_round_trip():
@@ -16,10 +17,14 @@ def test_counters_accumulate_subtract_and_round_trip():
         counter.add(call_traffic(2, 1024, 1032, 2))
     assert (counter.calls, counter.sent, counter.bf16, counter.native) == (3, 3096, 6144, 6144)
     assert counter.ratio_vs_bf16 == 6144 / 3096
-    assert (counter - counter).sent == 0 and (counter + counter).calls == 6
+    counter.add(call_traffic(4, 1024, 1032, 2, off_node_peers=2))
+    assert (counter.inter_node, counter.intra_node) == (2064, 3096 + 1032)
+    assert (counter - counter).sent == 0 and (counter + counter).calls == 8
     restored = TrafficCounter()
     restored.load_state_dict(counter.state_dict())
     assert restored == counter
+    restored.load_state_dict({"calls": 1, "sent": 2, "bf16": 3, "native": 4})  # a checkpoint without hops
+    assert restored == TrafficCounter(1, 2, 3, 4, 0)
     assert TrafficCounter().ratio_vs_bf16 == 1.0  # nothing sent: no division by zero
 
 
@@ -31,3 +36,9 @@ def test_report_totals_and_summary():
     lines = report.summary().splitlines()
     assert lines[0].startswith("weights (all-gather)") and "1000 B" in lines[0] and "2.00x less" in lines[0]
     assert "3.0 MiB" in lines[1] and "4.00x less" in lines[1] and "1 calls" in lines[1]
+
+
+def test_summary_names_inter_node_bytes_when_there_are_any():
+    report = TrafficReport(TrafficCounter(1, 4096, 8192, 8192, 2048), TrafficCounter())
+    assert "inter-node 2.0 KiB" in report.summary().splitlines()[0]
+    assert "inter-node" not in report.summary().splitlines()[1]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from composer_qsdp.comm import mix_seed
+from composer_qsdp.comm import SeedStream, StepSeeds, mix_seed
 
 
 def test_keys_are_deterministic_distinct_and_in_codec_range():
@@ -19,3 +19,21 @@ def test_keys_are_deterministic_distinct_and_in_codec_range():
 def test_rejects_parts_outside_unsigned_64_bit(bad):
     with pytest.raises(ValueError, match="seed part"):
         mix_seed(1, bad)
+
+
+def test_step_seeds_follow_the_optimizer_step_and_the_microbatch():
+    seeds = StepSeeds(7)
+    seeds.begin_microbatch()
+    first = seeds.seed(0, SeedStream.WEIGHTS)
+    assert seeds.seed(0, SeedStream.WEIGHTS) == first  # forward and backward re-gather of one microbatch
+    assert first == mix_seed(7, 0, 1, 0, 0)
+    assert len({first, seeds.seed(1, SeedStream.WEIGHTS), seeds.seed(0, SeedStream.GRADS)}) == 3
+    seeds.begin_microbatch()
+    second = seeds.seed(0, SeedStream.WEIGHTS)  # the next microbatch of the same step
+    seeds.end_optimizer_step()
+    seeds.begin_microbatch()
+    third = seeds.seed(0, SeedStream.WEIGHTS)
+    assert len({first, second, third}) == 3 and (seeds.optimizer_step, seeds.microbatch) == (1, 1)
+    restored = StepSeeds(7)
+    restored.load_state_dict(seeds.state_dict())
+    assert restored.seed(0, SeedStream.WEIGHTS) == third

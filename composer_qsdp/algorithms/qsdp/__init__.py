@@ -4,7 +4,8 @@
 See ``README.md`` beside this file.
 """
 
-from composer_qsdp.algorithms.qsdp.qsdp import QSDP, check_run
-from composer_qsdp.fsdp import QSDPConfig, apply_qsdp, remove_qsdp
+from composer_qsdp.algorithms.qsdp.qsdp import QSDP, RECIPE, check_run
+from composer_qsdp.fsdp2 import apply_qsdp, remove_qsdp
+from composer_qsdp.policy import QSDPConfig, SideConfig, from_recipe
 
-__all__ = ["QSDP", "QSDPConfig", "apply_qsdp", "check_run", "remove_qsdp"]
+__all__ = ["QSDP", "RECIPE", "QSDPConfig", "SideConfig", "apply_qsdp", "check_run", "from_recipe", "remove_qsdp"]

@@ -5,17 +5,17 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
 from typing import Any
 
 from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 from composer.utils import dist
 
-from composer_qsdp.comm import TrafficCounter
-from composer_qsdp.fsdp import QSDPConfig, QSDPHandle, TrafficReport, apply_qsdp, check_custom_comm_support
+from composer_qsdp.comm import TrafficCounter, TrafficReport
+from composer_qsdp.fsdp2 import apply_qsdp, check_custom_comm_support
+from composer_qsdp.policy import ModuleFilter, QSDPHandle, from_recipe
 
-__all__ = ["QSDP", "check_run"]
+__all__ = ["QSDP", "RECIPE", "check_run"]
 
 log = logging.getLogger(__name__)
 
@@ -55,77 +55,112 @@ def check_run(fsdp_config_version: int, world_size: int) -> bool:
     return True
 
 
+class _FromRecipe:
+    """Default of every :class:`QSDP` option: take the value of the chosen recipe."""
+
+    def __repr__(self) -> str:
+        return "RECIPE"
+
+
+#: The default of :class:`QSDP`'s options: the recipe's value.
+RECIPE: Any = _FromRecipe()
+
+
 class QSDP(Algorithm):
     """Quantize FSDP2's weight all-gathers and gradient reduce-scatters (QSDP, Markov et al., ICML 2023).
 
     Installs at ``Event.AFTER_LOAD`` (the model is wrapped and any checkpoint loaded, no forward has run):
     every FSDP unit gets a quantized all-gather (its shard is encoded, the bytes gathered, every rank decodes
-    all shards, so all ranks compute with identical weights) and a quantized reduce-scatter (gradient
-    chunks encoded, exchanged all-to-all, decoded and summed in fp32). The sharded full-precision weights,
-    the optimizer and checkpoints are untouched. Logs bytes sent, the compression against bf16 and sampled
-    quantization errors at every ``BATCH_END``.
+    all shards, so all ranks compute with identical weights) and a quantized reduce-scatter (gradient chunks
+    encoded, exchanged all-to-all, decoded and summed in fp32). The sharded full-precision weights, the
+    optimizer and checkpoints are untouched. The optimizer's steps are QSDP's step boundary. Logs bytes sent,
+    the compression against bf16 and sampled quantization errors at every ``BATCH_END``.
 
-    The keyword arguments are those of :class:`~composer_qsdp.fsdp.QSDPConfig` (see it for details);
-    the defaults are the paper's headline setting, 8-bit weights and 8-bit gradients with the min-max codec's
-    stochastic rounding and buckets of 1024 elements.
+    Start from a named ``recipe`` and change any option; an option left out takes the recipe's value.
 
     Example::
 
         from composer import Trainer
         from composer_qsdp import QSDP
 
-        qsdp = QSDP(weight_bits=8, grad_bits=8)
+        qsdp = QSDP(weight_bits=8, grad_bits=8)        # or QSDP("w8g4"), QSDP("w8g4", exclude=["model.wte"])
         trainer = Trainer(model=model, parallelism_config={"fsdp": FSDP2Config()}, algorithms=[qsdp], ...)
         trainer.fit()
         print(qsdp.traffic().summary())
 
+    Args:
+        recipe: the preset to start from: ``"w8g8"`` (default: 8-bit weights and gradients, min-max codec,
+            stochastic rounding, buckets of 1024 elements), ``"w8g4"`` (4-bit gradients) or ``"w4g4"``.
+        weight_bits: bits per weight code (1..8 for min-max), or ``None`` to all-gather weights unquantized.
+        grad_bits: bits per gradient code, or ``None`` to reduce-scatter gradients unquantized.
+        weight_codec: the weight codec: ``"minmax"``, ``"random_shift"``, ``"learned"`` or ``"symmetric"``.
+        grad_codec: the gradient codec (the same names).
+        bucket_size: elements sharing one codec scale/offset, both sides (recipes: 1024).
+        weight_bucket_size: the weights' bucket size (elements); wins over ``bucket_size``.
+        grad_bucket_size: the gradients' bucket size (elements); wins over ``bucket_size``.
+        weight_rounding: the weight codec's rounding, ``"stochastic"`` or ``"nearest"`` (min-max), ``None`` for
+            the codec's default (min-max: stochastic; the codecs without the option need ``None``).
+        grad_rounding: the gradient codec's rounding (the same values).
+        weight_codec_options: other weight codec options, e.g. ``{"hadamard": True}`` (SDP4Bit's rotation).
+        grad_codec_options: other gradient codec options.
+        weight_scheme: how weights move: ``"direct"`` (quantized all-gather).
+        grad_scheme: how gradients move: ``"flat"`` (one quantized all-to-all and an fp32 sum).
+        weight_scheme_options: options of the weight scheme.
+        grad_scheme_options: options of the gradient scheme.
+        weight_bits_overrides: ``{pattern: bits or None}``: the first ``fnmatch`` pattern matching an FSDP unit's
+            name (e.g. ``"model.blocks.0"``) sets its weight bits; ``None`` leaves it unquantized.
+        grad_bits_overrides: the same for gradient bits.
+        exclude: patterns of FSDP unit names left unquantized on both sides.
+        module_filter: ``filter(module, name) -> bool``; units for which it returns False stay unquantized.
+        min_numel: units with fewer parameter elements stay unquantized (their traffic is too small to pay).
+        seed: base key of the rounding noise (0..2**64-1); runs are reproducible and resumable.
+        check_finite: raise ``NonFiniteWeightError`` when all-gathered weights hold NaN/Inf (recipes: True).
+        error_sample_interval: measure the relative quantization error every this many calls per unit (0:
+            never; recipes: 100).
+        ranks_per_node: ranks sharing a node, for per-hop byte counts; ``None`` reads ``LOCAL_WORLD_SIZE``.
+
     Raises:
-        ValueError: at construction, for options out of range.
+        ValueError: at construction, for an unknown recipe or an option out of range, naming it.
     """
 
     def __init__(
         self,
-        weight_bits: int | None = 8,
-        grad_bits: int | None = 8,
-        weight_codec: str = "minmax",
-        grad_codec: str = "minmax",
-        bucket_size: int = 1024,
-        weight_rounding: str | None = None,
-        grad_rounding: str | None = None,
-        weight_codec_options: Mapping[str, Any] | None = None,
-        grad_codec_options: Mapping[str, Any] | None = None,
-        min_numel: int = 0,
-        exclude: Sequence[str] = (),
-        weight_bits_overrides: Mapping[str, int | None] | None = None,
-        grad_bits_overrides: Mapping[str, int | None] | None = None,
-        seed: int = 0,
-        check_finite: bool = True,
-        error_sample_interval: int = 100,
+        recipe: str = "w8g8",
+        *,
+        weight_bits: int | None = RECIPE,
+        grad_bits: int | None = RECIPE,
+        weight_codec: str = RECIPE,
+        grad_codec: str = RECIPE,
+        bucket_size: int = RECIPE,
+        weight_bucket_size: int = RECIPE,
+        grad_bucket_size: int = RECIPE,
+        weight_rounding: str | None = RECIPE,
+        grad_rounding: str | None = RECIPE,
+        weight_codec_options: Mapping[str, Any] = RECIPE,
+        grad_codec_options: Mapping[str, Any] = RECIPE,
+        weight_scheme: str = RECIPE,
+        grad_scheme: str = RECIPE,
+        weight_scheme_options: Mapping[str, Any] = RECIPE,
+        grad_scheme_options: Mapping[str, Any] = RECIPE,
+        weight_bits_overrides: Mapping[str, int | None] = RECIPE,
+        grad_bits_overrides: Mapping[str, int | None] = RECIPE,
+        exclude: Sequence[str] = RECIPE,
+        module_filter: ModuleFilter | None = RECIPE,
+        min_numel: int = RECIPE,
+        seed: int = RECIPE,
+        check_finite: bool = RECIPE,
+        error_sample_interval: int = RECIPE,
+        ranks_per_node: int | None = RECIPE,
     ) -> None:
-        self.config = QSDPConfig(
-            weight_bits=weight_bits,
-            grad_bits=grad_bits,
-            weight_codec=weight_codec,
-            grad_codec=grad_codec,
-            bucket_size=bucket_size,
-            weight_rounding=weight_rounding,
-            grad_rounding=grad_rounding,
-            weight_codec_options=weight_codec_options or {},
-            grad_codec_options=grad_codec_options or {},
-            min_numel=min_numel,
-            exclude=exclude,
-            weight_bits_overrides=weight_bits_overrides or {},
-            grad_bits_overrides=grad_bits_overrides or {},
-            seed=seed,
-            check_finite=check_finite,
-            error_sample_interval=error_sample_interval,
-        )
+        given = {k: v for k, v in locals().items() if k not in ("self", "recipe", "__class__") and v is not RECIPE}
+        self.recipe = recipe
+        self.config = from_recipe(recipe, **given)
         self.handle: QSDPHandle | None = None
         self._loaded_state: dict[str, Any] | None = None
         self._logged = _zero_report()
 
     def __repr__(self) -> str:
-        return f"QSDP(weight_bits={self.config.weight_bits}, grad_bits={self.config.grad_bits})"
+        return f"QSDP({self.recipe!r}, weight_bits={self.config.weights.bits}, grad_bits={self.config.grads.bits})"
 
     def match(self, event: Event, state: State) -> bool:
         if event == Event.AFTER_LOAD:
@@ -155,15 +190,16 @@ class QSDP(Algorithm):
     def _install(self, state: State, logger: Logger) -> None:
         if not check_run(state.fsdp_config_version, dist.get_world_size()):
             return
-        self.handle = apply_qsdp(state.model, self.config)
+        self.handle = apply_qsdp(state.model, self.config, optimizers=state.optimizers)
         if self._loaded_state is not None:
             self.handle.load_state_dict(self._loaded_state)
             self._loaded_state = None
         self._logged = self.handle.traffic()
-        quantized = sum(u.weight_codec is not None or u.grad_codec is not None for u in self.handle.units)
+        quantized = sum(u.quantized for u in self.handle.units)
         log.info("QSDP installed on %d FSDP units:\n%s", len(self.handle.units), self.handle.describe())
         logger.log_hyperparameters({
-            "qsdp/config": {k: _loggable(v) for k, v in asdict(self.config).items()},
+            "qsdp/recipe": self.recipe,
+            "qsdp/config": self.config.summary(),
             "qsdp/fsdp_units": len(self.handle.units),
             "qsdp/quantized_units": quantized,
         })
@@ -204,11 +240,3 @@ class QSDP(Algorithm):
 
 def _zero_report() -> TrafficReport:
     return TrafficReport(TrafficCounter(), TrafficCounter())
-
-
-def _loggable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return dict(value)
-    if isinstance(value, tuple):
-        return list(value)
-    return value

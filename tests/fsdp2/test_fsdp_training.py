@@ -1,7 +1,8 @@
 """QSDP on a raw ``fully_shard`` model: real spawned ranks trained against an exact single-process reference.
 
 One spawn per (backend, world size) runs the scenarios (plain FSDP, QSDP off, QSDP removed, W8G8, weights-only,
-mixed precision, non-finite gradients and weights, checkpoint save -> resume); the tests check the results.
+mixed precision, gradient accumulation, activation checkpointing, non-finite gradients and weights, checkpoint
+save -> resume); the tests check the results.
 The model has a layer of 67 rows, which no world size here divides (uneven shards).
 """
 
@@ -15,13 +16,15 @@ import torch.distributed as dist
 import torch.nn as nn
 from dist_spawn import RankInfo, run_ranks, skip_unless_backend, spawn_params
 
-from composer_qsdp.fsdp import NonFiniteWeightError, QSDPConfig, apply_qsdp, remove_qsdp
+from composer_qsdp import apply_qsdp, from_recipe, remove_qsdp
+from composer_qsdp.policy import NonFiniteWeightError
 
 IN, HID, ODD, OUT = 32, 128, 67, 16
 STEPS, LR, BATCH = 8, 0.1, 16
-W8G8 = QSDPConfig(weight_bits=8, grad_bits=8, bucket_size=64, seed=7)
-WEIGHTS_ONLY = QSDPConfig(weight_bits=8, grad_bits=None, bucket_size=64, seed=7)
-OFF = QSDPConfig(weight_bits=None, grad_bits=None)
+W8G8 = from_recipe("w8g8", bucket_size=64, seed=7)
+WEIGHTS_ONLY = from_recipe("w8g8", grad_bits=None, bucket_size=64, seed=7)
+OFF = from_recipe("w8g8", weight_bits=None, grad_bits=None)
+ACCUMULATION = 2  # microbatches per optimizer step in the accumulation scenario
 
 
 class MLP(nn.Module):
@@ -60,10 +63,13 @@ def reference_training(world: int, steps: int) -> tuple[dict, list[float]]:
 
 
 # ---------------------------------------------------------------------------------------------- rank side
-def _sharded(info: RankInfo, mp_policy=None) -> MLP:
+def _sharded(info: RankInfo, mp_policy=None, checkpoint_l2: bool = False) -> MLP:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     model = MLP().to(info.device)
+    if checkpoint_l2:  # l2's activations are recomputed in backward from the re-gathered weights
+        model.l2 = checkpoint_wrapper(model.l2)
     kwargs = {"mesh": info.mesh(), "mp_policy": mp_policy or MixedPrecisionPolicy()}
     for layer in (model.l1, model.l2, model.l3):
         fully_shard(layer, **kwargs)
@@ -114,6 +120,31 @@ def _train(info: RankInfo, model: MLP, steps: int, opt=None, first_step: int = 0
         losses.append(total.item() / info.world_size)
     params = {n: p.full_tensor() for n, p in model.named_parameters()}
     return {"losses": losses, "params": params, "grads0": grads0, "forward": forward, "backward": backward}
+
+
+def _accumulation_scenario(info: RankInfo) -> dict:
+    """Each step's batch in ACCUMULATION microbatches, one optimizer step: QSDP's step boundary is that step."""
+    model = _sharded(info)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    handle = apply_qsdp(model, W8G8, optimizers=opt)
+    capture = Capture(model)
+    losses, forward, backward, seeds = [], [], [], []
+    for step in range(STEPS):
+        x, y = batch(info.rank, step)
+        total = torch.zeros(())
+        for xm, ym in zip(x.chunk(ACCUMULATION), y.chunk(ACCUMULATION)):
+            loss = nn.functional.mse_loss(model(xm), ym) / ACCUMULATION
+            loss.backward()
+            total += loss.detach()
+            forward.append(dict(capture.forward))
+            backward.append(dict(capture.backward))
+            seeds.append((handle.seeds.optimizer_step, handle.seeds.microbatch))
+        opt.step()
+        opt.zero_grad()
+        dist.all_reduce(total)
+        losses.append(total.item() / info.world_size)
+    params = {n: p.full_tensor() for n, p in model.named_parameters()}
+    return {"losses": losses, "params": params, "forward": forward, "backward": backward, "seeds": seeds}
 
 
 def _checkpoint_scenario(info: RankInfo, ckpt_dir: str) -> dict:
@@ -201,6 +232,11 @@ def _worker(info: RankInfo, ckpt_dir: str) -> dict:
         out["premul_sum"] = "no error"
     except ValueError as err:
         out["premul_sum"] = str(err)
+
+    out["accumulation"] = _accumulation_scenario(info)
+    model = _sharded(info, checkpoint_l2=True)
+    apply_qsdp(model, W8G8)
+    out["activation_checkpointing"] = _train(info, model, STEPS, capture=Capture(model))
 
     model = _sharded(info)
     apply_qsdp(model, W8G8)
@@ -329,6 +365,39 @@ def test_fsdp_reduce_ops_sum_and_premul_sum(run):
     for rank in range(world):  # PREMUL_SUM: refused on every rank, with the fix in the message
         assert "got PREMUL_SUM" in results[rank]["premul_sum"]
         assert "set_force_sum_reduction_for_comms(True)" in results[rank]["premul_sum"]
+
+
+def test_gradient_accumulation_steps_at_the_optimizer_step(run):
+    world, results, _ = run
+    _only_world_2(world)
+    ref_params, ref_losses = reference_training(world, STEPS)
+    for rank in range(world):
+        res = results[rank]["accumulation"]
+        assert res["seeds"] == [(step, micro) for step in range(STEPS) for micro in range(1, ACCUMULATION + 1)]
+        for i, (fwd, bwd) in enumerate(zip(res["forward"], res["backward"])):
+            for name, weight in bwd.items():
+                assert torch.equal(fwd[name], weight), (rank, i, name)  # each microbatch's re-gather
+        first, second = res["forward"][0]["l2"], res["forward"][1]["l2"]
+        assert not torch.equal(first, second)  # the microbatches of one step draw independent weight noise
+        for name, ref in ref_params.items():
+            assert _rel(res["params"][name], ref) < 1e-2, name
+        assert max(abs(a - b) for a, b in zip(res["losses"], ref_losses)) < 1e-2
+
+
+def test_activation_checkpointing_recomputes_with_the_same_weights(run):
+    world, results, _ = run
+    _only_world_2(world)
+    for rank in range(world):
+        res, plain = results[rank]["activation_checkpointing"], results[rank]["w8g8"]
+        for step in range(STEPS):
+            for name, weight in res["backward"][step].items():
+                assert torch.equal(res["forward"][step][name], weight), (rank, step, name)
+        # The recomputation reads the same seeds and weights: the run equals the one without checkpointing.
+        assert res["losses"] == plain["losses"]
+        params = {n.replace("_checkpoint_wrapped_module.", ""): p for n, p in res["params"].items()}
+        assert params.keys() == plain["params"].keys()
+        for name, value in plain["params"].items():
+            assert torch.equal(params[name], value), name
 
 
 def test_non_finite_gradients_stay_non_finite(run):

@@ -1,0 +1,32 @@
+"""The FSDP2 adapter: QSDP's comm objects on every ``fully_shard`` unit (torch >= 2.9 custom collectives).
+
+::
+
+    from torch.distributed.fsdp import fully_shard
+    from composer_qsdp import QSDPConfig, apply_qsdp
+
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    handle = apply_qsdp(model, QSDPConfig(), optimizers=optimizer)
+    ...train...
+    print(handle.traffic().summary())
+
+Knows nothing of Composer; the schemes it installs come from :mod:`composer_qsdp.policy`.
+"""
+
+from composer_qsdp.fsdp2.apply import FSDP2Handle, apply_qsdp, check_custom_comm_support, remove_qsdp
+from composer_qsdp.fsdp2.comms import QSDPAllGather, QSDPReduceScatter
+from composer_qsdp.fsdp2.units import find_units, managed_parameters, shard_group
+
+__all__ = [
+    "FSDP2Handle",
+    "QSDPAllGather",
+    "QSDPReduceScatter",
+    "apply_qsdp",
+    "check_custom_comm_support",
+    "find_units",
+    "managed_parameters",
+    "remove_qsdp",
+    "shard_group",
+]

@@ -1,0 +1,121 @@
+"""``apply_qsdp``: install QSDP's comm objects on every FSDP2 unit of a model; ``remove_qsdp`` undoes it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import FSDPModule
+
+from composer_qsdp.comm import Topology
+from composer_qsdp.fsdp2.comms import QSDPAllGather, QSDPReduceScatter
+from composer_qsdp.fsdp2.units import find_units, shard_group
+from composer_qsdp.policy import QSDPConfig, QSDPHandle, plan_units
+
+__all__ = ["FSDP2Handle", "apply_qsdp", "check_custom_comm_support", "remove_qsdp"]
+
+_HANDLE_ATTR = "_qsdp_handle"
+
+
+def check_custom_comm_support() -> None:
+    """Raise unless this torch has FSDP2's custom-collective API (torch >= 2.9).
+
+    Raises:
+        RuntimeError: naming the installed torch and the version needed.
+    """
+    if not hasattr(FSDPModule, "set_custom_all_gather"):
+        raise RuntimeError(
+            f"QSDP needs FSDP2's custom collectives (FSDPModule.set_custom_all_gather), added in torch 2.9; "
+            f"this is torch {torch.__version__}. Install torch >= 2.9 (the project pins 2.11.0)."
+        )
+
+
+class FSDP2Handle(QSDPHandle):
+    """A :class:`~composer_qsdp.policy.QSDPHandle` installed on FSDP2 units: ``remove()`` restores FSDP's
+    default collectives and drops the forward hook."""
+
+    def _install(self) -> None:
+        for unit in self.units:
+            module: Any = unit.module
+            module.set_custom_all_gather(QSDPAllGather(self, unit.index))
+            module.set_custom_reduce_scatter(QSDPReduceScatter(self, unit.index))
+        # prepend: run before FSDP's own pre-forward hook when the model is itself an FSDP root.
+        self._hook = self.model.register_forward_pre_hook(lambda *_: self.on_forward(), prepend=True)
+        setattr(self.model, _HANDLE_ATTR, self)
+
+    def remove(self) -> None:
+        """Restore FSDP's default all-gather and reduce-scatter on every unit, drop the forward and optimizer
+        hooks."""
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+        super().remove()
+        for unit in self.units:
+            module: Any = unit.module
+            module.set_custom_all_gather(DefaultAllGather())
+            module.set_custom_reduce_scatter(DefaultReduceScatter())
+        self._hook.remove()
+        if getattr(self.model, _HANDLE_ATTR, None) is self:
+            delattr(self.model, _HANDLE_ATTR)
+
+
+def apply_qsdp(
+    model: nn.Module,
+    config: QSDPConfig | None = None,
+    *,
+    optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None = None,
+) -> FSDP2Handle:
+    """Quantize the weight all-gathers and gradient reduce-scatters of every FSDP2 unit of ``model``.
+
+    Call after ``fully_shard`` (on the submodules, then the root) and before the first forward. Every unit that
+    communicates gets a comm object on each side, backed by the schemes :func:`~composer_qsdp.policy.plan_units`
+    chose (unquantized units get counting pass-through schemes), and ``model`` gets a forward pre-hook that
+    starts each microbatch and checks for non-finite weights. Checkpoints are unaffected: FSDP's sharded
+    parameters stay full precision; only the copies on the wire are quantized.
+
+    Args:
+        model: a model whose submodules (or itself) were wrapped with ``torch.distributed.fsdp.fully_shard``.
+            With Composer, the ``ComposerModel`` (``state.model``).
+        config: the quantization settings; ``QSDPConfig()`` (W8G8, stochastic) when ``None``.
+        optimizers: the optimizer(s) that update ``model``: their steps are QSDP's step boundary (seeds, and
+            the state of stateful schemes). Without them, call ``handle.on_optimizer_step()`` after each step;
+            stateless schemes then work without it.
+
+    Returns:
+        The :class:`FSDP2Handle`: traffic counters, ``state_dict`` for resuming, ``remove()``.
+
+    Raises:
+        RuntimeError: torch < 2.9.
+        ValueError: ``model`` has no FSDP2 unit, or QSDP is already applied to it.
+    """
+    check_custom_comm_support()
+    config = QSDPConfig() if config is None else config
+    if not isinstance(config, QSDPConfig):
+        raise ValueError(f"config must be a QSDPConfig, got {type(config).__name__}")
+    if getattr(model, _HANDLE_ATTR, None) is not None:
+        raise ValueError("QSDP is already applied to this model; call remove_qsdp(model) before applying again")
+    if not any(isinstance(m, FSDPModule) for m in model.modules()):
+        raise ValueError(
+            f"{type(model).__name__} has no FSDP2 module: apply torch.distributed.fsdp.fully_shard to its blocks "
+            "and root first (FSDP1's FullyShardedDataParallel is not supported)"
+        )
+    units = find_units(model)
+    handle = FSDP2Handle(model, config, plan_units(units, config), Topology.detect(config.ranks_per_node))
+    handle.setup([shard_group(u.module) for u in units])
+    if optimizers is not None:
+        handle.attach_optimizer(optimizers)
+    handle._install()
+    return handle
+
+
+def remove_qsdp(model: nn.Module) -> None:
+    """Undo :func:`apply_qsdp`: FSDP's default collectives again, no hooks.
+
+    Raises:
+        ValueError: QSDP is not applied to ``model``.
+    """
+    handle = getattr(model, _HANDLE_ATTR, None)
+    if handle is None:
+        raise ValueError(f"QSDP is not applied to this {type(model).__name__}")
+    handle.remove()

@@ -1,0 +1,68 @@
+"""FSDP2 comm objects (torch >= 2.9 ``set_custom_all_gather`` / ``set_custom_reduce_scatter``): each forwards one
+unit's collective to its :class:`~composer_qsdp.policy.QSDPHandle`, which runs the unit's scheme."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from composer_qsdp.policy import QSDPHandle
+
+try:  # the Comm ABCs arrived with the custom-collective API in torch 2.9
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+except ImportError:  # torch < 2.9: apply_qsdp refuses to run, these classes are never instantiated
+    AllGather = ReduceScatter = object  # type: ignore[assignment,misc]
+
+__all__ = ["QSDPAllGather", "QSDPReduceScatter"]
+
+
+class _UnitComm:
+    """FSDP2's ``Comm`` for one unit: buffers from the caching allocator (FSDP's default).
+
+    Args:
+        handle: the handle whose scheme runs the collective.
+        unit_index: the unit's index in ``handle.units``.
+    """
+
+    def __init__(self, handle: QSDPHandle, unit_index: int) -> None:
+        self.handle = handle
+        self.unit_index = unit_index
+
+    def allocate(
+        self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        """FSDP's staging buffers: plain caching-allocator tensors (FSDP's default)."""
+        return torch.empty(*size, dtype=dtype, device=device)
+
+
+class QSDPAllGather(_UnitComm, AllGather):
+    """A unit's weight all-gather. Returns ``None`` to FSDP: the work is stream-ordered on FSDP's all-gather
+    stream, after which FSDP records the event its consumers wait on."""
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        async_op: bool = False,
+    ) -> None:
+        self.handle.all_gather(self.unit_index, output_tensor, input_tensor, group)
+        return None
+
+
+class QSDPReduceScatter(_UnitComm, ReduceScatter):
+    """A unit's gradient reduce-scatter; FSDP passes ``ReduceOp.AVG`` (or ``SUM`` after
+    ``set_force_sum_reduction_for_comms(True)``)."""
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: dist.ReduceOp | dist.ReduceOp.RedOpType,
+        async_op: bool = False,
+    ) -> None:
+        self.handle.reduce_scatter(self.unit_index, output_tensor, input_tensor, op, group)
+        return None

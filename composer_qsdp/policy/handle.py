@@ -1,0 +1,190 @@
+"""``QSDPHandle``: the running state of QSDP on one model, the same for every framework adapter.
+
+An adapter (FSDP2's comm objects, later FSDP1's hooks or a DDP comm hook) finds the units, builds the handle
+and forwards three kinds of events to it: each unit's collectives (:meth:`QSDPHandle.all_gather`,
+:meth:`QSDPHandle.reduce_scatter`), the start of every forward pass (:meth:`QSDPHandle.on_forward`) and the
+optimizer step (:meth:`QSDPHandle.on_optimizer_step`, wired by :meth:`QSDPHandle.attach_optimizer`). The handle
+owns the seed schedule, the non-finite weight monitor, error sampling, byte counts and checkpoint state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from composer_qsdp.comm import StepSeeds, Topology, TrafficCounter, TrafficReport
+from composer_qsdp.policy.config import QSDPConfig
+from composer_qsdp.policy.finite_check import WeightFiniteMonitor
+from composer_qsdp.policy.plan import UnitPlan
+from composer_qsdp.schemes import Scheme
+
+__all__ = ["QSDPHandle"]
+
+_STATE_FORMAT = 2
+
+
+class QSDPHandle:
+    """What QSDP installed on a model: the units' schemes and the state shared by their collectives.
+
+    Attributes:
+        model: the model QSDP was applied to.
+        config: its configuration.
+        units: the plan of every unit that communicates, in unit-index order.
+        topology: the run's topology.
+        seeds: the seed schedule (optimizer step, microbatch).
+    """
+
+    def __init__(self, model: nn.Module, config: QSDPConfig, units: Sequence[UnitPlan], topology: Topology) -> None:
+        self.model = model
+        self.config = config
+        self.units = tuple(units)
+        self.topology = topology
+        self.seeds = StepSeeds(config.seed)
+        self._monitor = WeightFiniteMonitor([u.name for u in units]) if config.check_finite else None
+        self._optimizer_hooks: list[torch.utils.hooks.RemovableHandle] = []
+
+    def setup(self, groups: Sequence[dist.ProcessGroup]) -> None:
+        """Set up every unit's schemes on its process group (collective: every rank, same order)."""
+        for unit, group in zip(self.units, groups, strict=True):
+            unit.weights.setup(group, self.topology)
+            unit.grads.setup(group, self.topology)
+
+    # ------------------------------------------------------------------ events from the adapter
+    def all_gather(
+        self, unit_index: int, output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup | None = None
+    ) -> None:
+        """Unit ``unit_index``'s weight all-gather (semantics of ``all_gather_into_tensor``)."""
+        unit = self.units[unit_index]
+        unit.weights.all_gather(output, input, self.seeds.seed(unit_index, unit.weights.seed_stream), group)
+        if self._monitor is not None and output.is_floating_point():
+            self._monitor.record(unit_index, output)
+
+    def reduce_scatter(
+        self,
+        unit_index: int,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: dist.ReduceOp | dist.ReduceOp.RedOpType,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        """Unit ``unit_index``'s gradient reduce-scatter (semantics of ``reduce_scatter_tensor``)."""
+        unit = self.units[unit_index]
+        unit.grads.reduce_scatter(output, input, op, self.seeds.seed(unit_index, unit.grads.seed_stream), group)
+
+    def on_forward(self) -> None:
+        """A forward pass of the model begins: report non-finite weights seen so far, start a new microbatch.
+
+        Raises:
+            NonFiniteWeightError: naming the units whose all-gathered weights were non-finite.
+        """
+        if self._monitor is not None:
+            self._monitor.poll()
+        self.seeds.begin_microbatch()
+
+    def on_optimizer_step(self) -> None:
+        """The optimizer has updated the weights: the step boundary of every scheme and of the seeds."""
+        self.seeds.end_optimizer_step()
+        for scheme in self._schemes():
+            scheme.on_optimizer_step()
+
+    def attach_optimizer(self, optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer]) -> None:
+        """Call :meth:`on_optimizer_step` after every ``step()`` of ``optimizers`` (a step-post hook each).
+
+        A step a gradient scaler skips is no step: the weights did not change, so neither does QSDP's state.
+
+        Raises:
+            ValueError: something that is not a ``torch.optim.Optimizer``.
+        """
+        for optimizer in [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers):
+            if not isinstance(optimizer, torch.optim.Optimizer):
+                raise ValueError(f"optimizers must be torch.optim.Optimizer objects, got {type(optimizer).__name__}")
+            self._optimizer_hooks.append(optimizer.register_step_post_hook(lambda *_: self.on_optimizer_step()))
+
+    def remove(self) -> None:
+        """Detach from the optimizers; adapters also restore their framework's collectives."""
+        for hook in self._optimizer_hooks:
+            hook.remove()
+        self._optimizer_hooks.clear()
+
+    # ------------------------------------------------------------------ reporting
+    def traffic(self) -> TrafficReport:
+        """Cumulative bytes sent by this rank (NCCL convention), per side and per hop, over all units."""
+        return TrafficReport(
+            sum((u.weights.traffic for u in self.units), TrafficCounter()),
+            sum((u.grads.traffic for u in self.units), TrafficCounter()),
+        )
+
+    def take_quantization_errors(self) -> dict[str, torch.Tensor]:
+        """Mean relative quantization error per side (``"weights"``, ``"grads"``) over the units sampled since
+        the previous call.
+
+        Values are 0-dim fp32 device tensors (reading them syncs the host); a side without new samples is
+        absent. Units sample every ``config.error_sample_interval`` calls.
+        """
+        errors: dict[str, torch.Tensor] = {}
+        for side, schemes in (("weights", [u.weights for u in self.units]), ("grads", [u.grads for u in self.units])):
+            fresh = [e for e in (s.take_error() for s in schemes) if e is not None]
+            for error in fresh:
+                if error.is_cuda:  # made on a comm stream, read on this one: keep its memory until then
+                    error.record_stream(torch.cuda.current_stream(error.device))
+            if fresh:
+                errors[side] = torch.stack(fresh).mean()
+        return errors
+
+    def check_finite(self) -> None:
+        """Raise if any weight all-gathered so far was non-finite (syncs the host; a no-op if disabled).
+
+        Raises:
+            NonFiniteWeightError: naming the units.
+        """
+        if self._monitor is not None:
+            self._monitor.check()
+
+    def memory_bytes(self) -> int:
+        """Device memory the schemes keep between steps (bytes per rank), e.g. weight-difference references."""
+        return sum(s.memory_bytes() for s in self._schemes())
+
+    def describe(self) -> str:
+        """One line per unit: its size and each side's scheme."""
+        return "\n".join(u.describe() for u in self.units)
+
+    # ------------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        """The seed schedule and every scheme's state (byte counters, references...): save it with the model so a
+        resumed run continues exactly."""
+        return {
+            "format": _STATE_FORMAT,
+            "seeds": self.seeds.state_dict(),
+            "units": [{"weights": u.weights.state_dict(), "grads": u.grads.state_dict()} for u in self.units],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output of a handle on the same model structure.
+
+        Also reads the first format (``{"step", "weights", "grads"}``: a forward counter and byte counters).
+
+        Raises:
+            ValueError: the state is for a different number of units, naming both counts.
+        """
+        if state.get("format") != _STATE_FORMAT:  # the first format: a forward-pass counter, counters per side
+            state = {
+                "seeds": {"optimizer_step": 0, "microbatch": int(state["step"])},
+                "units": [{"weights": {"traffic": w}, "grads": {"traffic": g}}
+                          for w, g in zip(state["weights"], state["grads"], strict=True)],
+            }
+        if len(state["units"]) != len(self.units):
+            raise ValueError(
+                f"QSDP state has {len(state['units'])} units but this model has {len(self.units)}; it was saved "
+                "from a differently wrapped model"
+            )
+        for unit, saved in zip(self.units, state["units"]):
+            unit.weights.load_state_dict(saved["weights"])
+            unit.grads.load_state_dict(saved["grads"])
+        self.seeds.load_state_dict(state["seeds"])
+
+    def _schemes(self) -> list[Scheme]:
+        return [s for u in self.units for s in (u.weights, u.grads)]

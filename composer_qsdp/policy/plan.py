@@ -1,0 +1,93 @@
+"""Which units QSDP quantizes, and with which scheme on each side."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+import torch.nn as nn
+
+from composer_qsdp.policy.config import QSDPConfig, SideConfig
+from composer_qsdp.schemes import GradScheme, WeightScheme
+
+__all__ = ["Unit", "UnitPlan", "plan_units"]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A unit an adapter found: a module that communicates the parameters it manages as one flat buffer.
+
+    Attributes:
+        name: qualified module name in the model QSDP is applied to (``''``: that model).
+        module: the module.
+        numel: unsharded parameter elements the unit communicates.
+    """
+
+    name: str
+    module: nn.Module
+    numel: int
+
+
+@dataclass(frozen=True)
+class UnitPlan:
+    """The decision for one unit.
+
+    Attributes:
+        index: position among the model's units (identical on every rank).
+        name: qualified module name (``''``: the model itself).
+        module: the module.
+        numel: unsharded parameter elements the unit communicates.
+        weights: the unit's weight all-gather scheme (its own instance).
+        grads: the unit's gradient reduce-scatter scheme (its own instance).
+        note: why the unit is unquantized (``''`` when nothing excluded it).
+    """
+
+    index: int
+    name: str
+    module: nn.Module
+    numel: int
+    weights: WeightScheme
+    grads: GradScheme
+    note: str
+
+    @property
+    def quantized(self) -> bool:
+        """True when either side sends codes."""
+        return self.weights.codec is not None or self.grads.codec is not None
+
+    def describe(self) -> str:
+        """One line: name, size and each side's scheme."""
+        sides = f"weights={self.weights.describe()}, grads={self.grads.describe()}"
+        return f"{self.name or '<root>'} ({self.numel} elements): {sides}{f' [{self.note}]' if self.note else ''}"
+
+
+def plan_units(units: Sequence[Unit], config: QSDPConfig) -> list[UnitPlan]:
+    """Decide the scheme of each side of every unit.
+
+    Rules: ``exclude`` patterns, ``module_filter`` and ``min_numel`` leave the unit unquantized on both sides;
+    else the first pattern of a side's ``bits_overrides`` that matches sets its bits; else the side's ``bits``.
+    """
+    plans = []
+    for index, unit in enumerate(units):
+        note = _exclusion(unit, config)
+        weights = config.weight_scheme(None if note else _bits(config.weights, unit.name))
+        grads = config.grad_scheme(None if note else _bits(config.grads, unit.name))
+        plans.append(UnitPlan(index, unit.name, unit.module, unit.numel, weights, grads, note))
+    return plans
+
+
+def _exclusion(unit: Unit, config: QSDPConfig) -> str:
+    excluded_by = next((p for p in config.exclude if fnmatchcase(unit.name, p)), None)
+    if excluded_by is not None:
+        return f"excluded by {excluded_by!r}"
+    if config.module_filter is not None and not config.module_filter(unit.module, unit.name):
+        return "excluded by module_filter"
+    if unit.numel < config.min_numel:
+        return f"smaller than min_numel={config.min_numel}"
+    return ""
+
+
+def _bits(side: SideConfig, name: str) -> int | None:
+    override = next((p for p in side.bits_overrides if fnmatchcase(name, p)), None)
+    return side.bits if override is None else side.bits_overrides[override]

@@ -1,0 +1,23 @@
+"""Schemes: how one side's tensors move (see :mod:`composer_qsdp.schemes.base`).
+
+Weights: ``"direct"`` (:class:`DirectAllGather`, QSDP). Gradients: ``"flat"`` (:class:`FlatReduceScatter`, QSDP /
+one-hop qgZ). :func:`make_weight_scheme` / :func:`make_grad_scheme` build one by name; adapters and the policy only ever talk to
+:class:`WeightScheme` / :class:`GradScheme`.
+"""
+
+from composer_qsdp.schemes.base import GradScheme, Scheme, WeightScheme
+from composer_qsdp.schemes.direct import DirectAllGather
+from composer_qsdp.schemes.flat import FlatReduceScatter
+from composer_qsdp.schemes.registry import GRAD_SCHEMES, WEIGHT_SCHEMES, make_grad_scheme, make_weight_scheme
+
+__all__ = [
+    "GRAD_SCHEMES",
+    "WEIGHT_SCHEMES",
+    "DirectAllGather",
+    "FlatReduceScatter",
+    "GradScheme",
+    "Scheme",
+    "WeightScheme",
+    "make_grad_scheme",
+    "make_weight_scheme",
+]

@@ -1,0 +1,160 @@
+"""The per-unit plan on real FSDP2 units, apply_qsdp / remove_qsdp, the step boundary and the handle's state, in one
+process (a 1-rank gloo group)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+from composer_qsdp.fsdp2 import find_units, shard_group
+from composer_qsdp.policy import QSDPConfig, SideConfig, plan_units
+from composer_qsdp import apply_qsdp, remove_qsdp
+
+
+@pytest.fixture
+def one_rank():
+    """A real single-rank gloo group for fully_shard.
+
+    In-process Composer tests leave their 1-rank default group behind (Composer never destroys it), so an
+    existing 1-rank group is reused; a group this fixture created is torn down after the test.
+    """
+    if dist.is_initialized():
+        assert dist.get_world_size() == 1, "a multi-rank default group leaked into an in-process test"
+        yield
+        return
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(100, 16)
+        self.blocks = nn.ModuleList([nn.Linear(16, 16) for _ in range(3)])
+        self.norm = nn.LayerNorm(16)
+        self.head = nn.Linear(16, 100)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.embed(idx)
+        for block in self.blocks:
+            h = torch.relu(block(h))
+        return self.head(self.norm(h))
+
+
+def _sharded() -> Net:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    net = Net()
+    mesh = init_device_mesh("cpu", (1,))
+    for module in (net.embed, *net.blocks, net.head):
+        fully_shard(module, mesh=mesh)
+    fully_shard(net, mesh=mesh)  # the root manages what is left: the norm
+    return net
+
+
+# ------------------------------------------------------------------------------------------------ policy
+def test_policy_applies_exclude_filter_min_numel_and_overrides(one_rank):
+    net = _sharded()
+    config = QSDPConfig(exclude=["embed"], min_numel=100,
+                        module_filter=lambda module, name: not isinstance(module, nn.LayerNorm),
+                        weights=SideConfig(bits_overrides={"blocks.2": 4, "head": None}),
+                        grads=SideConfig(bits_overrides={"blocks.*": 6}))
+    plans = {p.name: p for p in plan_units(find_units(net), config)}
+    assert list(plans) == ["", "embed", "blocks.0", "blocks.1", "blocks.2", "head"]
+    assert plans["embed"].weights.codec is None and plans["embed"].grads.codec is None
+    assert "excluded by 'embed'" in plans["embed"].note and not plans["embed"].quantized
+    assert plans[""].numel == 32 and plans[""].weights.codec is None  # the norm: below min_numel
+    assert "min_numel=100" in plans[""].note
+    assert plans["blocks.0"].weights.codec.bits == 8 and plans["blocks.0"].grads.codec.bits == 6
+    assert plans["blocks.2"].weights.codec.bits == 4
+    assert plans["head"].weights.codec is None and plans["head"].grads.codec.bits == 8
+    assert plans["head"].numel == 16 * 100 + 100
+    assert plans["blocks.1"].weights.codec is not plans["blocks.0"].weights.codec  # one codec per unit
+    assert "head (1700 elements): weights=unquantized" in plans["head"].describe()
+
+
+def test_module_filter_sees_module_and_name(one_rank):
+    net = _sharded()
+    seen = []
+    config = QSDPConfig(module_filter=lambda module, name: seen.append((module, name)) or "head" != name)
+    plans = {p.name: p for p in plan_units(find_units(net), config)}
+    assert (net.head, "head") in seen and (net.embed, "embed") in seen and len(seen) == 6
+    assert plans["head"].note == "excluded by module_filter" and plans["blocks.0"].quantized
+
+
+def test_shard_group_is_the_group_fsdp_uses(one_rank):
+    net = _sharded()
+    for unit in find_units(net):
+        assert shard_group(unit.module) is unit.module._get_fsdp_state()._fsdp_param_group.mesh_info.shard_process_group
+
+
+def test_apply_and_remove_install_and_restore_the_comms(one_rank):
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+    net = _sharded()
+    handle = apply_qsdp(net)
+    group = net.head._get_fsdp_state()._fsdp_param_group
+    assert group._all_gather_comm.handle is handle and group._all_gather_comm.unit_index == 5
+    with pytest.raises(ValueError, match="already applied"):
+        apply_qsdp(net)
+    net(torch.tensor([[1, 2, 3]])).sum().backward()  # world size 1: FSDP sends nothing to quantize
+    assert handle.seeds.microbatch == 1 and handle.traffic().total.calls == 0
+    remove_qsdp(net)
+    assert isinstance(group._all_gather_comm, DefaultAllGather)
+    assert isinstance(group._reduce_scatter_comm, DefaultReduceScatter)
+    with pytest.raises(ValueError, match="not applied"):
+        remove_qsdp(net)
+    apply_qsdp(net)  # applicable again after removal
+
+
+def test_apply_rejects_models_without_fsdp2():
+    with pytest.raises(ValueError, match="has no FSDP2 module: apply torch.distributed.fsdp.fully_shard"):
+        apply_qsdp(Net())
+
+
+def test_apply_rejects_torch_without_custom_collectives(monkeypatch):
+    monkeypatch.delattr(FSDPModule, "set_custom_all_gather")
+    with pytest.raises(RuntimeError, match=r"torch 2.9"):
+        apply_qsdp(Net())
+
+
+def test_optimizer_steps_are_the_step_boundary(one_rank):
+    net = _sharded()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    handle = apply_qsdp(net, optimizers=opt)
+    for _ in range(2):  # two microbatches of gradient accumulation, then the step
+        net(torch.tensor([[1, 2, 3]])).sum().backward()
+    assert (handle.seeds.optimizer_step, handle.seeds.microbatch) == (0, 2)
+    opt.step()
+    assert (handle.seeds.optimizer_step, handle.seeds.microbatch) == (1, 0)
+    remove_qsdp(net)
+    opt.step()  # removed: the optimizer hook is gone too
+    assert handle.seeds.optimizer_step == 1
+    with pytest.raises(ValueError, match="must be torch.optim.Optimizer objects, got str"):
+        apply_qsdp(_sharded(), optimizers=["sgd"])
+
+
+def test_state_dict_round_trips_and_rejects_other_models(one_rank):
+    handle = apply_qsdp(_sharded())
+    handle.seeds.optimizer_step, handle.seeds.microbatch = 41, 3
+    handle.units[2].grads.traffic.sent = 99
+    state = handle.state_dict()
+    other = apply_qsdp(_sharded())
+    other.load_state_dict(state)
+    assert (other.seeds.optimizer_step, other.seeds.microbatch) == (41, 3)
+    assert other.units[2].grads.traffic.sent == 99 and other.state_dict() == state
+    state["units"] = state["units"][:2]
+    with pytest.raises(ValueError, match="QSDP state has 2 units but this model has 6"):
+        other.load_state_dict(state)
+
+
+def test_loads_the_first_state_format(one_rank):
+    handle = apply_qsdp(_sharded())
+    counters = [{"calls": 2, "sent": 10 * i, "bf16": 20, "native": 40} for i in range(6)]
+    handle.load_state_dict({"step": 7, "weights": counters, "grads": counters})
+    assert (handle.seeds.optimizer_step, handle.seeds.microbatch) == (0, 7)
+    assert handle.units[3].weights.traffic.sent == 30 and handle.units[3].grads.traffic.inter_node == 0
