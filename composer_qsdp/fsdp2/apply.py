@@ -11,6 +11,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from composer_qsdp.comm import Topology
 from composer_qsdp.fsdp2.comms import QSDPAllGather, QSDPReduceScatter
+from composer_qsdp.fsdp2.layout import FSDP2GatherLayout
 from composer_qsdp.fsdp2.units import find_units, shard_group
 from composer_qsdp.policy import QSDPConfig, QSDPHandle, plan_units
 
@@ -102,7 +103,9 @@ def apply_qsdp(
         )
     units = find_units(model)
     handle = FSDP2Handle(model, config, plan_units(units, config), Topology.detect(config.ranks_per_node))
-    handle.setup([shard_group(u.module) for u in units])
+    groups = [shard_group(u.module) for u in units]
+    handle.setup(groups, [FSDP2GatherLayout(p.module, g.size()) if p.weights.keeps_weights else None
+                          for p, g in zip(handle.units, groups)])
     if optimizers is not None:
         handle.attach_optimizer(optimizers)
     handle._install()

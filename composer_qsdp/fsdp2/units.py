@@ -32,7 +32,7 @@ def find_units(model: nn.Module) -> list[Unit]:
         if isinstance(module, FSDPModule):
             params = managed_parameters(module)
             if params:
-                units.append(Unit(name, module, sum(p.numel() for p in params)))
+                units.append(Unit(name, module, sum(p.numel() for p in params), tuple(params)))
     return units
 
 

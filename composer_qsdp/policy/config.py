@@ -32,11 +32,13 @@ class SideConfig:
             the codec's default (min-max: stochastic) and is required for codecs without that option.
         codec_options: every other :func:`~composer_qsdp.quant.make_codec` option, e.g. ``{"hadamard": True}``.
             ``bits`` and ``bucket_size`` are the fields above; naming them here too is an error.
-        scheme: how the traffic moves (:mod:`composer_qsdp.schemes`): weights ``"direct"``, gradients
-            ``"flat"``; ``None`` is the side's default.
-        scheme_options: options of the scheme class.
+        scheme: how the traffic moves (:mod:`composer_qsdp.schemes`): weights ``"direct"`` (default) or
+            ``"difference"``, gradients ``"flat"`` (default); ``None`` is the side's default.
+        scheme_options: options of the scheme class (used by ``scheme`` and the overrides' schemes alike).
         bits_overrides: ``{pattern: bits or None}``: the first ``fnmatch`` pattern matching a unit's name sets
             its bits (``None``: unquantized).
+        scheme_overrides: ``{pattern: scheme}``: the first pattern matching a unit's name sets its scheme, e.g.
+            ``{"model.wte": "direct"}`` to keep a large embedding out of the difference scheme's replica.
     """
 
     bits: int | None = 8
@@ -47,12 +49,14 @@ class SideConfig:
     scheme: str | None = None
     scheme_options: Mapping[str, Any] = field(default_factory=dict)
     bits_overrides: Mapping[str, int | None] = field(default_factory=dict)
+    scheme_overrides: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Normalize containers: YAML recipes pass OmegaConf DictConfig.
-        for name in ("codec_options", "scheme_options", "bits_overrides"):
+        for name in ("codec_options", "scheme_options", "bits_overrides", "scheme_overrides"):
             object.__setattr__(self, name, _mapping(name, getattr(self, name)))
         _patterns("bits_overrides", tuple(self.bits_overrides))
+        _patterns("scheme_overrides", tuple(self.scheme_overrides))
         for bits in (self.bits, *self.bits_overrides.values()):
             if bits is not None and (isinstance(bits, bool) or not isinstance(bits, int)):
                 raise ValueError(f"bits={bits!r} is invalid; bits must be an integer (the codec's range) or None")
@@ -60,6 +64,10 @@ class SideConfig:
     def all_bits(self) -> list[int]:
         """Every bit width this side can use (default and overrides), ascending, without ``None``."""
         return sorted({self.bits, *self.bits_overrides.values()} - {None})
+
+    def all_schemes(self, default: str) -> list[str]:
+        """Every scheme this side can use (``scheme``, else ``default``, then the overrides'), without repeats."""
+        return list(dict.fromkeys([self.scheme or default, *self.scheme_overrides.values()]))
 
     def make_codec(self, bits: int) -> Codec:
         """A codec of this side at ``bits`` bits: the one place its options are put together.
@@ -117,8 +125,8 @@ class QSDPConfig:
     check_finite: bool = True
     error_sample_interval: int = 100
     ranks_per_node: int | None = None
-    _weight_prototypes: dict[int, WeightScheme] = field(init=False, repr=False, compare=False)
-    _grad_prototypes: dict[int, GradScheme] = field(init=False, repr=False, compare=False)
+    _weight_prototypes: dict[tuple[str, int | None], WeightScheme] = field(init=False, repr=False, compare=False)
+    _grad_prototypes: dict[tuple[str, int | None], GradScheme] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -138,33 +146,39 @@ class QSDPConfig:
         set_(self, "_weight_prototypes", self._prototypes("weights", WEIGHT_SCHEMES, make_weight_scheme))
         set_(self, "_grad_prototypes", self._prototypes("grads", GRAD_SCHEMES, make_grad_scheme))
 
-    def _prototypes(self, name: str, table: Mapping[str, Any], make: Callable[..., Any]) -> dict[int | None, Any]:
+    def _prototypes(
+        self, name: str, table: Mapping[str, Any], make: Callable[..., Any]
+    ) -> dict[tuple[str, int | None], Any]:
         side: SideConfig = getattr(self, name)
-        scheme = side.scheme or next(iter(table))
         default = next(iter(table))
-        prototypes: dict[int | None, Any] = {None: make(default, None, self.error_sample_interval)}
-        for bits in side.all_bits():
-            try:
-                prototypes[bits] = make(scheme, side.make_codec(bits), self.error_sample_interval, **side.scheme_options)
-            except ValueError as err:
-                raise ValueError(f"QSDPConfig {name}: {err}") from None
+        # Unquantized units (bits None) always take the side's default scheme: there is nothing to encode.
+        prototypes = {(default, None): make(default, None, self.error_sample_interval)}
+        for scheme in side.all_schemes(default):
+            for bits in side.all_bits():
+                try:
+                    codec = side.make_codec(bits)
+                    prototypes[scheme, bits] = make(scheme, codec, self.error_sample_interval, **side.scheme_options)
+                except ValueError as err:
+                    raise ValueError(f"QSDPConfig {name}: {err}") from None
         return prototypes
 
-    def weight_scheme(self, bits: int | None) -> WeightScheme:
-        """A new weight scheme at ``bits`` bits (``None``: the default scheme, unquantized), for one unit.
+    def weight_scheme(self, bits: int | None, scheme: str | None = None) -> WeightScheme:
+        """A new weight scheme for one unit: ``scheme`` (``None``: ``weights.scheme``) at ``bits`` bits
+        (``None``: the default scheme, unquantized).
 
         Raises:
-            ValueError: ``bits`` is not one of this configuration's weight bit widths.
+            ValueError: a scheme or bit width this configuration does not use.
         """
-        return _copy_of(self._weight_prototypes, bits, "weights")
+        return _copy_of(self._weight_prototypes, self.weights.scheme, scheme, bits, "weights")
 
-    def grad_scheme(self, bits: int | None) -> GradScheme:
-        """A new gradient scheme at ``bits`` bits (``None``: the default scheme, unquantized), for one unit.
+    def grad_scheme(self, bits: int | None, scheme: str | None = None) -> GradScheme:
+        """A new gradient scheme for one unit: ``scheme`` (``None``: ``grads.scheme``) at ``bits`` bits
+        (``None``: the default scheme, unquantized).
 
         Raises:
-            ValueError: ``bits`` is not one of this configuration's gradient bit widths.
+            ValueError: a scheme or bit width this configuration does not use.
         """
-        return _copy_of(self._grad_prototypes, bits, "grads")
+        return _copy_of(self._grad_prototypes, self.grads.scheme, scheme, bits, "grads")
 
     def summary(self) -> dict[str, Any]:
         """The settings as plain values, for logging hyperparameters."""
@@ -179,10 +193,16 @@ class QSDPConfig:
         return out
 
 
-def _copy_of(prototypes: dict[int | None, Any], bits: int | None, side: str) -> Any:
-    if bits not in prototypes:
-        raise ValueError(f"{side} bits={bits!r} is not configured; configured: {sorted(b for b in prototypes if b)}")
-    return copy.deepcopy(prototypes[bits])
+def _copy_of(
+    prototypes: dict[tuple[str, int | None], Any], configured: str | None, scheme: str | None, bits: int | None,
+    side: str,
+) -> Any:
+    defaults = [s for s, b in prototypes if b is None]
+    key = (defaults[0], None) if bits is None else (scheme or configured or defaults[0], bits)
+    if key not in prototypes:
+        configured_keys = sorted(f"{s}@{b}" for s, b in prototypes if b is not None)
+        raise ValueError(f"{side} scheme {key[0]!r} at bits={bits!r} is not configured; configured: {configured_keys}")
+    return copy.deepcopy(prototypes[key])
 
 
 def _plain(value: Any) -> Any:

@@ -5,6 +5,11 @@ and forwards three kinds of events to it: each unit's collectives (:meth:`QSDPHa
 :meth:`QSDPHandle.reduce_scatter`), the start of every forward pass (:meth:`QSDPHandle.on_forward`) and the
 optimizer step (:meth:`QSDPHandle.on_optimizer_step`, wired by :meth:`QSDPHandle.attach_optimizer`). The handle
 owns the seed schedule, the non-finite weight monitor, error sampling, byte counts and checkpoint state.
+
+Weights that change outside an optimizer step (a checkpoint loaded into the model, an in-place edit) would
+leave schemes that keep gathered weights (``keeps_weights``) stale: the handle compares the parameters' version
+counters at every forward with those after the last step and tells such schemes (``on_weights_changed``). A
+change that bypasses version counters (``param.data.copy_(...)``) needs :meth:`QSDPHandle.refresh`.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from composer_qsdp.comm import StepSeeds, Topology, TrafficCounter, TrafficRepor
 from composer_qsdp.policy.config import QSDPConfig
 from composer_qsdp.policy.finite_check import WeightFiniteMonitor
 from composer_qsdp.policy.plan import UnitPlan
-from composer_qsdp.schemes import Scheme
+from composer_qsdp.schemes import GatherLayout, Scheme
 
 __all__ = ["QSDPHandle"]
 
@@ -46,11 +51,17 @@ class QSDPHandle:
         self.seeds = StepSeeds(config.seed)
         self._monitor = WeightFiniteMonitor([u.name for u in units]) if config.check_finite else None
         self._optimizer_hooks: list[torch.utils.hooks.RemovableHandle] = []
+        self._watched = [u for u in self.units if u.weights.keeps_weights]
+        self._versions = self._current_versions()
 
-    def setup(self, groups: Sequence[dist.ProcessGroup]) -> None:
-        """Set up every unit's schemes on its process group (collective: every rank, same order)."""
-        for unit, group in zip(self.units, groups, strict=True):
-            unit.weights.setup(group, self.topology)
+    def setup(
+        self, groups: Sequence[dist.ProcessGroup], layouts: Sequence[GatherLayout | None] | None = None
+    ) -> None:
+        """Set up every unit's schemes on its process group (collective: every rank, same order), with the
+        units' gather layouts where the adapter has them."""
+        layouts = [None] * len(self.units) if layouts is None else layouts
+        for unit, group, layout in zip(self.units, groups, layouts, strict=True):
+            unit.weights.setup(group, self.topology, layout)
             unit.grads.setup(group, self.topology)
 
     # ------------------------------------------------------------------ events from the adapter
@@ -83,6 +94,11 @@ class QSDPHandle:
         """
         if self._monitor is not None:
             self._monitor.poll()
+        versions = self._current_versions()
+        for unit, before, now in zip(self._watched, self._versions, versions):
+            if before != now:
+                unit.weights.on_weights_changed()
+        self._versions = versions
         self.seeds.begin_microbatch()
 
     def on_optimizer_step(self) -> None:
@@ -90,6 +106,13 @@ class QSDPHandle:
         self.seeds.end_optimizer_step()
         for scheme in self._schemes():
             scheme.on_optimizer_step()
+        self._versions = self._current_versions()
+
+    def refresh(self) -> None:
+        """Weights changed in a way version counters do not show (``param.data`` edits): schemes that keep
+        gathered weights rebuild them at the next gather (a full-precision keyframe)."""
+        for unit in self._watched:
+            unit.weights.on_weights_changed()
 
     def attach_optimizer(self, optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer]) -> None:
         """Call :meth:`on_optimizer_step` after every ``step()`` of ``optimizers`` (a step-post hook each).
@@ -185,6 +208,11 @@ class QSDPHandle:
             unit.weights.load_state_dict(saved["weights"])
             unit.grads.load_state_dict(saved["grads"])
         self.seeds.load_state_dict(state["seeds"])
+        # The saved state belongs to the weights loaded with it (load the model first, then QSDP's state).
+        self._versions = self._current_versions()
 
     def _schemes(self) -> list[Scheme]:
         return [s for u in self.units for s in (u.weights, u.grads)]
+
+    def _current_versions(self) -> list[tuple[int, ...]]:
+        return [tuple(p._version for p in unit.params) for unit in self._watched]

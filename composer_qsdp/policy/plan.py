@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
+import torch
 import torch.nn as nn
 
 from composer_qsdp.policy.config import QSDPConfig, SideConfig
@@ -22,11 +23,13 @@ class Unit:
         name: qualified module name in the model QSDP is applied to (``''``: that model).
         module: the module.
         numel: unsharded parameter elements the unit communicates.
+        params: the parameters it communicates (their version counters tell in-place changes).
     """
 
     name: str
     module: nn.Module
     numel: int
+    params: tuple[torch.Tensor, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class UnitPlan:
         name: qualified module name (``''``: the model itself).
         module: the module.
         numel: unsharded parameter elements the unit communicates.
+        params: the parameters it communicates.
         weights: the unit's weight all-gather scheme (its own instance).
         grads: the unit's gradient reduce-scatter scheme (its own instance).
         note: why the unit is unquantized (``''`` when nothing excluded it).
@@ -47,6 +51,7 @@ class UnitPlan:
     name: str
     module: nn.Module
     numel: int
+    params: tuple[torch.Tensor, ...]
     weights: WeightScheme
     grads: GradScheme
     note: str
@@ -67,13 +72,16 @@ def plan_units(units: Sequence[Unit], config: QSDPConfig) -> list[UnitPlan]:
 
     Rules: ``exclude`` patterns, ``module_filter`` and ``min_numel`` leave the unit unquantized on both sides;
     else the first pattern of a side's ``bits_overrides`` that matches sets its bits; else the side's ``bits``.
+    The first matching pattern of ``scheme_overrides`` sets the scheme, else the side's ``scheme``; unquantized
+    sides take the default scheme.
     """
     plans = []
     for index, unit in enumerate(units):
         note = _exclusion(unit, config)
-        weights = config.weight_scheme(None if note else _bits(config.weights, unit.name))
-        grads = config.grad_scheme(None if note else _bits(config.grads, unit.name))
-        plans.append(UnitPlan(index, unit.name, unit.module, unit.numel, weights, grads, note))
+        weights = config.weight_scheme(None if note else _bits(config.weights, unit.name),
+                                       _scheme(config.weights, unit.name))
+        grads = config.grad_scheme(None if note else _bits(config.grads, unit.name), _scheme(config.grads, unit.name))
+        plans.append(UnitPlan(index, unit.name, unit.module, unit.numel, unit.params, weights, grads, note))
     return plans
 
 
@@ -86,6 +94,10 @@ def _exclusion(unit: Unit, config: QSDPConfig) -> str:
     if unit.numel < config.min_numel:
         return f"smaller than min_numel={config.min_numel}"
     return ""
+
+
+def _scheme(side: SideConfig, name: str) -> str | None:
+    return next((s for p, s in side.scheme_overrides.items() if fnmatchcase(name, p)), None)
 
 
 def _bits(side: SideConfig, name: str) -> int | None:

@@ -25,7 +25,33 @@ import torch.distributed as dist
 from composer_qsdp.comm import CallTraffic, SeedStream, Topology, TrafficCounter
 from composer_qsdp.quant import Codec
 
-__all__ = ["GradScheme", "Scheme", "WeightScheme"]
+__all__ = ["GatherLayout", "GradScheme", "Scheme", "WeightScheme"]
+
+
+class GatherLayout(ABC):
+    """Where a unit's parameters sit in the all-gather output of its adapter's framework.
+
+    A weight scheme that keeps gathered weights between steps (a reference copy) checkpoints them per parameter,
+    in the parameters' own shapes, so a checkpoint does not depend on how many ranks gathered them; the adapter
+    that knows its framework's layout (padding, order) converts.
+    """
+
+    @abstractmethod
+    def shapes(self) -> dict[str, torch.Size]:
+        """The full shape of each parameter, by the keys :meth:`split` uses."""
+
+    @abstractmethod
+    def split(self, gathered: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The parameters' full tensors (views where possible) of a ``[W * n]`` all-gather output."""
+
+    @abstractmethod
+    def join(self, params: dict[str, torch.Tensor], out: torch.Tensor) -> None:
+        """Write full parameter tensors (as :meth:`split` returns them) into a ``[W * n]`` all-gather buffer
+        (padding zeroed).
+
+        Raises:
+            ValueError: the tensors do not match the parameters (names or shapes), naming the difference.
+        """
 
 
 class Scheme(ABC):
@@ -115,9 +141,26 @@ class Scheme(ABC):
 
 
 class WeightScheme(Scheme):
-    """A scheme for the weight all-gather: every rank ends with the same unsharded weights."""
+    """A scheme for the weight all-gather: every rank ends with the same unsharded weights.
+
+    Attributes:
+        keeps_weights: the scheme keeps gathered weights between steps (it needs a :class:`GatherLayout` and its
+            adapter must report weights that change outside an optimizer step).
+        layout: the unit's :class:`GatherLayout`, when its adapter provides one (``None`` otherwise).
+    """
 
     seed_stream = SeedStream.WEIGHTS
+    keeps_weights: ClassVar[bool] = False
+    layout: GatherLayout | None = None
+
+    def setup(self, group: dist.ProcessGroup, topology: Topology, layout: GatherLayout | None = None) -> None:
+        """:meth:`Scheme.setup`, plus the unit's gather layout (for schemes that checkpoint gathered weights)."""
+        super().setup(group, topology)
+        self.layout = layout
+
+    def on_weights_changed(self) -> None:
+        """The weights changed outside an optimizer step (loaded, edited in place): stateful schemes rebuild
+        their state at the next gather. Stateless schemes do nothing."""
 
     def all_gather(
         self, output: torch.Tensor, input: torch.Tensor, seed: int, group: dist.ProcessGroup | None = None

@@ -6,13 +6,14 @@ from typing import Any, TypeVar
 
 from composer_qsdp.quant import Codec
 from composer_qsdp.schemes.base import GradScheme, Scheme, WeightScheme
+from composer_qsdp.schemes.difference import DifferenceAllGather
 from composer_qsdp.schemes.direct import DirectAllGather
 from composer_qsdp.schemes.flat import FlatReduceScatter
 
 __all__ = ["GRAD_SCHEMES", "WEIGHT_SCHEMES", "make_grad_scheme", "make_weight_scheme"]
 
 #: Weight all-gather schemes by name; the first is the default.
-WEIGHT_SCHEMES: dict[str, type[WeightScheme]] = {"direct": DirectAllGather}
+WEIGHT_SCHEMES: dict[str, type[WeightScheme]] = {"direct": DirectAllGather, "difference": DifferenceAllGather}
 #: Gradient reduce-scatter schemes by name; the first is the default.
 GRAD_SCHEMES: dict[str, type[GradScheme]] = {"flat": FlatReduceScatter}
 

@@ -25,6 +25,9 @@ W8G8 = from_recipe("w8g8", bucket_size=64, seed=7)
 WEIGHTS_ONLY = from_recipe("w8g8", grad_bits=None, bucket_size=64, seed=7)
 OFF = from_recipe("w8g8", weight_bits=None, grad_bits=None)
 ACCUMULATION = 2  # microbatches per optimizer step in the accumulation scenario
+# SDP4Bit's weight differences (symmetric INT4, round to nearest; small groups for these small layers), 8-bit grads.
+QWD = from_recipe("w8g8", weight_scheme="difference", weight_bits=4, weight_codec="symmetric", bucket_size=64,
+                  seed=7)
 
 
 class MLP(nn.Module):
@@ -147,13 +150,35 @@ def _accumulation_scenario(info: RankInfo) -> dict:
     return {"losses": losses, "params": params, "forward": forward, "backward": backward, "seeds": seeds}
 
 
-def _checkpoint_scenario(info: RankInfo, ckpt_dir: str) -> dict:
+def _difference_scenario(info: RankInfo) -> dict:
+    """qWD: train, compare the reference with the gathered weights, then edit a weight outside the optimizer."""
+    model = _sharded(info)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    handle = apply_qsdp(model, QWD, optimizers=opt)
+    capture = Capture(model)
+    out = _train(info, model, STEPS, opt, capture=capture)
+    out["traffic"] = handle.traffic()
+    l2 = next(u for u in handle.units if u.name == "l2")
+    out["split"] = {k: v.clone() for k, v in l2.weights.layout.split(l2.weights.reference).items()}
+    out["memory"] = handle.memory_bytes()
+    with torch.no_grad():
+        model.l2.weight.mul_(0.5)  # outside the optimizer: the next gather of l2 must be a keyframe
+    edited = model.l2.weight.full_tensor()
+    keyframes = [u.weights.keyframes for u in handle.units]
+    model(batch(info.rank, 0)[0])
+    out["after_edit"] = {"expected": edited, "gathered": capture.forward["l2"],
+                         "keyframes": [u.weights.keyframes - k for u, k in zip(handle.units, keyframes)]}
+    return out
+
+
+def _checkpoint_scenario(info: RankInfo, ckpt_dir: str, config) -> dict:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     def fresh():
         model = _sharded(info)
-        return model, torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9), apply_qsdp(model, W8G8)
+        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+        return model, opt, apply_qsdp(model, config, optimizers=opt)
 
     model, opt, handle = fresh()
     _train(info, model, 3, opt)
@@ -241,7 +266,9 @@ def _worker(info: RankInfo, ckpt_dir: str) -> dict:
     model = _sharded(info)
     apply_qsdp(model, W8G8)
     out["nonfinite_grads"] = _train(info, model, 1, poison=(1, 0))
-    out["checkpoint"] = _checkpoint_scenario(info, ckpt_dir)
+    out["checkpoint"] = _checkpoint_scenario(info, ckpt_dir, W8G8)
+    out["difference"] = _difference_scenario(info)
+    out["checkpoint_difference"] = _checkpoint_scenario(info, ckpt_dir + "-qwd", QWD)
     out["nonfinite_weight"] = _nonfinite_weight_scenario(info)
     return out
 
@@ -432,6 +459,51 @@ def test_resume_from_checkpoint_gives_the_same_losses(run):
             assert torch.equal(ckpt["resumed"]["params"][name], value), name
 
 
+def test_weight_differences_train_with_identical_weights_and_free_regathers(run):
+    world, results, _ = run
+    _only_world_2(world)
+    ref_params, ref_losses = reference_training(world, STEPS)
+    res = results[0]["difference"]
+    for step in range(STEPS):
+        for name, weight in res["backward"][step].items():  # served from the reference
+            assert torch.equal(res["forward"][step][name], weight), (step, name)
+        for name, weight in res["forward"][step].items():
+            assert torch.equal(results[1]["difference"]["forward"][step][name], weight), (step, name)
+    for name, ref in ref_params.items():
+        assert _rel(res["params"][name], ref) < 1e-2, name
+    assert max(abs(a - b) for a, b in zip(res["losses"], ref_losses)) < 1e-2
+    traffic = res["traffic"].weights
+    # One keyframe (fp32) and STEPS - 1 updates (4-bit codes) per unit; the backward re-gathers send nothing.
+    codec = QWD.weight_scheme(4).codec
+    shards = [(IN * HID + HID), (HID * ODD + ODD), (ODD * OUT + OUT)]  # unsharded elements per unit
+    per_rank = [-(-rows // world) * (numel // rows) for rows, numel in zip((HID, ODD, OUT), shards)]
+    expected = sum((world - 1) * (4 * n + (STEPS - 1) * codec.wire_bytes(n)) for n in per_rank)
+    assert traffic.calls == 2 * 3 * STEPS and traffic.sent == expected
+    assert res["memory"] == 4 * world * sum(per_rank)  # one fp32 replica per rank
+    # The layout maps the reference back to the parameters: the last forward's weights, per parameter.
+    assert torch.equal(res["split"]["0.weight"], res["forward"][-1]["l2"])
+    assert torch.equal(res["split"]["1.bias"], res["forward"][-1]["l2.bias"])
+
+
+def test_an_edit_outside_the_optimizer_is_a_keyframe(run):
+    world, results, _ = run
+    _only_world_2(world)
+    for rank in range(world):
+        edit = results[rank]["difference"]["after_edit"]
+        assert torch.equal(edit["gathered"], edit["expected"])  # full precision: exactly the edited weights
+        assert edit["keyframes"] == [0, 1, 0]  # units l1, l2, l3: only the edited l2 re-keyframes
+
+
+def test_weight_difference_resume_continues_exactly(run):
+    world, results, _ = run
+    _only_world_2(world)
+    for rank in range(world):
+        ckpt = results[rank]["checkpoint_difference"]
+        assert ckpt["resumed"]["losses"] == ckpt["continued"]["losses"]
+        for name, value in ckpt["continued"]["params"].items():
+            assert torch.equal(ckpt["resumed"]["params"][name], value), name
+
+
 def test_checkpoint_holds_full_precision_weights(run, tmp_path):
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -444,3 +516,4 @@ def test_checkpoint_holds_full_precision_weights(run, tmp_path):
         assert torch.equal(saved[name], value), name  # the master weights, bit for bit...
     for name in ("l1", "l2", "l3"):  # ...not the quantized copies the next forward computed with
         assert not torch.equal(saved[f"{name}.weight"], ckpt["continued"]["forward"][0][name])
+

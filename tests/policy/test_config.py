@@ -64,7 +64,7 @@ def test_each_unit_gets_its_own_scheme_and_codec_built_from_one_prototype():
     assert first is not second and first.codec is not second.codec  # learned levels are per-unit state
     assert repr(first.codec) == repr(second.codec)
     assert config.weight_scheme(None).codec is None  # unquantized units: the default scheme, no codec
-    with pytest.raises(ValueError, match=r"weights bits=4 is not configured; configured: \[8\]"):
+    with pytest.raises(ValueError, match=r"weights scheme 'direct' at bits=4 is not configured; configured: \['direct@8'\]"):
         config.weight_scheme(4)
     assert copy.deepcopy(config) == config
 

@@ -103,13 +103,20 @@ class QSDP(Algorithm):
         grad_rounding: the gradient codec's rounding (the same values).
         weight_codec_options: other weight codec options, e.g. ``{"hadamard": True}`` (SDP4Bit's rotation).
         grad_codec_options: other gradient codec options.
-        weight_scheme: how weights move: ``"direct"`` (quantized all-gather).
+        weight_scheme: how weights move: ``"direct"`` (quantized weights: QSDP) or ``"difference"`` (quantized
+            differences against a reference every rank keeps: SDP4Bit's qWD; one weight replica per rank, no
+            backward re-gather traffic).
         grad_scheme: how gradients move: ``"flat"`` (one quantized all-to-all and an fp32 sum).
-        weight_scheme_options: options of the weight scheme.
+        weight_scheme_options: options of the weight scheme; ``"difference"``: ``keyframe_every`` (optimizer
+            steps between full-precision gathers, 0: only when needed) and ``checkpoint_reference`` (default True:
+            checkpoints hold the reference, so a resume continues exactly).
         grad_scheme_options: options of the gradient scheme.
         weight_bits_overrides: ``{pattern: bits or None}``: the first ``fnmatch`` pattern matching an FSDP unit's
             name (e.g. ``"model.blocks.0"``) sets its weight bits; ``None`` leaves it unquantized.
         grad_bits_overrides: the same for gradient bits.
+        weight_scheme_overrides: ``{pattern: scheme}``: the first pattern matching a unit's name sets its weight
+            scheme (e.g. ``{"model.wte": "direct"}`` keeps a unit out of the difference scheme's replica).
+        grad_scheme_overrides: the same for the gradient scheme.
         exclude: patterns of FSDP unit names left unquantized on both sides.
         module_filter: ``filter(module, name) -> bool``; units for which it returns False stay unquantized.
         min_numel: units with fewer parameter elements stay unquantized (their traffic is too small to pay).
@@ -144,6 +151,8 @@ class QSDP(Algorithm):
         grad_scheme_options: Mapping[str, Any] = RECIPE,
         weight_bits_overrides: Mapping[str, int | None] = RECIPE,
         grad_bits_overrides: Mapping[str, int | None] = RECIPE,
+        weight_scheme_overrides: Mapping[str, str] = RECIPE,
+        grad_scheme_overrides: Mapping[str, str] = RECIPE,
         exclude: Sequence[str] = RECIPE,
         module_filter: ModuleFilter | None = RECIPE,
         min_numel: int = RECIPE,

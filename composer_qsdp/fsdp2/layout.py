@@ -1,0 +1,83 @@
+"""``FSDP2GatherLayout``: where each parameter of an FSDP2 unit sits in the unit's all-gather output.
+
+FSDP2 shards every parameter on dim 0, padding it to ``ceil(size(0) / W)`` rows per rank, and each rank's
+all-gather input is its padded shards of the unit's parameters, one after another, in FSDP's parameter order.
+So the output ``[W * n]`` viewed as ``[W, n]`` holds, in row ``r``, rank ``r``'s padded shard of every parameter.
+The order and padded sizes come from FSDP2's parameter group (``FSDPParam``, private: read here only, with a clear
+error if a torch release moves it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from composer_qsdp.schemes import GatherLayout
+
+__all__ = ["FSDP2GatherLayout"]
+
+
+class FSDP2GatherLayout(GatherLayout):
+    """The all-gather layout of one FSDP2 unit over ``world_size`` ranks.
+
+    Args:
+        unit: a module given to ``fully_shard`` that manages parameters.
+        world_size: ranks of its shard group.
+
+    Raises:
+        RuntimeError: this torch's FSDP2 keeps its parameter group elsewhere.
+        ValueError: a parameter sharded on another dim than 0 (``shard_placement_fn``).
+    """
+
+    def __init__(self, unit: nn.Module, world_size: int) -> None:
+        try:
+            fsdp_params = unit._get_fsdp_state()._fsdp_param_group.fsdp_params  # type: ignore[operator,union-attr]
+        except AttributeError as err:
+            raise RuntimeError(
+                f"cannot read FSDP2's parameter group of {type(unit).__name__} on torch {torch.__version__} ({err}); "
+                "schemes that keep gathered weights need it"
+            ) from None
+        self.world_size = world_size
+        self.entries: list[tuple[str, torch.Size, int]] = []  # (key, full shape, rows per rank)
+        for index, fsdp_param in enumerate(fsdp_params):
+            shape, padded = fsdp_param._orig_size, fsdp_param.padded_sharded_param_size
+            if len(shape) == 0 or tuple(padded[1:]) != tuple(shape[1:]) or padded[0] * world_size < shape[0]:
+                raise ValueError(
+                    f"parameter {fsdp_param._module_info.param_name!r} of shape {tuple(shape)} is sharded as "
+                    f"{tuple(padded)} per rank, not on dim 0; schemes that keep gathered weights support FSDP2's "
+                    "default dim-0 sharding only"
+                )
+            self.entries.append((f"{index}.{fsdp_param._module_info.param_name}", shape, padded[0]))
+        self.shard_numel = sum(rows * math.prod(shape[1:]) for _, shape, rows in self.entries)
+
+    def _columns(self, gathered: torch.Tensor) -> list[tuple[str, torch.Size, torch.Tensor]]:
+        rows = gathered.view(self.world_size, self.shard_numel)
+        out, start = [], 0
+        for key, shape, per_rank in self.entries:
+            width = per_rank * math.prod(shape[1:])
+            out.append((key, shape, rows[:, start : start + width]))
+            start += width
+        return out
+
+    def shapes(self) -> dict[str, torch.Size]:
+        return {key: shape for key, shape, _ in self.entries}
+
+    def split(self, gathered: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {
+            key: cols.reshape(self.world_size * cols.shape[1] // math.prod(shape[1:]), *shape[1:])[: shape[0]]
+            for key, shape, cols in self._columns(gathered)
+        }
+
+    def join(self, params: dict[str, torch.Tensor], out: torch.Tensor) -> None:
+        expected = {key: tuple(shape) for key, shape in self.shapes().items()}
+        got = {key: tuple(t.shape) for key, t in params.items()}
+        if got != expected:
+            raise ValueError(f"saved parameters {got} do not match this unit's {expected}")
+        out.zero_()
+        for key, shape, cols in self._columns(out):
+            padded_rows = self.world_size * cols.shape[1] // math.prod(shape[1:])
+            full = torch.zeros((padded_rows, *shape[1:]), dtype=out.dtype, device=out.device)
+            full[: shape[0]] = params[key]
+            cols.copy_(full.view(self.world_size, -1))
