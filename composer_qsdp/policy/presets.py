@@ -7,6 +7,10 @@
   INT4 weights at GPT-125M); this keeps the weights at 8 bits and halves the gradient traffic.
 * ``w4g4``: 4-bit weights and gradients with the same codec: the fastest direct setting, at a loss cost
   (benchmarks/RESULTS.md).
+* ``sdp4bit``: SDP4Bit's 4-bit setting (Jia et al., NeurIPS 2024). Weights: quantized differences against a
+  reference every rank keeps (qWD, §3.1), symmetric INT4 in groups of 2048, round to nearest. Gradients: 4 bits
+  in groups of 128 (§3.2, Table 3: 128 suffices) rotated by a Hadamard transform (its "smoother"), with our
+  unbiased stochastic rounding, which our round-1 measurements found the best 4-bit gradient setting; one hop.
 
 Flat options name one field of one side as ``weight_<field>`` / ``grad_<field>`` (the fields of
 :class:`~composer_qsdp.policy.SideConfig`: ``weight_bits``, ``grad_codec``, ``weight_bucket_size``,
@@ -30,6 +34,10 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "w8g8": {},
     "w8g4": {"grad_bits": 4},
     "w4g4": {"weight_bits": 4, "grad_bits": 4},
+    "sdp4bit": {
+        "weight_scheme": "difference", "weight_codec": "symmetric", "weight_bits": 4, "weight_bucket_size": 2048,
+        "grad_bits": 4, "grad_bucket_size": 128, "grad_codec_options": {"hadamard": True},
+    },
 }
 _SIDES = {"weight_": "weights", "grad_": "grads"}
 _SIDE_FIELDS = tuple(f.name for f in fields(SideConfig))

@@ -5,7 +5,8 @@
 Trains an MLP towards a fixed linear teacher on CPU (gloo) or GPUs (``QSDP_TEST_DEVICE=gpu``), then rank 0
 writes JSON: the losses, the trained parameters' relative distance to an exact single-process reference, the
 algorithm's traffic report and the metrics QSDP logged. ``save`` checkpoints at batch 3 of 6 (full run);
-``resume`` loads that checkpoint and trains batches 4-6.
+``resume`` loads that checkpoint and trains batches 4-6. ``QSDP_TEST_OPTIONS`` (JSON) replaces the algorithm's
+keyword arguments (default: W8G8, buckets of 256, errors sampled every 2 calls).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from composer_qsdp import QSDP
 
 N, BS, IN, HID, OUT, LR = 512, 16, 32, 128, 16, 0.05
+DEFAULT_OPTIONS = {"weight_bits": 8, "grad_bits": 8, "bucket_size": 256, "error_sample_interval": 2}
 
 
 class Net(nn.Module):
@@ -95,7 +97,8 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
     model = Model()
     ds = dataset()
     loader = DataLoader(ds, batch_size=BS, sampler=dist.get_sampler(ds, shuffle=False, drop_last=True))
-    qsdp = QSDP(weight_bits=8, grad_bits=8, bucket_size=256, error_sample_interval=2)
+    options = json.loads(os.environ.get("QSDP_TEST_OPTIONS", "null")) or DEFAULT_OPTIONS
+    qsdp = QSDP(**options)
     recorder = LossRecorder()
     memory = InMemoryLogger()
     checkpointing = {}
@@ -136,6 +139,7 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
             "traffic": {side: dataclasses.asdict(getattr(traffic, side)) for side in ("weights", "grads")},
             "metrics": metrics,
             "seeds": qsdp.handle.seeds.state_dict() if qsdp.handle is not None else None,
+            "keyframes": [getattr(u.weights, "keyframes", None) for u in qsdp.handle.units] if qsdp.handle else None,
             "batches": batches,
         }
         with open(out_path, "w") as f:

@@ -15,9 +15,14 @@ import e2e_common  # benchmarks/ (tests/conftest.py): Composer's launcher comman
 SCRIPT = Path(__file__).with_name("composer_run.py")
 
 
-def _launch(tmp_path: Path, *args: str, gpu: bool = False) -> dict:
+# SDP4Bit's weight differences (symmetric INT4 groups, small for these layers) with 8-bit gradients.
+QWD = {"weight_scheme": "difference", "weight_codec": "symmetric", "weight_bits": 4, "bucket_size": 256,
+       "error_sample_interval": 2}
+
+
+def _launch(tmp_path: Path, *args: str, gpu: bool = False, options: dict | None = None) -> dict:
     out = tmp_path / f"result-{'-'.join(a for a in args if '/' not in a) or 'full'}.json"
-    env = {**os.environ, "FSDP_VERSION": "2", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "FSDP_VERSION": "2", "OMP_NUM_THREADS": "1", "QSDP_TEST_OPTIONS": json.dumps(options)}
     if gpu:
         env["QSDP_TEST_DEVICE"] = "gpu"
     proc = subprocess.run([*e2e_common.launcher(2), str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
@@ -49,14 +54,28 @@ def test_composer_launcher_run_quantizes_fsdp_traffic(tmp_path):
     _check_quantized_training(_launch(tmp_path))
 
 
+def test_composer_run_with_weight_differences(tmp_path):
+    result = _launch(tmp_path, options=QWD)
+    weights = result["traffic"]["weights"]
+    batches = len(result["losses"])
+    assert result["keyframes"] == [1, 1, 1]  # one full-precision gather per unit, at the first step
+    assert weights["calls"] == 2 * 3 * batches and weights["sent"] < weights["native"] / 6  # 4-bit, once a step
+    assert all(0 < e < 0.05 for e in result["metrics"]["qsdp/weights/rel_error"])
+    losses = result["losses"]
+    assert sum(losses[-4:]) / 4 < 0.7 * sum(losses[:2]) / 2, losses
+    assert max(result["param_rel_error"].values()) < 2e-2, result["param_rel_error"]
+
+
 @pytest.mark.slow
-def test_composer_checkpoint_resume_gives_the_same_losses(tmp_path):
+@pytest.mark.parametrize("options", [None, QWD], ids=["w8g8", "difference"])
+def test_composer_checkpoint_resume_gives_the_same_losses(tmp_path, options):
     ckpt = str(tmp_path / "ckpt")
-    saved = _launch(tmp_path, "save", ckpt)
-    resumed = _launch(tmp_path, "resume", ckpt)
+    saved = _launch(tmp_path, "save", ckpt, options=options)
+    resumed = _launch(tmp_path, "resume", ckpt, options=options)
     assert resumed["losses"] == saved["losses"][3:]
     assert resumed["seeds"] == saved["seeds"]  # the seed schedule continues where it stopped
     assert resumed["traffic"] == saved["traffic"]  # cumulative counters are checkpointed too
+    assert resumed["keyframes"] == saved["keyframes"]  # a restored reference needs no keyframe
 
 
 @pytest.mark.gpu
