@@ -11,11 +11,13 @@ from composer_qsdp.comm.all_gather import quantized_all_gather
 from composer_qsdp.comm.quality import relative_error
 from composer_qsdp.comm.reduce_scatter import is_average, quantized_reduce_scatter
 from composer_qsdp.comm.seeds import SeedStream, StepSeeds, mix_seed
+from composer_qsdp.comm.segments import Segments
 from composer_qsdp.comm.topology import Topology
 
 __all__ = [
     "CallTraffic",
     "SeedStream",
+    "Segments",
     "StepSeeds",
     "Topology",
     "TrafficCounter",

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from composer_qsdp.comm.accounting import CallTraffic, call_traffic
 from composer_qsdp.comm.quality import relative_error
 from composer_qsdp.comm.seeds import mix_seed
+from composer_qsdp.comm.segments import Segments
 from composer_qsdp.comm.validation import check_collective_buffers
 from composer_qsdp.quant.codec import FLOAT_DTYPES, Codec
 
@@ -26,6 +27,7 @@ def quantized_all_gather(
     *,
     measure_error: bool = False,
     off_node_peers: int = 0,
+    segments: Segments | None = None,
 ) -> CallTraffic:
     """``all_gather_into_tensor(output, input)`` with the chunks sent as ``codec`` wire buffers.
 
@@ -43,6 +45,8 @@ def quantized_all_gather(
             independent noise, and HSDP replicas (same group rank, same shard) decode identical weights.
         off_node_peers: peers of this rank in ``group`` on other nodes, for the per-hop count (0: one node).
         measure_error: also return the relative quantization error of this rank's chunk (device tensor).
+        segments: the chunk's pieces (:class:`~composer_qsdp.comm.segments.Segments`): each quantized piece
+            starts a bucket of its own, raw pieces travel unquantized after the codes. ``None``: one bucketed run.
 
     Returns:
         The bytes this rank put on the wire ((W-1)/W of the volume) and the bf16 / native-dtype equivalents.
@@ -55,6 +59,8 @@ def quantized_all_gather(
     if codec is None or input.dtype not in FLOAT_DTYPES or n == 0:
         dist.all_gather_into_tensor(output, input, group=group)
         return call_traffic(world_size, n, n * input.element_size(), input.element_size(), off_node_peers)
+    if segments is not None:
+        return _segmented_all_gather(output, input, codec, group, seed, measure_error, off_node_peers, segments)
     wire = codec.encode(input, seed=mix_seed(seed, rank))
     gathered = torch.empty(world_size * wire.numel(), dtype=torch.uint8, device=input.device)
     dist.all_gather_into_tensor(gathered, wire, group=group)
@@ -64,4 +70,40 @@ def quantized_all_gather(
         # Before the copy below: `input` may be this rank's slot of `output`.
         traffic = replace(traffic, rel_error=relative_error(decoded[rank], input))
     output.view(world_size, n).copy_(decoded)
+    return traffic
+
+
+def _segmented_all_gather(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    codec: Codec,
+    group: dist.ProcessGroup,
+    seed: int,
+    measure_error: bool,
+    off_node_peers: int,
+    segments: Segments,
+) -> CallTraffic:
+    """The quantized all-gather of a chunk in :class:`Segments`: one wire per rank, the codes of the
+    bucket-aligned quantized pieces (4-byte multiple) followed by the raw pieces' bytes."""
+    world_size, rank, n = group.size(), group.rank(), input.numel()
+    if segments.numel != n:
+        raise ValueError(f"segments cover {segments.numel} elements but the chunk has {n}")
+    plan = segments.plan(codec.bucket_size, input.device)
+    codes = codec.encode(input[plan.source], seed=mix_seed(seed, rank)) if plan.source.numel() else None
+    code_bytes = 0 if codes is None else codes.numel()
+    wire = torch.cat([t for t in (codes, input[plan.raw].view(torch.uint8)) if t is not None])
+    gathered = torch.empty(world_size * wire.numel(), dtype=torch.uint8, device=input.device)
+    dist.all_gather_into_tensor(gathered, wire, group=group)
+    gathered = gathered.view(world_size, wire.numel())
+    traffic = call_traffic(world_size, n, wire.numel(), input.element_size(), off_node_peers)
+    rows = output.view(world_size, n)
+    if codes is not None:
+        decoded = codec.decode_rows(gathered[:, :code_bytes], plan.source.numel(), output.dtype)[:, plan.aligned]
+        if measure_error:  # raw pieces are exact; before `rows` is written (`input` may alias it)
+            own = input.clone()
+            own[plan.quantized] = decoded[rank]
+            traffic = replace(traffic, rel_error=relative_error(own, input))
+        rows[:, plan.quantized] = decoded
+    if plan.raw.numel():
+        rows[:, plan.raw] = gathered[:, code_bytes:].contiguous().view(output.dtype)
     return traffic

@@ -104,7 +104,7 @@ def apply_qsdp(
     units = find_units(model)
     handle = FSDP2Handle(model, config, plan_units(units, config), Topology.detect(config.ranks_per_node))
     groups = [shard_group(u.module) for u in units]
-    handle.setup(groups, [FSDP2GatherLayout(p.module, g.size()) if p.weights.keeps_weights else None
+    handle.setup(groups, [FSDP2GatherLayout(p.module, g.size()) if p.weights.needs_layout else None
                           for p, g in zip(handle.units, groups)])
     if optimizers is not None:
         handle.attach_optimizer(optimizers)

@@ -41,7 +41,8 @@ class FSDP2GatherLayout(GatherLayout):
             ) from None
         self.world_size = world_size
         self.entries: list[tuple[str, torch.Size, int]] = []  # (key, full shape, rows per rank)
-        for index, fsdp_param in enumerate(fsdp_params):
+        paths = {id(module): path for path, module in unit.named_modules()}
+        for fsdp_param in fsdp_params:
             shape, padded = fsdp_param._orig_size, fsdp_param.padded_sharded_param_size
             if len(shape) == 0 or tuple(padded[1:]) != tuple(shape[1:]) or padded[0] * world_size < shape[0]:
                 raise ValueError(
@@ -49,8 +50,10 @@ class FSDP2GatherLayout(GatherLayout):
                     f"{tuple(padded)} per rank, not on dim 0; schemes that keep gathered weights support FSDP2's "
                     "default dim-0 sharding only"
                 )
-            self.entries.append((f"{index}.{fsdp_param._module_info.param_name}", shape, padded[0]))
-        self.shard_numel = sum(rows * math.prod(shape[1:]) for _, shape, rows in self.entries)
+            info = fsdp_param._module_info
+            path = paths.get(id(info.module), "")
+            self.entries.append((f"{path}.{info.param_name}" if path else info.param_name, shape, padded[0]))
+        self.shard_numel = sum(numel for _, numel in self.segments())
 
     def _columns(self, gathered: torch.Tensor) -> list[tuple[str, torch.Size, torch.Tensor]]:
         rows = gathered.view(self.world_size, self.shard_numel)
@@ -60,6 +63,9 @@ class FSDP2GatherLayout(GatherLayout):
             out.append((key, shape, rows[:, start : start + width]))
             start += width
         return out
+
+    def segments(self) -> list[tuple[str, int]]:
+        return [(key, rows * math.prod(shape[1:])) for key, shape, rows in self.entries]
 
     def shapes(self) -> dict[str, torch.Size]:
         return {key: shape for key, shape, _ in self.entries}

@@ -40,11 +40,17 @@ def shard_group(unit: nn.Module) -> dist.ProcessGroup:
     """The process group FSDP2 all-gathers and reduce-scatters ``unit`` over: the last dimension of its
     parameters' device mesh (the only one of a 1-D mesh; the shard dimension of an HSDP mesh).
 
+    A unit left unsharded by a forward pass (the root keeps its parameters gathered after the forward) is
+    resharded first (``FSDPModule.reshard``), which puts its sharded DTensor parameters back.
+
     Raises:
         ValueError: the unit's parameters are not sharded DTensors (the module was not given to
             ``fully_shard``).
     """
     param = managed_parameters(unit)[0]
+    if not isinstance(param, DTensor) and isinstance(unit, FSDPModule):
+        unit.reshard()
+        param = managed_parameters(unit)[0]
     if not isinstance(param, DTensor):
         raise ValueError(f"{type(unit).__name__} manages a parameter that is not a DTensor; was fully_shard applied?")
     mesh = param.device_mesh

@@ -37,6 +37,11 @@ class GatherLayout(ABC):
     """
 
     @abstractmethod
+    def segments(self) -> list[tuple[str, int]]:
+        """``(key, elements)`` of each parameter's piece of one rank's all-gather input, in order; keys are the
+        parameters' names within the unit (``"ln_1.weight"``)."""
+
+    @abstractmethod
     def shapes(self) -> dict[str, torch.Size]:
         """The full shape of each parameter, by the keys :meth:`split` uses."""
 
@@ -148,6 +153,11 @@ class WeightScheme(Scheme):
             adapter must report weights that change outside an optimizer step).
         layout: the unit's :class:`GatherLayout`, when its adapter provides one (``None`` otherwise).
     """
+
+    @property
+    def needs_layout(self) -> bool:
+        """The scheme needs its unit's :class:`GatherLayout` at :meth:`setup`."""
+        return self.keeps_weights
 
     seed_stream = SeedStream.WEIGHTS
     keeps_weights: ClassVar[bool] = False

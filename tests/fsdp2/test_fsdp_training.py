@@ -26,6 +26,9 @@ WEIGHTS_ONLY = from_recipe("w8g8", grad_bits=None, bucket_size=64, seed=7)
 OFF = from_recipe("w8g8", weight_bits=None, grad_bits=None)
 ACCUMULATION = 2  # microbatches per optimizer step in the accumulation scenario
 # SDP4Bit's weight differences (symmetric INT4, round to nearest; small groups for these small layers), 8-bit grads.
+# 4-bit weights in buckets aligned to parameters, biases sent as they are.
+ALIGNED = from_recipe("w4g4", bucket_size=64, seed=7,
+                      weight_scheme_options={"align_buckets": True, "unquantized_params": ["bias"]})
 QWD = from_recipe("w8g8", weight_scheme="difference", weight_bits=4, weight_codec="symmetric", bucket_size=64,
                   seed=7)
 
@@ -259,6 +262,9 @@ def _worker(info: RankInfo, ckpt_dir: str) -> dict:
         out["premul_sum"] = str(err)
 
     out["accumulation"] = _accumulation_scenario(info)
+    model = _sharded(info)
+    apply_qsdp(model, ALIGNED)
+    out["aligned"] = _train(info, model, 2, capture=Capture(model))
     model = _sharded(info, checkpoint_l2=True)
     apply_qsdp(model, W8G8)
     out["activation_checkpointing"] = _train(info, model, STEPS, capture=Capture(model))
@@ -411,6 +417,23 @@ def test_gradient_accumulation_steps_at_the_optimizer_step(run):
         assert max(abs(a - b) for a, b in zip(res["losses"], ref_losses)) < 1e-2
 
 
+def test_aligned_buckets_and_unquantized_biases(run):
+    world, results, _ = run
+    _only_world_2(world)
+    master = MLP()  # the weights of step 0
+    for rank in range(world):
+        res = results[rank]["aligned"]
+        for name in ("l1", "l2", "l3"):
+            layer = getattr(master, name)
+            assert torch.equal(res["forward"][0][f"{name}.bias"], layer.bias.detach())  # sent unquantized
+            weight = layer.weight.detach()
+            step = (weight.max() - weight.min()) / 15  # buckets hold this weight only: no bias, no padding zeros
+            err = (res["forward"][0][name] - weight).abs().max()
+            assert 0 < err <= step * (1 + 1e-5), name
+            assert torch.equal(res["forward"][0][name], results[0]["aligned"]["forward"][0][name])
+            assert torch.equal(res["backward"][0][name], res["forward"][0][name])
+
+
 def test_activation_checkpointing_recomputes_with_the_same_weights(run):
     world, results, _ = run
     _only_world_2(world)
@@ -481,8 +504,8 @@ def test_weight_differences_train_with_identical_weights_and_free_regathers(run)
     assert traffic.calls == 2 * 3 * STEPS and traffic.sent == expected
     assert res["memory"] == 4 * world * sum(per_rank)  # one fp32 replica per rank
     # The layout maps the reference back to the parameters: the last forward's weights, per parameter.
-    assert torch.equal(res["split"]["0.weight"], res["forward"][-1]["l2"])
-    assert torch.equal(res["split"]["1.bias"], res["forward"][-1]["l2.bias"])
+    assert torch.equal(res["split"]["weight"], res["forward"][-1]["l2"])
+    assert torch.equal(res["split"]["bias"], res["forward"][-1]["l2.bias"])
 
 
 def test_an_edit_outside_the_optimizer_is_a_keyframe(run):

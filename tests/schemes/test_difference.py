@@ -106,6 +106,9 @@ def _restore_side(info: RankInfo, state: dict | None) -> dict:
     scheme = make_weight_scheme("difference", _codec())
 
     class Flat:  # one 1-D parameter of world * N elements: the layout of a plain flat gather
+        def segments(self):
+            return [("0.w", N)]
+
         def shapes(self):
             return {"0.w": torch.Size([info.world_size * N])}
 

@@ -1,0 +1,107 @@
+"""Relative error of 4-bit weight all-gathers on a GPT, per bucketing choice (CPU, 2 gloo ranks).
+
+FSDP concatenates a unit's parameter shards, so a plain bucket can hold LayerNorm gains (near 1) beside weights of
+scale 0.02, and the gains set the quantization step for both. This measures, on the real FSDP2 units of a GPT
+(one per block, plus the root with the embeddings), the sampled relative error ``||decode(encode(w)) - w|| /
+||w||`` of each unit's first weight all-gather, for:
+
+* ``plain``: buckets run across parameter boundaries (the default);
+* ``aligned``: every parameter's piece starts a bucket of its own (``align_buckets``);
+* ``aligned, norms and biases raw``: also ``unquantized_params=["*ln_*", "*.bias"]``.
+
+    python benchmarks/weight_error.py --model 125m --bits 4 [--bucket-size 1024] [--codec minmax]
+
+Weights are the model's initialization (seeded): LayerNorm gains 1, biases 0, weights N(0, 0.02).
+Prints a markdown table (and writes weight_error.{md,json} into $OUT when set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import git_revision  # noqa: E402
+
+VARIANTS = {
+    "plain": {},
+    "aligned": {"align_buckets": True},
+    "aligned, norms and biases raw": {"align_buckets": True, "unquantized_params": ["*ln_*", "*.bias"]},
+}
+
+
+def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: Path) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from composer_qsdp import apply_qsdp, from_recipe, remove_qsdp
+    from composer_qsdp.models import GPT, gpt_config
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = GPT(gpt_config(args.model))
+    mesh = init_device_mesh("cpu", (world,))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    tokens = torch.randint(0, 50257, (1, 16))
+    rows = {}
+    for name, options in VARIANTS.items():
+        config = from_recipe("w8g8", weight_bits=args.bits, weight_codec=args.codec, bucket_size=args.bucket_size,
+                             weight_scheme_options=options, error_sample_interval=1)
+        handle = apply_qsdp(model, config)
+        with torch.no_grad():
+            model(tokens)
+        errors = {u.name or "<root>": u.weights.take_error().item() for u in handle.units}
+        rows[name] = {"wire_bytes": handle.traffic().weights.sent, "errors": errors}
+        remove_qsdp(model)
+    if rank == 0:
+        out.write_text(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="125m", help="GPT preset (default 125m)")
+    parser.add_argument("--bits", type=int, default=4)
+    parser.add_argument("--bucket-size", type=int, default=1024)
+    parser.add_argument("--codec", default="minmax")
+    parser.add_argument("--world", type=int, default=2, help="gloo ranks (default 2)")
+    args = parser.parse_args(argv)
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"weight_error_{os.getpid()}.json"
+    mp.spawn(_rank, args=(args.world, 29600 + os.getpid() % 1000, args, out), nprocs=args.world)
+    rows = json.loads(out.read_text())
+    command = "python benchmarks/weight_error.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    lines = [
+        f"# 4-bit weight all-gather error by bucketing (GPT-{args.model}, {args.codec}, {args.bits} bits, "
+        f"buckets of {args.bucket_size}, {args.world} ranks)",
+        "",
+        f"git {git_revision()}, `{command}`, CPU (gloo), weights at initialization.",
+        "",
+        "| bucketing | mean rel. error, blocks | root (embeddings, final norm) | weight bytes sent per rank |",
+        "|---|---|---|---|",
+    ]
+    for name, row in rows.items():
+        blocks = [e for unit, e in row["errors"].items() if unit.startswith("blocks.")]
+        lines.append(f"| {name} | {statistics.mean(blocks):.4f} | {row['errors']['<root>']:.4f} | "
+                     f"{row['wire_bytes']:,} |")
+    text = "\n".join(lines)
+    print(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "weight_error.md").write_text(text + "\n")
+        Path(os.environ["OUT"], "weight_error.json").write_text(json.dumps({"args": vars(args), "rows": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
