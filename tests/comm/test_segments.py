@@ -22,7 +22,11 @@ def _chunk(rank: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.cat([gain, weight, bias]).to(dtype)
 
 
-def _side(info: RankInfo, dtype: torch.dtype) -> dict:
+def _side(info: RankInfo) -> dict:
+    return {dtype: _one_dtype(info, dtype) for dtype in (torch.float32, torch.bfloat16)}
+
+
+def _one_dtype(info: RankInfo, dtype: torch.dtype) -> dict:
     codec = make_codec("minmax", bits=4, bucket_size=BUCKET)
     n = sum(SIZES)
     out = {}
@@ -52,9 +56,13 @@ def _reference(world: int, dtype: torch.dtype, quantize: tuple[bool, ...]) -> tu
     return torch.cat(rows), wire_bytes
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_segments_quantize_each_piece_in_its_own_buckets(dtype):
-    results = run_ranks(_side, 2, dtype)
+def test_segments_quantize_each_piece_in_its_own_buckets():
+    results = run_ranks(_side, 2)
+    for dtype in (torch.float32, torch.bfloat16):
+        _check(dtype, [res[dtype] for res in results])
+
+
+def _check(dtype: torch.dtype, results: list[dict]) -> None:
     for name, flags in (("aligned", (True, True, True)), ("raw_bias", (True, True, False))):
         expected, wire = _reference(2, dtype, flags)
         for res in results:
