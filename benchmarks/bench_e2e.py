@@ -101,6 +101,9 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
            "gradient reduce-scatters)"),
     Config("qsdp-w8g8", "qsdp-w8g8.yaml", _NO_ERROR_SAMPLING, False, "QSDP, 8-bit weights and gradients"),
     Config("qsdp-w4g4", "qsdp-w4g4.yaml", _NO_ERROR_SAMPLING, False, "QSDP, 4-bit weights and gradients"),
+    Config("qsdp-w8g4", "qsdp-w8g4.yaml", _NO_ERROR_SAMPLING, False, "QSDP, 8-bit weights, 4-bit gradients"),
+    Config("sdp4bit", "sdp4bit.yaml", _NO_ERROR_SAMPLING, False,
+           "SDP4Bit: 4-bit weight differences against a per-GPU replica (qWD), 4-bit Hadamard gradients"),
     Config("compute-bound", "baseline.yaml", (), True,
            "baseline recipe on 1 GPU, same micro-batch and per-GPU batch: no inter-GPU traffic; tokens/s x N"),
     Config("baseline-pure", "baseline.yaml", ("fsdp.mixed_precision=PURE",), False,
@@ -192,6 +195,8 @@ def measure(metrics: dict[str, Any], warmup: int, steps: int, tokens_per_step: i
         "tokens_per_s": tokens_per_step * steps / sum(step_times),
         "memory": metrics.get("memory"),
         "wire_per_step": None,
+        # Device memory QSDP's schemes keep between steps (weight-difference replicas), rank 0, last batch.
+        "scheme_memory_bytes": (metrics["metrics"].get("qsdp/scheme_memory_bytes") or [[0, None]])[-1][1],
     }
     qsdp = metrics.get("communication", {}).get("QSDP")
     if qsdp is not None:
@@ -423,6 +428,7 @@ def rows(network_data: dict[str, Any], bound: dict[str, Any] | None, nproc: int)
             "step_time_min_s": r["step_time_min_s"],
             "step_time_max_s": r["step_time_max_s"],
             "peak_allocated_gib": r["memory"]["peak_allocated_bytes"] / GIB if r.get("memory") else None,
+            "scheme_memory_gib": r["scheme_memory_bytes"] / GIB if r.get("scheme_memory_bytes") else None,
             "wire_gb_per_step": None if sent is None else sent / GB,
             "wire_vs_baseline": sent / base_sent if sent is not None and base_sent else None,
         })
@@ -478,11 +484,11 @@ def render(plan: Plan, head: dict[str, str], data: dict[str, Any], status: str) 
         else:
             lines.append("NCCL probe: " + ("failed" if probe else "not run"))
         lines += ["", "| config | GPUs | tokens/s | vs baseline | of compute bound | step time (ms, mean [min-max]) "
-                  "| peak mem (GiB, rank 0) | wire GB/step/rank | wire vs baseline |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| peak mem (GiB, rank 0) | of it, QSDP replicas (GiB) | wire GB/step/rank | wire vs baseline |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in table:
             if "failed" in r:
-                lines.append(f"| {r['config']} | failed: {r['failed']} | | | | | | | |")
+                lines.append(f"| {r['config']} | failed: {r['failed']} | | | | | | | | |")
                 continue
             gpus = f"1 (x{plan.args.nproc})" if r["config"] == "compute-bound" else str(r["gpus"])
             fmt = common.fmt
@@ -491,7 +497,8 @@ def render(plan: Plan, head: dict[str, str], data: dict[str, Any], status: str) 
             lines.append(
                 f"| {r['config']} | {gpus} | {r['tokens_per_s']:,.0f} | {fmt(r['vs_baseline'], '.2f', 'x')} "
                 f"| {fmt(r['of_bound'], '.0%')} | {step_ms} | {fmt(r['peak_allocated_gib'], '.1f')} "
-                f"| {fmt(r['wire_gb_per_step'], '.3f')} | {fmt(r['wire_vs_baseline'], '.3f')} |")
+                f"| {fmt(r['scheme_memory_gib'], '.2f')} | {fmt(r['wire_gb_per_step'], '.3f')} "
+                f"| {fmt(r['wire_vs_baseline'], '.3f')} |")
         goal_lines = targets(network, table)
         if goal_lines:
             lines += ["", "Targets (stated for GPT-1.3B; measured here, never asserted):", ""]

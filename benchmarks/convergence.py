@@ -12,6 +12,10 @@ overrides:
                     Algorithm 1) on both sides
 ``w4g4-hadamard``   ``qsdp-w4g4.yaml`` with ``grad_codec_options={hadamard: true}``: min-max gradients rotated by a
                     Walsh-Hadamard transform per bucket (SDP4Bit)
+``w8g4``            ``qsdp-w8g4.yaml``: 8-bit weights, 4-bit gradients
+``qwd-w4g8``        ``qsdp-w8g8.yaml`` with 4-bit weight differences (SDP4Bit qWD: ``weight_scheme=difference``,
+                    symmetric INT4 in groups of 2048), 8-bit gradients
+``sdp4bit``         ``sdp4bit.yaml``: qWD INT4 weights, 4-bit Hadamard gradients in groups of 128
 =================  ==============================================================================================
 
 Every arm runs the recipe with the same shortened schedule: ``--steps`` batches (the cosine decay ends there) of
@@ -103,6 +107,12 @@ ARMS: dict[str, Arm] = {
                         "QSDP W4G4, learned levels on weights and gradients"),
     "w4g4-hadamard": Arm("qsdp-w4g4.yaml", ("algorithms.qsdp.grad_codec_options.hadamard=true",),
                          "QSDP W4G4, min-max, Hadamard-rotated gradients"),
+    "w8g4": Arm("qsdp-w8g4.yaml", (), "QSDP W8G4, min-max, stochastic rounding"),
+    "qwd-w4g8": Arm("qsdp-w8g8.yaml", ("algorithms.qsdp.weight_scheme=difference", "algorithms.qsdp.weight_bits=4",
+                                       "algorithms.qsdp.weight_codec=symmetric",
+                                       "algorithms.qsdp.weight_bucket_size=2048"),
+                    "4-bit weight differences (SDP4Bit qWD: symmetric INT4, groups of 2048), 8-bit gradients"),
+    "sdp4bit": Arm("sdp4bit.yaml", (), "SDP4Bit: qWD INT4 weights, 4-bit Hadamard gradients in groups of 128"),
 }
 
 

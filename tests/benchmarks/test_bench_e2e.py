@@ -92,7 +92,7 @@ def test_every_paper_family_plans_valid_launches(model, tmp_path):
                                            "--configs", *bench_e2e.CONFIGS])
     plan = bench_e2e._plan(args)  # loads every configuration's recipe with its overrides
     micro = plan.settings["micro_batch"]
-    assert micro == {"125m": 16, "350m": 8, "1.3b": 4}[model]  # the recipe's device_train_microbatch_size
+    assert micro == {"125m": 16, "350m": 8, "1.3b": 16}[model]  # the recipe's device_train_microbatch_size
     assert plan.seq_len == 2048 and plan.global_batch(4) == 4 * micro and plan.global_batch(1) == micro
     qsdp = plan.overrides(bench_e2e.CONFIGS["qsdp-w8g8"], 4, tmp_path / "m.json")
     base = plan.overrides(bench_e2e.CONFIGS["baseline"], 4, tmp_path / "m.json")

@@ -226,6 +226,9 @@ class QSDP(Algorithm):
             "qsdp/compression_vs_bf16": batch.total.ratio_vs_bf16,
             "qsdp/compression_vs_unquantized": batch.total.ratio_vs_native,
             "qsdp/total_bytes_sent": now.total.sent,
+            "qsdp/weights/bytes_inter_node": batch.weights.inter_node,
+            "qsdp/grads/bytes_inter_node": batch.grads.inter_node,
+            "qsdp/scheme_memory_bytes": self.handle.memory_bytes(),
         }
         for side, error in self.handle.take_quantization_errors().items():
             metrics[f"qsdp/{side}/rel_error"] = float(error)  # a host sync, only on sampling steps
