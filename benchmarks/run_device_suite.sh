@@ -19,7 +19,8 @@ for stage in "$@"; do
   case $stage in
     sweep) run bench_kernels_sweep timeout 100 python3 benchmarks/bench_kernels.py --sweep ;;
     tests) run pytest_gpu timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider \
-      tests/quant tests/kernels tests/comm tests/fsdp tests/algorithms tests/models tests/test_train.py ;;
+      tests/quant tests/kernels tests/comm tests/schemes tests/policy tests/fsdp2 tests/algorithms tests/models \
+      tests/test_train.py ;;
     kernels)
       run bench_kernels timeout 170 python3 benchmarks/bench_kernels.py
       run bench_symmetric_hadamard timeout 110 python3 benchmarks/bench_symmetric_hadamard.py ;;
