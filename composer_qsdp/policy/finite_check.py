@@ -16,8 +16,9 @@ class NonFiniteWeightError(FloatingPointError):
 class WeightFiniteMonitor:
     """One device flag per FSDP unit, raised by the all-gather and read once per step.
 
-    :meth:`record` adds one fused reduction per all-gather (``isfinite(sum(gathered))`` in fp32: any NaN or
-    Inf makes the sum non-finite) and never syncs. :meth:`poll`, called at the start of each forward, reads the
+    :meth:`record` adds one fused reduction per all-gather (the minimum and maximum of the gathered weights: a
+    NaN makes both NaN, an infinity shows in one of them, and neither can overflow the way a sum of large
+    finite weights does) and never syncs. :meth:`poll`, called at the start of each forward, reads the
     flags: on CUDA it starts an asynchronous copy of the current flags and inspects the copy started at the
     previous poll (so the error surfaces one step late, without stalling the CPU); elsewhere it reads them
     directly. Every rank decodes the same gathered weights, so every rank raises at the same step.
@@ -36,7 +37,8 @@ class WeightFiniteMonitor:
         if self._flags is None:
             self._flags = torch.zeros(len(self._names), dtype=torch.bool, device=gathered.device)
         flag = self._flags[unit_index]
-        torch.logical_or(flag, ~torch.isfinite(torch.sum(gathered, dtype=torch.float32)), out=flag)
+        low, high = torch.aminmax(gathered)
+        torch.logical_or(flag, ~(torch.isfinite(low) & torch.isfinite(high)), out=flag)
 
     def poll(self) -> None:
         """Raise for flags visible now (see the class docstring for the one-step lag on CUDA).

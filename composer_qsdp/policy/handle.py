@@ -167,6 +167,26 @@ class QSDPHandle:
         if self._monitor is not None:
             self._monitor.check()
 
+    def nonfinite_units(self) -> list[str]:
+        """Names of the units whose full-precision (sharded) parameters hold a NaN or Inf on any rank: what a
+        checkpoint would save. Collective over the default process group (every rank calls it; one host sync).
+        """
+        flags = []
+        for unit in self.units:
+            flag = torch.zeros((), dtype=torch.bool, device=unit.params[0].device)
+            for param in unit.params:
+                local = param.to_local() if hasattr(param, "to_local") else param
+                if local.numel():
+                    low, high = torch.aminmax(local.detach())
+                    flag |= ~(torch.isfinite(low) & torch.isfinite(high))
+            flags.append(flag)
+        if not flags:
+            return []
+        found = torch.stack(flags).to(torch.uint8)
+        if dist.is_initialized():
+            dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        return [unit.name or "<root>" for unit, bad in zip(self.units, found.tolist()) if bad]
+
     def memory_bytes(self) -> int:
         """Device memory the schemes keep between steps (bytes per rank), e.g. weight-difference references."""
         return sum(s.memory_bytes() for s in self._schemes())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -75,6 +76,7 @@ def plan_units(units: Sequence[Unit], config: QSDPConfig) -> list[UnitPlan]:
     The first matching pattern of ``scheme_overrides`` sets the scheme, else the side's ``scheme``; unquantized
     sides take the default scheme.
     """
+    _warn_unmatched(units, config)
     plans = []
     for index, unit in enumerate(units):
         note = _exclusion(unit, config)
@@ -83,6 +85,26 @@ def plan_units(units: Sequence[Unit], config: QSDPConfig) -> list[UnitPlan]:
         grads = config.grad_scheme(None if note else _bits(config.grads, unit.name), _scheme(config.grads, unit.name))
         plans.append(UnitPlan(index, unit.name, unit.module, unit.numel, unit.params, weights, grads, note))
     return plans
+
+
+def _warn_unmatched(units: Sequence[Unit], config: QSDPConfig) -> None:
+    """A pattern that matches no unit is most likely a typo that leaves a unit quantized: say so, with the names."""
+    names = [u.name for u in units]
+    options = {
+        "exclude": config.exclude,
+        "weight_bits_overrides": tuple(config.weights.bits_overrides),
+        "grad_bits_overrides": tuple(config.grads.bits_overrides),
+        "weight_scheme_overrides": tuple(config.weights.scheme_overrides),
+        "grad_scheme_overrides": tuple(config.grads.scheme_overrides),
+    }
+    for option, patterns in options.items():
+        unmatched = [p for p in patterns if not any(fnmatchcase(n, p) for n in names)]
+        if unmatched:
+            warnings.warn(
+                f"QSDP {option} pattern(s) {unmatched} match no unit; the units are {names} (fnmatch patterns on "
+                "the names of the modules given to fully_shard, '' being the model itself)",
+                stacklevel=3,
+            )
 
 
 def _exclusion(unit: Unit, config: QSDPConfig) -> str:

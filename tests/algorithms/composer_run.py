@@ -5,7 +5,8 @@
 Trains an MLP towards a fixed linear teacher on CPU (gloo) or GPUs (``QSDP_TEST_DEVICE=gpu``), then rank 0
 writes JSON: the losses, the trained parameters' relative distance to an exact single-process reference, the
 algorithm's traffic report and the metrics QSDP logged. ``save`` checkpoints at batch 3 of 6 (full run);
-``resume`` loads that checkpoint and trains batches 4-6. ``QSDP_TEST_OPTIONS`` (JSON) replaces the algorithm's
+``resume`` loads that checkpoint and trains batches 4-6. ``diverge`` trains at a learning rate of 1e30 and
+checkpoints every batch (QSDP must refuse the first checkpoint of non-finite weights). ``QSDP_TEST_OPTIONS`` (JSON) replaces the algorithm's
 keyword arguments (default: W8G8, buckets of 256, errors sampled every 2 calls).
 """
 
@@ -102,13 +103,16 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
     recorder = LossRecorder()
     memory = InMemoryLogger()
     checkpointing = {}
-    if mode == "save":
+    lr = 1e30 if mode == "diverge" else LR
+    if mode == "diverge":
+        checkpointing = {"save_folder": ckpt_dir, "save_interval": "1ba", "save_overwrite": True}
+    elif mode == "save":
         checkpointing = {"save_folder": ckpt_dir, "save_interval": "3ba", "save_overwrite": True}
     elif mode == "resume":
         checkpointing = {"load_path": os.path.join(ckpt_dir, "ep0-ba3")}
     trainer = Trainer(
         model=model,
-        optimizers=torch.optim.SGD(model.parameters(), lr=LR),
+        optimizers=torch.optim.SGD(model.parameters(), lr=lr),
         train_dataloader=loader,
         max_duration="6ba" if mode != "full" else "16ba",
         device=device,

@@ -20,13 +20,18 @@ QWD = {"weight_scheme": "difference", "weight_codec": "symmetric", "weight_bits"
        "error_sample_interval": 2}
 
 
-def _launch(tmp_path: Path, *args: str, gpu: bool = False, options: dict | None = None) -> dict:
-    out = tmp_path / f"result-{'-'.join(a for a in args if '/' not in a) or 'full'}.json"
+def _run(tmp_path: Path, out: Path, *args: str, gpu: bool = False,
+         options: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "FSDP_VERSION": "2", "OMP_NUM_THREADS": "1", "QSDP_TEST_OPTIONS": json.dumps(options)}
     if gpu:
         env["QSDP_TEST_DEVICE"] = "gpu"
-    proc = subprocess.run([*e2e_common.launcher(2), str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
+    return subprocess.run([*e2e_common.launcher(2), str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=900)
+
+
+def _launch(tmp_path: Path, *args: str, gpu: bool = False, options: dict | None = None) -> dict:
+    out = tmp_path / f"result-{'-'.join(a for a in args if '/' not in a) or 'full'}.json"
+    proc = _run(tmp_path, out, *args, gpu=gpu, options=options)
     assert proc.returncode == 0, f"launcher failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
     return json.loads(out.read_text())
 
@@ -76,6 +81,16 @@ def test_composer_checkpoint_resume_gives_the_same_losses(tmp_path, options):
     assert resumed["seeds"] == saved["seeds"]  # the seed schedule continues where it stopped
     assert resumed["traffic"] == saved["traffic"]  # cumulative counters are checkpointed too
     assert resumed["keyframes"] == saved["keyframes"]  # a restored reference needs no keyframe
+
+
+@pytest.mark.slow
+def test_a_diverged_run_never_checkpoints_non_finite_weights(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    proc = _run(tmp_path, tmp_path / "diverged.json", "diverge", str(ckpt))
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "refusing to write the checkpoint at batch 2" in log, log[-5000:]
+    assert "the last checkpoint written is" in log and "ep0-ba1" in log, log[-5000:]
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("ep")) == ["ep0-ba1"]
 
 
 @pytest.mark.gpu

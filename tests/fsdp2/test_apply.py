@@ -77,6 +77,17 @@ def test_policy_applies_exclude_filter_min_numel_and_overrides(one_rank):
     assert "head (1700 elements): weights=unquantized" in plans["head"].describe()
 
 
+def test_patterns_that_match_no_unit_are_reported_with_the_unit_names(one_rank):
+    net = _sharded()
+    config = QSDPConfig(exclude=["embed", "embedding"], grads=SideConfig(bits_overrides={"block.*": 4}))
+    with pytest.warns(UserWarning) as caught:
+        plan_units(find_units(net), config)
+    messages = [str(w.message) for w in caught]
+    assert any("exclude pattern(s) ['embedding'] match no unit; the units are ['', 'embed', 'blocks.0'" in m
+               for m in messages), messages
+    assert any("grad_bits_overrides pattern(s) ['block.*'] match no unit" in m for m in messages), messages
+
+
 def test_module_filter_sees_module_and_name(one_rank):
     net = _sharded()
     seen = []

@@ -7,13 +7,14 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from composer.callbacks import CheckpointSaver
 from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 from composer.utils import dist
 
 from composer_qsdp.comm import TrafficCounter, TrafficReport
 from composer_qsdp.fsdp2 import apply_qsdp, check_custom_comm_support
-from composer_qsdp.policy import ModuleFilter, QSDPHandle, from_recipe
+from composer_qsdp.policy import ModuleFilter, NonFiniteWeightError, QSDPHandle, from_recipe
 
 __all__ = ["QSDP", "RECIPE", "check_run"]
 
@@ -174,15 +175,21 @@ class QSDP(Algorithm):
     def match(self, event: Event, state: State) -> bool:
         if event == Event.AFTER_LOAD:
             return self.handle is None
-        return self.handle is not None and event in (Event.BATCH_END, Event.FIT_END)
+        if self.handle is None:
+            return False
+        if event in _CHECKPOINT_EVENTS:  # only where a checkpoint is about to be written: the check syncs the host
+            return self.config.check_finite and any(_saves_now(cb, state, event) for cb in state.callbacks)
+        return event in (Event.BATCH_END, Event.FIT_END)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
+        assert event == Event.AFTER_LOAD or self.handle is not None
         if event == Event.AFTER_LOAD:
             self._install(state, logger)
         elif event == Event.BATCH_END:
             self._log_batch(logger)
+        elif event in _CHECKPOINT_EVENTS:
+            self._refuse_nonfinite_checkpoint(state)
         else:  # FIT_END: on CUDA the per-step check lags one step; settle the last one.
-            assert self.handle is not None
             self.handle.check_finite()
 
     def traffic(self) -> TrafficReport:
@@ -234,6 +241,18 @@ class QSDP(Algorithm):
             metrics[f"qsdp/{side}/rel_error"] = float(error)  # a host sync, only on sampling steps
         logger.log_metrics(metrics)
 
+    def _refuse_nonfinite_checkpoint(self, state: State) -> None:
+        # Algorithms run before callbacks on each event, so this runs before Composer's CheckpointSaver writes.
+        bad = self.handle.nonfinite_units()
+        if bad:
+            saved = [path for cb in state.callbacks if isinstance(cb, CheckpointSaver) for path in cb.saved_checkpoints]
+            last = f"the last checkpoint written is {saved[-1]}" if saved else "no checkpoint was written before"
+            raise NonFiniteWeightError(
+                f"refusing to write the checkpoint at batch {int(state.timestamp.batch)}: the full-precision weights "
+                f"of unit(s) {bad} hold NaN or Inf (the run has diverged); {last}. Resume from it with a lower "
+                "learning rate or gradient clipping."
+            )
+
     # ------------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
@@ -248,6 +267,16 @@ class QSDP(Algorithm):
                 self._loaded_state = state["qsdp"]
             else:
                 self.handle.load_state_dict(state["qsdp"])
+
+
+_CHECKPOINT_EVENTS = (Event.BATCH_CHECKPOINT, Event.EPOCH_CHECKPOINT, Event.ITERATION_CHECKPOINT)
+
+
+def _saves_now(callback: Any, state: State, event: Event) -> bool:
+    """Whether Composer's ``CheckpointSaver`` ``callback`` writes a checkpoint at this event (its own test)."""
+    if not isinstance(callback, CheckpointSaver):
+        return False
+    return bool(callback.save_interval(state, event)) and callback.last_checkpoint_batch != state.timestamp.batch
 
 
 def _zero_report() -> TrafficReport:
