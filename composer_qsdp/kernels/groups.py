@@ -13,7 +13,7 @@ mostly inside the thread.
 
 Code words: a bucket of a multiple of 8 elements starts at a multiple of ``bits`` bytes, so the 8 codes of a
 group are one naturally aligned ``bits``-byte little-endian word (code ``j`` in bits ``[j * bits, (j + 1) *
-bits)``, the layout of :mod:`composer_qsdp.quant.packing`), packed and unpacked inside a thread.
+bits)``, the layout of :mod:`composer_qsdp.kernels.layout`), packed and unpacked inside a thread.
 
 Exact conversions through the fp32 "magic number" ``MAGIC = 1.5 * 2**23`` (bits ``0x4B400000``): fp32 numbers
 in ``[2**23, 2**24)`` are the integers, one unit apart, so
@@ -126,7 +126,7 @@ def store_codes(row_wire, codes, pid, b, g, lane, e, valid, n, num_buckets, code
     (bytes ``[0, code_bytes)``), and zero the row's padding ``[code_bytes, meta_offset)`` before its metadata.
 
     ``PARTIAL_GROUPS``: the row's last group may be partial (``n`` not a multiple of 8); its packed word then has
-    zero codes past the row's end, as :mod:`composer_qsdp.quant.packing` writes them.
+    zero codes past the row's end, as the torch reference's packing writes them.
     """
     if BITS == 8:
         tl.store(row_wire + e, codes.to(tl.uint8), mask=valid)

@@ -1,4 +1,4 @@
-"""Triton side of the codecs' stochastic-rounding stream (:func:`composer_qsdp.quant.philox.rounding_noise`).
+"""Triton side of the codecs' stochastic-rounding stream (its torch reference: ``quant.philox.rounding_noise``).
 
 Counter ``c`` takes half ``c % 2`` (low half first) of word ``(c // 2) % 4`` of ``tl.randint4x(seed, c // 8)``;
 the 16-bit value ``k`` is the noise ``u = (k + 0.5) / 2**16``. Kernels lay their tiles out as groups of 8
@@ -20,16 +20,16 @@ takes two instructions per round fewer in the stochastic quantize kernels, whose
 import triton
 import triton.language as tl
 
-from composer_qsdp.quant import philox
+from composer_qsdp.kernels import philox_constants
 
 __all__ = ["centered_noise"]
 
 # jit code reads only constexpr globals
-_KEY_A = tl.constexpr(philox.KEY_A)
-_KEY_B = tl.constexpr(philox.KEY_B)
-_ROUND_A = tl.constexpr(philox.ROUND_A)
-_ROUND_B = tl.constexpr(philox.ROUND_B)
-_N_ROUNDS = tl.constexpr(philox.N_ROUNDS)
+_KEY_A = tl.constexpr(philox_constants.KEY_A)
+_KEY_B = tl.constexpr(philox_constants.KEY_B)
+_ROUND_A = tl.constexpr(philox_constants.ROUND_A)
+_ROUND_B = tl.constexpr(philox_constants.ROUND_B)
+_N_ROUNDS = tl.constexpr(philox_constants.N_ROUNDS)
 
 
 @triton.jit

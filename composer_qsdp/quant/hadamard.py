@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from composer_qsdp.kernels.dispatch import use_triton
+from composer_qsdp.kernels import use_triton
 from composer_qsdp.quant.codec import Codec
 
 __all__ = ["HadamardCodec", "hadamard_rows"]

@@ -44,7 +44,7 @@ quantization event (FSDP's forward and backward gathers of a step share one), so
 are pinned to its seed: a later encode with the same seed (among the ``pinned_seeds`` most recent) uses the
 same levels even if a refresh happened in between, and ``encode`` stays a function of ``(x, seed, offset)``.
 
-Wire (:mod:`composer_qsdp.quant.wire`): codes packed bucket by bucket, then ``(lo, hi - lo)`` as fp32 per
+Wire (:mod:`composer_qsdp.kernels.layout`): codes packed bucket by bucket, then ``(lo, hi - lo)`` as fp32 per
 bucket, then the ``K`` levels as fp32 (``bits + 64 / bucket_size`` bits per element plus ``32 * K`` bits per
 wire). The decoder needs nothing but the wire.
 
@@ -63,7 +63,8 @@ import torch
 from composer_qsdp.quant.buckets import bucket_lattice, bucket_min_max
 from composer_qsdp.quant.codec import Codec, check_int
 from composer_qsdp.quant.philox import rounding_noise_range
-from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
+from composer_qsdp.kernels import WireLayout, bucket_layout
+from composer_qsdp.quant.wire import assemble_rows, pack_rows, read_meta, unpack_rows
 
 __all__ = ["LearnedLevelsCodec", "fit_levels", "uniform_levels", "expected_sq_error", "high_resolution_levels"]
 

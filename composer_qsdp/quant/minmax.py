@@ -28,11 +28,11 @@ even (rather than ``floor(y + u)``) is what one fp32 addition of ``1.5 * 2**23``
 kernels round without a conversion instruction (:mod:`composer_qsdp.kernels.groups`).
 
 Wire layout of ``encode`` for ``n`` elements in ``nb = ceil(n / bucket_size)`` buckets (the shared bucketed
-layout of :mod:`composer_qsdp.quant.wire`)::
+layout of :mod:`composer_qsdp.kernels.layout`)::
 
     [codes of bucket 0][codes of bucket 1]...[codes of the last bucket][0-3 zero bytes][metadata]
 
-* codes: ``bits``-bit codes packed bucket by bucket as in :mod:`composer_qsdp.quant.packing`, each bucket
+* codes: ``bits``-bit codes packed bucket by bucket as in :mod:`composer_qsdp.kernels.layout`, each bucket
   starting on a byte boundary; full buckets take ``ceil(bucket_size * bits / 8)`` bytes, the last one
   ``ceil(valid * bits / 8)`` bytes.
 * zero padding so the metadata starts at a multiple of 4 bytes.
@@ -51,11 +51,11 @@ from types import ModuleType
 
 import torch
 
-from composer_qsdp.kernels.dispatch import use_triton
+from composer_qsdp.kernels import WireLayout, bucket_layout, use_triton
 from composer_qsdp.quant.buckets import bucket_lattice
 from composer_qsdp.quant.codec import Codec, sum_rows_in_order
 from composer_qsdp.quant.philox import rounding_noise_range
-from composer_qsdp.quant.wire import WireLayout, affine_decode, assemble_rows, bucket_layout, pack_rows
+from composer_qsdp.quant.wire import affine_decode, assemble_rows, pack_rows
 
 __all__ = ["MinMaxCodec", "ROUNDINGS"]
 

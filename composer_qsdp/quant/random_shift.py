@@ -22,7 +22,7 @@ The shift of bucket ``k`` of ``encode(x, seed, offset)`` is
 :func:`composer_qsdp.quant.philox.rounding_noise` at the counter of the bucket's first element,
 ``offset + k * bucket_size``; its 16-bit resolution keeps the mean error within ``2**-17`` of a step.
 
-Wire (:mod:`composer_qsdp.quant.wire`): codes packed bucket by bucket, then one ``(origin, scale)`` pair of
+Wire (:mod:`composer_qsdp.kernels.layout`): codes packed bucket by bucket, then one ``(origin, scale)`` pair of
 fp32 per bucket (``bits + 64 / bucket_size`` bits per element).
 
 Non-finite input: a bucket holding a NaN or an infinity, or whose range overflows fp32, is stored with
@@ -36,7 +36,8 @@ import torch
 from composer_qsdp.quant.buckets import bucket_lattice
 from composer_qsdp.quant.codec import Codec
 from composer_qsdp.quant.philox import rounding_noise
-from composer_qsdp.quant.wire import WireLayout, affine_decode, assemble_rows, bucket_layout, pack_rows
+from composer_qsdp.kernels import WireLayout, bucket_layout
+from composer_qsdp.quant.wire import affine_decode, assemble_rows, pack_rows
 
 __all__ = ["RandomShiftCodec"]
 

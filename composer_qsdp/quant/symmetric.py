@@ -24,7 +24,7 @@ configuration (``bits`` in 2, 4, 8; ``bucket_size`` a multiple of 8 up to 8192),
 wrapped in :class:`composer_qsdp.quant.hadamard.HadamardCodec`, the kernels also apply the rotation (power-of-two
 buckets), so a rotated encode or decode is one pass over memory.
 
-Wire (:mod:`composer_qsdp.quant.wire`): codes packed bucket by bucket, then one fp32 ``scale`` per bucket
+Wire (:mod:`composer_qsdp.kernels.layout`): codes packed bucket by bucket, then one fp32 ``scale`` per bucket
 (``bits + 32 / bucket_size`` bits per element).
 
 Non-finite input: a bucket holding a NaN or an infinity is stored with ``scale = NaN`` and code ``qmax``
@@ -37,10 +37,10 @@ from types import ModuleType
 
 import torch
 
-from composer_qsdp.kernels.dispatch import use_triton
+from composer_qsdp.kernels import WireLayout, bucket_layout, use_triton
 from composer_qsdp.quant.buckets import FP32_MAX, ieee_div
 from composer_qsdp.quant.codec import Codec, check_bits, sum_rows_in_order
-from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
+from composer_qsdp.quant.wire import assemble_rows, pack_rows, read_meta, unpack_rows
 
 __all__ = ["SymmetricCodec"]
 
