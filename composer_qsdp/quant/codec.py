@@ -117,10 +117,7 @@ class Codec(ABC):
 
         Row ``r`` equals ``encode(x[r], seed, offset + r * n)``.
         """
-        if x.dim() != 2:
-            raise ValueError(f"encode_rows expects a 2-D [rows, n] tensor, got shape {tuple(x.shape)}")
-        self._check_input(x)
-        self._check_seed(seed, offset)
+        self._check_rows_input(x, seed, offset)
         return self._encode_rows(x, seed, offset)
 
     def decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -163,23 +160,6 @@ class Codec(ABC):
             acc += self._decode(wire[r], numel, torch.float32)
         return acc
 
-    # Fused Hadamard rotation (:class:`composer_qsdp.quant.hadamard.HadamardCodec`): a codec whose kernels can
-    # rotate buckets in registers returns the rotated result from these hooks, saving a pass over memory, and
-    # None where it cannot; the wrapper then rotates with its own kernel. Arguments are validated.
-    def _encode_rows_rotated(self, x: torch.Tensor, padded: int, seed: int, offset: int) -> torch.Tensor | None:
-        """``encode_rows`` of the Hadamard rotation of each ``[R, n]`` row zero-padded to ``padded`` elements."""
-        return None
-
-    def _decode_rows_rotated(
-        self, wire: torch.Tensor, padded: int, numel: int, dtype: torch.dtype
-    ) -> torch.Tensor | None:
-        """The rotation of ``decode_rows(wire, padded)``, its first ``numel`` columns, in ``dtype``."""
-        return None
-
-    def _decode_sum_rotated(self, wire: torch.Tensor, padded: int, numel: int) -> torch.Tensor | None:
-        """The rotation of ``decode_sum(wire, padded)``, its first ``numel`` elements."""
-        return None
-
     # ---------------------------------------------------------- validation
     def _check_input(self, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor):
@@ -190,6 +170,13 @@ class Codec(ABC):
             )
         if x.numel() == 0:
             raise ValueError(f"{self.name} codec cannot encode an empty tensor (shape {tuple(x.shape)})")
+
+    def _check_rows_input(self, x: torch.Tensor, seed: int, offset: int) -> None:
+        """Validate the arguments of :meth:`encode_rows`."""
+        self._check_input(x)
+        if x.dim() != 2:
+            raise ValueError(f"encode_rows expects a 2-D [rows, n] tensor, got shape {tuple(x.shape)}")
+        self._check_seed(seed, offset)
 
     @staticmethod
     def _check_seed(seed: int, offset: int) -> None:

@@ -22,7 +22,8 @@ disable FMA contraction), so both give the same wire and the same decoded values
 (see :mod:`composer_qsdp.kernels.dispatch`) every encode/decode path runs those kernels when they cover the
 configuration (``bits`` in 2, 4, 8; ``bucket_size`` a multiple of 8 up to 8192), else this torch reference;
 wrapped in :class:`composer_qsdp.quant.hadamard.HadamardCodec`, the kernels also apply the rotation (power-of-two
-buckets), so a rotated encode or decode is one pass over memory.
+buckets; the codec implements :class:`composer_qsdp.quant.hadamard.FusedRotation`), so a rotated encode or decode
+is one pass over memory.
 
 Wire (:mod:`composer_qsdp.kernels.layout`): codes packed bucket by bucket, then one fp32 ``scale`` per bucket
 (``bits + 32 / bucket_size`` bits per element).
@@ -105,26 +106,43 @@ class SymmetricCodec(Codec):
             return kernels.decode_sum(wire, self.bits, self.bucket_size, layout)
         return sum_rows_in_order(self._decode_rows_fp32(wire, layout))
 
-    # ------------------------------------------------------------------ fused Hadamard rotation
-    def _encode_rows_rotated(self, x: torch.Tensor, padded: int, seed: int, offset: int) -> torch.Tensor | None:
+    # ------------------------------------------------------------------ fused Hadamard rotation (FusedRotation)
+    def encode_rows_rotated(self, x: torch.Tensor, seed: int = 0, offset: int = 0) -> torch.Tensor | None:
+        """:meth:`encode_rows` of the rows of ``[R, n]`` ``x`` zero-padded to whole buckets and Hadamard-rotated,
+        in one kernel pass: ``[R, wire_bytes(padded)]`` ``uint8``, or ``None`` where no kernel covers the call (a
+        CPU tensor, ``bits`` not in 2/4/8, ``bucket_size`` not a power of two from 8 to 8192 elements).
+        ``seed`` and ``offset`` are validated and unused (round to nearest)."""
+        self._check_rows_input(x, seed, offset)
         kernels = self._kernels(x, rotate=True)
         if kernels is None:
             return None
-        return kernels.encode_rows(x, self.bits, self.bucket_size, self.layout(padded), rotate=True)
+        return kernels.encode_rows(x, self.bits, self.bucket_size, self._padded_layout(x.shape[1]), rotate=True)
 
-    def _decode_rows_rotated(
-        self, wire: torch.Tensor, padded: int, numel: int, dtype: torch.dtype
-    ) -> torch.Tensor | None:
+    def decode_rows_rotated(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """:meth:`decode_rows` of a ``[R, wire_bytes(padded)]`` wire rotated back, its first ``numel`` columns, as
+        ``[R, numel]`` of ``dtype``, in one kernel pass; ``None`` where no kernel covers the call."""
+        layout = self._padded_layout(numel)
+        self._check_wire_rows(wire, layout.numel)
+        self._check_dtype(dtype)
         kernels = self._kernels(wire, rotate=True)
         if kernels is None:
             return None
-        return kernels.decode_rows(wire, self.bits, self.bucket_size, self.layout(padded), dtype, True, numel)
+        return kernels.decode_rows(wire, self.bits, self.bucket_size, layout, dtype, True, numel)
 
-    def _decode_sum_rotated(self, wire: torch.Tensor, padded: int, numel: int) -> torch.Tensor | None:
+    def decode_sum_rotated(self, wire: torch.Tensor, numel: int) -> torch.Tensor | None:
+        """:meth:`decode_sum` of a ``[R, wire_bytes(padded)]`` wire rotated back, its first ``numel`` elements
+        (fp32), in one kernel pass; ``None`` where no kernel covers the call."""
+        layout = self._padded_layout(numel)
+        self._check_wire_rows(wire, layout.numel)
         kernels = self._kernels(wire, rotate=True)
         if kernels is None:
             return None
-        return kernels.decode_sum(wire, self.bits, self.bucket_size, self.layout(padded), True, numel)
+        return kernels.decode_sum(wire, self.bits, self.bucket_size, layout, True, numel)
+
+    def _padded_layout(self, numel: int) -> WireLayout:
+        """Layout of ``numel`` elements zero-padded to whole buckets (the rotated wire's)."""
+        self._check_numel(numel)
+        return self.layout(self.num_buckets(numel) * self.bucket_size)
 
     # ------------------------------------------------------------------ torch reference
     def _encode_rows_reference(self, x: torch.Tensor, layout: WireLayout) -> torch.Tensor:
