@@ -53,7 +53,7 @@ import torch
 
 from composer_qsdp.kernels import WireLayout, bucket_layout, use_triton
 from composer_qsdp.quant.buckets import bucket_lattice
-from composer_qsdp.quant.codec import Codec, sum_rows_in_order
+from composer_qsdp.quant.codec import Codec, check_choice, sum_rows_in_order
 from composer_qsdp.quant.philox import rounding_noise_range
 from composer_qsdp.quant.wire import affine_decode, assemble_rows, pack_rows
 
@@ -80,9 +80,7 @@ class MinMaxCodec(Codec):
 
     def __init__(self, bits: int = 8, bucket_size: int = 1024, rounding: str = "stochastic") -> None:
         super().__init__(bits, bucket_size)
-        if rounding not in ROUNDINGS:
-            raise ValueError(f"rounding={rounding!r} is not supported; allowed: {', '.join(ROUNDINGS)}")
-        self.rounding = rounding
+        self.rounding = check_choice("rounding", rounding, ROUNDINGS)
 
     @property
     def stochastic(self) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from composer_qsdp.quant.codec import Codec
+from composer_qsdp.quant.codec import Codec, check_bool
 from composer_qsdp.registry import Registry
 
 __all__ = ["make_codec", "codec_names"]
@@ -44,7 +44,7 @@ def make_codec(name: str, *, hadamard: bool = False, **options: Any) -> Codec:
             f"invalid option for codec {name!r}: {', '.join(unknown)}; allowed: {', '.join(accepted)}, hadamard"
         )
     codec = cls(**options)
-    if hadamard:
+    if check_bool("hadamard", hadamard):
         from composer_qsdp.quant.hadamard import HadamardCodec
 
         codec = HadamardCodec(codec)

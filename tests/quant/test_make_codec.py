@@ -1,5 +1,7 @@
 """make_codec: names and options are checked before a codec is built, with a ValueError naming what is wrong."""
 
+import re
+
 import pytest
 
 from composer_qsdp.quant import codec_names, make_codec
@@ -22,3 +24,30 @@ def test_unknown_options_are_named_with_the_allowed_ones():
     with pytest.raises(ValueError, match=r"invalid option for codec 'minmax': colour, size; allowed: bits, "
                                          r"bucket_size, rounding, hadamard$"):  # fmt: skip
         make_codec("minmax", colour=1, size=2)
+
+
+@pytest.mark.parametrize("name, option, value, allowed", [
+    ("minmax", "hadamard", "false", "it must be True or False"),
+    ("minmax", "hadamard", 1, "it must be True or False"),
+    ("symmetric", "hadamard", None, "it must be True or False"),
+    ("minmax", "rounding", ["nearest"], "allowed: stochastic, nearest"),
+    ("minmax", "rounding", None, "allowed: stochastic, nearest"),
+    ("minmax", "bits", True, r"allowed: integers 1\.\.8"),
+    ("symmetric", "bits", 4.0, r"allowed: integers 2\.\.8"),
+    ("random_shift", "bucket_size", "64", "it must be an integer >= 1"),
+    ("random_shift", "bucket_size", False, "it must be an integer >= 1"),
+    ("learned", "refresh_every", True, "it must be an integer >= 0"),
+    ("learned", "fit_samples", 8.0, "it must be an integer >= 1"),
+    ("learned", "fit_steps", "3", "it must be an integer >= 1"),
+    ("learned", "pinned_seeds", None, "it must be an integer >= 1"),
+])  # fmt: skip
+def test_every_option_is_type_checked_naming_the_option_the_value_and_what_is_allowed(name, option, value, allowed):
+    """Each option of each codec (and ``hadamard``) rejects a value of the wrong type, a bool where an int is
+    meant included: ``hadamard="false"`` used to switch the rotation on."""
+    with pytest.raises(ValueError, match=rf"{option}={re.escape(repr(value))} .*{allowed}"):
+        make_codec(name, **{"bits": 4, "bucket_size": 64, option: value})
+
+
+def test_hadamard_false_leaves_the_codec_unrotated():
+    assert type(make_codec("minmax", bits=4, bucket_size=64, hadamard=False)) is MinMaxCodec
+    assert make_codec("minmax", bits=4, bucket_size=64, hadamard=True).name == "hadamard"
