@@ -21,14 +21,18 @@ from abc import ABC, abstractmethod
 import torch
 
 __all__ = [
-    "Codec", "FLOAT_DTYPES", "check_bits", "check_bool", "check_bucket_size", "check_choice", "check_int",
-    "sum_rows_in_order",
+    "Codec", "FLOAT_DTYPES", "MAX_BUCKET_SIZE", "check_bits", "check_bool", "check_bucket_size", "check_choice",
+    "check_int", "sum_rows_in_order",
 ]
 
 #: Dtypes a codec accepts as input and produces as output.
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 MAX_SEED = 2**63 - 1
+#: Largest ``bucket_size`` (elements). Metadata costs at most 64 / bucket_size bits per element, so buckets beyond
+#: a few thousand elements save nothing measurable, while a Hadamard-rotated wire pads each row to whole buckets,
+#: whatever the tensor's size; the bound keeps that padding to 2**24 elements (64 MiB of fp32) per row.
+MAX_BUCKET_SIZE = 2**24
 
 
 def check_bits(bits: int, allowed: range | tuple[int, ...] = range(1, 9)) -> int:
@@ -40,9 +44,13 @@ def check_bits(bits: int, allowed: range | tuple[int, ...] = range(1, 9)) -> int
 
 
 def check_bucket_size(bucket_size: int) -> int:
-    """Return ``bucket_size`` if it is a positive int, else raise a ``ValueError``."""
-    if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size < 1:
-        raise ValueError(f"bucket_size={bucket_size!r} is invalid; it must be an integer >= 1 (elements per bucket)")
+    """Return ``bucket_size`` if it is an int in ``1..MAX_BUCKET_SIZE`` (elements), else raise a ``ValueError``
+    naming it and the allowed range."""
+    if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or not 1 <= bucket_size <= MAX_BUCKET_SIZE:
+        raise ValueError(
+            f"bucket_size={bucket_size!r} is invalid; it must be an integer in 1..{MAX_BUCKET_SIZE} "
+            f"(2**24 elements per bucket)"
+        )
     return bucket_size
 
 
@@ -87,7 +95,7 @@ class Codec(ABC):
     Attributes:
         name: registry name (``make_codec(name, ...)``).
         bits: bits per code (1..8).
-        bucket_size: elements that share one set of metadata (scale, offset, levels...).
+        bucket_size: elements that share one set of metadata (scale, offset, levels...), 1..MAX_BUCKET_SIZE.
     """
 
     name: str = "abstract"

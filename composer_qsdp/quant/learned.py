@@ -173,14 +173,19 @@ def fit_levels(
     with torch.inference_mode(False), torch.enable_grad():
         xb, lo, hi = bucket_min_max(x.detach().reshape(1, -1) if x.dim() != 2 else x.detach(), bucket_size)
         rng = hi - lo
-        flat = xb.reshape(-1)
-        idx = torch.arange(0, flat.numel(), -(-flat.numel() // samples), device=x.device)
+        # The sample takes every k-th element of the rows padded to whole buckets of bucket_size elements (the
+        # padding repeats a row's last element). xb holds those buckets cut to `width` columns; a column past
+        # them is a copy of the last one, so the sample is read from xb without building the padding.
+        rows, nb, width = xb.shape
+        padded = rows * nb * bucket_size
+        idx = torch.arange(0, padded, -(-padded // samples), device=x.device)
+        bucket, column = idx // bucket_size, (idx % bucket_size).clamp_(max=width - 1)
         # Only the small float64 work on the sample is pinned to one thread; the bucketing above sees the whole
         # tensor and keeps the caller's threads.
         with _one_cpu_thread():
             cpu = {"device": "cpu", "dtype": torch.float64}
-            lo_s, rng_s = lo.reshape(-1)[idx // bucket_size].to(**cpu), rng.reshape(-1)[idx // bucket_size].to(**cpu)
-            z = (flat[idx].to(**cpu) - lo_s) / rng_s
+            lo_s, rng_s = lo.reshape(-1)[bucket].to(**cpu), rng.reshape(-1)[bucket].to(**cpu)
+            z = (xb.reshape(rows * nb, width)[bucket, column].to(**cpu) - lo_s) / rng_s
             # Constant buckets have no rounding error and non-finite ones no meaningful levels: leave them out.
             keep = torch.isfinite(z) & torch.isfinite(rng_s) & (rng_s > 0)
             if not keep.any():
@@ -206,7 +211,7 @@ class LearnedLevelsCodec(Codec):
 
     Args:
         bits: bits per code, 1..8 (``2**bits`` levels).
-        bucket_size: elements per bucket (>= 1); one fp32 ``lo`` and one fp32 range per bucket.
+        bucket_size: elements per bucket (1..2**24); one fp32 ``lo`` and one fp32 range per bucket.
         refresh_every: refit the levels after this many new seeds (>= 1), or 0 to keep the first fit until
             :meth:`fit` or :meth:`set_levels` is called.
         fit_samples: elements of the input (a regular stride) used by a fit (>= 1).
@@ -310,18 +315,18 @@ class LearnedLevelsCodec(Codec):
         levels = self._levels_for(seed, x)
         rows, n = x.shape
         layout = self.layout(n)
-        bsz, nb = self.bucket_size, layout.num_buckets
         # One level step spans the whole range: rng = max - min exactly (a division by 1), with its capped
         # reciprocal, and a NaN or infinity anywhere in a bucket makes its range non-finite.
-        xb, lo, rng, inv, nonfinite = bucket_lattice(x, bsz, 1)
+        xb, lo, rng, inv, nonfinite = bucket_lattice(x, self.bucket_size, 1)
+        nb, width = xb.shape[1:]
         z = ((xb - lo.unsqueeze(2)) * inv.unsqueeze(2)).clamp_(0.0, 1.0).nan_to_num_(0.0)
         j = _bracket(levels, z)
         lower = levels[j]
         p = (z - lower) / (levels[j + 1] - lower)
         noise = rounding_noise_range(seed, offset, rows * n, device=x.device).view(rows, n)
-        noise = torch.nn.functional.pad(noise, (0, nb * bsz - n)).view(rows, nb, bsz)
+        noise = torch.nn.functional.pad(noise, (0, nb * width - n)).view(rows, nb, width)
         codes = (j + torch.floor(p + noise).to(torch.int64)).clamp_(max=self.num_levels - 1)
-        codes = codes.masked_fill_(nonfinite.unsqueeze(2), 0).to(torch.uint8).view(rows, nb * bsz)
+        codes = codes.masked_fill_(nonfinite.unsqueeze(2), 0).to(torch.uint8).view(rows, nb * width)
         codes[:, n:] = 0
 
         per_bucket = torch.stack((lo, rng), dim=2).masked_fill_(nonfinite.unsqueeze(2), float("nan"))

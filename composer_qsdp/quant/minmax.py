@@ -68,7 +68,7 @@ class MinMaxCodec(Codec):
 
     Args:
         bits: bits per code, 1..8.
-        bucket_size: elements per bucket (>= 1); one fp32 min and one fp32 scale per bucket.
+        bucket_size: elements per bucket (1..2**24); one fp32 min and one fp32 scale per bucket.
         rounding: ``"stochastic"`` (unbiased, seeded Philox noise) or ``"nearest"`` (deterministic, ignores
             the seed, error at most half a step).
 
@@ -138,16 +138,16 @@ class MinMaxCodec(Codec):
         """Reference of ``encode_rows`` (also the CPU path); the kernels match it bit for bit."""
         rows, n = x.shape
         lay = self.layout(n)
-        bsz, nb = self.bucket_size, lay.num_buckets
-        xb, lo, scale, inv, nonfinite = bucket_lattice(x, bsz, self.levels)
+        xb, lo, scale, inv, nonfinite = bucket_lattice(x, self.bucket_size, self.levels)
+        nb, width = xb.shape[1:]
         t = (xb - lo.unsqueeze(2)) * inv.unsqueeze(2)
         if self.stochastic:
             noise = rounding_noise_range(seed, offset, rows * n, device=x.device).view(rows, n)
-            if lay.last_bucket < bsz:
-                noise = torch.nn.functional.pad(noise, (0, nb * bsz - n))
-            t = t + (noise.view(rows, nb, bsz) - 0.5)
+            if nb * width > n:
+                noise = torch.nn.functional.pad(noise, (0, nb * width - n))
+            t = t + (noise.view(rows, nb, width) - 0.5)
         codes = torch.round(t).clamp_(0, self.levels)  # torch.round: half to even
-        codes = codes.masked_fill_(nonfinite.unsqueeze(2), 0).to(torch.uint8).view(rows, nb * bsz)
+        codes = codes.masked_fill_(nonfinite.unsqueeze(2), 0).to(torch.uint8).view(rows, nb * width)
         codes[:, n:] = 0
         meta = torch.stack((lo, scale), dim=2).masked_fill_(nonfinite.unsqueeze(2), float("nan"))
         return assemble_rows(pack_rows(codes, lay, self.bits), meta.view(rows, 2 * nb), lay)

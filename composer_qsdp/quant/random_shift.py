@@ -47,7 +47,7 @@ class RandomShiftCodec(Codec):
 
     Args:
         bits: bits per code, 1..8.
-        bucket_size: elements per bucket (>= 1); one random shift, one fp32 origin and one fp32 step per bucket.
+        bucket_size: elements per bucket (1..2**24); one random shift, one fp32 origin and one fp32 step per bucket.
 
     Raises:
         ValueError: invalid ``bits`` or ``bucket_size``.
@@ -78,14 +78,15 @@ class RandomShiftCodec(Codec):
     def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
         rows, n = x.shape
         layout = self.layout(n)
-        bsz, nb = self.bucket_size, layout.num_buckets
-        xb, lo, scale, inv, nonfinite = bucket_lattice(x, bsz, self.levels)
+        xb, lo, scale, inv, nonfinite = bucket_lattice(x, self.bucket_size, self.levels)
+        nb, width = xb.shape[1:]
 
-        first = torch.arange(rows, device=x.device).unsqueeze(1) * n + torch.arange(nb, device=x.device) * bsz
+        first = torch.arange(rows, device=x.device).unsqueeze(1) * n
+        first = first + torch.arange(nb, device=x.device) * self.bucket_size  # counter of each bucket's start
         shift = rounding_noise(seed, offset + first)  # [rows, nb]
         t = (xb - lo.unsqueeze(2)) * inv.unsqueeze(2) + shift.unsqueeze(2)
         codes = torch.floor(t).clamp_(0, self.levels).masked_fill_(nonfinite.unsqueeze(2), 0)
-        codes = codes.to(torch.uint8).view(rows, nb * bsz)
+        codes = codes.to(torch.uint8).view(rows, nb * width)
         codes[:, n:] = 0
 
         origin = lo + (0.5 - shift) * scale

@@ -39,7 +39,7 @@ from types import ModuleType
 import torch
 
 from composer_qsdp.kernels import WireLayout, bucket_layout, use_triton
-from composer_qsdp.quant.buckets import FP32_MAX, ieee_div
+from composer_qsdp.quant.buckets import FP32_MAX, bucket_width, ieee_div
 from composer_qsdp.quant.codec import Codec, check_bits, sum_rows_in_order
 from composer_qsdp.quant.wire import assemble_rows, pack_rows, read_meta, unpack_rows
 
@@ -51,7 +51,7 @@ class SymmetricCodec(Codec):
 
     Args:
         bits: bits per code, 2..8 (8 and 4 are ZeRO++/SDP4Bit's INT8/INT4).
-        bucket_size: elements per bucket (>= 1); one fp32 scale per bucket. The default, 2048, is SDP4Bit's
+        bucket_size: elements per bucket (1..2**24); one fp32 scale per bucket. The default, 2048, is SDP4Bit's
             weight group; ZeRO++'s qwZ blocks are 4k-8k elements and SDP4Bit's gradient groups 128.
 
     Raises:
@@ -147,9 +147,9 @@ class SymmetricCodec(Codec):
     # ------------------------------------------------------------------ torch reference
     def _encode_rows_reference(self, x: torch.Tensor, layout: WireLayout) -> torch.Tensor:
         rows, n = x.shape
-        bsz, nb = self.bucket_size, layout.num_buckets
+        nb, width = layout.num_buckets, bucket_width(n, self.bucket_size)
         # Zero padding leaves every bucket's absmax unchanged.
-        xb = torch.nn.functional.pad(x.to(torch.float32), (0, nb * bsz - n)).view(rows, nb, bsz)
+        xb = torch.nn.functional.pad(x.to(torch.float32), (0, nb * width - n)).view(rows, nb, width)
         absmax = xb.abs().amax(dim=2)
         # amax propagates NaN, so the abs-max is non-finite exactly when the bucket holds a NaN or an infinity.
         nonfinite = ~torch.isfinite(absmax)
@@ -158,7 +158,7 @@ class SymmetricCodec(Codec):
         inv = torch.where(absmax > 0, torch.full_like(absmax, self.qmax) / absmax, 0.0).clamp_(max=FP32_MAX)
         q = torch.round(xb * inv.unsqueeze(2)).clamp_(-self.qmax, self.qmax)
         q = q.masked_fill_(nonfinite.unsqueeze(2), 0)
-        codes = (q + self.qmax).to(torch.uint8).view(rows, nb * bsz)
+        codes = (q + self.qmax).to(torch.uint8).view(rows, nb * width)
         codes[:, n:] = 0
         return assemble_rows(pack_rows(codes, layout, self.bits), scale, layout)
 

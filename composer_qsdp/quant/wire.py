@@ -8,32 +8,35 @@ from __future__ import annotations
 
 import torch
 
-from composer_qsdp.kernels import WireLayout, aligned_rows
+from composer_qsdp.kernels import WireLayout, aligned_rows, packed_bytes
+from composer_qsdp.quant.buckets import bucket_width
 from composer_qsdp.quant.packing import pack_codes, unpack_codes
 
 __all__ = ["pack_rows", "unpack_rows", "assemble_rows", "read_meta", "affine_decode"]
 
 
 def pack_rows(codes: torch.Tensor, layout: WireLayout, bits: int) -> torch.Tensor:
-    """Pack ``[R, nb * bucket_size]`` codes into ``[R, code_bytes]`` bytes.
+    """Pack the ``[R, nb * width]`` codes of rows padded to ``nb`` buckets of ``width`` elements
+    (:func:`composer_qsdp.quant.buckets.bucket_width`) into ``[R, code_bytes]`` bytes.
 
     Codes past ``numel`` in the last bucket must be 0: the partial bucket's bytes are then the prefix of the
-    full-bucket packing that :func:`pack_codes` would give it on its own.
+    packing that :func:`pack_codes` would give it on its own.
     """
     rows = codes.shape[0]
-    nb = layout.num_buckets
-    packed = pack_codes(codes.reshape(rows * nb, -1), bits).view(rows, nb * layout.bucket_bytes)
+    packed = pack_codes(codes.reshape(rows * layout.num_buckets, -1), bits).view(rows, -1)
     return packed[:, : layout.code_bytes]
 
 
 def unpack_rows(wire: torch.Tensor, layout: WireLayout, bits: int, bucket_size: int) -> torch.Tensor:
-    """Codes of a ``[R, wire_bytes]`` wire as ``[R, nb, bucket_size]`` ``uint8`` (0 past ``numel``)."""
+    """Codes of a ``[R, wire_bytes]`` wire as ``[R, nb, width]`` ``uint8`` (0 past ``numel``), ``width`` the
+    padded bucket view's (:func:`composer_qsdp.quant.buckets.bucket_width`)."""
     rows, nb = wire.shape[0], layout.num_buckets
+    width = bucket_width(layout.numel, bucket_size)
+    width_bytes = packed_bytes(width, bits)
     region = wire[:, : layout.code_bytes]
-    full = nb * layout.bucket_bytes
-    if layout.code_bytes < full:
-        region = torch.nn.functional.pad(region, (0, full - layout.code_bytes))
-    return unpack_codes(region.reshape(rows * nb, layout.bucket_bytes), bits, bucket_size).view(rows, nb, bucket_size)
+    if layout.code_bytes < nb * width_bytes:
+        region = torch.nn.functional.pad(region, (0, nb * width_bytes - layout.code_bytes))
+    return unpack_codes(region.reshape(rows * nb, width_bytes), bits, width).view(rows, nb, width)
 
 
 def assemble_rows(packed: torch.Tensor, meta: torch.Tensor, layout: WireLayout) -> torch.Tensor:

@@ -5,6 +5,7 @@ import re
 import pytest
 
 from composer_qsdp.quant import codec_names, make_codec
+from composer_qsdp.quant.codec import MAX_BUCKET_SIZE
 from composer_qsdp.quant.minmax import MinMaxCodec
 
 
@@ -34,8 +35,8 @@ def test_unknown_options_are_named_with_the_allowed_ones():
     ("minmax", "rounding", None, "allowed: stochastic, nearest"),
     ("minmax", "bits", True, r"allowed: integers 1\.\.8"),
     ("symmetric", "bits", 4.0, r"allowed: integers 2\.\.8"),
-    ("random_shift", "bucket_size", "64", "it must be an integer >= 1"),
-    ("random_shift", "bucket_size", False, "it must be an integer >= 1"),
+    ("random_shift", "bucket_size", "64", r"it must be an integer in 1\.\.16777216"),
+    ("random_shift", "bucket_size", False, r"it must be an integer in 1\.\.16777216"),
     ("learned", "refresh_every", True, "it must be an integer >= 0"),
     ("learned", "fit_samples", 8.0, "it must be an integer >= 1"),
     ("learned", "fit_steps", "3", "it must be an integer >= 1"),
@@ -51,3 +52,13 @@ def test_every_option_is_type_checked_naming_the_option_the_value_and_what_is_al
 def test_hadamard_false_leaves_the_codec_unrotated():
     assert type(make_codec("minmax", bits=4, bucket_size=64, hadamard=False)) is MinMaxCodec
     assert make_codec("minmax", bits=4, bucket_size=64, hadamard=True).name == "hadamard"
+
+
+@pytest.mark.parametrize("name", codec_names())
+@pytest.mark.parametrize("bucket_size", [2**24 + 1, 2**28, 2**40])
+def test_bucket_size_is_bounded_at_validation(name, bucket_size):
+    """A bucket of 2**40 elements used to pass validation and then ask for terabytes on the first encode."""
+    with pytest.raises(ValueError, match=rf"bucket_size={bucket_size} is invalid; it must be an integer in "
+                                         rf"1\.\.{MAX_BUCKET_SIZE} \(2\*\*24 elements per bucket\)"):  # fmt: skip
+        make_codec(name, bits=4, bucket_size=bucket_size)
+    assert make_codec(name, bits=4, bucket_size=MAX_BUCKET_SIZE).bucket_size == 2**24
