@@ -26,7 +26,8 @@ __all__ = ["MAX_BUCKET", "supports", "hadamard_rows", "butterflies", "rotation_s
 
 #: Largest bucket (elements) a program transforms in registers.
 MAX_BUCKET = 8192
-# Elements per program: enough in flight per SM on a GPU; under the interpreter (~12 ms per program) few programs.
+# Elements per program: enough in flight per SM on a GPU; under the interpreter, whose cost is per program, few
+# programs.
 _GPU_TILE = 4096
 _INTERPRETER_TILE = 65536
 

@@ -7,14 +7,15 @@ one Philox call when the group's first counter is a multiple of 8 and two otherw
 the form the min-max codec adds before rounding to nearest, identical to the torch reference's
 ``rounding_noise(...) - 0.5`` bit for bit.
 
-``u - 1/2`` is built from bits rather than with an int -> float conversion (1/8 of the fp32 rate on sm_90):
+``u - 1/2`` is built from bits rather than with an int -> float conversion (a slow instruction on GPUs):
 ``0x3F800040 | k << 7`` is the fp32 number ``1 + (k + 0.5) / 2**16 = 1 + u`` (``k`` in mantissa bits 22..7,
 the half in bit 6), and ``(1 + u) - 1.5`` is exact.
 
 The Philox rounds are :func:`_philox` rather than ``tl.randint4x``: the same function (Philox4x32-10 on the
 counter ``(c mod 2**32, c >> 32, 0, 0)`` under the key ``(seed mod 2**32, seed >> 32)``), with each round's two
 32 x 32 -> 64-bit products written as one widening multiply instead of separate high and low halves, which
-takes two instructions per round fewer in the stochastic quantize kernels, whose instruction issue bounds them.
+saves instructions in the stochastic quantize kernels, whose instruction issue bounds them (counts in
+``benchmarks/kernel_notes.md``).
 """
 
 import triton

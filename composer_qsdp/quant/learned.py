@@ -32,10 +32,9 @@ Determinism: the fit runs on the CPU in float64 whatever the input's device (a s
 ``fit_samples`` values), so CUDA inputs give the CPU's levels, and never depend on the unordered atomic
 accumulation of CUDA's backward pass (run to run, rank to rank). Across CPUs, vectorized kernels round
 differently (AVX-512, AVX2, scalar); the start point and the step size keep that from mattering: from the
-high-resolution solution with small steps, the fitted levels differ only slightly and their error not at all
-measurably, whereas 50 Adam steps of 0.1 from uniform levels amplified such differences (8-bit fits of one
-heavy-tailed tensor ended with 0.71x and 0.75x the uniform levels' expected error under two CPU kernel sets of
-one machine, and measured 0.81x against 0.88x on fresh data on two machines; now 0.68x on both kernel sets).
+high-resolution solution with small steps, the fitted levels differ only slightly and their error not
+measurably, whereas large Adam steps from uniform levels amplified such differences (measurements in
+``benchmarks/kernel_notes.md``).
 
 Reuse and refresh: the codec holds its levels. They are fitted lazily on the first encode, refitted on the
 input of an encode after every ``refresh_every`` new seeds (warm-started from the current levels), or set
@@ -130,12 +129,11 @@ def high_resolution_levels(z: torch.Tensor, weight: torch.Tensor, num_levels: in
 
 @contextlib.contextmanager
 def _one_cpu_thread() -> Iterator[None]:
-    # A fit works on at most ``fit_samples`` (65536) float64 values, where one thread is as fast as many (0.17 s
-    # vs 0.11 s at two threads for a 4-bit fit, 2-core CPU). A training process's default intra-op pool has a
-    # thread per core, and with one such process per GPU fitting at the same moment (every unit's first
-    # encode) the pools oversubscribe the host (the likely reason why the learned arm of GPT-125M, ten ranks
-    # on one 4 x H200 host, spent 190 s in its first step, where its 26 fits take ~3 s uncontended; 32 threads
-    # on 2 cores already make a fit 2.4x slower). One thread also makes the fit independent of the core count.
+    # A fit works on at most ``fit_samples`` float64 values, where one thread is about as fast as many. A training
+    # process's default intra-op pool has a thread per core, and with one such process per GPU fitting at the
+    # same moment (every unit's first encode) the pools oversubscribe the host and the fits slow down several
+    # times (measurements in benchmarks/kernel_notes.md). One thread also makes the fit independent of the core
+    # count.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
