@@ -3,9 +3,11 @@
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from composer_qsdp import registry
 from composer_qsdp.registry import Registry
 
 
@@ -50,5 +52,6 @@ def test_register_rejects_bad_names_and_targets(name, target, match):
 
 def test_importing_the_registry_loads_no_other_composer_qsdp_module():
     code = "import sys, composer_qsdp.registry; print(sorted(m for m in sys.modules if m.startswith('composer_qsdp')))"
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    root = Path(registry.__file__).parents[1]  # this test's source tree
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root).stdout
     assert loaded.strip() == "['composer_qsdp', 'composer_qsdp.registry']"

@@ -10,7 +10,7 @@ from composer_qsdp.registry import Registry
 
 __all__ = ["make_codec", "codec_names"]
 
-# Imported on first use, so a codec's dependencies load only when it is built.
+# The names recipes and configs use for codecs.
 _CODECS: Registry[type[Codec]] = Registry("codec")
 _CODECS.register("minmax", "composer_qsdp.quant.minmax:MinMaxCodec")
 _CODECS.register("random_shift", "composer_qsdp.quant.random_shift:RandomShiftCodec")

@@ -8,8 +8,7 @@ from hopper import assert_no_spills_and_exact
 from composer_qsdp.kernels import backend, use_triton
 from composer_qsdp.kernels import symmetric as kernels
 from composer_qsdp.kernels.groups import vec
-from composer_qsdp.quant.hadamard import HadamardCodec, hadamard_rows
-from composer_qsdp.quant.symmetric import SymmetricCodec
+from composer_qsdp.quant import HadamardCodec, SymmetricCodec, hadamard_rows
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 _INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}

@@ -4,10 +4,7 @@ import pytest
 import torch
 
 from composer_qsdp.kernels import backend
-from composer_qsdp.quant import make_codec
-from composer_qsdp.quant.hadamard import FusedRotation, HadamardCodec, hadamard_rows
-from composer_qsdp.quant.minmax import MinMaxCodec
-from composer_qsdp.quant.symmetric import SymmetricCodec
+from composer_qsdp.quant import FusedRotation, HadamardCodec, MinMaxCodec, SymmetricCodec, hadamard_rows, make_codec
 
 
 def _sylvester(order: int) -> torch.Tensor:

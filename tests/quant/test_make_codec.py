@@ -4,9 +4,7 @@ import re
 
 import pytest
 
-from composer_qsdp.quant import codec_names, make_codec
-from composer_qsdp.quant.codec import MAX_BUCKET_SIZE
-from composer_qsdp.quant.minmax import MinMaxCodec
+from composer_qsdp.quant import MAX_BUCKET_SIZE, MinMaxCodec, codec_names, make_codec
 
 
 @pytest.mark.parametrize("name", [["minmax"], ("minmax",), None, 3, "MinMax", "hadamard"])
