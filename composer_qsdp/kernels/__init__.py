@@ -1,12 +1,21 @@
-"""Triton kernels for the hot codecs, and the rule that decides when they run.
+"""Triton kernels for the hot codecs, the wire layout they share with the torch references, and the rule that
+decides when they run.
 
-The kernels compute the same numbers as the torch references in :mod:`composer_qsdp.quant`, bit for bit
-(same Philox stream where rounding is random). :mod:`composer_qsdp.kernels.dispatch` picks the backend:
-CUDA tensors go to Triton, CPU tensors to the torch reference. Kernel modules import ``triton`` at import
-time, so this package only imports them on demand; on a CPU machine they run under the Triton interpreter
-when ``TRITON_INTERPRET=1`` was set before the import.
+The kernels compute the same numbers as the codecs' torch references (the ``quant`` layer above), bit for bit
+(same Philox stream where rounding is random). :func:`use_triton` picks the backend: CUDA tensors go to Triton,
+CPU tensors to the torch reference; :func:`backend` forces one. This package imports nothing from the other
+``composer_qsdp`` subpackages.
+
+Kernel modules (``minmax``, ``symmetric``, ``hadamard``) import ``triton`` at import time, so this package
+imports them only on demand (``from composer_qsdp.kernels import minmax``); on a CPU machine they run under the
+Triton interpreter when ``TRITON_INTERPRET=1`` was set before the import. Everything exported here needs torch
+only.
 """
 
-from composer_qsdp.kernels.dispatch import backend, triton_available, use_triton
+from composer_qsdp.kernels.dispatch import BACKENDS, backend, triton_available, use_triton
+from composer_qsdp.kernels.layout import WireLayout, aligned_rows, bucket_layout, packed_bytes
 
-__all__ = ["backend", "triton_available", "use_triton"]
+__all__ = [
+    "BACKENDS", "WireLayout", "aligned_rows", "backend", "bucket_layout", "packed_bytes", "triton_available",
+    "use_triton",
+]

@@ -47,7 +47,7 @@ def triton_available() -> bool:
 
 
 def interpreter_enabled() -> bool:
-    """True when ``TRITON_INTERPRET=1``: kernels then run on CPU tensors, slowly (~12 ms per program)."""
+    """True when ``TRITON_INTERPRET=1``: kernels then run on CPU tensors, slowly (a fixed cost per program)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 

@@ -13,7 +13,7 @@ mostly inside the thread.
 
 Code words: a bucket of a multiple of 8 elements starts at a multiple of ``bits`` bytes, so the 8 codes of a
 group are one naturally aligned ``bits``-byte little-endian word (code ``j`` in bits ``[j * bits, (j + 1) *
-bits)``, the layout of :mod:`composer_qsdp.quant.packing`), packed and unpacked inside a thread.
+bits)``, the layout of :mod:`composer_qsdp.kernels.layout`), packed and unpacked inside a thread.
 
 Exact conversions through the fp32 "magic number" ``MAGIC = 1.5 * 2**23`` (bits ``0x4B400000``): fp32 numbers
 in ``[2**23, 2**24)`` are the integers, one unit apart, so
@@ -23,10 +23,10 @@ in ``[2**23, 2**24)`` are the integers, one unit apart, so
 * for an integer ``0 <= c < 2**22``, the bit pattern ``0x4B400000 | c`` is the fp32 number ``MAGIC + c``:
   subtracting ``MAGIC`` gives ``c`` exactly.
 
-On sm_90 ``F2I``/``I2F``/``FRND`` issue at 16 per clock per SM, an eighth of the fp32 add rate (CUDA C++
-Programming Guide, arithmetic instruction throughput), and they bounded the quantize kernels; the additions
-and bit operations here run on the full-rate pipes. The torch references state the same arithmetic with
-``torch.round`` and integer tensors, so both give the same numbers.
+Why: GPUs issue int <-> float conversions and ``FRND`` at a fraction of the fp32 add rate, and they bounded the
+quantize kernels (``benchmarks/kernel_notes.md``); additions and bit operations run on the full-rate pipes. The
+torch references state the same arithmetic with ``torch.round`` and integer tensors, so both give the same
+numbers.
 """
 
 import torch
@@ -53,10 +53,9 @@ MAX_ROWS = 65535
 MAX_BUCKET = 8192
 # Launch targets of the codec kernels (:func:`launch_shape`), in elements per program and per thread on a GPU:
 # one warp per 1024-element bucket, each thread holding 4 of its groups, keeps a bucket's min/max (or abs-max)
-# reduction inside one warp (no shared memory, no barrier) and halves the per-thread fixed work (reductions,
-# divisions, addresses) per element against 16 per thread; sm_90 SASS of the min-max stochastic quantize kernel:
-# ~26 instructions per element instead of ~40. Under the interpreter (~12 ms per program, almost independent of
-# size) as few programs as possible.
+# reduction inside one warp (no shared memory, no barrier) and spreads the per-thread fixed work (reductions,
+# divisions, addresses) over more elements (instruction counts in benchmarks/kernel_notes.md). The interpreter's
+# cost is per program, almost independent of its size: as few programs as possible there.
 GPU_TILE = 1024
 ELEMENTS_PER_THREAD = 32
 INTERPRETER_TILE = 65536
@@ -82,8 +81,8 @@ def split_tile(pid, n, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.const
 
     With :func:`tile`, an fp32 tile's thread holds a whole group as two 16-byte accesses 32 bytes apart, so each
     warp-wide access covers every 32-byte sector by half: fine for loads (the other half hits L1), but stores
-    reach L2 as half-sector writes, which halved the fp32 decoders' bandwidth. Equal to :func:`tile` when
-    ``VEC`` is 8 (bf16, fp16).
+    reach L2 as half-sector writes, which cost the fp32 decoders much of their bandwidth. Equal to :func:`tile`
+    when ``VEC`` is 8 (bf16, fp16).
     """
     H: tl.constexpr = 8 // VEC
     b = (pid * BPP + tl.arange(0, BPP))[None, :, None, None]
@@ -126,7 +125,7 @@ def store_codes(row_wire, codes, pid, b, g, lane, e, valid, n, num_buckets, code
     (bytes ``[0, code_bytes)``), and zero the row's padding ``[code_bytes, meta_offset)`` before its metadata.
 
     ``PARTIAL_GROUPS``: the row's last group may be partial (``n`` not a multiple of 8); its packed word then has
-    zero codes past the row's end, as :mod:`composer_qsdp.quant.packing` writes them.
+    zero codes past the row's end, as the torch reference's packing writes them.
     """
     if BITS == 8:
         tl.store(row_wire + e, codes.to(tl.uint8), mask=valid)

@@ -1,7 +1,7 @@
 """Triton kernel of the bucketed, normalized fast Walsh-Hadamard transform.
 
-It computes :func:`composer_qsdp.quant.hadamard.hadamard_rows` on CUDA tensors (and on CPU tensors under
-``TRITON_INTERPRET=1``, in CI).
+It computes ``quant.hadamard.hadamard_rows`` (the torch reference in the layer above) on CUDA tensors (and on CPU
+tensors under ``TRITON_INTERPRET=1``, in CI).
 
 Each program loads a tile of ``G`` buckets of one row (zeros past the row's end, which is the padding),
 runs the ``log2(B)`` butterfly stages in registers, scales by ``1 / sqrt(B)`` and stores the columns that
@@ -26,7 +26,8 @@ __all__ = ["MAX_BUCKET", "supports", "hadamard_rows", "butterflies", "rotation_s
 
 #: Largest bucket (elements) a program transforms in registers.
 MAX_BUCKET = 8192
-# Elements per program: enough in flight per SM on a GPU; under the interpreter (~12 ms per program) few programs.
+# Elements per program: enough in flight per SM on a GPU; under the interpreter, whose cost is per program, few
+# programs.
 _GPU_TILE = 4096
 _INTERPRETER_TILE = 65536
 
@@ -70,7 +71,7 @@ def hadamard_rows(
     buckets_per_program: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
-    """Kernel launch of :func:`composer_qsdp.quant.hadamard.hadamard_rows` (same arguments, validated there).
+    """Kernel launch of ``quant.hadamard.hadamard_rows`` (same arguments, validated there).
 
     ``buckets_per_program`` (a power of two) and ``num_warps`` override the launch shape, not the result.
     """

@@ -1,10 +1,11 @@
 """Triton kernels of the min-max codec: fused quantize+pack, unpack+dequantize, fused dequantize-and-sum.
 
-Reference (same math, same wire, same numbers bit for bit): :class:`composer_qsdp.quant.minmax.MinMaxCodec`,
-methods ``_encode_rows_reference`` (:func:`encode_rows`), ``_decode_rows_fp32`` (:func:`decode_rows`) and
-``_decode_sum_reference`` (:func:`decode_sum`). The codec passes its wire layout (:meth:`MinMaxCodec.layout`,
-:mod:`composer_qsdp.quant.wire`); the launchers take ``[rows, n]`` tensors, so one launch covers every chunk
-of a reduce-scatter. They run on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (CI).
+Reference (same math, same wire, same numbers bit for bit): the min-max codec of the ``quant`` layer
+(``quant.minmax.MinMaxCodec``), methods ``_encode_rows_reference`` (:func:`encode_rows`), ``_decode_rows_fp32``
+(:func:`decode_rows`) and ``_decode_sum_reference`` (:func:`decode_sum`). The codec passes its wire layout
+(``MinMaxCodec.layout``, a :class:`composer_qsdp.kernels.layout.WireLayout`); the launchers take ``[rows, n]``
+tensors, so one launch covers every chunk of a reduce-scatter. They run on CUDA tensors, and on CPU tensors
+under ``TRITON_INTERPRET=1`` (CI).
 
 Tiling (:mod:`composer_qsdp.kernels.groups`): one program handles ``BPP`` consecutive buckets of one row as a
 ``[G, BPP, 8]`` tile of groups of 8 consecutive elements. A whole bucket lives in one program, so min, max and
@@ -37,7 +38,7 @@ from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, FP32_MAX, GPU_TIL
                                           MAGIC_BITS, MAX_BUCKET, MAX_ROWS, codes_to_float, launch_fits,
                                           launch_shape, load_codes, row_stride, split_tile, store_codes, tile, vec)
 from composer_qsdp.kernels.noise import centered_noise
-from composer_qsdp.quant.wire import WireLayout, aligned_rows
+from composer_qsdp.kernels.layout import WireLayout, aligned_rows
 
 __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_rows", "decode_sum"]
 
@@ -195,8 +196,8 @@ def encode_rows(
 ) -> torch.Tensor:
     """Quantize each row of ``x`` ``[R, n]``: ``[R, layout.wire_bytes]`` ``uint8``, the codec's wire.
 
-    Row ``r`` uses noise counters ``offset + r * n + i`` under key ``seed``; ``layout`` is
-    :meth:`MinMaxCodec.layout(n) <composer_qsdp.quant.minmax.MinMaxCodec.layout>`. ``buckets_per_program`` (a
+    Row ``r`` uses noise counters ``offset + r * n + i`` under key ``seed``; ``layout`` is the codec's
+    ``MinMaxCodec.layout(n)``. ``buckets_per_program`` (a
     power of two) and ``num_warps`` override the launch heuristic for benchmark sweeps; they never change the
     result.
     """

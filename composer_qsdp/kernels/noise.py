@@ -1,4 +1,4 @@
-"""Triton side of the codecs' stochastic-rounding stream (:func:`composer_qsdp.quant.philox.rounding_noise`).
+"""Triton side of the codecs' stochastic-rounding stream (its torch reference: ``quant.philox.rounding_noise``).
 
 Counter ``c`` takes half ``c % 2`` (low half first) of word ``(c // 2) % 4`` of ``tl.randint4x(seed, c // 8)``;
 the 16-bit value ``k`` is the noise ``u = (k + 0.5) / 2**16``. Kernels lay their tiles out as groups of 8
@@ -7,29 +7,30 @@ one Philox call when the group's first counter is a multiple of 8 and two otherw
 the form the min-max codec adds before rounding to nearest, identical to the torch reference's
 ``rounding_noise(...) - 0.5`` bit for bit.
 
-``u - 1/2`` is built from bits rather than with an int -> float conversion (1/8 of the fp32 rate on sm_90):
+``u - 1/2`` is built from bits rather than with an int -> float conversion (a slow instruction on GPUs):
 ``0x3F800040 | k << 7`` is the fp32 number ``1 + (k + 0.5) / 2**16 = 1 + u`` (``k`` in mantissa bits 22..7,
 the half in bit 6), and ``(1 + u) - 1.5`` is exact.
 
 The Philox rounds are :func:`_philox` rather than ``tl.randint4x``: the same function (Philox4x32-10 on the
 counter ``(c mod 2**32, c >> 32, 0, 0)`` under the key ``(seed mod 2**32, seed >> 32)``), with each round's two
 32 x 32 -> 64-bit products written as one widening multiply instead of separate high and low halves, which
-takes two instructions per round fewer in the stochastic quantize kernels, whose instruction issue bounds them.
+saves instructions in the stochastic quantize kernels, whose instruction issue bounds them (counts in
+``benchmarks/kernel_notes.md``).
 """
 
 import triton
 import triton.language as tl
 
-from composer_qsdp.quant import philox
+from composer_qsdp.kernels import philox_constants
 
 __all__ = ["centered_noise"]
 
 # jit code reads only constexpr globals
-_KEY_A = tl.constexpr(philox.KEY_A)
-_KEY_B = tl.constexpr(philox.KEY_B)
-_ROUND_A = tl.constexpr(philox.ROUND_A)
-_ROUND_B = tl.constexpr(philox.ROUND_B)
-_N_ROUNDS = tl.constexpr(philox.N_ROUNDS)
+_KEY_A = tl.constexpr(philox_constants.KEY_A)
+_KEY_B = tl.constexpr(philox_constants.KEY_B)
+_ROUND_A = tl.constexpr(philox_constants.ROUND_A)
+_ROUND_B = tl.constexpr(philox_constants.ROUND_B)
+_N_ROUNDS = tl.constexpr(philox_constants.N_ROUNDS)
 
 
 @triton.jit

@@ -1,12 +1,12 @@
 """Triton kernels of the symmetric abs-max codec: fused quantize+pack, unpack+dequantize, dequantize-and-sum, each
-optionally fused with the Hadamard rotation of :class:`composer_qsdp.quant.hadamard.HadamardCodec`.
+optionally fused with the bucketed Hadamard rotation (:mod:`composer_qsdp.kernels.hadamard`).
 
-Reference (same math, same wire, same numbers bit for bit): :class:`composer_qsdp.quant.symmetric.SymmetricCodec`,
-methods ``_encode_rows_reference`` (:func:`encode_rows`) and ``_decode_rows_fp32`` (:func:`decode_rows`,
-:func:`decode_sum`); with ``rotate=True``, :func:`composer_qsdp.quant.hadamard.hadamard_rows` before the encode
-and after the decode (or the sum), as ``HadamardCodec`` composes them. The launchers take ``[rows, n]`` tensors,
-so one launch covers every chunk of a reduce-scatter; they run on CUDA tensors, and on CPU tensors under
-``TRITON_INTERPRET=1`` (CI).
+Reference (same math, same wire, same numbers bit for bit): the symmetric codec of the ``quant`` layer
+(``quant.symmetric.SymmetricCodec``), methods ``_encode_rows_reference`` (:func:`encode_rows`) and
+``_decode_rows_fp32`` (:func:`decode_rows`, :func:`decode_sum`); with ``rotate=True``, the rotation
+(``quant.hadamard.hadamard_rows``) before the encode and after the decode (or the sum), as ``HadamardCodec``
+composes them. The launchers take ``[rows, n]`` tensors, so one launch covers every chunk of a reduce-scatter;
+they run on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (CI).
 
 Tiling (:mod:`composer_qsdp.kernels.groups`): a program handles whole buckets of one row as a tile of groups of
 8 elements, so a bucket's abs-max is one in-register reduction, the 8 codes of a group pack into one aligned
@@ -36,7 +36,7 @@ from composer_qsdp.kernels.groups import ELEMENTS_PER_THREAD, FP32_MAX, GPU_TILE
 from composer_qsdp.kernels.groups import MAX_BUCKET, MAX_ROWS, codes_to_float, launch_fits, launch_shape, load_codes
 from composer_qsdp.kernels.groups import row_stride, split_tile, store_codes, tile, vec
 from composer_qsdp.kernels.hadamard import butterflies, rotation_scale
-from composer_qsdp.quant.wire import WireLayout, aligned_rows
+from composer_qsdp.kernels.layout import WireLayout, aligned_rows
 
 __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_rows", "decode_sum"]
 
@@ -195,10 +195,9 @@ def encode_rows(
 ) -> torch.Tensor:
     """Encode each row of a ``[R, n]`` float tensor into ``[R, layout.wire_bytes]`` ``uint8``.
 
-    ``layout`` is :meth:`SymmetricCodec.layout(m) <composer_qsdp.quant.symmetric.SymmetricCodec.layout>` of
-    ``m = n`` elements, or with ``rotate`` of ``m = n`` padded to whole buckets, which then encodes each row's
-    zero-padded buckets Hadamard-rotated. ``buckets_per_program`` (a power of two) and ``num_warps`` override
-    the launch shape, not the result.
+    ``layout`` is the codec's ``SymmetricCodec.layout(m)`` of ``m = n`` elements, or with ``rotate`` of ``m = n``
+    padded to whole buckets, which then encodes each row's zero-padded buckets Hadamard-rotated.
+    ``buckets_per_program`` (a power of two) and ``num_warps`` override the launch shape, not the result.
     """
     if x.stride(1) != 1:
         x = x.contiguous()

@@ -20,12 +20,19 @@ from abc import ABC, abstractmethod
 
 import torch
 
-__all__ = ["Codec", "FLOAT_DTYPES", "check_bits", "check_bucket_size", "check_int", "sum_rows_in_order"]
+__all__ = [
+    "Codec", "FLOAT_DTYPES", "MAX_BUCKET_SIZE", "check_bits", "check_bool", "check_bucket_size", "check_choice",
+    "check_int", "sum_rows_in_order",
+]
 
 #: Dtypes a codec accepts as input and produces as output.
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 MAX_SEED = 2**63 - 1
+#: Largest ``bucket_size`` (elements). Metadata costs at most 64 / bucket_size bits per element, so buckets beyond
+#: a few thousand elements save nothing measurable, while a Hadamard-rotated wire pads each row to whole buckets,
+#: whatever the tensor's size; the bound keeps that padding to 2**24 elements (64 MiB of fp32) per row.
+MAX_BUCKET_SIZE = 2**24
 
 
 def check_bits(bits: int, allowed: range | tuple[int, ...] = range(1, 9)) -> int:
@@ -37,9 +44,13 @@ def check_bits(bits: int, allowed: range | tuple[int, ...] = range(1, 9)) -> int
 
 
 def check_bucket_size(bucket_size: int) -> int:
-    """Return ``bucket_size`` if it is a positive int, else raise a ``ValueError``."""
-    if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size < 1:
-        raise ValueError(f"bucket_size={bucket_size!r} is invalid; it must be an integer >= 1 (elements per bucket)")
+    """Return ``bucket_size`` if it is an int in ``1..MAX_BUCKET_SIZE`` (elements), else raise a ``ValueError``
+    naming it and the allowed range."""
+    if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or not 1 <= bucket_size <= MAX_BUCKET_SIZE:
+        raise ValueError(
+            f"bucket_size={bucket_size!r} is invalid; it must be an integer in 1..{MAX_BUCKET_SIZE} "
+            f"(2**24 elements per bucket)"
+        )
     return bucket_size
 
 
@@ -47,6 +58,22 @@ def check_int(name: str, value: object, minimum: int = 0) -> int:
     """Return ``value`` if it is an int (not a bool) ``>= minimum``, else raise a ``ValueError`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name}={value!r} is invalid; it must be an integer >= {minimum}")
+    return value
+
+
+def check_bool(name: str, value: object) -> bool:
+    """Return ``value`` if it is a bool, else raise a ``ValueError`` naming ``name`` (a truthy string such as
+    ``"false"`` must not switch an option on)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} is invalid; it must be True or False")
+    return value
+
+
+def check_choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
+    """Return ``value`` if it is one of the strings ``allowed``, else raise a ``ValueError`` naming ``name`` and
+    ``allowed``."""
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"{name}={value!r} is not supported; allowed: {', '.join(allowed)}")
     return value
 
 
@@ -68,7 +95,7 @@ class Codec(ABC):
     Attributes:
         name: registry name (``make_codec(name, ...)``).
         bits: bits per code (1..8).
-        bucket_size: elements that share one set of metadata (scale, offset, levels...).
+        bucket_size: elements that share one set of metadata (scale, offset, levels...), 1..MAX_BUCKET_SIZE.
     """
 
     name: str = "abstract"
@@ -117,10 +144,7 @@ class Codec(ABC):
 
         Row ``r`` equals ``encode(x[r], seed, offset + r * n)``.
         """
-        if x.dim() != 2:
-            raise ValueError(f"encode_rows expects a 2-D [rows, n] tensor, got shape {tuple(x.shape)}")
-        self._check_input(x)
-        self._check_seed(seed, offset)
+        self._check_rows_input(x, seed, offset)
         return self._encode_rows(x, seed, offset)
 
     def decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -163,23 +187,6 @@ class Codec(ABC):
             acc += self._decode(wire[r], numel, torch.float32)
         return acc
 
-    # Fused Hadamard rotation (:class:`composer_qsdp.quant.hadamard.HadamardCodec`): a codec whose kernels can
-    # rotate buckets in registers returns the rotated result from these hooks, saving a pass over memory, and
-    # None where it cannot; the wrapper then rotates with its own kernel. Arguments are validated.
-    def _encode_rows_rotated(self, x: torch.Tensor, padded: int, seed: int, offset: int) -> torch.Tensor | None:
-        """``encode_rows`` of the Hadamard rotation of each ``[R, n]`` row zero-padded to ``padded`` elements."""
-        return None
-
-    def _decode_rows_rotated(
-        self, wire: torch.Tensor, padded: int, numel: int, dtype: torch.dtype
-    ) -> torch.Tensor | None:
-        """The rotation of ``decode_rows(wire, padded)``, its first ``numel`` columns, in ``dtype``."""
-        return None
-
-    def _decode_sum_rotated(self, wire: torch.Tensor, padded: int, numel: int) -> torch.Tensor | None:
-        """The rotation of ``decode_sum(wire, padded)``, its first ``numel`` elements."""
-        return None
-
     # ---------------------------------------------------------- validation
     def _check_input(self, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor):
@@ -190,6 +197,13 @@ class Codec(ABC):
             )
         if x.numel() == 0:
             raise ValueError(f"{self.name} codec cannot encode an empty tensor (shape {tuple(x.shape)})")
+
+    def _check_rows_input(self, x: torch.Tensor, seed: int, offset: int) -> None:
+        """Validate the arguments of :meth:`encode_rows`."""
+        self._check_input(x)
+        if x.dim() != 2:
+            raise ValueError(f"encode_rows expects a 2-D [rows, n] tensor, got shape {tuple(x.shape)}")
+        self._check_seed(seed, offset)
 
     @staticmethod
     def _check_seed(seed: int, offset: int) -> None:

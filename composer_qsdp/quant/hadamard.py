@@ -24,19 +24,21 @@ Consequences:
 
 The transform runs as ``log2(B)`` butterfly stages; on CUDA tensors the Triton kernel of
 :mod:`composer_qsdp.kernels.hadamard` does the same stages in registers (``B`` up to 8192; larger buckets
-use this torch reference). An inner codec whose kernels can apply the rotation themselves (the symmetric
-codec's, through the ``_*_rotated`` hooks of :class:`composer_qsdp.quant.codec.Codec`) does the whole encode or
-decode in one pass over memory, with the same numbers.
+use this torch reference). An inner codec whose kernels can apply the rotation themselves implements
+:class:`FusedRotation` (the symmetric codec does) and then does the whole encode or decode in one pass over
+memory, with the same numbers.
 """
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 
-from composer_qsdp.kernels.dispatch import use_triton
+from composer_qsdp.kernels import use_triton
 from composer_qsdp.quant.codec import Codec
 
-__all__ = ["HadamardCodec", "hadamard_rows"]
+__all__ = ["FusedRotation", "HadamardCodec", "hadamard_rows"]
 
 
 def _check_power_of_two(bucket_size: int) -> int:
@@ -90,11 +92,41 @@ def _hadamard_rows_reference(x: torch.Tensor, bucket_size: int, out_cols: int, d
     return y.view(rows, padded)[:, :out_cols].to(dtype)
 
 
+@runtime_checkable
+class FusedRotation(Protocol):
+    """A codec that can apply the Hadamard rotation of its buckets inside its own kernels.
+
+    :class:`HadamardCodec` rotates with the rotation kernel, then runs its inner codec: two passes over memory.
+    An inner codec that implements these three methods lets the wrapper do each call in one pass instead. Each
+    method returns what the two-pass composition returns, bit for bit, for a codec with the same ``bucket_size``
+    (a power of two), or ``None`` where the codec cannot fuse that call (for instance a CPU tensor, or a
+    configuration its kernels do not cover), and the wrapper then takes the two passes. ``padded`` below is
+    ``numel`` rounded up to whole buckets, the length the inner codec's wire describes.
+    """
+
+    def encode_rows_rotated(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor | None:
+        """The ``[R, wire_bytes(padded)]`` wire of the ``[R, numel]`` floating ``x`` whose rows are zero-padded to
+        whole buckets and rotated, each bucket multiplied by the normalized Walsh-Hadamard matrix (row ``r``
+        draws its rounding noise from counter ``offset + r * numel`` under key ``seed``), or ``None``."""
+        ...
+
+    def decode_rows_rotated(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """The decode of a ``[R, wire_bytes(padded)]`` wire rotated back, its first ``numel`` columns, as
+        ``[R, numel]`` of ``dtype``, or ``None``."""
+        ...
+
+    def decode_sum_rotated(self, wire: torch.Tensor, numel: int) -> torch.Tensor | None:
+        """The fp32 sum of the decoded rows of a ``[R, wire_bytes(padded)]`` wire (rows in order from +0.0) rotated
+        back, its first ``numel`` elements, or ``None``."""
+        ...
+
+
 class HadamardCodec(Codec):
     """``inner`` applied to Hadamard-rotated buckets (see the module docstring).
 
     Args:
-        inner: the codec that quantizes the rotated values; its ``bucket_size`` must be a power of two.
+        inner: the codec that quantizes the rotated values; its ``bucket_size`` must be a power of two. When it
+            implements :class:`FusedRotation`, its fused kernels are used wherever they cover a call.
 
     Raises:
         ValueError: ``inner`` is not a codec or its ``bucket_size`` is not a power of two.
@@ -107,6 +139,7 @@ class HadamardCodec(Codec):
             raise ValueError(f"HadamardCodec wraps a Codec, got {type(inner).__name__}")
         super().__init__(inner.bits, _check_power_of_two(inner.bucket_size))
         self.inner = inner
+        self._fused: FusedRotation | None = inner if isinstance(inner, FusedRotation) else None
 
     @property
     def unbiased(self) -> bool:
@@ -121,30 +154,28 @@ class HadamardCodec(Codec):
         return self.inner.wire_bytes(self.padded(numel))
 
     def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
-        rows, n = x.shape
-        padded = self.padded(n)
-        fused = self.inner._encode_rows_rotated(x, padded, seed, offset)
+        fused = None if self._fused is None else self._fused.encode_rows_rotated(x, seed, offset)
         if fused is not None:
             return fused
+        rows, n = x.shape
+        padded = self.padded(n)
         rotated = hadamard_rows(x, self.bucket_size, padded, torch.float32)
         if padded == n:  # row r starts at counter offset + r * n in both codecs: one batched call
             return self.inner.encode_rows(rotated, seed, offset)
         return torch.stack([self.inner.encode(rotated[r], seed, offset + r * n) for r in range(rows)])
 
     def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        padded = self.padded(numel)
-        fused = self.inner._decode_rows_rotated(wire, padded, numel, dtype)
+        fused = None if self._fused is None else self._fused.decode_rows_rotated(wire, numel, dtype)
         if fused is not None:
             return fused
-        rotated = self.inner.decode_rows(wire, padded, torch.float32)
+        rotated = self.inner.decode_rows(wire, self.padded(numel), torch.float32)
         return hadamard_rows(rotated, self.bucket_size, numel, dtype)
 
     def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
-        padded = self.padded(numel)
-        fused = self.inner._decode_sum_rotated(wire, padded, numel)
+        fused = None if self._fused is None else self._fused.decode_sum_rotated(wire, numel)
         if fused is not None:
             return fused
-        rotated = self.inner.decode_sum(wire, padded)
+        rotated = self.inner.decode_sum(wire, self.padded(numel))
         return hadamard_rows(rotated.view(1, -1), self.bucket_size, numel, torch.float32)[0]
 
     def __repr__(self) -> str:

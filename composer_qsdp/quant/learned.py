@@ -32,10 +32,9 @@ Determinism: the fit runs on the CPU in float64 whatever the input's device (a s
 ``fit_samples`` values), so CUDA inputs give the CPU's levels, and never depend on the unordered atomic
 accumulation of CUDA's backward pass (run to run, rank to rank). Across CPUs, vectorized kernels round
 differently (AVX-512, AVX2, scalar); the start point and the step size keep that from mattering: from the
-high-resolution solution with small steps, the fitted levels differ only slightly and their error not at all
-measurably, whereas 50 Adam steps of 0.1 from uniform levels amplified such differences (8-bit fits of one
-heavy-tailed tensor ended with 0.71x and 0.75x the uniform levels' expected error under two CPU kernel sets of
-one machine, and measured 0.81x against 0.88x on fresh data on two machines; now 0.68x on both kernel sets).
+high-resolution solution with small steps, the fitted levels differ only slightly and their error not
+measurably, whereas large Adam steps from uniform levels amplified such differences (measurements in
+``benchmarks/kernel_notes.md``).
 
 Reuse and refresh: the codec holds its levels. They are fitted lazily on the first encode, refitted on the
 input of an encode after every ``refresh_every`` new seeds (warm-started from the current levels), or set
@@ -44,7 +43,7 @@ quantization event (FSDP's forward and backward gathers of a step share one), so
 are pinned to its seed: a later encode with the same seed (among the ``pinned_seeds`` most recent) uses the
 same levels even if a refresh happened in between, and ``encode`` stays a function of ``(x, seed, offset)``.
 
-Wire (:mod:`composer_qsdp.quant.wire`): codes packed bucket by bucket, then ``(lo, hi - lo)`` as fp32 per
+Wire (:mod:`composer_qsdp.kernels.layout`): codes packed bucket by bucket, then ``(lo, hi - lo)`` as fp32 per
 bucket, then the ``K`` levels as fp32 (``bits + 64 / bucket_size`` bits per element plus ``32 * K`` bits per
 wire). The decoder needs nothing but the wire.
 
@@ -63,7 +62,8 @@ import torch
 from composer_qsdp.quant.buckets import bucket_lattice, bucket_min_max
 from composer_qsdp.quant.codec import Codec, check_int
 from composer_qsdp.quant.philox import rounding_noise_range
-from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
+from composer_qsdp.kernels import WireLayout, bucket_layout
+from composer_qsdp.quant.wire import assemble_rows, pack_rows, read_meta, unpack_rows
 
 __all__ = ["LearnedLevelsCodec", "fit_levels", "uniform_levels", "expected_sq_error", "high_resolution_levels"]
 
@@ -129,12 +129,11 @@ def high_resolution_levels(z: torch.Tensor, weight: torch.Tensor, num_levels: in
 
 @contextlib.contextmanager
 def _one_cpu_thread() -> Iterator[None]:
-    # A fit works on at most ``fit_samples`` (65536) float64 values, where one thread is as fast as many (0.17 s
-    # vs 0.11 s at two threads for a 4-bit fit, 2-core CPU). A training process's default intra-op pool has a
-    # thread per core, and with one such process per GPU fitting at the same moment (every unit's first
-    # encode) the pools oversubscribe the host (the likely reason why the learned arm of GPT-125M, ten ranks
-    # on one 4 x H200 host, spent 190 s in its first step, where its 26 fits take ~3 s uncontended; 32 threads
-    # on 2 cores already make a fit 2.4x slower). One thread also makes the fit independent of the core count.
+    # A fit works on at most ``fit_samples`` float64 values, where one thread is about as fast as many. A training
+    # process's default intra-op pool has a thread per core, and with one such process per GPU fitting at the
+    # same moment (every unit's first encode) the pools oversubscribe the host and the fits slow down several
+    # times (measurements in benchmarks/kernel_notes.md). One thread also makes the fit independent of the core
+    # count.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -172,14 +171,19 @@ def fit_levels(
     with torch.inference_mode(False), torch.enable_grad():
         xb, lo, hi = bucket_min_max(x.detach().reshape(1, -1) if x.dim() != 2 else x.detach(), bucket_size)
         rng = hi - lo
-        flat = xb.reshape(-1)
-        idx = torch.arange(0, flat.numel(), -(-flat.numel() // samples), device=x.device)
+        # The sample takes every k-th element of the rows padded to whole buckets of bucket_size elements (the
+        # padding repeats a row's last element). xb holds those buckets cut to `width` columns; a column past
+        # them is a copy of the last one, so the sample is read from xb without building the padding.
+        rows, nb, width = xb.shape
+        padded = rows * nb * bucket_size
+        idx = torch.arange(0, padded, -(-padded // samples), device=x.device)
+        bucket, column = idx // bucket_size, (idx % bucket_size).clamp_(max=width - 1)
         # Only the small float64 work on the sample is pinned to one thread; the bucketing above sees the whole
         # tensor and keeps the caller's threads.
         with _one_cpu_thread():
             cpu = {"device": "cpu", "dtype": torch.float64}
-            lo_s, rng_s = lo.reshape(-1)[idx // bucket_size].to(**cpu), rng.reshape(-1)[idx // bucket_size].to(**cpu)
-            z = (flat[idx].to(**cpu) - lo_s) / rng_s
+            lo_s, rng_s = lo.reshape(-1)[bucket].to(**cpu), rng.reshape(-1)[bucket].to(**cpu)
+            z = (xb.reshape(rows * nb, width)[bucket, column].to(**cpu) - lo_s) / rng_s
             # Constant buckets have no rounding error and non-finite ones no meaningful levels: leave them out.
             keep = torch.isfinite(z) & torch.isfinite(rng_s) & (rng_s > 0)
             if not keep.any():
@@ -205,7 +209,7 @@ class LearnedLevelsCodec(Codec):
 
     Args:
         bits: bits per code, 1..8 (``2**bits`` levels).
-        bucket_size: elements per bucket (>= 1); one fp32 ``lo`` and one fp32 range per bucket.
+        bucket_size: elements per bucket (1..2**24); one fp32 ``lo`` and one fp32 range per bucket.
         refresh_every: refit the levels after this many new seeds (>= 1), or 0 to keep the first fit until
             :meth:`fit` or :meth:`set_levels` is called.
         fit_samples: elements of the input (a regular stride) used by a fit (>= 1).
@@ -309,18 +313,18 @@ class LearnedLevelsCodec(Codec):
         levels = self._levels_for(seed, x)
         rows, n = x.shape
         layout = self.layout(n)
-        bsz, nb = self.bucket_size, layout.num_buckets
         # One level step spans the whole range: rng = max - min exactly (a division by 1), with its capped
         # reciprocal, and a NaN or infinity anywhere in a bucket makes its range non-finite.
-        xb, lo, rng, inv, nonfinite = bucket_lattice(x, bsz, 1)
+        xb, lo, rng, inv, nonfinite = bucket_lattice(x, self.bucket_size, 1)
+        nb, width = xb.shape[1:]
         z = ((xb - lo.unsqueeze(2)) * inv.unsqueeze(2)).clamp_(0.0, 1.0).nan_to_num_(0.0)
         j = _bracket(levels, z)
         lower = levels[j]
         p = (z - lower) / (levels[j + 1] - lower)
         noise = rounding_noise_range(seed, offset, rows * n, device=x.device).view(rows, n)
-        noise = torch.nn.functional.pad(noise, (0, nb * bsz - n)).view(rows, nb, bsz)
+        noise = torch.nn.functional.pad(noise, (0, nb * width - n)).view(rows, nb, width)
         codes = (j + torch.floor(p + noise).to(torch.int64)).clamp_(max=self.num_levels - 1)
-        codes = codes.masked_fill_(nonfinite.unsqueeze(2), 0).to(torch.uint8).view(rows, nb * bsz)
+        codes = codes.masked_fill_(nonfinite.unsqueeze(2), 0).to(torch.uint8).view(rows, nb * width)
         codes[:, n:] = 0
 
         per_bucket = torch.stack((lo, rng), dim=2).masked_fill_(nonfinite.unsqueeze(2), float("nan"))

@@ -28,11 +28,11 @@ even (rather than ``floor(y + u)``) is what one fp32 addition of ``1.5 * 2**23``
 kernels round without a conversion instruction (:mod:`composer_qsdp.kernels.groups`).
 
 Wire layout of ``encode`` for ``n`` elements in ``nb = ceil(n / bucket_size)`` buckets (the shared bucketed
-layout of :mod:`composer_qsdp.quant.wire`)::
+layout of :mod:`composer_qsdp.kernels.layout`)::
 
     [codes of bucket 0][codes of bucket 1]...[codes of the last bucket][0-3 zero bytes][metadata]
 
-* codes: ``bits``-bit codes packed bucket by bucket as in :mod:`composer_qsdp.quant.packing`, each bucket
+* codes: ``bits``-bit codes packed bucket by bucket as in :mod:`composer_qsdp.kernels.layout`, each bucket
   starting on a byte boundary; full buckets take ``ceil(bucket_size * bits / 8)`` bytes, the last one
   ``ceil(valid * bits / 8)`` bytes.
 * zero padding so the metadata starts at a multiple of 4 bytes.
@@ -51,11 +51,11 @@ from types import ModuleType
 
 import torch
 
-from composer_qsdp.kernels.dispatch import use_triton
+from composer_qsdp.kernels import WireLayout, bucket_layout, use_triton
 from composer_qsdp.quant.buckets import bucket_lattice
-from composer_qsdp.quant.codec import Codec, sum_rows_in_order
+from composer_qsdp.quant.codec import Codec, check_choice, sum_rows_in_order
 from composer_qsdp.quant.philox import rounding_noise_range
-from composer_qsdp.quant.wire import WireLayout, affine_decode, assemble_rows, bucket_layout, pack_rows
+from composer_qsdp.quant.wire import affine_decode, assemble_rows, pack_rows
 
 __all__ = ["MinMaxCodec", "ROUNDINGS"]
 
@@ -68,7 +68,7 @@ class MinMaxCodec(Codec):
 
     Args:
         bits: bits per code, 1..8.
-        bucket_size: elements per bucket (>= 1); one fp32 min and one fp32 scale per bucket.
+        bucket_size: elements per bucket (1..2**24); one fp32 min and one fp32 scale per bucket.
         rounding: ``"stochastic"`` (unbiased, seeded Philox noise) or ``"nearest"`` (deterministic, ignores
             the seed, error at most half a step).
 
@@ -80,9 +80,7 @@ class MinMaxCodec(Codec):
 
     def __init__(self, bits: int = 8, bucket_size: int = 1024, rounding: str = "stochastic") -> None:
         super().__init__(bits, bucket_size)
-        if rounding not in ROUNDINGS:
-            raise ValueError(f"rounding={rounding!r} is not supported; allowed: {', '.join(ROUNDINGS)}")
-        self.rounding = rounding
+        self.rounding = check_choice("rounding", rounding, ROUNDINGS)
 
     @property
     def stochastic(self) -> bool:
@@ -140,16 +138,16 @@ class MinMaxCodec(Codec):
         """Reference of ``encode_rows`` (also the CPU path); the kernels match it bit for bit."""
         rows, n = x.shape
         lay = self.layout(n)
-        bsz, nb = self.bucket_size, lay.num_buckets
-        xb, lo, scale, inv, nonfinite = bucket_lattice(x, bsz, self.levels)
+        xb, lo, scale, inv, nonfinite = bucket_lattice(x, self.bucket_size, self.levels)
+        nb, width = xb.shape[1:]
         t = (xb - lo.unsqueeze(2)) * inv.unsqueeze(2)
         if self.stochastic:
             noise = rounding_noise_range(seed, offset, rows * n, device=x.device).view(rows, n)
-            if lay.last_bucket < bsz:
-                noise = torch.nn.functional.pad(noise, (0, nb * bsz - n))
-            t = t + (noise.view(rows, nb, bsz) - 0.5)
+            if nb * width > n:
+                noise = torch.nn.functional.pad(noise, (0, nb * width - n))
+            t = t + (noise.view(rows, nb, width) - 0.5)
         codes = torch.round(t).clamp_(0, self.levels)  # torch.round: half to even
-        codes = codes.masked_fill_(nonfinite.unsqueeze(2), 0).to(torch.uint8).view(rows, nb * bsz)
+        codes = codes.masked_fill_(nonfinite.unsqueeze(2), 0).to(torch.uint8).view(rows, nb * width)
         codes[:, n:] = 0
         meta = torch.stack((lo, scale), dim=2).masked_fill_(nonfinite.unsqueeze(2), float("nan"))
         return assemble_rows(pack_rows(codes, lay, self.bits), meta.view(rows, 2 * nb), lay)

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["packed_bytes", "pack_codes", "unpack_codes"]
+from composer_qsdp.kernels import packed_bytes
 
-
-def packed_bytes(bucket_size: int, bits: int) -> int:
-    """Bytes taken by the codes of one bucket of ``bucket_size`` elements at ``bits`` bits."""
-    return -(-bucket_size * bits // 8)
+__all__ = ["pack_codes", "unpack_codes"]
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:

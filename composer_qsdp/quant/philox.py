@@ -15,38 +15,20 @@ Two layers of API:
   ``(k + 0.5) / 2**16``: uniform on 65536 points symmetric about 1/2, so ``floor(y + u)`` is unbiased to
   within ``2**-17`` of one quantization step, below fp32 resolution of the decoded value.
 
-The Triton side of ``rounding_noise`` lives in :mod:`composer_qsdp.kernels.noise`.
+The Triton side of ``rounding_noise`` lives in :mod:`composer_qsdp.kernels.noise`; both take the Philox constants
+from :mod:`composer_qsdp.kernels.philox_constants`.
 """
 
 from __future__ import annotations
 
 import torch
 
+from composer_qsdp.kernels.philox_constants import KEY_A, KEY_B, N_ROUNDS, ROUND_A, ROUND_B
 from composer_qsdp.quant.codec import check_int
 
-__all__ = [
-    "KEY_A",
-    "KEY_B",
-    "ROUND_A",
-    "ROUND_B",
-    "N_ROUNDS",
-    "check_seed",
-    "randint4x",
-    "randint",
-    "uniform",
-    "rounding_noise",
-    "rounding_noise_range",
-]
-
-#: Philox rounds, Triton's default (``triton.language.random.N_ROUNDS_DEFAULT``).
-N_ROUNDS = 10
+__all__ = ["check_seed", "randint4x", "randint", "uniform", "rounding_noise", "rounding_noise_range"]
 
 _MASK32 = 0xFFFFFFFF
-#: Philox4x32 key increments (Weyl constants) and round multipliers, Triton's and Random123's.
-KEY_A = 0x9E3779B9
-KEY_B = 0xBB67AE85
-ROUND_A = 0xD2511F53
-ROUND_B = 0xCD9E8D57
 # Triton's uint32 -> float scale: the largest float such that (2**31 - 1) * scale < 1 in fp32.
 _UNIFORM_SCALE = 4.6566127342e-10
 _MAX_SEED = 2**64 - 1

@@ -22,7 +22,7 @@ The shift of bucket ``k`` of ``encode(x, seed, offset)`` is
 :func:`composer_qsdp.quant.philox.rounding_noise` at the counter of the bucket's first element,
 ``offset + k * bucket_size``; its 16-bit resolution keeps the mean error within ``2**-17`` of a step.
 
-Wire (:mod:`composer_qsdp.quant.wire`): codes packed bucket by bucket, then one ``(origin, scale)`` pair of
+Wire (:mod:`composer_qsdp.kernels.layout`): codes packed bucket by bucket, then one ``(origin, scale)`` pair of
 fp32 per bucket (``bits + 64 / bucket_size`` bits per element).
 
 Non-finite input: a bucket holding a NaN or an infinity, or whose range overflows fp32, is stored with
@@ -36,7 +36,8 @@ import torch
 from composer_qsdp.quant.buckets import bucket_lattice
 from composer_qsdp.quant.codec import Codec
 from composer_qsdp.quant.philox import rounding_noise
-from composer_qsdp.quant.wire import WireLayout, affine_decode, assemble_rows, bucket_layout, pack_rows
+from composer_qsdp.kernels import WireLayout, bucket_layout
+from composer_qsdp.quant.wire import affine_decode, assemble_rows, pack_rows
 
 __all__ = ["RandomShiftCodec"]
 
@@ -46,7 +47,7 @@ class RandomShiftCodec(Codec):
 
     Args:
         bits: bits per code, 1..8.
-        bucket_size: elements per bucket (>= 1); one random shift, one fp32 origin and one fp32 step per bucket.
+        bucket_size: elements per bucket (1..2**24); one random shift, one fp32 origin and one fp32 step per bucket.
 
     Raises:
         ValueError: invalid ``bits`` or ``bucket_size``.
@@ -77,14 +78,15 @@ class RandomShiftCodec(Codec):
     def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
         rows, n = x.shape
         layout = self.layout(n)
-        bsz, nb = self.bucket_size, layout.num_buckets
-        xb, lo, scale, inv, nonfinite = bucket_lattice(x, bsz, self.levels)
+        xb, lo, scale, inv, nonfinite = bucket_lattice(x, self.bucket_size, self.levels)
+        nb, width = xb.shape[1:]
 
-        first = torch.arange(rows, device=x.device).unsqueeze(1) * n + torch.arange(nb, device=x.device) * bsz
+        first = torch.arange(rows, device=x.device).unsqueeze(1) * n
+        first = first + torch.arange(nb, device=x.device) * self.bucket_size  # counter of each bucket's start
         shift = rounding_noise(seed, offset + first)  # [rows, nb]
         t = (xb - lo.unsqueeze(2)) * inv.unsqueeze(2) + shift.unsqueeze(2)
         codes = torch.floor(t).clamp_(0, self.levels).masked_fill_(nonfinite.unsqueeze(2), 0)
-        codes = codes.to(torch.uint8).view(rows, nb * bsz)
+        codes = codes.to(torch.uint8).view(rows, nb * width)
         codes[:, n:] = 0
 
         origin = lo + (0.5 - shift) * scale

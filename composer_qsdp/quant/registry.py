@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-import importlib
+import inspect
 from typing import Any
 
-from composer_qsdp.quant.codec import Codec
+from composer_qsdp.quant.codec import Codec, check_bool
+from composer_qsdp.registry import Registry
 
 __all__ = ["make_codec", "codec_names"]
 
-# name -> "module:Class"; imported lazily so a codec's dependencies load only when it is used.
-_CODECS: dict[str, str] = {
-    "minmax": "composer_qsdp.quant.minmax:MinMaxCodec",
-    "random_shift": "composer_qsdp.quant.random_shift:RandomShiftCodec",
-    "learned": "composer_qsdp.quant.learned:LearnedLevelsCodec",
-    "symmetric": "composer_qsdp.quant.symmetric:SymmetricCodec",
-}
+# The names recipes and configs use for codecs.
+_CODECS: Registry[type[Codec]] = Registry("codec")
+_CODECS.register("minmax", "composer_qsdp.quant.minmax:MinMaxCodec")
+_CODECS.register("random_shift", "composer_qsdp.quant.random_shift:RandomShiftCodec")
+_CODECS.register("learned", "composer_qsdp.quant.learned:LearnedLevelsCodec")
+_CODECS.register("symmetric", "composer_qsdp.quant.symmetric:SymmetricCodec")
 
 
 def codec_names() -> tuple[str, ...]:
     """Names accepted by :func:`make_codec`."""
-    return tuple(_CODECS)
+    return _CODECS.names()
 
 
 def make_codec(name: str, *, hadamard: bool = False, **options: Any) -> Codec:
@@ -30,20 +30,21 @@ def make_codec(name: str, *, hadamard: bool = False, **options: Any) -> Codec:
         name: one of :func:`codec_names` (``"minmax"``, ``"random_shift"``, ``"learned"``, ``"symmetric"``).
         hadamard: rotate each bucket by a normalized Walsh-Hadamard transform before quantizing and back after
             decoding (SDP4Bit); needs a power-of-two ``bucket_size``.
-        **options: codec options, e.g. ``bits`` (1..8), ``bucket_size`` (elements), ``rounding``.
+        **options: keyword arguments of the codec's class, e.g. ``bits`` (bits per code), ``bucket_size``
+            (elements per bucket), ``rounding``.
 
     Raises:
         ValueError: unknown name or invalid option, naming the value and what is allowed.
     """
-    if name not in _CODECS:
-        raise ValueError(f"unknown codec {name!r}; allowed: {', '.join(sorted(_CODECS))}")
-    module_name, class_name = _CODECS[name].split(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    try:
-        codec = cls(**options)
-    except TypeError as err:  # unknown keyword: turn into the documented ValueError
-        raise ValueError(f"invalid option for codec {name!r}: {err}") from None
-    if hadamard:
+    cls = _CODECS.lookup(name)
+    accepted = inspect.signature(cls).parameters
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(
+            f"invalid option for codec {name!r}: {', '.join(unknown)}; allowed: {', '.join(accepted)}, hadamard"
+        )
+    codec = cls(**options)
+    if check_bool("hadamard", hadamard):
         from composer_qsdp.quant.hadamard import HadamardCodec
 
         codec = HadamardCodec(codec)

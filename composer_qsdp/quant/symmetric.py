@@ -22,9 +22,10 @@ disable FMA contraction), so both give the same wire and the same decoded values
 (see :mod:`composer_qsdp.kernels.dispatch`) every encode/decode path runs those kernels when they cover the
 configuration (``bits`` in 2, 4, 8; ``bucket_size`` a multiple of 8 up to 8192), else this torch reference;
 wrapped in :class:`composer_qsdp.quant.hadamard.HadamardCodec`, the kernels also apply the rotation (power-of-two
-buckets), so a rotated encode or decode is one pass over memory.
+buckets; the codec implements :class:`composer_qsdp.quant.hadamard.FusedRotation`), so a rotated encode or decode
+is one pass over memory.
 
-Wire (:mod:`composer_qsdp.quant.wire`): codes packed bucket by bucket, then one fp32 ``scale`` per bucket
+Wire (:mod:`composer_qsdp.kernels.layout`): codes packed bucket by bucket, then one fp32 ``scale`` per bucket
 (``bits + 32 / bucket_size`` bits per element).
 
 Non-finite input: a bucket holding a NaN or an infinity is stored with ``scale = NaN`` and code ``qmax``
@@ -37,10 +38,10 @@ from types import ModuleType
 
 import torch
 
-from composer_qsdp.kernels.dispatch import use_triton
-from composer_qsdp.quant.buckets import FP32_MAX, ieee_div
+from composer_qsdp.kernels import WireLayout, bucket_layout, use_triton
+from composer_qsdp.quant.buckets import FP32_MAX, bucket_width, ieee_div
 from composer_qsdp.quant.codec import Codec, check_bits, sum_rows_in_order
-from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
+from composer_qsdp.quant.wire import assemble_rows, pack_rows, read_meta, unpack_rows
 
 __all__ = ["SymmetricCodec"]
 
@@ -50,7 +51,7 @@ class SymmetricCodec(Codec):
 
     Args:
         bits: bits per code, 2..8 (8 and 4 are ZeRO++/SDP4Bit's INT8/INT4).
-        bucket_size: elements per bucket (>= 1); one fp32 scale per bucket. The default, 2048, is SDP4Bit's
+        bucket_size: elements per bucket (1..2**24); one fp32 scale per bucket. The default, 2048, is SDP4Bit's
             weight group; ZeRO++'s qwZ blocks are 4k-8k elements and SDP4Bit's gradient groups 128.
 
     Raises:
@@ -105,33 +106,50 @@ class SymmetricCodec(Codec):
             return kernels.decode_sum(wire, self.bits, self.bucket_size, layout)
         return sum_rows_in_order(self._decode_rows_fp32(wire, layout))
 
-    # ------------------------------------------------------------------ fused Hadamard rotation
-    def _encode_rows_rotated(self, x: torch.Tensor, padded: int, seed: int, offset: int) -> torch.Tensor | None:
+    # ------------------------------------------------------------------ fused Hadamard rotation (FusedRotation)
+    def encode_rows_rotated(self, x: torch.Tensor, seed: int = 0, offset: int = 0) -> torch.Tensor | None:
+        """:meth:`encode_rows` of the rows of ``[R, n]`` ``x`` zero-padded to whole buckets and Hadamard-rotated,
+        in one kernel pass: ``[R, wire_bytes(padded)]`` ``uint8``, or ``None`` where no kernel covers the call (a
+        CPU tensor, ``bits`` not in 2/4/8, ``bucket_size`` not a power of two from 8 to 8192 elements).
+        ``seed`` and ``offset`` are validated and unused (round to nearest)."""
+        self._check_rows_input(x, seed, offset)
         kernels = self._kernels(x, rotate=True)
         if kernels is None:
             return None
-        return kernels.encode_rows(x, self.bits, self.bucket_size, self.layout(padded), rotate=True)
+        return kernels.encode_rows(x, self.bits, self.bucket_size, self._padded_layout(x.shape[1]), rotate=True)
 
-    def _decode_rows_rotated(
-        self, wire: torch.Tensor, padded: int, numel: int, dtype: torch.dtype
-    ) -> torch.Tensor | None:
+    def decode_rows_rotated(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """:meth:`decode_rows` of a ``[R, wire_bytes(padded)]`` wire rotated back, its first ``numel`` columns, as
+        ``[R, numel]`` of ``dtype``, in one kernel pass; ``None`` where no kernel covers the call."""
+        layout = self._padded_layout(numel)
+        self._check_wire_rows(wire, layout.numel)
+        self._check_dtype(dtype)
         kernels = self._kernels(wire, rotate=True)
         if kernels is None:
             return None
-        return kernels.decode_rows(wire, self.bits, self.bucket_size, self.layout(padded), dtype, True, numel)
+        return kernels.decode_rows(wire, self.bits, self.bucket_size, layout, dtype, True, numel)
 
-    def _decode_sum_rotated(self, wire: torch.Tensor, padded: int, numel: int) -> torch.Tensor | None:
+    def decode_sum_rotated(self, wire: torch.Tensor, numel: int) -> torch.Tensor | None:
+        """:meth:`decode_sum` of a ``[R, wire_bytes(padded)]`` wire rotated back, its first ``numel`` elements
+        (fp32), in one kernel pass; ``None`` where no kernel covers the call."""
+        layout = self._padded_layout(numel)
+        self._check_wire_rows(wire, layout.numel)
         kernels = self._kernels(wire, rotate=True)
         if kernels is None:
             return None
-        return kernels.decode_sum(wire, self.bits, self.bucket_size, self.layout(padded), True, numel)
+        return kernels.decode_sum(wire, self.bits, self.bucket_size, layout, True, numel)
+
+    def _padded_layout(self, numel: int) -> WireLayout:
+        """Layout of ``numel`` elements zero-padded to whole buckets (the rotated wire's)."""
+        self._check_numel(numel)
+        return self.layout(self.num_buckets(numel) * self.bucket_size)
 
     # ------------------------------------------------------------------ torch reference
     def _encode_rows_reference(self, x: torch.Tensor, layout: WireLayout) -> torch.Tensor:
         rows, n = x.shape
-        bsz, nb = self.bucket_size, layout.num_buckets
+        nb, width = layout.num_buckets, bucket_width(n, self.bucket_size)
         # Zero padding leaves every bucket's absmax unchanged.
-        xb = torch.nn.functional.pad(x.to(torch.float32), (0, nb * bsz - n)).view(rows, nb, bsz)
+        xb = torch.nn.functional.pad(x.to(torch.float32), (0, nb * width - n)).view(rows, nb, width)
         absmax = xb.abs().amax(dim=2)
         # amax propagates NaN, so the abs-max is non-finite exactly when the bucket holds a NaN or an infinity.
         nonfinite = ~torch.isfinite(absmax)
@@ -140,7 +158,7 @@ class SymmetricCodec(Codec):
         inv = torch.where(absmax > 0, torch.full_like(absmax, self.qmax) / absmax, 0.0).clamp_(max=FP32_MAX)
         q = torch.round(xb * inv.unsqueeze(2)).clamp_(-self.qmax, self.qmax)
         q = q.masked_fill_(nonfinite.unsqueeze(2), 0)
-        codes = (q + self.qmax).to(torch.uint8).view(rows, nb * bsz)
+        codes = (q + self.qmax).to(torch.uint8).view(rows, nb * width)
         codes[:, n:] = 0
         return assemble_rows(pack_rows(codes, layout, self.bits), scale, layout)
 

@@ -1,86 +1,42 @@
-"""Byte layout of a bucketed codec's wire: packed codes bucket by bucket, then 4-byte aligned fp32 metadata.
+"""Torch reference of the bucketed wire (:mod:`composer_qsdp.kernels.layout`): packing codes into rows,
+assembling rows with their fp32 metadata, and reading them back.
 
-One encoded row of ``numel`` elements in ``nb = ceil(numel / bucket_size)`` buckets::
-
-    [codes of bucket 0]...[codes of the last bucket][0-3 zero bytes][metadata: fp32 words]
-
-* codes: ``bits``-bit codes packed bucket by bucket as in :mod:`composer_qsdp.quant.packing`, each bucket
-  starting on a byte boundary; a full bucket takes ``ceil(bucket_size * bits / 8)`` bytes, the last one
-  ``ceil(valid * bits / 8)`` bytes.
-* metadata: little-endian fp32 words whose meaning the codec defines (per-bucket scales, levels...). It
-  starts on a multiple of 4 bytes and the row length is a multiple of 4, so every row of an
-  ``encode_rows`` matrix keeps its metadata 4-byte aligned for the kernels.
+The layout itself lives in the kernels layer, which writes and reads the same bytes.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-from composer_qsdp.quant.packing import pack_codes, packed_bytes, unpack_codes
+from composer_qsdp.kernels import WireLayout, aligned_rows, packed_bytes
+from composer_qsdp.quant.buckets import bucket_width
+from composer_qsdp.quant.packing import pack_codes, unpack_codes
 
-__all__ = [
-    "WireLayout", "bucket_layout", "pack_rows", "unpack_rows", "assemble_rows", "read_meta", "aligned_rows",
-    "affine_decode",
-]
-
-
-@dataclasses.dataclass(frozen=True)
-class WireLayout:
-    """Byte layout of one encoded row of ``numel`` elements (sizes in bytes unless noted).
-
-    Attributes:
-        numel: elements in the row.
-        num_buckets: buckets covering the row (the last may be partial).
-        last_bucket: elements in the last bucket (1..bucket_size).
-        bucket_bytes: code bytes of one full bucket.
-        code_bytes: code bytes of the whole row (buckets back to back).
-        meta_offset: start of the metadata, a multiple of 4.
-        meta_words: fp32 metadata words after ``meta_offset``.
-        wire_bytes: total size, ``meta_offset + 4 * meta_words``; a multiple of 4.
-    """
-
-    numel: int
-    num_buckets: int
-    last_bucket: int
-    bucket_bytes: int
-    code_bytes: int
-    meta_offset: int
-    meta_words: int
-    wire_bytes: int
-
-
-def bucket_layout(numel: int, bucket_size: int, bits: int, meta_words: int) -> WireLayout:
-    """Layout of ``numel`` elements in buckets of ``bucket_size`` at ``bits`` bits with ``meta_words`` fp32 words."""
-    nb = -(-numel // bucket_size)
-    last = numel - (nb - 1) * bucket_size
-    bucket_bytes = packed_bytes(bucket_size, bits)
-    code_bytes = (nb - 1) * bucket_bytes + packed_bytes(last, bits)
-    meta_offset = -(-code_bytes // 4) * 4
-    return WireLayout(numel, nb, last, bucket_bytes, code_bytes, meta_offset, meta_words, meta_offset + 4 * meta_words)
+__all__ = ["pack_rows", "unpack_rows", "assemble_rows", "read_meta", "affine_decode"]
 
 
 def pack_rows(codes: torch.Tensor, layout: WireLayout, bits: int) -> torch.Tensor:
-    """Pack ``[R, nb * bucket_size]`` codes into ``[R, code_bytes]`` bytes.
+    """Pack the ``[R, nb * width]`` codes of rows padded to ``nb`` buckets of ``width`` elements
+    (:func:`composer_qsdp.quant.buckets.bucket_width`) into ``[R, code_bytes]`` bytes.
 
     Codes past ``numel`` in the last bucket must be 0: the partial bucket's bytes are then the prefix of the
-    full-bucket packing that :func:`pack_codes` would give it on its own.
+    packing that :func:`pack_codes` would give it on its own.
     """
     rows = codes.shape[0]
-    nb = layout.num_buckets
-    packed = pack_codes(codes.reshape(rows * nb, -1), bits).view(rows, nb * layout.bucket_bytes)
+    packed = pack_codes(codes.reshape(rows * layout.num_buckets, -1), bits).view(rows, -1)
     return packed[:, : layout.code_bytes]
 
 
 def unpack_rows(wire: torch.Tensor, layout: WireLayout, bits: int, bucket_size: int) -> torch.Tensor:
-    """Codes of a ``[R, wire_bytes]`` wire as ``[R, nb, bucket_size]`` ``uint8`` (0 past ``numel``)."""
+    """Codes of a ``[R, wire_bytes]`` wire as ``[R, nb, width]`` ``uint8`` (0 past ``numel``), ``width`` the
+    padded bucket view's (:func:`composer_qsdp.quant.buckets.bucket_width`)."""
     rows, nb = wire.shape[0], layout.num_buckets
+    width = bucket_width(layout.numel, bucket_size)
+    width_bytes = packed_bytes(width, bits)
     region = wire[:, : layout.code_bytes]
-    full = nb * layout.bucket_bytes
-    if layout.code_bytes < full:
-        region = torch.nn.functional.pad(region, (0, full - layout.code_bytes))
-    return unpack_codes(region.reshape(rows * nb, layout.bucket_bytes), bits, bucket_size).view(rows, nb, bucket_size)
+    if layout.code_bytes < nb * width_bytes:
+        region = torch.nn.functional.pad(region, (0, nb * width_bytes - layout.code_bytes))
+    return unpack_codes(region.reshape(rows * nb, width_bytes), bits, width).view(rows, nb, width)
 
 
 def assemble_rows(packed: torch.Tensor, meta: torch.Tensor, layout: WireLayout) -> torch.Tensor:
@@ -109,11 +65,3 @@ def affine_decode(wire: torch.Tensor, layout: WireLayout, bits: int, bucket_size
     meta = read_meta(wire, layout).view(rows, layout.num_buckets, 2)
     decoded = meta[:, :, 0:1] + meta[:, :, 1:2] * codes.to(torch.float32)
     return decoded.view(rows, -1)[:, : layout.numel]
-
-
-def aligned_rows(wire: torch.Tensor) -> torch.Tensor:
-    """``wire`` itself when the fp32 metadata of its ``[R, wire_bytes]`` rows can be read in place (rows
-    contiguous and 4-byte aligned, as kernels need), else an aligned copy."""
-    if wire.stride(1) == 1 and wire.data_ptr() % 4 == 0 and (wire.shape[0] == 1 or wire.stride(0) % 4 == 0):
-        return wire
-    return wire.clone(memory_format=torch.contiguous_format)

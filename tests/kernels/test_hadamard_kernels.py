@@ -8,8 +8,7 @@ from hopper import assert_no_spills_and_exact
 
 from composer_qsdp.kernels import backend, use_triton
 from composer_qsdp.kernels import hadamard as kernels
-from composer_qsdp.quant import make_codec
-from composer_qsdp.quant.hadamard import hadamard_rows
+from composer_qsdp.quant import hadamard_rows, make_codec
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

@@ -7,7 +7,7 @@ from hopper import assert_no_spills_and_exact
 from composer_qsdp.kernels import backend, use_triton
 from composer_qsdp.kernels import minmax as kernels
 from composer_qsdp.kernels.groups import vec
-from composer_qsdp.quant.minmax import MinMaxCodec
+from composer_qsdp.quant import MinMaxCodec
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # Kernels run on CPU tensors under the interpreter (CI) and compiled on CUDA tensors on a GPU machine.

@@ -8,8 +8,7 @@ from hopper import assert_no_spills_and_exact
 from composer_qsdp.kernels import backend, use_triton
 from composer_qsdp.kernels import symmetric as kernels
 from composer_qsdp.kernels.groups import vec
-from composer_qsdp.quant.hadamard import hadamard_rows
-from composer_qsdp.quant.symmetric import SymmetricCodec
+from composer_qsdp.quant import HadamardCodec, SymmetricCodec, hadamard_rows
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 _INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
@@ -153,6 +152,21 @@ def test_codec_dispatch_to_triton_matches_torch():
         # A byte-shifted (misaligned) wire is copied before the kernel reads its fp32 scales.
         shifted = torch.cat([torch.zeros(1, dtype=torch.uint8), wire_1d])[1:]
         assert torch.equal(codec.decode(shifted, 700, torch.bfloat16), decoded)
+
+
+def test_fused_rotation_methods_equal_the_two_pass_hadamard_codec():
+    """SymmetricCodec's FusedRotation methods (one kernel pass) equal HadamardCodec's rotation-then-codec passes."""
+    codec = SymmetricCodec(bits=4, bucket_size=64)
+    x = _data(3, 300, torch.bfloat16, seed=7, nonfinite=True)
+    two_pass = HadamardCodec(codec)
+    with backend("torch"):
+        wire = two_pass.encode_rows(x)
+        decoded, total = two_pass.decode_rows(wire, 300, torch.float16), two_pass.decode_sum(wire, 300)
+    with backend("triton"):
+        assert torch.equal(codec.encode_rows_rotated(x), wire)
+        _assert_bitwise(codec.decode_rows_rotated(wire, 300, torch.float16), decoded)
+        _assert_bitwise(codec.decode_sum_rotated(wire, 300), total)
+        assert SymmetricCodec(bits=3, bucket_size=64).encode_rows_rotated(x) is None  # no 3-bit kernel
 
 
 def test_unsupported_configurations_fall_back_to_the_reference():

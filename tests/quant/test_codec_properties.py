@@ -217,3 +217,34 @@ def test_non_finite_input_decodes_non_finite(name, options, hadamard, bad):
     assert not torch.isfinite(decoded[64:128]).any(), "a bucket holding a NaN/Inf decoded to finite values"
     others = torch.cat([decoded[:64], decoded[128:]])
     assert torch.isfinite(others).all(), "a NaN/Inf leaked into other buckets"
+
+
+def _largest_allocation(fn) -> int:
+    """Bytes of the largest single CPU allocation made while ``fn`` runs (the profiler's per-op memory events)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return max((event.self_cpu_memory_usage for event in prof.events()), default=0)
+
+
+@pytest.mark.filterwarnings("ignore:.*Profiler clears events:UserWarning")
+@pytest.mark.parametrize("name, options", VARIANTS)
+def test_a_tensor_smaller_than_one_bucket_costs_memory_for_its_own_size(name, options):
+    """The references used to pad a row's partial bucket and its noise to the whole bucket: 2 x 64 MiB to encode
+    2 x 100 elements in buckets of 2**24. The wire of a single partial bucket does not depend on bucket_size, so
+    a codec whose bucket is exactly the row gives the expected wire (given the same levels, for learned levels,
+    whose fit samples the rows padded to whole buckets)."""
+    codec = make_codec(name, bits=3, bucket_size=2**24, **options)
+    small = make_codec(name, bits=3, bucket_size=100, **options)
+    x = _sample(200, 100, torch.float32).view(2, 100)
+    wire = codec.encode_rows(x, seed=9, offset=4)
+    limit = 64 * 1024  # bytes; the inputs are 800
+    assert _largest_allocation(lambda: codec.encode_rows(x, seed=9, offset=4)) < limit
+    assert _largest_allocation(lambda: codec.decode_rows(wire, 100)) < limit
+    assert _largest_allocation(lambda: codec.decode_sum(wire, 100)) < limit
+    if name == "learned":
+        small.set_levels(codec.levels)
+    assert torch.equal(wire, small.encode_rows(x, seed=9, offset=4))
+    decoded = codec.decode_rows(wire, 100)
+    assert torch.equal(decoded, small.decode_rows(wire, 100))
+    assert torch.equal(codec.decode_sum(wire, 100), small.decode_sum(wire, 100))
+    _assert_within_bound(small, x[0], decoded[0])

@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from composer_qsdp.quant import make_codec
-from composer_qsdp.quant.hadamard import HadamardCodec, hadamard_rows
-from composer_qsdp.quant.symmetric import SymmetricCodec
+from composer_qsdp.kernels import backend
+from composer_qsdp.quant import FusedRotation, HadamardCodec, MinMaxCodec, SymmetricCodec, hadamard_rows, make_codec
 
 
 def _sylvester(order: int) -> torch.Tensor:
@@ -86,3 +85,57 @@ def test_rejects_what_is_not_a_codec_and_bad_output_columns():
         HadamardCodec("symmetric")
     with pytest.raises(ValueError, match="out_cols=200 is invalid; allowed: 1..128"):
         hadamard_rows(torch.randn(1, 100), 64, 200, torch.float32)
+
+
+class _RecordingMinMax(MinMaxCodec):
+    """A min-max codec that implements :class:`FusedRotation` by delegating to the two-pass composition (or, with
+    ``declines``, by returning None) and records the calls, as a third-party codec with fused kernels would."""
+
+    def __init__(self, declines: bool) -> None:
+        super().__init__(bits=4, bucket_size=64)
+        self.declines, self.calls = declines, []
+
+    def _two_pass(self) -> HadamardCodec:
+        return HadamardCodec(MinMaxCodec(bits=4, bucket_size=64))
+
+    def encode_rows_rotated(self, x, seed, offset):
+        self.calls.append("encode_rows_rotated")
+        return None if self.declines else self._two_pass().encode_rows(x, seed, offset)
+
+    def decode_rows_rotated(self, wire, numel, dtype):
+        self.calls.append("decode_rows_rotated")
+        return None if self.declines else self._two_pass().decode_rows(wire, numel, dtype)
+
+    def decode_sum_rotated(self, wire, numel):
+        self.calls.append("decode_sum_rotated")
+        return None if self.declines else self._two_pass().decode_sum(wire, numel)
+
+
+def test_fused_rotation_is_discovered_by_protocol_and_none_falls_back_to_two_passes():
+    assert isinstance(SymmetricCodec(4, 64), FusedRotation) and not isinstance(MinMaxCodec(4, 64), FusedRotation)
+    x = torch.randn(3, 150)
+    reference = HadamardCodec(MinMaxCodec(bits=4, bucket_size=64))  # two passes: no fused methods
+    wire = reference.encode_rows(x, seed=5, offset=2)
+    expected = (wire, reference.decode_rows(wire, 150, torch.bfloat16), reference.decode_sum(wire, 150))
+    for declines in (False, True):
+        inner = _RecordingMinMax(declines)
+        codec = HadamardCodec(inner)
+        got = (codec.encode_rows(x, seed=5, offset=2), codec.decode_rows(wire, 150, torch.bfloat16),
+               codec.decode_sum(wire, 150))  # fmt: skip
+        for g, e in zip(got, expected):
+            assert torch.equal(g, e)
+        assert inner.calls == ["encode_rows_rotated", "decode_rows_rotated", "decode_sum_rotated"]
+
+
+def test_symmetric_fused_rotation_declines_on_the_torch_backend_and_validates():
+    codec = SymmetricCodec(bits=4, bucket_size=64)
+    x = torch.randn(2, 100)
+    wire = HadamardCodec(codec).encode_rows(x)
+    with backend("torch"):
+        assert codec.encode_rows_rotated(x) is None
+        assert codec.decode_rows_rotated(wire, 100, torch.float32) is None
+        assert codec.decode_sum_rotated(wire, 100) is None
+    with pytest.raises(ValueError, match="needs exactly"):
+        codec.decode_rows_rotated(wire[:, :-4], 100, torch.float32)
+    with pytest.raises(ValueError, match="2-D"):
+        codec.encode_rows_rotated(x[0])

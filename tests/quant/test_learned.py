@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from composer_qsdp.quant import make_codec
-from composer_qsdp.quant.learned import LearnedLevelsCodec, fit_levels, uniform_levels
+from composer_qsdp.quant import LearnedLevelsCodec, make_codec
+from composer_qsdp.quant.learned import fit_levels, uniform_levels
 
 
 def _student_t(n: int, seed: int = 0, df: float = 3.0) -> torch.Tensor:

@@ -5,8 +5,7 @@ import math
 import pytest
 import torch
 
-from composer_qsdp.quant import make_codec
-from composer_qsdp.quant.minmax import MinMaxCodec
+from composer_qsdp.quant import MinMaxCodec, make_codec
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

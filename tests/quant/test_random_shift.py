@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from composer_qsdp.quant import make_codec
+from composer_qsdp.quant import RandomShiftCodec, make_codec
 from composer_qsdp.quant.philox import rounding_noise
-from composer_qsdp.quant.random_shift import RandomShiftCodec
 
 
 def _x(n: int, seed: int = 0) -> torch.Tensor:

@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from composer_qsdp.quant import make_codec
+from composer_qsdp.quant import SymmetricCodec, make_codec
 from composer_qsdp.quant.packing import unpack_codes
-from composer_qsdp.quant.symmetric import SymmetricCodec
 
 
 def _x(n: int, seed: int = 0) -> torch.Tensor:
