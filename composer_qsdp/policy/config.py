@@ -11,6 +11,7 @@ from typing import Any
 import torch.nn as nn
 
 from composer_qsdp.quant import Codec, check_int, check_seed, make_codec
+from composer_qsdp.registry import Registry
 from composer_qsdp.schemes import (GRAD_SCHEMES, WEIGHT_SCHEMES, GradScheme, WeightScheme, make_grad_scheme,
                                    make_weight_scheme)
 
@@ -146,11 +147,9 @@ class QSDPConfig:
         set_(self, "_weight_prototypes", self._prototypes("weights", WEIGHT_SCHEMES, make_weight_scheme))
         set_(self, "_grad_prototypes", self._prototypes("grads", GRAD_SCHEMES, make_grad_scheme))
 
-    def _prototypes(
-        self, name: str, table: Mapping[str, Any], make: Callable[..., Any]
-    ) -> dict[tuple[str, int | None], Any]:
+    def _prototypes(self, name: str, table: Registry[Any], make: Callable[..., Any]) -> dict[tuple[str, int | None], Any]:
         side: SideConfig = getattr(self, name)
-        default = next(iter(table))
+        default = table.names()[0]
         # Unquantized units (bits None) always take the side's default scheme: there is nothing to encode.
         prototypes = {(default, None): make(default, None, self.error_sample_interval)}
         for scheme in side.all_schemes(default):

@@ -1,21 +1,23 @@
-"""Scheme names: the one table per side that maps a configuration's ``scheme`` to a class."""
+"""Scheme names: one :class:`~composer_qsdp.registry.Registry` per side maps a configuration's ``scheme`` to a
+class; the first name registered is the side's default."""
 
 from __future__ import annotations
 
 from typing import Any, TypeVar
 
 from composer_qsdp.quant import Codec
+from composer_qsdp.registry import Registry
 from composer_qsdp.schemes.base import GradScheme, Scheme, WeightScheme
-from composer_qsdp.schemes.difference import DifferenceAllGather
-from composer_qsdp.schemes.direct import DirectAllGather
-from composer_qsdp.schemes.flat import FlatReduceScatter
 
 __all__ = ["GRAD_SCHEMES", "WEIGHT_SCHEMES", "make_grad_scheme", "make_weight_scheme"]
 
 #: Weight all-gather schemes by name; the first is the default.
-WEIGHT_SCHEMES: dict[str, type[WeightScheme]] = {"direct": DirectAllGather, "difference": DifferenceAllGather}
+WEIGHT_SCHEMES: Registry[type[WeightScheme]] = Registry("weight scheme")
+WEIGHT_SCHEMES.register("direct", "composer_qsdp.schemes.direct:DirectAllGather")
+WEIGHT_SCHEMES.register("difference", "composer_qsdp.schemes.difference:DifferenceAllGather")
 #: Gradient reduce-scatter schemes by name; the first is the default.
-GRAD_SCHEMES: dict[str, type[GradScheme]] = {"flat": FlatReduceScatter}
+GRAD_SCHEMES: Registry[type[GradScheme]] = Registry("grad scheme")
+GRAD_SCHEMES.register("flat", "composer_qsdp.schemes.flat:FlatReduceScatter")
 
 _S = TypeVar("_S", bound=Scheme)
 
@@ -26,7 +28,7 @@ def make_weight_scheme(name: str, codec: Codec | None, error_sample_interval: in
     Raises:
         ValueError: an unknown scheme or scheme option, naming it and what is allowed.
     """
-    return _build(WEIGHT_SCHEMES, "weight", name, codec, error_sample_interval, options)
+    return _build(WEIGHT_SCHEMES, name, codec, error_sample_interval, options)
 
 
 def make_grad_scheme(name: str, codec: Codec | None, error_sample_interval: int = 0, **options: Any) -> GradScheme:
@@ -35,15 +37,12 @@ def make_grad_scheme(name: str, codec: Codec | None, error_sample_interval: int 
     Raises:
         ValueError: an unknown scheme or scheme option, naming it and what is allowed.
     """
-    return _build(GRAD_SCHEMES, "grad", name, codec, error_sample_interval, options)
+    return _build(GRAD_SCHEMES, name, codec, error_sample_interval, options)
 
 
-def _build(
-    table: dict[str, type[_S]], what: str, name: str, codec: Codec | None, interval: int, options: dict[str, Any]
-) -> _S:
-    if not isinstance(name, str) or name not in table:
-        raise ValueError(f"unknown {what} scheme {name!r}; allowed: {', '.join(table)}")
+def _build(registry: Registry[type[_S]], name: str, codec: Codec | None, interval: int, options: dict[str, Any]) -> _S:
+    cls = registry.lookup(name)
     try:
-        return table[name](codec, interval, **options)
+        return cls(codec, interval, **options)
     except TypeError as err:  # an unknown keyword: the documented ValueError instead
-        raise ValueError(f"invalid option for the {what} scheme {name!r}: {err}") from None
+        raise ValueError(f"invalid option for the {registry.kind} {name!r}: {err}") from None

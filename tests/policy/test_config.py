@@ -39,7 +39,7 @@ def test_defaults_are_the_paper_headline_setting():
     (lambda: dict(grads=SideConfig(codec_options={"colour": 1})), r"invalid option for codec 'minmax'"),
     (lambda: dict(weights=SideConfig(codec_options={"bits": 4})), r"multiple values for keyword argument 'bits'"),
     (lambda: dict(grads=SideConfig(codec="symmetric", rounding="nearest")), r"invalid option for codec 'symmetric'"),
-    (lambda: dict(weights=SideConfig(scheme="flat")), r"unknown weight scheme 'flat'; allowed: direct"),
+    (lambda: dict(weights=SideConfig(scheme="flat")), r"unknown weight scheme 'flat'; allowed: difference, direct"),
     (lambda: dict(grads=SideConfig(scheme_options={"hops": 2})), r"invalid option for the grad scheme 'flat'"),
     (lambda: dict(weights=8), r"weights=8 is invalid; it must be a SideConfig"),
     (lambda: dict(module_filter="blocks"), r"module_filter='blocks' is invalid; it must be callable"),

@@ -77,7 +77,7 @@ def test_scheme_life_cycle_and_equivalence():
 
 
 def test_unknown_schemes_and_options_are_value_errors():
-    with pytest.raises(ValueError, match=r"unknown weight scheme 'delta'; allowed: direct, difference"):
+    with pytest.raises(ValueError, match=r"unknown weight scheme 'delta'; allowed: difference, direct"):
         make_weight_scheme("delta", None)
     with pytest.raises(ValueError, match=r"unknown grad scheme None"):
         make_grad_scheme(None, None)
