@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from composer_qsdp import QSDP, from_recipe
 from composer_qsdp.models import ComposerGPT
 from composer_qsdp.train import RecipeError, load_recipe
 
@@ -64,6 +65,9 @@ def test_recipe_validates_and_builds_its_model(path):
         assert (qsdp["weight_bits"], qsdp["grad_bits"]) == (int(bits[1]), int(bits[2]))
     elif path.stem.endswith("qsdp"):
         assert recipe.algorithm_kwargs["qsdp"]["weight_bits"] == 8
+    elif path.stem == "sdp4bit":
+        assert recipe.algorithm_kwargs == {"qsdp": {"recipe": "sdp4bit"}}
+        assert QSDP(**recipe.algorithm_kwargs["qsdp"]).config == from_recipe("sdp4bit")
     else:
         assert recipe.algorithm_kwargs == {}
 
