@@ -105,27 +105,35 @@ class Capture:
 
 
 def _train(info: RankInfo, model: MLP, steps: int, opt=None, first_step: int = 0, capture: Capture | None = None,
-           poison: tuple[int, int] | None = None) -> dict:
+           poison: tuple[int, int] | None = None, microbatches: int = 1, handle=None) -> dict:
+    """Train ``steps`` steps, each on its batch in ``microbatches`` gradient-accumulation microbatches; with a
+    ``capture`` the weights each microbatch's forward and backward saw, with a ``handle`` its seed counters."""
     opt = opt or torch.optim.SGD(model.parameters(), lr=LR)
-    losses, forward, backward, grads0 = [], [], [], None
+    losses, forward, backward, seeds, grads0 = [], [], [], [], None
     for step in range(first_step, first_step + steps):
         x, y = (t.to(info.device) for t in batch(info.rank, step))
         if poison == (info.rank, step):
             x[0, 0] = float("inf")
-        loss = nn.functional.mse_loss(model(x).float(), y)  # .float(): bf16 outputs under mixed precision
-        loss.backward()
+        total = torch.zeros((), device=info.device)
+        for xm, ym in zip(x.chunk(microbatches), y.chunk(microbatches)):
+            # .float(): bf16 outputs under mixed precision
+            loss = nn.functional.mse_loss(model(xm).float(), ym) / microbatches
+            loss.backward()
+            total += loss.detach()
+            if capture is not None:
+                forward.append(dict(capture.forward))
+                backward.append(dict(capture.backward))
+            if handle is not None:
+                seeds.append((handle.seeds.optimizer_step, handle.seeds.microbatch))
         if step == first_step:
             grads0 = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
-        if capture is not None:
-            forward.append(dict(capture.forward))
-            backward.append(dict(capture.backward))
         opt.step()
         opt.zero_grad()
-        total = loss.detach().clone()
         dist.all_reduce(total)
         losses.append(total.item() / info.world_size)
     params = {n: p.full_tensor() for n, p in model.named_parameters()}
-    return {"losses": losses, "params": params, "grads0": grads0, "forward": forward, "backward": backward}
+    return {"losses": losses, "params": params, "grads0": grads0, "forward": forward, "backward": backward,
+            "seeds": seeds}
 
 
 def _accumulation_scenario(info: RankInfo) -> dict:
@@ -133,24 +141,7 @@ def _accumulation_scenario(info: RankInfo) -> dict:
     model = _sharded(info)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     handle = apply_qsdp(model, W8G8, optimizers=opt)
-    capture = Capture(model)
-    losses, forward, backward, seeds = [], [], [], []
-    for step in range(STEPS):
-        x, y = batch(info.rank, step)
-        total = torch.zeros(())
-        for xm, ym in zip(x.chunk(ACCUMULATION), y.chunk(ACCUMULATION)):
-            loss = nn.functional.mse_loss(model(xm), ym) / ACCUMULATION
-            loss.backward()
-            total += loss.detach()
-            forward.append(dict(capture.forward))
-            backward.append(dict(capture.backward))
-            seeds.append((handle.seeds.optimizer_step, handle.seeds.microbatch))
-        opt.step()
-        opt.zero_grad()
-        dist.all_reduce(total)
-        losses.append(total.item() / info.world_size)
-    params = {n: p.full_tensor() for n, p in model.named_parameters()}
-    return {"losses": losses, "params": params, "forward": forward, "backward": backward, "seeds": seeds}
+    return _train(info, model, STEPS, opt, capture=Capture(model), microbatches=ACCUMULATION, handle=handle)
 
 
 def _difference_scenario(info: RankInfo) -> dict:
