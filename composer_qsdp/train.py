@@ -292,10 +292,11 @@ def _validate(cfg: DictConfig) -> ValidatedRecipe:
                f"allowed: {', '.join(FSDP_MIXED_PRECISION)}")
         _check(cfg.fsdp.state_dict_type in FSDP_STATE_DICT_TYPES, "fsdp.state_dict_type", cfg.fsdp.state_dict_type,
                f"allowed: {', '.join(FSDP_STATE_DICT_TYPES)}")
+        # Whether the group size divides the shard mesh is fully_shard's own check, at wrapping time.
         reshard = cfg.fsdp.reshard_after_forward
-        _check(isinstance(reshard, bool) or (isinstance(reshard, int) and reshard >= 2 and world % reshard == 0),
-               "fsdp.reshard_after_forward", reshard,
-               f"allowed: true, false, or an integer >= 2 dividing the world size {world} (e.g. the GPUs per node)")
+        _check(isinstance(reshard, bool) or (isinstance(reshard, int) and reshard >= 2), "fsdp.reshard_after_forward",
+               reshard, "allowed: true, false, or an integer >= 2 (ranks of the secondary shard group, e.g. the GPUs "
+               "per node)")
     _check(not cfg.autoresume or (cfg.save_folder is not None and cfg.run_name is not None), "autoresume",
            cfg.autoresume, "autoresume needs save_folder and run_name")
 
