@@ -40,6 +40,7 @@ Usage (CPU only, a few seconds; prints markdown, and with ``--out-dir DIR`` also
 
     python benchmarks/cost_model.py validate   # predictions vs the committed one-host records
     python benchmarks/cost_model.py predict    # GPT-1.3B / 6.7B on 8 nodes x 8 H100 at 100, 200, 400 Gbps
+    python benchmarks/cost_model.py papers     # SDP4Bit's published speedups beside the model's
 """
 
 from __future__ import annotations
@@ -203,11 +204,13 @@ def _sym(bits: int, bucket: int) -> CodecSpec:
     return CodecSpec("symmetric", bits, bucket)
 
 
+MEGATRON = "plain, weights gathered once (SDP4Bit's Megatron baseline)"
 #: The settings of the predicted tables (codecs as in composer_qsdp.policy.presets; qWD as SDP4Bit §3.1).
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("plain FSDP2"),
     Setting("plain HSDP", hsdp=True),
     Setting("plain FSDP2 + hpZ", weights="hpz"),
+    Setting(MEGATRON, weights="once"),
     Setting("QSDP W8G8 (flat)", _w(8), "gather", _w(8), "a2a"),
     Setting("QSDP W4G4 (flat)", _w(4), "gather", _w(4), "a2a"),
     Setting("ZeRO++ qwZ + qgZ", _sym(8, 4096), "gather", _sym(4, 2048), "two_level", _sym(4, 2048)),
@@ -567,6 +570,35 @@ def prediction_table(models: Sequence[str] = PREDICTED_MODELS, gbps: Sequence[fl
     return out
 
 
+#: Dense bf16 tensor peaks (TFLOPs): the compute of another GPU is the H100 step scaled by their ratio.
+PEAK_TFLOPS = {"H100": 989.0, "H800": 989.0, "A100": 312.0}
+#: SDP4Bit §3.4-3.5, Table 2: end-to-end speedup of SDP4Bit (qWD + TLq-HS) over Megatron-LM, 16 nodes.
+PAPER_CONDITIONS = (
+    ("1.3b", "A100", 4, 100, 2.39),
+    ("6.7b", "A100", 4, 100, 3.44),  # the paper ran 6.7B with tensor parallelism 4
+    ("1.3b", "H800", 8, 3200, 1.53),
+    ("6.7b", "H800", 8, 3200, 2.97),
+)
+
+
+def paper_table(tokens: int = TOKENS_PER_GPU) -> list[dict]:
+    """SDP4Bit's published speedups (Table 2) beside this model's at the same nodes, GPUs per node and network,
+    with the compute scaled from our H100-class measurement by the GPUs' bf16 peaks."""
+    fit = link_fits()["nvlink"][0]
+    out = []
+    for model, gpu, per_node, gbps, published in PAPER_CONDITIONS:
+        units = model_units(model_shape(model), 2048)
+        one_gpu = h100_one_gpu_step(units, 2048, tokens) * PEAK_TFLOPS["H100"] / PEAK_TFLOPS[gpu]
+        cluster = Cluster(16, per_node, fit.busbw_gbs, gbps / 8 * NETWORK_EFFICIENCY, fit.a2a_efficiency, 1.0,
+                          fit.latency_s, fit.codec_call_s)
+        steps = {name: predict(units, cluster, SETTINGS[name], one_gpu).step_s
+                 for name in (MEGATRON, "plain FSDP2", "SDP4Bit: qWD + TLq-HS")}
+        out.append({"model": model, "gpu": gpu, "nodes": 16, "gpus_per_node": per_node, "gbps": gbps,
+                    "published": published, "vs_megatron": steps[MEGATRON] / steps["SDP4Bit: qWD + TLq-HS"],
+                    "vs_fsdp2": steps["plain FSDP2"] / steps["SDP4Bit: qWD + TLq-HS"]})
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- output
 def _pct(measured: float, predicted: float) -> str:
     return f"{(predicted - measured) / measured * 100:+.1f}%"
@@ -604,6 +636,16 @@ def markdown_predictions(rows: Sequence[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def markdown_papers(rows: Sequence[dict]) -> str:
+    """The papers' conditions table (markdown)."""
+    lines = ["| model | GPUs (16 nodes) | Gbps/node | SDP4Bit published (Table 2) | model: vs Megatron-like | "
+             "model: vs plain FSDP2 |", "|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['gpus_per_node']} x {r['gpu']} | {r['gbps']:g} | {r['published']:.2f}x | "
+                     f"{r['vs_megatron']:.2f}x | {r['vs_fsdp2']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -614,11 +656,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     pred.add_argument("--nodes", type=int, default=8)
     pred.add_argument("--gpus-per-node", type=int, default=8)
     pred.add_argument("--tokens-per-gpu", type=int, default=TOKENS_PER_GPU)
-    for command in (sub.choices["validate"], pred):
+    sub.add_parser("papers", help="SDP4Bit's published speedups beside the model's at their conditions")
+    for command in sub.choices.values():
         command.add_argument("--out-dir", help="also write cost_model-<command>.md here")
     args = parser.parse_args(argv)
     if args.command == "validate":
         table = markdown_validation()
+    elif args.command == "papers":
+        table = markdown_papers(paper_table())
     else:
         table = markdown_predictions(prediction_table(args.model, args.gbps, args.nodes, args.gpus_per_node,
                                                       args.tokens_per_gpu))
