@@ -527,7 +527,7 @@ def validate_e2e() -> list[dict]:
 #: Conditions of the predicted table: 8 nodes x 8 H100 SXM.
 PREDICTED_MODELS = ("1.3b", "6.7b")
 PREDICTED_GBPS = (100, 200, 400)
-TOKENS_PER_GPU = 2 * 2048  # SDP4Bit's throughput runs: micro-batch 2 x 2048 tokens, no accumulation (§3.4)
+TOKENS_PER_GPU = 2 * 2048  # SDP4Bit §3.4: micro-batch 2 for 1.3B and 6.7B (Table 7), 2048 tokens, no accumulation
 #: Assumed fraction of the line rate NCCL reaches across nodes, for rings and all-to-alls alike (not measured
 #: here: the emulated socket network's all-to-all efficiency is a property of TCP over loopback).
 NETWORK_EFFICIENCY = 0.9
