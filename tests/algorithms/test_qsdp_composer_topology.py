@@ -1,10 +1,11 @@
 """QSDP's topology-aware setting in a real Composer run: ``composer -n 4`` on CPU as 2 virtual nodes x 2 ranks,
 SDP4Bit's TLq-HS gradients and ZeRO++'s hpZ (``reshard_after_forward=2``), saved at batch 3 and resumed
-(tests/algorithms/composer_run.py)."""
+(tests/algorithms/composer_run.py); the same on 4 GPUs is marked ``gpu``."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from test_qsdp_composer import _launch
 
 BATCHES, UNITS = 6, 3
@@ -12,11 +13,7 @@ TLQ_HS = {"recipe": "tlq-hs", "weight_bucket_size": 256, "ranks_per_node": 2, "e
 HPZ = {"reshard_after_forward": 2}  # the secondary shard in the (virtual) node
 
 
-@pytest.mark.slow
-def test_tlq_hs_with_hpz_on_two_virtual_nodes_trains_logs_hops_and_resumes(tmp_path):
-    ckpt = str(tmp_path / "ckpt")
-    saved = _launch(tmp_path, "save", ckpt, nproc=4, options=TLQ_HS, fsdp=HPZ)
-    resumed = _launch(tmp_path, "resume", ckpt, nproc=4, options=TLQ_HS, fsdp=HPZ)
+def _check(saved: dict, resumed: dict) -> None:
     assert saved["world_size"] == 4 and saved["batches"] == BATCHES
     weights, grads = saved["traffic"]["weights"], saved["traffic"]["grads"]
     assert weights["calls"] == 2 * UNITS * BATCHES and grads["calls"] == UNITS * BATCHES
@@ -35,3 +32,19 @@ def test_tlq_hs_with_hpz_on_two_virtual_nodes_trains_logs_hops_and_resumes(tmp_p
     assert max(saved["param_rel_error"].values()) < 2e-2, saved["param_rel_error"]  # vs exact SGD
     assert resumed["losses"] == saved["losses"][3:]
     assert resumed["seeds"] == saved["seeds"] and resumed["traffic"] == saved["traffic"]
+
+
+@pytest.mark.slow
+def test_tlq_hs_with_hpz_on_two_virtual_nodes_trains_logs_hops_and_resumes(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    saved = _launch(tmp_path, "save", ckpt, nproc=4, options=TLQ_HS, fsdp=HPZ)
+    _check(saved, _launch(tmp_path, "resume", ckpt, nproc=4, options=TLQ_HS, fsdp=HPZ))
+
+
+@pytest.mark.gpu
+def test_the_same_on_four_gpus(tmp_path):
+    if torch.cuda.device_count() < 4:
+        pytest.skip("needs 4 GPUs")
+    ckpt = str(tmp_path / "ckpt")
+    saved = _launch(tmp_path, "save", ckpt, nproc=4, options=TLQ_HS, fsdp=HPZ, gpu=True)
+    _check(saved, _launch(tmp_path, "resume", ckpt, nproc=4, options=TLQ_HS, fsdp=HPZ, gpu=True))

@@ -1,11 +1,13 @@
-"""The two-level reduce-scatter (ZeRO++ qgZ, SDP4Bit TLq-HS) on real gloo groups, against references.
+"""The two-level reduce-scatter (ZeRO++ qgZ, SDP4Bit TLq-HS) on real process groups, against references.
 
 References, all computed here in one process from the definition of the algorithm: the two hops with the same
 codecs and seeds (the collective must reproduce them bit for bit), the same with the Hadamard transform applied
 and undone around every hop (SDP4Bit's unsimplified Algorithm 3: equal within float tolerance), the plain
 ``reduce_scatter_tensor`` (passthrough codecs must give its result and chunk order) and the flat quantized
-collective (a single-hop layout must give it bit for bit). One spawn per world size; world 8 checks both
-2 nodes x 4 and 4 nodes x 2.
+collective (a single-hop layout must give it bit for bit). One spawn per (backend, world size): gloo at 4 and (slow)
+8 ranks, where world 8 checks 2 nodes x 4, 4 nodes x 2 and per-rank subgroups; NCCL (marked ``gpu``) at 2 ranks,
+which have single-hop layouts only, and at 4 (2 virtual nodes x 2). On CUDA the codecs run their Triton kernels,
+whose results equal the torch reference's bit for bit, so the references are computed on the CPU.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import zlib
 import pytest
 import torch
 import torch.distributed as dist
-from dist_spawn import RankInfo, run_ranks
+from dist_spawn import RankInfo, run_ranks, skip_unless_backend
 
 from composer_qsdp.comm import (NodeGroups, Topology, mix_seed, node_groups, quantized_reduce_scatter,
                                 two_level_reduce_scatter)
@@ -110,43 +112,44 @@ def reference_flat(inputs, codec, average, block=None):
 
 
 # ---------------------------------------------------------------------------------------------- rank side
-def _run_cases(rank: int, world: int, group: dist.ProcessGroup, layout: NodeGroups, prefix: str) -> dict:
+def _run_cases(rank: int, world: int, group: dist.ProcessGroup, layout: NodeGroups, prefix: str,
+               dev: torch.device) -> dict:  # fmt: skip
     out = {}
     for name, (intra, inter, block, dtype, op) in CASES.items():
-        inp = _input(f"{prefix}/{name}", rank, world * N, dtype)
-        output = torch.empty(N, dtype=dtype)
+        inp = _input(f"{prefix}/{name}", rank, world * N, dtype).to(dev)
+        output = torch.empty(N, dtype=dtype, device=dev)
         traffic = two_level_reduce_scatter(output, inp, _codec(intra), _codec(inter), group, layout, OPS[op], SEED,
                                            rotation_block=block, measure_error=True)  # fmt: skip
         out[name] = (output, traffic)
-    inp = _int_input(rank, world, N)
-    passthrough, plain = torch.empty(N), torch.empty(N)
+    inp = _int_input(rank, world, N).to(dev)
+    passthrough, plain = torch.empty(N, device=dev), torch.empty(N, device=dev)
     out["passthrough"] = (passthrough, two_level_reduce_scatter(passthrough, inp, None, None, group, layout,
                                                                 dist.ReduceOp.SUM, SEED))  # fmt: skip
     dist.reduce_scatter_tensor(plain, inp.clone(), group=group)
     out["plain"] = plain
-    inp = _input(f"{prefix}/nonfinite", rank, world * N, torch.float32)
+    inp = _input(f"{prefix}/nonfinite", rank, world * N, torch.float32).to(dev)
     if rank == 1:
         inp[3], inp[N + 7] = float("nan"), float("inf")  # chunk 0 and chunk 1
-    output = torch.empty(N)
+    output = torch.empty(N, device=dev)
     two_level_reduce_scatter(output, inp, _codec(CASES["qgz_sum"][0]), _codec(CASES["qgz_sum"][1]), group, layout,
                              dist.ReduceOp.SUM, SEED, rotation_block=32)  # fmt: skip
     out["nonfinite"] = output
     return out
 
 
-def _degenerate(rank: int, world: int) -> dict:
+def _degenerate(rank: int, world: int, dev: torch.device) -> dict:
     """One node, and one rank per node: the flat collective with the hop's codec."""
     out = {}
     group = dist.group.WORLD
     intra, inter = _codec(CASES["mixed_avg"][0]), _codec(CASES["mixed_avg"][1])
-    inp = _input("degenerate", rank, world * N, torch.float32)
+    inp = _input("degenerate", rank, world * N, torch.float32).to(dev)
     for label, topology, codec in (("one_node", Topology(world), intra), ("one_rank_per_node", Topology(1), inter)):
         layout = node_groups(topology, group)
-        ours, flat = torch.empty(N), torch.empty(N)
+        ours, flat = torch.empty(N, device=dev), torch.empty(N, device=dev)
         traffic = two_level_reduce_scatter(ours, inp, intra, inter, group, layout, dist.ReduceOp.AVG, SEED)
         flat_traffic = quantized_reduce_scatter(flat, inp, codec, group, dist.ReduceOp.AVG, SEED,
                                                 off_node_peers=topology.off_node_peers(group))  # fmt: skip
-        rotated = torch.empty(N)
+        rotated = torch.empty(N, device=dev)
         two_level_reduce_scatter(rotated, inp, intra, inter, group, layout, dist.ReduceOp.AVG, SEED, rotation_block=32)
         out[label] = (ours, flat, traffic, flat_traffic, rotated, (layout.nodes, layout.ranks_per_node))
     return out
@@ -155,22 +158,24 @@ def _degenerate(rank: int, world: int) -> dict:
 def _errors(info: RankInfo) -> dict:
     """Invalid topologies and layouts: the same ValueError on every rank, nobody left waiting."""
     errors = {}
-    # 3 ranks on 2 nodes of 2 (and the other ranks in a group of their own): every rank must raise, rank 3 too
-    uneven = [dist.new_group([0, 1, 2]), dist.new_group(list(range(3, info.world_size)))]
+    world, dev = info.world_size, info.device
     calls = {
         "differs": lambda: node_groups(Topology(2 if info.rank == 0 else 1), dist.group.WORLD),
         "not_divisor": lambda: node_groups(Topology(3), dist.group.WORLD),
-        "uneven": lambda: node_groups(Topology(2), uneven[info.rank >= 3]),
         "layout_of_other_group": lambda: two_level_reduce_scatter(
-            torch.empty(N), torch.zeros(info.world_size * N), None, None, dist.group.WORLD,
-            NodeGroups(1, 2, 0, 0, ((0, 1),), None, None), dist.ReduceOp.SUM, SEED),
+            torch.empty(N, device=dev), torch.zeros(world * N, device=dev), None, None, dist.group.WORLD,
+            NodeGroups(1, world + 1, 0, 0, (tuple(range(world + 1)),), None, None), dist.ReduceOp.SUM, SEED),
         "rotation": lambda: two_level_reduce_scatter(
-            torch.empty(N), torch.zeros(info.world_size * N), None, None, dist.group.WORLD,
-            node_groups(Topology(2), dist.group.WORLD), dist.ReduceOp.SUM, SEED, rotation_block=48),
-        "max_op": lambda: two_level_reduce_scatter(
-            torch.empty(N), torch.zeros(info.world_size * N), None, None, dist.group.WORLD,
-            node_groups(Topology(2), dist.group.WORLD), dist.ReduceOp.MAX, SEED),
+            torch.empty(N, device=dev), torch.zeros(world * N, device=dev), None, None, dist.group.WORLD,
+            node_groups(Topology(1), dist.group.WORLD), dist.ReduceOp.SUM, SEED, rotation_block=48),
     }
+    if world >= 4:
+        # 3 ranks on 2 nodes of 2 (and the other ranks in a group of their own): every rank must raise, rank 3 too
+        uneven = [dist.new_group([0, 1, 2]), dist.new_group(list(range(3, world)))]
+        calls["uneven"] = lambda: node_groups(Topology(2), uneven[info.rank >= 3])
+        calls["max_op"] = lambda: two_level_reduce_scatter(
+            torch.empty(N, device=dev), torch.zeros(world * N, device=dev), None, None, dist.group.WORLD,
+            node_groups(Topology(2), dist.group.WORLD), dist.ReduceOp.MAX, SEED)
     for label, call in calls.items():
         try:
             call()
@@ -182,41 +187,50 @@ def _errors(info: RankInfo) -> dict:
 
 
 def _worker(info: RankInfo) -> dict:
-    rank, world = info.rank, info.world_size
-    out = {"errors": _errors(info), "degenerate": _degenerate(rank, world)}
+    rank, world, dev = info.rank, info.world_size, info.device
+    out = {"errors": _errors(info), "degenerate": _degenerate(rank, world, dev)}
     group = dist.group.WORLD
-    for per_node in ((2,) if world == 4 else (4, 2)):
+    for per_node in {2: (), 4: (2,), 8: (4, 2)}[world]:
         topology = Topology(per_node)
         layout = node_groups(topology, group)
         assert node_groups(topology, group) is layout  # created once, reused
         out[f"layout{per_node}"] = (layout.nodes, layout.ranks_per_node, layout.node, layout.local,
                                     dist.get_process_group_ranks(layout.intra),
                                     dist.get_process_group_ranks(layout.inter))  # fmt: skip
-        out[f"rpn{per_node}"] = _run_cases(rank, world, group, layout, f"rpn{per_node}")
+        out[f"rpn{per_node}"] = _run_cases(rank, world, group, layout, f"rpn{per_node}", dev)
     if world == 8:  # HSDP-like: every rank in a group of 2 nodes x 2, ranks differ in their group
         subgroups = [dist.new_group([0, 1, 4, 5]), dist.new_group([2, 3, 6, 7])]
         mine = subgroups[(rank // 2) % 2]
         layout = node_groups(Topology(4), mine)
-        out["subgroup"] = _run_cases(dist.get_rank(mine), 4, mine, layout, "subgroup")
+        out["subgroup"] = _run_cases(dist.get_rank(mine), 4, mine, layout, "subgroup", dev)
     return out
 
 
-RUNS = pytest.mark.parametrize("run", [4, pytest.param(8, marks=pytest.mark.slow)], indirect=True, scope="module",
-                               ids=lambda w: f"gloo-w{w}")  # fmt: skip
+RUNS = pytest.mark.parametrize("run", [
+    pytest.param(("gloo", 4), id="gloo-w4"),
+    pytest.param(("gloo", 8), id="gloo-w8", marks=pytest.mark.slow),
+    pytest.param(("nccl", 2), id="nccl-w2", marks=pytest.mark.gpu),
+    pytest.param(("nccl", 4), id="nccl-w4", marks=pytest.mark.gpu),
+], indirect=True, scope="module")
 
 
 @pytest.fixture(scope="module")
 def run(request):
-    return request.param, run_ranks(_worker, request.param)
+    backend, world = request.param
+    skip_unless_backend(backend, world)
+    return world, run_ranks(_worker, world, backend=backend)
 
 
 def _runs(world: int) -> list[tuple[str, int, int, list[int]]]:
-    """(result key, nodes, ranks per node, global ranks in group order) of every two-level run of a world."""
-    runs = [("rpn2", 2, 2, list(range(4)))] if world == 4 else [("rpn4", 2, 4, list(range(8))),
-                                                                ("rpn2", 4, 2, list(range(8)))]  # fmt: skip
-    if world == 8:
-        runs += [("subgroup", 2, 2, [0, 1, 4, 5]), ("subgroup", 2, 2, [2, 3, 6, 7])]
-    return runs
+    """(result key, nodes, ranks per node, global ranks in group order) of every two-level run of a world; skips
+    the calling test where there is none."""
+    if world == 2:
+        pytest.skip("no layout of 2 ranks has two hops (the single-hop test covers 2 ranks)")
+    return {
+        4: [("rpn2", 2, 2, list(range(4)))],
+        8: [("rpn4", 2, 4, list(range(8))), ("rpn2", 4, 2, list(range(8))), ("subgroup", 2, 2, [0, 1, 4, 5]),
+            ("subgroup", 2, 2, [2, 3, 6, 7])],
+    }[world]
 
 
 # ---------------------------------------------------------------------------------------------- tests
@@ -356,7 +370,8 @@ def test_invalid_topologies_are_clear_errors_on_every_rank(run):
         errors = results[rank]["errors"]
         assert "ranks_per_node differs between ranks ({0: 2, 1: 1" in errors["differs"]
         assert f"ranks_per_node=3 does not divide the world size {world}" in errors["not_divisor"]
-        assert "equally many ranks of the group" in errors["uneven"]
-        assert "the layout has 1 nodes x 2 ranks" in errors["layout_of_other_group"]
-        assert "supports ReduceOp SUM and AVG, got MAX" in errors["max_op"]
+        assert f"the layout has 1 nodes x {world + 1} ranks" in errors["layout_of_other_group"]
         assert "rotation_block=48 is invalid; allowed: a power of two" in errors["rotation"]
+        if world >= 4:  # groups of 3 ranks, and a two-hop layout, need 4 ranks
+            assert "equally many ranks of the group" in errors["uneven"]
+            assert "supports ReduceOp SUM and AVG, got MAX" in errors["max_op"]

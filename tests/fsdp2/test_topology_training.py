@@ -1,4 +1,5 @@
-"""Topology-aware QSDP on raw ``fully_shard`` models: 4 gloo ranks as 2 virtual nodes x 2.
+"""Topology-aware QSDP on raw ``fully_shard`` models: 4 ranks (gloo; NCCL on 4 GPUs, marked ``gpu``) as 2 virtual
+nodes x 2.
 
 Scenarios (one spawn): the two-level gradient schemes (SDP4Bit's TLq-HS, ZeRO++'s qgZ) against the flat one and
 an exact single-process reference, ZeRO++'s hpZ (``reshard_after_forward=2``: the backward re-gathers the
@@ -13,7 +14,7 @@ import logging
 import pytest
 import torch
 import torch.distributed as dist
-from dist_spawn import RankInfo, run_ranks
+from dist_spawn import RankInfo, run_ranks, skip_unless_backend
 from test_fsdp_training import STEPS, Capture, MLP, _train, reference_training
 
 from composer_qsdp import apply_qsdp, from_recipe
@@ -63,16 +64,22 @@ def _worker(info: RankInfo) -> dict:
     handler = logging.Handler()
     handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger("composer_qsdp.fsdp2.apply").addHandler(handler)
-    hsdp_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    hsdp_mesh = init_device_mesh(info.device.type, (2, 2), mesh_dim_names=("replicate", "shard"))
     out["hsdp"] = _run(info, TLQ_HS, mesh=hsdp_mesh)  # shard groups {0, 1} and {2, 3}: one node each
     out["hsdp"]["log"] = records
     out["one_d_note"] = hsdp_note(find_units(_sharded(info)), Topology(PER_NODE))
     return out
 
 
+pytestmark = pytest.mark.parametrize("results", [
+    pytest.param("gloo", id="gloo-w4"), pytest.param("nccl", id="nccl-w4", marks=pytest.mark.gpu),
+], indirect=True, scope="module")
+
+
 @pytest.fixture(scope="module")
-def results():
-    return run_ranks(_worker, WORLD)
+def results(request):
+    skip_unless_backend(request.param, WORLD)
+    return run_ranks(_worker, WORLD, backend=request.param)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
