@@ -3,8 +3,8 @@ nodes x 2.
 
 Scenarios (one spawn): the two-level gradient schemes (SDP4Bit's TLq-HS, ZeRO++'s qgZ) against the flat one and
 an exact single-process reference, ZeRO++'s hpZ (``reshard_after_forward=2``: the backward re-gathers the
-forward's weights within the node), and HSDP (a 2 x 2 replicate x shard mesh). The model, data, exact reference
-and weight capture are those of test_fsdp_training.py.
+forward's weights within the node) with direct and with difference (qWD) weights, and HSDP (a 2 x 2 replicate x
+shard mesh). The model, data, exact reference and weight capture are those of test_fsdp_training.py.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ TLQ_HS = from_recipe("tlq-hs", weight_bucket_size=64, ranks_per_node=PER_NODE, s
 # qgZ's INT4 on both hops vs the same codec in one flat hop: only the scheme differs
 QGZ = from_recipe("w8g8", grad_codec="symmetric", grad_bits=4, grad_bucket_size=64, grad_scheme="two_level",
                   weight_bucket_size=64, ranks_per_node=PER_NODE, seed=7)  # fmt: skip
+QWD = from_recipe("sdp4bit", ranks_per_node=PER_NODE, seed=7)  # SDP4Bit's weight differences: a replica per rank
 FLAT_INT4 = from_recipe("w8g8", grad_codec="symmetric", grad_bits=4, grad_bucket_size=64, weight_bucket_size=64,
                         ranks_per_node=PER_NODE, seed=7)  # fmt: skip
 
@@ -59,6 +60,8 @@ def _worker(info: RankInfo) -> dict:
         "tlq_hs_hpz": _run(info, TLQ_HS, reshard_after_forward=PER_NODE),
         "qgz": _run(info, QGZ),
         "flat_int4": _run(info, FLAT_INT4),
+        "qwd": _run(info, QWD),
+        "qwd_hpz": _run(info, QWD, reshard_after_forward=PER_NODE),
     }
     records: list[str] = []
     handler = logging.Handler()
@@ -86,7 +89,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-SCENARIOS = ("tlq_hs", "tlq_hs_hpz", "qgz", "hsdp")
+SCENARIOS = ("tlq_hs", "tlq_hs_hpz", "qgz", "hsdp", "qwd", "qwd_hpz")
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -119,6 +122,16 @@ def test_hpz_keeps_the_backward_weight_gather_inside_the_node(results):
     assert hpz.sent > plain.sent and hpz.intra_node > plain.intra_node
     for rank in range(WORLD):  # the same gradients, so the same training: hpZ changes where bytes go only
         assert results[rank]["tlq_hs"]["losses"] == results[rank]["tlq_hs_hpz"]["losses"]
+
+
+def test_hpz_with_weight_differences_keeps_backward_bytes_inside_the_node(results):
+    # qWD serves its own backward re-gather from the reference (no bytes). Under hpZ FSDP2 gathers the secondary
+    # shards instead, laid out per secondary rank: they travel unquantized, inside the node only.
+    plain, hpz = results[0]["qwd"]["traffic"].weights, results[0]["qwd_hpz"]["traffic"].weights
+    assert plain.calls == hpz.calls == 2 * 3 * STEPS
+    assert hpz.inter_node == plain.inter_node > 0 and hpz.sent > plain.sent
+    for rank in range(WORLD):
+        assert results[rank]["qwd"]["losses"] == results[rank]["qwd_hpz"]["losses"]
 
 
 def test_two_level_gradients_send_one_chunk_per_node_across_nodes(results):
