@@ -42,8 +42,8 @@ from composer_qsdp.comm.quality import relative_error
 from composer_qsdp.comm.reduce_scatter import is_average, quantized_reduce_scatter
 from composer_qsdp.comm.seeds import mix_seed
 from composer_qsdp.comm.validation import check_collective_buffers
-from composer_qsdp.quant.codec import FLOAT_DTYPES, Codec, sum_rows_in_order
-from composer_qsdp.quant.hadamard import hadamard_rows
+from composer_qsdp.quant import FLOAT_DTYPES, Codec, hadamard_rows
+from composer_qsdp.quant.codec import sum_rows_in_order
 
 __all__ = ["INTER_HOP", "is_power_of_two", "two_level_reduce_scatter"]
 

@@ -23,8 +23,7 @@ from composer_qsdp.comm import (NodeGroups, Topology, mix_seed, node_groups, qua
                                 two_level_reduce_scatter)
 from composer_qsdp.comm.node_groups import chunk_table
 from composer_qsdp.comm.two_level import INTER_HOP
-from composer_qsdp.quant import make_codec
-from composer_qsdp.quant.hadamard import hadamard_rows
+from composer_qsdp.quant import hadamard_rows, make_codec
 
 SEED = 99
 N = 100  # elements per chunk: not a multiple of the buckets or of the rotation block
