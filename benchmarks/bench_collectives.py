@@ -6,7 +6,12 @@ reduce-scatter's input, as nccl-tests counts them) it times:
 * bf16 NCCL ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (``AVG``), the baseline;
 * ``composer_qsdp.comm.quantized_all_gather`` / ``quantized_reduce_scatter`` of the same bf16 tensors with the
   min-max codec at 8, 4 and 2 bits (stochastic rounding, buckets of 1024): encode, the byte collective, decode
-  (decode-sum in fp32 for the reduce-scatter), everything the FSDP integration runs per call.
+  (decode-sum in fp32 for the reduce-scatter), everything the FSDP integration runs per call;
+* with ``--two-level``: NCCL's bf16 ``all_to_all_single`` of the reduce-scatter's input (the transport under the
+  quantized reduce-scatters), and ``two_level_reduce_scatter`` with the gradient settings of the ``tlq-hs`` and
+  ``zeropp`` presets on ``--ranks-per-node`` ranks per (virtual) node (default: all on one node). On 2 GPUs,
+  ``--ranks-per-node 1`` times the inter-node hop alone and the default the intra-node hop alone; on 4,
+  ``--ranks-per-node 2`` times both hops.
 
 Each case runs ``--warmup`` untimed and ``--iters`` timed calls; every call is timed with CUDA events on the
 current stream, the median is taken per rank and the table reports the slowest rank's median. Bus bandwidth
@@ -24,6 +29,7 @@ Usage (one process per GPU, spawned here; under ``torchrun`` the launcher's proc
     NCCL_NVLS_ENABLE=0 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo \\
         python benchmarks/bench_collectives.py                               # tag "socket" in the output names
     python benchmarks/bench_collectives.py --quick                           # 16 MB and 64 MB, 8 and 4 bits
+    python benchmarks/bench_collectives.py --two-level --ranks-per-node 1 --tag socket-2level  # + two-level rows
 
 Prints the markdown table; with ``$OUT`` set also writes ``$OUT/bench_collectives-<tag>.md`` and ``.json``.
 """
@@ -45,7 +51,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from composer_qsdp.comm import quantized_all_gather, quantized_reduce_scatter
+from composer_qsdp.comm import (Topology, node_groups, quantized_all_gather, quantized_reduce_scatter,
+                                two_level_reduce_scatter)
+from composer_qsdp.policy import from_recipe
 from composer_qsdp.quant import make_codec
 
 import e2e_common as common
@@ -109,33 +117,58 @@ def _run_size(args: argparse.Namespace, size_mb: int, rank: int, world: int, dev
     ag_out = torch.empty(total, device=device, dtype=torch.bfloat16)
     rs_in = torch.randn(total, device=device, dtype=torch.bfloat16)
     rs_out = torch.empty(chunk, device=device, dtype=torch.bfloat16)
-    cases: list[tuple[str, str, Callable[[int], object], int]] = [
-        ("all_gather", "bf16", lambda i: dist.all_gather_into_tensor(ag_out, ag_in, group=group),
-         chunk * BF16),
+    # (op, precision, the call, wire bytes this rank sends per call, of which to other nodes)
+    peers = (world - 1) * chunk * BF16
+    cases: list[tuple[str, str, Callable[[int], object], int, int]] = [
+        ("all_gather", "bf16", lambda i: dist.all_gather_into_tensor(ag_out, ag_in, group=group), peers, 0),
         ("reduce_scatter", "bf16",
-         lambda i: dist.reduce_scatter_tensor(rs_out, rs_in, op=dist.ReduceOp.AVG, group=group), chunk * BF16),
+         lambda i: dist.reduce_scatter_tensor(rs_out, rs_in, op=dist.ReduceOp.AVG, group=group), peers, 0),
     ]
     for bits in args.bits:
         codec = make_codec("minmax", bits=bits, bucket_size=args.bucket_size, rounding="stochastic")
-        wire = codec.wire_bytes(chunk)
+        wire = (world - 1) * codec.wire_bytes(chunk)
         cases += [
             ("all_gather", f"{bits}-bit",
-             lambda i, c=codec: quantized_all_gather(ag_out, ag_in, c, group, seed=i), wire),
+             lambda i, c=codec: quantized_all_gather(ag_out, ag_in, c, group, seed=i), wire, 0),
             ("reduce_scatter", f"{bits}-bit",
              lambda i, c=codec: quantized_reduce_scatter(rs_out, rs_in, c, group, dist.ReduceOp.AVG, seed=i),
-             wire),
+             wire, 0),
         ]
-    for op, precision, fn, chunk_wire_bytes in cases:
+    if args.two_level:
+        cases += _two_level_cases(args, rs_in, rs_out, world)
+    for op, precision, fn, wire_bytes, inter_bytes in cases:
         dist.barrier()
         ms = _time_ms(fn, args.warmup, args.iters)
         medians: list[float] = [0.0] * world
         dist.all_gather_object(medians, ms)
         rows.append({"op": op, "size_mb": size_mb, "precision": precision, "ms": max(medians),
-                     "ms_per_rank": medians, "wire_bytes_per_rank": (world - 1) * chunk_wire_bytes,
-                     "bf16_bytes": total * BF16})
+                     "ms_per_rank": medians, "wire_bytes_per_rank": wire_bytes, "inter_node_bytes_per_rank":
+                     inter_bytes, "bf16_bytes": total * BF16})
         if rank == 0:
             print(f"  {op:<15} {size_mb:>4} MB {precision:>6}: {max(medians):9.3f} ms", flush=True)
     return rows
+
+
+def _two_level_cases(args: argparse.Namespace, rs_in: torch.Tensor, rs_out: torch.Tensor,
+                     world: int) -> list[tuple[str, str, Callable[[int], object], int, int]]:  # fmt: skip
+    """bf16 all-to-all, and the two-level reduce-scatter with each preset's gradient codecs."""
+    group = dist.group.WORLD
+    layout = node_groups(Topology(args.ranks_per_node or world), group)
+    a2a_out = torch.empty_like(rs_in)
+    cases = [("all_to_all", "bf16", lambda i: dist.all_to_all_single(a2a_out, rs_in, group=group),
+              (world - 1) * rs_out.numel() * BF16, 0)]
+    for preset in ("tlq-hs", "zeropp"):
+        config = from_recipe(preset)
+        scheme = config.grad_scheme(config.grads.bits)
+
+        def call(i: int, s=scheme):
+            return two_level_reduce_scatter(rs_out, rs_in, s.intra_codec, s.codec, group, layout, dist.ReduceOp.AVG,
+                                            i, rotation_block=s.rotation_block)  # fmt: skip
+
+        traffic = call(0)
+        cases.append(("reduce_scatter", f"{preset} {layout.nodes}x{layout.ranks_per_node}", call, traffic.sent,
+                      traffic.inter_node))
+    return cases
 
 
 def _finish_rows(rows: list[dict], world: int) -> None:
@@ -195,6 +228,10 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--tag", default=_network_tag(), help="output name suffix (default: socket/default)")
     parser.add_argument("--quick", action="store_true", help="16 and 64 MB at 8 and 4 bits")
+    parser.add_argument("--two-level", action="store_true",
+                        help="also bf16 all_to_all and the two-level reduce-scatter of the tlq-hs and zeropp presets")
+    parser.add_argument("--ranks-per-node", type=int,
+                        help="ranks per (virtual) node of the two-level rows (default: all ranks on one node)")
     args = parser.parse_args()
     if args.quick:
         args.sizes, args.bits = [16, 64], [8, 4]

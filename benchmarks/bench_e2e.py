@@ -15,6 +15,10 @@ through Composer's launcher (``composer -n N -m composer_qsdp.train RECIPE key=v
                    Measured once, it serves every network.
 ``baseline-pure``  (only when named in ``--configs``) ``baseline.yaml`` with ``fsdp.mixed_precision=PURE``:
                    bf16 gradient reduce-scatters too
+``qsdp-tlq-hs``    (only when named) ``baseline.yaml`` with ``QSDP("tlq-hs")``: SDP4Bit's two-level gradients;
+                   ``qsdp-zeropp``: ZeRO++'s qwZ + qgZ. ``--ranks-per-node K`` splits the host into virtual
+                   nodes for these (``algorithms.qsdp.ranks_per_node=K``); the ``-hpz`` variants also set
+                   ``fsdp.reshard_after_forward=K`` (ZeRO++'s hpZ; K must be below the GPU count to differ)
 ================  ==========================================================================================
 
 Each launch trains ``--warmup`` + ``--steps`` batches of ``N x micro-batch x grad-accum`` samples (the recipe's
@@ -92,6 +96,7 @@ class Config:
     overrides: tuple[str, ...]
     single_gpu: bool
     description: str
+    hpz: bool = False  #: reshard after forward to the (virtual) node: ``fsdp.reshard_after_forward=--ranks-per-node``
 
 
 _NO_ERROR_SAMPLING = ("algorithms.qsdp.error_sample_interval=0",)
@@ -108,6 +113,10 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
            "baseline recipe on 1 GPU, same micro-batch and per-GPU batch: no inter-GPU traffic; tokens/s x N"),
     Config("baseline-pure", "baseline.yaml", ("fsdp.mixed_precision=PURE",), False,
            "plain Composer FSDP2 with bf16 gradient reduce-scatters (fsdp.mixed_precision=PURE)"),
+    *(Config(f"qsdp-{preset}{'-hpz' * hpz}", "baseline.yaml", (f"algorithms.qsdp.recipe={preset}",
+                                                                *_NO_ERROR_SAMPLING), False,
+             f"QSDP preset {preset}{' with hpZ (reshard_after_forward = ranks per node)' * hpz}", hpz)
+      for preset in ("tlq-hs", "zeropp") for hpz in (False, True)),
 )}
 DEFAULT_CONFIGS = ("baseline", "qsdp-w8g8", "qsdp-w4g4", "compute-bound")
 
@@ -247,12 +256,20 @@ class Plan(common.DriverPlan):
                 f"global_train_batch_size={self.global_batch(nproc)}", f"device_train_microbatch_size={self.micro}",
                 "data.remote=null", f"data.local={self.data}", "data.eval_split=null", "save_folder=null",
                 "load_path=null", "autoresume=false", "progress_bar=false", f"metrics_file={metrics_file}",
-                *config.overrides, *self.args.override]
+                *config.overrides, *self._topology(config), *self.args.override]
+
+    def _topology(self, config: Config) -> list[str]:
+        """Virtual nodes for the QSDP configurations, and hpZ's reshard group."""
+        k = self.args.ranks_per_node
+        qsdp = [f"algorithms.qsdp.ranks_per_node={k}"] if k is not None and config.name.startswith("qsdp-") else []
+        return qsdp + ([f"fsdp.reshard_after_forward={k}"] if config.hpz else [])
 
 
 def _plan(args: argparse.Namespace) -> Plan:
     from composer_qsdp.train import RecipeError, load_recipe
 
+    if args.ranks_per_node is None and any(CONFIGS[c].hpz for c in args.configs):
+        raise SystemExit("the -hpz configurations reshard to the node: pass --ranks-per-node (below --nproc)")
     recipe_dir = common.recipe_dir(args.model, args.recipe_dir)
     name = recipe_dir.name
     out_dir = Path(args.out_dir or common.ROOT / "runs" / "bench_e2e" / f"{name}-{args.nproc}x").resolve()
@@ -276,7 +293,7 @@ def _plan(args: argparse.Namespace) -> Plan:
         data = out_dir / f"synthetic-t{seq_len}-n{samples}"
     settings = {"recipe_dir": str(recipe_dir), "nproc": args.nproc, "micro_batch": micro,
                 "grad_accum": args.grad_accum, "seq_len": seq_len, "warmup": args.warmup, "steps": args.steps,
-                "data": str(data), "overrides": list(args.override)}
+                "data": str(data), "overrides": list(args.override), "ranks_per_node": args.ranks_per_node}
     plan = Plan(args, recipe_dir, name, out_dir, seq_len, vocab, micro, data, samples, settings)
     # Every launch's recipe must load with its overrides before any GPU time is spent.
     for config in map(CONFIGS.get, args.configs):
@@ -523,6 +540,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--micro-batch", type=int, help="samples per forward/backward per GPU (default: the "
                                                         "recipe's device_train_microbatch_size)")
     parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step (default 1)")
+    parser.add_argument("--ranks-per-node", type=int, help="ranks per virtual node of the QSDP configurations, and "
+                        "the hpZ group of the -hpz ones (default: one node of all GPUs)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed first steps (default 3)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps after the warm-up (default 10)")
     parser.add_argument("--data", help="real MDS token shards (default: random tokens generated here)")

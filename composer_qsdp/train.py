@@ -92,7 +92,9 @@ class SchedulerSettings:
 class FSDPSettings:
     """Composer ``FSDP2Config`` fields (FSDP2 is always used when this section is present)."""
 
-    reshard_after_forward: bool = True
+    #: true, false, or an integer k >= 2: keep a secondary weight shard over k consecutive ranks after the forward
+    #: and re-gather it there in backward (ZeRO++'s hpZ with k = GPUs per node); OmegaConf 2.3 has no bool | int
+    reshard_after_forward: Any = True
     mixed_precision: str = "DEFAULT"  #: DEFAULT: params in the run precision, fp32 reduce; PURE; FULL (fp32)
     state_dict_type: str = "sharded"
     activation_checkpointing: bool = False
@@ -290,6 +292,11 @@ def _validate(cfg: DictConfig) -> ValidatedRecipe:
                f"allowed: {', '.join(FSDP_MIXED_PRECISION)}")
         _check(cfg.fsdp.state_dict_type in FSDP_STATE_DICT_TYPES, "fsdp.state_dict_type", cfg.fsdp.state_dict_type,
                f"allowed: {', '.join(FSDP_STATE_DICT_TYPES)}")
+        # Whether the group size divides the shard mesh is fully_shard's own check, at wrapping time.
+        reshard = cfg.fsdp.reshard_after_forward
+        _check(isinstance(reshard, bool) or (isinstance(reshard, int) and reshard >= 2), "fsdp.reshard_after_forward",
+               reshard, "allowed: true, false, or an integer >= 2 (ranks of the secondary shard group, e.g. the GPUs "
+               "per node)")
     _check(not cfg.autoresume or (cfg.save_folder is not None and cfg.run_name is not None), "autoresume",
            cfg.autoresume, "autoresume needs save_folder and run_name")
 

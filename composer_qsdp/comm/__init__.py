@@ -4,18 +4,23 @@
 and ``reduce_scatter_tensor`` but send :class:`~composer_qsdp.quant.Codec` wire buffers. ``StepSeeds`` is the
 per-step noise schedule, ``Topology`` says which ranks share a node, and ``TrafficCounter``/``TrafficReport``
 count bytes per rank (NCCL's convention) and per hop. Stateless: no FSDP, no Composer, no per-run state.
+``two_level_reduce_scatter`` is the hierarchical reduce-scatter (ZeRO++ qgZ, SDP4Bit TLq-HS) over the intra- and
+inter-node subgroups that ``node_groups`` creates once per process group and caches.
 """
 
 from composer_qsdp.comm.accounting import CallTraffic, TrafficCounter, TrafficReport, call_traffic
 from composer_qsdp.comm.all_gather import quantized_all_gather
+from composer_qsdp.comm.node_groups import NodeGroups, node_groups
 from composer_qsdp.comm.quality import relative_error
 from composer_qsdp.comm.reduce_scatter import is_average, quantized_reduce_scatter
 from composer_qsdp.comm.seeds import SeedStream, StepSeeds, mix_seed
 from composer_qsdp.comm.segments import Segments
 from composer_qsdp.comm.topology import Topology
+from composer_qsdp.comm.two_level import two_level_reduce_scatter
 
 __all__ = [
     "CallTraffic",
+    "NodeGroups",
     "SeedStream",
     "Segments",
     "StepSeeds",
@@ -25,7 +30,9 @@ __all__ = [
     "call_traffic",
     "is_average",
     "mix_seed",
+    "node_groups",
     "quantized_all_gather",
     "quantized_reduce_scatter",
     "relative_error",
+    "two_level_reduce_scatter",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -11,6 +12,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from composer_qsdp.comm import Topology
 from composer_qsdp.fsdp2.comms import QSDPAllGather, QSDPReduceScatter
+from composer_qsdp.fsdp2.hsdp import hsdp_note
 from composer_qsdp.fsdp2.layout import FSDP2GatherLayout
 from composer_qsdp.fsdp2.units import find_units, shard_group
 from composer_qsdp.policy import QSDPConfig, QSDPHandle, plan_units
@@ -18,6 +20,8 @@ from composer_qsdp.policy import QSDPConfig, QSDPHandle, plan_units
 __all__ = ["FSDP2Handle", "apply_qsdp", "check_custom_comm_support", "remove_qsdp"]
 
 _HANDLE_ATTR = "_qsdp_handle"
+
+log = logging.getLogger(__name__)
 
 
 def check_custom_comm_support() -> None:
@@ -103,6 +107,9 @@ def apply_qsdp(
         )
     units = find_units(model)
     handle = FSDP2Handle(model, config, plan_units(units, config), Topology.detect(config.ranks_per_node))
+    note = hsdp_note(units, handle.topology)
+    if note is not None:
+        log.warning(note)
     groups = [shard_group(u.module) for u in units]
     handle.setup(groups, [FSDP2GatherLayout(p.module, g.size()) if p.weights.needs_layout else None
                           for p, g in zip(handle.units, groups)])

@@ -39,7 +39,12 @@ class _UnitComm:
 
 class QSDPAllGather(_UnitComm, AllGather):
     """A unit's weight all-gather. Returns ``None`` to FSDP: the work is stream-ordered on FSDP's all-gather
-    stream, after which FSDP records the event its consumers wait on."""
+    stream, after which FSDP records the event its consumers wait on.
+
+    With ``reshard_after_forward=<int>`` (ZeRO++'s hpZ) FSDP2 calls the same object in backward with the
+    post-forward mesh's smaller group, to gather the secondary shard it kept of the forward's weights: that goes
+    to the scheme's :meth:`~composer_qsdp.schemes.WeightScheme.secondary_all_gather`.
+    """
 
     def __call__(
         self,
@@ -48,7 +53,11 @@ class QSDPAllGather(_UnitComm, AllGather):
         group: dist.ProcessGroup,
         async_op: bool = False,
     ) -> None:
-        self.handle.all_gather(self.unit_index, output_tensor, input_tensor, group)
+        weights = self.handle.units[self.unit_index].weights
+        if group is not weights.group and weights.group is not None and group.size() < weights.group.size():
+            weights.secondary_all_gather(output_tensor, input_tensor, group)
+        else:
+            self.handle.all_gather(self.unit_index, output_tensor, input_tensor, group)
         return None
 
 

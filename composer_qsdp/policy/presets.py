@@ -11,6 +11,16 @@
   reference every rank keeps (qWD, §3.1), symmetric INT4 in groups of 2048, round to nearest. Gradients: 4 bits
   in groups of 128 (§3.2, Table 3: 128 suffices) rotated by a Hadamard transform (its "smoother"), with our
   unbiased stochastic rounding, which our round-1 measurements found the best 4-bit gradient setting; one hop.
+* ``zeropp``: ZeRO++'s qwZ + qgZ. Weights: symmetric INT8 blocks of 4096 elements, round to nearest (DeepSpeed's
+  qwZ quantizer aims at groups of 4k-8k elements). Gradients: the two-level reduce-scatter with symmetric INT4 on
+  both hops, blocks of 2048 (DeepSpeed's qgZ uses one group per row of each gradient matrix: the hidden size,
+  2048 at GPT-1.3B). ZeRO++'s hpZ is an FSDP setting: ``reshard_after_forward=<ranks per node>`` (see the QSDP
+  README).
+* ``tlq-hs``: SDP4Bit's gradients (§3.2, TLq-HS): the two-level reduce-scatter with symmetric INT8 within the node
+  and INT4 across nodes, groups of 128, and a Hadamard rotation of 32-element blocks kept through the local
+  reduction. Weights as ``w8g8``. SDP4Bit's full setting on several nodes is ``sdp4bit``'s weights with these
+  gradients: ``from_recipe("sdp4bit", grad_codec="symmetric", grad_codec_options={}, grad_scheme="two_level",
+  grad_scheme_options=...)`` with this preset's options.
 
 Flat options name one field of one side as ``weight_<field>`` / ``grad_<field>`` (the fields of
 :class:`~composer_qsdp.policy.SideConfig`: ``weight_bits``, ``grad_codec``, ``weight_bucket_size``,
@@ -37,6 +47,16 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "sdp4bit": {
         "weight_scheme": "difference", "weight_codec": "symmetric", "weight_bits": 4, "weight_bucket_size": 2048,
         "grad_bits": 4, "grad_bucket_size": 128, "grad_codec_options": {"hadamard": True},
+    },
+    "zeropp": {
+        "weight_codec": "symmetric", "weight_bits": 8, "weight_bucket_size": 4096,
+        "grad_codec": "symmetric", "grad_bits": 4, "grad_bucket_size": 2048, "grad_scheme": "two_level",
+    },
+    "tlq-hs": {
+        "grad_codec": "symmetric", "grad_bits": 4, "grad_bucket_size": 128, "grad_scheme": "two_level",
+        "grad_scheme_options": {
+            "intra_codec": {"name": "symmetric", "bits": 8, "bucket_size": 128}, "rotation_block": 32,
+        },
     },
 }
 _SIDES = {"weight_": "weights", "grad_": "grads"}

@@ -16,13 +16,14 @@ Life cycle::
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 
-from composer_qsdp.comm import CallTraffic, SeedStream, Topology, TrafficCounter
+from composer_qsdp.comm import CallTraffic, SeedStream, Topology, TrafficCounter, call_traffic
 from composer_qsdp.quant import Codec
 
 __all__ = ["GatherLayout", "GradScheme", "Scheme", "WeightScheme"]
@@ -196,6 +197,37 @@ class WeightScheme(Scheme):
         self, output: torch.Tensor, input: torch.Tensor, seed: int, group: dist.ProcessGroup, measure_error: bool
     ) -> CallTraffic:
         """The scheme's all-gather (arguments validated, group resolved)."""
+
+    def secondary_all_gather(self, output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup) -> CallTraffic:
+        """Re-gather the secondary shard of ZeRO++'s hpZ (FSDP2's ``reshard_after_forward=<int>``) over ``group``.
+
+        After the forward, FSDP2 keeps a slice of the weights this scheme's all-gather produced, sharded over a
+        smaller group (``reshard_after_forward`` consecutive ranks; within a node when that divides the ranks per
+        node), and gathers those slices in backward. They are the decoded weights every rank already computed with,
+        so they travel as they are (in the parameter dtype, like ZeRO++'s hpZ over NVLink): the backward sees
+        bit-identical weights and no second quantization error. Counted in :attr:`traffic`, with the bytes to
+        other nodes in ``inter_node``.
+
+        Args:
+            output: contiguous tensor of ``group.size() * n`` elements.
+            input: this rank's contiguous chunk of ``n`` elements.
+            group: the secondary shard's process group.
+
+        Returns:
+            The bytes this rank sent.
+        """
+        if self.topology is None:
+            raise RuntimeError(f"{type(self).__name__} was called before setup(group, topology)")
+        peers = self.topology.off_node_peers(group)
+        if peers:  # Python's default filter shows one warning per distinct message
+            warnings.warn(
+                f"hpZ: the secondary weight shard is re-gathered unquantized over {group.size()} ranks, {peers} of "
+                f"them on other nodes; choose reshard_after_forward to divide the ranks per node "
+                f"({self.topology.ranks_per_node}) to keep it within the node", stacklevel=2,
+            )
+        dist.all_gather_into_tensor(output, input, group=group)
+        n = input.numel()
+        return self._count(call_traffic(group.size(), n, n * input.element_size(), input.element_size(), peers))
 
 
 class GradScheme(Scheme):

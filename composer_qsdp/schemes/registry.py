@@ -18,6 +18,7 @@ WEIGHT_SCHEMES.register("difference", "composer_qsdp.schemes.difference:Differen
 #: Gradient reduce-scatter schemes by name; the first is the default.
 GRAD_SCHEMES: Registry[type[GradScheme]] = Registry("grad scheme")
 GRAD_SCHEMES.register("flat", "composer_qsdp.schemes.flat:FlatReduceScatter")
+GRAD_SCHEMES.register("two_level", "composer_qsdp.schemes.two_level:TwoLevelReduceScatter")
 
 _S = TypeVar("_S", bound=Scheme)
 

@@ -7,7 +7,8 @@ writes JSON: the losses, the trained parameters' relative distance to an exact s
 algorithm's traffic report and the metrics QSDP logged. ``save`` checkpoints at batch 3 of 6 (full run);
 ``resume`` loads that checkpoint and trains batches 4-6. ``diverge`` trains at a learning rate of 1e30 and
 checkpoints every batch (QSDP must refuse the first checkpoint of non-finite weights). ``QSDP_TEST_OPTIONS`` (JSON) replaces the algorithm's
-keyword arguments (default: W8G8, buckets of 256, errors sampled every 2 calls).
+keyword arguments (default: W8G8, buckets of 256, errors sampled every 2 calls); ``QSDP_TEST_FSDP`` (JSON) adds FSDP
+settings (e.g. ``{"reshard_after_forward": 2}``).
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
     loader = DataLoader(ds, batch_size=BS, sampler=dist.get_sampler(ds, shuffle=False, drop_last=True))
     options = json.loads(os.environ.get("QSDP_TEST_OPTIONS", "null")) or DEFAULT_OPTIONS
     qsdp = QSDP(**options)
+    fsdp_settings = json.loads(os.environ.get("QSDP_TEST_FSDP", "null")) or {}
     recorder = LossRecorder()
     memory = InMemoryLogger()
     checkpointing = {}
@@ -117,7 +119,7 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
         max_duration="6ba" if mode != "full" else "16ba",
         device=device,
         precision="fp32",
-        parallelism_config={"fsdp": {"mixed_precision": "FULL", "state_dict_type": "sharded"}},
+        parallelism_config={"fsdp": {"mixed_precision": "FULL", "state_dict_type": "sharded", **fsdp_settings}},
         algorithms=[qsdp],
         callbacks=[recorder],
         loggers=[memory],

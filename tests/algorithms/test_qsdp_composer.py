@@ -20,18 +20,20 @@ QWD = {"weight_scheme": "difference", "weight_codec": "symmetric", "weight_bits"
        "error_sample_interval": 2}
 
 
-def _run(tmp_path: Path, out: Path, *args: str, gpu: bool = False,
-         options: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "FSDP_VERSION": "2", "OMP_NUM_THREADS": "1", "QSDP_TEST_OPTIONS": json.dumps(options)}
+def _run(tmp_path: Path, out: Path, *args: str, gpu: bool = False, options: dict | None = None, nproc: int = 2,
+         fsdp: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FSDP_VERSION": "2", "OMP_NUM_THREADS": "1", "QSDP_TEST_OPTIONS": json.dumps(options),
+           "QSDP_TEST_FSDP": json.dumps(fsdp)}
     if gpu:
         env["QSDP_TEST_DEVICE"] = "gpu"
-    return subprocess.run([*e2e_common.launcher(2), str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
+    return subprocess.run([*e2e_common.launcher(nproc), str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=900)
 
 
-def _launch(tmp_path: Path, *args: str, gpu: bool = False, options: dict | None = None) -> dict:
+def _launch(tmp_path: Path, *args: str, gpu: bool = False, options: dict | None = None, nproc: int = 2,
+            fsdp: dict | None = None) -> dict:
     out = tmp_path / f"result-{'-'.join(a for a in args if '/' not in a) or 'full'}.json"
-    proc = _run(tmp_path, out, *args, gpu=gpu, options=options)
+    proc = _run(tmp_path, out, *args, gpu=gpu, options=options, nproc=nproc, fsdp=fsdp)
     assert proc.returncode == 0, f"launcher failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
     return json.loads(out.read_text())
 

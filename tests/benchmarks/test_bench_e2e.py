@@ -89,7 +89,7 @@ def test_random_token_shards_are_seeded_and_reused(tmp_path):
 @pytest.mark.parametrize("model", ["125m", "350m", "1.3b"])
 def test_every_paper_family_plans_valid_launches(model, tmp_path):
     args = bench_e2e._parser().parse_args(["--model", model, "--nproc", "4", "--out-dir", str(tmp_path),
-                                           "--configs", *bench_e2e.CONFIGS])
+                                           "--configs", *bench_e2e.CONFIGS, "--ranks-per-node", "2"])
     plan = bench_e2e._plan(args)  # loads every configuration's recipe with its overrides
     micro = plan.settings["micro_batch"]
     assert micro == {"125m": 16, "350m": 8, "1.3b": 16}[model]  # the recipe's device_train_microbatch_size
@@ -100,6 +100,13 @@ def test_every_paper_family_plans_valid_launches(model, tmp_path):
     for needed in ("max_duration=13ba", "data.eval_split=null", "save_folder=null",
                    f"global_train_batch_size={4 * micro}"):
         assert needed in base
+    hpz = plan.overrides(bench_e2e.CONFIGS["qsdp-tlq-hs-hpz"], 4, tmp_path / "m.json")
+    assert {"algorithms.qsdp.recipe=tlq-hs", "algorithms.qsdp.ranks_per_node=2",
+            "fsdp.reshard_after_forward=2"} <= set(hpz)
+    assert "algorithms.qsdp.ranks_per_node=2" in qsdp and "fsdp.reshard_after_forward=2" not in qsdp
+    with pytest.raises(SystemExit, match="-hpz configurations reshard to the node: pass --ranks-per-node"):
+        bench_e2e._plan(bench_e2e._parser().parse_args(["--model", model, "--nproc", "4", "--out-dir", str(tmp_path),
+                                                        "--configs", "qsdp-zeropp-hpz"]))
 
 
 def test_settings_of_one_directory_cannot_be_mixed(tmp_path, tiny_recipes):

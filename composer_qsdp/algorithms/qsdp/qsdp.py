@@ -91,7 +91,10 @@ class QSDP(Algorithm):
 
     Args:
         recipe: the preset to start from: ``"w8g8"`` (default: 8-bit weights and gradients, min-max codec,
-            stochastic rounding, buckets of 1024 elements), ``"w8g4"`` (4-bit gradients) or ``"w4g4"``.
+            stochastic rounding, buckets of 1024 elements), ``"w8g4"`` (4-bit gradients), ``"w4g4"``, ``"sdp4bit"``
+            (weight differences, qWD), ``"zeropp"`` (ZeRO++: INT8 block weights, two-level INT4 gradients) or
+            ``"tlq-hs"`` (SDP4Bit's two-level gradients: INT8 within nodes, INT4 across, Hadamard-smoothed); see
+            :mod:`composer_qsdp.policy.presets`.
         weight_bits: bits per weight code (1..8 for min-max), or ``None`` to all-gather weights unquantized.
         grad_bits: bits per gradient code, or ``None`` to reduce-scatter gradients unquantized.
         weight_codec: the weight codec: ``"minmax"``, ``"random_shift"``, ``"learned"`` or ``"symmetric"``.
@@ -107,7 +110,9 @@ class QSDP(Algorithm):
         weight_scheme: how weights move: ``"direct"`` (quantized weights: QSDP) or ``"difference"`` (quantized
             differences against a reference every rank keeps: SDP4Bit's qWD; one weight replica per rank, no
             backward re-gather traffic).
-        grad_scheme: how gradients move: ``"flat"`` (one quantized all-to-all and an fp32 sum).
+        grad_scheme: how gradients move: ``"flat"`` (one quantized all-to-all and an fp32 sum) or ``"two_level"``
+            (an intra-node then an inter-node all-to-all, ZeRO++/SDP4Bit; options ``intra_codec``,
+            ``rotation_block``).
         weight_scheme_options: options of the weight scheme; ``"difference"``: ``keyframe_every`` (optimizer
             steps between full-precision gathers, 0: only when needed) and ``checkpoint_reference`` (default True:
             checkpoints hold the reference, so a resume continues exactly).
@@ -125,7 +130,8 @@ class QSDP(Algorithm):
         check_finite: raise ``NonFiniteWeightError`` when all-gathered weights hold NaN/Inf (recipes: True).
         error_sample_interval: measure the relative quantization error every this many calls per unit (0:
             never; recipes: 100).
-        ranks_per_node: ranks sharing a node, for per-hop byte counts; ``None`` reads ``LOCAL_WORLD_SIZE``.
+        ranks_per_node: ranks sharing a node, for per-hop byte counts and the two-level scheme; ``None`` reads
+            ``LOCAL_WORLD_SIZE``. A smaller value splits a host into virtual nodes.
 
     Raises:
         ValueError: at construction, for an unknown recipe or an option out of range, naming it.
