@@ -1,4 +1,5 @@
-"""The FSDP2 adapter: QSDP's comm objects on every ``fully_shard`` unit (torch >= 2.9 custom collectives).
+"""The FSDP2 adapter: QSDP's comm objects on every ``fully_shard`` unit (through FSDP2's custom collectives on torch
+>= 2.9, or a proxy for its internal collective calls on torch 2.6-2.8: :mod:`composer_qsdp.fsdp2.compat`).
 
 ::
 
@@ -15,16 +16,19 @@
 Knows nothing of Composer; the schemes it installs come from :mod:`composer_qsdp.policy`.
 """
 
-from composer_qsdp.fsdp2.apply import FSDP2Handle, apply_qsdp, check_custom_comm_support, remove_qsdp
+from composer_qsdp.fsdp2.apply import FSDP2Handle, apply_qsdp, remove_qsdp
 from composer_qsdp.fsdp2.comms import QSDPAllGather, QSDPReduceScatter
+from composer_qsdp.fsdp2.compat import HAS_CUSTOM_COMM_API, check_custom_comm_support, default_comm_path
 from composer_qsdp.fsdp2.units import find_units, managed_parameters, shard_group
 
 __all__ = [
     "FSDP2Handle",
+    "HAS_CUSTOM_COMM_API",
     "QSDPAllGather",
     "QSDPReduceScatter",
     "apply_qsdp",
     "check_custom_comm_support",
+    "default_comm_path",
     "find_units",
     "managed_parameters",
     "remove_qsdp",

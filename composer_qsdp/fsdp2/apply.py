@@ -1,4 +1,5 @@
-"""``apply_qsdp``: install QSDP's comm objects on every FSDP2 unit of a model; ``remove_qsdp`` undoes it."""
+"""``apply_qsdp``: install QSDP's comm objects on every FSDP2 unit of a model (through the comm path this torch
+supports, :mod:`composer_qsdp.fsdp2.compat`); ``remove_qsdp`` undoes it."""
 
 from __future__ import annotations
 
@@ -12,40 +13,43 @@ from torch.distributed.fsdp import FSDPModule
 
 from composer_qsdp.comm import Topology
 from composer_qsdp.fsdp2.comms import QSDPAllGather, QSDPReduceScatter
+from composer_qsdp.fsdp2.compat import (
+    COMM_PATHS,
+    check_comm_path,
+    default_comm_path,
+    install_comms,
+    restore_comms,
+)
 from composer_qsdp.fsdp2.hsdp import hsdp_note
 from composer_qsdp.fsdp2.layout import FSDP2GatherLayout
 from composer_qsdp.fsdp2.units import find_units, shard_group
 from composer_qsdp.policy import QSDPConfig, QSDPHandle, plan_units
 
-__all__ = ["FSDP2Handle", "apply_qsdp", "check_custom_comm_support", "remove_qsdp"]
+__all__ = ["FSDP2Handle", "apply_qsdp", "remove_qsdp"]
 
 _HANDLE_ATTR = "_qsdp_handle"
 
 log = logging.getLogger(__name__)
 
 
-def check_custom_comm_support() -> None:
-    """Raise unless this torch has FSDP2's custom-collective API (torch >= 2.9).
-
-    Raises:
-        RuntimeError: naming the installed torch and the version needed.
-    """
-    if not hasattr(FSDPModule, "set_custom_all_gather"):
-        raise RuntimeError(
-            f"QSDP needs FSDP2's custom collectives (FSDPModule.set_custom_all_gather), added in torch 2.9; "
-            f"this is torch {torch.__version__}. Install torch >= 2.9 (the project pins 2.11.0)."
-        )
-
-
 class FSDP2Handle(QSDPHandle):
-    """A :class:`~composer_qsdp.policy.QSDPHandle` installed on FSDP2 units: ``remove()`` restores FSDP's
-    default collectives and drops the forward hook."""
+    """A :class:`~composer_qsdp.policy.QSDPHandle` installed on FSDP2 units through ``comm_path`` (see
+    :mod:`composer_qsdp.fsdp2.compat`): ``remove()`` restores FSDP's default collectives and drops the forward
+    hook.
+
+    Attributes:
+        comm_path: ``"custom"`` or ``"proxy"``.
+    """
+
+    def __init__(self, *args: Any, comm_path: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.comm_path = comm_path
+        self.adapter = f"fsdp2 ({comm_path}: {COMM_PATHS[comm_path]}), torch {torch.__version__}"
 
     def _install(self) -> None:
         for unit in self.units:
-            module: Any = unit.module
-            module.set_custom_all_gather(QSDPAllGather(self, unit.index))
-            module.set_custom_reduce_scatter(QSDPReduceScatter(self, unit.index))
+            install_comms(unit.module, QSDPAllGather(self, unit.index), QSDPReduceScatter(self, unit.index),
+                          self.comm_path)
         # prepend: run before FSDP's own pre-forward hook when the model is itself an FSDP root.
         self._hook = self.model.register_forward_pre_hook(lambda *_: self.on_forward(), prepend=True)
         setattr(self.model, _HANDLE_ATTR, self)
@@ -53,13 +57,9 @@ class FSDP2Handle(QSDPHandle):
     def remove(self) -> None:
         """Restore FSDP's default all-gather and reduce-scatter on every unit, drop the forward and optimizer
         hooks."""
-        from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
-
         super().remove()
         for unit in self.units:
-            module: Any = unit.module
-            module.set_custom_all_gather(DefaultAllGather())
-            module.set_custom_reduce_scatter(DefaultReduceScatter())
+            restore_comms(unit.module, self.comm_path)
         self._hook.remove()
         if getattr(self.model, _HANDLE_ATTR, None) is self:
             delattr(self.model, _HANDLE_ATTR)
@@ -70,6 +70,7 @@ def apply_qsdp(
     config: QSDPConfig | None = None,
     *,
     optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None = None,
+    comm_path: str | None = None,
 ) -> FSDP2Handle:
     """Quantize the weight all-gathers and gradient reduce-scatters of every FSDP2 unit of ``model``.
 
@@ -86,15 +87,21 @@ def apply_qsdp(
         optimizers: the optimizer(s) that update ``model``: their steps are QSDP's step boundary (seeds, and
             the state of stateful schemes). Without them, call ``handle.on_optimizer_step()`` after each step;
             stateless schemes then work without it.
+        comm_path: how FSDP2's collectives reach QSDP: ``"custom"`` (FSDP2's custom-collective API, torch >= 2.9)
+            or ``"proxy"`` (FSDP2's internal collective calls, for torch 2.6-2.8); ``None`` picks ``"custom"``
+            where this torch has the API (see :mod:`composer_qsdp.fsdp2.compat`).
 
     Returns:
-        The :class:`FSDP2Handle`: traffic counters, ``state_dict`` for resuming, ``remove()``.
+        The :class:`FSDP2Handle`: traffic counters, ``state_dict`` for resuming, ``remove()``; its ``adapter``
+        names the comm path.
 
     Raises:
-        RuntimeError: torch < 2.9.
-        ValueError: ``model`` has no FSDP2 unit, or QSDP is already applied to it.
+        RuntimeError: the comm path cannot run on this torch (``"custom"`` before 2.9, ``"proxy"`` where FSDP2's
+            internals moved), naming the version.
+        ValueError: an unknown ``comm_path``, ``model`` has no FSDP2 unit, or QSDP is already applied to it.
     """
-    check_custom_comm_support()
+    comm_path = default_comm_path() if comm_path is None else comm_path
+    check_comm_path(comm_path)
     config = QSDPConfig() if config is None else config
     if not isinstance(config, QSDPConfig):
         raise ValueError(f"config must be a QSDPConfig, got {type(config).__name__}")
@@ -103,10 +110,11 @@ def apply_qsdp(
     if not any(isinstance(m, FSDPModule) for m in model.modules()):
         raise ValueError(
             f"{type(model).__name__} has no FSDP2 module: apply torch.distributed.fsdp.fully_shard to its blocks "
-            "and root first (FSDP1's FullyShardedDataParallel is not supported)"
+            "and root first (for FSDP1's FullyShardedDataParallel use composer_qsdp.fsdp1.apply_qsdp)"
         )
     units = find_units(model)
-    handle = FSDP2Handle(model, config, plan_units(units, config), Topology.detect(config.ranks_per_node))
+    handle = FSDP2Handle(model, config, plan_units(units, config), Topology.detect(config.ranks_per_node),
+                         comm_path=comm_path)
     note = hsdp_note(units, handle.topology)
     if note is not None:
         log.warning(note)

@@ -1,5 +1,6 @@
-"""FSDP2 comm objects (torch >= 2.9 ``set_custom_all_gather`` / ``set_custom_reduce_scatter``): each forwards one
-unit's collective to its :class:`~composer_qsdp.policy.QSDPHandle`, which runs the unit's scheme."""
+"""FSDP2 comm objects: each forwards one unit's collective to its :class:`~composer_qsdp.policy.QSDPHandle`, which
+runs the unit's scheme. FSDP2 calls them through ``set_custom_all_gather`` / ``set_custom_reduce_scatter`` (torch >=
+2.9) or, on older torch, through the proxy of :mod:`composer_qsdp.fsdp2.compat`."""
 
 from __future__ import annotations
 
@@ -8,12 +9,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from composer_qsdp.fsdp2.compat import AllGather, ReduceScatter
 from composer_qsdp.policy import QSDPHandle
-
-try:  # the Comm ABCs arrived with the custom-collective API in torch 2.9
-    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
-except ImportError:  # torch < 2.9: apply_qsdp refuses to run, these classes are never instantiated
-    AllGather = ReduceScatter = object  # type: ignore[assignment,misc]
 
 __all__ = ["QSDPAllGather", "QSDPReduceScatter"]
 

@@ -41,7 +41,11 @@ class QSDPHandle:
         units: the plan of every unit that communicates, in unit-index order.
         topology: the run's topology.
         seeds: the seed schedule (optimizer step, microbatch).
+        adapter: which adapter installed the handle and how it reaches the framework's collectives (for logs; set
+            by the adapter, e.g. ``"fsdp2 (custom): ..."``).
     """
+
+    adapter: str = ""
 
     def __init__(self, model: nn.Module, config: QSDPConfig, units: Sequence[UnitPlan], topology: Topology) -> None:
         self.model = model
@@ -192,8 +196,9 @@ class QSDPHandle:
         return sum(s.memory_bytes() for s in self._schemes())
 
     def describe(self) -> str:
-        """One line per unit: its size and each side's scheme."""
-        return "\n".join(u.describe() for u in self.units)
+        """The adapter (when set), then one line per unit: its size and each side's scheme."""
+        lines = [u.describe() for u in self.units]
+        return "\n".join([self.adapter, *lines] if self.adapter else lines)
 
     # ------------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict[str, Any]:

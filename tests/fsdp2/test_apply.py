@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import fully_shard
 
-from composer_qsdp.fsdp2 import find_units, shard_group
+from composer_qsdp.fsdp2 import compat, find_units, shard_group
 from composer_qsdp.policy import QSDPConfig, SideConfig, plan_units
 from composer_qsdp import apply_qsdp, remove_qsdp
 
@@ -127,10 +127,32 @@ def test_apply_rejects_models_without_fsdp2():
         apply_qsdp(Net())
 
 
-def test_apply_rejects_torch_without_custom_collectives(monkeypatch):
-    monkeypatch.delattr(FSDPModule, "set_custom_all_gather")
-    with pytest.raises(RuntimeError, match=r"torch 2.9"):
-        apply_qsdp(Net())
+def test_the_comm_path_is_checked_before_anything_is_installed(one_rank, monkeypatch):
+    net = _sharded()
+    with pytest.raises(ValueError, match=r"comm_path='nccl' is invalid; allowed: 'custom', 'proxy' or None"):
+        apply_qsdp(net, comm_path="nccl")
+    monkeypatch.setattr(compat, "HAS_CUSTOM_COMM_API", False)  # torch 2.6-2.8
+    with pytest.raises(RuntimeError, match=r"custom-collective path needs .*torch 2.9; this is torch"):
+        apply_qsdp(net, comm_path="custom")
+    assert apply_qsdp(net).comm_path == "proxy"  # the default there
+    remove_qsdp(net)
+
+
+def test_the_proxy_path_marks_each_unit_and_restores_fsdp(one_rank):
+    import torch.distributed.fsdp._fully_shard._fsdp_collectives as collectives
+
+    net, other = _sharded(), _sharded()
+    handle = apply_qsdp(net, comm_path="proxy")
+    assert handle.describe().startswith("fsdp2 (proxy: a proxy for torch.distributed in FSDP2's _fsdp_collectives")
+    groups = [u.module._get_fsdp_state()._fsdp_param_group for u in handle.units]
+    assert all({"unshard", "post_backward"} <= vars(g).keys() for g in groups)  # on the instances only
+    assert collectives.dist is not dist and collectives.dist.ReduceOp is dist.ReduceOp
+    for model in (net, other):  # world size 1: nothing to quantize, and `other` has no QSDP
+        model(torch.tensor([[1, 2, 3]])).sum().backward()
+    assert handle.seeds.microbatch == 1 and handle.traffic().total.calls == 0
+    remove_qsdp(net)
+    assert collectives.dist is dist
+    assert not any({"unshard", "post_backward"} & vars(g).keys() for g in groups)
 
 
 def test_optimizer_steps_are_the_step_boundary(one_rank):
