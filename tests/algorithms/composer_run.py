@@ -1,6 +1,8 @@
-"""A real Composer FSDP2 run with the QSDP algorithm, for ``composer -n 2`` (driven by test_qsdp_composer.py).
+"""A real Composer FSDP run with the QSDP algorithm, for ``composer -n 2`` (driven by test_qsdp_composer.py).
 
     FSDP_VERSION=2 composer -n 2 tests/algorithms/composer_run.py OUT.json [save CKPT_DIR | resume CKPT_DIR]
+
+``FSDP_VERSION=1`` runs Composer's FSDP1 instead (GPUs only: Composer wraps FSDP1 on the current CUDA device).
 
 Trains an MLP towards a fixed linear teacher on CPU (gloo) or GPUs (``QSDP_TEST_DEVICE=gpu``), then rank 0
 writes JSON: the losses, the trained parameters' relative distance to an exact single-process reference, the
@@ -94,6 +96,17 @@ def reference(batches: int, world: int) -> dict[str, torch.Tensor]:
     return {n: p.detach() for n, p in model.net.named_parameters()}
 
 
+def full_params(state) -> dict[str, torch.Tensor]:
+    """The trained parameters, unsharded, on the CPU (FSDP1: ``summon_full_params``, which QSDP leaves exact)."""
+    net = state.model.net
+    if state.fsdp_config_version == 1:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        with FullyShardedDataParallel.summon_full_params(net, writeback=False):
+            return {n: p.detach().cpu().clone() for n, p in net.named_parameters()}
+    return {n: p.full_tensor().cpu() for n, p in net.named_parameters()}
+
+
 def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
     device = "gpu" if os.environ.get("QSDP_TEST_DEVICE") == "gpu" else "cpu"
     model = Model()
@@ -129,7 +142,7 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
         **checkpointing,
     )
     trainer.fit()
-    params = {n: p.full_tensor().cpu() for n, p in trainer.state.model.net.named_parameters()}
+    params = full_params(trainer.state)
     batches = int(trainer.state.timestamp.batch)
     if dist.get_global_rank() == 0:
         ref = reference(batches, dist.get_world_size())
@@ -139,6 +152,7 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
         traffic = qsdp.traffic()
         result = {
             "fsdp_version": trainer.state.fsdp_config_version,
+            "adapter": qsdp.handle.adapter if qsdp.handle is not None else None,
             "world_size": dist.get_world_size(),
             "losses": recorder.losses,
             "param_rel_error": rel,

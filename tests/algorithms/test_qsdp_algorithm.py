@@ -12,11 +12,11 @@ from composer import Trainer
 from composer.core import Event
 from composer.models import ComposerModel
 from composer.utils import FSDP2Config
-from torch.distributed.fsdp import FSDPModule
 from torch.utils.data import DataLoader, TensorDataset
 
 from composer_qsdp import QSDP, from_recipe
 from composer_qsdp.algorithms.qsdp import check_run
+from composer_qsdp.fsdp2 import HAS_CUSTOM_COMM_API, compat
 
 
 class Regression(ComposerModel):
@@ -68,20 +68,20 @@ def test_options_change_the_recipe():
     assert repr(QSDP("w4g4")) == "QSDP('w4g4', weight_bits=4, grad_bits=4)"
 
 
-def test_run_validation():
-    with pytest.raises(ValueError, match=r"does not use FSDP.*FSDP_VERSION=2"):
+def test_run_validation_picks_the_adapter_of_the_run():
+    with pytest.raises(ValueError, match=r"does not use FSDP.*\(FSDP1; FSDP2 with .*FSDP_VERSION=2 .*FSDP2Config\)"):
         check_run(0, 2)
-    with pytest.raises(ValueError, match=r"FSDP2 .* only, but this run uses FSDP1.*FSDP_VERSION=2.*FSDP2Config"):
-        check_run(1, 8)
+    with pytest.raises(ValueError, match=r"fsdp_config_version=3; QSDP supports 1 \(FSDP1\) and 2 \(FSDP2\)"):
+        check_run(3, 2)
     with pytest.warns(UserWarning, match="world size 1"):
-        assert check_run(2, 1) is False
-    assert check_run(2, 2) is True
+        assert check_run(1, 1) is None
+    assert check_run(1, 8) == "fsdp1"
+    assert check_run(2, 2) == ("fsdp2-custom" if HAS_CUSTOM_COMM_API else "fsdp2-proxy")
 
 
-def test_run_validation_rejects_torch_without_custom_collectives(monkeypatch):
-    monkeypatch.delattr(FSDPModule, "set_custom_all_gather")
-    with pytest.raises(RuntimeError, match="torch 2.9"):
-        check_run(2, 2)
+def test_fsdp2_runs_take_the_proxy_path_on_torch_without_custom_collectives(monkeypatch):
+    monkeypatch.setattr(compat, "HAS_CUSTOM_COMM_API", False)  # torch 2.6-2.8
+    assert check_run(2, 2) == "fsdp2-proxy"
 
 
 def test_trainer_without_fsdp_is_refused_at_after_load():

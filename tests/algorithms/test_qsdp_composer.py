@@ -1,4 +1,5 @@
-"""QSDP in a real Composer FSDP2 run through the ``composer -n 2`` launcher (tests/algorithms/composer_run.py)."""
+"""QSDP in a real Composer FSDP2 run through the ``composer -n 2`` launcher (tests/algorithms/composer_run.py); FSDP1
+(Composer wraps it on CUDA devices only) on 2 GPUs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import torch
 
 import e2e_common  # benchmarks/ (tests/conftest.py): Composer's launcher command
 
+from composer_qsdp.fsdp2 import HAS_CUSTOM_COMM_API
+
 SCRIPT = Path(__file__).with_name("composer_run.py")
 
 
@@ -21,9 +24,9 @@ QWD = {"weight_scheme": "difference", "weight_codec": "symmetric", "weight_bits"
 
 
 def _run(tmp_path: Path, out: Path, *args: str, gpu: bool = False, options: dict | None = None, nproc: int = 2,
-         fsdp: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "FSDP_VERSION": "2", "OMP_NUM_THREADS": "1", "QSDP_TEST_OPTIONS": json.dumps(options),
-           "QSDP_TEST_FSDP": json.dumps(fsdp)}
+         fsdp: dict | None = None, fsdp_version: int = 2) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FSDP_VERSION": str(fsdp_version), "OMP_NUM_THREADS": "1",
+           "QSDP_TEST_OPTIONS": json.dumps(options), "QSDP_TEST_FSDP": json.dumps(fsdp)}
     if gpu:
         env["QSDP_TEST_DEVICE"] = "gpu"
     return subprocess.run([*e2e_common.launcher(nproc), str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
@@ -31,15 +34,18 @@ def _run(tmp_path: Path, out: Path, *args: str, gpu: bool = False, options: dict
 
 
 def _launch(tmp_path: Path, *args: str, gpu: bool = False, options: dict | None = None, nproc: int = 2,
-            fsdp: dict | None = None) -> dict:
+            fsdp: dict | None = None, fsdp_version: int = 2) -> dict:
     out = tmp_path / f"result-{'-'.join(a for a in args if '/' not in a) or 'full'}.json"
-    proc = _run(tmp_path, out, *args, gpu=gpu, options=options, nproc=nproc, fsdp=fsdp)
+    proc = _run(tmp_path, out, *args, gpu=gpu, options=options, nproc=nproc, fsdp=fsdp, fsdp_version=fsdp_version)
     assert proc.returncode == 0, f"launcher failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
     return json.loads(out.read_text())
 
 
-def _check_quantized_training(result: dict) -> None:
-    assert result["fsdp_version"] == 2 and result["world_size"] == 2
+def _check_quantized_training(result: dict, fsdp_version: int = 2) -> None:
+    assert result["fsdp_version"] == fsdp_version and result["world_size"] == 2
+    # The algorithm picks the adapter (and FSDP2's comm path, by torch version) from the run and names it.
+    expected = "fsdp1 (" if fsdp_version == 1 else "fsdp2 (custom: " if HAS_CUSTOM_COMM_API else "fsdp2 (proxy: "
+    assert result["adapter"].startswith(expected), result["adapter"]
     weights, grads = result["traffic"]["weights"], result["traffic"]["grads"]
     batches = len(result["losses"])
     assert weights["calls"] == 2 * 3 * batches and grads["calls"] == 3 * batches  # 3 units, fwd+bwd gathers
@@ -96,7 +102,8 @@ def test_a_diverged_run_never_checkpoints_non_finite_weights(tmp_path):
 
 
 @pytest.mark.gpu
-def test_composer_launcher_run_on_two_gpus(tmp_path):
+@pytest.mark.parametrize("fsdp_version", [2, 1], ids=["fsdp2", "fsdp1"])
+def test_composer_launcher_run_on_two_gpus(tmp_path, fsdp_version):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    _check_quantized_training(_launch(tmp_path, gpu=True))
+    _check_quantized_training(_launch(tmp_path, gpu=True, fsdp_version=fsdp_version), fsdp_version)

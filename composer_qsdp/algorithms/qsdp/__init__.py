@@ -1,6 +1,7 @@
-"""QSDP: quantized FSDP2 weight all-gathers and gradient reduce-scatters (Markov et al., ICML 2023).
+"""QSDP: quantized FSDP weight all-gathers and gradient reduce-scatters (Markov et al., ICML 2023).
 
-``QSDP`` is the Composer algorithm; ``apply_qsdp`` the functional form for a plain ``fully_shard`` model.
+``QSDP`` is the Composer algorithm (FSDP2 or FSDP1, picked from the run); ``apply_qsdp`` the functional form for a
+plain ``fully_shard`` model (``composer_qsdp.fsdp1.apply_qsdp`` for a ``FullyShardedDataParallel`` one).
 See ``README.md`` beside this file.
 """
 

@@ -1,4 +1,4 @@
-"""QSDP as a Composer algorithm: quantized FSDP2 weight all-gathers and gradient reduce-scatters."""
+"""QSDP as a Composer algorithm: quantized FSDP weight all-gathers and gradient reduce-scatters (FSDP2 or FSDP1)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from composer.loggers import Logger
 from composer.utils import dist
 
 from composer_qsdp.comm import TrafficCounter, TrafficReport
-from composer_qsdp.fsdp2 import apply_qsdp, check_custom_comm_support
+from composer_qsdp import fsdp1, fsdp2
 from composer_qsdp.policy import ModuleFilter, NonFiniteWeightError, QSDPHandle, from_recipe
 
 __all__ = ["QSDP", "RECIPE", "check_run"]
@@ -21,39 +21,35 @@ __all__ = ["QSDP", "RECIPE", "check_run"]
 log = logging.getLogger(__name__)
 
 
-def check_run(fsdp_config_version: int, world_size: int) -> bool:
-    """Validate a Composer run for QSDP; ``True`` when there is traffic to quantize.
+def check_run(fsdp_config_version: int, world_size: int) -> str | None:
+    """Validate a Composer run for QSDP and pick the adapter that reaches its collectives.
 
     Args:
         fsdp_config_version: ``State.fsdp_config_version`` (0: no FSDP, 1: FSDP1, 2: FSDP2).
         world_size: ranks in the run.
 
     Returns:
-        ``False`` (after a warning) when ``world_size`` is 1: FSDP then communicates nothing.
+        ``"fsdp1"``, ``"fsdp2-custom"`` (FSDP2's custom collectives, torch >= 2.9) or ``"fsdp2-proxy"`` (FSDP2's
+        internal collectives, torch 2.6-2.8); ``None`` (after a warning) when ``world_size`` is 1: FSDP then
+        communicates nothing.
 
     Raises:
-        RuntimeError: torch < 2.9 (no FSDP2 custom collectives).
-        ValueError: the run does not use FSDP2, naming how to switch it on.
+        ValueError: the run does not use FSDP, naming how to switch it on, or an unknown ``fsdp_config_version``.
     """
-    check_custom_comm_support()
     if fsdp_config_version == 0:
         raise ValueError(
             "QSDP quantizes FSDP's all-gathers and reduce-scatters, but this run does not use FSDP. Pass "
-            "Trainer(parallelism_config={'fsdp': FSDP2Config(...)}) (or a dict with the environment variable "
-            "FSDP_VERSION=2), or remove the QSDP algorithm."
+            "Trainer(parallelism_config={'fsdp': {...}}) (FSDP1; FSDP2 with the environment variable FSDP_VERSION=2 "
+            "or with composer.utils.FSDP2Config), or remove the QSDP algorithm."
         )
-    if fsdp_config_version == 1:
+    if fsdp_config_version not in (1, 2):
         raise ValueError(
-            "QSDP supports FSDP2 (torch.distributed.fsdp.fully_shard) only, but this run uses FSDP1. Set the "
-            "environment variable FSDP_VERSION=2 (for a dict parallelism_config['fsdp']) or pass "
-            "composer.utils.FSDP2Config as parallelism_config['fsdp']."
+            f"unknown fsdp_config_version={fsdp_config_version!r}; QSDP supports 1 (FSDP1) and 2 (FSDP2)"
         )
-    if fsdp_config_version != 2:
-        raise ValueError(f"unknown fsdp_config_version={fsdp_config_version!r}; QSDP supports 2 (FSDP2)")
     if world_size == 1:
         warnings.warn("QSDP does nothing with world size 1: FSDP sends no traffic to quantize", stacklevel=2)
-        return False
-    return True
+        return None
+    return "fsdp1" if fsdp_config_version == 1 else f"fsdp2-{fsdp2.default_comm_path()}"
 
 
 class _FromRecipe:
@@ -68,14 +64,17 @@ RECIPE: Any = _FromRecipe()
 
 
 class QSDP(Algorithm):
-    """Quantize FSDP2's weight all-gathers and gradient reduce-scatters (QSDP, Markov et al., ICML 2023).
+    """Quantize FSDP's weight all-gathers and gradient reduce-scatters (QSDP, Markov et al., ICML 2023).
 
-    Installs at ``Event.AFTER_LOAD`` (the model is wrapped and any checkpoint loaded, no forward has run):
-    every FSDP unit gets a quantized all-gather (its shard is encoded, the bytes gathered, every rank decodes
-    all shards, so all ranks compute with identical weights) and a quantized reduce-scatter (gradient chunks
-    encoded, exchanged all-to-all, decoded and summed in fp32). The sharded full-precision weights, the
-    optimizer and checkpoints are untouched. The optimizer's steps are QSDP's step boundary. Logs bytes sent,
-    the compression against bf16 and sampled quantization errors at every ``BATCH_END``.
+    Installs at ``Event.AFTER_LOAD`` (the model is wrapped and any checkpoint loaded, no forward has run), through
+    the adapter of the run's FSDP (:func:`check_run`: FSDP2 by its custom collectives on torch >= 2.9 or by its
+    internal collectives on torch 2.6-2.8; FSDP1 by its communication hook and flat-parameter all-gather), which it
+    names in its log line and in the hyperparameter ``qsdp/adapter``. Every FSDP unit gets a quantized all-gather
+    (its shard is encoded, the bytes gathered, every rank decodes all shards, so all ranks compute with identical
+    weights) and a quantized reduce-scatter (gradient chunks encoded, exchanged all-to-all, decoded and summed in
+    fp32). The sharded full-precision weights, the optimizer and checkpoints are untouched. The optimizer's steps
+    are QSDP's step boundary. Logs bytes sent, the compression against bf16 and sampled quantization errors at
+    every ``BATCH_END``.
 
     Start from a named ``recipe`` and change any option; an option left out takes the recipe's value.
 
@@ -210,16 +209,22 @@ class QSDP(Algorithm):
 
     # ------------------------------------------------------------------ events
     def _install(self, state: State, logger: Logger) -> None:
-        if not check_run(state.fsdp_config_version, dist.get_world_size()):
+        adapter = check_run(state.fsdp_config_version, dist.get_world_size())
+        if adapter is None:
             return
-        self.handle = apply_qsdp(state.model, self.config, optimizers=state.optimizers)
+        if adapter == "fsdp1":
+            self.handle = fsdp1.apply_qsdp(state.model, self.config, optimizers=state.optimizers)
+        else:
+            self.handle = fsdp2.apply_qsdp(state.model, self.config, optimizers=state.optimizers,
+                                           comm_path=adapter.removeprefix("fsdp2-"))
         if self._loaded_state is not None:
             self.handle.load_state_dict(self._loaded_state)
             self._loaded_state = None
         self._logged = self.handle.traffic()
         quantized = sum(u.quantized for u in self.handle.units)
-        log.info("QSDP installed on %d FSDP units:\n%s", len(self.handle.units), self.handle.describe())
+        log.info("QSDP installed on %d FSDP units through %s", len(self.handle.units), self.handle.describe())
         logger.log_hyperparameters({
+            "qsdp/adapter": self.handle.adapter,
             "qsdp/recipe": self.recipe,
             "qsdp/config": self.config.summary(),
             "qsdp/fsdp_units": len(self.handle.units),
