@@ -99,7 +99,8 @@ def unit_params(handle: Any) -> tuple[torch.Tensor, ...]:
 
 def flat_pieces(handle: Any) -> list[FlatPiece]:
     """The flat parameter's pieces in order: each parameter (key relative to the FSDP instance's module, e.g.
-    ``"weight"``, and shape) and the alignment padding ``use_orig_params=True`` inserts."""
+    ``"weight"``, and shape) and the padding ``use_orig_params=True`` inserts (between parameters, for alignment,
+    and at the end, up to a multiple of the world size)."""
     flat_param = handle.flat_param
     names = iter(zip(flat_param._fqns, flat_param._shapes))
     pieces: list[FlatPiece] = []
