@@ -15,7 +15,8 @@ overrides:
 ``w8g4``            ``qsdp-w8g4.yaml``: 8-bit weights, 4-bit gradients
 ``qwd-w4g8``        ``qsdp-w8g8.yaml`` with 4-bit weight differences (SDP4Bit qWD: ``weight_scheme=difference``,
                     symmetric INT4 in groups of 2048), 8-bit gradients
-``sdp4bit``         ``sdp4bit.yaml``: qWD INT4 weights, 4-bit Hadamard gradients in groups of 128
+``qwd-w4g4``        ``qwd-w4g4.yaml``: qWD INT4 weights, one-hop 4-bit Hadamard gradients in groups of 128
+``sdp4bit``         ``sdp4bit.yaml``: qWD INT4 weights, TLq-HS gradients (INT8 within a node, INT4 across)
 =================  ==============================================================================================
 
 Every arm runs the recipe with the same shortened schedule: ``--steps`` batches (the cosine decay ends there) of
@@ -112,7 +113,8 @@ ARMS: dict[str, Arm] = {
                                        "algorithms.qsdp.weight_codec=symmetric",
                                        "algorithms.qsdp.weight_bucket_size=2048"),
                     "4-bit weight differences (SDP4Bit qWD: symmetric INT4, groups of 2048), 8-bit gradients"),
-    "sdp4bit": Arm("sdp4bit.yaml", (), "SDP4Bit: qWD INT4 weights, 4-bit Hadamard gradients in groups of 128"),
+    "qwd-w4g4": Arm("qwd-w4g4.yaml", (), "qWD INT4 weights, one-hop 4-bit Hadamard gradients in groups of 128"),
+    "sdp4bit": Arm("sdp4bit.yaml", (), "SDP4Bit: qWD INT4 weights, TLq-HS gradients (INT8 within a node)"),
 }
 
 

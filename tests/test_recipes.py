@@ -65,9 +65,9 @@ def test_recipe_validates_and_builds_its_model(path):
         assert (qsdp["weight_bits"], qsdp["grad_bits"]) == (int(bits[1]), int(bits[2]))
     elif path.stem.endswith("qsdp"):
         assert recipe.algorithm_kwargs["qsdp"]["weight_bits"] == 8
-    elif path.stem == "sdp4bit":
-        assert recipe.algorithm_kwargs == {"qsdp": {"recipe": "sdp4bit"}}
-        assert QSDP(**recipe.algorithm_kwargs["qsdp"]).config == from_recipe("sdp4bit")
+    elif path.stem in ("sdp4bit", "qwd-w4g4"):
+        assert recipe.algorithm_kwargs == {"qsdp": {"recipe": path.stem}}
+        assert QSDP(**recipe.algorithm_kwargs["qsdp"]).config == from_recipe(path.stem)
     else:
         assert recipe.algorithm_kwargs == {}
 

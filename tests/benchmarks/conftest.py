@@ -1,5 +1,5 @@
 """A tiny CPU recipe family in the layout the benchmark drivers read (``baseline.yaml``, ``qsdp-w8g8.yaml``,
-``qsdp-w4g4.yaml``, ``qsdp-w8g4.yaml``, ``sdp4bit.yaml``), built on the repository's ``yamls/cpu`` recipes. (``tests/conftest.py`` puts
+``qsdp-w4g4.yaml``, ``qsdp-w8g4.yaml``, ``sdp4bit.yaml``, ``qwd-w4g4.yaml``), built on the repository's ``yamls/cpu`` recipes. (``tests/conftest.py`` puts
 ``benchmarks/`` on the import path.)"""
 
 from __future__ import annotations
@@ -20,5 +20,6 @@ def tiny_recipes(tmp_path_factory) -> Path:
     (d / "qsdp-w8g8.yaml").write_text(f"base: {cpu / 'gpt-tiny-qsdp.yaml'}\ndevice_train_microbatch_size: 4\n")
     (d / "qsdp-w4g4.yaml").write_text("base: qsdp-w8g8.yaml\nalgorithms: {qsdp: {weight_bits: 4, grad_bits: 4}}\n")
     (d / "qsdp-w8g4.yaml").write_text("base: qsdp-w8g8.yaml\nalgorithms: {qsdp: {grad_bits: 4}}\n")
-    (d / "sdp4bit.yaml").write_text("base: baseline.yaml\nalgorithms: {qsdp: {recipe: sdp4bit}}\n")
+    for recipe in ("sdp4bit", "qwd-w4g4"):
+        (d / f"{recipe}.yaml").write_text(f"base: baseline.yaml\nalgorithms: {{qsdp: {{recipe: {recipe}}}}}\n")
     return d
