@@ -155,14 +155,14 @@ class WeightScheme(Scheme):
         layout: the unit's :class:`GatherLayout`, when its adapter provides one (``None`` otherwise).
     """
 
+    seed_stream = SeedStream.WEIGHTS
+    keeps_weights: ClassVar[bool] = False
+    layout: GatherLayout | None = None
+
     @property
     def needs_layout(self) -> bool:
         """The scheme needs its unit's :class:`GatherLayout` at :meth:`setup`."""
         return self.keeps_weights
-
-    seed_stream = SeedStream.WEIGHTS
-    keeps_weights: ClassVar[bool] = False
-    layout: GatherLayout | None = None
 
     def setup(self, group: dist.ProcessGroup, topology: Topology, layout: GatherLayout | None = None) -> None:
         """:meth:`Scheme.setup`, plus the unit's gather layout (for schemes that checkpoint gathered weights)."""
