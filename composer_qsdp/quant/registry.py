@@ -15,6 +15,7 @@ _CODECS: dict[str, str] = {
     "random_shift": "composer_qsdp.quant.random_shift:RandomShiftCodec",
     "learned": "composer_qsdp.quant.learned:LearnedLevelsCodec",
     "symmetric": "composer_qsdp.quant.symmetric:SymmetricCodec",
+    "sign": "composer_qsdp.quant.sign:SignCodec",
 }
 
 
@@ -27,7 +28,8 @@ def make_codec(name: str, *, hadamard: bool = False, **options: Any) -> Codec:
     """Build a codec by name.
 
     Args:
-        name: one of :func:`codec_names` (``"minmax"``, ``"random_shift"``, ``"learned"``, ``"symmetric"``).
+        name: one of :func:`codec_names` (``"minmax"``, ``"random_shift"``, ``"learned"``, ``"symmetric"``,
+            ``"sign"``).
         hadamard: rotate each bucket by a normalized Walsh-Hadamard transform before quantizing and back after
             decoding (SDP4Bit); needs a power-of-two ``bucket_size``.
         **options: codec options, e.g. ``bits`` (1..8), ``bucket_size`` (elements), ``rounding``.
