@@ -25,7 +25,7 @@ import torch.distributed as dist
 from composer_qsdp.comm import CallTraffic, SeedStream, Topology, TrafficCounter
 from composer_qsdp.quant import Codec
 
-__all__ = ["GradScheme", "Scheme", "WeightScheme"]
+__all__ = ["AllReduceScheme", "GradScheme", "Scheme", "WeightScheme"]
 
 
 class Scheme(ABC):
@@ -185,3 +185,26 @@ class GradScheme(Scheme):
         measure_error: bool,
     ) -> CallTraffic:
         """The scheme's reduce-scatter (arguments validated, group resolved)."""
+
+
+class AllReduceScheme(Scheme):
+    """A scheme for an all-reduce that averages: every rank ends with the mean of every rank's tensor (plain data
+    parallelism, where each rank holds a full replica: DDP's gradient synchronization, 0/1 Adam's momentum)."""
+
+    def all_reduce(self, tensor: torch.Tensor, group: dist.ProcessGroup | None = None, *,
+                   exact: bool = False) -> CallTraffic:
+        """Replace ``tensor`` by its mean over the scheme's group, in this scheme's way.
+
+        Args:
+            tensor: the same number of elements on every rank; layout and dtype as the scheme documents.
+            group: the group the caller was given, checked against the one of :meth:`setup` (``None``: skip).
+            exact: the uncompressed mean instead (still counted), for the steps that need full precision.
+
+        Returns:
+            The bytes this rank put on the wire in this call.
+        """
+        return self._count(self._all_reduce(tensor, self._check_group(group), exact))
+
+    @abstractmethod
+    def _all_reduce(self, tensor: torch.Tensor, group: dist.ProcessGroup, exact: bool) -> CallTraffic:
+        """The scheme's all-reduce (group resolved)."""

@@ -5,16 +5,22 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from composer_qsdp.quant import Codec
-from composer_qsdp.schemes.base import GradScheme, Scheme, WeightScheme
+from composer_qsdp.schemes.base import AllReduceScheme, GradScheme, Scheme, WeightScheme
 from composer_qsdp.schemes.direct import DirectAllGather
 from composer_qsdp.schemes.flat import FlatReduceScatter
+from composer_qsdp.schemes.onebit import OneBitAllReduce
 
-__all__ = ["GRAD_SCHEMES", "WEIGHT_SCHEMES", "make_grad_scheme", "make_weight_scheme"]
+__all__ = [
+    "ALL_REDUCE_SCHEMES", "GRAD_SCHEMES", "WEIGHT_SCHEMES", "make_all_reduce_scheme", "make_grad_scheme",
+    "make_weight_scheme",
+]
 
 #: Weight all-gather schemes by name; the first is the default.
 WEIGHT_SCHEMES: dict[str, type[WeightScheme]] = {"direct": DirectAllGather}
 #: Gradient reduce-scatter schemes by name; the first is the default.
 GRAD_SCHEMES: dict[str, type[GradScheme]] = {"flat": FlatReduceScatter}
+#: All-reduce schemes (full replicas: DDP) by name; the first is the default.
+ALL_REDUCE_SCHEMES: dict[str, type[AllReduceScheme]] = {"onebit": OneBitAllReduce}
 
 _S = TypeVar("_S", bound=Scheme)
 
@@ -35,6 +41,15 @@ def make_grad_scheme(name: str, codec: Codec | None, error_sample_interval: int 
         ValueError: an unknown scheme or scheme option, naming it and what is allowed.
     """
     return _build(GRAD_SCHEMES, "grad", name, codec, error_sample_interval, options)
+
+
+def make_all_reduce_scheme(name: str, codec: Codec | None, **options: Any) -> AllReduceScheme:
+    """Build the all-reduce scheme ``name`` around ``codec`` (``None``: unquantized).
+
+    Raises:
+        ValueError: an unknown scheme or scheme option, naming it and what is allowed.
+    """
+    return _build(ALL_REDUCE_SCHEMES, "all-reduce", name, codec, 0, options)
 
 
 def _build(
