@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_spawn import RankInfo, run_ranks, skip_unless_backend, spawn_params
+from zero_one_reference import OneBitAllReduce
 
 from composer_qsdp.comm import compressed_all_reduce, error_feedback_chunk_numel
 from composer_qsdp.quant import make_codec
@@ -67,39 +68,11 @@ def runs(request):
     return world, run_ranks(_worker, world, backend=backend)
 
 
-def _compress64(x: torch.Tensor, bucket: int) -> torch.Tensor:
-    """The sign codec in float64: per bucket of the 1-D ``x``, ``||b|| / sqrt(len(b)) * sign(b)``, sign(0) = +1."""
-    out = torch.empty_like(x)
-    for start in range(0, x.numel(), bucket):
-        b = x[start : start + bucket]
-        scale = b.norm() / b.numel() ** 0.5
-        out[start : start + bucket] = torch.where(b >= 0, scale, -scale)
-    return out
-
-
 def _reference(name: str, numel: int, bucket: int, world: int) -> dict:
-    """DeepSpeed's two-phase compressed all-reduce in float64, one process simulating all ranks."""
-    chunk = error_feedback_chunk_numel(numel, world)
-    worker_errors = torch.zeros(world, world * chunk, dtype=torch.float64)
-    server_errors = torch.zeros(world, chunk, dtype=torch.float64)
-    valid = torch.arange(world * chunk) < numel
-    results = []
-    for call in range(CALLS):
-        decoded = torch.empty(world, world * chunk, dtype=torch.float64)
-        for rank in range(world):
-            buf = torch.zeros(world * chunk, dtype=torch.float64)
-            buf[:numel] = _input(name, call, rank, numel).double()
-            buf += worker_errors[rank]
-            decoded[rank] = torch.cat([_compress64(c, bucket) for c in buf.split(chunk)])
-            worker_errors[rank] = torch.where(valid, buf - decoded[rank], 0.0)
-        full = torch.empty(world * chunk, dtype=torch.float64)
-        for server in range(world):
-            part = slice(server * chunk, (server + 1) * chunk)
-            served = torch.where(valid[part], decoded[:, part].mean(0), 0.0) + server_errors[server]
-            full[part] = _compress64(served, bucket)
-            server_errors[server] = torch.where(valid[part], served - full[part], 0.0)
-        results.append(full[:numel])
-    return {"results": results, "worker_errors": worker_errors, "server_errors": server_errors}
+    """The float64 single-process reference over the same inputs, call after call."""
+    reference = OneBitAllReduce(numel, world, bucket)
+    results = [reference([_input(name, call, rank, numel) for rank in range(world)]) for call in range(CALLS)]
+    return {"results": results, "worker_errors": reference.worker, "server_errors": reference.server}
 
 
 @pytest.mark.parametrize("name, numel, bucket", CASES)
