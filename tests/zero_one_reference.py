@@ -2,19 +2,23 @@
 server error feedback over ``W`` simulated ranks, and the paper's update (Lu et al., ICLR 2023, as DeepSpeed's
 ``ZeroOneAdam`` computes it) with its two schedules written from their closed forms.
 
-Written from the algorithm's description, independently of the package's code: only the chunk geometry (``c``
-elements per rank, ``ceil(n / W)`` rounded up to 8) is a convention the two share.
+Written from the algorithm's description, independently of the package's code: only the layout is a convention
+the two share: each rank's chunk holds ``ceil(n / W)`` elements rounded up to whole buckets and to 8, and an
+optimizer's flat vector starts every parameter on a bucket, leaving gaps that carry no data.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 F64 = torch.float64
 
 
-def chunk_numel(numel: int, world: int) -> int:
-    return -(-(-(-numel // world)) // 8) * 8
+def chunk_numel(numel: int, world: int, bucket: int | None) -> int:
+    align = 8 if bucket is None else math.lcm(8, bucket)
+    return -(-(-(-numel // world)) // align) * align
 
 
 def sign_compress(x: torch.Tensor, bucket: int) -> torch.Tensor:
@@ -29,14 +33,16 @@ def sign_compress(x: torch.Tensor, bucket: int) -> torch.Tensor:
 
 class OneBitAllReduce:
     """DeepSpeed's compressed all-reduce of ``W`` ranks' 1-D tensors of ``numel`` elements, in float64, with every
-    rank's worker error (``[W, W * c]``) and server error (``[W, c]``); ``bucket=None`` sends exact values."""
+    rank's worker error (``[W, W * c]``) and server error (``[W, c]``); ``bucket=None`` sends exact values. Elements
+    outside ``valid`` (and the padding) are ignored, returned as zeros and never carry error."""
 
-    def __init__(self, numel: int, world: int, bucket: int | None) -> None:
+    def __init__(self, numel: int, world: int, bucket: int | None, valid: torch.Tensor | None = None) -> None:
         self.numel, self.world, self.bucket = numel, world, bucket
-        self.chunk = chunk_numel(numel, world)
+        self.chunk = chunk_numel(numel, world, bucket)
         self.worker = torch.zeros(world, world * self.chunk, dtype=F64)
         self.server = torch.zeros(world, self.chunk, dtype=F64)
-        self.valid = torch.arange(world * self.chunk) < numel
+        self.valid = torch.zeros(world * self.chunk, dtype=torch.bool)
+        self.valid[:numel] = True if valid is None else valid
 
     def _compress(self, x: torch.Tensor) -> torch.Tensor:
         return x.clone() if self.bucket is None else sign_compress(x, self.bucket)
@@ -45,13 +51,24 @@ class OneBitAllReduce:
         self.worker.zero_()
         self.server.zero_()
 
-    def __call__(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+    def __call__(self, tensors: list[torch.Tensor], valid: torch.Tensor | None = None) -> torch.Tensor:
+        """The mean of the ranks' ``tensors``; ``valid`` further restricts the elements that carry data."""
+        w, c = self.world, self.chunk
+        saved, self.valid = self.valid, self.valid.clone()
+        if valid is not None:
+            self.valid[: self.numel] &= valid
+        try:
+            return self._reduce(tensors)
+        finally:
+            self.valid = saved
+
+    def _reduce(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         w, c = self.world, self.chunk
         decoded = torch.empty(w, w * c, dtype=F64)
         for rank in range(w):
             buf = torch.zeros(w * c, dtype=F64)
             buf[: self.numel] = tensors[rank].to(F64)
-            buf += self.worker[rank]
+            buf = torch.where(self.valid, buf + self.worker[rank], 0.0)
             decoded[rank] = torch.cat([self._compress(part) for part in buf.split(c)])
             self.worker[rank] = torch.where(self.valid, buf - decoded[rank], 0.0)
         full = torch.empty(w * c, dtype=F64)
@@ -60,7 +77,7 @@ class OneBitAllReduce:
             served = torch.where(self.valid[part], decoded[:, part].mean(0), 0.0) + self.server[server]
             full[part] = self._compress(served)
             self.server[server] = torch.where(self.valid[part], served - full[part], 0.0)
-        return full[: self.numel]
+        return torch.where(self.valid, full, 0.0)[: self.numel]
 
 
 def variance_steps(var_freeze_step: int, kappa: int) -> set[int]:
@@ -83,28 +100,46 @@ class ZeroOneAdamReference:
     """0/1 Adam for ``W`` simulated ranks over one flat float64 vector split into parameter groups.
 
     Args:
-        x0: the initial flat parameters (every rank starts from them).
-        groups: per group ``(numel, lr, betas, eps, weight_decay, bias_correction)``; ``lr`` is read at each step
-            from ``step(..., lrs)``.
+        x0: the initial flat parameters (every rank starts from them), the parameters back to back.
+        groups: per group ``(sizes, lr, betas, eps, weight_decay, bias_correction)``, ``sizes`` the element counts of
+            its parameters; ``lr`` is read at each step from ``step(..., lrs)``.
         world: ranks.
-        bucket: the sign codec's bucket, or None for exact means.
+        bucket: the sign codec's bucket, or None for exact means. Communication runs on the padded layout where
+            every parameter starts on a bucket.
         var_freeze_step, var_update_scaler, local_step_scaler, local_step_clipper: 0/1 Adam's settings.
     """
 
     def __init__(self, x0: torch.Tensor, groups: list[tuple], world: int, bucket: int | None, var_freeze_step: int,
                  var_update_scaler: int, local_step_scaler: int, local_step_clipper: int) -> None:
         n = x0.numel()
-        self.groups, self.world = groups, world
+        self.groups, self.world = [(sum(g[0]), *g[1:]) for g in groups], world
         self.x = [x0.to(F64).clone() for _ in range(world)]
         self.m = [torch.zeros(n, dtype=F64) for _ in range(world)]
         self.v = torch.zeros(n, dtype=F64)
         self.u = [torch.zeros(n, dtype=F64) for _ in range(world)]
         self.lr_sums = [0.0] * len(groups)
-        self.comm = OneBitAllReduce(n, world, bucket)
+        align, offset, positions = bucket or 1, 0, []
+        for size in (size for g in groups for size in g[0]):
+            positions.append(torch.arange(offset, offset + size))
+            offset += -(-size // align) * align
+        self.positions = torch.cat(positions)
+        valid = torch.zeros(offset, dtype=torch.bool)
+        valid[self.positions] = True
+        self.comm = OneBitAllReduce(offset, world, bucket, valid)
         self.freeze, self.alpha, self.clipper = var_freeze_step, local_step_scaler, local_step_clipper
         self.t_v = variance_steps(var_freeze_step, var_update_scaler)
         self.t = 0
         self.last_sync = 0  # local-phase step index of the last synchronization
+
+    def _communicate(self, dense: list[torch.Tensor], valid: torch.Tensor) -> torch.Tensor:
+        """The compressed mean of the ranks' dense vectors over the ``valid`` elements, sent in the padded layout."""
+        padded, padded_valid = [], torch.zeros(self.comm.numel, dtype=torch.bool)
+        padded_valid[self.positions] = valid
+        for x in dense:
+            p = torch.zeros(self.comm.numel, dtype=F64)
+            p[self.positions] = x
+            padded.append(p)
+        return self.comm(padded, padded_valid)[self.positions]
 
     def _parts(self):
         start = 0
@@ -124,22 +159,26 @@ class ZeroOneAdamReference:
         t = self.t
         grads = [g.to(F64) for g in grads]
         local = t > self.freeze
+        exact = not local and t in self.t_v
+        if not exact:
+            # An element whose variance is zero ignores its gradient and is left out of the synchronizations.
+            grads = [torch.where(self.v == 0, 0.0, g) for g in grads]
         if not local:
-            exact = t in self.t_v
-            g = torch.stack(grads).mean(0) if exact else self.comm(grads)
+            g = torch.stack(grads).mean(0) if exact else self._communicate(grads, self.v != 0)
             grads = [g] * self.world
         elif t == self.freeze + 1:
             self.comm.reset()
         denoms = {}
         for index, part, group in self._parts():
             _, _, (b1, b2), _, wd, bias_correction = group
-            if not local and t in self.t_v:
+            if exact:
                 self.v[part] = b2 * self.v[part] + (1 - b2) * grads[0][part] ** 2
             denoms[index] = self._denom(group)[part]
             corr1 = 1 - b1**t if bias_correction else 1.0
             for r in range(self.world):
                 self.m[r][part] = b1 * self.m[r][part] + (1 - b1) * grads[r][part]
                 update = self.m[r][part] / corr1 / denoms[index] + wd * self.x[r][part]
+                update = torch.where(self.v[part] == 0, 0.0, update)  # no variance: the element does not move
                 self.x[r][part] -= lrs[index] * update
                 if local:
                     self.u[r][part] -= lrs[index] * update
@@ -155,7 +194,7 @@ class ZeroOneAdamReference:
         for r in range(self.world):
             self.x[r] = self.x[r] - self.u[r]
             scaled.append(torch.cat([self.u[r][part] * denoms[index] for index, part, _ in self._parts()]))
-        mean = self.comm(scaled)
+        mean = self._communicate(scaled, self.v != 0)
         for index, part, group in self._parts():
             b1 = group[2][0]
             corr1 = 1 - b1**t if group[5] else 1.0

@@ -53,15 +53,18 @@ class OneBitAllReduce(AllReduceScheme):
         self.worker_error: torch.Tensor | None = None
         self.server_error: torch.Tensor | None = None
 
-    def _all_reduce(self, tensor: torch.Tensor, group: dist.ProcessGroup, exact: bool) -> CallTraffic:
+    def _all_reduce(self, tensor: torch.Tensor, group: dist.ProcessGroup, exact: bool,
+                    valid: torch.Tensor | None) -> CallTraffic:
         self._ensure_buffers(tensor.numel(), tensor.device)
         if exact:
             dist.all_reduce(tensor, group=group)
             tensor.div_(group.size())
+            if valid is not None:
+                tensor.masked_fill_(~valid, 0)
             # A ring all-reduce is a reduce-scatter then an all-gather: each chunk moves twice.
             chunk = self.server_error.numel()
             return call_traffic(group.size(), 2 * chunk, 2 * chunk * 4, 4, self._off_node_peers)
-        return compressed_all_reduce(tensor, self.worker_error, self.server_error, self.codec, group,
+        return compressed_all_reduce(tensor, self.worker_error, self.server_error, self.codec, group, valid=valid,
                                      off_node_peers=self._off_node_peers)
 
     def reset_errors(self) -> None:
@@ -73,7 +76,7 @@ class OneBitAllReduce(AllReduceScheme):
     def _ensure_buffers(self, numel: int, device: torch.device) -> None:
         if self.group is None:
             raise RuntimeError("OneBitAllReduce was used before setup(group, topology)")
-        chunk = error_feedback_chunk_numel(numel, self.group.size())
+        chunk = error_feedback_chunk_numel(numel, self.group.size(), self.codec)
         if self.worker_error is None:
             self.worker_error = torch.zeros(self.group.size() * chunk, device=device)
             self.server_error = torch.zeros(chunk, device=device)

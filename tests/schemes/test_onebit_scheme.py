@@ -31,7 +31,7 @@ def _rank_side(info: RankInfo) -> dict:
         out["before_setup"] = str(err)
     scheme.setup(world, Topology(1))  # every rank its own node: all traffic is inter-node
 
-    chunk = error_feedback_chunk_numel(N, 2)
+    chunk = error_feedback_chunk_numel(N, 2, make_codec("sign", bucket_size=64))
     errors = torch.zeros(2 * chunk), torch.zeros(chunk)
     same = []
     for call in range(3):
@@ -72,7 +72,7 @@ def _rank_side(info: RankInfo) -> dict:
 
 def test_onebit_scheme_life_cycle():
     outs = run_ranks(_rank_side, 2)
-    chunk = error_feedback_chunk_numel(N, 2)
+    chunk = error_feedback_chunk_numel(N, 2, make_codec("sign", bucket_size=64))
     wire = make_codec("sign", bucket_size=64).wire_bytes(chunk)
     for out in outs:
         assert "before setup" in out["before_setup"]
