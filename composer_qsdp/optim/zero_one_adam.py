@@ -40,6 +40,13 @@ What differs from DeepSpeed, on purpose:
 * The first step trains (DeepSpeed's first step only allocates its buffers); the schedules count from it.
 * One compressed all-reduce per step over all parameters as one flat buffer, with one scale per bucket of
   ``bucket_size`` elements (DeepSpeed: one all-reduce and one worker scale per parameter tensor).
+* Elements whose variance is exactly zero (every variance update saw a zero gradient: a dead unit, an embedding row
+  of a token never seen) do not move and take no part in the 1-bit synchronizations, until a variance update sees
+  a gradient for them. Their Adam step would be ``m / eps``, and 1-bit compression, which cannot represent zero,
+  hands every element of a bucket ``+-scale``; DeepSpeed's answer is a momentum mask (``exp_avg_mask``) the user
+  supplies for parameters known to have constant-zero gradients, derived here from the variance.
+* Every parameter starts on a codec bucket in the flat layout, so a bucket's scale never mixes two tensors (a bias
+  with a weight matrix): DeepSpeed's scales are per tensor for the same reason.
 * A synchronization whose interval saw only zero learning rates (``S = 0``) leaves ``m`` as it was instead of
   dividing by zero.
 * Not supported: AMSGrad (neither in DeepSpeed), ``exp_avg_mask`` momentum masks, ``eps_inside_sqrt`` and
@@ -138,20 +145,25 @@ class ZeroOneAdam(torch.optim.Optimizer):
                              "deterministic codec (allowed: 'sign', 'symmetric', or None)")
         self._group = group
         self._ranks_per_node = ranks_per_node
-        self._params: list[torch.Tensor] = []  # filled by add_param_group: the flat layout, in group order
+        # The flat layout, filled by add_param_group in group order: every parameter starts on a codec bucket, so
+        # that no bucket (one scale) mixes two tensors' elements; the gaps between them carry no data.
+        self._align = 1 if self._codec is None else self._codec.bucket_size
+        self._params: list[torch.Tensor] = []
+        self._offsets: list[int] = []
+        self._numel = 0  # the flat layout's length, gaps included
         self._slices: list[slice] = []  # each group's part of the flat layout
         self._constructed = False
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
                     "bias_correction": bias_correction}
         super().__init__(params, defaults)
         self._constructed = True
-        self._numel = sum(p.numel() for p in self._params)
         # Lazy: the parameters may still move to their device (Composer moves the model after the optimizer is
         # built), and the process group may not exist yet. Entries exist from the start so that
         # torch.distributed.checkpoint never initializes the state with a fake zero-gradient step.
         for p in self._params:
             self.state[p] = {}
         self._flat: dict[str, torch.Tensor] | None = None
+        self._valid: torch.Tensor | None = None  # the flat elements that belong to a parameter
         self._scheme: OneBitAllReduce | None = None
         self._world_size: int | None = None
         self._lrs = [0.0] * len(self.param_groups)  # S: the learning rates summed since the last synchronization
@@ -170,12 +182,14 @@ class ZeroOneAdam(torch.optim.Optimizer):
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         _check_group(group, len(self.param_groups) - 1)
-        start = sum(p.numel() for p in self._params)
+        start = self._numel
         for p in group["params"]:
             if p.requires_grad:
                 _check_param(p, len(self._params), self._params[0] if self._params else None)
                 self._params.append(p)
-        self._slices.append(slice(start, sum(p.numel() for p in self._params)))
+                self._offsets.append(self._numel)
+                self._numel += -(-p.numel() // self._align) * self._align
+        self._slices.append(slice(start, self._numel))
 
     # ------------------------------------------------------------------ public
     @property
@@ -198,10 +212,11 @@ class ZeroOneAdam(torch.optim.Optimizer):
         if self._scheme is None:
             return TrafficCounter()
         counted = self._scheme.traffic
-        per_step = 2 * (self.world_size - 1) * error_feedback_chunk_numel(self._numel, self.world_size)
+        # DDP's all-reduce of the gradients: a reduce-scatter and an all-gather of W chunks each.
+        elements = 2 * (self.world_size - 1) * -(-sum(p.numel() for p in self._params) // self.world_size)
         steps = self._schedule.step
-        return TrafficCounter(calls=counted.calls, sent=counted.sent, bf16=steps * per_step * 2,
-                              native=steps * per_step * 4, inter_node=counted.inter_node)
+        return TrafficCounter(calls=counted.calls, sent=counted.sent, bf16=steps * elements * 2,
+                              native=steps * elements * 4, inter_node=counted.inter_node)
 
     def restore_local_params(self) -> bool:
         """Put back this rank's own weights loaded by :meth:`load_state_dict` from a checkpoint taken between two
@@ -226,13 +241,21 @@ class ZeroOneAdam(torch.optim.Optimizer):
         plan = self._schedule.advance()
         scheme = self._scheme
         grads = self._flat_grads()
+        silent = None
+        if not plan.update_variance:
+            # Elements whose variance is zero (every variance step saw a zero gradient, as for a dead unit or an
+            # unused embedding row) have no Adam step size: their update would be m / eps, and 1-bit compression,
+            # which cannot represent zero, would hand them +-scale. They do not move until a variance step sees a
+            # gradient: DeepSpeed's exp_avg_mask, derived from the variance instead of given by the user.
+            silent = flat["exp_avg_sq"] == 0
+            grads.masked_fill_(silent, 0)
         if plan.enter_local:
-            self._flat["synced_param"].copy_(self._flat_params(slice(0, self._numel)))
+            self._flat["synced_param"].copy_(self._flat_params(self._whole))
             if scheme is not None:
                 # The error buffers held the gradients' residue; from now on they compress the accumulated updates.
                 scheme.reset_errors()
         if not plan.local and scheme is not None:
-            scheme.all_reduce(grads, exact=plan.update_variance)
+            scheme.all_reduce(grads, exact=plan.update_variance, valid=self._valid if silent is None else ~silent)
         denoms = []
         for index, (group, part) in enumerate(self._group_slices()):
             beta1, beta2 = group["betas"]
@@ -244,7 +267,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
             update = self._corrected_momentum(group, m, plan.step) / denom
             if group["weight_decay"] > 0:
                 update.add_(self._flat_params(part), alpha=group["weight_decay"])
-            self._add_to_params(part, update, -group["lr"])
+            self._add_to_params(part, update.masked_fill_(v == 0, 0), -group["lr"])
             if plan.local:
                 self._lrs[index] += group["lr"]
             denoms.append(denom)
@@ -255,12 +278,12 @@ class ZeroOneAdam(torch.optim.Optimizer):
     def _synchronize(self, plan: ScheduledStep, denoms: list[torch.Tensor]) -> None:
         """The local-step phase's synchronization (after this step's local update)."""
         synced = self._flat["synced_param"]
-        u = self._flat_params(slice(0, self._numel)).sub_(synced)
+        u = self._flat_params(self._whole).sub_(synced)
         slices = list(self._group_slices())
         for (_, part), denom in zip(slices, denoms):
             u[part].mul_(denom)
         if self._scheme is not None:
-            self._scheme.all_reduce(u)
+            self._scheme.all_reduce(u, valid=self._flat["exp_avg_sq"] != 0)  # the variance is frozen: as in step
         for index, ((group, part), denom) in enumerate(zip(slices, denoms)):
             if self._lrs[index] > 0:
                 mean_momentum = u[part] / -self._lrs[index]
@@ -290,46 +313,50 @@ class ZeroOneAdam(torch.optim.Optimizer):
     def _group_slices(self) -> Iterable[tuple[dict[str, Any], slice]]:
         return zip(self.param_groups, self._slices)
 
+    @property
+    def _whole(self) -> slice:
+        return slice(0, self._numel)
+
     def _params_in(self, part: slice) -> list[tuple[torch.Tensor, int]]:
-        """The trainable parameters inside ``part`` of the flat layout, with their offsets."""
-        out, offset = [], 0
-        for p in self._params:
-            if part.start <= offset < part.stop:
-                out.append((p, offset))
-            offset += p.numel()
-        return out
+        """The trainable parameters inside ``part`` of the flat layout, with their offsets in ``part``."""
+        return [(p, o - part.start) for p, o in zip(self._params, self._offsets) if part.start <= o < part.stop]
+
+    def _views(self, part: slice, flat_values: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter's view of ``flat_values``, laid out like ``part`` of the flat layout."""
+        return [flat_values[o : o + p.numel()].view_as(p) for p, o in self._params_in(part)]
 
     def _add_to_params(self, part: slice, flat_values: torch.Tensor, alpha: float) -> None:
         """``p += alpha * values`` for the parameters of ``part``, ``flat_values`` laid out like ``part``."""
-        params = self._params_in(part)
-        views = [flat_values[o - part.start : o - part.start + p.numel()].view_as(p) for p, o in params]
-        torch._foreach_add_([p for p, _ in params], views, alpha=alpha)
+        torch._foreach_add_([p for p, _ in self._params_in(part)], self._views(part, flat_values), alpha=alpha)
 
     def _flat_params(self, part: slice) -> torch.Tensor:
-        """A new flat tensor: the values of the parameters of ``part``."""
-        return torch.cat([p.detach().reshape(-1) for p, _ in self._params_in(part)])
+        """A new flat tensor laid out like ``part``: the values of its parameters, zeros in the gaps."""
+        flat = torch.zeros(part.stop - part.start, device=self._flat["exp_avg"].device)
+        torch._foreach_copy_(self._views(part, flat), [p.detach() for p, _ in self._params_in(part)])
+        return flat
 
     def _copy_to_params(self, flat_values: torch.Tensor) -> None:
-        """Set every parameter to its elements of the flat ``flat_values``."""
-        torch._foreach_copy_(self._params, [flat_values[o : o + p.numel()].view_as(p)
-                                            for p, o in self._params_in(slice(0, self._numel))])
+        """Set every parameter to its elements of the whole flat ``flat_values``."""
+        torch._foreach_copy_(self._params, self._views(self._whole, flat_values))
 
     def _flat_grads(self) -> torch.Tensor:
-        grads = []
-        for p in self._params:
-            if p.grad is None:
-                grads.append(torch.zeros(p.numel(), dtype=torch.float32, device=p.device))
-            elif p.grad.is_sparse:
-                raise RuntimeError("ZeroOneAdam does not support sparse gradients")
-            else:
-                grads.append(p.grad.reshape(-1))
-        return torch.cat(grads)
+        """The gradients in the flat layout (zeros in the gaps, and for parameters without a gradient)."""
+        flat = torch.zeros(self._numel, device=self._flat["exp_avg"].device)
+        pairs = [(view, p.grad) for view, p in zip(self._views(self._whole, flat), self._params) if p.grad is not None]
+        if any(g.is_sparse for _, g in pairs):
+            raise RuntimeError("ZeroOneAdam does not support sparse gradients")
+        if pairs:
+            torch._foreach_copy_([v for v, _ in pairs], [g for _, g in pairs])
+        return flat
 
     def _materialize(self) -> dict[str, torch.Tensor]:
         """The flat state buffers (zeros at first use, on the parameters' device) and the communication."""
         device = self._params[0].device if self._params else torch.device("cpu")
         if self._flat is None:
             self._flat = {k: torch.zeros(self._numel, device=device) for k in _TENSORS}
+            self._valid = torch.zeros(self._numel, dtype=torch.bool, device=device)
+            for view in self._views(self._whole, self._valid):
+                view.fill_(True)
             self._point_state_at_flat()
             self._setup_communication()
         elif self._flat["exp_avg"].device != device:
@@ -339,15 +366,12 @@ class ZeroOneAdam(torch.optim.Optimizer):
 
     def _point_state_at_flat(self) -> None:
         """Make every parameter's state tensors views of the flat buffers, keeping values already there."""
-        offset = 0
-        for p in self._params:
-            for key in _TENSORS:
-                view = self._flat[key][offset : offset + p.numel()].view_as(p)
+        for key in _TENSORS:
+            for p, view in zip(self._params, self._views(self._whole, self._flat[key])):
                 current = self.state[p].get(key)
                 if current is not None and current is not view:
                     view.copy_(current)
                 self.state[p][key] = view
-            offset += p.numel()
 
     def _setup_communication(self) -> None:
         if not (dist.is_available() and dist.is_initialized()):
@@ -377,11 +401,11 @@ class ZeroOneAdam(torch.optim.Optimizer):
         group_of = {id(p): index_of[id(group)] for group in self.param_groups for p in group["params"]}
         extras = self._gathered_extras(flat)
         traffic = self._scheme.traffic.state_dict() if self._scheme is not None else TrafficCounter().state_dict()
-        offset = 0
-        trainable = {id(p) for p in self._params}
+        offset_of = {id(p): o for p, o in zip(self._params, self._offsets)}
         for key, p in zip(keys, (p for g in self.param_groups for p in g["params"])):
-            if id(p) not in trainable:
+            if id(p) not in offset_of:
                 continue
+            offset = offset_of[id(p)]
             # A copy: super().state_dict() hands out the live per-parameter dicts.
             entry = saved["state"][key] = dict(saved["state"][key])
             entry["step"] = self._schedule.step
@@ -390,7 +414,6 @@ class ZeroOneAdam(torch.optim.Optimizer):
             for name, (tensor, per_rank) in extras.items():
                 values = tensor[:, offset : offset + p.numel()] if per_rank else tensor[offset : offset + p.numel()]
                 entry[name] = values.reshape(*values.shape[:-1], *p.shape)
-            offset += p.numel()
         return saved
 
     @torch.no_grad()
@@ -402,12 +425,12 @@ class ZeroOneAdam(torch.optim.Optimizer):
         group, world = self._scheme.group, self.world_size
         worker, server = self._scheme.worker_error, self._scheme.server_error
         if worker is None:  # no synchronization yet: the errors are zeros
-            chunk = error_feedback_chunk_numel(self._numel, world)
+            chunk = error_feedback_chunk_numel(self._numel, world, self._codec)
             worker, server = flat["exp_avg"].new_zeros(world * chunk), flat["exp_avg"].new_zeros(chunk)
         extras = {"worker_error": (_all_gather(worker, group).view(world, -1)[:, : self._numel], True),
                   "server_error": (_all_gather(server, group)[: self._numel], False)}
         if self._schedule.between_syncs:
-            local = {"param": self._flat_params(slice(0, self._numel)), "exp_avg": flat["exp_avg"]}
+            local = {"param": self._flat_params(self._whole), "exp_avg": flat["exp_avg"]}
             extras.update({_LOCAL[k]: (_all_gather(v, group).view(world, -1), True) for k, v in local.items()})
         return extras
 
@@ -457,23 +480,22 @@ class ZeroOneAdam(torch.optim.Optimizer):
                 self._scheme.traffic.load_state_dict(traffic)
             return
         if local:
-            values = {k: torch.cat([e[name][rank].reshape(-1) for e in entries]) for k, name in _LOCAL.items()}
-            self._flat["exp_avg"].copy_(values["exp_avg"])
-            offset = 0
-            for p in self._params:
-                own = values["param"][offset : offset + p.numel()].view_as(p).to(p.device)
+            for p, view, e in zip(self._params, self._views(self._whole, self._flat["exp_avg"]), entries):
+                view.copy_(e["local_exp_avg"][rank])
+                own = e["local_param"][rank].to(p.device)
                 with torch.no_grad():
                     p.copy_(own)
                 self._restored_params[p] = own
-                offset += p.numel()
         if self._scheme is None:
             return
-        chunk = error_feedback_chunk_numel(self._numel, self.world_size)
+        chunk = error_feedback_chunk_numel(self._numel, self.world_size, self._codec)
         device = self._flat["exp_avg"].device
         worker = torch.zeros(self.world_size * chunk, device=device)
-        worker[: self._numel] = torch.cat([e["worker_error"][rank].reshape(-1) for e in entries])
         servers = torch.zeros(self.world_size * chunk, device=device)
-        servers[: self._numel] = torch.cat([e["server_error"].reshape(-1) for e in entries])
+        for view, e in zip(self._views(self._whole, worker), entries):
+            view.copy_(e["worker_error"][rank])
+        for view, e in zip(self._views(self._whole, servers), entries):
+            view.copy_(e["server_error"])
         self._scheme.load_state_dict({"traffic": traffic, "worker_error": worker,
                                       "server_error": servers[rank * chunk : (rank + 1) * chunk]})
 

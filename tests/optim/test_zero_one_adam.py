@@ -41,9 +41,15 @@ def _params() -> list[list[torch.nn.Parameter]]:
     return [[torch.nn.Parameter(torch.randn(shape, generator=gen)) for shape in shapes] for shapes in SHAPES]
 
 
-def _grads(step: int, rank: int) -> list[list[torch.Tensor]]:
+def _grads(step: int, rank: int, dead_unit: bool = True) -> list[list[torch.Tensor]]:
     gen = torch.Generator().manual_seed(1000 * step + rank)
-    return [[torch.randn(shape, generator=gen) * (1 + rank) for shape in shapes] for shapes in SHAPES]
+    grads = [[torch.randn(shape, generator=gen) * (1 + rank) for shape in shapes] for shapes in SHAPES]
+    if dead_unit:
+        # Row 0 of the first weight gets no gradient on rank 0, and on the other ranks only at steps that update no
+        # variance ("freezing": T_v = 1, 2, 4, 6, 10, 14; "local": 1, 2, 4): its variance stays zero, so it must not
+        # move, although its gradients' mean is not zero.
+        grads[0][0][0] = 0.0 if rank == 0 or step in (1, 2, 4, 6, 10, 14) else 1.0
+    return grads
 
 
 def _optimizer(params, settings: dict, frozen: torch.nn.Parameter | None = None) -> ZeroOneAdam:
@@ -54,13 +60,13 @@ def _optimizer(params, settings: dict, frozen: torch.nn.Parameter | None = None)
     return ZeroOneAdam(groups, bucket_size=BUCKET, **options)
 
 
-def _train(opt: ZeroOneAdam, params, steps: range, rank: int) -> list[torch.Tensor]:
+def _train(opt: ZeroOneAdam, params, steps: range, rank: int, dead_unit: bool = True) -> list[torch.Tensor]:
     """Steps ``steps`` with the test's gradients and learning rates; the flat parameters after each."""
     flats = []
     for step in steps:
         for group, base in zip(opt.param_groups, GROUPS):
             group["lr"] = base["lr"] * _lr_factor(step)
-        for ps, gs in zip(params, _grads(step, rank)):
+        for ps, gs in zip(params, _grads(step, rank, dead_unit)):
             for p, g in zip(ps, gs):
                 p.grad = g.to(p.device)
         opt.step()
@@ -80,7 +86,7 @@ def _worker(info: RankInfo) -> dict:
     # AdamW: every step updates the variance from an exact mean, and the variance never freezes.
     params = [[p.to(info.device).detach().requires_grad_() for p in ps] for ps in _params()]
     opt = _optimizer(params, {"var_freeze_step": 1000, "var_update_scaler": 1000, "bias_correction": True})
-    out["adamw"] = _train(opt, params, range(1, 11), info.rank)
+    out["adamw"] = _train(opt, params, range(1, 11), info.rank, dead_unit=False)
 
     # Resume: a fresh optimizer over the model checkpoint's weights (rank 0's) loads the state rank 0 saved (every
     # rank loads rank 0's checkpoint file), DDP's construction broadcasts rank 0's weights again, and the restored run
@@ -125,7 +131,7 @@ def runs(request):
 def _reference(settings: dict, world: int, bucket: int | None) -> list[list[torch.Tensor]]:
     """Each rank's flat parameters after each step, from the float64 reference."""
     x0 = torch.cat([p.detach().reshape(-1) for ps in _params() for p in ps])
-    groups = [(sum(torch.Size(s).numel() for s in shapes), g["lr"], g["betas"], g["eps"], g["weight_decay"],
+    groups = [([torch.Size(s).numel() for s in shapes], g["lr"], g["betas"], g["eps"], g["weight_decay"],
                settings["bias_correction"]) for shapes, g in zip(SHAPES, GROUPS)]
     ref = ZeroOneAdamReference(x0, groups, world, bucket, settings["var_freeze_step"], settings["var_update_scaler"],
                                settings["local_step_scaler"], settings["local_step_clipper"])
@@ -141,8 +147,10 @@ def _reference(settings: dict, world: int, bucket: int | None) -> list[list[torc
 def test_matches_the_float64_reference(runs, name):
     world, outs = runs
     expected = _reference(SCENARIOS[name], world, BUCKET)
+    x0 = expected[0][0].new_tensor(torch.cat([p.detach().reshape(-1) for ps in _params() for p in ps]).double())
     for rank, out in enumerate(outs):
         assert out[name]["frozen_untouched"]
+        assert torch.equal(out[name]["flats"][-1][:5].double(), x0[:5])  # the dead unit's row never moved
         for step, (got, ref) in enumerate(zip(out[name]["flats"], expected), start=1):
             # fp32 against float64 over up to 16 steps of Adam: rounding only (a wrong sign or schedule is O(lr)).
             torch.testing.assert_close(got.double(), ref[rank], rtol=1e-5, atol=2e-6, msg=f"rank {rank} step {step}")
@@ -158,7 +166,7 @@ def test_without_freezing_or_local_steps_it_is_adamw(runs):
     for step in range(1, 11):
         for group, base in zip(adamw.param_groups, GROUPS):
             group["lr"] = base["lr"] * _lr_factor(step)
-        per_rank = [_grads(step, r) for r in range(world)]
+        per_rank = [_grads(step, r, dead_unit=False) for r in range(world)]
         for i, ps in enumerate(params):
             for j, p in enumerate(ps):
                 p.grad = torch.stack([g[i][j] for g in per_rank]).mean(0)
@@ -198,15 +206,18 @@ def test_a_checkpoint_between_syncs_needs_the_same_world_size(runs):
 
 def test_bytes_count_what_was_sent_against_an_fp32_all_reduce_every_step(runs):
     world, outs = runs
-    n = sum(torch.Size(s).numel() for shapes in SHAPES for s in shapes)
-    chunk = chunk_numel(n, world)
+    sizes = [torch.Size(s).numel() for shapes in SHAPES for s in shapes]
+    padded = sum(-(-n // BUCKET) * BUCKET for n in sizes)  # every parameter starts on a bucket
+    chunk = chunk_numel(padded, world, BUCKET)
     wire = make_codec("sign", bucket_size=BUCKET).wire_bytes(chunk)
     fp32 = 2 * (world - 1) * chunk * 4
     # "local": steps 1, 2, 4 update the variance (exact), step 3 and the syncs at 5, 6, 8, 12, 16 are 1-bit.
     traffic = outs[0]["local"]["traffic"]
     assert traffic.calls == 9
     assert traffic.sent == 3 * fp32 + 6 * 2 * (world - 1) * wire
-    assert traffic.native == 16 * fp32 and traffic.bf16 == traffic.native // 2
+    # Against what DDP sends: an fp32 all-reduce of the gradients (no gaps), every step.
+    assert traffic.native == 16 * 2 * (world - 1) * -(-sum(sizes) // world) * 4
+    assert traffic.bf16 == traffic.native // 2
 
 
 def test_world_size_one_runs_the_update_without_communication():
