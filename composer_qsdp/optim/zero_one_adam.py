@@ -103,7 +103,10 @@ class ZeroOneAdam(torch.optim.Optimizer):
         amsgrad: must be False (0/1 Adam has no AMSGrad variant).
         codec: the compressor of the synchronizations: a deterministic codec name (``"sign"``: 0/1 Adam's 1-bit
             signs with an L2 scale), or ``None`` for exact fp32 means (an ablation without compression).
-        bucket_size: elements sharing one codec scale (default 2048: 1.016 bits per element).
+        bucket_size: elements sharing one codec scale (default 256: 1.125 bits per element). Keep it a divisor of
+            the model width, so that a scale covers rows of one embedding token or one output unit only: elements
+            whose gradients are far smaller than their bucket's would get the bucket's scale, and Adam divides it by
+            their small ``sqrt(v)``.
         group: the process group of the replicas (default: the default group).
         ranks_per_node: ranks sharing a node, for the per-hop byte count (default: ``LOCAL_WORLD_SIZE``).
 
@@ -127,7 +130,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
         local_step_clipper: int = 16,
         amsgrad: bool = False,
         codec: str | None = "sign",
-        bucket_size: int = 2048,
+        bucket_size: int = 256,
         group: dist.ProcessGroup | None = None,
         ranks_per_node: int | None = None,
     ) -> None:
