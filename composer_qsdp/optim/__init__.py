@@ -5,6 +5,6 @@ The optimizer owns the synchronization of the replicas (through :mod:`composer_q
 """
 
 from composer_qsdp.optim.schedule import ScheduledStep, ZeroOneSchedule
-from composer_qsdp.optim.zero_one_adam import ZeroOneAdam
+from composer_qsdp.optim.zero_one_adam import ZeroOneAdam, default_bucket_size
 
-__all__ = ["ScheduledStep", "ZeroOneAdam", "ZeroOneSchedule"]
+__all__ = ["ScheduledStep", "ZeroOneAdam", "ZeroOneSchedule", "default_bucket_size"]

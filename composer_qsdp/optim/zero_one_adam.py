@@ -56,6 +56,7 @@ What differs from DeepSpeed, on purpose:
 
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -69,7 +70,7 @@ from composer_qsdp.optim.schedule import ScheduledStep, ZeroOneSchedule
 from composer_qsdp.quant import check_int, make_codec
 from composer_qsdp.schemes import OneBitAllReduce, make_all_reduce_scheme
 
-__all__ = ["ZeroOneAdam"]
+__all__ = ["ZeroOneAdam", "default_bucket_size"]
 
 #: Per-parameter state tensors, kept as views of one flat fp32 buffer each (``synced_param``: ``x_sync``).
 _TENSORS = ("exp_avg", "exp_avg_sq", "synced_param")
@@ -103,10 +104,10 @@ class ZeroOneAdam(torch.optim.Optimizer):
         amsgrad: must be False (0/1 Adam has no AMSGrad variant).
         codec: the compressor of the synchronizations: a deterministic codec name (``"sign"``: 0/1 Adam's 1-bit
             signs with an L2 scale), or ``None`` for exact fp32 means (an ablation without compression).
-        bucket_size: elements sharing one codec scale (default 256: 1.125 bits per element). Keep it a divisor of
-            the model width, so that a scale covers rows of one embedding token or one output unit only: elements
-            whose gradients are far smaller than their bucket's would get the bucket's scale, and Adam divides it by
-            their small ``sqrt(v)``.
+        bucket_size: elements sharing one codec scale. Default: :func:`default_bucket_size`, at most 256 (1.125 bits
+            per element) and a divisor of every matrix's rows, so that a scale covers one embedding token's row or
+            one unit's weights only: an element whose gradients are far smaller than its bucket's would get the
+            bucket's scale, and Adam divides that by its small ``sqrt(v)``.
         group: the process group of the replicas (default: the default group).
         ranks_per_node: ranks sharing a node, for the per-hop byte count (default: ``LOCAL_WORLD_SIZE``).
 
@@ -130,7 +131,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
         local_step_clipper: int = 16,
         amsgrad: bool = False,
         codec: str | None = "sign",
-        bucket_size: int = 256,
+        bucket_size: int | None = None,
         group: dist.ProcessGroup | None = None,
         ranks_per_node: int | None = None,
     ) -> None:
@@ -142,6 +143,10 @@ class ZeroOneAdam(torch.optim.Optimizer):
             check_int("local_step_scaler", local_step_scaler, minimum=1),
             check_int("local_step_clipper", local_step_clipper, minimum=1),
         )
+        # Read twice (for the default bucket, then by torch's Optimizer): generators become lists.
+        params = [{**item, "params": _tensors(item)} if isinstance(item, dict) else item for item in params]
+        if bucket_size is None:
+            bucket_size = default_bucket_size(t for item in params for t in _tensors(item))
         self._codec = None if codec is None else make_codec(codec, bucket_size=bucket_size)
         if self._codec is not None and self._codec.unbiased:
             raise ValueError(f"codec={codec!r} rounds stochastically; 0/1 Adam's error feedback needs a "
@@ -456,11 +461,14 @@ class ZeroOneAdam(torch.optim.Optimizer):
         for buffer in flat.values():  # what the checkpoint does not hold starts from zero
             buffer.zero_()
         self._point_state_at_flat()
-        entries = [extras[p] for p in self._params if p in extras]
-        if not entries or "zero_one" not in entries[0]:
+        entries = [extras.get(p, {}) for p in self._params]
+        if not any("zero_one" in e for e in entries):
             return  # a state saved before the first step, or by another optimizer: Adam's tensors only
+        if not all("zero_one" in e for e in entries):
+            raise ValueError("the checkpoint holds 0/1 Adam's state for some trainable parameters only; it was "
+                             "saved over other parameters")
         run = {k: v for k, v in entries[0]["zero_one"].items() if k != "lrs"}  # lrs: per group
-        if any({k: v for k, v in e.get("zero_one", {}).items() if k != "lrs"} != run for e in entries):
+        if any({k: v for k, v in e["zero_one"].items() if k != "lrs"} != run for e in entries):
             raise ValueError("the checkpoint's parameters disagree on the 0/1 Adam schedule (zero_one entries differ)")
         self._schedule.load_state_dict(run)
         for index, (group, _) in enumerate(self._group_slices()):
@@ -501,6 +509,23 @@ class ZeroOneAdam(torch.optim.Optimizer):
             view.copy_(e["server_error"])
         self._scheme.load_state_dict({"traffic": traffic, "worker_error": worker,
                                       "server_error": servers[rank * chunk : (rank + 1) * chunk]})
+
+
+def default_bucket_size(params: Iterable[torch.Tensor]) -> int:
+    """The default bucket of ZeroOneAdam over ``params`` (elements): the largest power of two up to 256 that divides
+    the row length (last dimension) of every trainable matrix, so that no bucket spans two rows (two tokens'
+    embeddings, two units' weights), which can differ in scale by orders of magnitude; 256 when that power of two
+    would be below 32 (odd widths: the scales' overhead, 32 bits each, would outweigh the 1-bit codes)."""
+    size = math.gcd(256, *(p.shape[-1] for p in params if p.dim() >= 2 and p.requires_grad))
+    return size if size >= 32 else 256
+
+
+def _tensors(item: torch.Tensor | dict[str, Any]) -> list[torch.Tensor]:
+    """The parameters of one entry of an optimizer's ``params`` (a tensor or a parameter group)."""
+    if not isinstance(item, dict):
+        return [item]
+    group = item["params"]
+    return [group] if isinstance(group, torch.Tensor) else list(group)
 
 
 def _all_gather(tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from dist_spawn import RankInfo, run_ranks, skip_unless_backend, spawn_params
 from zero_one_reference import ZeroOneAdamReference, chunk_numel, local_interval, variance_steps
 
-from composer_qsdp.optim import ZeroOneAdam, ZeroOneSchedule
+from composer_qsdp.optim import ZeroOneAdam, ZeroOneSchedule, default_bucket_size
 from composer_qsdp.quant import make_codec
 
 BUCKET = 16
@@ -202,6 +202,10 @@ def test_a_checkpoint_between_syncs_needs_the_same_world_size(runs):
         opt.load_state_dict(outs[0]["resume10"]["state"])
     opt.load_state_dict(outs[0]["resume3"]["state"])  # variance phase: the ranks agree; only the errors are lost
     assert opt.schedule.step == 3
+    partial = copy.deepcopy(outs[0]["resume3"]["state"])
+    del partial["state"][1]["zero_one"]
+    with pytest.raises(ValueError, match="for some trainable parameters only"):
+        opt.load_state_dict(partial)
 
 
 def test_bytes_count_what_was_sent_against_an_fp32_all_reduce_every_step(runs):
@@ -262,6 +266,21 @@ def test_schedules_follow_their_closed_forms():
 def test_bad_options_are_named(options, match):
     with pytest.raises(ValueError, match=match):
         ZeroOneAdam([torch.nn.Parameter(torch.zeros(3))], **options)
+
+
+def test_the_default_bucket_never_spans_two_rows():
+    def widths(*shapes):
+        return [torch.nn.Parameter(torch.zeros(shape)) for shape in shapes]
+
+    assert default_bucket_size(widths((50304, 768), (768, 3072), (3072,))) == 256  # GPT-125M
+    assert default_bucket_size(widths((50304, 64), (64, 192), (64,))) == 64  # the tiny CPU GPT
+    assert default_bucket_size(widths((16, 67), (67,))) == 256  # an odd width: 1-element buckets would not pay
+    assert default_bucket_size(widths((5,))) == 256
+    frozen = widths((10, 8))[0].requires_grad_(False)
+    assert default_bucket_size([frozen, *widths((4, 128))]) == 128
+    params = widths((12, 64))
+    opt = ZeroOneAdam(model for model in [{"params": (p for p in params)}])  # generators are read once
+    assert opt.param_groups[0]["params"] == params and opt._codec.bucket_size == 64
 
 
 def test_parameters_it_cannot_hold_are_named():

@@ -98,7 +98,7 @@ class ZeroOneAdamDDP(Algorithm):
         local_step_clipper: the largest synchronization interval (default 16).
         bias_correction: Adam's bias corrections (default False, DeepSpeed's update; True matches AdamW's).
         codec: the compressor, ``"sign"`` (default) or ``None`` for exact fp32 synchronizations.
-        bucket_size: elements per codec scale (default 256; a divisor of the model width).
+        bucket_size: elements per codec scale (default: at most 256 and a divisor of every matrix's rows).
         ranks_per_node: ranks sharing a node, for the per-hop byte count (default: ``LOCAL_WORLD_SIZE``).
 
     Raises:
