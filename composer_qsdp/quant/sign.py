@@ -19,15 +19,30 @@ Non-finite input: a NaN or an infinity makes its bucket's sum of squares, hence 
 element of that bucket decodes to NaN or an infinity; finite buckets are unaffected. A bucket of finite values
 whose squares overflow fp32 (``|x|`` beyond about ``1.8e19``) also gets an infinite scale: never finite garbage.
 
-Torch reference only: no Triton kernel covers this codec yet, so CUDA tensors take this path too.
+On CUDA tensors (see :mod:`composer_qsdp.kernels.dispatch`) ``encode_rows``/``decode_rows``/``decode_sum`` run the
+Triton kernels of :mod:`composer_qsdp.kernels.sign` when ``bucket_size`` is a multiple of 8 up to 8192, else this
+torch reference. The kernels write the same codes and decode bit for bit as this reference; their scales may
+differ in the last bits (another order of the sum of squares), which no rank ever notices: all decode the same
+wire.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 
+from composer_qsdp.kernels.dispatch import use_triton
 from composer_qsdp.quant.codec import Codec, check_bits, sum_rows_in_order
-from composer_qsdp.quant.wire import WireLayout, assemble_rows, bucket_layout, pack_rows, read_meta, unpack_rows
+from composer_qsdp.quant.wire import (
+    WireLayout,
+    aligned_rows,
+    assemble_rows,
+    bucket_layout,
+    pack_rows,
+    read_meta,
+    unpack_rows,
+)
 
 __all__ = ["SignCodec"]
 
@@ -58,8 +73,22 @@ class SignCodec(Codec):
     def wire_bytes(self, numel: int) -> int:
         return self.layout(numel).wire_bytes
 
+    def _kernels(self, tensor: torch.Tensor) -> ModuleType | None:
+        """The kernel module when ``tensor`` should take the Triton path and a kernel covers this bucket size."""
+        if not use_triton(tensor):
+            return None
+        from composer_qsdp.kernels import sign as kernels
+
+        return kernels if kernels.supports(self.bucket_size) else None
+
     def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
         layout = self.layout(x.shape[1])
+        kernels = self._kernels(x)
+        if kernels is not None:
+            return kernels.encode_rows(x, self.bucket_size, layout.wire_bytes, layout.code_bytes, layout.meta_offset)
+        return self._encode_rows_reference(x, layout)
+
+    def _encode_rows_reference(self, x: torch.Tensor, layout: WireLayout) -> torch.Tensor:
         rows, n = x.shape
         bsz, nb = self.bucket_size, layout.num_buckets
         # Zero padding adds nothing to a bucket's sum of squares; `d` below counts only real elements.
@@ -72,10 +101,18 @@ class SignCodec(Codec):
         return assemble_rows(pack_rows(codes, layout, 1), scale, layout)
 
     def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        return self._decode_rows_fp32(wire, self.layout(numel)).to(dtype)
+        layout = self.layout(numel)
+        kernels = self._kernels(wire)
+        if kernels is not None:
+            return kernels.decode_rows(aligned_rows(wire), self.bucket_size, numel, layout.meta_offset).to(dtype)
+        return self._decode_rows_fp32(wire, layout).to(dtype)
 
     def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
-        return sum_rows_in_order(self._decode_rows_fp32(wire, self.layout(numel)))
+        layout = self.layout(numel)
+        kernels = self._kernels(wire)
+        if kernels is not None:
+            return kernels.decode_sum(aligned_rows(wire), self.bucket_size, numel, layout.meta_offset)
+        return sum_rows_in_order(self._decode_rows_fp32(wire, layout))
 
     def _decode_rows_fp32(self, wire: torch.Tensor, layout: WireLayout) -> torch.Tensor:
         rows = wire.shape[0]
