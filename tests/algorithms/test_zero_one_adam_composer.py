@@ -1,6 +1,7 @@
 """0/1 Adam in a real Composer DDP run through the ``composer -n 2`` launcher (tests/algorithms/zoa_composer_run.py).
 
-Each launch takes 40-70 s on 2 CPU cores: slow.
+A launch takes 15-25 s on 2 CPU cores with Python's bytecode cache (a minute without one); the resume test
+launches twice and is marked slow.
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ def _check_run(result: dict) -> None:
     assert metrics["zero_one_adam/local_step_interval"][-1] == 4
 
 
-@pytest.mark.slow
 def test_composer_ddp_run_trains_with_zero_one_adam(tmp_path):
     _check_run(_launch(tmp_path, "full"))
 
