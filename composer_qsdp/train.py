@@ -44,6 +44,7 @@ __all__ = ["RecipeError", "TrainRecipe", "ValidatedRecipe", "load_recipe", "main
 #: Algorithms a recipe can enable under ``algorithms: {name: {kwargs}}``: name -> "module:Class".
 ALGORITHMS: dict[str, str] = {
     "qsdp": "composer_qsdp.algorithms.qsdp:QSDP",
+    "zero_one_adam": "composer_qsdp.algorithms.zero_one_adam:ZeroOneAdamDDP",
 }
 # Algorithms that act on FSDP's collectives and are meaningless without it.
 _NEEDS_FSDP = frozenset({"qsdp"})

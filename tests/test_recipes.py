@@ -17,6 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # yamls/base/ holds partial settings that recipes extend; they are not recipes themselves.
 RECIPES = sorted(p for p in (ROOT / "yamls").rglob("*.yaml") if p.parent.name != "base")
 PAPER_C4 = ["data.remote=s3://bucket/c4-gpt2-t2048"]
+# Paper-family recipes that train with DDP (no sharding) instead of FSDP.
+DDP_RECIPES = {"ddp-baseline", "zero-one-adam"}
 
 # model dir -> (preset, d_model, layers, heads, global batch, lr, nominal parameters): papers.md section 2.5.
 PAPER = {
@@ -51,7 +53,7 @@ def test_recipe_validates_and_builds_its_model(path):
         assert list(cfg.optimizer.betas) == [0.9, 0.95] and cfg.optimizer.weight_decay == 0.0
         assert cfg.scheduler.t_warmup == "100ba" and cfg.scheduler.alpha_f == 0.1
         assert cfg.grad_clip_norm == 1.0 and cfg.precision == "amp_bf16" and cfg.device == "gpu"
-        assert cfg.fsdp is not None and cfg.data.remote == PAPER_C4[0].split("=", 1)[1]
+        assert (cfg.fsdp is None) == (path.stem in DDP_RECIPES) and cfg.data.remote == PAPER_C4[0].split("=", 1)[1]
         assert cfg.run_name == f"{path.parent.name}-{path.stem}"
     else:
         assert cfg.device == "cpu" and cfg.precision == "fp32" and cfg.fsdp is not None
@@ -68,6 +70,8 @@ def test_recipe_validates_and_builds_its_model(path):
     elif path.stem in ("sdp4bit", "qwd-w4g4"):
         assert recipe.algorithm_kwargs == {"qsdp": {"recipe": path.stem}}
         assert QSDP(**recipe.algorithm_kwargs["qsdp"]).config == from_recipe(path.stem)
+    elif path.stem == "zero-one-adam":  # the variance freezes at the end of the warm-up, as in the paper
+        assert f"{recipe.algorithm_kwargs['zero_one_adam']['var_freeze_step']}ba" == cfg.scheduler.t_warmup
     else:
         assert recipe.algorithm_kwargs == {}
 
