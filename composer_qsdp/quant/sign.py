@@ -32,17 +32,9 @@ from types import ModuleType
 
 import torch
 
-from composer_qsdp.kernels.dispatch import use_triton
+from composer_qsdp.kernels import WireLayout, aligned_rows, bucket_layout, use_triton
 from composer_qsdp.quant.codec import Codec, check_bits, sum_rows_in_order
-from composer_qsdp.quant.wire import (
-    WireLayout,
-    aligned_rows,
-    assemble_rows,
-    bucket_layout,
-    pack_rows,
-    read_meta,
-    unpack_rows,
-)
+from composer_qsdp.quant.wire import assemble_rows, pack_rows, read_meta, unpack_rows
 
 __all__ = ["SignCodec"]
 
