@@ -21,6 +21,6 @@ from composer_qsdp.quant.symmetric import SymmetricCodec
 
 __all__ = [
     "FLOAT_DTYPES", "MAX_BUCKET_SIZE", "ROUNDINGS", "Codec", "FusedRotation", "HadamardCodec", "LearnedLevelsCodec",
-    "MinMaxCodec", "RandomShiftCodec", "SignCodec", "SymmetricCodec", "check_bits", "check_bool", "check_choice", "check_int",
-    "check_seed", "codec_names", "hadamard_rows", "make_codec",
+    "MinMaxCodec", "RandomShiftCodec", "SignCodec", "SymmetricCodec", "check_bits", "check_bool", "check_choice",
+    "check_int", "check_seed", "codec_names", "hadamard_rows", "make_codec",
 ]
