@@ -72,6 +72,7 @@ def test_one_process_trains_checkpoints_and_resumes_exactly(wiki_shards, tmp_pat
 
 
 # ------------------------------------------------------------------------------------------ two processes
+@pytest.mark.requires_custom_comm
 def test_two_processes_through_the_launcher(wiki_shards, tmp_path):
     result = launch(2, QSDP_RECIPE, tiny_overrides(wiki_shards, tmp_path, "max_duration=12ba", "eval_interval=12ba",
                                                    f"save_folder={tmp_path / 'ckpt'}", "save_interval=12ba"))

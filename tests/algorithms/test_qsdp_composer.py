@@ -13,6 +13,7 @@ import torch
 import e2e_common  # benchmarks/ (tests/conftest.py): Composer's launcher command
 
 SCRIPT = Path(__file__).with_name("composer_run.py")
+pytestmark = pytest.mark.requires_custom_comm
 
 
 def _launch(tmp_path: Path, *args: str, gpu: bool = False) -> dict:

@@ -129,6 +129,7 @@ def test_policy_applies_exclude_min_numel_and_overrides(one_rank):
     assert "head (1700 elements): weights=unquantized" in plans["head"].describe()
 
 
+@pytest.mark.requires_custom_comm
 def test_apply_and_remove_install_and_restore_the_comms(one_rank):
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
@@ -148,17 +149,20 @@ def test_apply_and_remove_install_and_restore_the_comms(one_rank):
     apply_qsdp(net)  # applicable again after removal
 
 
+@pytest.mark.requires_custom_comm
 def test_apply_rejects_models_without_fsdp2():
     with pytest.raises(ValueError, match="has no FSDP2 module: apply torch.distributed.fsdp.fully_shard"):
         apply_qsdp(Net())
 
 
+@pytest.mark.requires_custom_comm
 def test_apply_rejects_torch_without_custom_collectives(monkeypatch):
     monkeypatch.delattr(FSDPModule, "set_custom_all_gather")
     with pytest.raises(RuntimeError, match=r"torch 2.9"):
         apply_qsdp(Net())
 
 
+@pytest.mark.requires_custom_comm
 def test_state_dict_round_trips_and_rejects_other_models(one_rank):
     handle = apply_qsdp(_sharded())
     handle.seeds.step = 41

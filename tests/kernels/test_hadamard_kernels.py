@@ -12,6 +12,7 @@ from composer_qsdp.quant import make_codec
 from composer_qsdp.quant.hadamard import hadamard_rows
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+pytestmark = pytest.mark.requires_triton_kernels
 
 
 def _sylvester(order: int) -> torch.Tensor:
