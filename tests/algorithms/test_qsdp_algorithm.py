@@ -1,9 +1,6 @@
-"""QSDP as a Composer algorithm, in process: options, run validation, world size 1, entry point."""
+"""QSDP as a Composer algorithm, in process: options, run validation, world size 1."""
 
 from __future__ import annotations
-
-import sys
-from importlib.metadata import entry_points
 
 import pytest
 import torch
@@ -68,6 +65,7 @@ def test_options_change_the_recipe():
     assert repr(QSDP("w4g4")) == "QSDP('w4g4', weight_bits=4, grad_bits=4)"
 
 
+@pytest.mark.requires_custom_comm
 def test_run_validation():
     with pytest.raises(ValueError, match=r"does not use FSDP.*FSDP_VERSION=2"):
         check_run(0, 2)
@@ -78,17 +76,20 @@ def test_run_validation():
     assert check_run(2, 2) is True
 
 
+@pytest.mark.requires_custom_comm
 def test_run_validation_rejects_torch_without_custom_collectives(monkeypatch):
     monkeypatch.delattr(FSDPModule, "set_custom_all_gather")
     with pytest.raises(RuntimeError, match="torch 2.9"):
         check_run(2, 2)
 
 
+@pytest.mark.requires_custom_comm
 def test_trainer_without_fsdp_is_refused_at_after_load():
     with pytest.raises(ValueError, match="does not use FSDP"):
         _trainer(algorithms=[QSDP()])
 
 
+@pytest.mark.requires_custom_comm
 def test_world_size_one_warns_and_trains_unchanged():
     qsdp = QSDP()
     with pytest.warns(UserWarning, match="world size 1"):
@@ -98,9 +99,3 @@ def test_world_size_one_warns_and_trains_unchanged():
     trainer.fit()
     assert qsdp.traffic().total.calls == 0
     trainer.close()
-
-
-def test_registered_as_composer_algorithm_entry_point():
-    (entry,) = [e for e in entry_points(group="composer.algorithms") if e.name == "qsdp"]
-    assert entry.load() is QSDP
-    assert "composer_qsdp.algorithms.qsdp" in sys.modules

@@ -10,6 +10,8 @@ from test_fsdp_training import LR, QWD, Capture, _sharded, _train, batch
 
 from composer_qsdp import apply_qsdp
 
+pytestmark = pytest.mark.requires_custom_comm
+
 
 def _world_change_side(info: RankInfo, ckpt_dir: str, mode: str) -> dict:
     import torch.distributed.checkpoint as dcp

@@ -271,7 +271,8 @@ def _worker(info: RankInfo, ckpt_dir: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- tests
-pytestmark = pytest.mark.parametrize("run", spawn_params((2, 4)), indirect=True, scope="module")
+pytestmark = [pytest.mark.parametrize("run", spawn_params((2, 4)), indirect=True, scope="module"),
+              pytest.mark.requires_custom_comm]
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from composer_qsdp.kernels import sign as kernels
 from composer_qsdp.quant.sign import SignCodec
 
 # The interpreter evaluates IEEE special cases of non-finite buckets through numpy, which warns.
-pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning"), pytest.mark.requires_triton_kernels]
 
 CASES = [  # rows, n, bucket, dtype
     (2, 4096, 256, torch.float32),
