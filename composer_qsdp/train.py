@@ -61,7 +61,7 @@ def _model(recipe: ValidatedRecipe) -> Any:
 
 def _check_environment(recipe: ValidatedRecipe) -> None:
     """Refuse, before any process group exists, algorithms this torch cannot run."""
-    from composer_qsdp.fsdp import check_custom_comm_support
+    from composer_qsdp.fsdp2 import check_custom_comm_support
 
     for name in needs_custom_comm(recipe):
         try:

@@ -73,7 +73,7 @@ def test_qsdp_on_a_torch_without_custom_collectives_is_a_clear_error():
     """Where torch is older than QSDP's FSDP2 path needs (CI's stock stack), the package imports and QSDP's run
     check names the installed torch; on newer torch the same refusal is tested by simulating an old one."""
     from composer_qsdp.algorithms.qsdp import check_run
-    from composer_qsdp.fsdp import check_custom_comm_support
+    from composer_qsdp.fsdp2 import check_custom_comm_support
 
     try:
         check_custom_comm_support()

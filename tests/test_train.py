@@ -21,7 +21,7 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 
 import composer_qsdp.data
-import composer_qsdp.fsdp
+import composer_qsdp.fsdp2
 import composer_qsdp.models
 import e2e_common  # benchmarks/ (tests/conftest.py): Composer's launcher command
 from composer_qsdp.data import write_token_shards
@@ -190,7 +190,7 @@ def test_two_processes_qsdp_resume_reproduces_losses(wiki_shards, tmp_path):
     (["max_seq_len=64"], "unknown recipe key 'max_seq_len' (llm-foundry's spelling); here: model.max_seq_len"),
     (["fsdp.sharding_strategy=FULL_SHARD"], "here: fsdp.reshard_after_forward (true: FULL_SHARD"),
     (["algorithms.gradient_clipping.clipping_threshold=1"], "here: grad_clip_norm"),
-    (["algorithms.qsdpp.weight_bits=8"], "known algorithms: qsdp; did you mean 'qsdp'?"),
+    (["algorithms.qsdpp.weight_bits=8"], "known algorithms: qsdp, zero_one_adam; did you mean 'qsdp'?"),
     (["optimizer.name=adam"], "recipe key 'optimizer.name' = 'adam' is invalid; allowed: decoupled_adamw"),
     (["model.name=hf_causl_lm"], "'model.name' = 'hf_causl_lm' is invalid; did you mean 'hf_causal_lm'?"),
     (["model.n_layer=2"], "unknown GPT config field(s) n_layer; did you mean 'n_layers'?"),
@@ -297,7 +297,7 @@ def test_qsdp_on_a_torch_without_custom_collectives_stops_before_setup(tmp_path,
     def old_torch() -> None:
         raise RuntimeError("QSDP needs FSDP2's custom collectives, added in torch 2.9; this is torch 2.7.0")
 
-    monkeypatch.setattr(composer_qsdp.fsdp, "check_custom_comm_support", old_torch)
+    monkeypatch.setattr(composer_qsdp.fsdp2, "check_custom_comm_support", old_torch)
     monkeypatch.setattr(composer_qsdp.data, "build_token_dataloader", lambda *a, **k: pytest.fail("data built"))
     assert main([str(QSDP_RECIPE), f"data.local={tmp_path}"]) == 2
     assert "recipe error: algorithms.qsdp cannot run here: QSDP needs FSDP2's custom" in capsys.readouterr().err
