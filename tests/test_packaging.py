@@ -51,7 +51,7 @@ def test_llm_foundry_registry_builds_qsdp():
     cls = registry.get("qsdp")
     assert isinstance(cls, type) and issubclass(cls, Algorithm)
     algorithm = cls(**{"weight_bits": 4, "grad_bits": 8})
-    assert isinstance(algorithm, QSDP) and repr(algorithm) == "QSDP(weight_bits=4, grad_bits=8)"
+    assert isinstance(algorithm, QSDP) and repr(algorithm) == "QSDP('w8g8', weight_bits=4, grad_bits=8)"
 
 
 def test_no_module_imports_an_extra_at_import_time():
