@@ -4,7 +4,7 @@ PYTHON ?= .venv/bin/python
 COMPOSER ?= .venv/bin/composer
 WIKI_SHARDS := data/wiki-gpt2-t64
 
-.PHONY: demo demo-baseline wiki-shards
+.PHONY: demo demo-baseline notebook wiki-shards
 
 demo: wiki-shards
 	OMP_NUM_THREADS=1 $(COMPOSER) -n 2 -m composer_qsdp.train yamls/cpu/gpt-tiny-qsdp.yaml
@@ -14,3 +14,7 @@ demo-baseline: wiki-shards
 
 wiki-shards:
 	$(PYTHON) -m composer_qsdp.data.build wikipedia $(WIKI_SHARDS) --seq-len 64 --skip-existing
+
+# Re-run the demo notebook top to bottom and store it with its outputs and plots (about 10 minutes on 2 cores).
+notebook: wiki-shards
+	$(PYTHON) tools/execute_notebook.py notebooks/qsdp_demo.ipynb

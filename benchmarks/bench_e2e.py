@@ -21,6 +21,22 @@ through Composer's launcher (``composer -n N -m composer_qsdp.train RECIPE key=v
                    ``fsdp.reshard_after_forward=K`` (ZeRO++'s hpZ; K must be below the GPU count to differ)
 ================  ==========================================================================================
 
+Plain data parallelism (only when named in ``--configs``; the families with ``ddp-baseline.yaml`` and
+``zero-one-adam.yaml``, e.g. ``--model 125m`` and ``350m``), each compared with ``ddp-baseline`` and its own bound:
+
+======================  ====================================================================================
+``ddp-baseline``        ``ddp-baseline.yaml``: Composer DDP, DecoupledAdamW, an fp32 all-reduce every step
+``zero-one-adam``       ``zero-one-adam.yaml`` in its steady state: variance frozen after step 16, local steps
+                        with the interval at its cap, one 1-bit synchronization every 16 steps; timed over 32
+                        steps (two synchronizations) after 33
+``zero-one-adam-1bit``  ``zero-one-adam.yaml`` between variance updates: a 1-bit synchronization every step;
+                        timed over steps 32-62, between the variance updates of steps 31 and 63
+``ddp-compute-bound``   ``ddp-baseline.yaml`` on ONE GPU: the model and optimizer alone; N x its tokens/s
+======================  ====================================================================================
+
+0/1 Adam's configurations time their own windows (the schedule must have reached the regime they measure) instead
+of ``--warmup``/``--steps``.
+
 Each launch trains ``--warmup`` + ``--steps`` batches of ``N x micro-batch x grad-accum`` samples (the recipe's
 sequence length, bf16, FSDP2 full sharding) with evaluation and checkpoints off and QSDP's sampled error
 measurement off (``error_sample_interval=0``: a host sync that is instrumentation, not the method). Step times
@@ -29,7 +45,8 @@ host on the loss every batch) for the batches after the warm-up; tokens/s = toke
 Peak GPU memory is rank 0's ``torch.cuda.max_memory_allocated``. Bytes on the wire per step and rank are QSDP's
 byte accounting (NCCL's convention, (W-1)/W of each collective's volume); the baseline's are the ``native``
 bytes of the same accounting in the QSDP runs of the same job: what FSDP sends unquantized for the same
-collectives.
+collectives. 0/1 Adam's are those of its timed window (they change with its schedule), against DDP's fp32
+all-reduce (``ddp-baseline``'s bytes).
 
 Networks (``--network``, both by default), applied to every launch and to a quick NCCL bandwidth probe
 (all-reduce and all-gather bus bandwidth, nccl-tests' formulas) run first under the same environment:
@@ -89,6 +106,9 @@ class Config:
         overrides: extra ``key=value`` overrides of this configuration.
         single_gpu: runs on one process (the compute-only bound) instead of all.
         description: what it is, for the table's legend.
+        baseline: the configuration its tokens/s and wire bytes are compared with.
+        bound: its compute-only bound.
+        window: ``(warm-up, timed)`` steps of its own instead of ``--warmup``/``--steps``.
     """
 
     name: str
@@ -96,6 +116,9 @@ class Config:
     overrides: tuple[str, ...]
     single_gpu: bool
     description: str
+    baseline: str = "baseline"
+    bound: str = "compute-bound"
+    window: tuple[int, int] | None = None
     hpz: bool = False  #: reshard after forward to the (virtual) node: ``fsdp.reshard_after_forward=--ranks-per-node``
 
 
@@ -108,15 +131,31 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
     Config("qsdp-w4g4", "qsdp-w4g4.yaml", _NO_ERROR_SAMPLING, False, "QSDP, 4-bit weights and gradients"),
     Config("qsdp-w8g4", "qsdp-w8g4.yaml", _NO_ERROR_SAMPLING, False, "QSDP, 8-bit weights, 4-bit gradients"),
     Config("sdp4bit", "sdp4bit.yaml", _NO_ERROR_SAMPLING, False,
-           "SDP4Bit: 4-bit weight differences against a per-GPU replica (qWD), 4-bit Hadamard gradients"),
+           "SDP4Bit: 4-bit weight differences against a per-GPU replica (qWD), TLq-HS gradients (INT8 in a node)"),
+    Config("qwd-w4g4", "qwd-w4g4.yaml", _NO_ERROR_SAMPLING, False,
+           "4-bit weight differences (qWD) and one-hop 4-bit Hadamard gradients"),
     Config("compute-bound", "baseline.yaml", (), True,
            "baseline recipe on 1 GPU, same micro-batch and per-GPU batch: no inter-GPU traffic; tokens/s x N"),
     Config("baseline-pure", "baseline.yaml", ("fsdp.mixed_precision=PURE",), False,
            "plain Composer FSDP2 with bf16 gradient reduce-scatters (fsdp.mixed_precision=PURE)"),
     *(Config(f"qsdp-{preset}{'-hpz' * hpz}", "baseline.yaml", (f"algorithms.qsdp.recipe={preset}",
                                                                 *_NO_ERROR_SAMPLING), False,
-             f"QSDP preset {preset}{' with hpZ (reshard_after_forward = ranks per node)' * hpz}", hpz)
+             f"QSDP preset {preset}{' with hpZ (reshard_after_forward = ranks per node)' * hpz}", hpz=hpz)
       for preset in ("tlq-hs", "zeropp") for hpz in (False, True)),
+    *(Config(name, recipe, overrides, single, description, "ddp-baseline", "ddp-compute-bound", window)
+      for name, recipe, overrides, single, description, window in (
+        ("ddp-baseline", "ddp-baseline.yaml", (), False,
+         "plain Composer DDP (DecoupledAdamW): every step all-reduces the fp32 gradients", None),
+        ("zero-one-adam", "zero-one-adam.yaml",
+         ("algorithms.zero_one_adam.var_freeze_step=16", "algorithms.zero_one_adam.local_step_scaler=1"), False,
+         "0/1 Adam, local steps at interval 16: one 1-bit sync per 16 steps (steps 34-65)", (33, 32)),
+        ("zero-one-adam-1bit", "zero-one-adam.yaml",
+         ("algorithms.zero_one_adam.var_freeze_step=100000", "algorithms.zero_one_adam.var_update_scaler=1"),
+         False, "0/1 Adam between variance updates: a 1-bit sync every step (steps 32-62)", (31, 31)),
+        ("ddp-compute-bound", "ddp-baseline.yaml", (), True,
+         "ddp-baseline recipe on 1 GPU, same micro-batch and per-GPU batch: no inter-GPU traffic; tokens/s x N",
+         None),
+    )),
 )}
 DEFAULT_CONFIGS = ("baseline", "qsdp-w8g8", "qsdp-w4g4", "compute-bound")
 
@@ -124,6 +163,7 @@ DEFAULT_CONFIGS = ("baseline", "qsdp-w8g8", "qsdp-w4g4", "compute-bound")
 SOCKET_TARGETS = {"qsdp-w8g8": 1.8, "qsdp-w4g4": 3.0}  # tokens/s vs baseline
 SOCKET_BOUND_TARGET = 0.85  # best QSDP tokens/s vs the compute-only bound
 NVLINK_TARGET = 0.95  # every QSDP config's tokens/s vs baseline
+ZERO_ONE_SOCKET_TARGET = 2.0  # 0/1 Adam tokens/s vs DDP AdamW on the emulated network (issue 13, GPT-125M/350M)
 
 GB = 1e9
 GIB = 2**30
@@ -207,11 +247,17 @@ def measure(metrics: dict[str, Any], warmup: int, steps: int, tokens_per_step: i
         # Device memory QSDP's schemes keep between steps (weight-difference replicas), rank 0, last batch.
         "scheme_memory_bytes": (metrics["metrics"].get("qsdp/scheme_memory_bytes") or [[0, None]])[-1][1],
     }
-    qsdp = metrics.get("communication", {}).get("QSDP")
-    if qsdp is not None:
+    reports = list(metrics.get("communication", {}).values())  # QSDP's or ZeroOneAdamDDP's byte counts
+    if reports:
         # Evaluation is off, so every counted collective belongs to one of the `total` training batches.
-        result["wire_per_step"] = {side: {k: qsdp[side][k] / total for k in ("sent", "bf16", "native")}
+        result["wire_per_step"] = {side: {k: sum(r[side][k] for r in reports) / total
+                                          for k in ("sent", "bf16", "native")}
                                    for side in ("weights", "grads", "total")}
+        # 0/1 Adam's bytes depend on the phase of its schedule: those of the timed window (it logs them per batch).
+        per_batch = dict((int(b), float(v)) for b, v in metrics["metrics"].get("zero_one_adam/bytes_sent", []))
+        if per_batch:
+            window = statistics.fmean(per_batch[b] for b in range(warmup + 1, total + 1))
+            result["wire_per_step"]["grads"]["sent"] = result["wire_per_step"]["total"]["sent"] = window
     return result
 
 
@@ -251,8 +297,12 @@ class Plan(common.DriverPlan):
     def global_batch(self, nproc: int) -> int:
         return nproc * self.micro * self.args.grad_accum
 
+    def window(self, config: Config) -> tuple[int, int]:
+        """(warm-up, timed) steps of ``config``."""
+        return config.window or (self.args.warmup, self.args.steps)
+
     def overrides(self, config: Config, nproc: int, metrics_file: Path) -> list[str]:
-        return [f"max_duration={self.args.warmup + self.args.steps}ba",
+        return [f"max_duration={sum(self.window(config))}ba",
                 f"global_train_batch_size={self.global_batch(nproc)}", f"device_train_microbatch_size={self.micro}",
                 "data.remote=null", f"data.local={self.data}", "data.eval_split=null", "save_folder=null",
                 "load_path=null", "autoresume=false", "progress_bar=false", f"metrics_file={metrics_file}",
@@ -289,7 +339,8 @@ def _plan(args: argparse.Namespace) -> Plan:
                              "python -m composer_qsdp.data.build)")
     else:
         # One spare step: running out of samples would start a new epoch (a dataloader restart) in a timed step.
-        samples = (args.warmup + args.steps + 1) * args.nproc * micro * args.grad_accum
+        longest = max(sum(CONFIGS[c].window or (args.warmup, args.steps)) for c in args.configs)
+        samples = (longest + 1) * args.nproc * micro * args.grad_accum
         data = out_dir / f"synthetic-t{seq_len}-n{samples}"
     settings = {"recipe_dir": str(recipe_dir), "nproc": args.nproc, "micro_batch": micro,
                 "grad_accum": args.grad_accum, "seq_len": seq_len, "warmup": args.warmup, "steps": args.steps,
@@ -312,8 +363,8 @@ def _network_env(network: str) -> dict[str, str]:
 
 
 def _result_path(plan: Plan, network: str, config: Config) -> Path:
-    # The compute-only bound sends nothing between GPUs: one measurement serves every network.
-    return plan.out_dir / ("compute-bound.json" if config.single_gpu else f"{network}/{config.name}.json")
+    # A compute-only bound sends nothing between GPUs: one measurement serves every network.
+    return plan.out_dir / (f"{config.name}.json" if config.single_gpu else f"{network}/{config.name}.json")
 
 
 def _pending(path: Path, retry_failed: bool) -> bool:
@@ -363,8 +414,7 @@ def _run_config(plan: Plan, network: str, config: Config, budget: common.Budget)
         if rc != 0:
             raise ValueError(f"the launch exited with status {rc}")
         metrics = common.read_json(metrics_file)
-        record.update(status="ok", **measure(metrics, plan.args.warmup, plan.args.steps,
-                                             plan.global_batch(nproc) * plan.seq_len))
+        record.update(status="ok", **measure(metrics, *plan.window(config), plan.global_batch(nproc) * plan.seq_len))
     except (OSError, ValueError, KeyError) as err:
         record.update(status="failed", error=str(err), log_tail=common.log_tail(path.with_suffix(".log")))
         print(f"  failed: {err}; log: {path.with_suffix('.log')}", flush=True)
@@ -401,8 +451,8 @@ def sweep(plan: Plan, budget: common.Budget) -> str:
 def collect(plan: Plan) -> dict[str, Any]:
     """All recorded results of this plan's networks and configurations (missing ones absent)."""
     networks = {}
-    bound_path = plan.out_dir / "compute-bound.json"
-    bound = common.read_json(bound_path) if bound_path.is_file() else None
+    bounds = {c.name: common.read_json(plan.out_dir / f"{c.name}.json") for c in CONFIGS.values()
+              if c.single_gpu and (plan.out_dir / f"{c.name}.json").is_file()}
     for network in plan.args.network:
         probe_path = plan.out_dir / network / "nccl_probe.json"
         results = {}
@@ -412,26 +462,28 @@ def collect(plan: Plan) -> dict[str, Any]:
                 results[name] = common.read_json(path)
         networks[network] = {"probe": common.read_json(probe_path) if probe_path.is_file() else None,
                              "results": results}
-    return {"networks": networks, "compute_bound": bound}
+    return {"networks": networks, "compute_bounds": bounds}
 
 
-def rows(network_data: dict[str, Any], bound: dict[str, Any] | None, nproc: int) -> list[dict[str, Any]]:
-    """Table rows of one network: each result with its ratios to the baseline and to the compute-only bound.
+def rows(network_data: dict[str, Any], bounds: dict[str, dict[str, Any]], nproc: int) -> list[dict[str, Any]]:
+    """Table rows of one network: each result with its ratios to its baseline and to its compute-only bound.
 
-    The baseline's wire bytes are the ``native`` bytes of the same job's QSDP runs (FSDP's unquantized traffic of
-    the same collectives); the bound's tokens/s is ``nproc`` times the one-GPU run's.
+    A baseline's wire bytes are the ``native`` bytes of the same job's runs compared with it (what FSDP or DDP
+    sends unquantized for the same collectives and steps); a bound's tokens/s is ``nproc`` times the one-GPU run's.
     """
     results = {k: r for k, r in network_data["results"].items() if r["status"] == "ok"}
-    if bound is not None and bound["status"] == "ok":
-        results["compute-bound"] = {**bound, "tokens_per_s": bound["tokens_per_s"] * nproc,
-                                    "wire_per_step": {"total": {"sent": 0.0}}}
-    native = [r["wire_per_step"]["total"]["native"] for r in results.values()
-              if r.get("wire_per_step") and "native" in r["wire_per_step"]["total"]]
-    base = results.get("baseline")
-    if base is not None and native:
-        base = results["baseline"] = {**base, "wire_per_step": {"total": {"sent": native[0]}}}
+    for name, bound in bounds.items():
+        if bound["status"] == "ok":
+            results[name] = {**bound, "tokens_per_s": bound["tokens_per_s"] * nproc,
+                             "wire_per_step": {"total": {"sent": 0.0}}}
+    for baseline in {CONFIGS[name].baseline for name in results} & set(results):
+        native = [r["wire_per_step"]["total"]["native"] for n, r in results.items() if CONFIGS[n].baseline == baseline
+                  and r.get("wire_per_step") and "native" in r["wire_per_step"]["total"]]
+        if native:
+            results[baseline] = {**results[baseline], "wire_per_step": {"total": {"sent": native[0]}}}
     out = []
     for name, r in results.items():
+        base, bound = results.get(CONFIGS[name].baseline), results.get(CONFIGS[name].bound)
         sent = r["wire_per_step"]["total"]["sent"] if r.get("wire_per_step") else None
         base_sent = base["wire_per_step"]["total"]["sent"] if base and base.get("wire_per_step") else None
         out.append({
@@ -439,8 +491,7 @@ def rows(network_data: dict[str, Any], bound: dict[str, Any] | None, nproc: int)
             "gpus": r["nproc"],
             "tokens_per_s": r["tokens_per_s"],
             "vs_baseline": r["tokens_per_s"] / base["tokens_per_s"] if base else None,
-            "of_bound": (r["tokens_per_s"] / results["compute-bound"]["tokens_per_s"]
-                         if "compute-bound" in results else None),
+            "of_bound": r["tokens_per_s"] / bound["tokens_per_s"] if bound else None,
             "step_time_s": r["step_time_s"],
             "step_time_min_s": r["step_time_min_s"],
             "step_time_max_s": r["step_time_max_s"],
@@ -450,8 +501,7 @@ def rows(network_data: dict[str, Any], bound: dict[str, Any] | None, nproc: int)
             "wire_vs_baseline": sent / base_sent if sent is not None and base_sent else None,
         })
     failed = {k: r for k, r in network_data["results"].items() if r["status"] != "ok"}
-    if bound is not None and bound["status"] != "ok":
-        failed["compute-bound"] = bound
+    failed |= {k: r for k, r in bounds.items() if r["status"] != "ok"}
     out += [{"config": k, "failed": r.get("error", "failed")} for k, r in failed.items()]
     return out
 
@@ -466,6 +516,12 @@ def targets(network: str, table: list[dict[str, Any]]) -> list[str]:
             if r and r["vs_baseline"] is not None:
                 lines.append(f"{name} tokens/s = {r['vs_baseline']:.2f}x baseline (target >= {goal}x): "
                              f"{'met' if r['vs_baseline'] >= goal else 'NOT met'}")
+        for name in ("zero-one-adam", "zero-one-adam-1bit"):
+            r = by_name.get(name)
+            if r and r["vs_baseline"] is not None:
+                met = "met" if r["vs_baseline"] >= ZERO_ONE_SOCKET_TARGET else "NOT met"
+                lines.append(f"{name} tokens/s = {r['vs_baseline']:.2f}x ddp-baseline (target >= "
+                             f"{ZERO_ONE_SOCKET_TARGET}x): {met}")
         qsdp = [r for n, r in by_name.items() if n.startswith("qsdp") and r["of_bound"] is not None]
         if qsdp:
             best = max(qsdp, key=lambda r: r["of_bound"])
@@ -491,7 +547,7 @@ def render(plan: Plan, head: dict[str, str], data: dict[str, Any], status: str) 
              f"- status: {status}", ""]
     tables = {}
     for network, network_data in data["networks"].items():
-        table = rows(network_data, data["compute_bound"], plan.args.nproc)
+        table = rows(network_data, data["compute_bounds"], plan.args.nproc)
         tables[network] = table
         lines += [f"#### network: {network} (`{common.recorded_env(_network_env(network))}`)", ""]
         probe = network_data["probe"]
@@ -507,7 +563,7 @@ def render(plan: Plan, head: dict[str, str], data: dict[str, Any], status: str) 
             if "failed" in r:
                 lines.append(f"| {r['config']} | failed: {r['failed']} | | | | | | | | |")
                 continue
-            gpus = f"1 (x{plan.args.nproc})" if r["config"] == "compute-bound" else str(r["gpus"])
+            gpus = f"1 (x{plan.args.nproc})" if CONFIGS[r["config"]].single_gpu else str(r["gpus"])
             fmt = common.fmt
             ms = [r[k] * 1e3 for k in ("step_time_s", "step_time_min_s", "step_time_max_s")]
             step_ms = f"{ms[0]:.0f} [{ms[1]:.0f}-{ms[2]:.0f}]"
@@ -518,10 +574,13 @@ def render(plan: Plan, head: dict[str, str], data: dict[str, Any], status: str) 
                 f"| {fmt(r['wire_vs_baseline'], '.3f')} |")
         goal_lines = targets(network, table)
         if goal_lines:
-            lines += ["", "Targets (stated for GPT-1.3B; measured here, never asserted):", ""]
+            lines += ["", "Targets (QSDP's stated for GPT-1.3B, 0/1 Adam's for GPT-125M/350M; measured here, never "
+                          "asserted):", ""]
             lines += [f"- {line}" for line in goal_lines]
         lines.append("")
-    lines += ["Configurations:", ""] + [f"- `{c}`: {CONFIGS[c].description}" for c in plan.args.configs]
+    lines += ["Configurations (\"vs baseline\" and \"of compute bound\" compare each with its own):", ""]
+    lines += [f"- `{c}`: {CONFIGS[c].description} (baseline `{CONFIGS[c].baseline}`, bound `{CONFIGS[c].bound}`)"
+              for c in plan.args.configs]
     record = {"header": head, "settings": plan.settings, "status": status, "tables": tables, **data}
     return "\n".join(lines) + "\n", record
 

@@ -3,6 +3,17 @@
 On a machine without CUDA the Triton kernels run under the Triton interpreter, which must be switched on
 before any ``@triton.jit`` function is decorated, i.e. before ``composer_qsdp.kernels`` is imported.
 The codecs still use the torch reference on CPU tensors; kernel tests call the launchers directly.
+
+What the installed stack cannot run is decided here, once, from markers (CI runs the suite on two stacks: the
+pinned GPU-machine stack and a stock Composer with the torch it resolves to, see ``.ci/run``):
+
+* ``gpu``: needs a CUDA GPU.
+* ``requires_custom_comm``: needs FSDP2's custom collectives (torch >= 2.9), as QSDP's FSDP2 path does; the
+  package's own check (:func:`composer_qsdp.fsdp2.check_custom_comm_support`) decides, and its message is the
+  skip reason.
+* ``requires_triton_kernels``: runs the Triton kernels (compiled, or under the interpreter on CPU); they are
+  verified with triton >= 3.4. triton 3.3 (torch 2.7's) generates another Philox stream than the torch reference
+  reproduces, and its interpreter cannot run the kernels (no ``get_int1_ty``).
 """
 
 import os
@@ -20,11 +31,41 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import pytest  # noqa: E402
 
+#: Oldest triton whose kernels match the torch reference (see the module docstring).
+MIN_TRITON_FOR_KERNELS = (3, 4)
+
+
+def missing_custom_comm() -> str | None:
+    """Why this torch cannot run QSDP's FSDP2 path, or None when it can."""
+    from composer_qsdp.fsdp2 import check_custom_comm_support
+
+    try:
+        check_custom_comm_support()
+    except RuntimeError as err:
+        return str(err)
+    return None
+
+
+def triton_too_old() -> str | None:
+    """Why the installed triton cannot run the kernels' tests, or None when it can."""
+    import triton
+
+    version = tuple(int(part) for part in triton.__version__.split(".")[:2])
+    if version >= MIN_TRITON_FOR_KERNELS:
+        return None
+    return (f"the Triton kernels are verified with triton >= {'.'.join(map(str, MIN_TRITON_FOR_KERNELS))}; this is "
+            f"triton {triton.__version__} (another Philox stream, and its interpreter lacks int1 casts)")
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine)")
+    reasons = {
+        "gpu": None if torch.cuda.is_available() else "needs a CUDA GPU (run on the device machine)",
+        "requires_custom_comm": missing_custom_comm(),
+        "requires_triton_kernels": triton_too_old(),
+    }
+    skips = {marker: pytest.mark.skip(reason=reason) for marker, reason in reasons.items() if reason is not None}
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip_gpu)
+        for marker, skip in skips.items():
+            if marker in item.keywords:
+                item.add_marker(skip)
+                break

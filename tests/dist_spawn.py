@@ -24,13 +24,15 @@ import torch
 
 
 
-def spawn_params(world_sizes: tuple[int, ...]) -> list:
-    """``(backend, world_size)`` parameters: gloo at every size, plus nccl at every size marked ``gpu``.
+def spawn_params(world_sizes: tuple[int, ...], slow_sizes: tuple[int, ...] = ()) -> list:
+    """``(backend, world_size)`` parameters: gloo at every size (marked ``slow`` at ``slow_sizes``), plus nccl at
+    every size marked ``gpu``.
 
     For ``pytest.mark.parametrize(..., indirect=True, scope="module")``, so that ``-m gpu`` selects the nccl
     runs (marks on fixture params are invisible to ``-m``).
     """
-    params = [pytest.param(("gloo", w), id=f"gloo-w{w}") for w in world_sizes]
+    params = [pytest.param(("gloo", w), id=f"gloo-w{w}", marks=[pytest.mark.slow] if w in slow_sizes else [])
+              for w in world_sizes]
     return params + [pytest.param(("nccl", w), id=f"nccl-w{w}", marks=pytest.mark.gpu) for w in world_sizes]
 
 

@@ -1,5 +1,5 @@
-"""Every recipe in yamls/ parses, validates and builds its model config (big models only on the meta device),
-and the paper recipes carry the paper's hyperparameters."""
+"""Every recipe in yamls/ parses, validates and builds its model (on the meta device), and the paper recipes carry
+the paper's hyperparameters."""
 
 from __future__ import annotations
 
@@ -10,13 +10,15 @@ import pytest
 import torch
 
 from composer_qsdp import QSDP, from_recipe
-from composer_qsdp.models import ComposerGPT
+from composer_qsdp.models import ComposerGPT, HFCausalLMConfig, build_hf_causal_lm
 from composer_qsdp.train import RecipeError, load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 # yamls/base/ holds partial settings that recipes extend; they are not recipes themselves.
 RECIPES = sorted(p for p in (ROOT / "yamls").rglob("*.yaml") if p.parent.name != "base")
 PAPER_C4 = ["data.remote=s3://bucket/c4-gpt2-t2048"]
+# Paper-family recipes that train with DDP (no sharding) instead of FSDP.
+DDP_RECIPES = {"ddp-baseline", "zero-one-adam"}
 
 # model dir -> (preset, d_model, layers, heads, global batch, lr, nominal parameters): papers.md section 2.5.
 PAPER = {
@@ -30,7 +32,7 @@ def test_recipes_cover_the_paper_grid():
     names = {p.relative_to(ROOT / "yamls").as_posix() for p in RECIPES}
     for model in PAPER:
         assert {f"{model}/baseline.yaml", f"{model}/qsdp-w8g8.yaml", f"{model}/qsdp-w4g4.yaml"} <= names
-    assert {"cpu/gpt-tiny-baseline.yaml", "cpu/gpt-tiny-qsdp.yaml"} <= names
+    assert {"cpu/gpt-tiny-baseline.yaml", "cpu/gpt-tiny-qsdp.yaml", "cpu/hf-gpt2-tiny-qsdp.yaml"} <= names
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.relative_to(ROOT / "yamls").as_posix())
@@ -39,7 +41,7 @@ def test_recipe_validates_and_builds_its_model(path):
     recipe = load_recipe(path, PAPER_C4 if paper else [])
     cfg, config = recipe.cfg, recipe.model_config
     with torch.device("meta"):
-        model = ComposerGPT(config)
+        model = build_hf_causal_lm(config) if isinstance(config, HFCausalLMConfig) else ComposerGPT(config)
     n_params = sum(p.numel() for p in model.parameters())
 
     if paper:
@@ -51,13 +53,16 @@ def test_recipe_validates_and_builds_its_model(path):
         assert list(cfg.optimizer.betas) == [0.9, 0.95] and cfg.optimizer.weight_decay == 0.0
         assert cfg.scheduler.t_warmup == "100ba" and cfg.scheduler.alpha_f == 0.1
         assert cfg.grad_clip_norm == 1.0 and cfg.precision == "amp_bf16" and cfg.device == "gpu"
-        assert cfg.fsdp is not None and cfg.data.remote == PAPER_C4[0].split("=", 1)[1]
+        assert (cfg.fsdp is None) == (path.stem in DDP_RECIPES) and cfg.data.remote == PAPER_C4[0].split("=", 1)[1]
         assert cfg.run_name == f"{path.parent.name}-{path.stem}"
+        assert "memory_monitor" in recipe.callback_kwargs  # the benchmarks' peak memory (the metrics file)
     else:
         assert cfg.device == "cpu" and cfg.precision == "fp32" and cfg.fsdp is not None
         assert n_params < 5e6  # a CPU model
         # The main job builds data/wiki-gpt2-t<seq> for exactly this context length.
         assert cfg.data.local == f"data/wiki-gpt2-t{config.max_seq_len}"
+    # The benchmarks' and the notebook's step times are the speed monitor's time/train.
+    assert recipe.callback_kwargs["speed_monitor"] == {"window_size": 10}
 
     bits = re.fullmatch(r".*qsdp-w(\d)g(\d)", path.stem)
     if bits:
@@ -65,9 +70,11 @@ def test_recipe_validates_and_builds_its_model(path):
         assert (qsdp["weight_bits"], qsdp["grad_bits"]) == (int(bits[1]), int(bits[2]))
     elif path.stem.endswith("qsdp"):
         assert recipe.algorithm_kwargs["qsdp"]["weight_bits"] == 8
-    elif path.stem == "sdp4bit":
-        assert recipe.algorithm_kwargs == {"qsdp": {"recipe": "sdp4bit"}}
-        assert QSDP(**recipe.algorithm_kwargs["qsdp"]).config == from_recipe("sdp4bit")
+    elif path.stem in ("sdp4bit", "qwd-w4g4"):
+        assert recipe.algorithm_kwargs == {"qsdp": {"recipe": path.stem}}
+        assert QSDP(**recipe.algorithm_kwargs["qsdp"]).config == from_recipe(path.stem)
+    elif path.stem == "zero-one-adam":  # the variance freezes at the end of the warm-up, as in the paper
+        assert f"{recipe.algorithm_kwargs['zero_one_adam']['var_freeze_step']}ba" == cfg.scheduler.t_warmup
     else:
         assert recipe.algorithm_kwargs == {}
 

@@ -1,26 +1,39 @@
 """The training entrypoint: a tiny recipe on 1 process (in-process) and 2 processes (the real ``composer``
-launcher): the loss falls, checkpoints are written, resuming reproduces the uninterrupted losses; bad recipes
-stop before anything is built, with a message naming the key."""
+launcher): the loss falls, checkpoints are written, resuming reproduces the uninterrupted losses, Composer's
+loggers receive QSDP's metrics; a Hugging Face GPT-2 from the recipe; bad recipes (llm-foundry's spellings among
+them) stop before anything is built, with a message naming the key; ``--help`` lists every key at once."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+import inspect
 import json
 import os
+import re
 import subprocess
+import sys
+import typing
 from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.fsdp import FSDPModule
 
-import composer_qsdp.train as train_module
+import composer_qsdp.data
+import composer_qsdp.fsdp2
+import composer_qsdp.models
 import e2e_common  # benchmarks/ (tests/conftest.py): Composer's launcher command
 from composer_qsdp.data import write_token_shards
 from composer_qsdp.data.sources import wikipedia_sample_documents
-from composer_qsdp.train import RecipeError, load_recipe, main
+from composer_qsdp.models import GPTConfig, hf_causal_lm_config
+from composer_qsdp.recipe import ALGORITHMS, CALLBACKS, LOGGERS, TrainRecipe
+from composer_qsdp.train import RecipeError, load_recipe, main, train
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = ROOT / "yamls" / "cpu" / "gpt-tiny-baseline.yaml"
 QSDP_RECIPE = ROOT / "yamls" / "cpu" / "gpt-tiny-qsdp.yaml"
+HF_RECIPE = ROOT / "yamls" / "cpu" / "hf-gpt2-tiny-qsdp.yaml"
 SEQ_LEN = 32
 
 
@@ -72,9 +85,11 @@ def test_one_process_trains_checkpoints_and_resumes_exactly(wiki_shards, tmp_pat
 
 
 # ------------------------------------------------------------------------------------------ two processes
+@pytest.mark.requires_custom_comm
 def test_two_processes_through_the_launcher(wiki_shards, tmp_path):
     result = launch(2, QSDP_RECIPE, tiny_overrides(wiki_shards, tmp_path, "max_duration=12ba", "eval_interval=12ba",
-                                                   f"save_folder={tmp_path / 'ckpt'}", "save_interval=12ba"))
+                                                   f"save_folder={tmp_path / 'ckpt'}", "save_interval=12ba",
+                                                   f"loggers.file.filename={tmp_path}/log-rank{{rank}}.txt"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     losses = train_losses(tmp_path)
     assert sum(losses[b] for b in range(9, 12)) / 3 < sum(losses[b] for b in range(3)) / 3 - 0.3
@@ -84,6 +99,45 @@ def test_two_processes_through_the_launcher(wiki_shards, tmp_path):
     summary = json.loads((tmp_path / "metrics.json").read_text())["communication"]["QSDP"]
     assert 0 < summary["total"]["sent"] < summary["total"]["bf16"]
     assert "QSDP communication" in result.stdout
+    # Composer's FileLogger, from the recipe's loggers section: QSDP's per-batch gradient bytes add up to its report
+    # (gradients move in training only; the weights' total also holds the evaluation's gathers).
+    logged = re.findall(r"\[metric\]\[batch=(\d+)\]: qsdp/grads/bytes_sent: (\d+)",
+                        (tmp_path / "log-rank0.txt").read_text())
+    assert sorted(int(b) for b, _ in logged) == list(range(1, 13))
+    assert sum(int(v) for _, v in logged) == summary["grads"]["sent"]
+
+
+def test_hugging_face_gpt2_in_one_process(wiki_shards, tmp_path):
+    """A transformers GPT-2 (random weights) from the recipe's model section: one FSDP2 unit per GPT2Block plus
+    the root, batches with labels, Composer's evaluation."""
+    recipe = load_recipe(HF_RECIPE, tiny_overrides(wiki_shards, tmp_path, "max_duration=4ba", "eval_interval=4ba",
+                                                   "model.config.n_layer=3"))
+    # Without QSDP: in one process FSDP2 sends nothing for it to quantize (the next test runs it on two).
+    trainer = train(dataclasses.replace(recipe, algorithm_kwargs={}))
+    units = [type(m).__name__ for m in trainer.state.model.modules() if isinstance(m, FSDPModule)]
+    assert sorted(units) == ["FSDPGPT2Block"] * 3 + ["FSDPGPT2LMHeadModel"]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())["metrics"]
+    assert sorted(b for b, _ in metrics["loss/train/total"]) == [0, 1, 2, 3]
+    (batch, cross_entropy), = metrics["metrics/val/LanguageCrossEntropy"]
+    assert batch == 4 and 9 < cross_entropy < 11.5  # ~ln(50257) = 10.8 for random weights
+
+
+@pytest.mark.requires_custom_comm
+def test_hugging_face_gpt2_with_qsdp_on_two_processes(wiki_shards, tmp_path):
+    """The Hugging Face recipe as shipped (QSDP W8G8) through Composer's launcher; one FSDP unit per GPT2Block."""
+    result = launch(2, HF_RECIPE, tiny_overrides(wiki_shards, tmp_path, "max_duration=10ba", "eval_interval=10ba",
+                                                 "model.config.n_layer=3",
+                                                 f"loggers.file.filename={tmp_path}/log-rank{{rank}}.txt"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    losses = train_losses(tmp_path)
+    assert sorted(losses) == list(range(10))
+    assert sum(losses[b] for b in range(7, 10)) / 3 < sum(losses[b] for b in range(3)) / 3 - 0.3
+    # 3 blocks + the model's embeddings, head and final norm as the root unit.
+    assert "[hyperparameter]: qsdp/fsdp_units: 4" in (tmp_path / "log-rank0.txt").read_text()
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    grads = metrics["communication"]["QSDP"]["grads"]
+    assert grads["calls"] == 4 * 10 and 0 < grads["sent"] < grads["bf16"]
+    assert "metrics/val/LanguagePerplexity" in metrics["metrics"]
 
 
 @pytest.mark.slow
@@ -120,11 +174,89 @@ def test_two_processes_qsdp_resume_reproduces_losses(wiki_shards, tmp_path):
     (["fsdp=null", "algorithms.qsdp.weight_bits=8"], "needs an 'fsdp' section"),
     (["autoresume=true"], "autoresume needs save_folder and run_name"),
     (["max_duration"], "must have the form key=value"),
+    # Durations: positive, and in a unit Composer can train for (issue 16: these failed after distributed setup).
+    (["max_duration=-5ba"], "recipe key 'max_duration' = '-5ba' is invalid; it must be > 0"),
+    (["max_duration=0ba"], "recipe key 'max_duration' = '0ba' is invalid; it must be > 0"),
+    (["max_duration=0.5dur"], "'max_duration' = '0.5dur' is invalid; its unit must be one of ep, iter, ba, sp, tok"),
+    (["eval_interval=0ba"], "recipe key 'eval_interval' = '0ba' is invalid; it must be > 0"),
+    (["scheduler.t_warmup=-1ba"], "recipe key 'scheduler.t_warmup' = '-1ba' is invalid; it must be >= 0"),
+    # Composer's seed range, in the notation of QSDP's own seed check.
+    (["seed=-1"], "recipe key 'seed' = -1 is invalid; it must be an integer in [0, 2**32)"),
+    (["seed=4294967296"], "recipe key 'seed' = 4294967296 is invalid; it must be an integer in [0, 2**32)"),
+    # Misspellings and llm-foundry's spellings without a same-meaning key here.
+    (["optimzer.lr=1"], "unknown recipe key 'optimzer'; did you mean 'optimizer'?"),
+    (["data.locl=x"], "unknown recipe key 'data.locl'; did you mean 'local'?; 'data' takes: local, remote"),
+    (["train_loader.name=text"], "unknown recipe key 'train_loader' (llm-foundry's spelling); here: data: MDS"),
+    (["max_seq_len=64"], "unknown recipe key 'max_seq_len' (llm-foundry's spelling); here: model.max_seq_len"),
+    (["fsdp.sharding_strategy=FULL_SHARD"], "here: fsdp.reshard_after_forward (true: FULL_SHARD"),
+    (["algorithms.gradient_clipping.clipping_threshold=1"], "here: grad_clip_norm"),
+    (["algorithms.qsdpp.weight_bits=8"], "known algorithms: qsdp, zero_one_adam; did you mean 'qsdp'?"),
+    (["optimizer.name=adam"], "recipe key 'optimizer.name' = 'adam' is invalid; allowed: decoupled_adamw"),
+    (["model.name=hf_causl_lm"], "'model.name' = 'hf_causl_lm' is invalid; did you mean 'hf_causal_lm'?"),
+    (["model.n_layer=2"], "unknown GPT config field(s) n_layer; did you mean 'n_layers'?"),
+    # Loggers and callbacks: Composer's classes by name, their arguments checked against the class.
+    (["loggers.wandbb.project=x"], "recipe key 'loggers.wandbb': no logger named 'wandbb'; did you mean 'wandb'?"),
+    (["callbacks.speed_monitor.windw_size=3"], "'callbacks.speed_monitor.windw_size' is unknown; did you mean "
+                                               "'window_size'?"),
+    (["callbacks.lr_monitor=3"], "recipe key 'callbacks.lr_monitor' = 3 is invalid; give its keyword arguments"),
 ])
 def test_bad_recipe_names_the_key(overrides, message):
     with pytest.raises(RecipeError) as err:
         load_recipe(BASELINE, overrides)
     assert message in str(err.value)
+
+
+def test_logger_without_its_package_names_the_extra():
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here")
+    with pytest.raises(RecipeError, match=re.escape("'loggers.wandb' needs the wandb package: pip install "
+                                                    "'mosaicml[wandb]'")):
+        load_recipe(BASELINE, ["loggers.wandb.project=qsdp"])
+
+
+def test_llm_foundry_spellings_with_the_same_meaning_are_accepted(tmp_path):
+    (tmp_path / "foundry.yaml").write_text(f"""
+base: {BASELINE}
+fsdp_config: {{mixed_precision: FULL, activation_checkpointing: true}}
+optimizer: {{name: decoupled_adamw, lr: 1.0e-3}}
+scheduler: {{name: cosine_with_warmup, t_warmup: 5ba}}
+loggers: {{file: {{filename: log.txt}}}}
+callbacks: {{memory_monitor: {{}}, lr_monitor: false}}
+""")
+    recipe = load_recipe(tmp_path / "foundry.yaml", ["fsdp_config.reshard_after_forward=false"])
+    fsdp = recipe.cfg.fsdp
+    assert (fsdp.mixed_precision, fsdp.activation_checkpointing, fsdp.reshard_after_forward) == ("FULL", True, False)
+    assert recipe.cfg.optimizer.lr == 1e-3 and recipe.cfg.scheduler.t_warmup == "5ba"
+    assert recipe.logger_kwargs == {"file": {"filename": "log.txt"}}
+    # The base recipe's callbacks, minus the one turned off, plus the new one (defaults).
+    assert recipe.callback_kwargs == {"speed_monitor": {"window_size": 10}, "memory_monitor": {}}
+    (tmp_path / "both.yaml").write_text(f"base: {BASELINE}\nfsdp_config: {{}}\nfsdp: {{}}\n")
+    with pytest.raises(RecipeError, match="sets both 'fsdp_config' .llm-foundry's spelling. and 'fsdp'"):
+        load_recipe(tmp_path / "both.yaml")
+
+
+def test_help_lists_every_key_without_importing_torch():
+    code = ("import sys\nfrom composer_qsdp.train import main\nstatus = main(['--help'])\n"
+            "print('HEAVY', [m for m in ('torch', 'composer', 'transformers') if m in sys.modules], status)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.rstrip().endswith("HEAVY [] 0")
+    listed = set(re.findall(r"^  ([\w.]+):", out, re.MULTILINE))
+
+    def keys(cls: type, prefix: str = "") -> set[str]:
+        found = set()
+        for f in dataclasses.fields(cls):
+            found.add(prefix + f.name)
+            section = [a for a in (f.type, *typing.get_args(typing.get_type_hints(cls)[f.name]))
+                       if dataclasses.is_dataclass(a)]
+            if section:
+                found |= keys(section[0], f"{prefix}{f.name}.")
+        return found
+
+    assert keys(TrainRecipe) <= listed
+    assert {f"model.{f.name}" for f in dataclasses.fields(GPTConfig)} <= listed
+    assert {f"model.{p}" for p in inspect.signature(hf_causal_lm_config).parameters} <= listed
+    assert {"model.name", "model.preset", *LOGGERS, *CALLBACKS, *ALGORITHMS} <= listed
+    assert "  seed: int = 17\n" in out and "  optimizer.lr: float (required)\n" in out
 
 
 def test_missing_keys_and_base_loops(tmp_path):
@@ -154,15 +286,25 @@ def test_errors_stop_before_anything_is_built(tmp_path, monkeypatch, capsys):
     def must_not_run(*args, **kwargs):
         raise AssertionError("built something although the recipe is invalid")
 
-    monkeypatch.setattr(train_module, "ComposerGPT", must_not_run)
-    monkeypatch.setattr(train_module, "build_token_dataloader", must_not_run)
+    monkeypatch.setattr(composer_qsdp.models, "ComposerGPT", must_not_run)
+    monkeypatch.setattr(composer_qsdp.data, "build_token_dataloader", must_not_run)
     assert main([str(BASELINE), "optimizer.lr=0", f"save_folder={tmp_path / 'ckpt'}"]) == 2
     assert "recipe error: recipe key 'optimizer.lr' = 0.0 is invalid" in capsys.readouterr().err
     assert not (tmp_path / "ckpt").exists()
 
 
+def test_qsdp_on_a_torch_without_custom_collectives_stops_before_setup(tmp_path, monkeypatch, capsys):
+    def old_torch() -> None:
+        raise RuntimeError("QSDP needs FSDP2's custom collectives, added in torch 2.9; this is torch 2.7.0")
+
+    monkeypatch.setattr(composer_qsdp.fsdp2, "check_custom_comm_support", old_torch)
+    monkeypatch.setattr(composer_qsdp.data, "build_token_dataloader", lambda *a, **k: pytest.fail("data built"))
+    assert main([str(QSDP_RECIPE), f"data.local={tmp_path}"]) == 2
+    assert "recipe error: algorithms.qsdp cannot run here: QSDP needs FSDP2's custom" in capsys.readouterr().err
+
+
 def test_missing_shards_stop_before_the_model_is_built(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(train_module, "ComposerGPT", lambda *a, **k: pytest.fail("model built without data"))
+    monkeypatch.setattr(composer_qsdp.models, "ComposerGPT", lambda *a, **k: pytest.fail("model built without data"))
     assert main([str(BASELINE), f"data.local={tmp_path / 'nothing'}"]) == 2
     assert "recipe section 'data': no MDS shards for split 'train'" in capsys.readouterr().err
 

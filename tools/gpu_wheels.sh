@@ -8,11 +8,15 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DEST=${1:-$ROOT/.whl}
 mkdir -p "$DEST"
 PY=${PYTHON:-python3}
+# Composer and streaming at the versions of the pinned stack (overrides.txt), so the GPU runs match CI's.
+pin() { grep -E "^$1==" "$ROOT/overrides.txt" || { echo "overrides.txt pins no $1" >&2; return 1; }; }
+COMPOSER_PIN=$(pin mosaicml)
+STREAMING_PIN=$(pin mosaicml-streaming)
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64 \
   --platform manylinux_2_5_x86_64 -d "$DEST" \
-  mosaicml==0.32.1 mosaicml-streaming==0.13.0 mosaicml-cli==0.7.5 coolname==2.2.0 importlib-metadata==8.9.0 \
+  "$COMPOSER_PIN" "$STREAMING_PIN" mosaicml-cli==0.7.5 coolname==2.2.0 importlib-metadata==8.9.0 \
   gql==3.5.3 graphql-core==3.2.6 backoff==2.2.1 questionary==2.0.1 prompt_toolkit==3.0.36 wcwidth==0.9.4 \
   ruamel.yaml==0.19.1 validators==0.36.0 websockets==11.0.3 Brotli==1.2.1 zstd==1.5.7.3 python-snappy==0.7.3 \
   cramjam==2.14.0 catalogue==2.0.10 torch_optimizer==0.3.0 pytorch-ranger==0.1.1 argcomplete==3.7.2 \

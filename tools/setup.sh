@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One-command setup: a virtual environment in .venv with composer_qsdp installed in editable mode,
-# its test extras, and the pinned GPU-machine stack (see overrides.txt for why pins are overridden).
+# One-command setup: a virtual environment in .venv with composer_qsdp installed in editable mode, its test
+# extras (which include the demo's and the Hugging Face model's), and the pinned GPU-machine stack of overrides.txt
+# (see there for why Composer's pins are lifted).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${VENV:-$ROOT/.venv}

@@ -6,11 +6,14 @@ per-step noise schedule, ``Topology`` says which ranks share a node, and ``Traff
 count bytes per rank (NCCL's convention) and per hop. Stateless: no FSDP, no Composer, no per-run state.
 ``two_level_reduce_scatter`` is the hierarchical reduce-scatter (ZeRO++ qgZ, SDP4Bit TLq-HS) over the intra- and
 inter-node subgroups that ``node_groups`` creates once per process group and caches.
+
+``compressed_all_reduce`` is the error-feedback all-reduce of 1-bit/0-1 Adam; its caller owns the error buffers.
 """
 
 from composer_qsdp.comm.accounting import CallTraffic, TrafficCounter, TrafficReport, call_traffic
 from composer_qsdp.comm.all_gather import quantized_all_gather
 from composer_qsdp.comm.node_groups import NodeGroups, node_groups
+from composer_qsdp.comm.error_feedback import compressed_all_reduce, error_feedback_chunk_numel
 from composer_qsdp.comm.quality import relative_error
 from composer_qsdp.comm.reduce_scatter import is_average, quantized_reduce_scatter
 from composer_qsdp.comm.seeds import SeedStream, StepSeeds, mix_seed
@@ -28,6 +31,8 @@ __all__ = [
     "TrafficCounter",
     "TrafficReport",
     "call_traffic",
+    "compressed_all_reduce",
+    "error_feedback_chunk_numel",
     "is_average",
     "mix_seed",
     "node_groups",

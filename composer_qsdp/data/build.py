@@ -2,14 +2,14 @@
 
 Examples::
 
-    # the English Wikipedia sample bundled in gensim (offline, ~0.7 M tokens, CC BY-SA 3.0)
+    # the English Wikipedia sample bundled in gensim (the demo extra; offline, ~0.7 M tokens, CC BY-SA 3.0)
     python -m composer_qsdp.data.build wikipedia data/wiki-gpt2-t64 --seq-len 64 --skip-existing
     # any directory of *.txt files
     python -m composer_qsdp.data.build textdir data/mytext-t2048 --input ~/corpus --seq-len 2048
     # the *.py files of the installed Python packages and the standard library (offline; the text stays on this
     # machine, never commit it)
     python -m composer_qsdp.data.build pysource data/pysource-gpt2-t512 --seq-len 512 --val-fraction 0.02
-    # C4 as in the paper (internet + `pip install datasets`); upload the result and point data.remote at it
+    # C4 as in the paper (internet + the c4 extra); upload the result and point data.remote at it
     python -m composer_qsdp.data.build c4 data/c4-gpt2-t2048 --seq-len 2048 --max-documents 2000000
 """
 

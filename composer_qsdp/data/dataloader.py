@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,7 @@ def build_token_dataloader(
     shuffle_seed: int = 9176,
     num_workers: int = 0,
     drop_last: bool = True,
+    collate_fn: Callable[[list[torch.Tensor]], Any] | None = None,
 ) -> DataLoader:
     """A ``DataLoader`` of this rank's ``[device_batch_size, max_seq_len]`` token batches from one split.
 
@@ -67,6 +69,7 @@ def build_token_dataloader(
         shuffle_seed: seed of the shuffle; the same on every rank.
         num_workers: ``DataLoader`` worker processes.
         drop_last: drop a final partial batch.
+        collate_fn: turns a list of samples into the batch the model takes; None stacks them into one tensor.
 
     Raises:
         ValueError: no shards at ``local`` (with no ``remote``), an empty split, or samples of the wrong length.
@@ -79,4 +82,5 @@ def build_token_dataloader(
     if dataset.num_samples == 0:
         raise ValueError(f"split {split!r} in {os.fspath(local)!r} holds no samples")
     dataset[0]  # fails now, with the length message, if the shards were built for another sequence length
-    return DataLoader(dataset, batch_size=device_batch_size, num_workers=num_workers, drop_last=drop_last)
+    return DataLoader(dataset, batch_size=device_batch_size, num_workers=num_workers, drop_last=drop_last,
+                      collate_fn=collate_fn)

@@ -1,10 +1,10 @@
 """Text sources: each yields ``(split, document)`` pairs for the shard writer.
 
 * :func:`text_directory_documents`: every ``*.txt`` file under a directory is one document.
-* :func:`wikipedia_sample_documents`: the English Wikipedia sample bundled in the ``gensim`` wheel (CC BY-SA 3.0;
-  generated from the installed package, never stored in this repository).
+* :func:`wikipedia_sample_documents`: the English Wikipedia sample bundled in the ``gensim`` wheel (the ``demo``
+  extra; CC BY-SA 3.0; generated from the installed package, never stored in this repository).
 * :func:`c4_documents`: C4 (``allenai/c4``) through Hugging Face ``datasets``, as the paper trained on;
-  needs internet and ``pip install datasets``, so it is not exercised offline.
+  needs internet and the ``c4`` extra (``datasets``), so it is not exercised offline.
 * :func:`python_source_documents`: the ``*.py`` files of the installed Python packages (``site-packages``) and
   of the standard library: a large offline corpus on any machine (torch's files alone give about 19 M GPT-2
   tokens). The text belongs to those packages under their own licenses: build shards on the machine that
@@ -89,13 +89,14 @@ def wikipedia_sample_documents(val_fraction: float) -> Iterator[tuple[str, str]]
     About 100 articles, 0.7 M GPT-2 tokens. The text is Wikipedia's, CC BY-SA 3.0.
 
     Raises:
-        ImportError: ``gensim`` is not installed.
+        ImportError: ``gensim`` (the ``demo`` extra) is not installed.
     """
     _check_val_fraction(val_fraction)  # before the slow import
     try:
         wikicorpus = importlib.import_module("gensim.corpora.wikicorpus")
     except ImportError as err:
-        raise ImportError("the Wikipedia sample ships inside gensim: pip install gensim==4.4.0") from err
+        raise ImportError("the Wikipedia sample ships inside gensim, which the demo extra installs: "
+                          "pip install 'composer_qsdp[demo]'") from err
     gensim_dir = os.path.dirname(importlib.util.find_spec("gensim").origin)
     dump = os.path.join(gensim_dir, "test", "test_data", _WIKI_SAMPLE)
     with bz2.BZ2File(dump) as f:
@@ -117,15 +118,15 @@ def c4_documents(val_documents: int, name: str = "en") -> Iterator[tuple[str, st
     :func:`~composer_qsdp.data.shards.write_token_shards`.
 
     Raises:
-        ImportError: ``datasets`` is not installed.
+        ImportError: ``datasets`` (the ``c4`` extra) is not installed.
     """
     if isinstance(val_documents, bool) or not isinstance(val_documents, int) or val_documents < 0:
         raise ValueError(f"val_documents={val_documents!r} is invalid; it must be an integer >= 0")
     try:
         datasets = importlib.import_module("datasets")
     except ImportError as err:
-        raise ImportError("the C4 source needs Hugging Face datasets and internet access: pip install datasets") \
-            from err
+        raise ImportError("the C4 source needs Hugging Face datasets, which the c4 extra installs, and internet "
+                          "access: pip install 'composer_qsdp[c4]'") from err
     validation = datasets.load_dataset("allenai/c4", name, split="validation", streaming=True)
     for row in itertools.islice(validation, val_documents):
         yield VAL_SPLIT, row["text"]

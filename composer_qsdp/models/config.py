@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from composer_qsdp._names import did_you_mean
+
 __all__ = ["GPTConfig", "GPT_PRESETS", "GPT2_VOCAB_SIZE", "gpt_config"]
 
 #: Tokens in the GPT-2 BPE vocabulary (50,256 merges + ``<|endoftext|>``).
@@ -105,7 +107,8 @@ def gpt_config(preset: str | None = None, **overrides: Any) -> GPTConfig:
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        raise ValueError(f"unknown GPT config field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(fields))}")
+        raise ValueError(f"unknown GPT config field(s) {', '.join(unknown)}{did_you_mean(unknown[0], fields)}; "
+                         f"allowed: {', '.join(sorted(fields))}")
     if preset is None:
         missing = [f.name for f in dataclasses.fields(GPTConfig)
                    if f.default is dataclasses.MISSING and f.name not in overrides]

@@ -7,10 +7,12 @@
   INT4 weights at GPT-125M); this keeps the weights at 8 bits and halves the gradient traffic.
 * ``w4g4``: 4-bit weights and gradients with the same codec: the fastest direct setting, at a loss cost
   (benchmarks/RESULTS.md).
-* ``sdp4bit``: SDP4Bit's 4-bit setting (Jia et al., NeurIPS 2024). Weights: quantized differences against a
-  reference every rank keeps (qWD, §3.1), symmetric INT4 in groups of 2048, round to nearest. Gradients: 4 bits
-  in groups of 128 (§3.2, Table 3: 128 suffices) rotated by a Hadamard transform (its "smoother"), with our
-  unbiased stochastic rounding, which our round-1 measurements found the best 4-bit gradient setting; one hop.
+* ``sdp4bit``: SDP4Bit's full setting (Jia et al., NeurIPS 2024): qWD weights (quantized differences against a
+  reference every rank keeps, §3.1: symmetric INT4 in groups of 2048, round to nearest) and TLq-HS gradients
+  (below). Within one node the gradients take the intra-node INT8 hop only.
+* ``qwd-w4g4``: qWD weights as ``sdp4bit``, with one-hop 4-bit gradients in groups of 128 (§3.2, Table 3: 128
+  suffices) rotated by a Hadamard transform (SDP4Bit's "smoother") and our unbiased stochastic rounding, the best
+  4-bit gradient setting of our round-1 measurements: 4 bits on both sides within one node.
 * ``zeropp``: ZeRO++'s qwZ + qgZ. Weights: symmetric INT8 blocks of 4096 elements, round to nearest (DeepSpeed's
   qwZ quantizer aims at groups of 4k-8k elements). Gradients: the two-level reduce-scatter with symmetric INT4 on
   both hops, blocks of 2048 (DeepSpeed's qgZ uses one group per row of each gradient matrix: the hidden size,
@@ -18,9 +20,7 @@
   README).
 * ``tlq-hs``: SDP4Bit's gradients (§3.2, TLq-HS): the two-level reduce-scatter with symmetric INT8 within the node
   and INT4 across nodes, groups of 128, and a Hadamard rotation of 32-element blocks kept through the local
-  reduction. Weights as ``w8g8``. SDP4Bit's full setting on several nodes is ``sdp4bit``'s weights with these
-  gradients: ``from_recipe("sdp4bit", grad_codec="symmetric", grad_codec_options={}, grad_scheme="two_level",
-  grad_scheme_options=...)`` with this preset's options.
+  reduction. Weights as ``w8g8``; ``sdp4bit`` pairs these gradients with qWD weights.
 
 Flat options name one field of one side as ``weight_<field>`` / ``grad_<field>`` (the fields of
 :class:`~composer_qsdp.policy.SideConfig`: ``weight_bits``, ``grad_codec``, ``weight_bucket_size``,
@@ -39,25 +39,26 @@ from composer_qsdp.policy.config import QSDPConfig, SideConfig
 
 __all__ = ["option_names", "from_recipe", "recipe_names"]
 
+# SDP4Bit's two halves (§3.1 qWD weights, §3.2 TLq-HS gradients), shared by the presets that use them.
+_QWD_W4: dict[str, Any] = {
+    "weight_scheme": "difference", "weight_codec": "symmetric", "weight_bits": 4, "weight_bucket_size": 2048,
+}
+_TLQ_HS: dict[str, Any] = {
+    "grad_codec": "symmetric", "grad_bits": 4, "grad_bucket_size": 128, "grad_scheme": "two_level",
+    "grad_scheme_options": {"intra_codec": {"name": "symmetric", "bits": 8, "bucket_size": 128}, "rotation_block": 32},
+}
 #: Each preset as flat options over the defaults (``QSDPConfig()``).
 _PRESETS: dict[str, dict[str, Any]] = {
     "w8g8": {},
     "w8g4": {"grad_bits": 4},
     "w4g4": {"weight_bits": 4, "grad_bits": 4},
-    "sdp4bit": {
-        "weight_scheme": "difference", "weight_codec": "symmetric", "weight_bits": 4, "weight_bucket_size": 2048,
-        "grad_bits": 4, "grad_bucket_size": 128, "grad_codec_options": {"hadamard": True},
-    },
     "zeropp": {
         "weight_codec": "symmetric", "weight_bits": 8, "weight_bucket_size": 4096,
         "grad_codec": "symmetric", "grad_bits": 4, "grad_bucket_size": 2048, "grad_scheme": "two_level",
     },
-    "tlq-hs": {
-        "grad_codec": "symmetric", "grad_bits": 4, "grad_bucket_size": 128, "grad_scheme": "two_level",
-        "grad_scheme_options": {
-            "intra_codec": {"name": "symmetric", "bits": 8, "bucket_size": 128}, "rotation_block": 32,
-        },
-    },
+    "tlq-hs": _TLQ_HS,
+    "sdp4bit": {**_QWD_W4, **_TLQ_HS},
+    "qwd-w4g4": {**_QWD_W4, "grad_bits": 4, "grad_bucket_size": 128, "grad_codec_options": {"hadamard": True}},
 }
 _SIDES = {"weight_": "weights", "grad_": "grads"}
 _SIDE_FIELDS = tuple(f.name for f in fields(SideConfig))

@@ -16,10 +16,11 @@ from composer_qsdp.quant.minmax import ROUNDINGS, MinMaxCodec
 from composer_qsdp.quant.philox import check_seed
 from composer_qsdp.quant.random_shift import RandomShiftCodec
 from composer_qsdp.quant.registry import codec_names, make_codec
+from composer_qsdp.quant.sign import SignCodec
 from composer_qsdp.quant.symmetric import SymmetricCodec
 
 __all__ = [
     "FLOAT_DTYPES", "MAX_BUCKET_SIZE", "ROUNDINGS", "Codec", "FusedRotation", "HadamardCodec", "LearnedLevelsCodec",
-    "MinMaxCodec", "RandomShiftCodec", "SymmetricCodec", "check_bits", "check_bool", "check_choice", "check_int",
-    "check_seed", "codec_names", "hadamard_rows", "make_codec",
+    "MinMaxCodec", "RandomShiftCodec", "SignCodec", "SymmetricCodec", "check_bits", "check_bool", "check_choice",
+    "check_int", "check_seed", "codec_names", "hadamard_rows", "make_codec",
 ]

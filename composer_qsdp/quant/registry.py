@@ -16,6 +16,7 @@ _CODECS.register("minmax", "composer_qsdp.quant.minmax:MinMaxCodec")
 _CODECS.register("random_shift", "composer_qsdp.quant.random_shift:RandomShiftCodec")
 _CODECS.register("learned", "composer_qsdp.quant.learned:LearnedLevelsCodec")
 _CODECS.register("symmetric", "composer_qsdp.quant.symmetric:SymmetricCodec")
+_CODECS.register("sign", "composer_qsdp.quant.sign:SignCodec")
 
 
 def codec_names() -> tuple[str, ...]:
@@ -27,7 +28,8 @@ def make_codec(name: str, *, hadamard: bool = False, **options: Any) -> Codec:
     """Build a codec by name.
 
     Args:
-        name: one of :func:`codec_names` (``"minmax"``, ``"random_shift"``, ``"learned"``, ``"symmetric"``).
+        name: one of :func:`codec_names` (``"minmax"``, ``"random_shift"``, ``"learned"``, ``"symmetric"``,
+            ``"sign"``).
         hadamard: rotate each bucket by a normalized Walsh-Hadamard transform before quantizing and back after
             decoding (SDP4Bit); needs a power-of-two ``bucket_size``.
         **options: keyword arguments of the codec's class, e.g. ``bits`` (bits per code), ``bucket_size``

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from composer_qsdp.comm import CallTraffic, SeedStream, Topology, TrafficCounter, call_traffic
 from composer_qsdp.quant import Codec
 
-__all__ = ["GatherLayout", "GradScheme", "Scheme", "WeightScheme"]
+__all__ = ["AllReduceScheme", "GatherLayout", "GradScheme", "Scheme", "WeightScheme"]
 
 
 class GatherLayout(ABC):
@@ -155,14 +155,14 @@ class WeightScheme(Scheme):
         layout: the unit's :class:`GatherLayout`, when its adapter provides one (``None`` otherwise).
     """
 
+    seed_stream = SeedStream.WEIGHTS
+    keeps_weights: ClassVar[bool] = False
+    layout: GatherLayout | None = None
+
     @property
     def needs_layout(self) -> bool:
         """The scheme needs its unit's :class:`GatherLayout` at :meth:`setup`."""
         return self.keeps_weights
-
-    seed_stream = SeedStream.WEIGHTS
-    keeps_weights: ClassVar[bool] = False
-    layout: GatherLayout | None = None
 
     def setup(self, group: dist.ProcessGroup, topology: Topology, layout: GatherLayout | None = None) -> None:
         """:meth:`Scheme.setup`, plus the unit's gather layout (for schemes that checkpoint gathered weights)."""
@@ -270,3 +270,29 @@ class GradScheme(Scheme):
         measure_error: bool,
     ) -> CallTraffic:
         """The scheme's reduce-scatter (arguments validated, group resolved)."""
+
+
+class AllReduceScheme(Scheme):
+    """A scheme for an all-reduce that averages: every rank ends with the mean of every rank's tensor (plain data
+    parallelism, where each rank holds a full replica: DDP's gradient synchronization, 0/1 Adam's momentum)."""
+
+    def all_reduce(self, tensor: torch.Tensor, group: dist.ProcessGroup | None = None, *, exact: bool = False,
+                   valid: torch.Tensor | None = None) -> CallTraffic:
+        """Replace ``tensor`` by its mean over the scheme's group, in this scheme's way.
+
+        Args:
+            tensor: the same number of elements on every rank; layout and dtype as the scheme documents.
+            group: the group the caller was given, checked against the one of :meth:`setup` (``None``: skip).
+            exact: the uncompressed mean instead (still counted), for the steps that need full precision.
+            valid: bool mask of ``tensor``'s elements that carry data, the same on every rank (default: all); the
+                others come back as zeros.
+
+        Returns:
+            The bytes this rank put on the wire in this call.
+        """
+        return self._count(self._all_reduce(tensor, self._check_group(group), exact, valid))
+
+    @abstractmethod
+    def _all_reduce(self, tensor: torch.Tensor, group: dist.ProcessGroup, exact: bool,
+                    valid: torch.Tensor | None) -> CallTraffic:
+        """The scheme's all-reduce (group resolved)."""

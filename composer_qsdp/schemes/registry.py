@@ -7,9 +7,12 @@ from typing import Any, TypeVar
 
 from composer_qsdp.quant import Codec
 from composer_qsdp.registry import Registry
-from composer_qsdp.schemes.base import GradScheme, Scheme, WeightScheme
+from composer_qsdp.schemes.base import AllReduceScheme, GradScheme, Scheme, WeightScheme
 
-__all__ = ["GRAD_SCHEMES", "WEIGHT_SCHEMES", "make_grad_scheme", "make_weight_scheme"]
+__all__ = [
+    "ALL_REDUCE_SCHEMES", "GRAD_SCHEMES", "WEIGHT_SCHEMES", "make_all_reduce_scheme", "make_grad_scheme",
+    "make_weight_scheme",
+]
 
 #: Weight all-gather schemes by name; the first is the default.
 WEIGHT_SCHEMES: Registry[type[WeightScheme]] = Registry("weight scheme")
@@ -19,6 +22,9 @@ WEIGHT_SCHEMES.register("difference", "composer_qsdp.schemes.difference:Differen
 GRAD_SCHEMES: Registry[type[GradScheme]] = Registry("grad scheme")
 GRAD_SCHEMES.register("flat", "composer_qsdp.schemes.flat:FlatReduceScatter")
 GRAD_SCHEMES.register("two_level", "composer_qsdp.schemes.two_level:TwoLevelReduceScatter")
+#: All-reduce schemes (full replicas: DDP) by name; the first is the default.
+ALL_REDUCE_SCHEMES: Registry[type[AllReduceScheme]] = Registry("all-reduce scheme")
+ALL_REDUCE_SCHEMES.register("onebit", "composer_qsdp.schemes.onebit:OneBitAllReduce")
 
 _S = TypeVar("_S", bound=Scheme)
 
@@ -39,6 +45,15 @@ def make_grad_scheme(name: str, codec: Codec | None, error_sample_interval: int 
         ValueError: an unknown scheme or scheme option, naming it and what is allowed.
     """
     return _build(GRAD_SCHEMES, name, codec, error_sample_interval, options)
+
+
+def make_all_reduce_scheme(name: str, codec: Codec | None, **options: Any) -> AllReduceScheme:
+    """Build the all-reduce scheme ``name`` around ``codec`` (``None``: unquantized).
+
+    Raises:
+        ValueError: an unknown scheme or scheme option, naming it and what is allowed.
+    """
+    return _build(ALL_REDUCE_SCHEMES, name, codec, 0, options)
 
 
 def _build(registry: Registry[type[_S]], name: str, codec: Codec | None, interval: int, options: dict[str, Any]) -> _S:

@@ -1,9 +1,6 @@
-"""QSDP as a Composer algorithm, in process: options, run validation, world size 1, entry point."""
+"""QSDP as a Composer algorithm, in process: options, run validation, world size 1."""
 
 from __future__ import annotations
-
-import sys
-from importlib.metadata import entry_points
 
 import pytest
 import torch
@@ -45,7 +42,7 @@ def _trainer(**kwargs) -> Trainer:
     (dict(bucket_size=-1), r"bucket_size=-1"),
     (dict(exclude="model.wte"), r"must be a list of fnmatch patterns"),
     (dict(min_numel="big"), r"min_numel='big' is invalid"),
-    (dict(recipe="w3g3"), r"unknown QSDP recipe .w3g3.; allowed: w8g8, w8g4, w4g4, sdp4bit, zeropp, tlq-hs"),
+    (dict(recipe="w3g3"), r"unknown QSDP recipe .w3g3.; allowed: w8g8, w8g4, w4g4, zeropp, tlq-hs, sdp4bit, qwd-w4g4"),
 ])
 def test_out_of_range_options_fail_at_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -98,9 +95,3 @@ def test_world_size_one_warns_and_trains_unchanged():
     trainer.fit()
     assert qsdp.traffic().total.calls == 0
     trainer.close()
-
-
-def test_registered_as_composer_algorithm_entry_point():
-    (entry,) = [e for e in entry_points(group="composer.algorithms") if e.name == "qsdp"]
-    assert entry.load() is QSDP
-    assert "composer_qsdp.algorithms.qsdp" in sys.modules

@@ -53,7 +53,7 @@ def test_rows_ratios_bound_and_targets():
     network = {"results": {"baseline": result(4, 100.0, None), "qsdp-w8g8": result(4, 200.0, wire),
                            "qsdp-w4g4": result(4, 300.0, {"total": {**wire["total"], "sent": 5e9}}),
                            "baseline-pure": result(4, 0.0, None, status="failed")}}
-    rows = {r["config"]: r for r in bench_e2e.rows(network, result(1, 90.0, None), nproc=4)}
+    rows = {r["config"]: r for r in bench_e2e.rows(network, {"compute-bound": result(1, 90.0, None)}, nproc=4)}
     assert rows["qsdp-w8g8"]["vs_baseline"] == pytest.approx(2.0)
     assert rows["qsdp-w4g4"]["vs_baseline"] == pytest.approx(3.0)
     assert rows["compute-bound"]["tokens_per_s"] == pytest.approx(360.0)  # 4 GPUs x the one-GPU run
@@ -71,6 +71,60 @@ def test_rows_ratios_bound_and_targets():
     assert bench_e2e.targets("nvlink", list(rows.values())) == [
         "qsdp-w8g8 tokens/s = 2.00x baseline (target >= 0.95x): met",
         "qsdp-w4g4 tokens/s = 3.00x baseline (target >= 0.95x): met"]
+
+
+def test_ddp_rows_compare_with_the_ddp_baseline_and_bound():
+    zoa_wire = {side: {"sent": 1e9, "bf16": 8e9, "native": 16e9} for side in ("weights", "grads", "total")}
+    network = {"results": {"baseline": result(2, 50.0, None), "ddp-baseline": result(2, 100.0, None),
+                           "zero-one-adam": result(2, 250.0, zoa_wire)}}
+    bounds = {"compute-bound": result(1, 60.0, None), "ddp-compute-bound": result(1, 150.0, None)}
+    rows = {r["config"]: r for r in bench_e2e.rows(network, bounds, nproc=2)}
+    assert rows["zero-one-adam"]["vs_baseline"] == pytest.approx(2.5)  # against ddp-baseline, not FSDP's
+    assert rows["zero-one-adam"]["of_bound"] == pytest.approx(250 / 300)  # against 2 x the DDP one-GPU run
+    assert rows["ddp-baseline"]["wire_gb_per_step"] == pytest.approx(16.0)  # DDP's fp32 all-reduce
+    assert rows["zero-one-adam"]["wire_vs_baseline"] == pytest.approx(1 / 16)
+    assert rows["baseline"]["of_bound"] == pytest.approx(50 / 120) and rows["baseline"]["wire_gb_per_step"] is None
+    assert bench_e2e.targets("socket", list(rows.values())) == [
+        "zero-one-adam tokens/s = 2.50x ddp-baseline (target >= 2.0x): met"]
+
+
+def test_measure_takes_zero_one_adams_bytes_from_the_timed_window():
+    counts = {side: {"sent": 30, "bf16": 45, "native": 90, "calls": 1} for side in ("weights", "grads", "total")}
+    per_batch = [[1, 24], [2, 0], [3, 6]]
+    metrics = {"metrics": {"time/train": hours([1.0, 2.0, 3.0]), "zero_one_adam/bytes_sent": per_batch},
+               "communication": {"ZeroOneAdamDDP": counts}}
+    wire = bench_e2e.measure(metrics, 1, 2, 10)["wire_per_step"]  # warm-up: batch 1 (its fp32 all-reduce)
+    assert wire["total"] == pytest.approx({"sent": 3, "bf16": 15, "native": 30})
+    assert wire["grads"]["sent"] == pytest.approx(3) and wire["weights"]["sent"] == pytest.approx(10)
+
+
+@pytest.mark.parametrize("model", ["125m", "350m"])
+def test_zero_one_adam_windows_time_the_regime_they_name(model, tmp_path):
+    from composer_qsdp.optim import ZeroOneSchedule
+    from composer_qsdp.train import load_recipe
+
+    configs = ["ddp-baseline", "zero-one-adam", "zero-one-adam-1bit", "ddp-compute-bound"]
+    args = bench_e2e._parser().parse_args(["--model", model, "--nproc", "2", "--out-dir", str(tmp_path),
+                                           "--configs", *configs])
+    plan = bench_e2e._plan(args)
+    assert plan.synthetic_samples == (65 + 1) * 2 * plan.micro  # the longest window, zero-one-adam's
+    for name in ("zero-one-adam", "zero-one-adam-1bit"):
+        config = bench_e2e.CONFIGS[name]
+        overrides = plan.overrides(config, 2, tmp_path / "m.json")
+        warmup, steps = config.window
+        assert f"max_duration={warmup + steps}ba" in overrides
+        options = load_recipe(plan.recipe_dir / config.recipe, overrides).algorithm_kwargs["zero_one_adam"]
+        schedule = ZeroOneSchedule(*(options[k] for k in ("var_freeze_step", "var_update_scaler",
+                                                          "local_step_scaler", "local_step_clipper")))
+        timed = [schedule.advance() for _ in range(warmup + steps)][warmup:]
+        assert not any(s.update_variance for s in timed)  # no fp32 all-reduce in the window
+        if name == "zero-one-adam":  # the steady state: local steps, one sync per 16 of them
+            assert all(s.local for s in timed) and [s.step for s in timed if s.sync] == [49, 65]
+            assert schedule.local_step_interval == 16
+        else:
+            assert all(s.sync and not s.local for s in timed)
+    base = plan.overrides(bench_e2e.CONFIGS["ddp-baseline"], 2, tmp_path / "m.json")
+    assert f"max_duration={args.warmup + args.steps}ba" in base and not any(o.startswith("algorithms.") for o in base)
 
 
 def test_random_token_shards_are_seeded_and_reused(tmp_path):
@@ -149,6 +203,24 @@ def sweep(tiny_recipes, out, out_env, *extra):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
+def test_cpu_sweep_of_the_ddp_configs(tiny_recipes, tmp_path):
+    out, out_env = tmp_path / "e2e", tmp_path / "OUT"
+    configs = ("ddp-baseline", "zero-one-adam", "zero-one-adam-1bit", "ddp-compute-bound")
+    run = sweep(tiny_recipes, out, out_env, "--configs", *configs)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    record = json.loads((out_env / f"bench_e2e-{tiny_recipes.name}-2x.json").read_text())
+    rows = {r["config"]: r for r in record["tables"]["nvlink"]}
+    assert set(rows) == set(configs) and all("failed" not in r for r in rows.values())
+    assert rows["ddp-compute-bound"]["gpus"] == 1 and rows["zero-one-adam"]["of_bound"] is not None
+    # The tiny GPT's default bucket is 64 elements: 1 + 32/64 bits per element where the fp32 all-reduce sends 32.
+    assert 15 < 1 / rows["zero-one-adam-1bit"]["wire_vs_baseline"] < 22  # a 1-bit sync every timed step
+    assert 300 < 1 / rows["zero-one-adam"]["wire_vs_baseline"] < 400  # 2 syncs in 32 timed steps
+    results = record["networks"]["nvlink"]["results"]
+    assert len(results["zero-one-adam"]["step_times_s"]) == 32 and len(results["ddp-baseline"]["step_times_s"]) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_cpu_sweep_measures_every_config_and_skips_finished_ones(tiny_recipes, tmp_path):
     out, out_env = tmp_path / "e2e", tmp_path / "OUT"
     first = sweep(tiny_recipes, out, out_env, "--configs", "baseline", "qsdp-w8g8")
@@ -171,7 +243,7 @@ def test_cpu_sweep_measures_every_config_and_skips_finished_ones(tiny_recipes, t
         seconds = (wall[3][1] - wall[0][1]) * 3600
         assert results[name]["tokens_per_s"] == pytest.approx(3 * 8 * 64 / seconds)
         assert results[name]["memory"] is None  # CPU
-    bound = record["compute_bound"]
+    bound = record["compute_bounds"]["compute-bound"]
     assert bound["nproc"] == 1 and bound["global_batch"] == 4 and bound["tokens_per_step"] == 4 * 64
     assert rows["compute-bound"]["tokens_per_s"] == pytest.approx(2 * bound["tokens_per_s"])
     # Bytes: the same collectives in every FSDP run; fp32 on CPU, so 8-bit codes (+64 bits per 1024-element

@@ -87,7 +87,7 @@ def test_summary_csv_markdown_png(tiny_recipes, tmp_path, monkeypatch):
 
 def test_every_arm_plans_valid_launches_for_the_125m_family(tmp_path):
     args = convergence._parser().parse_args(["--model", "125m", "--out-dir", str(tmp_path), "--corpus",
-                                             str(tmp_path / "c")])
+                                             str(tmp_path / "c"), "--arms", *convergence.ARMS])
     plan = convergence._plan(args)  # loads every arm's recipe with its overrides
     assert plan.settings["micro_batch"] == 16 and plan.tokens_per_step == 32 * 512
     hadamard = plan.overrides("w4g4-hadamard", 3, plan.slot_data(1))
@@ -96,6 +96,27 @@ def test_every_arm_plans_valid_launches_for_the_125m_family(tmp_path):
     assert f"data.local={tmp_path / 'data' / 'slot1'}" in hadamard
     for needed in ("autoresume=true", "max_duration=2000ba", "model.max_seq_len=512", "global_train_batch_size=32"):
         assert needed in hadamard
+    assert "algorithms.zero_one_adam.local_step_clipper=1" in plan.overrides("zero-one-adam-1bit", 0, plan.corpus)
+    assert convergence._parser().parse_args([]).arms == list(convergence.DEFAULT_ARMS)  # DDP arms when named
+
+
+def test_ddp_arms_compare_with_ddp_adamw_and_count_their_bytes(tiny_recipes, tmp_path):
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "ddp-baseline", "zero-one-adam")
+    out = plan.out_dir
+    write_segment(out / "baseline" / "metrics-00.json", {10: 5.0, 20: 3.0})
+    write_segment(out / "ddp-baseline" / "metrics-00.json", {10: 5.0, 20: 4.0})
+    write_segment(out / "zero-one-adam" / "metrics-00.json", {10: 5.1, 20: 4.02},
+                  zero_one_adam__compression_vs_fp32_allreduce={1: 1.0, 19: 12.0, 20: 12.5},
+                  zero_one_adam__total_bytes_sent={1: 1e9, 20: 2.5e9})
+    arms = convergence.summarize(plan)
+    assert arms["zero-one-adam"]["gap_vs_baseline_pct"] == pytest.approx(0.5)  # against ddp-baseline's 4.0
+    assert arms["zero-one-adam"]["compression_vs_unquantized"] == 12.5  # the whole run's, its last value
+    assert arms["zero-one-adam"]["total_bytes_sent"] == 2.5e9 and arms["ddp-baseline"]["total_bytes_sent"] is None
+    manifest = {"command": "c", "tokens": {"train": 1, "val": 1}, "input": {"files": 1, "bytes": 1, "sha256": "ab"}}
+    md = convergence.markdown(plan, {"device": "cpu", "git": "x"}, manifest, arms, "complete")
+    assert "| zero-one-adam | 20 (partial) | 4.0200 | +0.50% | 12.50x | 2.500 |" in md
+    assert ("0/1 Adam final validation loss within 1% of DDP AdamW: +0.50% (met); bytes sent per rank at least 10x "
+            "fewer than DDP's fp32 all-reduce: 12.5x (met)") in md
 
 
 def test_corpus_manifest_fingerprint_and_checks(tiny_recipes, tmp_path):

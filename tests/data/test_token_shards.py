@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 import sys
 
 import numpy as np
@@ -170,9 +171,16 @@ def test_build_cli_wikipedia(tmp_path, capsys):
     assert train.shape[1] == 32 and train.max() < 50257
 
 
+def test_wikipedia_sample_without_gensim_names_the_demo_extra(monkeypatch):
+    for name in ("gensim", "gensim.corpora.wikicorpus"):  # `import` now fails as for a missing package
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(ImportError, match=re.escape("pip install 'composer_qsdp[demo]'")):
+        next(wikipedia_sample_documents(0.05))
+
+
 def test_c4_needs_datasets(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail like a missing package
-    with pytest.raises(ImportError, match="pip install datasets"):
+    with pytest.raises(ImportError, match=re.escape("pip install 'composer_qsdp[c4]'")):
         next(c4_documents(10))
     with pytest.raises(ValueError, match="val_documents=-1"):
         next(c4_documents(-1))

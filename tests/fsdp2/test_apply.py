@@ -13,6 +13,8 @@ from composer_qsdp.fsdp2 import compat, find_units, shard_group
 from composer_qsdp.policy import QSDPConfig, SideConfig, plan_units
 from composer_qsdp import apply_qsdp, remove_qsdp
 
+pytestmark = pytest.mark.requires_custom_comm
+
 
 @pytest.fixture
 def one_rank():

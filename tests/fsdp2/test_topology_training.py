@@ -74,9 +74,9 @@ def _worker(info: RankInfo) -> dict:
     return out
 
 
-pytestmark = pytest.mark.parametrize("results", [
+pytestmark = [pytest.mark.parametrize("results", [
     pytest.param("gloo", id="gloo-w4"), pytest.param("nccl", id="nccl-w4", marks=pytest.mark.gpu),
-], indirect=True, scope="module")
+], indirect=True, scope="module"), pytest.mark.requires_custom_comm]
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from composer_qsdp.kernels import hadamard as kernels
 from composer_qsdp.quant import hadamard_rows, make_codec
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+pytestmark = pytest.mark.requires_triton_kernels
 
 
 def _sylvester(order: int) -> torch.Tensor:

@@ -14,7 +14,8 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter evaluates IEEE special cases (inf - inf in NaN buckets, 1 / denormal scale) through numpy,
 # which warns where a GPU silently produces the same inf/NaN.
-pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning"),
+              pytest.mark.requires_triton_kernels]
 
 
 def _assert_same_values(got: torch.Tensor, expected: torch.Tensor) -> None:

@@ -13,7 +13,8 @@ from composer_qsdp.quant import HadamardCodec, SymmetricCodec, hadamard_rows
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 _INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 # The interpreter evaluates IEEE special cases of non-finite buckets through numpy, which warns.
-pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning"),
+              pytest.mark.requires_triton_kernels]
 
 
 def _assert_bitwise(got: torch.Tensor, expected: torch.Tensor) -> None:

@@ -80,7 +80,7 @@ def test_yaml_containers_are_normalized():
 
 
 def test_presets_and_flat_options():
-    assert recipe_names() == ("w8g8", "w8g4", "w4g4", "sdp4bit", "zeropp", "tlq-hs")
+    assert recipe_names() == ("w8g8", "w8g4", "w4g4", "zeropp", "tlq-hs", "sdp4bit", "qwd-w4g4")
     w8g4 = from_recipe("w8g4")
     assert (w8g4.weights.bits, w8g4.grads.bits) == (8, 4)
     w4g4 = from_recipe("w4g4", grad_bits=8, bucket_size=256, weight_bucket_size=2048, exclude=["head"],
@@ -93,7 +93,7 @@ def test_presets_and_flat_options():
 
 
 @pytest.mark.parametrize("call,message", [
-    (lambda: from_recipe("w2g2"), r"unknown QSDP recipe .w2g2.; allowed: w8g8, w8g4, w4g4, sdp4bit, zeropp, tlq-hs"),
+    (lambda: from_recipe("w2g2"), r"unknown QSDP recipe .w2g2.; allowed: w8g8, w8g4, w4g4, zeropp, tlq-hs, sdp4bit, qwd-w4g4"),
     (lambda: from_recipe(["w8g8"]), r"unknown QSDP recipe \['w8g8'\]"),
     (lambda: from_recipe("w8g8", weight_bitz=4), r"unknown QSDP option\(s\) \['weight_bitz'\]; allowed: weight_bits"),
     (lambda: from_recipe("w8g8", weights=SideConfig()), r"unknown QSDP option\(s\) \['weights'\]"),
@@ -110,9 +110,12 @@ def test_summary_is_plain_values():
     assert "lambda" in summary["module_filter"] and not any(k.startswith("_") for k in summary)
 
 
-def test_sdp4bit_preset_is_qwd_int4_weights_and_hadamard_int4_gradients():
-    config = from_recipe("sdp4bit")
-    weights, grads = config.weight_scheme(4), config.grad_scheme(4)
-    assert weights.name == "difference" and repr(weights.codec) == "SymmetricCodec(bits=4, bucket_size=2048)"
-    assert grads.codec.name == "hadamard" and grads.codec.inner.bits == 4 and grads.codec.bucket_size == 128
-    assert grads.codec.unbiased
+def test_sdp4bit_presets_are_qwd_int4_weights_with_tlq_hs_or_one_hop_4bit_gradients():
+    sdp4bit, one_hop = from_recipe("sdp4bit"), from_recipe("qwd-w4g4")
+    for config in (sdp4bit, one_hop):
+        weights = config.weight_scheme(4)
+        assert weights.name == "difference" and repr(weights.codec) == "SymmetricCodec(bits=4, bucket_size=2048)"
+    assert sdp4bit.grads == from_recipe("tlq-hs").grads  # SDP4Bit's two halves
+    grads = one_hop.grad_scheme(4)
+    assert grads.name == "flat" and grads.codec.name == "hadamard" and grads.codec.inner.bits == 4
+    assert grads.codec.bucket_size == 128 and grads.codec.unbiased

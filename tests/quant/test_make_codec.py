@@ -15,7 +15,7 @@ def test_unknown_or_non_string_names_raise_value_error_listing_the_codecs(name):
 
 
 def test_codec_names_are_the_registered_codecs_in_order():
-    assert codec_names() == ("minmax", "random_shift", "learned", "symmetric")
+    assert codec_names() == ("minmax", "random_shift", "learned", "symmetric", "sign")
     assert type(make_codec("minmax", bits=4)) is MinMaxCodec
 
 
@@ -56,7 +56,8 @@ def test_hadamard_false_leaves_the_codec_unrotated():
 @pytest.mark.parametrize("bucket_size", [2**24 + 1, 2**28, 2**40])
 def test_bucket_size_is_bounded_at_validation(name, bucket_size):
     """A bucket of 2**40 elements used to pass validation and then ask for terabytes on the first encode."""
+    bits = 1 if name == "sign" else 4
     with pytest.raises(ValueError, match=rf"bucket_size={bucket_size} is invalid; it must be an integer in "
                                          rf"1\.\.{MAX_BUCKET_SIZE} \(2\*\*24 elements per bucket\)"):  # fmt: skip
-        make_codec(name, bits=4, bucket_size=bucket_size)
-    assert make_codec(name, bits=4, bucket_size=MAX_BUCKET_SIZE).bucket_size == 2**24
+        make_codec(name, bits=bits, bucket_size=bucket_size)
+    assert make_codec(name, bits=bits, bucket_size=MAX_BUCKET_SIZE).bucket_size == 2**24

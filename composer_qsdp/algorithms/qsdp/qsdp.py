@@ -90,9 +90,10 @@ class QSDP(Algorithm):
 
     Args:
         recipe: the preset to start from: ``"w8g8"`` (default: 8-bit weights and gradients, min-max codec,
-            stochastic rounding, buckets of 1024 elements), ``"w8g4"`` (4-bit gradients), ``"w4g4"``, ``"sdp4bit"``
-            (weight differences, qWD), ``"zeropp"`` (ZeRO++: INT8 block weights, two-level INT4 gradients) or
-            ``"tlq-hs"`` (SDP4Bit's two-level gradients: INT8 within nodes, INT4 across, Hadamard-smoothed); see
+            stochastic rounding, buckets of 1024 elements), ``"w8g4"`` (4-bit gradients), ``"w4g4"``, ``"zeropp"``
+            (ZeRO++: INT8 block weights, two-level INT4 gradients), ``"tlq-hs"`` (SDP4Bit's two-level gradients:
+            INT8 within nodes, INT4 across, Hadamard-smoothed), ``"sdp4bit"`` (SDP4Bit: 4-bit weight differences,
+            qWD, and TLq-HS gradients) or ``"qwd-w4g4"`` (4-bit weight differences, one-hop 4-bit gradients); see
             :mod:`composer_qsdp.policy.presets`.
         weight_bits: bits per weight code (1..8 for min-max), or ``None`` to all-gather weights unquantized.
         grad_bits: bits per gradient code, or ``None`` to reduce-scatter gradients unquantized.

@@ -1,0 +1,568 @@
+"""``ZeroOneAdam``: Adam for plain data parallelism that communicates 1 bit per element, and rarely (0/1 Adam).
+
+Lu, Li, Zhang, De Sa, He, "Maximizing Communication Efficiency for Large-scale Training via 0/1 Adam" (ICLR 2023),
+with the options, defaults and update of DeepSpeed's ``ZeroOneAdam`` (``deepspeed/runtime/fp16/onebit/zoadam.py``).
+Each rank holds a full replica and its *local* gradient; the optimizer does all the communication. Per step ``t``
+(the schedules ``T_v`` and ``T_u`` are :class:`~composer_qsdp.optim.schedule.ZeroOneSchedule`'s), with ``lr``,
+``beta1``, ``beta2``, ``eps``, ``wd`` of the parameter's group::
+
+    variance phase (t <= var_freeze_step):
+        g = mean over ranks of the gradient: exact fp32 all-reduce if t in T_v, else 1-bit with error feedback
+        if t in T_v: v = beta2 * v + (1 - beta2) * g * g
+        m = beta1 * m + (1 - beta1) * g
+        x = x - lr * (m / (sqrt(v) + eps) + wd * x)
+    local-step phase (t > var_freeze_step; v frozen; the error buffers are zeroed once on entry):
+        m = beta1 * m + (1 - beta1) * g_local
+        update = m / (sqrt(v) + eps) + wd * x;   x = x - lr * update;   S = S + lr
+        if t in T_u:
+            u = x - x_sync                 # the accumulated local updates (DeepSpeed's momentum_accumulator)
+            u = 1-bit mean over ranks of u * (sqrt(v) + eps), with error feedback
+            m = -u / S                     # the lr-weighted mean momentum of the interval
+            x = x_sync + u / (sqrt(v) + eps);   x_sync = x;   S = 0
+
+``bias_correction=True`` applies Adam's bias corrections: ``m / (1 - beta1^t)`` for ``m`` and
+``v / (1 - beta2^n)`` for ``v``, ``n`` counting the variance updates so far (frozen with ``v``); a synchronization
+then sets ``m`` so that its corrected value is ``-u / S``. DeepSpeed accepts ``bias_correction`` (default True)
+but never applies it; the default here, False, is its update.
+
+What differs from DeepSpeed, on purpose:
+
+* The weights at the last synchronization, ``x_sync``, are kept instead of the accumulator ``u`` (the same memory):
+  DeepSpeed accumulates ``u`` step by step and computes ``(x - u) + mean / (sqrt(v) + eps)``, whose rounding differs
+  from rank to rank, so its replicas drift apart by a few ulps at every synchronization, for good. Here every rank
+  computes ``x_sync + mean / (sqrt(v) + eps)`` from identical values: after each synchronization the replicas are
+  bit-identical again, as they are throughout the variance phase.
+* Checkpoints continue exactly. :meth:`ZeroOneAdam.state_dict` holds the schedule, every rank's error buffers and,
+  between two synchronizations of the local-step phase (when the ranks' weights and momenta differ), every rank's
+  copy of those; :meth:`ZeroOneAdam.load_state_dict` gives each rank back its own. DeepSpeed drops the error
+  buffers and the accumulator on load. Consequently ``state_dict()`` is collective: every rank calls it, as
+  Composer's checkpointing does.
+* The first step trains (DeepSpeed's first step only allocates its buffers); the schedules count from it.
+* One compressed all-reduce per step over all parameters as one flat buffer, with one scale per bucket of
+  ``bucket_size`` elements (DeepSpeed: one all-reduce and one worker scale per parameter tensor).
+* Elements whose variance is exactly zero (every variance update saw a zero gradient: a dead unit, an embedding row
+  of a token never seen) do not move and take no part in the 1-bit synchronizations, until a variance update sees
+  a gradient for them. Their Adam step would be ``m / eps``, and 1-bit compression, which cannot represent zero,
+  hands every element of a bucket ``+-scale``; DeepSpeed's answer is a momentum mask (``exp_avg_mask``) the user
+  supplies for parameters known to have constant-zero gradients, derived here from the variance.
+* Every parameter starts on a codec bucket in the flat layout, so a bucket's scale never mixes two tensors (a bias
+  with a weight matrix): DeepSpeed's scales are per tensor for the same reason.
+* A synchronization whose interval saw only zero learning rates (``S = 0``) leaves ``m`` as it was instead of
+  dividing by zero.
+* Not supported: AMSGrad (neither in DeepSpeed), ``exp_avg_mask`` momentum masks, ``eps_inside_sqrt`` and
+  ``max_grad_norm`` (accepted and unused by DeepSpeed), MPI/HCCL back ends (any ``torch.distributed`` back end
+  works).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from composer_qsdp.comm import Topology, TrafficCounter, error_feedback_chunk_numel
+from composer_qsdp.optim.schedule import ScheduledStep, ZeroOneSchedule
+from composer_qsdp.quant import check_int, make_codec
+from composer_qsdp.schemes import OneBitAllReduce, make_all_reduce_scheme
+
+__all__ = ["ZeroOneAdam", "default_bucket_size"]
+
+#: Per-parameter state tensors, kept as views of one flat fp32 buffer each (``synced_param``: ``x_sync``).
+_TENSORS = ("exp_avg", "exp_avg_sq", "synced_param")
+#: Per-parameter tensors that differ between ranks between two synchronizations of the local-step phase.
+_LOCAL = {"param": "local_param", "exp_avg": "local_exp_avg"}
+#: Keys a saved per-parameter entry holds beyond the standard ones.
+_EXTRA = ("worker_error", "server_error", "zero_one", *_LOCAL.values())
+
+
+class ZeroOneAdam(torch.optim.Optimizer):
+    """0/1 Adam (see the module docstring for the update and how it differs from DeepSpeed's).
+
+    Every rank of ``group`` must construct it over the same parameters in the same order, call :meth:`step` at
+    the same steps, and call :meth:`state_dict` together. With world size 1 (or no process group) nothing is
+    communicated and the update runs with exact means.
+
+    Args:
+        params: fp32 parameters (or parameter groups) of a full replica, on one device. Parameters that do not
+            require gradients are left alone; a parameter without a gradient at a step counts as a zero gradient,
+            so that every rank communicates the same layout.
+        lr: learning rate.
+        betas: ``(beta1, beta2)`` of the momentum and the variance.
+        eps: added to ``sqrt(v)``.
+        weight_decay: decoupled weight decay (as AdamW: ``x -= lr * wd * x``).
+        bias_correction: apply Adam's bias corrections (default False: DeepSpeed's update).
+        var_freeze_step: the last step that may update the variance (``max T_v``); usually the end of the
+            learning-rate warm-up (DeepSpeed's default 100000).
+        var_update_scaler: variance updates between doublings of the variance interval (kappa; default 16).
+        local_step_scaler: local-phase steps between doublings of the synchronization interval (default 32678).
+        local_step_clipper: the largest synchronization interval (H; default 16).
+        amsgrad: must be False (0/1 Adam has no AMSGrad variant).
+        codec: the compressor of the synchronizations: a deterministic codec name (``"sign"``: 0/1 Adam's 1-bit
+            signs with an L2 scale), or ``None`` for exact fp32 means (an ablation without compression).
+        bucket_size: elements sharing one codec scale. Default: :func:`default_bucket_size`, at most 256 (1.125 bits
+            per element) and a divisor of every matrix's rows, so that a scale covers one embedding token's row or
+            one unit's weights only: an element whose gradients are far smaller than its bucket's would get the
+            bucket's scale, and Adam divides that by its small ``sqrt(v)``.
+        group: the process group of the replicas (default: the default group).
+        ranks_per_node: ranks sharing a node, for the per-hop byte count (default: ``LOCAL_WORLD_SIZE``).
+
+    Raises:
+        ValueError: an option out of range, naming it and what is allowed; sharded (DTensor or FSDP1 flat)
+            parameters; parameters that are not fp32 or not on one device.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        *,
+        bias_correction: bool = False,
+        var_freeze_step: int = 100000,
+        var_update_scaler: int = 16,
+        local_step_scaler: int = 32678,
+        local_step_clipper: int = 16,
+        amsgrad: bool = False,
+        codec: str | None = "sign",
+        bucket_size: int | None = None,
+        group: dist.ProcessGroup | None = None,
+        ranks_per_node: int | None = None,
+    ) -> None:
+        if amsgrad:
+            raise ValueError("amsgrad=True is not supported: 0/1 Adam has no AMSGrad variant (allowed: False)")
+        self._schedule = ZeroOneSchedule(
+            check_int("var_freeze_step", var_freeze_step, minimum=1),
+            check_int("var_update_scaler", var_update_scaler, minimum=1),
+            check_int("local_step_scaler", local_step_scaler, minimum=1),
+            check_int("local_step_clipper", local_step_clipper, minimum=1),
+        )
+        # Read twice (for the default bucket, then by torch's Optimizer): generators become lists.
+        params = [{**item, "params": _tensors(item)} if isinstance(item, dict) else item for item in params]
+        if bucket_size is None:
+            bucket_size = default_bucket_size(t for item in params for t in _tensors(item))
+        self._codec = None if codec is None else make_codec(codec, bucket_size=bucket_size)
+        if self._codec is not None and self._codec.unbiased:
+            raise ValueError(f"codec={codec!r} rounds stochastically; 0/1 Adam's error feedback needs a "
+                             "deterministic codec (allowed: 'sign', 'symmetric', or None)")
+        self._group = group
+        self._ranks_per_node = ranks_per_node
+        # The flat layout, filled by add_param_group in group order: every parameter starts on a codec bucket, so
+        # that no bucket (one scale) mixes two tensors' elements; the gaps between them carry no data.
+        self._align = 1 if self._codec is None else self._codec.bucket_size
+        self._params: list[torch.Tensor] = []
+        self._offsets: list[int] = []
+        self._numel = 0  # the flat layout's length, gaps included
+        self._slices: list[slice] = []  # each group's part of the flat layout
+        self._constructed = False
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
+                    "bias_correction": bias_correction}
+        super().__init__(params, defaults)
+        self._constructed = True
+        # Lazy: the parameters may still move to their device (Composer moves the model after the optimizer is
+        # built), and the process group may not exist yet. Entries exist from the start so that
+        # torch.distributed.checkpoint never initializes the state with a fake zero-gradient step.
+        for p in self._params:
+            self.state[p] = {}
+        self._flat: dict[str, torch.Tensor] | None = None
+        self._valid: torch.Tensor | None = None  # the flat elements that belong to a parameter
+        self._scheme: OneBitAllReduce | None = None
+        self._world_size: int | None = None
+        self._lrs = [0.0] * len(self.param_groups)  # S: the learning rates summed since the last synchronization
+        self._restored_params: dict[torch.Tensor, torch.Tensor] = {}
+
+    # ------------------------------------------------------------------ construction
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group at construction (its trainable parameters join the flat layout).
+
+        Raises:
+            ValueError: after construction (every rank communicates one fixed layout), or invalid options.
+        """
+        if self._constructed:
+            raise ValueError("ZeroOneAdam takes its parameter groups at construction only: the ranks communicate one "
+                             "fixed flat layout of all parameters")
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        _check_group(group, len(self.param_groups) - 1)
+        start = self._numel
+        for p in group["params"]:
+            if p.requires_grad:
+                _check_param(p, len(self._params), self._params[0] if self._params else None)
+                self._params.append(p)
+                self._offsets.append(self._numel)
+                self._numel += -(-p.numel() // self._align) * self._align
+        self._slices.append(slice(start, self._numel))
+
+    # ------------------------------------------------------------------ public
+    @property
+    def schedule(self) -> ZeroOneSchedule:
+        """The step counters and intervals (read them; :meth:`step` advances them)."""
+        return self._schedule
+
+    @property
+    def world_size(self) -> int:
+        """Ranks the optimizer synchronizes (1 before the first step or without a process group)."""
+        return self._world_size or 1
+
+    def traffic(self) -> TrafficCounter:
+        """Bytes this rank sent since training began (resumes included), per rank in NCCL's convention.
+
+        ``sent``, ``inter_node`` and ``calls`` count this optimizer's collectives; ``bf16`` and ``native`` are what
+        DDP's all-reduce of the gradients would have sent over the same optimizer steps, in bf16 and in fp32, so
+        ``ratio_vs_native`` is the saving against plain data parallelism.
+        """
+        if self._scheme is None:
+            return TrafficCounter()
+        counted = self._scheme.traffic
+        # DDP's all-reduce of the gradients: a reduce-scatter and an all-gather of W chunks each.
+        elements = 2 * (self.world_size - 1) * -(-sum(p.numel() for p in self._params) // self.world_size)
+        steps = self._schedule.step
+        return TrafficCounter(calls=counted.calls, sent=counted.sent, bf16=steps * elements * 2,
+                              native=steps * elements * 4, inter_node=counted.inter_node)
+
+    def restore_local_params(self) -> bool:
+        """Put back this rank's own weights loaded by :meth:`load_state_dict` from a checkpoint taken between two
+        synchronizations of the local-step phase, after something overwrote them with rank 0's (constructing
+        ``DistributedDataParallel`` broadcasts rank 0's parameters). Returns whether there was anything to restore;
+        the copies are released at the first :meth:`step`."""
+        with torch.no_grad():
+            for p, value in self._restored_params.items():
+                p.copy_(value)
+        return bool(self._restored_params)
+
+    # ------------------------------------------------------------------ the step
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """One 0/1 Adam step over every parameter group (collective when the world size is above 1)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        flat = self._materialize()
+        self._restored_params = {}
+        plan = self._schedule.advance()
+        scheme = self._scheme
+        grads = self._flat_grads()
+        silent = None
+        if not plan.update_variance:
+            # Elements whose variance is zero (every variance step saw a zero gradient, as for a dead unit or an
+            # unused embedding row) have no Adam step size: their update would be m / eps, and 1-bit compression,
+            # which cannot represent zero, would hand them +-scale. They do not move until a variance step sees a
+            # gradient: DeepSpeed's exp_avg_mask, derived from the variance instead of given by the user.
+            silent = flat["exp_avg_sq"] == 0
+            grads.masked_fill_(silent, 0)
+        if plan.enter_local:
+            self._flat["synced_param"].copy_(self._flat_params(self._whole))
+            if scheme is not None:
+                # The error buffers held the gradients' residue; from now on they compress the accumulated updates.
+                scheme.reset_errors()
+        if not plan.local and scheme is not None:
+            scheme.all_reduce(grads, exact=plan.update_variance, valid=self._valid if silent is None else ~silent)
+        denoms = []
+        for index, (group, part) in enumerate(self._group_slices()):
+            beta1, beta2 = group["betas"]
+            g, m, v = grads[part], flat["exp_avg"][part], flat["exp_avg_sq"][part]
+            if plan.update_variance:
+                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            m.mul_(beta1).add_(g, alpha=1 - beta1)
+            denom = self._denominator(group, v)
+            update = self._corrected_momentum(group, m, plan.step) / denom
+            if group["weight_decay"] > 0:
+                update.add_(self._flat_params(part), alpha=group["weight_decay"])
+            self._add_to_params(part, update.masked_fill_(v == 0, 0), -group["lr"])
+            if plan.local:
+                self._lrs[index] += group["lr"]
+            denoms.append(denom)
+        if plan.local and plan.sync:
+            self._synchronize(plan, denoms)
+        return loss
+
+    def _synchronize(self, plan: ScheduledStep, denoms: list[torch.Tensor]) -> None:
+        """The local-step phase's synchronization (after this step's local update)."""
+        synced = self._flat["synced_param"]
+        u = self._flat_params(self._whole).sub_(synced)
+        slices = list(self._group_slices())
+        for (_, part), denom in zip(slices, denoms):
+            u[part].mul_(denom)
+        if self._scheme is not None:
+            self._scheme.all_reduce(u, valid=self._flat["exp_avg_sq"] != 0)  # the variance is frozen: as in step
+        for index, ((group, part), denom) in enumerate(zip(slices, denoms)):
+            if self._lrs[index] > 0:
+                mean_momentum = u[part] / -self._lrs[index]
+                self._flat["exp_avg"][part].copy_(self._uncorrect_momentum(group, mean_momentum, plan.step))
+            synced[part].add_(u[part].div_(denom))
+            self._lrs[index] = 0.0
+        self._copy_to_params(synced)
+
+    # ------------------------------------------------------------------ math helpers
+    def _denominator(self, group: dict[str, Any], v: torch.Tensor) -> torch.Tensor:
+        """``sqrt(v) + eps``, with ``v`` bias-corrected by its number of updates when the group asks for it."""
+        if group["bias_correction"]:
+            v = v / (1 - group["betas"][1] ** self._schedule.var_updates)
+        return v.sqrt().add_(group["eps"])
+
+    @staticmethod
+    def _corrected_momentum(group: dict[str, Any], m: torch.Tensor, step: int) -> torch.Tensor:
+        """``m``, bias-corrected for ``step`` when the group asks for it."""
+        return m / (1 - group["betas"][0] ** step) if group["bias_correction"] else m
+
+    @staticmethod
+    def _uncorrect_momentum(group: dict[str, Any], corrected: torch.Tensor, step: int) -> torch.Tensor:
+        """The stored momentum whose bias-corrected value at ``step`` is ``corrected``."""
+        return corrected * (1 - group["betas"][0] ** step) if group["bias_correction"] else corrected
+
+    # ------------------------------------------------------------------ flat layout
+    def _group_slices(self) -> Iterable[tuple[dict[str, Any], slice]]:
+        return zip(self.param_groups, self._slices)
+
+    @property
+    def _whole(self) -> slice:
+        return slice(0, self._numel)
+
+    def _params_in(self, part: slice) -> list[tuple[torch.Tensor, int]]:
+        """The trainable parameters inside ``part`` of the flat layout, with their offsets in ``part``."""
+        return [(p, o - part.start) for p, o in zip(self._params, self._offsets) if part.start <= o < part.stop]
+
+    def _views(self, part: slice, flat_values: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter's view of ``flat_values``, laid out like ``part`` of the flat layout."""
+        return [flat_values[o : o + p.numel()].view_as(p) for p, o in self._params_in(part)]
+
+    def _add_to_params(self, part: slice, flat_values: torch.Tensor, alpha: float) -> None:
+        """``p += alpha * values`` for the parameters of ``part``, ``flat_values`` laid out like ``part``."""
+        torch._foreach_add_([p for p, _ in self._params_in(part)], self._views(part, flat_values), alpha=alpha)
+
+    def _flat_params(self, part: slice) -> torch.Tensor:
+        """A new flat tensor laid out like ``part``: the values of its parameters, zeros in the gaps."""
+        flat = torch.zeros(part.stop - part.start, device=self._flat["exp_avg"].device)
+        torch._foreach_copy_(self._views(part, flat), [p.detach() for p, _ in self._params_in(part)])
+        return flat
+
+    def _copy_to_params(self, flat_values: torch.Tensor) -> None:
+        """Set every parameter to its elements of the whole flat ``flat_values``."""
+        torch._foreach_copy_(self._params, self._views(self._whole, flat_values))
+
+    def _flat_grads(self) -> torch.Tensor:
+        """The gradients in the flat layout (zeros in the gaps, and for parameters without a gradient)."""
+        flat = torch.zeros(self._numel, device=self._flat["exp_avg"].device)
+        pairs = [(view, p.grad) for view, p in zip(self._views(self._whole, flat), self._params) if p.grad is not None]
+        if any(g.is_sparse for _, g in pairs):
+            raise RuntimeError("ZeroOneAdam does not support sparse gradients")
+        if pairs:
+            torch._foreach_copy_([v for v, _ in pairs], [g for _, g in pairs])
+        return flat
+
+    def _materialize(self) -> dict[str, torch.Tensor]:
+        """The flat state buffers (zeros at first use, on the parameters' device) and the communication."""
+        device = self._params[0].device if self._params else torch.device("cpu")
+        if self._flat is None:
+            self._flat = {k: torch.zeros(self._numel, device=device) for k in _TENSORS}
+            self._valid = torch.zeros(self._numel, dtype=torch.bool, device=device)
+            for view in self._views(self._whole, self._valid):
+                view.fill_(True)
+            self._point_state_at_flat()
+            self._setup_communication()
+        elif self._flat["exp_avg"].device != device:
+            raise RuntimeError(f"ZeroOneAdam's state is on {self._flat['exp_avg'].device} but the parameters moved "
+                               f"to {device}; build the optimizer after moving the model")
+        return self._flat
+
+    def _point_state_at_flat(self) -> None:
+        """Make every parameter's state tensors views of the flat buffers, keeping values already there."""
+        for key in _TENSORS:
+            for p, view in zip(self._params, self._views(self._whole, self._flat[key])):
+                current = self.state[p].get(key)
+                if current is not None and current is not view:
+                    view.copy_(current)
+                self.state[p][key] = view
+
+    def _setup_communication(self) -> None:
+        if not (dist.is_available() and dist.is_initialized()):
+            self._world_size = 1
+            return
+        group = self._group or dist.group.WORLD
+        self._world_size = group.size()
+        if self._world_size > 1:
+            self._scheme = make_all_reduce_scheme("onebit", self._codec)
+            self._scheme.setup(group, Topology.detect(self._ranks_per_node))
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Adam's per-parameter state plus what 0/1 Adam needs to continue exactly (collective: every rank calls it).
+
+        Each parameter's entry holds ``step``, ``exp_avg``, ``exp_avg_sq`` and ``synced_param`` (this rank's),
+        ``zero_one`` (the schedule's counters, its group's learning-rate sum, the world size and the byte
+        counters), and with a world size above 1 ``worker_error`` (``[W, *shape]``: every rank's) and
+        ``server_error`` (the servers' errors of this parameter's elements). Between two synchronizations of the
+        local-step phase it also holds ``local_param`` and ``local_exp_avg`` (``[W, *shape]``), every rank's own
+        copy (``synced_param`` is the same on every rank).
+        """
+        flat = self._materialize()
+        saved = super().state_dict()
+        keys = [k for g in saved["param_groups"] for k in g["params"]]
+        index_of = {id(group): i for i, group in enumerate(self.param_groups)}
+        group_of = {id(p): index_of[id(group)] for group in self.param_groups for p in group["params"]}
+        extras = self._gathered_extras(flat)
+        traffic = self._scheme.traffic.state_dict() if self._scheme is not None else TrafficCounter().state_dict()
+        offset_of = {id(p): o for p, o in zip(self._params, self._offsets)}
+        for key, p in zip(keys, (p for g in self.param_groups for p in g["params"])):
+            if id(p) not in offset_of:
+                continue
+            offset = offset_of[id(p)]
+            # A copy: super().state_dict() hands out the live per-parameter dicts.
+            entry = saved["state"][key] = dict(saved["state"][key])
+            entry["step"] = self._schedule.step
+            entry["zero_one"] = {**self._schedule.state_dict(), "lrs": self._lrs[group_of[id(p)]],
+                                 "world_size": self.world_size, "traffic": traffic}
+            for name, (tensor, per_rank) in extras.items():
+                values = tensor[:, offset : offset + p.numel()] if per_rank else tensor[offset : offset + p.numel()]
+                entry[name] = values.reshape(*values.shape[:-1], *p.shape)
+        return saved
+
+    @torch.no_grad()
+    def _gathered_extras(self, flat: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, bool]]:
+        """name -> (flat tensor, whether it has a leading rank dimension) of the state that differs between ranks,
+        gathered from every rank."""
+        if self._scheme is None:
+            return {}
+        group, world = self._scheme.group, self.world_size
+        worker, server = self._scheme.worker_error, self._scheme.server_error
+        if worker is None:  # no synchronization yet: the errors are zeros
+            chunk = error_feedback_chunk_numel(self._numel, world, self._codec)
+            worker, server = flat["exp_avg"].new_zeros(world * chunk), flat["exp_avg"].new_zeros(chunk)
+        extras = {"worker_error": (_all_gather(worker, group).view(world, -1)[:, : self._numel], True),
+                  "server_error": (_all_gather(server, group)[: self._numel], False)}
+        if self._schedule.between_syncs:
+            local = {"param": self._flat_params(self._whole), "exp_avg": flat["exp_avg"]}
+            extras.update({_LOCAL[k]: (_all_gather(v, group).view(world, -1), True) for k, v in local.items()})
+        return extras
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output: the shared state, and this rank's own error buffers, and between two
+        synchronizations its own weights and momentum.
+
+        Raises:
+            ValueError: entries that disagree on the schedule, or a checkpoint taken between two synchronizations
+                of the local-step phase by another number of ranks (each rank's weights then differ). From
+                another number of ranks at any other point, the error buffers restart from zero with a warning.
+        """
+        flat = self._materialize()
+        keys = [k for g in state_dict["param_groups"] for k in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        cleaned = {key: {k: v for k, v in entry.items() if k not in _EXTRA}
+                   for key, entry in state_dict["state"].items()}
+        extras = {p: state_dict["state"][key] for key, p in zip(keys, params) if key in state_dict["state"]}
+        super().load_state_dict({**state_dict, "state": cleaned})
+        for buffer in flat.values():  # what the checkpoint does not hold starts from zero
+            buffer.zero_()
+        self._point_state_at_flat()
+        entries = [extras.get(p, {}) for p in self._params]
+        if not any("zero_one" in e for e in entries):
+            return  # a state saved before the first step, or by another optimizer: Adam's tensors only
+        if not all("zero_one" in e for e in entries):
+            raise ValueError("the checkpoint holds 0/1 Adam's state for some trainable parameters only; it was "
+                             "saved over other parameters")
+        run = {k: v for k, v in entries[0]["zero_one"].items() if k != "lrs"}  # lrs: per group
+        if any({k: v for k, v in e["zero_one"].items() if k != "lrs"} != run for e in entries):
+            raise ValueError("the checkpoint's parameters disagree on the 0/1 Adam schedule (zero_one entries differ)")
+        self._schedule.load_state_dict(run)
+        for index, (group, _) in enumerate(self._group_slices()):
+            members = [extras[p]["zero_one"]["lrs"] for p in group["params"] if "zero_one" in extras.get(p, {})]
+            self._lrs[index] = float(members[0]) if members else 0.0
+        self._load_rank_state(entries, int(run["world_size"]), run["traffic"])
+
+    def _load_rank_state(self, entries: list[dict[str, Any]], saved_world: int, traffic: dict[str, int]) -> None:
+        rank = 0 if self._scheme is None else self._scheme.group.rank()
+        local = _LOCAL["param"] in entries[0]
+        if saved_world != self.world_size:
+            if local:
+                raise ValueError(f"the checkpoint was taken by {saved_world} ranks between two synchronizations of "
+                                 f"the local-step phase (each rank's weights differ); this run has {self.world_size} "
+                                 "ranks: resume with the same number")
+            if saved_world > 1 and self._scheme is not None:
+                warnings.warn(f"0/1 Adam resumes {saved_world}-rank error-feedback state on {self.world_size} ranks: "
+                              "the error buffers restart from zero", stacklevel=3)
+            if self._scheme is not None:
+                self._scheme.traffic.load_state_dict(traffic)
+            return
+        if local:
+            for p, view, e in zip(self._params, self._views(self._whole, self._flat["exp_avg"]), entries):
+                view.copy_(e["local_exp_avg"][rank])
+                own = e["local_param"][rank].to(p.device)
+                with torch.no_grad():
+                    p.copy_(own)
+                self._restored_params[p] = own
+        if self._scheme is None:
+            return
+        chunk = error_feedback_chunk_numel(self._numel, self.world_size, self._codec)
+        device = self._flat["exp_avg"].device
+        worker = torch.zeros(self.world_size * chunk, device=device)
+        servers = torch.zeros(self.world_size * chunk, device=device)
+        for view, e in zip(self._views(self._whole, worker), entries):
+            view.copy_(e["worker_error"][rank])
+        for view, e in zip(self._views(self._whole, servers), entries):
+            view.copy_(e["server_error"])
+        self._scheme.load_state_dict({"traffic": traffic, "worker_error": worker,
+                                      "server_error": servers[rank * chunk : (rank + 1) * chunk]})
+
+
+def default_bucket_size(params: Iterable[torch.Tensor]) -> int:
+    """The default bucket of ZeroOneAdam over ``params`` (elements): the largest power of two up to 256 that divides
+    the row length (last dimension) of every trainable matrix, so that no bucket spans two rows (two tokens'
+    embeddings, two units' weights), which can differ in scale by orders of magnitude; 256 when that power of two
+    would be below 32 (odd widths: the scales' overhead, 32 bits each, would outweigh the 1-bit codes)."""
+    size = math.gcd(256, *(p.shape[-1] for p in params if p.dim() >= 2 and p.requires_grad))
+    return size if size >= 32 else 256
+
+
+def _tensors(item: torch.Tensor | dict[str, Any]) -> list[torch.Tensor]:
+    """The parameters of one entry of an optimizer's ``params`` (a tensor or a parameter group)."""
+    if not isinstance(item, dict):
+        return [item]
+    group = item["params"]
+    return [group] if isinstance(group, torch.Tensor) else list(group)
+
+
+def _all_gather(tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    out = tensor.new_empty(group.size() * tensor.numel())
+    dist.all_gather_into_tensor(out, tensor.contiguous(), group=group)
+    return out
+
+
+def _check_group(group: dict[str, Any], index: int) -> None:
+    """Raise a ValueError naming the first option of parameter group ``index`` that is out of range."""
+    lr, betas, eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr >= 0:
+        raise ValueError(f"lr={lr!r} (parameter group {index}) is invalid; it must be a number >= 0")
+    if (not isinstance(betas, (tuple, list)) or len(betas) != 2
+            or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)):
+        raise ValueError(f"betas={betas!r} (parameter group {index}) is invalid; it must be two numbers in [0, 1)")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"eps={eps!r} (parameter group {index}) is invalid; it must be a number >= 0")
+    if isinstance(wd, bool) or not isinstance(wd, (int, float)) or not wd >= 0:
+        raise ValueError(f"weight_decay={wd!r} (parameter group {index}) is invalid; it must be a number >= 0")
+    if not isinstance(group["bias_correction"], bool):
+        raise ValueError(f"bias_correction={group['bias_correction']!r} (parameter group {index}) is invalid; "
+                         "allowed: True, False")
+    group["betas"] = tuple(float(b) for b in betas)
+
+
+def _check_param(p: torch.Tensor, index: int, first: torch.Tensor | None) -> None:
+    """Raise a ValueError naming trainable parameter ``index`` when 0/1 Adam cannot hold it."""
+    # A DTensor exists only once its module is imported (importing it here would cost seconds); FSDP1's
+    # FlatParameter lives in a private module: compare the name.
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if (dtensor is not None and isinstance(p, dtensor.DTensor)) or type(p).__name__ == "FlatParameter":
+        raise ValueError(f"parameter {index} is sharded ({type(p).__name__}): 0/1 Adam synchronizes full replicas "
+                         "(plain data parallelism) and, as in DeepSpeed, does not work with FSDP/ZeRO sharding")
+    if p.dtype != torch.float32:
+        raise ValueError(f"parameter {index} has dtype {p.dtype}; ZeroOneAdam needs float32 parameters (mixed "
+                         "precision keeps fp32 master weights, e.g. Composer's amp_bf16)")
+    if first is not None and p.device != first.device:
+        raise ValueError(f"parameter {index} is on {p.device} but parameter 0 is on {first.device}; all "
+                         "parameters must be on one device")

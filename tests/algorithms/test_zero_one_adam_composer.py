@@ -1,0 +1,72 @@
+"""0/1 Adam in a real Composer DDP run through the ``composer -n 2`` launcher (tests/algorithms/zoa_composer_run.py).
+
+A launch takes 15-25 s on 2 CPU cores with Python's bytecode cache (a minute without one); the resume test
+launches twice and is marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import e2e_common  # benchmarks/ (tests/conftest.py): Composer's launcher command
+
+SCRIPT = Path(__file__).with_name("zoa_composer_run.py")
+SYNCS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 14)  # every variance-phase step, then the local-step phase's T_u
+
+
+def _launch(tmp_path: Path, *args: str, gpu: bool = False) -> dict:
+    out = tmp_path / f"result-{args[0]}.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if gpu:
+        env["QSDP_TEST_DEVICE"] = "gpu"
+    proc = subprocess.run([*e2e_common.launcher(2), str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"launcher failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
+    return json.loads(out.read_text())
+
+
+def _check_run(result: dict) -> None:
+    assert result["world_size"] == 2 and result["model"] == "DistributedDataParallel"
+    assert result["optimizer"] == "ZeroOneAdam"  # DecoupledAdamW was replaced at Event.INIT
+    assert "ddp_sync_strategy='forced_sync'" in result["forced_sync_error"]
+    losses = result["losses"]
+    assert sum(losses[-4:]) / 4 < 0.6 * sum(losses[:2]) / 2, losses
+    # Local gradients: the replicas agree after every synchronization and differ between two.
+    for step, per_rank in enumerate(result["params"], start=1):
+        assert (per_rank[0] == per_rank[1]) == (step in SYNCS), step
+    traffic = result["traffic"]
+    assert traffic["calls"] == len(SYNCS) and traffic["sent"] < traffic["native"] / 3
+    metrics = result["metrics"]
+    assert sum(metrics["zero_one_adam/bytes_sent"]) == traffic["sent"]
+    assert metrics["zero_one_adam/variance_frozen"] == [0.0] * 6 + [1.0] * 8
+    assert metrics["zero_one_adam/local_step_interval"][-1] == 4
+
+
+def test_composer_ddp_run_trains_with_zero_one_adam(tmp_path):
+    _check_run(_launch(tmp_path, "full"))
+
+
+@pytest.mark.slow
+def test_composer_checkpoint_resume_between_syncs_is_exact(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    saved = _launch(tmp_path, "save", ckpt)
+    resumed = _launch(tmp_path, "resume", ckpt)
+    assert resumed["batches"] == saved["batches"] == 14
+    # The checkpoint after batch 12 lies two local steps after a synchronization: each rank resumes its own weights.
+    assert saved["params"][11][0] != saved["params"][11][1]
+    assert resumed["losses"] == saved["losses"][12:]
+    assert resumed["params"] == saved["params"][12:]
+    assert resumed["traffic"] == saved["traffic"] and resumed["schedule"] == saved["schedule"]
+
+
+@pytest.mark.gpu
+def test_composer_ddp_run_on_two_gpus(tmp_path):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    _check_run(_launch(tmp_path, "full", gpu=True))

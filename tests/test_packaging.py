@@ -1,0 +1,85 @@
+"""What the installed distribution declares and registers: ranges rather than pins, the llm-foundry entry point
+(found the way llm-foundry's registry finds it), demo-only packages imported lazily, and a clear refusal where
+the installed torch cannot run QSDP's FSDP2 path (CI's stock stack)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from importlib.metadata import distribution, entry_points
+from pathlib import Path
+
+import pytest
+import torch
+from composer.core import Algorithm
+from packaging.requirements import Requirement
+
+import composer_qsdp
+from composer_qsdp import QSDP
+
+DIST = distribution("composer_qsdp")
+#: Packages that only the demo and hf extras bring (mosaicml-streaming needs matplotlib and transformers too, but
+#: the package must not rely on that).
+EXTRAS_ONLY = ("gensim", "ipykernel", "matplotlib", "nbclient", "nbformat", "transformers")
+PACKAGE = Path(composer_qsdp.__file__).parent
+
+
+def test_install_requires_are_ranges_without_triton():
+    core = [Requirement(r) for r in DIST.requires or [] if "extra ==" not in r]
+    assert {r.name for r in core} >= {"torch", "mosaicml", "mosaicml-streaming", "numpy", "omegaconf"}
+    pinned = [str(r) for r in core if any(s.operator in ("==", "===") for s in r.specifier)]
+    assert pinned == [], f"exact pins in install_requires: {pinned} (the exact stack belongs in overrides.txt)"
+    # torch brings the triton it was built with; a second requirement could only disagree with it.
+    assert "triton" not in {r.name for r in core}
+    assert Requirement(next(r for r in DIST.requires if r.startswith("torch"))).specifier.contains("2.6.0")
+
+
+def test_registered_for_llm_foundry_and_nowhere_else():
+    (entry,) = [e for e in entry_points(group="llmfoundry_algorithms") if e.name == "qsdp"]
+    assert entry.load() is QSDP
+    assert [e for e in DIST.entry_points if e.group != "llmfoundry_algorithms"] == []
+
+
+def test_llm_foundry_registry_builds_qsdp():
+    """llm-foundry's ``algorithms`` registry is ``catalogue.Registry(("llmfoundry", "algorithms"),
+    entry_points=True)`` (llmfoundry/registry.py); ``construct_from_registry`` checks the class against
+    ``Algorithm`` and calls it with the yaml's keyword arguments."""
+    catalogue = pytest.importorskip("catalogue")
+    registry = catalogue.Registry(("llmfoundry", "algorithms"), entry_points=True)
+    assert registry.entry_point_namespace == "llmfoundry_algorithms"
+    assert "qsdp" in registry.get_all()
+    cls = registry.get("qsdp")
+    assert isinstance(cls, type) and issubclass(cls, Algorithm)
+    algorithm = cls(**{"weight_bits": 4, "grad_bits": 8})
+    assert isinstance(algorithm, QSDP) and repr(algorithm) == "QSDP('w8g8', weight_bits=4, grad_bits=8)"
+
+
+def test_no_module_imports_an_extra_at_import_time():
+    """The package imports (and QSDP, the recipe entrypoint, the data pipeline work) without the demo extra: its
+    packages are imported only inside the functions that use them, which name the extra when it is missing."""
+    eager = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        # Module level, including under `if`/`try` there; not inside functions or classes.
+        nodes = [n for top in tree.body if not isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                 for n in ast.walk(top)]
+        names = [a.name for n in nodes if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module for n in nodes if isinstance(n, ast.ImportFrom) and n.module and not n.level]
+        eager += [f"{path.relative_to(PACKAGE.parent)}: {name}" for name in names if name.split(".")[0] in EXTRAS_ONLY]
+    assert eager == []
+
+
+def test_qsdp_on_a_torch_without_custom_collectives_is_a_clear_error():
+    """Where torch is older than QSDP's FSDP2 path needs (CI's stock stack), the package imports and QSDP's run
+    check names the installed torch; on newer torch the same refusal is tested by simulating an old one."""
+    from composer_qsdp.algorithms.qsdp import check_run
+    from composer_qsdp.fsdp2 import check_custom_comm_support
+
+    try:
+        check_custom_comm_support()
+    except RuntimeError:
+        pass
+    else:
+        pytest.skip(f"torch {torch.__version__} has FSDP2's custom collectives (tests/fsdp, tests/algorithms)")
+    with pytest.raises(RuntimeError, match=rf"torch 2\.9.*{re.escape(torch.__version__)}"):
+        check_run(2, 2)
