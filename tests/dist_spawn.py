@@ -70,6 +70,8 @@ def _entry(rank: int, world_size: int, backend: str, init_file: str, fn: Callabl
 
     try:
         torch.set_num_threads(1)
+        # A parent test may have left a launcher's variables behind; Composer checks them against the group.
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
         if backend == "nccl":
             torch.cuda.set_device(rank)
             device = torch.device("cuda", rank)
