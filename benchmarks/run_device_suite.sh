@@ -3,6 +3,7 @@
 # 10-minute device command. Run from the repository root of a GPU machine (2+ GPUs for the NCCL parts):
 #   GIT_REV=<short sha> OUT=<dir> bash benchmarks/run_device_suite.sh tests kernels     # GPU tests, kernel tables
 #   GIT_REV=<short sha> OUT=<dir> bash benchmarks/run_device_suite.sh collectives       # NVLink + emulated socket net
+#   GIT_REV=<short sha> OUT=<dir> bash benchmarks/run_device_suite.sh sign              # the sign codec table only
 # Logs and tables land in $OUT; each stage's exit status is printed at the end.
 set -uo pipefail
 : "${GIT_REV:?set GIT_REV to the commit under test}"
@@ -19,16 +20,19 @@ for stage in "$@"; do
   case $stage in
     sweep) run bench_kernels_sweep timeout 100 python3 benchmarks/bench_kernels.py --sweep ;;
     tests) run pytest_gpu timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider \
-      tests/quant tests/kernels tests/comm tests/schemes tests/policy tests/fsdp2 tests/algorithms tests/models \
+      tests/quant tests/kernels tests/comm tests/schemes tests/policy tests/optim tests/fsdp2 tests/fsdp1 tests/ddp \
+      tests/algorithms tests/models \
       tests/test_train.py ;;
     kernels)
       run bench_kernels timeout 170 python3 benchmarks/bench_kernels.py
-      run bench_symmetric_hadamard timeout 110 python3 benchmarks/bench_symmetric_hadamard.py ;;
+      run bench_symmetric_hadamard timeout 110 python3 benchmarks/bench_symmetric_hadamard.py
+      run bench_sign timeout 90 python3 benchmarks/bench_sign.py ;;
+    sign) run bench_sign timeout 90 python3 benchmarks/bench_sign.py ;;
     collectives)
       run bench_collectives_nvlink timeout 240 python3 benchmarks/bench_collectives.py
       run bench_collectives_socket env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo \
         timeout 300 python3 benchmarks/bench_collectives.py ;;
-    *) echo "unknown stage '$stage'; allowed: tests kernels sweep collectives"; exit 2 ;;
+    *) echo "unknown stage '$stage'; allowed: tests kernels sign sweep collectives"; exit 2 ;;
   esac
 done
 echo "stage status: ${status[*]}"
