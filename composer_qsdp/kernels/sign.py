@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
+
 __all__ = ["MAX_BUCKET", "decode_rows", "decode_sum", "encode_rows", "supports"]
 
 #: Largest bucket (elements) a program holds in registers.
@@ -81,7 +83,7 @@ def _decode_row(row_wire, bucket, byte_offset, group_ok, num_buckets, meta_offse
 @triton.jit
 def _decode_kernel(wire_ptr, out_ptr, n, num_buckets, wire_stride, out_stride, meta_offset,
                    BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, SUM: tl.constexpr,
-                   ROWS: tl.constexpr):
+                   ROWS: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr):
     bucket, e, valid, byte_offset, group_ok = _tile(tl.program_id(0), n, num_buckets, BUCKET, GROUPS, BPP)
     if SUM:
         # Rows in order from +0.0, like the reference's loop, so the fp32 sum is the same.
@@ -93,7 +95,7 @@ def _decode_kernel(wire_ptr, out_ptr, n, num_buckets, wire_stride, out_stride, m
     else:
         row = tl.program_id(1).to(tl.int64)
         value = _decode_row(wire_ptr + row * wire_stride, bucket, byte_offset, group_ok, num_buckets, meta_offset)
-        tl.store(out_ptr + row * out_stride + e, value, mask=valid)
+        store_cast(out_ptr + row * out_stride + e, value, valid, EMULATE_BF16_RNE)
 
 
 def _launch(bucket_size: int, numel: int, rows: int, on_gpu: bool) -> tuple[int, int, int, int]:
@@ -118,13 +120,17 @@ def encode_rows(x: torch.Tensor, bucket_size: int, wire_bytes: int, code_bytes: 
     return wire
 
 
-def decode_rows(wire: torch.Tensor, bucket_size: int, numel: int, meta_offset: int) -> torch.Tensor:
-    """The ``[R, numel]`` fp32 values of the ``[R, wire_bytes]`` wires (rows contiguous, 4-byte aligned)."""
+def decode_rows(wire: torch.Tensor, bucket_size: int, numel: int, meta_offset: int,
+                dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The ``[R, numel]`` values of the ``[R, wire_bytes]`` wires (rows contiguous, 4-byte aligned) in ``dtype``:
+    the fp32 values rounded to nearest even in registers, so a bf16 decode writes 2 bytes per element instead of
+    4 and a cast pass."""
     rows = wire.shape[0]
-    out = torch.empty(rows, numel, dtype=torch.float32, device=wire.device)
+    out = torch.empty(rows, numel, dtype=dtype, device=wire.device)
     groups, bpp, programs, num_buckets = _launch(bucket_size, numel, rows, wire.is_cuda)
     _decode_kernel[(programs, rows)](wire, out, numel, num_buckets, wire.stride(0), out.stride(0), meta_offset,
-                                     BUCKET=bucket_size, GROUPS=groups, BPP=bpp, SUM=False, ROWS=1, num_warps=4)
+                                     BUCKET=bucket_size, GROUPS=groups, BPP=bpp, SUM=False, ROWS=1,
+                                     EMULATE_BF16_RNE=emulate_bf16_rne(), num_warps=4)
     return out
 
 
@@ -133,5 +139,6 @@ def decode_sum(wire: torch.Tensor, bucket_size: int, numel: int, meta_offset: in
     out = torch.empty(numel, dtype=torch.float32, device=wire.device)
     groups, bpp, programs, num_buckets = _launch(bucket_size, numel, wire.shape[0], wire.is_cuda)
     _decode_kernel[(programs,)](wire, out, numel, num_buckets, wire.stride(0), 0, meta_offset,
-                                BUCKET=bucket_size, GROUPS=groups, BPP=bpp, SUM=True, ROWS=wire.shape[0], num_warps=4)
+                                BUCKET=bucket_size, GROUPS=groups, BPP=bpp, SUM=True, ROWS=wire.shape[0],
+                                EMULATE_BF16_RNE=False, num_warps=4)
     return out

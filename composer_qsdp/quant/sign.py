@@ -96,7 +96,7 @@ class SignCodec(Codec):
         layout = self.layout(numel)
         kernels = self._kernels(wire)
         if kernels is not None:
-            return kernels.decode_rows(aligned_rows(wire), self.bucket_size, numel, layout.meta_offset).to(dtype)
+            return kernels.decode_rows(aligned_rows(wire), self.bucket_size, numel, layout.meta_offset, dtype)
         return self._decode_rows_fp32(wire, layout).to(dtype)
 
     def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:

@@ -40,6 +40,8 @@ def _check(rows: int, n: int, bucket: int, dtype: torch.dtype, device: str, nonf
         total = codec.decode_sum(expected, n)
     with backend("triton"):  # the codec dispatches to the kernels
         assert torch.equal(codec.decode_rows(expected, n).nan_to_num(), reference.nan_to_num())
+        # Rounded to the input dtype inside the kernel: the same values as the reference's fp32 cast.
+        assert torch.equal(codec.decode_rows(expected, n, dtype).nan_to_num(), reference.to(dtype).nan_to_num())
     wire = kernels.encode_rows(x, bucket, layout.wire_bytes, layout.code_bytes, layout.meta_offset)
     assert torch.equal(wire[:, : layout.meta_offset], expected[:, : layout.meta_offset])  # codes and padding
     scales = [w[:, layout.meta_offset :].contiguous().view(torch.float32) for w in (wire, expected)]
