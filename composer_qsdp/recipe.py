@@ -49,7 +49,6 @@ __all__ = [
     "build_algorithm",
     "load_class",
     "load_recipe",
-    "needs_custom_comm",
     "recipe_help",
 ]
 
@@ -498,11 +497,6 @@ def _validate(cfg: DictConfig) -> ValidatedRecipe:
         build_algorithm(name, algorithm_kwargs[name])  # argument errors surface now, before anything is built
     return ValidatedRecipe(cfg=cfg, model_config=model_config, algorithm_kwargs=algorithm_kwargs,
                            logger_kwargs=components["loggers"], callback_kwargs=components["callbacks"])
-
-
-def needs_custom_comm(recipe: ValidatedRecipe) -> list[str]:
-    """The recipe's algorithms that quantize FSDP's collectives."""
-    return sorted(_NEEDS_FSDP & recipe.algorithm_kwargs.keys())
 
 
 # ------------------------------------------------------------------------------------------------- --help

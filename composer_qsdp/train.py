@@ -28,7 +28,6 @@ from composer_qsdp.recipe import (
     build_algorithm,
     load_class,
     load_recipe,
-    needs_custom_comm,
     recipe_help,
 )
 
@@ -59,17 +58,6 @@ def _model(recipe: ValidatedRecipe) -> Any:
     return build_hf_causal_lm(config) if isinstance(config, HFCausalLMConfig) else ComposerGPT(config)
 
 
-def _check_environment(recipe: ValidatedRecipe) -> None:
-    """Refuse, before any process group exists, algorithms this torch cannot run."""
-    from composer_qsdp.fsdp2 import check_custom_comm_support
-
-    for name in needs_custom_comm(recipe):
-        try:
-            check_custom_comm_support()
-        except RuntimeError as err:
-            raise RecipeError(f"algorithms.{name} cannot run here: {err}") from None
-
-
 def train(recipe: ValidatedRecipe) -> Any:
     """Build the data, model, optimizer, schedule, parallelism, loggers, callbacks and algorithms of ``recipe``,
     then train.
@@ -89,7 +77,6 @@ def train(recipe: ValidatedRecipe) -> Any:
 
     from composer_qsdp.metrics_file import MetricsFile
 
-    _check_environment(recipe)
     cfg = recipe.cfg
     # The process group must exist before the streaming datasets are built: without one, each rank's
     # StreamingDataset creates temporary groups of its own, and concurrent ranks race on them at start-up.

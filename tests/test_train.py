@@ -85,7 +85,6 @@ def test_one_process_trains_checkpoints_and_resumes_exactly(wiki_shards, tmp_pat
 
 
 # ------------------------------------------------------------------------------------------ two processes
-@pytest.mark.requires_custom_comm
 def test_two_processes_through_the_launcher(wiki_shards, tmp_path):
     result = launch(2, QSDP_RECIPE, tiny_overrides(wiki_shards, tmp_path, "max_duration=12ba", "eval_interval=12ba",
                                                    f"save_folder={tmp_path / 'ckpt'}", "save_interval=12ba",
@@ -122,7 +121,6 @@ def test_hugging_face_gpt2_in_one_process(wiki_shards, tmp_path):
     assert batch == 4 and 9 < cross_entropy < 11.5  # ~ln(50257) = 10.8 for random weights
 
 
-@pytest.mark.requires_custom_comm
 def test_hugging_face_gpt2_with_qsdp_on_two_processes(wiki_shards, tmp_path):
     """The Hugging Face recipe as shipped (QSDP W8G8) through Composer's launcher; one FSDP unit per GPT2Block."""
     result = launch(2, HF_RECIPE, tiny_overrides(wiki_shards, tmp_path, "max_duration=10ba", "eval_interval=10ba",
@@ -291,16 +289,6 @@ def test_errors_stop_before_anything_is_built(tmp_path, monkeypatch, capsys):
     assert main([str(BASELINE), "optimizer.lr=0", f"save_folder={tmp_path / 'ckpt'}"]) == 2
     assert "recipe error: recipe key 'optimizer.lr' = 0.0 is invalid" in capsys.readouterr().err
     assert not (tmp_path / "ckpt").exists()
-
-
-def test_qsdp_on_a_torch_without_custom_collectives_stops_before_setup(tmp_path, monkeypatch, capsys):
-    def old_torch() -> None:
-        raise RuntimeError("QSDP needs FSDP2's custom collectives, added in torch 2.9; this is torch 2.7.0")
-
-    monkeypatch.setattr(composer_qsdp.fsdp2, "check_custom_comm_support", old_torch)
-    monkeypatch.setattr(composer_qsdp.data, "build_token_dataloader", lambda *a, **k: pytest.fail("data built"))
-    assert main([str(QSDP_RECIPE), f"data.local={tmp_path}"]) == 2
-    assert "recipe error: algorithms.qsdp cannot run here: QSDP needs FSDP2's custom" in capsys.readouterr().err
 
 
 def test_missing_shards_stop_before_the_model_is_built(tmp_path, monkeypatch, capsys):

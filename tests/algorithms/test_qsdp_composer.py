@@ -16,7 +16,6 @@ import e2e_common  # benchmarks/ (tests/conftest.py): Composer's launcher comman
 from composer_qsdp.fsdp2 import HAS_CUSTOM_COMM_API
 
 SCRIPT = Path(__file__).with_name("composer_run.py")
-pytestmark = pytest.mark.requires_custom_comm
 
 
 # SDP4Bit's weight differences (symmetric INT4 groups, small for these layers) with 8-bit gradients.

@@ -13,7 +13,6 @@ from composer_qsdp.fsdp2 import compat, find_units, shard_group
 from composer_qsdp.policy import QSDPConfig, SideConfig, plan_units
 from composer_qsdp import apply_qsdp, remove_qsdp
 
-pytestmark = pytest.mark.requires_custom_comm
 
 
 @pytest.fixture
@@ -105,6 +104,7 @@ def test_shard_group_is_the_group_fsdp_uses(one_rank):
         assert shard_group(unit.module) is unit.module._get_fsdp_state()._fsdp_param_group.mesh_info.shard_process_group
 
 
+@pytest.mark.requires_custom_comm
 def test_apply_and_remove_install_and_restore_the_comms(one_rank):
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 

@@ -10,7 +10,6 @@ from dist_spawn import RankInfo, run_ranks
 from sharded_mlp import Adapter
 from test_fsdp_training import LR, QWD, Capture, _train, batch
 
-pytestmark = pytest.mark.requires_custom_comm
 
 
 def _world_change_side(info: RankInfo, ckpt_dir: str, mode: str, adapter: Adapter) -> dict:
