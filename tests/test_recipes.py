@@ -20,7 +20,8 @@ PAPER_C4 = ["data.remote=s3://bucket/c4-gpt2-t2048"]
 # Paper-family recipes that train with DDP (no sharding) instead of FSDP.
 DDP_RECIPES = {"ddp-baseline", "zero-one-adam"}
 
-# model dir -> (preset, d_model, layers, heads, global batch, lr, nominal parameters): papers.md section 2.5.
+# model dir -> (preset, d_model, layers, heads, global batch, lr, nominal parameters): the GPT-3 sizes (Brown et
+# al., 2020, Table 2.1) that QSDP's experiments train.
 PAPER = {
     "gpt-125m": ("125m", 768, 12, 12, 256, 6e-4, 125e6),
     "gpt-350m": ("350m", 1024, 24, 16, 256, 3e-4, 350e6),

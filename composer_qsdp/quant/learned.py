@@ -1,5 +1,5 @@
-"""Learned non-uniform levels with unbiased stochastic rounding (QSDP, "Algorithm 1: gradient-based optimization
-of the levels"; reconstruction in research/papers.md §2.3).
+"""Learned non-uniform levels with unbiased stochastic rounding (QSDP, Markov et al., ICML 2023, "Algorithm 1:
+gradient-based optimization of the levels"; the paper gives the method, the details below are our reconstruction).
 
 Each bucket is normalized by its own range, ``z = (x - lo) / (hi - lo)`` in ``[0, 1]``, and quantized onto
 ``K = 2**bits`` levels ``0 = l_0 < l_1 < ... < l_{K-1} = 1`` by stochastic rounding between the two levels
