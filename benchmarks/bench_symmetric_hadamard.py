@@ -16,6 +16,7 @@ Usage::
 
     python benchmarks/bench_symmetric_hadamard.py            # full table (a few minutes on one H100)
     python benchmarks/bench_symmetric_hadamard.py --quick    # smoke check: 16M bf16
+    python benchmarks/bench_symmetric_hadamard.py --sweep    # launch sweep of the rotated 4-bit kernels (tuning)
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import sys
 import torch
 
 import kernel_timing as timing
+from composer_qsdp.kernels import symmetric as kernels
 from composer_qsdp.quant import make_codec
 from composer_qsdp.quant.hadamard import hadamard_rows
-from kernel_timing import REDUCE_ROWS
+from kernel_timing import MI, REDUCE_ROWS
 
 #: The rounding column of every row: the symmetric codec's kernels round to nearest.
 NEAREST = "nearest"
@@ -62,12 +64,50 @@ def _measure(record: timing.Recorder, bits_list: tuple[int, ...], bucket: int) -
            lambda: rotated.decode_sum(wires, chunk), False)  # fmt: skip
 
 
+def _sweep() -> str:
+    """GB/s of the rotated 4-bit quantize and dequantize at 64M elements over buckets per program x warps, for
+    Hadamard orders (= buckets) 128 and 2048, bf16 and fp32, beside the default launch."""
+    size, bits = 64 * MI, 4
+    lines = ["Launch sweep of the fused Hadamard + 4-bit symmetric kernels, 64M elements", "",
+             "| dtype | bucket | buckets/program | warps | default | quantize GB/s | dequantize GB/s | % of copy (q / dq) |",
+             "|---|---:|---:|---:|---|---:|---:|---:|"]  # fmt: skip
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn(1, size, device=timing.DEVICE, dtype=dtype)
+        copy = timing.copy_gbps(size, dtype)
+        for bucket in (128, 2048):
+            layout = make_codec("symmetric", bits=bits, bucket_size=bucket).layout(size)
+            wire = kernels.encode_rows(x, bits, bucket, layout, rotate=True)
+            nbytes = wire.numel() + size * x.element_size()
+            _, default_bpp, default_warps = kernels._config(bits, bucket, 1, layout, True, True, None, None)
+            for bpp in (1, 2, 4, 8, 16):
+                for warps in (1, 2, 4, 8, 16):
+                    if bpp * bucket // (32 * warps) not in (4, 8, 16, 32, 64, 128):
+                        continue
+                    launch = {"buckets_per_program": bpp, "num_warps": warps}
+                    q = timing.median_ms(lambda: kernels.encode_rows(x, bits, bucket, layout, True, **launch))
+                    d = timing.median_ms(lambda: kernels.decode_rows(wire, bits, bucket, layout, dtype, True, **launch))
+                    qg, dg = timing.gbps(nbytes, q), timing.gbps(nbytes, d)
+                    default = "yes" if (bpp, warps) == (default_bpp, default_warps) else ""
+                    lines.append(f"| {timing.DTYPE_NAMES[dtype]} | {bucket} | {bpp} | {warps} | {default} | {qg:.0f} | "
+                                 f"{dg:.0f} | {100 * qg / copy:.0f} / {100 * dg / copy:.0f} |")  # fmt: skip
+                    print(lines[-1], flush=True)
+        torch.cuda.empty_cache()
+    return "\n".join(lines)
+
+
 def main() -> int:
-    args = timing.arg_parser(__doc__, bucket_size=2048).parse_args()
+    parser = timing.arg_parser(__doc__, bucket_size=2048)
+    parser.add_argument("--sweep", action="store_true", help="only the launch sweep of the rotated 4-bit kernels")
+    args = parser.parse_args()
     if timing.cuda_missing():
         return 2
 
     header = timing.header()
+    if args.sweep:
+        text = timing.header_text(header) + _sweep()
+        print("\n" + text)
+        timing.write_out("bench_symmetric_hadamard_sweep", text, {"header": header})
+        return 0
     rows, copies = timing.measure_grid(
         args.quick, lambda record, bits_list: _measure(record, bits_list, args.bucket_size))
     text = timing.header_text(header)
