@@ -42,6 +42,8 @@ __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_ro
 
 #: Code widths with a kernel (a group of 8 codes is exactly ``bits`` bytes).
 SUPPORTED_BITS = (2, 4, 8)
+#: Elements per thread of the launches that fuse the Hadamard rotation (the others use ``ELEMENTS_PER_THREAD``).
+ROTATED_ELEMENTS_PER_THREAD = 64
 
 
 def supports(bits: int, bucket_size: int, rotate: bool = False) -> bool:
@@ -174,7 +176,10 @@ def _config(bits: int, bucket_size: int, rows: int, layout: WireLayout, rotate: 
         )
     if rows < 1 or not launch_fits(rows, layout.numel):
         raise ValueError(f"rows={rows} must be in 1..{MAX_ROWS} and n={layout.numel} below 2**31")
-    return launch_shape(bucket_size, layout.num_buckets, on_gpu, GPU_TILE, INTERPRETER_TILE, ELEMENTS_PER_THREAD,
+    # The rotation's butterflies and tile rearrangement go through shared memory; fewer, fuller warps (64 elements
+    # per thread) measured faster for both Hadamard orders swept (benchmarks/kernel_notes.md).
+    per_thread = ROTATED_ELEMENTS_PER_THREAD if rotate else ELEMENTS_PER_THREAD
+    return launch_shape(bucket_size, layout.num_buckets, on_gpu, GPU_TILE, INTERPRETER_TILE, per_thread,
                         buckets_per_program, num_warps)  # fmt: skip
 
 
