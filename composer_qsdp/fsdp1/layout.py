@@ -54,10 +54,7 @@ class FSDP1GatherLayout(GatherLayout):
         return {key: gathered[offset : offset + math.prod(shape)].view(shape) for key, shape, offset in self.entries}
 
     def join(self, params: dict[str, torch.Tensor], out: torch.Tensor) -> None:
-        expected = {key: tuple(shape) for key, shape in self.shapes().items()}
-        got = {key: tuple(t.shape) for key, t in params.items()}
-        if got != expected:
-            raise ValueError(f"saved parameters {got} do not match this unit's {expected}")
+        self.check_saved(params)
         out.zero_()
         for key, shape, offset in self.entries:
             out[offset : offset + math.prod(shape)].copy_(params[key].reshape(-1))

@@ -77,10 +77,7 @@ class FSDP2GatherLayout(GatherLayout):
         }
 
     def join(self, params: dict[str, torch.Tensor], out: torch.Tensor) -> None:
-        expected = {key: tuple(shape) for key, shape in self.shapes().items()}
-        got = {key: tuple(t.shape) for key, t in params.items()}
-        if got != expected:
-            raise ValueError(f"saved parameters {got} do not match this unit's {expected}")
+        self.check_saved(params)
         out.zero_()
         for key, shape, cols in self._columns(out):
             padded_rows = self.world_size * cols.shape[1] // math.prod(shape[1:])

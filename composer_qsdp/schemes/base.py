@@ -59,6 +59,17 @@ class GatherLayout(ABC):
             ValueError: the tensors do not match the parameters (names or shapes), naming the difference.
         """
 
+    def check_saved(self, params: dict[str, torch.Tensor]) -> None:
+        """Raise unless ``params`` has exactly this unit's parameter names and shapes (for :meth:`join`).
+
+        Raises:
+            ValueError: naming the saved and the expected shapes.
+        """
+        expected = {key: tuple(shape) for key, shape in self.shapes().items()}
+        got = {key: tuple(t.shape) for key, t in params.items()}
+        if got != expected:
+            raise ValueError(f"saved parameters {got} do not match this unit's {expected}")
+
 
 class Scheme(ABC):
     """Base of every scheme (see the module docstring).
