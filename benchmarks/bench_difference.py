@@ -15,12 +15,15 @@ tensor, after one discarded pass. Writes ``$OUT/bench_difference.{md,json}`` whe
 Usage::
 
     python benchmarks/bench_difference.py            # 16M and 64M elements (a GPT-1.3B block has 50M)
+    python benchmarks/bench_difference.py --profile  # where the host time of 200 direct 4-bit gathers goes
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import sys
 import tempfile
 
@@ -70,13 +73,37 @@ def _measure(size: int) -> list[timing.Row]:
     return rows
 
 
+def _profile() -> None:
+    """cProfile of 200 direct 4-bit gathers of 16M elements (host time: the GPU work is shorter)."""
+    scheme = _schemes()["direct, min-max 4-bit (W4G4)"]
+    scheme.setup(dist.group.WORLD, Topology(1))
+    weights = torch.randn(16 * MI, device=timing.DEVICE, dtype=torch.bfloat16)
+    output = torch.empty_like(weights)
+    for seed in range(20):
+        scheme.all_gather(output, weights, seed=seed)
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for seed in range(200):
+        scheme.all_gather(output, weights, seed=seed)
+    profiler.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+
+
 def main() -> int:
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", action="store_true", help="only the host profile of the direct gather")
+    args = parser.parse_args()
     if timing.cuda_missing():
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group("nccl", init_method=f"file://{os.path.join(tmp, 'store')}", rank=0, world_size=1,
                                 device_id=torch.device(timing.DEVICE, 0))  # fmt: skip
+        if args.profile:
+            _profile()
+            dist.destroy_process_group()
+            return 0
         try:
             header = timing.header()
             # A first pass, discarded: without it the first size measured 2x slower (first run, 81ca919).
