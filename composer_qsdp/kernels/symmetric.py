@@ -38,7 +38,7 @@ from composer_qsdp.kernels.groups import row_stride, split_tile, store_codes, ti
 from composer_qsdp.kernels.hadamard import butterflies, rotation_scale
 from composer_qsdp.kernels.layout import WireLayout, aligned_rows
 
-__all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_rows", "decode_sum"]
+__all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_rows", "decode_add_rows", "decode_sum"]
 
 #: Code widths with a kernel (a group of 8 codes is exactly ``bits`` bytes).
 SUPPORTED_BITS = (2, 4, 8)
@@ -85,9 +85,11 @@ def _rotated_store(out_ptr, v, pid, n_out, BUCKET: tl.constexpr, LOG_B: tl.const
 
 @triton.jit
 def _encode_kernel(
-    x_ptr, wire_ptr, n_in, n, x_row_stride, wire_row_stride, num_buckets, code_bytes, meta_offset, scale_rot,
+    x_ptr, ref_ptr, wire_ptr, n_in, n, x_row_stride, ref_row_stride, wire_row_stride, num_buckets, code_bytes,
+    meta_offset, scale_rot,
     BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, VEC: tl.constexpr,
     QMAX: tl.constexpr, ROTATE: tl.constexpr, LOG_B: tl.constexpr, PARTIAL_GROUPS: tl.constexpr,
+    DIFFERENCE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -97,6 +99,8 @@ def _encode_kernel(
         x, absmax = _rotated_load(x_ptr + row * x_row_stride, pid, n_in, BUCKET, LOG_B, GROUPS, BPP, VEC, scale_rot)
     else:
         x = tl.load(x_ptr + row * x_row_stride + e, mask=valid, other=0.0).to(tl.float32)
+        if DIFFERENCE:  # the same fp32 subtraction as the reference's, never written to memory
+            x = x - tl.load(ref_ptr + row * ref_row_stride + e, mask=valid, other=0.0).to(tl.float32)
         absmax = tl.reduce(tl.reduce(tl.where(valid, tl.abs(x), 0.0), 3, _abs_max, keep_dims=True), 2, _abs_max,
                            keep_dims=True)  # fmt: skip
         absmax = tl.reduce(absmax, 0, _abs_max, keep_dims=True)  # [1, BPP, 1, 1]
@@ -138,7 +142,7 @@ def _decode_kernel(
     wire_ptr, out_ptr, n, n_out, wire_row_stride, out_row_stride, num_buckets, meta_offset, scale_rot,
     BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, VEC: tl.constexpr,
     QMAX: tl.constexpr, ROTATE: tl.constexpr, LOG_B: tl.constexpr, SUM: tl.constexpr, ROWS: tl.constexpr,
-    EMULATE_BF16_RNE: tl.constexpr,
+    EMULATE_BF16_RNE: tl.constexpr, ADD: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     if ROTATE:  # the rotation rearranges the tile anyway
@@ -163,6 +167,8 @@ def _decode_kernel(
             _rotated_store(out_ptr + row * out_row_stride, val, pid, n_out, BUCKET, LOG_B, scale_rot,
                            EMULATE_BF16_RNE)  # fmt: skip
         else:
+            if ADD:  # out += decoded, added in fp32 (not contracted: enable_fp_fusion=False) and rounded once
+                val = tl.load(out_ptr + row * out_row_stride + e, mask=valid, other=0.0).to(tl.float32) + val
             store_cast(out_ptr + row * out_row_stride + e, val, valid, EMULATE_BF16_RNE)
 
 
@@ -197,29 +203,38 @@ def encode_rows(
     rotate: bool = False,
     buckets_per_program: int | None = None,
     num_warps: int | None = None,
+    ref: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Encode each row of a ``[R, n]`` float tensor into ``[R, layout.wire_bytes]`` ``uint8``.
 
     ``layout`` is the codec's ``SymmetricCodec.layout(m)`` of ``m = n`` elements, or with ``rotate`` of ``m = n``
-    padded to whole buckets, which then encodes each row's zero-padded buckets Hadamard-rotated.
+    padded to whole buckets, which then encodes each row's zero-padded buckets Hadamard-rotated. With ``ref`` (a
+    ``[R, n]`` float tensor; not with ``rotate``) it encodes ``x - ref``, subtracted in fp32 in registers.
     ``buckets_per_program`` (a power of two) and ``num_warps`` override the launch shape, not the result.
     """
     if x.stride(1) != 1:
         x = x.contiguous()
     rows, n = x.shape
+    if ref is not None:
+        if rotate or ref.shape != x.shape:
+            raise ValueError(f"a difference encode needs rotate=False and ref of x's shape {tuple(x.shape)}; got "
+                             f"rotate={rotate}, ref of shape {tuple(ref.shape)}")  # fmt: skip
+        ref = ref if ref.stride(1) == 1 else ref.contiguous()
     groups, bpp, warps = _config(bits, bucket_size, rows, layout, rotate, x.is_cuda, buckets_per_program, num_warps)
     wire = torch.empty(rows, layout.wire_bytes, dtype=torch.uint8, device=x.device)
     _encode_kernel[(triton.cdiv(layout.num_buckets, bpp), rows)](
-        x, wire, n, layout.numel, row_stride(x), row_stride(wire), layout.num_buckets, layout.code_bytes,
-        layout.meta_offset, **_rotation(bucket_size, rotate),
+        x, x if ref is None else ref, wire, n, layout.numel, row_stride(x), row_stride(x if ref is None else ref),
+        row_stride(wire), layout.num_buckets, layout.code_bytes, layout.meta_offset, **_rotation(bucket_size, rotate),
         BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=vec(x.dtype), QMAX=(1 << (bits - 1)) - 1,
-        PARTIAL_GROUPS=bits < 8 and layout.numel % 8 != 0, num_warps=warps, enable_fp_fusion=False,
+        PARTIAL_GROUPS=bits < 8 and layout.numel % 8 != 0, DIFFERENCE=ref is not None, num_warps=warps,
+        enable_fp_fusion=False,
     )  # fmt: skip
     return wire
 
 
 def _decode(wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout, out: torch.Tensor, sum_rows: bool,
-            rotate: bool, buckets_per_program: int | None, num_warps: int | None) -> torch.Tensor:  # fmt: skip
+            rotate: bool, buckets_per_program: int | None, num_warps: int | None,
+            add: bool = False) -> torch.Tensor:  # fmt: skip
     wire = aligned_rows(wire)
     rows = wire.shape[0]
     groups, bpp, warps = _config(bits, bucket_size, rows, layout, rotate, wire.is_cuda, buckets_per_program,
@@ -229,7 +244,7 @@ def _decode(wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout,
         wire, out, layout.numel, out.shape[-1], row_stride(wire), row_stride(out), layout.num_buckets,
         layout.meta_offset, **_rotation(bucket_size, rotate),
         BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=vec(out.dtype), QMAX=(1 << (bits - 1)) - 1,
-        SUM=sum_rows, ROWS=rows if sum_rows else 1, EMULATE_BF16_RNE=emulate_bf16_rne(),
+        SUM=sum_rows, ROWS=rows if sum_rows else 1, EMULATE_BF16_RNE=emulate_bf16_rne(), ADD=add,
         num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
     return out
@@ -253,6 +268,23 @@ def decode_rows(
     """
     out = torch.empty(wire.shape[0], layout.numel if numel is None else numel, dtype=dtype, device=wire.device)
     return _decode(wire, bits, bucket_size, layout, out, False, rotate, buckets_per_program, num_warps)
+
+
+def decode_add_rows(
+    wire: torch.Tensor,
+    bits: int,
+    bucket_size: int,
+    layout: WireLayout,
+    out: torch.Tensor,
+    buckets_per_program: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """``out += decode_rows(wire)`` for a contiguous ``[R, layout.numel]`` float ``out``, in one pass: each
+    element's decoded value is added to ``out``'s in fp32 and rounded once to ``out``'s dtype. Returns ``out``."""
+    if out.shape != (wire.shape[0], layout.numel) or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [{wire.shape[0]}, {layout.numel}] tensor, got "
+                         f"{tuple(out.shape)} (contiguous: {out.is_contiguous()})")  # fmt: skip
+    return _decode(wire, bits, bucket_size, layout, out, False, False, buckets_per_program, num_warps, add=True)
 
 
 def decode_sum(

@@ -153,6 +153,38 @@ class Codec(ABC):
         self._check_dtype(dtype)
         return self._decode_rows(wire, numel, dtype)
 
+    def encode_difference_rows(
+        self, x: torch.Tensor, ref: torch.Tensor, seed: int = 0, offset: int = 0
+    ) -> torch.Tensor:
+        """:meth:`encode_rows` of ``x - ref``, the difference taken in fp32 (``x.float() - ref.float()``): what a
+        weight-difference scheme sends. Codecs with a fused kernel never write the difference to memory.
+
+        Args:
+            x, ref: ``[R, n]`` floating tensors of the same shape.
+            seed, offset: as :meth:`encode_rows`.
+        """
+        self._check_rows_input(x, seed, offset)
+        self._check_input(ref)
+        if ref.shape != x.shape:
+            raise ValueError(f"ref has shape {tuple(ref.shape)} but x has {tuple(x.shape)}; they must match")
+        return self._encode_difference_rows(x, ref, seed, offset)
+
+    def decode_add_rows(self, wire: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out += decode_rows(wire)``: each decoded value added to ``out``'s in fp32 and rounded once to
+        ``out``'s dtype (a weight-difference scheme's reference update). Returns ``out``.
+
+        Args:
+            wire: ``[R, wire_bytes(n)]`` ``uint8`` from :meth:`encode_rows` (or :meth:`encode_difference_rows`).
+            out: contiguous ``[R, n]`` floating tensor, updated in place.
+        """
+        valid = isinstance(out, torch.Tensor) and out.dim() == 2 and out.dtype in FLOAT_DTYPES
+        if not valid or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous 2-D floating tensor, got {_describe(out)}")
+        self._check_wire_rows(wire, out.shape[1])
+        if wire.shape[0] != out.shape[0]:
+            raise ValueError(f"wire has {wire.shape[0]} rows but out has {out.shape[0]}; they must match")
+        return self._decode_add_rows(wire, out)
+
     def decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
         """Decode the ``R`` rows of ``wire`` and sum them in fp32: the reduce side of a reduce-scatter.
 
@@ -179,6 +211,14 @@ class Codec(ABC):
     @abstractmethod
     def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """Decode a validated ``[R, wire_bytes(numel)]`` buffer into ``[R, numel]``."""
+
+    def _encode_difference_rows(self, x: torch.Tensor, ref: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
+        """Encode ``x - ref`` of validated ``[R, n]`` tensors; this default materializes the fp32 difference."""
+        return self._encode_rows(x.to(torch.float32) - ref.to(torch.float32), seed, offset)
+
+    def _decode_add_rows(self, wire: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out += `` the fp32 decode of a validated wire; this default materializes the decode."""
+        return out.add_(self._decode_rows(wire, out.shape[1], torch.float32))
 
     def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
         """Sum the fp32 decodes of the rows of a validated buffer, in row order starting from +0.0."""

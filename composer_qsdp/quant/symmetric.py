@@ -99,6 +99,18 @@ class SymmetricCodec(Codec):
             return kernels.decode_rows(wire, self.bits, self.bucket_size, layout, dtype)
         return self._decode_rows_fp32(wire, layout).to(dtype)
 
+    def _encode_difference_rows(self, x: torch.Tensor, ref: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
+        kernels = self._kernels(x)
+        if kernels is not None and ref.device == x.device:
+            return kernels.encode_rows(x, self.bits, self.bucket_size, self.layout(x.shape[1]), ref=ref)
+        return super()._encode_difference_rows(x, ref, seed, offset)
+
+    def _decode_add_rows(self, wire: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        kernels = self._kernels(wire)
+        if kernels is not None and out.device == wire.device:
+            return kernels.decode_add_rows(wire, self.bits, self.bucket_size, self.layout(out.shape[1]), out)
+        return super()._decode_add_rows(wire, out)
+
     def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
         layout = self.layout(numel)
         kernels = self._kernels(wire)

@@ -128,12 +128,12 @@ class DifferenceAllGather(WeightScheme):
             output.copy_(ref)
             return replace(plain, sent=0, inter_node=0)
         own = ref.view(world, n)[rank]
-        diff = input.to(torch.float32) - own.to(torch.float32)  # before `output` (which `input` may alias) is written
-        wire = self.codec.encode(diff, seed=mix_seed(seed, rank))
+        # Encoded before `output` (which `input` may alias) is written.
+        wire = self.codec.encode_difference_rows(input.reshape(1, n), own.view(1, n), seed=mix_seed(seed, rank))[0]
         gathered = torch.empty(world * wire.numel(), dtype=torch.uint8, device=input.device)
         dist.all_gather_into_tensor(gathered, wire, group=group)
         error = relative_error(own.to(torch.float32) + self.codec.decode(wire, n), input) if measure_error else None
-        ref.view(world, n).add_(self.codec.decode_rows(gathered.view(world, -1), n, torch.float32))
+        self.codec.decode_add_rows(gathered.view(world, -1), ref.view(world, n))
         output.copy_(ref)
         self._next = _Next.CURRENT
         traffic = call_traffic(world, n, wire.numel(), input.element_size(), self._off_node_peers)

@@ -62,6 +62,19 @@ def _check_kernels(codec: SymmetricCodec, x: torch.Tensor, **launch) -> None:
     _assert_bitwise(kernels.decode_sum(expected, codec.bits, codec.bucket_size, layout, **launch), total)
 
 
+def _check_difference_kernels(codec: SymmetricCodec, x: torch.Tensor, ref: torch.Tensor) -> None:
+    """The fused difference encode equals the reference encode of the materialized fp32 difference, and the
+    fused decode-and-add equals ``(ref + decoded)`` added in fp32 and rounded once."""
+    rows, n = x.shape
+    layout = codec.layout(n)
+    diff = x.to(torch.float32) - ref.to(torch.float32)
+    expected = codec._encode_rows_reference(diff, layout)
+    _assert_same_wire(codec, kernels.encode_rows(x, codec.bits, codec.bucket_size, layout, ref=ref), expected, n)
+    out = ref.clone()
+    kernels.decode_add_rows(expected, codec.bits, codec.bucket_size, layout, out)
+    _assert_bitwise(out, (ref.to(torch.float32) + codec._decode_rows_fp32(expected, layout)).to(ref.dtype))
+
+
 CASES = [  # rows, n, bucket_size, bits, dtype
     (1, 4096, 1024, 8, torch.float32),
     (4, 1000, 64, 4, torch.bfloat16),  # tail bucket
@@ -78,6 +91,33 @@ CASES = [  # rows, n, bucket_size, bits, dtype
 def test_kernels_match_reference(rows, n, bucket, bits, dtype, nonfinite):
     codec = SymmetricCodec(bits=bits, bucket_size=bucket)
     _check_kernels(codec, _data(rows, n, dtype, seed=n + bits, nonfinite=nonfinite))
+
+
+@pytest.mark.parametrize("nonfinite", [False, True])
+@pytest.mark.parametrize("rows,n,bucket,bits,dtype", CASES)
+def test_difference_kernels_match_reference(rows, n, bucket, bits, dtype, nonfinite):
+    x = _data(rows, n, dtype, seed=n + bits, nonfinite=nonfinite)
+    ref = x + (_data(rows, n, torch.float32, seed=n, nonfinite=False) * 1e-2).to(dtype)  # a nearby reference
+    _check_difference_kernels(SymmetricCodec(bits=bits, bucket_size=bucket), x, ref)
+
+
+def test_difference_methods_dispatch_to_triton_and_match_torch():
+    codec = SymmetricCodec(bits=4, bucket_size=256)
+    x = _data(3, 700, torch.bfloat16, seed=5, nonfinite=False)
+    ref = (x.to(torch.float32) * 0.99).to(torch.bfloat16)
+    with backend("torch"):
+        wire = codec.encode_difference_rows(x, ref, seed=3)
+        assert torch.equal(wire, codec.encode_rows(x.to(torch.float32) - ref.to(torch.float32)))
+        updated = codec.decode_add_rows(wire, ref.clone())
+    with backend("triton"):
+        assert torch.equal(codec.encode_difference_rows(x, ref, seed=3), wire)
+        assert torch.equal(codec.decode_add_rows(wire, ref.clone()), updated)
+    with pytest.raises(ValueError, match=r"ref has shape \(3, 699\) but x has \(3, 700\)"):
+        codec.encode_difference_rows(x, ref[:, :699])
+    with pytest.raises(ValueError, match="out must be a contiguous 2-D floating tensor"):
+        codec.decode_add_rows(wire, ref.t().contiguous().t())
+    with pytest.raises(ValueError, match="wire has 3 rows but out has 2"):
+        codec.decode_add_rows(wire, ref[:2].clone())
 
 
 def _check_rotated_kernels(codec: SymmetricCodec, x: torch.Tensor, **launch) -> None:
@@ -199,16 +239,28 @@ def test_kernels_compile_for_hopper_without_spills():
                      "ROTATE": rotate, "LOG_B": bucket.bit_length() - 1}  # fmt: skip
         common = {"module": kernels.__name__, "num_warps": warps}
         name = f"{bits}b {dtype} bucket {bucket} rotate={rotate}"
+        fused = not rotate  # the weight-difference variants (subtract in the encode, add in the decode)
         variants += [
-            {"name": f"encode {name}", "kernel": "_encode_kernel", "types": {"x_ptr": "*" + dtype, "wire_ptr": "*u8",
-             "scale_rot": "fp32"}, "constants": {**constants, "VEC": vec(streamed), "PARTIAL_GROUPS": True}, **common},
+            {"name": f"encode {name}", "kernel": "_encode_kernel",
+             "types": {"x_ptr": "*" + dtype, "ref_ptr": "*" + dtype, "wire_ptr": "*u8", "scale_rot": "fp32"}, **common,
+             "constants": {**constants, "VEC": vec(streamed), "PARTIAL_GROUPS": True, "DIFFERENCE": False}},
             {"name": f"decode {name}", "kernel": "_decode_kernel",
              "types": {"wire_ptr": "*u8", "out_ptr": "*" + dtype, "scale_rot": "fp32"}, **common,
-             "constants": {**constants, "VEC": vec(streamed), "SUM": False, "ROWS": 1, "EMULATE_BF16_RNE": False}},
+             "constants": {**constants, "VEC": vec(streamed), "SUM": False, "ROWS": 1, "EMULATE_BF16_RNE": False,
+                           "ADD": False}},
             {"name": f"decode_sum {name}", "kernel": "_decode_kernel",
              "types": {"wire_ptr": "*u8", "out_ptr": "*fp32", "scale_rot": "fp32"}, **common,
-             "constants": {**constants, "VEC": vec(torch.float32), "SUM": True, "ROWS": 8, "EMULATE_BF16_RNE": False}},
-        ]  # fmt: skip
+             "constants": {**constants, "VEC": vec(torch.float32), "SUM": True, "ROWS": 8, "EMULATE_BF16_RNE": False,
+                           "ADD": False}},
+        ] + ([
+            {"name": f"difference encode {name}", "kernel": "_encode_kernel", "types": {"x_ptr": "*" + dtype,
+             "ref_ptr": "*" + dtype, "wire_ptr": "*u8", "scale_rot": "fp32"}, **common,
+             "constants": {**constants, "VEC": vec(streamed), "PARTIAL_GROUPS": True, "DIFFERENCE": True}},
+            {"name": f"decode_add {name}", "kernel": "_decode_kernel",
+             "types": {"wire_ptr": "*u8", "out_ptr": "*" + dtype, "scale_rot": "fp32"}, **common,
+             "constants": {**constants, "VEC": vec(streamed), "SUM": False, "ROWS": 1, "EMULATE_BF16_RNE": False,
+                           "ADD": True}},
+        ] if fused else [])  # fmt: skip
     assert_no_spills_and_exact(variants)
 
 
@@ -237,6 +289,14 @@ def test_cuda_bucket_sizes(bucket):
 def test_cuda_fused_rotation(bucket, dtype):
     codec = SymmetricCodec(bits=4, bucket_size=bucket)
     _check_rotated_kernels(codec, _data(3, 300_001, dtype, seed=bucket, nonfinite=True).cuda())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,dtype", [(4, torch.bfloat16), (8, torch.float32), (2, torch.float16)])
+def test_cuda_difference_kernels(bits, dtype):
+    x = _data(2, 300_001, dtype, seed=bits, nonfinite=True).cuda()
+    ref = x + (_data(2, 300_001, torch.float32, seed=7, nonfinite=False) * 1e-2).to(dtype).cuda()
+    _check_difference_kernels(SymmetricCodec(bits=bits, bucket_size=2048), x, ref)
 
 
 @pytest.mark.gpu
