@@ -497,8 +497,8 @@ def decide(
     if best != plain and best_s > plain_s * (1 - min_gain):
         note = f"quantizing gains {1 - best_s / plain_s:.1%} < min_gain {min_gain:.0%}: every unit off"
         best, best_s = plain, plain_s
-    return Decision(tuple(allowed["weights"][i].name for i in best[0]), tuple(allowed["grads"][i].name for i in best[1]),
-                    best_s, plain_s, rejected, note)
+    names = [tuple(allowed[side][i].name for i in best[s]) for s, side in enumerate(SIDES)]
+    return Decision(names[0], names[1], best_s, plain_s, rejected, note)
 
 
 # ---------------------------------------------------------------------------------------------- rank agreement

@@ -256,10 +256,8 @@ class ForwardTimer:
         microbatches counted (syncs the device once on GPU)."""
         self.active = False
         _sync(self.device)
-        totals = []
-        for stamps in self._stamps:
-            totals.append({kind: sum(self._elapsed(a, b) for a, b in zip(stamps[f"{kind}_start"], stamps[f"{kind}_end"]))
-                           for kind in ("inner", "outer")})
+        totals = [{kind: sum(self._elapsed(a, b) for a, b in zip(s[f"{kind}_start"], s[f"{kind}_end"]))
+                   for kind in ("inner", "outer")} for s in self._stamps]
         micro = max(self.microbatches, 1)
         forward = [max(totals[i]["inner"] - sum(totals[c]["outer"] for c in self._children[i]), 0.0) / micro
                    for i in range(len(self.units))]
