@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -64,7 +65,7 @@ class AutoOptions:
         backward_ratio: backward compute per unit as a multiple of its measured forward (> 0).
         probe_max_numel: largest probe message, elements (the probe sends up to three sizes up to the largest unit,
             capped here; 2**24 elements are 32 MiB in bf16).
-        probe_repeats: timed calls per probe size (>= 1; one untimed call precedes them).
+        probe_repeats: timed calls per probe size (>= 1; one untimed call precedes them; the median counts).
 
     Raises:
         ValueError: an option out of range, naming the value and what is allowed.
@@ -75,7 +76,7 @@ class AutoOptions:
     min_gain: float = 0.02
     backward_ratio: float = 2.0
     probe_max_numel: int = 2**24
-    probe_repeats: int = 3
+    probe_repeats: int = 5
 
     def __post_init__(self) -> None:
         check_int("warmup_steps", self.warmup_steps, minimum=2)
@@ -119,8 +120,9 @@ def probe_network(
     """Time each candidate's collective on ``group`` at each size and fit a :class:`LinkFit` per candidate.
 
     Collective: every rank of ``group`` calls it with the same arguments. Each (candidate, size) gets one untimed
-    call, a barrier, then ``repeats`` timed calls (host clock around device syncs). Every rank's times are
-    all-reduced to their maximum (a collective ends when its slowest rank does), so every rank fits the same lines.
+    call, a barrier, then ``repeats`` calls timed one by one (host clock around device syncs), of which the median
+    counts. Every rank's medians are all-reduced to their maximum (a collective ends when its slowest rank does),
+    so every rank fits the same lines.
     Cost: ``len(candidates) * len(sizes) * (repeats + 1)`` collectives of up to ``max(sizes)`` elements.
 
     Args:
@@ -161,11 +163,13 @@ def probe_network(
             traffic = call(0)
             _sync(device)
             dist.barrier(group=group)
-            start = time.perf_counter()
-            for r in range(repeats):
+            calls = []
+            for r in range(repeats):  # one at a time, the median: robust to a stray slow call
+                start = time.perf_counter()
                 call(r + 1)
-            _sync(device)
-            seconds.append((time.perf_counter() - start) / repeats)
+                _sync(device)
+                calls.append(time.perf_counter() - start)
+            seconds.append(statistics.median(calls))
             wire[candidate.key].append(traffic.sent)
     times = torch.tensor(seconds, dtype=torch.float64, device=device)
     dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
@@ -337,7 +341,7 @@ class AutoRecord:
 
     def message(self) -> str:
         """A readable log line."""
-        network = ", ".join(f"{key} {fit.bytes_per_s / 1e9:.2f} GB/s + {fit.latency_s * 1e6:.0f} us"
+        network = ", ".join(f"{key} {fit.bytes_per_s / 1e9:.3g} GB/s + {fit.latency_s * 1e6:.0f} us"
                             for key, fit in self.network.items())
         return (f"QSDP auto {self.event} at step {self.step}: {self.decision.summary()}; measured step "
                 f"{self.measured_step_s * 1e3:.2f} ms, predicted {self.predicted_step_s * 1e3:.2f} ms with the "

@@ -10,13 +10,14 @@ import random
 
 import pytest
 import torch
+import torch.nn as nn
 
 from composer_qsdp import QSDP
 from composer_qsdp.policy import AutoOptions, SideConfig
 from composer_qsdp.policy.auto import (GRAD_CANDIDATES, WEIGHT_CANDIDATES, Candidate, LinkFit, UnitProfile,
                                        accuracy_violation, decide, fit_link, pack_profiles, predict_step,
                                        schedule_step, unpack_profiles)
-from composer_qsdp.policy.auto_runtime import probe_sizes
+from composer_qsdp.policy.auto_runtime import AutoRecord, probe_sizes
 
 GB = 1e9
 W = {c.name: c for c in WEIGHT_CANDIDATES}
@@ -198,6 +199,36 @@ def test_decide_rejects_bad_arguments():
         decide(units, network(1, 1), world_size=2, weight_candidates=WEIGHT_CANDIDATES[1:])
     with pytest.raises(ValueError, match="no network measurement for 'grads:g4'"):
         decide(units, {k: v for k, v in network(1, 1).items() if k != "grads:g4"}, world_size=2)
+
+
+def test_record_logs_the_decision_it_holds():
+    units = gpt_like(blocks=2)
+    net = network(3.5, 3.3)
+    d = decide(units, net, world_size=2, **root_schedule(3))
+    record = AutoRecord("decided", 4, d, 0.5, d.step_s + 0.1, 0.1, net, units, 1, 3, [u.name for u in units])
+    m = record.metrics()
+    assert m["qsdp/auto/predicted_step_s"] == pytest.approx(d.step_s + 0.1)
+    assert m["qsdp/auto/predicted_speedup"] == pytest.approx((d.plain_step_s + 0.1) / (d.step_s + 0.1))
+    assert m["qsdp/auto/grads/g4"] == 3 and sum(v for k, v in m.items() if k.startswith("qsdp/auto/weights/")) == 3
+    assert m["qsdp/auto/network/grads:off/gbytes_per_s"] == pytest.approx(3.5)
+    assert record.choice() == {(u.name or "<root>"): f"{w}/{g}" for u, w, g in zip(units, d.weights, d.grads)}
+    assert record.message().startswith("QSDP auto decided at step 4: ") and "grads g4 x3" in record.message()
+
+
+def test_reconfigure_refuses_what_it_cannot_do_and_changes_nothing():
+    from composer_qsdp.comm import Topology
+    from composer_qsdp.policy import QSDPHandle, Unit, from_recipe, plan_units
+
+    layers = [nn.Linear(4, 4) for _ in range(2)]
+    config = from_recipe("w8g8", weight_bits=None, grad_bits=None, check_finite=False)
+    plans = plan_units([Unit(f"l{i}", m, 20, tuple(m.parameters())) for i, m in enumerate(layers)], config)
+    handle = QSDPHandle(nn.Sequential(*layers), config, plans, Topology(1))
+    before = handle.units
+    with pytest.raises(ValueError, match="one \\(weights, grads\\) pair per unit: 2, got 1"):
+        handle.reconfigure([(None, None)])
+    with pytest.raises(ValueError, match="unit l1: the difference weight scheme needs the unit's gather layout"):
+        handle.reconfigure([(None, None), (W["qwd4"].build(), None)])
+    assert handle.units is before
 
 
 # ---------------------------------------------------------------------------------------------- the probe's fit

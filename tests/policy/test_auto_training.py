@@ -107,13 +107,15 @@ def test_decides_at_the_step_boundary_and_trains_exactly_before(results):
         for step in range(WARMUP):
             for name in LAYERS:
                 assert torch.equal(run["forward"][step][name], run["master"][step][f"{name}.weight"])
-            assert run["schemes"][step if step < WARMUP - 1 else 0][0][1] == ("direct", None)
+        for step in range(WARMUP - 1):  # schemes after each step's boundary: unquantized until the decision's
+            assert all(s[1] == ("direct", None) and s[2] == ("flat", None) for s in run["schemes"][step])
         # ... and the reconfigured schemes from the decision step's boundary on.
         want = {"w8": ("direct", 8), "qwd4": ("difference", 4), "g4": ("flat", 4)}
         for step in range(WARMUP - 1, STEPS):
             assert [(s[1], s[2]) for s in run["schemes"][step]] == [
                 (want[w], want[g]) for w, g in zip(expected.weights, expected.grads)]
     # Exact plain data parallelism through the warm-up.
+    assert results[0]["decide"]["events"] == results[1]["decide"]["events"]
     ref, _ = reference_training(2, WARMUP)
     for name, value in ref.items():
         assert torch.allclose(results[0]["decide"]["master"][WARMUP][name], value, atol=1e-6), name
