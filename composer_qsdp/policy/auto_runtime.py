@@ -17,6 +17,9 @@ optimizer-step boundary, on every rank:
    ``recheck_tolerance`` (relative), it measures the network again, uses the forward times of this window and
    decides once more (``"rechecked"``); otherwise it keeps the choice (``"confirmed"``). Then it stops measuring.
 
+The network is probed at the end of the warm-up rather than at install: only then are the dtypes FSDP sends
+known (mixed precision) and the device warm, and the re-check probes the same way.
+
 Backward compute is ``backward_ratio`` x the measured forward (2: a layer's backward does twice its forward's
 matrix-product FLOPs; 3 with activation checkpointing): timing backward per unit would need hooks inside FSDP's
 own backward machinery, and the whole backward's wall time includes the waits the model is meant to predict.
@@ -400,8 +403,10 @@ class AutoPolicy:
         self._calls_at_start = [0] * n
         self.timer = ForwardTimer(handle)
         self.device = self.timer.device
-        # FSDP2's root (the model itself, unit 0) runs its head first in backward and reduces last.
-        root = handle.units[0].name == "" and n > 1
+        # A root unit (the first, holding every other: FSDP2's root, e.g. embeddings and a tied head) runs its head
+        # first in backward and reduces last (FSDP2's final callback).
+        inside_first = {id(m) for m in handle.units[0].module.modules()}
+        root = n > 1 and all(id(u.module) in inside_first for u in handle.units[1:])
         self._backward_order = [0, *range(n - 1, 0, -1)] if root else None
         self._reduce_at_end = (0,) if root else ()
 

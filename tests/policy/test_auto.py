@@ -6,6 +6,7 @@ law, and the options' errors."""
 from __future__ import annotations
 
 import itertools
+import time
 import random
 
 import pytest
@@ -280,3 +281,45 @@ def test_options_errors_name_the_value_and_what_is_allowed():
     qsdp = QSDP(policy="auto", exclude=["l1"], auto_options={"warmup_steps": 3})
     assert qsdp.config.weights.bits is None and qsdp.config.grads.bits is None  # starts unquantized
     assert qsdp.auto_options.warmup_steps == 3 and qsdp.config.exclude == ("l1",)
+
+
+# ---------------------------------------------------------------------------------------------- forward timer
+class _Sleeps(nn.Module):
+    """A module whose forward takes ``seconds`` on the host, around an optional child."""
+
+    def __init__(self, seconds: float, child: nn.Module | None = None) -> None:
+        super().__init__()
+        self.seconds, self.child, self.lin = seconds, child, nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return self.child(x) if self.child is not None else x
+
+
+def test_forward_timer_excludes_nested_units_and_the_wait_for_weights():
+    from composer_qsdp.comm import Topology
+    from composer_qsdp.policy import QSDPHandle, Unit, from_recipe, plan_units
+    from composer_qsdp.policy.auto_runtime import ForwardTimer
+
+    child = _Sleeps(0.020)
+    parent = _Sleeps(0.040, child)
+    # Like FSDP's pre-forward hook (registered at wrapping, before the timer's): waiting for the gathered weights.
+    child.register_forward_pre_hook(lambda *_: time.sleep(0.060), prepend=True)
+    config = from_recipe("w8g8", weight_bits=None, grad_bits=None, check_finite=False)
+    units = [Unit("", parent, 6, tuple(parent.lin.parameters())), Unit("child", child, 6, tuple(child.lin.parameters()))]
+    handle = QSDPHandle(parent, config, plan_units(units, config), Topology(1))
+    timer = ForwardTimer(handle)
+    parent(torch.zeros(2))  # before start(): not counted
+    timer.start()
+    for _ in range(3):
+        parent(torch.zeros(2))
+    with torch.no_grad():
+        parent.eval()
+        parent(torch.zeros(2))  # evaluation: not counted
+    forward, gathers, micro = timer.stop()
+    assert micro == 3 and gathers == [0.0, 0.0]  # no collectives in this process
+    # A sleep lasts at least its time (longer on a busy host): the bounds exclude what must not be counted.
+    assert 0.040 <= forward[0] < 0.060  # its own sleep: not the child's 20 ms, not the child's 60 ms wait
+    assert 0.020 <= forward[1] < 0.080  # without the 60 ms wait before it
+    timer.remove()  # only the wait hook is left
+    assert (len(child._forward_pre_hooks), len(child._forward_hooks), len(parent._forward_pre_hooks)) == (1, 0, 0)
