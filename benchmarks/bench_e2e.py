@@ -356,7 +356,9 @@ def _plan(args: argparse.Namespace) -> Plan:
                              "python -m composer_qsdp.data.build)")
     else:
         # One spare step: running out of samples would start a new epoch (a dataloader restart) in a timed step.
-        longest = max(sum(window(CONFIGS[c], args)) for c in args.configs)
+        # Sized for the default configurations too, so that a sweep of some of them and a later one of the rest
+        # share the data (and the output directory's settings).
+        longest = max(sum(window(CONFIGS[c], args)) for c in {*DEFAULT_CONFIGS, *args.configs})
         samples = (longest + 1) * args.nproc * micro * args.grad_accum
         data = out_dir / f"synthetic-t{seq_len}-n{samples}"
     settings = {"recipe_dir": str(recipe_dir), "nproc": args.nproc, "micro_batch": micro,
