@@ -164,8 +164,9 @@ def probe_network(
                 def call(seed: int) -> Any:
                     return scheme.reduce_scatter(out, full, dist.ReduceOp.AVG, seed)  # type: ignore[union-attr]
             traffic = call(0)
+            # A barrier on the device (NCCL's barrier must guess the device): every rank starts timing together.
+            dist.all_reduce(torch.zeros(1, device=device), group=group)
             _sync(device)
-            dist.barrier(group=group)
             calls = []
             for r in range(repeats):  # one at a time, the median: robust to a stray slow call
                 start = time.perf_counter()

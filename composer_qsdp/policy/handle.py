@@ -121,7 +121,7 @@ class QSDPHandle:
             scheme.on_optimizer_step()
         self._versions = self._current_versions()
 
-    def reconfigure(self, schemes: Sequence[tuple[WeightScheme | None, GradScheme | None]], note: str = "") -> None:
+    def reconfigure(self, schemes: Sequence[tuple[WeightScheme | None, GradScheme | None]]) -> None:
         """Replace the units' schemes: ``schemes[i]`` is unit ``i``'s new ``(weights, grads)``, ``None`` keeps a
         side's scheme. Collective: every rank calls it with the same choices, in the same place.
 
@@ -133,7 +133,6 @@ class QSDPHandle:
 
         Args:
             schemes: one pair per unit, new and not set up.
-            note: recorded on the reconfigured units' plans (shown by :meth:`describe`).
 
         Raises:
             ValueError: not one pair per unit, a scheme already set up, or a scheme that needs a gather layout
@@ -157,8 +156,7 @@ class QSDPHandle:
             if grads is not None:
                 grads.setup(unit.grads.group, unit.grads.topology)
                 grads.traffic = unit.grads.traffic
-            units.append(dataclasses.replace(unit, weights=weights or unit.weights, grads=grads or unit.grads,
-                                             note=note or unit.note))
+            units.append(dataclasses.replace(unit, weights=weights or unit.weights, grads=grads or unit.grads))
         self.units = tuple(units)
         self._watched = [u for u in self.units if u.weights.keeps_weights]
         self._versions = self._current_versions()
