@@ -333,9 +333,10 @@ class AutoRecord:
         }
         for side, counts in d.counts().items():
             out.update({f"qsdp/auto/{side}/{name}": float(k) for name, k in counts.items()})
-        for key, fit in self.network.items():
-            out[f"qsdp/auto/network/{key}/latency_s"] = fit.latency_s
-            out[f"qsdp/auto/network/{key}/gbytes_per_s"] = fit.bytes_per_s / 1e9
+        for key, fit in self.network.items():  # "weights:w8" -> ".../weights/w8/...": no ':' in metric names (MLflow)
+            name = key.replace(":", "/")
+            out[f"qsdp/auto/network/{name}/latency_s"] = fit.latency_s
+            out[f"qsdp/auto/network/{name}/gbytes_per_s"] = fit.bytes_per_s / 1e9
         return out
 
     def choice(self) -> dict[str, str]:

@@ -211,7 +211,7 @@ def test_record_logs_the_decision_it_holds():
     assert m["qsdp/auto/predicted_step_s"] == pytest.approx(d.step_s + 0.1)
     assert m["qsdp/auto/predicted_speedup"] == pytest.approx((d.plain_step_s + 0.1) / (d.step_s + 0.1))
     assert m["qsdp/auto/grads/g4"] == 3 and sum(v for k, v in m.items() if k.startswith("qsdp/auto/weights/")) == 3
-    assert m["qsdp/auto/network/grads:off/gbytes_per_s"] == pytest.approx(3.5)
+    assert m["qsdp/auto/network/grads/off/gbytes_per_s"] == pytest.approx(3.5)
     assert record.choice() == {(u.name or "<root>"): f"{w}/{g}" for u, w, g in zip(units, d.weights, d.grads)}
     assert record.message().startswith("QSDP auto decided at step 4: ") and "grads g4 x3" in record.message()
 
