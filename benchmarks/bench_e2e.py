@@ -9,6 +9,9 @@ through Composer's launcher (``composer -n N -m composer_qsdp.train RECIPE key=v
                    all-gathers bf16 weights and reduce-scatters fp32 gradients)
 ``qsdp-w8g8``      ``qsdp-w8g8.yaml``: 8-bit weights and gradients (min-max, stochastic rounding, buckets of 1024)
 ``qsdp-w4g4``      ``qsdp-w4g4.yaml``: 4-bit weights and gradients
+``qsdp-auto``      ``baseline.yaml`` with ``algorithms.qsdp.policy=auto``: QSDP's bandwidth-aware policy picks off /
+                   8 / 4 bits / qWD per unit and side from what it measures; it decides and re-checks within its
+                   first ``2 x warmup_steps`` (8) steps, so its untimed warm-up is at least that
 ``compute-bound``  ``baseline.yaml`` on ONE GPU with the same micro-batch and per-GPU batch: FSDP2 over a single
                    rank sends nothing between GPUs, so this is the per-GPU compute (and optimizer, here over all
                    parameters instead of 1/N) without communication; N x its tokens/s bounds the N-GPU runs.
@@ -85,6 +88,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from composer_qsdp.policy import AutoOptions
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_common as common  # noqa: E402
 
@@ -120,9 +125,12 @@ class Config:
     bound: str = "compute-bound"
     window: tuple[int, int] | None = None
     hpz: bool = False  #: reshard after forward to the (virtual) node: ``fsdp.reshard_after_forward=--ranks-per-node``
+    min_warmup: int = 0  #: untimed steps at least (``--warmup`` when larger)
 
 
 _NO_ERROR_SAMPLING = ("algorithms.qsdp.error_sample_interval=0",)
+#: Steps after which policy=auto has decided and re-checked (its warm-up, then as many steps again), all untimed.
+AUTO_SETTLED = 2 * AutoOptions().warmup_steps
 CONFIGS: dict[str, Config] = {c.name: c for c in (
     Config("baseline", "baseline.yaml", (), False,
            "plain Composer FSDP2 in the recipe's mixed precision (paper recipes: bf16 weight all-gathers, fp32 "
@@ -134,6 +142,9 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
            "SDP4Bit: 4-bit weight differences against a per-GPU replica (qWD), TLq-HS gradients (INT8 in a node)"),
     Config("qwd-w4g4", "qwd-w4g4.yaml", _NO_ERROR_SAMPLING, False,
            "4-bit weight differences (qWD) and one-hop 4-bit Hadamard gradients"),
+    Config("qsdp-auto", "baseline.yaml", ("algorithms.qsdp.policy=auto", *_NO_ERROR_SAMPLING), False,
+           "QSDP policy=auto: measures the network and each unit's compute over the untimed steps, then picks "
+           "off / 8 / 4 bits / qWD per unit and side", min_warmup=AUTO_SETTLED),
     Config("compute-bound", "baseline.yaml", (), True,
            "baseline recipe on 1 GPU, same micro-batch and per-GPU batch: no inter-GPU traffic; tokens/s x N"),
     Config("baseline-pure", "baseline.yaml", ("fsdp.mixed_precision=PURE",), False,
@@ -157,7 +168,7 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
          None),
     )),
 )}
-DEFAULT_CONFIGS = ("baseline", "qsdp-w8g8", "qsdp-w4g4", "compute-bound")
+DEFAULT_CONFIGS = ("baseline", "qsdp-w8g8", "qsdp-w4g4", "qsdp-auto", "compute-bound")
 
 #: The project's throughput targets (stated for GPT-1.3B); reported, never asserted.
 SOCKET_TARGETS = {"qsdp-w8g8": 1.8, "qsdp-w4g4": 3.0}  # tokens/s vs baseline
@@ -299,7 +310,7 @@ class Plan(common.DriverPlan):
 
     def window(self, config: Config) -> tuple[int, int]:
         """(warm-up, timed) steps of ``config``."""
-        return config.window or (self.args.warmup, self.args.steps)
+        return window(config, self.args)
 
     def overrides(self, config: Config, nproc: int, metrics_file: Path) -> list[str]:
         return [f"max_duration={sum(self.window(config))}ba",
@@ -313,6 +324,12 @@ class Plan(common.DriverPlan):
         k = self.args.ranks_per_node
         qsdp = [f"algorithms.qsdp.ranks_per_node={k}"] if k is not None and config.name.startswith("qsdp-") else []
         return qsdp + ([f"fsdp.reshard_after_forward={k}"] if config.hpz else [])
+
+
+def window(config: Config, args: argparse.Namespace) -> tuple[int, int]:
+    """(warm-up, timed) steps of ``config``: its own window, else ``--warmup`` (at least its ``min_warmup``) and
+    ``--steps``."""
+    return config.window or (max(args.warmup, config.min_warmup), args.steps)
 
 
 def _plan(args: argparse.Namespace) -> Plan:
@@ -339,7 +356,9 @@ def _plan(args: argparse.Namespace) -> Plan:
                              "python -m composer_qsdp.data.build)")
     else:
         # One spare step: running out of samples would start a new epoch (a dataloader restart) in a timed step.
-        longest = max(sum(CONFIGS[c].window or (args.warmup, args.steps)) for c in args.configs)
+        # Sized for the default configurations too, so that a sweep of some of them and a later one of the rest
+        # share the data (and the output directory's settings).
+        longest = max(sum(window(CONFIGS[c], args)) for c in {*DEFAULT_CONFIGS, *args.configs})
         samples = (longest + 1) * args.nproc * micro * args.grad_accum
         data = out_dir / f"synthetic-t{seq_len}-n{samples}"
     settings = {"recipe_dir": str(recipe_dir), "nproc": args.nproc, "micro_batch": micro,

@@ -28,7 +28,8 @@ Collectives (per FSDP unit, ``W = M x L`` ranks on ``M`` nodes of ``L``):
   ``hbm_gbs``, on the communication stream. Wire sizes come from the codecs themselves
   (``composer_qsdp.quant.make_codec(...).wire_bytes``).
 
-Schedule (FSDP2's, one micro-batch per step): one compute stream and one FIFO communication queue. Forward: the
+Schedule (FSDP2's, one micro-batch per step; ``composer_qsdp.policy.auto.schedule_step``, which the automatic policy
+uses too): one compute stream and one FIFO communication queue. Forward: the
 all-gather of unit ``i+1`` is issued when unit ``i`` starts computing (implicit prefetch, one ahead). Backward
 (root first, for the tied head, then the blocks in reverse): the next unit's all-gather is issued when a unit
 starts, its reduce-scatter when it ends (the root's at the very end); the optimizer runs after the last
@@ -61,6 +62,7 @@ import torch
 
 from composer_qsdp.models import GPTConfig, gpt_config
 from composer_qsdp.models.gpt import GPT
+from composer_qsdp.policy.auto import schedule_step
 from composer_qsdp.quant import Codec, make_codec
 
 from provenance import git_revision
@@ -341,40 +343,12 @@ def predict(units: Sequence[Unit], c: Cluster, s: Setting, one_gpu_step_s: float
         raise ValueError(f"Setting.weights={s.weights!r} is invalid; allowed: gather, hpz, once")
     reduce = [hsdp_reduce(c, u.numel) if s.hsdp else grad_reduce(c, u.numel, s) for u in units]
 
-    queue = _Queue()
-    gpu = 0.0
-    starts: list[float] = []
-    for i in range(len(units)):  # forward, root first; unit i+1's gather issued when unit i starts
-        done = queue.run(starts[i - 1] if i else 0.0, gather[i])
-        starts.append(max(gpu, done))
-        gpu = starts[-1] + fwd[i]
-    order = [0, *range(len(units) - 1, 0, -1)]  # backward: the root (tied head) first, then blocks in reverse
-    ready = queue.run(gpu, regather[order[0]])
-    for j, u in enumerate(order):
-        start = max(gpu, ready)
-        if j + 1 < len(order):
-            ready = queue.run(start, regather[order[j + 1]])
-        gpu = start + 2 * fwd[u]
-        if u != 0:
-            queue.run(gpu, reduce[u])
-    queue.run(gpu, reduce[0])  # the root's gradients are complete last
-    step = max(gpu, queue.free) + OPTIMIZER_BYTES_PER_PARAM * params / ranks / (c.hbm_gbs * GB)
+    # FSDP2's schedule, shared with the automatic policy: the root (tied head) first in backward, reducing last.
+    schedule = schedule_step(fwd, [2 * f for f in fwd], [g.seconds for g in gather], [g.seconds for g in regather],
+                             [r.seconds for r in reduce], [0, *range(len(units) - 1, 0, -1)], (0,))
+    step = schedule + OPTIMIZER_BYTES_PER_PARAM * params / ranks / (c.hbm_gbs * GB)
     egress = sum(x.node_egress for x in (*gather, *regather, *reduce))
     return Prediction(step, 3 * sum(fwd), egress / GB)
-
-
-class _Queue:
-    """The communication queue: collectives run one at a time, in the order they are issued."""
-
-    def __init__(self) -> None:
-        self.free = 0.0
-
-    def run(self, issued: float, cost: Cost) -> float:
-        """Enqueue ``cost`` at time ``issued``; returns when it is done (``issued`` for nothing to send)."""
-        if cost.seconds == 0:
-            return issued
-        self.free = max(self.free, issued) + cost.seconds
-        return self.free
 
 
 # ---------------------------------------------------------------------------------------------- calibration

@@ -11,6 +11,7 @@ import torch
 
 from composer_qsdp import QSDP, from_recipe
 from composer_qsdp.models import ComposerGPT, HFCausalLMConfig, build_hf_causal_lm
+from composer_qsdp.policy import AutoOptions
 from composer_qsdp.train import RecipeError, load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,10 +75,21 @@ def test_recipe_validates_and_builds_its_model(path):
     elif path.stem in ("sdp4bit", "qwd-w4g4"):
         assert recipe.algorithm_kwargs == {"qsdp": {"recipe": path.stem}}
         assert QSDP(**recipe.algorithm_kwargs["qsdp"]).config == from_recipe(path.stem)
+    elif path.stem == "qsdp-auto":  # the policy's recipe value, built into the algorithm at validation
+        qsdp = QSDP(**recipe.algorithm_kwargs["qsdp"])
+        assert qsdp.policy == "auto" and qsdp.auto_options == AutoOptions(**recipe.algorithm_kwargs["qsdp"]
+                                                                           ["auto_options"])
     elif path.stem == "zero-one-adam":  # the variance freezes at the end of the warm-up, as in the paper
         assert f"{recipe.algorithm_kwargs['zero_one_adam']['var_freeze_step']}ba" == cfg.scheduler.t_warmup
     else:
         assert recipe.algorithm_kwargs == {}
+
+
+def test_recipe_with_an_unknown_policy_names_the_allowed_ones():
+    with pytest.raises(RecipeError, match="algorithms.qsdp' is invalid: policy='autoo' is invalid; allowed: fixed, auto"):
+        load_recipe(ROOT / "yamls" / "gpt-1.3b" / "qsdp-auto.yaml", [*PAPER_C4, "algorithms.qsdp.policy=autoo"])
+    with pytest.raises(RecipeError, match="policy='auto' chooses .*'weight_bits'"):
+        load_recipe(ROOT / "yamls" / "gpt-1.3b" / "qsdp-auto.yaml", [*PAPER_C4, "algorithms.qsdp.weight_bits=8"])
 
 
 def test_paper_recipe_demands_a_data_location():

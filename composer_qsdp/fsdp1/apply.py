@@ -181,8 +181,8 @@ def apply_qsdp(
         compat.zero_padding(compat.flat_handle(unit.module))
     handle = FSDP1Handle(model, config, plan_units(units, config), Topology.detect(config.ranks_per_node))
     groups = [u.module.process_group for u in units]  # type: ignore[union-attr]
-    handle.setup(groups, [FSDP1GatherLayout(compat.flat_pieces(compat.flat_handle(p.module)))
-                          if p.weights.needs_layout else None for p in handle.units])
+    handle.layout_of = lambda index: FSDP1GatherLayout(compat.flat_pieces(compat.flat_handle(units[index].module)))
+    handle.setup(groups, [handle.layout_of(p.index) if p.weights.needs_layout else None for p in handle.units])
     if optimizers is not None:
         handle.attach_optimizer(optimizers)
     handle._install(roots, groups)

@@ -119,8 +119,8 @@ def apply_qsdp(
     if note is not None:
         log.warning(note)
     groups = [shard_group(u.module) for u in units]
-    handle.setup(groups, [FSDP2GatherLayout(p.module, g.size()) if p.weights.needs_layout else None
-                          for p, g in zip(handle.units, groups)])
+    handle.layout_of = lambda index: FSDP2GatherLayout(units[index].module, groups[index].size())
+    handle.setup(groups, [handle.layout_of(p.index) if p.weights.needs_layout else None for p in handle.units])
     if optimizers is not None:
         handle.attach_optimizer(optimizers)
     handle._install()

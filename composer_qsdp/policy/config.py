@@ -15,7 +15,7 @@ from composer_qsdp.registry import Registry
 from composer_qsdp.schemes import (GRAD_SCHEMES, WEIGHT_SCHEMES, GradScheme, WeightScheme, make_grad_scheme,
                                    make_weight_scheme)
 
-__all__ = ["ModuleFilter", "QSDPConfig", "SideConfig"]
+__all__ = ["ModuleFilter", "QSDPConfig", "SideConfig", "build_scheme"]
 
 #: ``filter(module, name) -> bool``: True keeps a unit quantized (torchao float8's ``module_filter_fn`` order).
 ModuleFilter = Callable[[nn.Module, str], bool]
@@ -154,11 +154,7 @@ class QSDPConfig:
         prototypes = {(default, None): make(default, None, self.error_sample_interval)}
         for scheme in side.all_schemes(default):
             for bits in side.all_bits():
-                try:
-                    codec = side.make_codec(bits)
-                    prototypes[scheme, bits] = make(scheme, codec, self.error_sample_interval, **side.scheme_options)
-                except ValueError as err:
-                    raise ValueError(f"QSDPConfig {name}: {err}") from None
+                prototypes[scheme, bits] = build_scheme(name, side, bits, scheme, self.error_sample_interval)
         return prototypes
 
     def weight_scheme(self, bits: int | None, scheme: str | None = None) -> WeightScheme:
@@ -190,6 +186,32 @@ class QSDPConfig:
                 value = {g.name: _plain(getattr(value, g.name)) for g in fields(value)}
             out[f.name] = _plain(value)
         return out
+
+
+def build_scheme(
+    side_name: str, side: SideConfig, bits: int | None, scheme: str | None = None, error_sample_interval: int = 0
+) -> WeightScheme | GradScheme:
+    """A new scheme of ``side`` (``side_name``: ``"weights"`` or ``"grads"``) at ``bits`` bits (``None``: the
+    side's default scheme, unquantized), by ``scheme`` (``None``: ``side.scheme``, else the registry's default).
+
+    The one place a side's codec and scheme options are put together (configurations' prototypes and the
+    automatic policy's candidates both build through it).
+
+    Raises:
+        ValueError: an unknown side, scheme or option, naming it.
+    """
+    table, make = {"weights": (WEIGHT_SCHEMES, make_weight_scheme), "grads": (GRAD_SCHEMES, make_grad_scheme)}.get(
+        side_name, (None, None))
+    if table is None:
+        raise ValueError(f"side {side_name!r} is invalid; allowed: weights, grads")
+    default = table.names()[0]
+    if bits is None:
+        return make(default, None, error_sample_interval)
+    try:
+        return make(scheme or side.scheme or default, side.make_codec(bits), error_sample_interval,
+                    **side.scheme_options)
+    except ValueError as err:
+        raise ValueError(f"QSDPConfig {side_name}: {err}") from None
 
 
 def _copy_of(

@@ -14,7 +14,8 @@ change that bypasses version counters (``param.data.copy_(...)``) needs :meth:`Q
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from composer_qsdp.comm import StepSeeds, Topology, TrafficCounter, TrafficRepor
 from composer_qsdp.policy.config import QSDPConfig
 from composer_qsdp.policy.finite_check import WeightFiniteMonitor
 from composer_qsdp.policy.plan import UnitPlan
-from composer_qsdp.schemes import GatherLayout, Scheme
+from composer_qsdp.schemes import GatherLayout, GradScheme, Scheme, WeightScheme
 
 __all__ = ["QSDPHandle"]
 
@@ -43,9 +44,14 @@ class QSDPHandle:
         seeds: the seed schedule (optimizer step, microbatch).
         adapter: which adapter installed the handle and how it reaches the framework's collectives (for logs; set
             by the adapter, e.g. ``"fsdp2 (custom): ..."``).
+        layout_of: ``layout_of(unit_index)``, the unit's :class:`GatherLayout`, for schemes that keep gathered
+            weights and are chosen after setup (:meth:`reconfigure`); set by adapters that have layouts.
+        wire_dtypes: the dtype of the latest all-gather (``"weights"``) and reduce-scatter (``"grads"``) input:
+            what the framework actually sends, for measurements that must send the same.
     """
 
     adapter: str = ""
+    layout_of: Callable[[int], GatherLayout] | None = None
 
     def __init__(self, model: nn.Module, config: QSDPConfig, units: Sequence[UnitPlan], topology: Topology) -> None:
         self.model = model
@@ -57,6 +63,7 @@ class QSDPHandle:
         self._optimizer_hooks: list[torch.utils.hooks.RemovableHandle] = []
         self._watched = [u for u in self.units if u.weights.keeps_weights]
         self._versions = self._current_versions()
+        self.wire_dtypes: dict[str, torch.dtype] = {}
 
     def setup(
         self, groups: Sequence[dist.ProcessGroup], layouts: Sequence[GatherLayout | None] | None = None
@@ -74,6 +81,7 @@ class QSDPHandle:
     ) -> None:
         """Unit ``unit_index``'s weight all-gather (semantics of ``all_gather_into_tensor``)."""
         unit = self.units[unit_index]
+        self.wire_dtypes["weights"] = input.dtype
         unit.weights.all_gather(output, input, self.seeds.seed(unit_index, unit.weights.seed_stream), group)
         if self._monitor is not None and output.is_floating_point():
             self._monitor.record(unit_index, output)
@@ -88,6 +96,7 @@ class QSDPHandle:
     ) -> None:
         """Unit ``unit_index``'s gradient reduce-scatter (semantics of ``reduce_scatter_tensor``)."""
         unit = self.units[unit_index]
+        self.wire_dtypes["grads"] = input.dtype
         unit.grads.reduce_scatter(output, input, op, self.seeds.seed(unit_index, unit.grads.seed_stream), group)
 
     def on_forward(self) -> None:
@@ -110,6 +119,46 @@ class QSDPHandle:
         self.seeds.end_optimizer_step()
         for scheme in self._schemes():
             scheme.on_optimizer_step()
+        self._versions = self._current_versions()
+
+    def reconfigure(self, schemes: Sequence[tuple[WeightScheme | None, GradScheme | None]]) -> None:
+        """Replace the units' schemes: ``schemes[i]`` is unit ``i``'s new ``(weights, grads)``, ``None`` keeps a
+        side's scheme. Collective: every rank calls it with the same choices, in the same place.
+
+        Call it only at an optimizer-step boundary (after ``step()``, before the next forward): a step's forward
+        and backward gathers must see one scheme, and so must every microbatch of an accumulated step. New
+        schemes are set up on the unit's process group (and layout, for schemes that keep weights) and continue
+        the old schemes' byte counters; state of the old schemes (a weight-difference reference) is dropped, so a
+        new difference scheme starts with a full-precision keyframe.
+
+        Args:
+            schemes: one pair per unit, new and not set up.
+
+        Raises:
+            ValueError: not one pair per unit, a scheme already set up, or a scheme that needs a gather layout
+                where the adapter gives none; nothing is changed then.
+        """
+        if len(schemes) != len(self.units):
+            raise ValueError(f"reconfigure needs one (weights, grads) pair per unit: {len(self.units)}, got "
+                             f"{len(schemes)}")
+        for unit, (weights, grads) in zip(self.units, schemes):
+            if any(s is not None and s.group is not None for s in (weights, grads)):
+                raise ValueError(f"unit {unit.name or '<root>'}: reconfigure needs new schemes, not set-up ones")
+            if weights is not None and weights.needs_layout and self.layout_of is None:
+                raise ValueError(f"unit {unit.name or '<root>'}: the {weights.name} weight scheme needs the unit's "
+                                 f"gather layout, which this adapter ({self.adapter or 'unknown'}) does not give")
+        units = []
+        for unit, (weights, grads) in zip(self.units, schemes):
+            if weights is not None:
+                layout = self.layout_of(unit.index) if weights.needs_layout else None  # type: ignore[misc]
+                weights.setup(unit.weights.group, unit.weights.topology, layout)
+                weights.traffic = unit.weights.traffic  # the run's byte counts continue
+            if grads is not None:
+                grads.setup(unit.grads.group, unit.grads.topology)
+                grads.traffic = unit.grads.traffic
+            units.append(dataclasses.replace(unit, weights=weights or unit.weights, grads=grads or unit.grads))
+        self.units = tuple(units)
+        self._watched = [u for u in self.units if u.weights.keeps_weights]
         self._versions = self._current_versions()
 
     def refresh(self) -> None:

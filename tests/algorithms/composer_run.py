@@ -161,6 +161,8 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
             "seeds": qsdp.handle.seeds.state_dict() if qsdp.handle is not None else None,
             "keyframes": [getattr(u.weights, "keyframes", None) for u in qsdp.handle.units] if qsdp.handle else None,
             "batches": batches,
+            "hyperparameters": {k: v for k, v in memory.hyperparameters.items() if k.startswith("qsdp/")},
+            "auto_current": qsdp.auto.current if qsdp.auto is not None else None,
         }
         with open(out_path, "w") as f:
             json.dump(result, f)

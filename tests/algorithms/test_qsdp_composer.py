@@ -21,6 +21,8 @@ SCRIPT = Path(__file__).with_name("composer_run.py")
 # SDP4Bit's weight differences (symmetric INT4 groups, small for these layers) with 8-bit gradients.
 QWD = {"weight_scheme": "difference", "weight_codec": "symmetric", "weight_bits": 4, "bucket_size": 256,
        "error_sample_interval": 2}
+# The automatic policy, deciding after 2 batches; no re-decision, so a resumed run continues the same schemes.
+AUTO = {"policy": "auto", "auto_options": {"warmup_steps": 2, "recheck_tolerance": 1e9}, "error_sample_interval": 2}
 
 
 def _run(tmp_path: Path, out: Path, *args: str, gpu: bool = False, options: dict | None = None, nproc: int = 2,
@@ -80,7 +82,27 @@ def test_composer_run_with_weight_differences(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("options", [None, QWD], ids=["w8g8", "difference"])
+def test_composer_run_with_policy_auto(tmp_path):
+    # Real measurements on 2 CPU ranks: whatever the policy chooses, it is logged, in force, and training stays right.
+    result = _launch(tmp_path, options=AUTO)
+    metrics, hyper = result["metrics"], result["hyperparameters"]
+    assert hyper["qsdp/policy"] == "auto" and hyper["qsdp/auto/event"] in ("confirmed", "rechecked")
+    assert metrics["qsdp/auto/step"] == [2.0, 4.0]  # decided after the warm-up, re-checked one window later
+    assert all(p > 0 for p in metrics["qsdp/auto/predicted_step_s"] + metrics["qsdp/auto/measured_step_s"])
+    choice = list(hyper["qsdp/auto/choice"].values())
+    assert choice == [f"{w}/{g}" for w, g in result["auto_current"]] and len(choice) == 3
+    # fp32 ('FULL') collectives: unquantized they send 2x the bf16 bytes; the warm-up batches are unquantized.
+    sent, bf16 = (metrics[f"qsdp/weights/{k}"] for k in ("bytes_sent", "bytes_bf16"))
+    assert sent[:2] == [2 * b for b in bf16[:2]]
+    if any(not c.startswith("off/") for c in choice):
+        assert sent[-1] < 2 * bf16[-1]
+    losses = result["losses"]
+    assert sum(losses[-4:]) / 4 < 0.7 * sum(losses[:2]) / 2, losses
+    assert max(result["param_rel_error"].values()) < 2e-2, result["param_rel_error"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", [None, QWD, AUTO], ids=["w8g8", "difference", "auto"])
 def test_composer_checkpoint_resume_gives_the_same_losses(tmp_path, options):
     ckpt = str(tmp_path / "ckpt")
     saved = _launch(tmp_path, "save", ckpt, options=options)
@@ -89,6 +111,7 @@ def test_composer_checkpoint_resume_gives_the_same_losses(tmp_path, options):
     assert resumed["seeds"] == saved["seeds"]  # the seed schedule continues where it stopped
     assert resumed["traffic"] == saved["traffic"]  # cumulative counters are checkpointed too
     assert resumed["keyframes"] == saved["keyframes"]  # a restored reference needs no keyframe
+    assert resumed["auto_current"] == saved["auto_current"]  # the policy's choice is checkpointed
 
 
 @pytest.mark.slow

@@ -158,6 +158,10 @@ def test_every_paper_family_plans_valid_launches(model, tmp_path):
     assert {"algorithms.qsdp.recipe=tlq-hs", "algorithms.qsdp.ranks_per_node=2",
             "fsdp.reshard_after_forward=2"} <= set(hpz)
     assert "algorithms.qsdp.ranks_per_node=2" in qsdp and "fsdp.reshard_after_forward=2" not in qsdp
+    # policy=auto decides and re-checks within 2 x 4 steps: they stay untimed (10 timed steps after them).
+    auto = plan.overrides(bench_e2e.CONFIGS["qsdp-auto"], 4, tmp_path / "m.json")
+    assert {"algorithms.qsdp.policy=auto", "algorithms.qsdp.error_sample_interval=0", "max_duration=18ba"} <= set(auto)
+    assert plan.window(bench_e2e.CONFIGS["qsdp-auto"]) == (8, 10)
     with pytest.raises(SystemExit, match="-hpz configurations reshard to the node: pass --ranks-per-node"):
         bench_e2e._plan(bench_e2e._parser().parse_args(["--model", model, "--nproc", "4", "--out-dir", str(tmp_path),
                                                         "--configs", "qsdp-zeropp-hpz"]))
@@ -235,7 +239,7 @@ def test_cpu_sweep_measures_every_config_and_skips_finished_ones(tiny_recipes, t
 
     record = json.loads((out_env / f"bench_e2e-{tiny_recipes.name}-2x.json").read_text())
     rows = {r["config"]: r for r in record["tables"]["nvlink"]}
-    assert list(rows) == ["baseline", "qsdp-w8g8", "qsdp-w4g4", "compute-bound"]
+    assert list(rows) == ["baseline", "qsdp-w8g8", "qsdp-w4g4", "qsdp-auto", "compute-bound"]
     results = record["networks"]["nvlink"]["results"]
     for name in ("baseline", "qsdp-w8g8", "qsdp-w4g4"):
         # tokens/s recomputed from the run's own metrics file: 3 timed steps of 2 x 4 samples x 64 tokens.

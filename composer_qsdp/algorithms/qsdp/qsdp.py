@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
@@ -14,7 +15,8 @@ from composer.utils import dist
 
 from composer_qsdp.comm import TrafficCounter, TrafficReport
 from composer_qsdp import fsdp1, fsdp2
-from composer_qsdp.policy import ModuleFilter, NonFiniteWeightError, QSDPHandle, from_recipe
+from composer_qsdp.policy import (POLICIES, AutoOptions, AutoPolicy, ModuleFilter, NonFiniteWeightError, QSDPHandle,
+                                  from_recipe)
 
 __all__ = ["QSDP", "RECIPE", "check_run"]
 
@@ -132,6 +134,14 @@ class QSDP(Algorithm):
             never; recipes: 100).
         ranks_per_node: ranks sharing a node, for per-hop byte counts and the two-level scheme; ``None`` reads
             ``LOCAL_WORLD_SIZE``. A smaller value splits a host into virtual nodes.
+        policy: ``"fixed"`` (default: the recipe and options above) or ``"auto"``: start unquantized, measure the
+            network and each unit's compute over the first steps, then choose per unit and side off / 8 bits /
+            4 bits (gradients, stochastic) / 4-bit weight differences to minimize the predicted step time under
+            an accuracy rule (:mod:`composer_qsdp.policy.auto`; the README's "policy=auto"). With ``"auto"`` only
+            the run options (``exclude``, ``module_filter``, ``min_numel``, ``seed``, ``check_finite``,
+            ``error_sample_interval``, ``ranks_per_node``) apply; the per-side options are the policy's to choose.
+        auto_options: options of the automatic policy (:class:`~composer_qsdp.policy.AutoOptions`), e.g.
+            ``{"warmup_steps": 4, "recheck_tolerance": 0.25, "min_gain": 0.02}``.
 
     Raises:
         ValueError: at construction, for an unknown recipe or an option out of range, naming it.
@@ -167,15 +177,37 @@ class QSDP(Algorithm):
         check_finite: bool = RECIPE,
         error_sample_interval: int = RECIPE,
         ranks_per_node: int | None = RECIPE,
+        policy: str = "fixed",
+        auto_options: Mapping[str, Any] | None = None,
     ) -> None:
-        given = {k: v for k, v in locals().items() if k not in ("self", "recipe", "__class__") and v is not RECIPE}
+        given = {k: v for k, v in locals().items()
+                 if k not in ("self", "recipe", "__class__", "policy", "auto_options") and v is not RECIPE}
+        if not isinstance(policy, str) or policy not in POLICIES:
+            raise ValueError(f"policy={policy!r} is invalid; allowed: {', '.join(POLICIES)}")
+        self.policy = policy
+        self.auto_options: AutoOptions | None = None
+        if policy == "auto":
+            self.auto_options = _auto_options(auto_options)
+            sided = sorted(k for k in given if k.startswith(("weight_", "grad_")) or k == "bucket_size")
+            if sided or recipe != "w8g8":
+                raise ValueError(
+                    f"policy='auto' chooses each unit's weight and gradient settings itself, so "
+                    f"{sided or f'recipe={recipe!r}'} cannot be given with it; remove them or use policy='fixed'"
+                )
+            given.update(weight_bits=None, grad_bits=None)  # the safe start: unquantized while measuring
+        elif auto_options is not None:
+            raise ValueError(f"auto_options={dict(auto_options)!r} needs policy='auto' (policy={policy!r})")
         self.recipe = recipe
         self.config = from_recipe(recipe, **given)
         self.handle: QSDPHandle | None = None
+        self.auto: AutoPolicy | None = None
         self._loaded_state: dict[str, Any] | None = None
+        self._loaded_auto: dict[str, Any] | None = None
         self._logged = _zero_report()
 
     def __repr__(self) -> str:
+        if self.policy == "auto":
+            return "QSDP(policy='auto')"
         return f"QSDP({self.recipe!r}, weight_bits={self.config.weights.bits}, grad_bits={self.config.grads.bits})"
 
     def match(self, event: Event, state: State) -> bool:
@@ -192,6 +224,8 @@ class QSDP(Algorithm):
         if event == Event.AFTER_LOAD:
             self._install(state, logger)
         elif event == Event.BATCH_END:
+            if self.auto is not None and self.auto.phase != "done":
+                self._auto_step(logger)
             self._log_batch(logger)
         elif event in _CHECKPOINT_EVENTS:
             self._refuse_nonfinite_checkpoint(state)
@@ -218,6 +252,11 @@ class QSDP(Algorithm):
         else:
             self.handle = fsdp2.apply_qsdp(state.model, self.config, optimizers=state.optimizers,
                                            comm_path=adapter.removeprefix("fsdp2-"))
+        if self.auto_options is not None:
+            self.auto = AutoPolicy(self.handle, self.auto_options)
+            if self._loaded_auto is not None:  # the saved choice first: the handle's state belongs to its schemes
+                self.auto.load_state_dict(self._loaded_auto)
+                self._loaded_auto = None
         if self._loaded_state is not None:
             self.handle.load_state_dict(self._loaded_state)
             self._loaded_state = None
@@ -227,10 +266,20 @@ class QSDP(Algorithm):
         logger.log_hyperparameters({
             "qsdp/adapter": self.handle.adapter,
             "qsdp/recipe": self.recipe,
+            "qsdp/policy": self.policy,
             "qsdp/config": self.config.summary(),
             "qsdp/fsdp_units": len(self.handle.units),
             "qsdp/quantized_units": quantized,
         })
+
+    def _auto_step(self, logger: Logger) -> None:
+        # BATCH_END follows the optimizer step: the step boundary at which the policy may reconfigure.
+        assert self.auto is not None
+        record = self.auto.on_step_end()
+        if record is None:
+            return  # the policy itself logs its readable line (composer_qsdp.policy.auto_runtime)
+        logger.log_hyperparameters({"qsdp/auto/event": record.event, "qsdp/auto/choice": record.choice()})
+        logger.log_metrics(record.metrics())
 
     def _log_batch(self, logger: Logger) -> None:
         assert self.handle is not None
@@ -270,10 +319,17 @@ class QSDP(Algorithm):
         state = super().state_dict()
         if self.handle is not None:
             state["qsdp"] = self.handle.state_dict()
+        if self.auto is not None:
+            state["qsdp_auto"] = self.auto.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # Composer loads checkpoints before AFTER_LOAD, i.e. before the handle exists: keep it until install.
+        if "qsdp_auto" in state and self.policy == "auto":
+            if self.auto is None:
+                self._loaded_auto = state["qsdp_auto"]
+            else:
+                self.auto.load_state_dict(state["qsdp_auto"])
         if "qsdp" in state:
             if self.handle is None:
                 self._loaded_state = state["qsdp"]
@@ -289,6 +345,19 @@ def _saves_now(callback: Any, state: State, event: Event) -> bool:
     if not isinstance(callback, CheckpointSaver):
         return False
     return bool(callback.save_interval(state, event)) and callback.last_checkpoint_batch != state.timestamp.batch
+
+
+def _auto_options(options: Mapping[str, Any] | None) -> AutoOptions:
+    """``auto_options`` as :class:`AutoOptions`; an unknown key is a ValueError naming the allowed ones."""
+    if options is None:
+        return AutoOptions()
+    if not isinstance(options, Mapping):
+        raise ValueError(f"auto_options={options!r} is invalid; it must be a mapping of AutoOptions fields")
+    allowed = [f.name for f in dataclasses.fields(AutoOptions)]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown auto_options key(s) {unknown}; allowed: {', '.join(allowed)}")
+    return AutoOptions(**options)
 
 
 def _zero_report() -> TrafficReport:
