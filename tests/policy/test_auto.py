@@ -323,3 +323,46 @@ def test_forward_timer_excludes_nested_units_and_the_wait_for_weights():
     assert 0.020 <= forward[1] < 0.080  # without the 60 ms wait before it
     timer.remove()  # only the wait hook is left
     assert (len(child._forward_pre_hooks), len(child._forward_hooks), len(parent._forward_pre_hooks)) == (1, 0, 0)
+
+
+class _Spins(nn.Module):
+    """Keeps the GPU busy for ``cycles`` clock cycles (``torch.cuda._sleep``), then calls ``child``."""
+
+    def __init__(self, cycles: int, child: nn.Module | None = None) -> None:
+        super().__init__()
+        self.cycles, self.child, self.lin = cycles, child, nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.cuda._sleep(self.cycles)
+        return self.child(x) if self.child is not None else x
+
+
+@pytest.mark.gpu
+def test_forward_timer_times_the_compute_stream_with_cuda_events():
+    """On CUDA the stamps are events on the compute stream: GPU time, not the host's launch time."""
+    from composer_qsdp.comm import Topology
+    from composer_qsdp.policy import QSDPHandle, Unit, from_recipe, plan_units
+    from composer_qsdp.policy.auto_runtime import ForwardTimer
+
+    cycles = 20_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    torch.cuda.synchronize()
+    spin = start.elapsed_time(end) / 1e3  # seconds of one spin of `cycles`
+    child = _Spins(cycles).cuda()
+    parent = _Spins(2 * cycles, child).cuda()
+    child.register_forward_pre_hook(lambda *_: torch.cuda._sleep(3 * cycles), prepend=True)  # the weights' wait
+    config = from_recipe("w8g8", weight_bits=None, grad_bits=None, check_finite=False)
+    units = [Unit("", parent, 6, tuple(parent.lin.parameters())), Unit("child", child, 6, tuple(child.lin.parameters()))]
+    handle = QSDPHandle(parent, config, plan_units(units, config), Topology(1))
+    timer = ForwardTimer(handle)
+    timer.start()
+    for _ in range(2):
+        parent(torch.zeros(2, device="cuda"))
+    forward, _, micro = timer.stop()
+    timer.remove()
+    assert micro == 2
+    assert forward[0] == pytest.approx(2 * spin, rel=0.1)  # not the child's spin, not its wait
+    assert forward[1] == pytest.approx(spin, rel=0.1)  # without the wait before it
