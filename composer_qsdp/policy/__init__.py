@@ -7,7 +7,7 @@ Composer.
 
 from composer_qsdp.policy.config import ModuleFilter, QSDPConfig, SideConfig
 from composer_qsdp.policy.finite_check import NonFiniteWeightError
-from composer_qsdp.policy.handle import QSDPHandle
+from composer_qsdp.policy.handle import QSDPHandle, ResumeSettingsWarning
 from composer_qsdp.policy.plan import Unit, UnitPlan, plan_units
 from composer_qsdp.policy.presets import from_recipe, option_names, recipe_names
 
@@ -16,6 +16,7 @@ __all__ = [
     "NonFiniteWeightError",
     "QSDPConfig",
     "QSDPHandle",
+    "ResumeSettingsWarning",
     "SideConfig",
     "Unit",
     "UnitPlan",
