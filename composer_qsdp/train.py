@@ -32,7 +32,7 @@ from composer_qsdp.recipe import (
     recipe_help,
 )
 
-__all__ = ["ALGORITHMS", "RecipeError", "TrainRecipe", "ValidatedRecipe", "load_recipe", "main", "train"]
+__all__ = ["ALGORITHMS", "CollectiveTimeoutError", "RecipeError", "TrainRecipe", "ValidatedRecipe", "load_recipe", "main", "train"]
 
 
 def _dataloader(recipe: ValidatedRecipe, split: str, batch_size: int, training: bool) -> Any:
@@ -70,6 +70,62 @@ def _check_environment(recipe: ValidatedRecipe) -> None:
             raise RecipeError(f"algorithms.{name} cannot run here: {err}") from None
 
 
+class CollectiveTimeoutError(RuntimeError):
+    """A collective waited ``dist_timeout`` seconds for the other processes: one stalled or died."""
+
+
+#: How long a rank whose collective timed out waits for the other ranks' reports of theirs (seconds, at most).
+_REPORT_GRACE_S = 10.0
+
+
+def _is_timeout(err: BaseException | None) -> bool:
+    """Whether ``err`` (or an exception it was raised from) is a collective's timeout (gloo: "Timed out waiting
+    ...ms for recv"; NCCL's watchdog: "... timeout ...")."""
+    while err is not None:
+        if isinstance(err, RuntimeError) and ("timed out" in str(err).lower() or "timeout" in str(err).lower()):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def _collective_timeout(err: BaseException, timeout_s: float) -> CollectiveTimeoutError | None:
+    """A :class:`CollectiveTimeoutError` naming the ranks that did not answer, if ``err`` is a collective's timeout.
+
+    Every rank whose collective timed out reports itself in the process group's rendezvous store and waits briefly
+    for the others' reports: the ranks that never report are the stalled (or dead) ones. The store lives in rank 0;
+    when rank 0 itself is the stalled one, the message says that it cannot tell.
+    """
+    if not _is_timeout(err):
+        return None
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as torch_dist
+
+    rank, world = torch_dist.get_rank(), torch_dist.get_world_size()
+    grace = min(_REPORT_GRACE_S, timeout_s)
+    try:
+        store = torch_dist.distributed_c10d._get_default_store()
+        store.set_timeout(timedelta(seconds=grace))
+        store.set(f"composer_qsdp/timed_out/{rank}", "1")
+        deadline = time.monotonic() + grace
+        while True:
+            silent = [r for r in range(world) if not store.check([f"composer_qsdp/timed_out/{r}"])]
+            if not silent or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        who = (f"rank(s) {', '.join(map(str, silent))} of {world} did not answer: stalled (stopped, deadlocked, "
+               "swapped out) or dead" if silent else "every rank reports the same timeout: the processes may wait in "
+               "different collectives (a rank took another code path)")
+    except Exception:  # noqa: BLE001 - the store itself does not answer: it is served by rank 0
+        who = "which rank stalled is unknown: the rendezvous store (served by rank 0) does not answer either, so " \
+              "rank 0 may be the stalled one"
+    return CollectiveTimeoutError(
+        f"rank {rank}: a collective waited dist_timeout={timeout_s:g} s for the other processes and timed out; {who}. "
+        "If a step legitimately takes longer (a slow first step, a large checkpoint), raise the recipe key "
+        "dist_timeout.")
+
+
 def train(recipe: ValidatedRecipe) -> Any:
     """Build the data, model, optimizer, schedule, parallelism, loggers, callbacks and algorithms of ``recipe``,
     then train.
@@ -80,6 +136,8 @@ def train(recipe: ValidatedRecipe) -> Any:
     Raises:
         RecipeError: the shards named in ``data`` are missing or do not fit the model, or an algorithm cannot run
             on the installed torch.
+        CollectiveTimeoutError: a collective waited ``dist_timeout`` seconds for the other processes (a stalled or
+            dead process), naming the ranks that did not answer where it can.
     """
     from composer import Evaluator, Trainer
     from composer.algorithms import GradientClipping
@@ -93,7 +151,7 @@ def train(recipe: ValidatedRecipe) -> Any:
     cfg = recipe.cfg
     # The process group must exist before the streaming datasets are built: without one, each rank's
     # StreamingDataset creates temporary groups of its own, and concurrent ranks race on them at start-up.
-    dist.initialize_dist(cfg.device)
+    dist.initialize_dist(cfg.device, cfg.dist_timeout)
     world = dist.get_world_size()
     train_dl = _dataloader(recipe, cfg.data.train_split, cfg.global_train_batch_size // world, training=True)
     eval_dl = None
@@ -136,6 +194,7 @@ def train(recipe: ValidatedRecipe) -> Any:
         parallelism_config=parallelism,
         device_train_microbatch_size=cfg.device_train_microbatch_size,
         seed=cfg.seed,
+        dist_timeout=cfg.dist_timeout,
         save_folder=cfg.save_folder,
         save_interval=cfg.save_interval,
         save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
@@ -150,8 +209,13 @@ def train(recipe: ValidatedRecipe) -> Any:
     )
     try:
         trainer.fit()
-    finally:
+    except Exception as err:
+        stalled = _collective_timeout(err, cfg.dist_timeout)
+        if stalled is not None:  # no trainer.close(): its barrier would wait for the stalled rank once more
+            raise stalled from err
         trainer.close()
+        raise
+    trainer.close()
     if dist.get_global_rank() == 0:
         for algorithm in trainer.state.algorithms:
             if callable(getattr(algorithm, "traffic", None)):
