@@ -14,8 +14,12 @@ torch and Composer only when it trains, so ``--help`` answers at once.
 
 from __future__ import annotations
 
+import os
+import re
 import sys
+import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from composer_qsdp.recipe import (
@@ -32,7 +36,8 @@ from composer_qsdp.recipe import (
     recipe_help,
 )
 
-__all__ = ["ALGORITHMS", "CollectiveTimeoutError", "RecipeError", "TrainRecipe", "ValidatedRecipe", "load_recipe", "main", "train"]
+__all__ = ["ALGORITHMS", "CollectiveTimeoutError", "RecipeError", "TrainRecipe", "ValidatedRecipe", "load_recipe",
+           "main", "set_aside_incomplete_checkpoints", "train"]
 
 
 def _dataloader(recipe: ValidatedRecipe, split: str, batch_size: int, training: bool) -> Any:
@@ -126,6 +131,40 @@ def _collective_timeout(err: BaseException, timeout_s: float) -> CollectiveTimeo
         "dist_timeout.")
 
 
+#: Composer's default checkpoint names, which the recipe keeps: ``ep0-ba6`` (sharded: a folder), ``ep0-ba6-rank0.pt``.
+_CHECKPOINT_NAME = re.compile(r"ep(\d+)-ba(\d+)(-rank\d+)?(\.pt)?")
+
+
+def set_aside_incomplete_checkpoints(save_folder: str | os.PathLike) -> list[Path]:
+    """Rename the checkpoints of ``save_folder`` that are newer than the one ``latest-rank0.pt`` names (all of them
+    when there is no such link) to ``NAME.incomplete``; returns the new paths.
+
+    Composer links ``latest`` only after a checkpoint is complete, so a newer one is the remains of a save that a
+    dying process never finished (a folder without its metadata, half a file). Autoresume loads the one ``latest``
+    names, but Composer refuses to start while such remains might be overwritten by the resumed run; set aside,
+    nothing is deleted.
+    """
+    folder = Path(save_folder)
+    latest = folder / "latest-rank0.pt"
+    newest = -1
+    if latest.is_symlink():
+        match = _CHECKPOINT_NAME.fullmatch(Path(os.readlink(latest)).name)
+        if match is None:
+            return []  # not a name this recipe writes: leave the folder alone
+        newest = int(match[2])
+    moved = []
+    for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
+        match = _CHECKPOINT_NAME.fullmatch(entry.name)
+        if match is not None and int(match[2]) > newest:
+            target = entry.with_name(entry.name + ".incomplete")
+            suffix = 1
+            while target.exists():
+                target, suffix = entry.with_name(f"{entry.name}.incomplete{suffix}"), suffix + 1
+            entry.rename(target)
+            moved.append(target)
+    return moved
+
+
 def train(recipe: ValidatedRecipe) -> Any:
     """Build the data, model, optimizer, schedule, parallelism, loggers, callbacks and algorithms of ``recipe``,
     then train.
@@ -152,6 +191,14 @@ def train(recipe: ValidatedRecipe) -> Any:
     # The process group must exist before the streaming datasets are built: without one, each rank's
     # StreamingDataset creates temporary groups of its own, and concurrent ranks race on them at start-up.
     dist.initialize_dist(cfg.device, cfg.dist_timeout)
+    if cfg.autoresume and "://" not in cfg.save_folder:
+        if dist.get_global_rank() == 0:
+            moved = set_aside_incomplete_checkpoints(cfg.save_folder)
+            if moved:
+                warnings.warn(f"autoresume: {', '.join(map(str, moved))} hold(s) checkpoint(s) newer than the last "
+                              "complete one (latest-rank0.pt), left by a save that never finished; set aside so "
+                              "that the run resumes from the last complete checkpoint", stacklevel=2)
+        dist.barrier()
     world = dist.get_world_size()
     train_dl = _dataloader(recipe, cfg.data.train_split, cfg.global_train_batch_size // world, training=True)
     eval_dl = None
