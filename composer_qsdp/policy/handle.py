@@ -269,9 +269,9 @@ class QSDPHandle:
 
         A state written under other :meth:`settings` (bits, codecs, schemes, world size...) loads too: the handle
         keeps its own settings, each scheme takes what still fits (a weight-difference reference saved by another
-        scheme, or not at all, means a full-precision keyframe at the next gather; error-feedback state of another
-        shape restarts from zero), the byte counters keep the saved totals, and a :class:`ResumeSettingsWarning`
-        names every change (also kept in :attr:`resume_changes`).
+        scheme, or not at all, means a full-precision keyframe at the next gather), the byte counters keep the
+        saved totals, and a :class:`ResumeSettingsWarning` names every change (also kept in
+        :attr:`resume_changes`).
 
         Raises:
             ValueError: the state is for a different number of units, naming both counts.
