@@ -78,6 +78,12 @@ class QSDP(Algorithm):
 
     Start from a named ``recipe`` and change any option; an option left out takes the recipe's value.
 
+    Its checkpoint state (seed schedule, byte counters, scheme state) records the settings it was written under. A
+    resume under other settings (bits, codecs, schemes, world size) continues with the new ones and warns with
+    :class:`~composer_qsdp.policy.ResumeSettingsWarning` naming each change (hyperparameter
+    ``qsdp/resume_changes``); the byte counters keep their totals. A resume from a checkpoint without QSDP state
+    warns too, and the counters start from zero.
+
     Example::
 
         from composer import Trainer
