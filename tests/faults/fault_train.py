@@ -8,8 +8,8 @@ tests)::
 * ``stop``: writes the time to ``QSDP_FAULT_DIR/stopped`` and stops itself with SIGSTOP (a stalled rank: alive,
   holding its sockets, answering nothing);
 * ``kill-in-save``: writes its part of the (sharded) checkpoint of that batch, or half of the file of a DDP or full
-  checkpoint (written by rank 0 alone), then kills itself with SIGKILL before the checkpoint is complete (no
-  metadata, no ``latest`` link).
+  checkpoint (written by rank 0 alone), then writes the time to ``QSDP_FAULT_DIR/killed`` and kills itself with
+  SIGKILL before the checkpoint is complete (no metadata, no ``latest`` link).
 
 Every process writes its pid to ``QSDP_FAULT_DIR/rank{RANK}.pid`` first, so the test can resume or kill it whatever
 happens. Without ``QSDP_FAULT`` it is the plain entrypoint.
@@ -24,6 +24,12 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+
+def _die() -> None:
+    """SIGKILL this process, first writing the time to ``QSDP_FAULT_DIR/killed``."""
+    Path(os.environ["QSDP_FAULT_DIR"], "killed").write_text(str(time.time()))
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _arm(kind: str, rank: int, batch: int) -> None:
@@ -45,7 +51,7 @@ def _arm(kind: str, rank: int, batch: int) -> None:
             result = original(self, plan, planner)
             if f"ba{batch}" in os.fspath(self.path):
                 result.wait()
-                os.kill(os.getpid(), signal.SIGKILL)
+                _die()
             return result
 
         dist_cp.FileSystemWriter.write_data = write_then_die
@@ -58,7 +64,7 @@ def _arm(kind: str, rank: int, batch: int) -> None:
             torch.save(state_dict, buffer)
             with open(filename, "wb") as f:
                 f.write(buffer.getvalue()[: buffer.tell() // 2])
-            os.kill(os.getpid(), signal.SIGKILL)
+            _die()
 
         write_file = checkpoint._write_checkpoint_file
         checkpoint._write_checkpoint_file = half_then_die

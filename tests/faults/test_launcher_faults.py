@@ -41,15 +41,14 @@ SCHEMES = {
 
 
 def _launch(nproc: int, recipe: Path, overrides: list[str], fault_dir: Path, fault: str | None = None,
-            timeout: int = 400) -> tuple[subprocess.CompletedProcess, float]:
-    """Run the recipe through fault_train.py; returns the process and its wall time. Whatever happens, every
-    process it started is resumed and killed afterwards (their pids are in ``fault_dir``)."""
+            timeout: int = 400) -> subprocess.CompletedProcess:
+    """Run the recipe through fault_train.py. Whatever happens, every process it started is resumed and killed
+    afterwards (their pids are in ``fault_dir``)."""
     fault_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "QSDP_FAULT_DIR": str(fault_dir)}
     env.pop("QSDP_FAULT", None)
     if fault is not None:
         env["QSDP_FAULT"] = fault
-    start = time.monotonic()
     try:
         proc = subprocess.run([*e2e_common.launcher(nproc), str(SCRIPT), str(recipe), *overrides], env=env,
                               capture_output=True, text=True, timeout=timeout)
@@ -62,7 +61,7 @@ def _launch(nproc: int, recipe: Path, overrides: list[str], fault_dir: Path, fau
                 except ProcessLookupError:
                     break
             pid_file.unlink()
-    return proc, time.monotonic() - start
+    return proc
 
 
 def _overrides(shards: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -81,14 +80,16 @@ def test_a_rank_killed_while_saving_loses_nothing(wiki_shards, tmp_path, scheme)
     nproc, recipe, extra, victim = SCHEMES[scheme]
     ckpt = tmp_path / "ckpt"
     saving = [f"save_interval={SAVE_EVERY}ba", "run_name=faulty", "autoresume=true", *extra]
-    full, _ = _launch(nproc, recipe, _overrides(wiki_shards, tmp_path / "full", f"save_folder={tmp_path / 'f'}",
-                                                *saving), tmp_path / "pids")
+    full = _launch(nproc, recipe, _overrides(wiki_shards, tmp_path / "full", f"save_folder={tmp_path / 'f'}",
+                                             *saving), tmp_path / "pids")
     assert full.returncode == 0, _log(full)
 
-    killed, seconds = _launch(nproc, recipe, _overrides(wiki_shards, tmp_path / "killed", f"save_folder={ckpt}",
-                                                        *saving), tmp_path / "pids", f"kill-in-save:{victim}:{KILL_AT}")
+    killed = _launch(nproc, recipe, _overrides(wiki_shards, tmp_path / "killed", f"save_folder={ckpt}", *saving),
+                     tmp_path / "pids", f"kill-in-save:{victim}:{KILL_AT}")
+    after_kill = time.time() - float((tmp_path / "pids" / "killed").read_text())
     assert killed.returncode != 0 and f"Rank {victim} crashed with exit code -9" in killed.stderr, _log(killed)
-    assert seconds < 120, seconds  # a dead peer is noticed at once (its sockets close), not after a timeout
+    # A dead peer is noticed at once (its sockets close), far below dist_timeout; the launcher then stops the rest.
+    assert after_kill < LAUNCHER_GRACE_S + 30, after_kill
     latest = ckpt / "latest-rank0.pt"
     assert os.readlink(latest).startswith(f"ep0-ba{SAVE_EVERY}"), os.readlink(latest)
     partial = sorted(p.name for p in ckpt.iterdir() if f"ba{KILL_AT}" in p.name)
@@ -96,8 +97,8 @@ def test_a_rank_killed_while_saving_loses_nothing(wiki_shards, tmp_path, scheme)
     if scheme != "zero-one-adam":  # sharded: the rank files are there, the metadata is not
         assert not (ckpt / f"ep0-ba{KILL_AT}" / ".metadata").exists()
 
-    resumed, _ = _launch(nproc, recipe, _overrides(wiki_shards, tmp_path / "resumed", f"save_folder={ckpt}",
-                                                   *saving), tmp_path / "pids")
+    resumed = _launch(nproc, recipe, _overrides(wiki_shards, tmp_path / "resumed", f"save_folder={ckpt}",
+                                                *saving), tmp_path / "pids")
     assert resumed.returncode == 0, _log(resumed)
     # The remains of the interrupted save are set aside, not in the way of the resumed run's own save at batch 6.
     assert sorted(p.name for p in ckpt.iterdir() if p.name.endswith(".incomplete")) == [f"{n}.incomplete"
@@ -115,7 +116,7 @@ def test_a_stalled_rank_ends_the_run_after_dist_timeout_naming_it(wiki_shards, t
     """SIGSTOP of rank 1 after batch 3: rank 0 fails after dist_timeout with an error naming rank 1, and the
     launcher ends the job (SIGKILL of the stopped rank after its grace period)."""
     fault_dir = tmp_path / "pids"
-    proc, _ = _launch(2, QSDP_RECIPE, _overrides(wiki_shards, tmp_path), fault_dir, "stop:1:3")
+    proc = _launch(2, QSDP_RECIPE, _overrides(wiki_shards, tmp_path), fault_dir, "stop:1:3")
     stopped_at = float((fault_dir / "stopped").read_text())
     after_stop = time.time() - stopped_at
     log = _log(proc)
@@ -134,16 +135,16 @@ def test_resume_on_another_world_size(wiki_shards, tmp_path, scheme):
     matches the uninterrupted 2-rank run's to quantization noise)."""
     _, recipe, extra, _ = SCHEMES[scheme]
     ckpt = tmp_path / "ckpt"
-    full, _ = _launch(2, recipe, _overrides(wiki_shards, tmp_path / "full", *extra), tmp_path / "pids")
+    full = _launch(2, recipe, _overrides(wiki_shards, tmp_path / "full", *extra), tmp_path / "pids")
     assert full.returncode == 0, _log(full)
     expected = train_losses(tmp_path / "full")
     legs = [(2, None, SAVE_EVERY), (4, SAVE_EVERY, 2 * SAVE_EVERY), (2, 2 * SAVE_EVERY, BATCHES)]
     for nproc, start, end in legs:
         run = tmp_path / f"w{nproc}-from{start}"
         load = [] if start is None else [f"load_path={ckpt / f'ep0-ba{start}'}"]
-        proc, _ = _launch(nproc, recipe, _overrides(wiki_shards, run, *extra, f"max_duration={end}ba",
-                                                    f"save_folder={ckpt}", f"save_interval={end}ba", *load),
-                          tmp_path / "pids")
+        proc = _launch(nproc, recipe, _overrides(wiki_shards, run, *extra, f"max_duration={end}ba",
+                                                 f"save_folder={ckpt}", f"save_interval={end}ba", *load),
+                       tmp_path / "pids")
         assert proc.returncode == 0, _log(proc)
         losses = train_losses(run)
         assert sorted(losses) == list(range(start or 0, end))
@@ -163,8 +164,8 @@ def test_qsdp_switched_off_and_on_again(wiki_shards, tmp_path):
     for recipe, start, end in legs:
         run = tmp_path / f"{recipe.stem}-from{start}"
         load = [] if start is None else [f"load_path={ckpt / f'ep0-ba{start}'}"]
-        proc, _ = _launch(2, recipe, _overrides(wiki_shards, run, f"max_duration={end}ba", f"save_folder={ckpt}",
-                                                f"save_interval={end}ba", *load), tmp_path / "pids")
+        proc = _launch(2, recipe, _overrides(wiki_shards, run, f"max_duration={end}ba", f"save_folder={ckpt}",
+                                             f"save_interval={end}ba", *load), tmp_path / "pids")
         assert proc.returncode == 0, _log(proc)
     first = json.loads((tmp_path / f"{QSDP_RECIPE.stem}-fromNone" / "metrics.json").read_text())["communication"]
     last = json.loads((tmp_path / f"{QSDP_RECIPE.stem}-from{2 * SAVE_EVERY}" / "metrics.json").read_text())
