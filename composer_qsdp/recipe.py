@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import math
 import os
 import re
 import textwrap
@@ -209,6 +210,9 @@ class TrainRecipe:
     algorithms: dict[str, Any] = _key(doc="Composer algorithms: see 'algorithms' below", factory=dict)
     eval_interval: str = _key("500ba", "evaluate every this long (> 0)")
     eval_subset_num_batches: int = _key(-1, "batches per evaluation; -1: the whole eval split")
+    dist_timeout: float = _key(300.0, "seconds the process-group set-up and every collective wait for the other "
+                                      "processes; a stalled (stopped, deadlocked) or dead process ends the run "
+                                      "after this long, with an error naming it where it can")
     save_folder: Optional[str] = _key(None, "checkpoint directory; null: no checkpoints")
     save_interval: str = _key("1000ba", "checkpoint every this long (> 0)")
     save_num_checkpoints_to_keep: int = _key(-1, "checkpoints kept; -1: all")
@@ -442,6 +446,10 @@ def _validate(cfg: DictConfig) -> ValidatedRecipe:
     for key in ("eval_interval", "save_interval", "console_log_interval"):
         _check_time(key, OmegaConf.select(cfg, key), positive=True)
     _check_time("scheduler.t_warmup", cfg.scheduler.t_warmup, positive=False)
+
+    # NaN fails every comparison, so it is refused too; inf would wait forever, which this key exists to prevent.
+    _check(math.isfinite(cfg.dist_timeout) and cfg.dist_timeout > 0, "dist_timeout", cfg.dist_timeout,
+           "it must be a finite number of seconds > 0 (e.g. 600 for steps that take minutes)")
 
     world = dist.get_world_size()
     batch = cfg.global_train_batch_size

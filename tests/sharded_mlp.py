@@ -7,6 +7,7 @@ The model has a layer of 67 rows, which no world size here divides (uneven shard
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -39,8 +40,9 @@ def global_batch(world: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(xs), torch.cat(ys)
 
 
-def reference_training(world: int, steps: int) -> tuple[dict, list[float]]:
-    """Exact single-process data parallelism: the mean loss over all ranks' batches, plain SGD."""
+def reference_training(world: int, steps: int, skip: Collection[int] = ()) -> tuple[dict, list[float]]:
+    """Exact single-process data parallelism: the mean loss over all ranks' batches, plain SGD; the steps in
+    ``skip`` compute their loss but do not update (as a gradient scaler skips a non-finite step)."""
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
@@ -48,7 +50,8 @@ def reference_training(world: int, steps: int) -> tuple[dict, list[float]]:
         x, y = global_batch(world, step)
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
-        opt.step()
+        if step not in skip:
+            opt.step()
         opt.zero_grad()
         losses.append(loss.item())
     return {n: p.detach() for n, p in model.named_parameters()}, losses

@@ -181,6 +181,12 @@ def test_two_processes_qsdp_resume_reproduces_losses(wiki_shards, tmp_path):
     # Composer's seed range, in the notation of QSDP's own seed check.
     (["seed=-1"], "recipe key 'seed' = -1 is invalid; it must be an integer in [0, 2**32)"),
     (["seed=4294967296"], "recipe key 'seed' = 4294967296 is invalid; it must be an integer in [0, 2**32)"),
+    # The collectives' timeout (issue 16: a stalled rank must end the run): finite, positive seconds.
+    (["dist_timeout=0"], "recipe key 'dist_timeout' = 0.0 is invalid; it must be a finite number of seconds > 0"),
+    (["dist_timeout=-3"], "recipe key 'dist_timeout' = -3.0 is invalid; it must be a finite number of seconds > 0"),
+    (["dist_timeout=nan"], "recipe key 'dist_timeout' = nan is invalid; it must be a finite number of seconds > 0"),
+    (["dist_timeout=inf"], "recipe key 'dist_timeout' = inf is invalid; it must be a finite number of seconds > 0"),
+    (["dist_timeout=soon"], "recipe key 'dist_timeout' has the wrong type"),
     # Misspellings and llm-foundry's spellings without a same-meaning key here.
     (["optimzer.lr=1"], "unknown recipe key 'optimzer'; did you mean 'optimizer'?"),
     (["data.locl=x"], "unknown recipe key 'data.locl'; did you mean 'local'?; 'data' takes: local, remote"),

@@ -10,7 +10,7 @@ from composer_qsdp.policy.auto import Candidate, Decision, LinkFit, UnitProfile,
 from composer_qsdp.policy.auto_runtime import POLICIES, AutoOptions, AutoPolicy, AutoRecord
 from composer_qsdp.policy.config import ModuleFilter, QSDPConfig, SideConfig
 from composer_qsdp.policy.finite_check import NonFiniteWeightError
-from composer_qsdp.policy.handle import QSDPHandle
+from composer_qsdp.policy.handle import QSDPHandle, ResumeSettingsWarning
 from composer_qsdp.policy.plan import Unit, UnitPlan, plan_units
 from composer_qsdp.policy.presets import from_recipe, option_names, recipe_names
 
@@ -28,6 +28,7 @@ __all__ = [
     "NonFiniteWeightError",
     "QSDPConfig",
     "QSDPHandle",
+    "ResumeSettingsWarning",
     "SideConfig",
     "Unit",
     "UnitPlan",

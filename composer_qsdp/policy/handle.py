@@ -10,12 +10,18 @@ Weights that change outside an optimizer step (a checkpoint loaded into the mode
 leave schemes that keep gathered weights (``keeps_weights``) stale: the handle compares the parameters' version
 counters at every forward with those after the last step and tells such schemes (``on_weights_changed``). A
 change that bypasses version counters (``param.data.copy_(...)``) needs :meth:`QSDPHandle.refresh`.
+
+A checkpoint holds the settings it was written under (the configuration and the world's shape); a handle that
+loads one written under other settings (W8G8 -> W4G4, another scheme, another world size) continues with its own
+settings and warns with :class:`ResumeSettingsWarning`, naming every setting that changed. Scheme state that
+no longer fits is rebuilt (a weight-difference reference becomes a keyframe); the byte counters keep their totals.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,9 +34,42 @@ from composer_qsdp.policy.finite_check import WeightFiniteMonitor
 from composer_qsdp.policy.plan import UnitPlan
 from composer_qsdp.schemes import GatherLayout, GradScheme, Scheme, WeightScheme
 
-__all__ = ["QSDPHandle"]
+__all__ = ["QSDPHandle", "ResumeSettingsWarning", "settings_changes"]
 
 _STATE_FORMAT = 2
+
+
+class ResumeSettingsWarning(UserWarning):
+    """QSDP resumed from a checkpoint written under other settings, or from one without QSDP's state."""
+
+
+def settings_changes(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """``"key: saved -> now"`` for every setting that differs (keys dotted, e.g. ``"grads.bits: 8 -> 4"``), in
+    key order; a key only one side has shows ``<absent>`` on the other."""
+    old, new = _flatten(saved), _flatten(now)
+    return [f"{key}: {old.get(key, '<absent>')!r} -> {new.get(key, '<absent>')!r}"
+            for key in sorted(old.keys() | new.keys()) if old.get(key, "<absent>") != new.get(key, "<absent>")]
+
+
+def _resume_changes(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """The run-wide changes one by one; the units' schemes in one entry (a model has many units, and a changed
+    configuration changes most of them)."""
+    changes = settings_changes({k: v for k, v in saved.items() if k != "units"},
+                               {k: v for k, v in now.items() if k != "units"})
+    units = settings_changes(saved.get("units", {}), now.get("units", {}))
+    if units:
+        changes.append(f"the schemes of {len(units)} of {len(now.get('units', {}))} unit(s), e.g. {units[0]}")
+    return changes
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 class QSDPHandle:
@@ -48,6 +87,8 @@ class QSDPHandle:
             weights and are chosen after setup (:meth:`reconfigure`); set by adapters that have layouts.
         wire_dtypes: the dtype of the latest all-gather (``"weights"``) and reduce-scatter (``"grads"``) input:
             what the framework actually sends, for measurements that must send the same.
+        resume_changes: the settings that differ from those of the checkpoint last loaded (``"key: old -> new"``;
+            empty when none did, or before a load).
     """
 
     adapter: str = ""
@@ -64,6 +105,7 @@ class QSDPHandle:
         self._watched = [u for u in self.units if u.weights.keeps_weights]
         self._versions = self._current_versions()
         self.wire_dtypes: dict[str, torch.dtype] = {}
+        self.resume_changes: list[str] = []
 
     def setup(
         self, groups: Sequence[dist.ProcessGroup], layouts: Sequence[GatherLayout | None] | None = None
@@ -250,11 +292,21 @@ class QSDPHandle:
         return "\n".join([self.adapter, *lines] if self.adapter else lines)
 
     # ------------------------------------------------------------------ checkpointing
+    def settings(self) -> dict[str, Any]:
+        """What a checkpoint records of how it was written: the configuration (:meth:`QSDPConfig.summary`'s keys),
+        ``world_size``, ``ranks_per_node`` and ``units`` (each unit's schemes, :meth:`UnitPlan.describe`), as plain
+        values."""
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        return {**self.config.summary(), "world_size": world,
+                "ranks_per_node": self.topology.ranks_per_node,
+                "units": {u.name or "<root>": u.describe().partition(": ")[2] for u in self.units}}
+
     def state_dict(self) -> dict[str, Any]:
-        """The seed schedule and every scheme's state (byte counters, references...): save it with the model so a
-        resumed run continues exactly."""
+        """The seed schedule, every scheme's state (byte counters, references...) and the :meth:`settings`: save
+        it with the model so a resumed run continues exactly (or says what changed)."""
         return {
             "format": _STATE_FORMAT,
+            "settings": self.settings(),
             "seeds": self.seeds.state_dict(),
             "units": [{"weights": u.weights.state_dict(), "grads": u.grads.state_dict()} for u in self.units],
         }
@@ -263,6 +315,12 @@ class QSDPHandle:
         """Restore :meth:`state_dict` output of a handle on the same model structure.
 
         Also reads the first format (``{"step", "weights", "grads"}``: a forward counter and byte counters).
+
+        A state written under other :meth:`settings` (bits, codecs, schemes, world size...) loads too: the handle
+        keeps its own settings, each scheme takes what still fits (a weight-difference reference saved by another
+        scheme, or not at all, means a full-precision keyframe at the next gather), the byte counters keep the
+        saved totals, and a :class:`ResumeSettingsWarning` names every change (also kept in
+        :attr:`resume_changes`).
 
         Raises:
             ValueError: the state is for a different number of units, naming both counts.
@@ -278,6 +336,15 @@ class QSDPHandle:
                 f"QSDP state has {len(state['units'])} units but this model has {len(self.units)}; it was saved "
                 "from a differently wrapped model"
             )
+        self.resume_changes = _resume_changes(state["settings"], self.settings()) if "settings" in state else []
+        if self.resume_changes:
+            # The totals stay cumulative (true bytes sent over the whole run); the per-batch metrics computed from
+            # their differences reflect the new settings from the first new batch on.
+            warnings.warn(
+                "QSDP resumes from a checkpoint written under other settings and continues with the new ones: "
+                + "; ".join(self.resume_changes) + ". Scheme state that does not fit the new settings is rebuilt; "
+                "the byte counters keep the checkpoint's totals (bytes sent under the old settings included), and "
+                "the per-batch byte metrics reflect the new settings.", ResumeSettingsWarning, stacklevel=2)
         for unit, saved in zip(self.units, state["units"]):
             unit.weights.load_state_dict(saved["weights"])
             unit.grads.load_state_dict(saved["grads"])

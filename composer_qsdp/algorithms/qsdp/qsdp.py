@@ -16,7 +16,7 @@ from composer.utils import dist
 from composer_qsdp.comm import TrafficCounter, TrafficReport
 from composer_qsdp import fsdp1, fsdp2
 from composer_qsdp.policy import (POLICIES, AutoOptions, AutoPolicy, ModuleFilter, NonFiniteWeightError, QSDPHandle,
-                                  from_recipe)
+                                  ResumeSettingsWarning, from_recipe)
 
 __all__ = ["QSDP", "RECIPE", "check_run"]
 
@@ -79,6 +79,12 @@ class QSDP(Algorithm):
     every ``BATCH_END``.
 
     Start from a named ``recipe`` and change any option; an option left out takes the recipe's value.
+
+    Its checkpoint state (seed schedule, byte counters, scheme state) records the settings it was written under. A
+    resume under other settings (bits, codecs, schemes, world size) continues with the new ones and warns with
+    :class:`~composer_qsdp.policy.ResumeSettingsWarning` naming each change (hyperparameter
+    ``qsdp/resume_changes``); the byte counters keep their totals. A resume from a checkpoint without QSDP state
+    warns too, and the counters start from zero.
 
     Example::
 
@@ -260,6 +266,12 @@ class QSDP(Algorithm):
         if self._loaded_state is not None:
             self.handle.load_state_dict(self._loaded_state)
             self._loaded_state = None
+        elif int(state.timestamp.batch) > 0:
+            # Resumed (Composer loaded a checkpoint before AFTER_LOAD) from a checkpoint of a run without QSDP.
+            warnings.warn(
+                f"QSDP starts at batch {int(state.timestamp.batch)} of a resumed run whose checkpoint holds no QSDP "
+                "state (it was written without QSDP): the byte counters and the rounding-noise schedule start from "
+                "zero, so traffic() counts from this batch on", ResumeSettingsWarning, stacklevel=2)
         self._logged = self.handle.traffic()
         quantized = sum(u.quantized for u in self.handle.units)
         log.info("QSDP installed on %d FSDP units through %s", len(self.handle.units), self.handle.describe())
@@ -270,6 +282,7 @@ class QSDP(Algorithm):
             "qsdp/config": self.config.summary(),
             "qsdp/fsdp_units": len(self.handle.units),
             "qsdp/quantized_units": quantized,
+            "qsdp/resume_changes": "; ".join(self.handle.resume_changes) or "none",
         })
 
     def _auto_step(self, logger: Logger) -> None:

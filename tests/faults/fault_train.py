@@ -1,0 +1,104 @@
+"""The recipe entrypoint (``composer_qsdp.train``) with one injected fault, for ``composer -n N`` (driven by the fault
+tests)::
+
+    QSDP_FAULT=stop:1:3 QSDP_FAULT_DIR=DIR composer -n 2 tests/faults/fault_train.py RECIPE.yaml [key=value ...]
+
+``QSDP_FAULT`` is ``KIND:RANK:BATCH``; the process of global rank ``RANK``, after batch ``BATCH``:
+
+* ``stop``: writes the time to ``QSDP_FAULT_DIR/stopped`` and stops itself with SIGSTOP (a stalled rank: alive,
+  holding its sockets, answering nothing);
+* ``kill-in-save``: writes its part of the (sharded) checkpoint of that batch, or half of the file of a DDP or full
+  checkpoint (written by rank 0 alone), then writes the time to ``QSDP_FAULT_DIR/killed`` and kills itself with
+  SIGKILL before the checkpoint is complete (no metadata, no ``latest`` link).
+
+Every process writes its pid to ``QSDP_FAULT_DIR/rank{RANK}.pid`` first, so the test can resume or kill it whatever
+happens. Without ``QSDP_FAULT`` it is the plain entrypoint.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _die() -> None:
+    """SIGKILL this process, first writing the time to ``QSDP_FAULT_DIR/killed``."""
+    Path(os.environ["QSDP_FAULT_DIR"], "killed").write_text(str(time.time()))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _arm(kind: str, rank: int, batch: int) -> None:
+    """Install the fault on this process (its rank's only)."""
+    import composer
+    import torch
+    import torch.distributed.checkpoint as dist_cp
+    from composer.core import Callback
+    from composer.utils import checkpoint
+
+    if int(os.environ["RANK"]) != rank:
+        return
+    if kind == "kill-in-save":
+        # Composer's sharded save writes through dist_cp.FileSystemWriter; this rank's data is on disk once its
+        # write_data future completes, before the coordinator writes .metadata and Composer links 'latest'.
+        original = dist_cp.FileSystemWriter.write_data
+
+        def write_then_die(self: Any, plan: Any, planner: Any) -> Any:
+            result = original(self, plan, planner)
+            if f"ba{batch}" in os.fspath(self.path):
+                result.wait()
+                _die()
+            return result
+
+        dist_cp.FileSystemWriter.write_data = write_then_die
+
+        # DDP (and full state dicts): rank 0 alone writes one file; die with half of it written.
+        def half_then_die(state_dict: dict, filename: str) -> None:
+            if f"ba{batch}" not in filename:
+                return write_file(state_dict, filename)
+            buffer = io.BytesIO()
+            torch.save(state_dict, buffer)
+            with open(filename, "wb") as f:
+                f.write(buffer.getvalue()[: buffer.tell() // 2])
+            _die()
+
+        write_file = checkpoint._write_checkpoint_file
+        checkpoint._write_checkpoint_file = half_then_die
+        return
+    if kind != "stop":
+        raise ValueError(f"QSDP_FAULT kind {kind!r} is unknown; allowed: stop, kill-in-save")
+
+    class Stop(Callback):
+        def batch_end(self, state: Any, logger: Any) -> None:
+            if int(state.timestamp.batch) == batch:
+                Path(os.environ["QSDP_FAULT_DIR"], "stopped").write_text(str(time.time()))
+                os.kill(os.getpid(), signal.SIGSTOP)
+
+    # The recipe builds the Trainer itself: add the callback to its arguments.
+    init = composer.Trainer.__init__
+
+    def with_fault(self: Any, *args: Any, callbacks: Any = None, **kwargs: Any) -> None:
+        init(self, *args, callbacks=[*(callbacks or []), Stop()], **kwargs)
+
+    composer.Trainer.__init__ = with_fault
+
+
+def main() -> int:
+    from composer_qsdp.train import main as train_main
+
+    fault_dir = os.environ.get("QSDP_FAULT_DIR")
+    if fault_dir:
+        Path(fault_dir, f"rank{os.environ['RANK']}.pid").write_text(str(os.getpid()))
+    fault = os.environ.get("QSDP_FAULT")
+    if fault:
+        kind, rank, batch = fault.split(":")
+        _arm(kind, int(rank), int(batch))
+    return train_main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
