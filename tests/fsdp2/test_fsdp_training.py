@@ -431,11 +431,12 @@ def test_non_finite_weight_is_a_clear_error_on_every_rank(run):
         assert "non-finite weights" in message and "'l2'" in message, message
 
 
-def test_resume_from_checkpoint_gives_the_same_losses(run):
+@pytest.mark.parametrize("scenario", ["checkpoint", "checkpoint_difference"], ids=["w8g8", "difference"])
+def test_resume_from_checkpoint_gives_the_same_losses(run, scenario):
     world, results, _ = run
     _only_world_2(world)
     for rank in range(world):
-        ckpt = results[rank]["checkpoint"]
+        ckpt = results[rank][scenario]
         assert ckpt["resumed"]["losses"] == ckpt["continued"]["losses"]
         for name, value in ckpt["continued"]["params"].items():
             assert torch.equal(ckpt["resumed"]["params"][name], value), name
@@ -477,16 +478,6 @@ def test_an_edit_outside_the_optimizer_is_a_keyframe(run):
         edit = results[rank]["difference"]["after_edit"]
         assert torch.equal(edit["gathered"], edit["expected"])  # full precision: exactly the edited weights
         assert edit["keyframes"] == [0, 1, 0]  # units l1, l2, l3: only the edited l2 re-keyframes
-
-
-def test_weight_difference_resume_continues_exactly(run):
-    world, results, _ = run
-    _only_world_2(world)
-    for rank in range(world):
-        ckpt = results[rank]["checkpoint_difference"]
-        assert ckpt["resumed"]["losses"] == ckpt["continued"]["losses"]
-        for name, value in ckpt["continued"]["params"].items():
-            assert torch.equal(ckpt["resumed"]["params"][name], value), name
 
 
 def test_checkpoint_holds_full_precision_weights(run, tmp_path):

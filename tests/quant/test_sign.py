@@ -6,18 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from zero_one_reference import sign_compress
+
 from composer_qsdp.quant import make_codec
 
 
 def _reference(x: torch.Tensor, bucket: int) -> torch.Tensor:
     """float64 ``||x_b||_2 / sqrt(d_b) * sign(x)`` per bucket ``b`` of ``d_b`` elements, ``sign(0) = +1``."""
-    v = x.to(torch.float64)
-    out = torch.empty_like(v)
-    for start in range(0, v.numel(), bucket):
-        b = v[start : start + bucket]
-        scale = b.norm() / b.numel() ** 0.5
-        out[start : start + bucket] = torch.where(b >= 0, scale, -scale)
-    return out
+    return sign_compress(x.to(torch.float64), bucket)
 
 
 def _sample(n: int, seed: int) -> torch.Tensor:
