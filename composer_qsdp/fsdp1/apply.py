@@ -24,7 +24,6 @@ from composer_qsdp.policy import QSDPConfig, QSDPHandle, plan_units
 
 __all__ = ["FSDP1AllGather", "FSDP1Handle", "FSDP1ReduceScatter", "apply_qsdp", "remove_qsdp"]
 
-_HANDLE_ATTR = "_qsdp_handle"
 _SHARDED = (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP)
 
 
@@ -117,9 +116,7 @@ class FSDP1Handle(QSDPHandle):
         self._roots = roots
         for root in roots:
             compat.install_reduce_scatter(root, states, reduce_scatter_hook, _not_a_unit)
-        # prepend: run before the forward of an FSDP root, which unshards.
-        self._hook = self.model.register_forward_pre_hook(lambda *_: self.on_forward(), prepend=True)
-        setattr(self.model, _HANDLE_ATTR, self)
+        self.attach_to_model()
 
     def remove(self) -> None:
         """Restore FSDP1's all-gathers and reduce-scatters on every unit, drop the forward and optimizer hooks."""
@@ -128,9 +125,6 @@ class FSDP1Handle(QSDPHandle):
             compat.restore_all_gather(compat.flat_handle(unit.module))
         for root in self._roots:
             compat.restore_reduce_scatter(root)
-        self._hook.remove()
-        if getattr(self.model, _HANDLE_ATTR, None) is self:
-            delattr(self.model, _HANDLE_ATTR)
 
 
 def apply_qsdp(
@@ -165,8 +159,7 @@ def apply_qsdp(
     config = QSDPConfig() if config is None else config
     if not isinstance(config, QSDPConfig):
         raise ValueError(f"config must be a QSDPConfig, got {type(config).__name__}")
-    if getattr(model, _HANDLE_ATTR, None) is not None:
-        raise ValueError("QSDP is already applied to this model; call remove_qsdp(model) before applying again")
+    QSDPHandle.check_not_applied(model)
     roots = find_roots(model)
     units = find_units(model)
     if not units:
@@ -213,7 +206,4 @@ def remove_qsdp(model: nn.Module) -> None:
     Raises:
         ValueError: QSDP is not applied to ``model``.
     """
-    handle = getattr(model, _HANDLE_ATTR, None)
-    if handle is None:
-        raise ValueError(f"QSDP is not applied to this {type(model).__name__}")
-    handle.remove()
+    QSDPHandle.remove_from(model)

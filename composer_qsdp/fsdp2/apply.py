@@ -27,7 +27,6 @@ from composer_qsdp.policy import QSDPConfig, QSDPHandle, plan_units
 
 __all__ = ["FSDP2Handle", "apply_qsdp", "remove_qsdp"]
 
-_HANDLE_ATTR = "_qsdp_handle"
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +49,7 @@ class FSDP2Handle(QSDPHandle):
         for unit in self.units:
             install_comms(unit.module, QSDPAllGather(self, unit.index), QSDPReduceScatter(self, unit.index),
                           self.comm_path)
-        # prepend: run before FSDP's own pre-forward hook when the model is itself an FSDP root.
-        self._hook = self.model.register_forward_pre_hook(lambda *_: self.on_forward(), prepend=True)
-        setattr(self.model, _HANDLE_ATTR, self)
+        self.attach_to_model()
 
     def remove(self) -> None:
         """Restore FSDP's default all-gather and reduce-scatter on every unit, drop the forward and optimizer
@@ -60,9 +57,6 @@ class FSDP2Handle(QSDPHandle):
         super().remove()
         for unit in self.units:
             restore_comms(unit.module, self.comm_path)
-        self._hook.remove()
-        if getattr(self.model, _HANDLE_ATTR, None) is self:
-            delattr(self.model, _HANDLE_ATTR)
 
 
 def apply_qsdp(
@@ -105,8 +99,7 @@ def apply_qsdp(
     config = QSDPConfig() if config is None else config
     if not isinstance(config, QSDPConfig):
         raise ValueError(f"config must be a QSDPConfig, got {type(config).__name__}")
-    if getattr(model, _HANDLE_ATTR, None) is not None:
-        raise ValueError("QSDP is already applied to this model; call remove_qsdp(model) before applying again")
+    QSDPHandle.check_not_applied(model)
     if not any(isinstance(m, FSDPModule) for m in model.modules()):
         raise ValueError(
             f"{type(model).__name__} has no FSDP2 module: apply torch.distributed.fsdp.fully_shard to its blocks "
@@ -133,7 +126,4 @@ def remove_qsdp(model: nn.Module) -> None:
     Raises:
         ValueError: QSDP is not applied to ``model``.
     """
-    handle = getattr(model, _HANDLE_ATTR, None)
-    if handle is None:
-        raise ValueError(f"QSDP is not applied to this {type(model).__name__}")
-    handle.remove()
+    QSDPHandle.remove_from(model)

@@ -37,6 +37,8 @@ from composer_qsdp.schemes import GatherLayout, GradScheme, Scheme, WeightScheme
 __all__ = ["QSDPHandle", "ResumeSettingsWarning", "settings_changes"]
 
 _STATE_FORMAT = 2
+#: The model attribute that holds the handle QSDP installed on it.
+_HANDLE_ATTR = "_qsdp_handle"
 
 
 class ResumeSettingsWarning(UserWarning):
@@ -106,6 +108,42 @@ class QSDPHandle:
         self._versions = self._current_versions()
         self.wire_dtypes: dict[str, torch.dtype] = {}
         self.resume_changes: list[str] = []
+        self._forward_hook: torch.utils.hooks.RemovableHandle | None = None
+
+    # ------------------------------------------------------------------ the model it is applied to
+    @staticmethod
+    def applied(model: nn.Module) -> QSDPHandle | None:
+        """The handle QSDP installed on ``model`` (by any adapter), or ``None``."""
+        return getattr(model, _HANDLE_ATTR, None)
+
+    @staticmethod
+    def check_not_applied(model: nn.Module) -> None:
+        """Raise unless ``model`` is free of QSDP (one handle per model, whichever adapter).
+
+        Raises:
+            ValueError: QSDP is already applied to ``model``.
+        """
+        if QSDPHandle.applied(model) is not None:
+            raise ValueError("QSDP is already applied to this model; call remove_qsdp(model) before applying again")
+
+    @staticmethod
+    def remove_from(model: nn.Module) -> None:
+        """Remove the handle applied to ``model`` (its adapter restores the framework's collectives).
+
+        Raises:
+            ValueError: QSDP is not applied to ``model``.
+        """
+        handle = QSDPHandle.applied(model)
+        if handle is None:
+            raise ValueError(f"QSDP is not applied to this {type(model).__name__}")
+        handle.remove()
+
+    def attach_to_model(self) -> None:
+        """Register on the model: a forward pre-hook that marks each microbatch (:meth:`on_forward`), prepended so
+        that it runs before the pre-forward hook of a model that is itself an FSDP root (which gathers weights),
+        and the model attribute :meth:`applied` reads. Adapters call it once their collectives are installed."""
+        self._forward_hook = self.model.register_forward_pre_hook(lambda *_: self.on_forward(), prepend=True)
+        setattr(self.model, _HANDLE_ATTR, self)
 
     def setup(
         self, groups: Sequence[dist.ProcessGroup], layouts: Sequence[GatherLayout | None] | None = None
@@ -223,10 +261,15 @@ class QSDPHandle:
             self._optimizer_hooks.append(optimizer.register_step_post_hook(lambda *_: self.on_optimizer_step()))
 
     def remove(self) -> None:
-        """Detach from the optimizers; adapters also restore their framework's collectives."""
+        """Detach from the optimizers and the model; adapters also restore their framework's collectives."""
         for hook in self._optimizer_hooks:
             hook.remove()
         self._optimizer_hooks.clear()
+        if self._forward_hook is not None:
+            self._forward_hook.remove()
+            self._forward_hook = None
+        if QSDPHandle.applied(self.model) is self:
+            delattr(self.model, _HANDLE_ATTR)
 
     # ------------------------------------------------------------------ reporting
     def traffic(self) -> TrafficReport:
