@@ -37,17 +37,18 @@ from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
 from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, FP32_MAX, GPU_TILE, INTERPRETER_TILE, MAGIC,
                                           MAGIC_BITS, MAX_BUCKET, MAX_ROWS, codes_to_float, launch_fits,
                                           launch_shape, load_codes, row_stride, split_tile, store_codes, tile, vec)
-from composer_qsdp.kernels.noise import centered_noise
+from composer_qsdp.kernels.noise import fraction_bits, noise_bits
 from composer_qsdp.kernels.layout import WireLayout, aligned_rows
 
 __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_rows", "decode_sum"]
 
 #: Code widths with a kernel (a group of 8 codes is exactly ``bits`` bytes).
 SUPPORTED_BITS = (1, 2, 4, 8)
-# Launch targets: those of :mod:`composer_qsdp.kernels.groups`, except that when the input's rows do not start on
-# 16-element boundaries its loads cannot be vectorized and 32 elements per thread would spill registers, so those
-# launches take 16.
-_ELEMENTS_PER_THREAD_UNALIGNED_ROWS = 16
+# Launch targets: those of :mod:`composer_qsdp.kernels.groups`, except when the rows of the streamed input or
+# output do not start on 16-element boundaries: the accesses cannot be vectorized, 32 elements per thread spill
+# registers, and the stochastic quantize with noise counters not multiples of 8 (two Philox calls per group) needed
+# 254 of 255 registers at 16 elements, so decoders take 16 there and the quantize kernel 8.
+_ELEMENTS_PER_THREAD_UNALIGNED_ROWS = {"decode": 16, "encode": 8}
 
 
 def supports(bits: int, bucket_size: int, rows: int = 1, n: int = 1) -> bool:
@@ -73,7 +74,7 @@ def _quantize_kernel(
     n, num_buckets, code_bytes, meta_offset, x_row_stride, wire_row_stride,
     seed, offset,
     BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, VEC: tl.constexpr,
-    STOCHASTIC: tl.constexpr, ALIGNED: tl.constexpr, PARTIAL_GROUPS: tl.constexpr,
+    STOCHASTIC: tl.constexpr, FRACTION: tl.constexpr, ALIGNED: tl.constexpr, PARTIAL_GROUPS: tl.constexpr,
 ):  # fmt: skip
     LEVELS: tl.constexpr = (1 << BITS) - 1
     pid = tl.program_id(0)
@@ -93,12 +94,17 @@ def _quantize_kernel(
     inv = tl.minimum(tl.where(positive, inv, 0.0), FP32_MAX)
 
     t = (x - lo) * inv
+    # t >= 0 is rounded on a grid of 2**-F through one float add (F = 0: MAGIC, round half to even), stochastic
+    # rounding adding the noise's top F bits to the bit pattern (noise.fraction_bits). The cap clamps the top on
+    # the bit patterns, which also maps a non-finite bucket to code 0: NaN lanes have patterns above any cap as
+    # unsigned ints.
+    F: tl.constexpr = FRACTION
+    base: tl.constexpr = MAGIC_BITS - (F << 23)  # bits of 1.5 * 2**(23 - F)
+    y = (t + (1.5 * (1 << (23 - F)))).to(tl.uint32, bitcast=True)
     if STOCHASTIC:
-        t = t + centered_noise(seed, offset + row * n + b * BUCKET + g * 8, lane, ALIGNED)
-    # Round half to even through MAGIC (t >= -1/2, so the code is >= 0) and clamp the top on the bit patterns,
-    # which also maps a non-finite bucket to code 0: NaN lanes have patterns above any cap as unsigned ints.
-    cap = tl.where(bad, MAGIC_BITS, MAGIC_BITS + LEVELS).to(tl.uint32)
-    codes = (tl.minimum((t + MAGIC).to(tl.uint32, bitcast=True), cap) - MAGIC_BITS).to(tl.int32)
+        y = y + noise_bits(seed, offset + row * n + b * BUCKET + g * 8, lane, ALIGNED, F)
+    cap = tl.where(bad, base, base + ((LEVELS << F) | ((1 << F) - 1))).to(tl.uint32)
+    codes = ((tl.minimum(y, cap) >> F) - (base >> F)).to(tl.int32)
 
     row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)  # wire rows are whole fp32 words
     store_codes(row_wire, codes, pid, b, g, lane, e, valid, n, num_buckets, code_bytes, meta_offset,
@@ -160,10 +166,11 @@ def _dequantize_sum_kernel(
 
 # --------------------------------------------------------------------------------------------- launchers
 def _config(bucket_size: int, num_buckets: int, on_gpu: bool, aligned_rows: bool, buckets_per_program: int | None,
-            num_warps: int | None) -> tuple[int, int, int]:  # fmt: skip
+            num_warps: int | None, kind: str = "decode") -> tuple[int, int, int]:  # fmt: skip
     """(GROUPS, buckets per program, warps) of a launch (:func:`composer_qsdp.kernels.groups.launch_shape`);
-    ``aligned_rows``: the rows of the streamed input or output start on 16-element boundaries."""
-    per_thread = ELEMENTS_PER_THREAD if aligned_rows else _ELEMENTS_PER_THREAD_UNALIGNED_ROWS
+    ``aligned_rows``: the rows of the streamed input or output start on 16-element boundaries; ``kind``: ``"encode"``
+    or ``"decode"``."""
+    per_thread = ELEMENTS_PER_THREAD if aligned_rows else _ELEMENTS_PER_THREAD_UNALIGNED_ROWS[kind]
     return launch_shape(bucket_size, num_buckets, on_gpu, GPU_TILE, INTERPRETER_TILE, per_thread,
                         buckets_per_program, num_warps)  # fmt: skip
 
@@ -207,14 +214,15 @@ def encode_rows(
         x = x.contiguous()
     wire = torch.empty(rows, layout.wire_bytes, dtype=torch.uint8, device=x.device)
     nb = layout.num_buckets
-    groups, bpp, warps = _config(bucket_size, nb, x.is_cuda, _aligned_rows(x), buckets_per_program, num_warps)
+    groups, bpp, warps = _config(bucket_size, nb, x.is_cuda, _aligned_rows(x), buckets_per_program, num_warps, "encode")
     aligned = offset % 8 == 0 and (rows == 1 or n % 8 == 0)
     _quantize_kernel[(triton.cdiv(nb, bpp), rows)](
         x, wire, wire.view(torch.float32),
         n, nb, layout.code_bytes, layout.meta_offset, row_stride(x), row_stride(wire),
         seed, offset,
         BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=vec(x.dtype), STOCHASTIC=stochastic,
-        ALIGNED=aligned, PARTIAL_GROUPS=bits < 8 and n % 8 != 0, num_warps=warps, enable_fp_fusion=False,
+        FRACTION=fraction_bits(bits) if stochastic else 0, ALIGNED=aligned, PARTIAL_GROUPS=bits < 8 and n % 8 != 0,
+        num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
     return wire
 

@@ -1,18 +1,19 @@
-"""Triton side of the codecs' stochastic-rounding stream (its torch reference: ``quant.philox.rounding_noise``).
+"""Triton side of the codecs' stochastic-rounding stream (its torch reference: ``quant.philox.rounding_bits``).
 
-Counter ``c`` takes half ``c % 2`` (low half first) of word ``(c // 2) % 4`` of ``tl.randint4x(seed, c // 8)``;
-the 16-bit value ``k`` is the noise ``u = (k + 0.5) / 2**16``. Kernels lay their tiles out as groups of 8
-consecutive elements (:mod:`composer_qsdp.kernels.groups`); :func:`centered_noise` draws a group's noise with
-one Philox call when the group's first counter is a multiple of 8 and two otherwise, and returns ``u - 1/2``,
-the form the min-max codec adds before rounding to nearest, identical to the torch reference's
-``rounding_noise(...) - 0.5`` bit for bit.
+Counter ``c`` takes half ``c % 2`` (low half first) of word ``(c // 2) % 4`` of the Philox4x32 call ``c // 8``
+with ``NOISE_ROUNDS`` rounds (:mod:`composer_qsdp.kernels.philox_constants`): a 16-bit value ``k``. Kernels lay
+their tiles out as groups of 8 consecutive elements (:mod:`composer_qsdp.kernels.groups`); :func:`noise_bits`
+draws a group's values with one Philox call when the group's first counter is a multiple of 8 and two
+otherwise. Two forms:
 
-``u - 1/2`` is built from bits rather than with an int -> float conversion (a slow instruction on GPUs):
-``0x3F800040 | k << 7`` is the fp32 number ``1 + (k + 0.5) / 2**16 = 1 + u`` (``k`` in mantissa bits 22..7,
-the half in bit 6), and ``(1 + u) - 1.5`` is exact.
+* :func:`noise_bits`: ``k`` itself; the min-max kernels add its top bits to a fixed-point image of the value to
+  round (:func:`fraction_bits`), an integer add instead of the float noise's four instructions.
+* :func:`centered_noise`: ``u - 1/2`` for ``u = (k + 0.5) / 2**16``, identical to the torch reference's
+  ``rounding_noise(...) - 0.5`` bit for bit. Built from bits rather than with an int -> float conversion (a slow
+  instruction on GPUs): ``0x3F800040 | k << 7`` is the fp32 number ``1 + u`` and ``(1 + u) - 1.5`` is exact.
 
-The Philox rounds are :func:`_philox` rather than ``tl.randint4x``: the same function (Philox4x32-10 on the
-counter ``(c mod 2**32, c >> 32, 0, 0)`` under the key ``(seed mod 2**32, seed >> 32)``), with each round's two
+The Philox rounds are :func:`_philox` rather than ``tl.randint4x`` (which has 10 rounds): Philox4x32 on the
+counter ``(c mod 2**32, c >> 32, 0, 0)`` under the key ``(seed mod 2**32, seed >> 32)``, with each round's two
 32 x 32 -> 64-bit products written as one widening multiply instead of separate high and low halves, which
 saves instructions in the stochastic quantize kernels, whose instruction issue bounds them (counts in
 ``benchmarks/kernel_notes.md``).
@@ -23,19 +24,22 @@ import triton.language as tl
 
 from composer_qsdp.kernels import philox_constants
 
-__all__ = ["centered_noise"]
+__all__ = ["NOISE_BITS", "centered_noise", "fraction_bits", "noise_bits"]
+
+#: Bits of one noise value ``k``.
+NOISE_BITS = 16
 
 # jit code reads only constexpr globals
 _KEY_A = tl.constexpr(philox_constants.KEY_A)
 _KEY_B = tl.constexpr(philox_constants.KEY_B)
 _ROUND_A = tl.constexpr(philox_constants.ROUND_A)
 _ROUND_B = tl.constexpr(philox_constants.ROUND_B)
-_N_ROUNDS = tl.constexpr(philox_constants.N_ROUNDS)
+_N_ROUNDS = tl.constexpr(philox_constants.NOISE_ROUNDS)
 
 
 @triton.jit
 def _philox(seed, call):
-    """The four uint32 words of ``tl.randint4x(seed, call)`` for an int64 ``call`` tensor."""
+    """The four uint32 words of the ``NOISE_ROUNDS``-round Philox call ``call`` (an int64 tensor) under key ``seed``."""
     seed = seed.to(tl.uint64)
     k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
     k1 = (seed >> 32).to(tl.uint32)
@@ -53,19 +57,30 @@ def _philox(seed, call):
     return c0, c1, c2, c3
 
 
+def fraction_bits(bits: int) -> int:
+    """Fraction bits ``F`` of the fixed-point stochastic rounding of ``bits``-bit codes: ``min(16, 22 - bits)``.
+
+    A value ``t`` in ``[0, 2**bits)`` plus ``1.5 * 2**(23 - F)`` lands in ``[2**(23 - F), 2**(24 - F))``, where fp32
+    numbers are exactly the multiples of ``2**-F``: the float add rounds ``t`` to ``t_F`` on that grid, and adding
+    the top ``F`` bits of a noise value ``k`` to the sum's bit pattern and dropping the low ``F`` bits gives
+    ``floor(t_F + k_F / 2**F)``, whose mean over the ``2**F`` values ``k_F`` is exactly ``t_F`` (within
+    ``2**-(F + 1)`` of ``t``: ``2**-17`` of a step up to 6 bits, ``2**-15`` at 8).
+    """
+    return min(NOISE_BITS, 22 - bits)
+
+
 @triton.jit
-def _centered_from_words(w0, w1, w2, w3, lane):
-    """``u - 1/2`` of lane ``lane`` (0..7) of the Philox call that returned words ``w0..w3`` (all broadcastable)."""
+def _bits_from_words(w0, w1, w2, w3, lane):
+    """``k`` of lane ``lane`` (0..7) of the Philox call that returned words ``w0..w3`` (all broadcastable)."""
     pair = lane >> 1
     word = tl.where(pair == 0, w0, tl.where(pair == 1, w1, tl.where(pair == 2, w2, w3)))
-    mantissa = tl.where((lane & 1) == 0, word << 7, word >> 9) & 0x7FFF80
-    return (mantissa | 0x3F800040).to(tl.float32, bitcast=True) - 1.5
+    return tl.where((lane & 1) == 0, word & 0xFFFF, word >> 16)
 
 
 @triton.jit
-def centered_noise(seed, start, lane, ALIGNED: tl.constexpr):
-    """``u - 1/2`` at counters ``start + lane``: int64 group starts ``start`` ``[G, B, 1, 1]`` and lanes ``lane``
-    (0..7, ``[1, 1, H, V]``) -> fp32 ``[G, B, H, V]``.
+def noise_bits(seed, start, lane, ALIGNED: tl.constexpr, TOP: tl.constexpr = 16):
+    """The top ``TOP`` bits of ``k`` (uint32 in ``[0, 2**TOP)``) at counters ``start + lane``: int64 group starts
+    ``start`` ``[G, B, 1, 1]`` and lanes ``lane`` (0..7, ``[1, 1, H, V]``) -> ``[G, B, H, V]``.
 
     ``ALIGNED`` promises every ``start`` is a multiple of 8: the group is then one Philox call. Otherwise its
     8 counters straddle two consecutive calls, and both are drawn (still 4x fewer than one per element).
@@ -73,9 +88,18 @@ def centered_noise(seed, start, lane, ALIGNED: tl.constexpr):
     call = start >> 3
     w0, w1, w2, w3 = _philox(seed, call)
     if ALIGNED:
-        return _centered_from_words(w0, w1, w2, w3, lane)
-    pos = (start & 7) + lane  # 0..14: position in call `call` (< 8) or in call `call + 1`
-    v0, v1, v2, v3 = _philox(seed, call + 1)
-    nxt = pos >= 8
-    return _centered_from_words(tl.where(nxt, v0, w0), tl.where(nxt, v1, w1), tl.where(nxt, v2, w2),
-                                tl.where(nxt, v3, w3), pos & 7)  # fmt: skip
+        k = _bits_from_words(w0, w1, w2, w3, lane)
+    else:
+        pos = (start & 7) + lane  # 0..14: position in call `call` (< 8) or in call `call + 1`
+        v0, v1, v2, v3 = _philox(seed, call + 1)
+        nxt = pos >= 8
+        k = _bits_from_words(tl.where(nxt, v0, w0), tl.where(nxt, v1, w1), tl.where(nxt, v2, w2),
+                             tl.where(nxt, v3, w3), pos & 7)  # fmt: skip
+    return k >> (16 - TOP)
+
+
+@triton.jit
+def centered_noise(seed, start, lane, ALIGNED: tl.constexpr):
+    """``u - 1/2`` (fp32) at counters ``start + lane``, shapes as :func:`noise_bits`."""
+    k = noise_bits(seed, start, lane, ALIGNED)
+    return ((k << 7) | 0x3F800040).to(tl.float32, bitcast=True) - 1.5

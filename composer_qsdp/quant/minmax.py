@@ -6,8 +6,9 @@ valid elements)::
     min, max = bucket.min(), bucket.max()                     # fp32
     scale    = (max - min) / (2**bits - 1)                     # fp32, one quantization step
     inv      = 1 / scale  (0 when scale == 0, capped at the largest fp32)
-    t        = (x - min) * inv + w                             # w: u - 1/2 (u: rounding noise), or 0 for nearest
-    code     = clamp(round_half_even(t), 0, 2**bits - 1)
+    t        = (x - min) * inv                                 # fp32, in [0, 2**bits - 1] up to rounding
+    code     = clamp(round_half_even(t), 0, 2**bits - 1)       # nearest
+    code     = clamp(floor(t_F + k_F / 2**F), 0, 2**bits - 1)  # stochastic, see below
     decoded  = min + scale * code                              # fp32, then cast to the output dtype
 
 On CUDA tensors (see :mod:`composer_qsdp.kernels.dispatch`) ``encode``/``decode``/``encode_rows``/
@@ -20,12 +21,14 @@ here and by the Triton kernels of :mod:`composer_qsdp.kernels.minmax` (which dis
 both give the same codes and the same decoded values bit for bit. A constant bucket (``scale == 0``) gets
 code 0 everywhere and decodes exactly to its value.
 
-Stochastic rounding draws ``u`` for element ``i`` of ``encode(x, seed, offset)`` from
-:func:`composer_qsdp.quant.philox.rounding_noise` at counter ``offset + i`` (uniform on ``(k + 0.5) / 2**16``);
-``w = u - 1/2`` is exact in fp32, and ``round_half_even(y + w)`` equals ``floor(y + u)`` except on exact ties, so
-``E[code] = (x - min) * inv`` up to ``2**-17`` steps and ``E[decoded] = x`` to fp32 precision. Rounding half to
-even (rather than ``floor(y + u)``) is what one fp32 addition of ``1.5 * 2**23`` computes, which is how the
-kernels round without a conversion instruction (:mod:`composer_qsdp.kernels.groups`).
+Stochastic rounding is fixed-point (:func:`composer_qsdp.kernels.noise.fraction_bits`, ``F = min(16, 22 -
+bits)``): the fp32 sum ``t + 1.5 * 2**(23 - F)`` holds ``t_F``, ``t`` rounded to a multiple of ``2**-F``, in its
+low mantissa bits; the top ``F`` bits ``k_F`` of the 16-bit noise value of element ``i`` of ``encode(x, seed,
+offset)`` (:func:`composer_qsdp.quant.philox.rounding_bits` at counter ``offset + i``) are added to that bit
+pattern, and the low ``F`` bits dropped. Over the ``2**F`` equally likely ``k_F``, ``E[code] = t_F`` exactly,
+within ``2**-(F + 1)`` steps of ``t`` (``2**-17`` up to 6 bits, ``2**-15`` at 8), so ``E[decoded] = x`` to fp32
+precision. The kernels compute it with one float add, one integer add and a shift, and round to nearest with the
+same float add for ``F = 0`` (:mod:`composer_qsdp.kernels.groups`), without conversion instructions.
 
 Wire layout of ``encode`` for ``n`` elements in ``nb = ceil(n / bucket_size)`` buckets (the shared bucketed
 layout of :mod:`composer_qsdp.kernels.layout`)::
@@ -52,15 +55,28 @@ from types import ModuleType
 import torch
 
 from composer_qsdp.kernels import WireLayout, bucket_layout, use_triton
+from composer_qsdp.kernels.noise import NOISE_BITS, fraction_bits
 from composer_qsdp.quant.buckets import bucket_lattice
 from composer_qsdp.quant.codec import Codec, check_choice, sum_rows_in_order
-from composer_qsdp.quant.philox import rounding_noise_range
+from composer_qsdp.quant.philox import rounding_bits_range
 from composer_qsdp.quant.wire import affine_decode, assemble_rows, pack_rows
 
-__all__ = ["MinMaxCodec", "ROUNDINGS"]
+__all__ = ["MinMaxCodec", "ROUNDINGS", "stochastic_round"]
 
 #: Accepted values of ``rounding``.
 ROUNDINGS = ("stochastic", "nearest")
+
+
+def stochastic_round(t: torch.Tensor, k: torch.Tensor, bits: int) -> torch.Tensor:
+    """Fixed-point stochastic rounding of fp32 ``t >= 0`` (below ``2**bits``) with 16-bit noise values ``k``: int64
+    ``floor(t_F + k_F / 2**F)`` (module docstring; ``F = fraction_bits(bits)``), before clamping to the codes.
+
+    ``t + 1.5 * 2**(23 - F)`` is one fp32 add, whose bit pattern minus that of ``1.5 * 2**(23 - F)`` is ``t_F * 2**F``;
+    the kernels compute the same integers.
+    """
+    f = fraction_bits(bits)
+    fixed = (t + 1.5 * 2.0 ** (23 - f)).view(torch.int32).to(torch.int64) - (0x4B400000 - (f << 23))
+    return (fixed + (k >> (NOISE_BITS - f))) >> f
 
 
 class MinMaxCodec(Codec):
@@ -142,11 +158,12 @@ class MinMaxCodec(Codec):
         nb, width = xb.shape[1:]
         t = (xb - lo.unsqueeze(2)) * inv.unsqueeze(2)
         if self.stochastic:
-            noise = rounding_noise_range(seed, offset, rows * n, device=x.device).view(rows, n)
+            k = rounding_bits_range(seed, offset, rows * n, device=x.device).view(rows, n)
             if nb * width > n:
-                noise = torch.nn.functional.pad(noise, (0, nb * width - n))
-            t = t + (noise.view(rows, nb, width) - 0.5)
-        codes = torch.round(t).clamp_(0, self.levels)  # torch.round: half to even
+                k = torch.nn.functional.pad(k, (0, nb * width - n))
+            codes = stochastic_round(t, k.view(rows, nb, width), self.bits).clamp_(0, self.levels)
+        else:
+            codes = torch.round(t).clamp_(0, self.levels)  # torch.round: half to even
         codes = codes.masked_fill_(nonfinite.unsqueeze(2), 0).to(torch.uint8).view(rows, nb * width)
         codes[:, n:] = 0
         meta = torch.stack((lo, scale), dim=2).masked_fill_(nonfinite.unsqueeze(2), float("nan"))

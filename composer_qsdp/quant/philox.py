@@ -8,25 +8,28 @@ with int64 arithmetic, so the torch reference codecs and the Triton kernels draw
 Two layers of API:
 
 * ``randint4x`` / ``randint`` / ``uniform``: exactly ``tl.randint4x`` / ``tl.randint`` / ``tl.rand``.
-* ``rounding_noise``: the stream the codecs use for stochastic rounding. One Philox call yields 8 values of
-  16 bits, so the kernels stay memory-bound (one 10-round Philox per element would cost several times more
-  integer work than the memory traffic of a 4-bit quantizer). Counter ``c`` takes half ``c % 2`` (low half
-  first) of word ``(c // 2) % 4`` of ``randint4x(seed, c // 8)`` and maps the 16-bit value ``k`` to
-  ``(k + 0.5) / 2**16``: uniform on 65536 points symmetric about 1/2, so ``floor(y + u)`` is unbiased to
-  within ``2**-17`` of one quantization step, below fp32 resolution of the decoded value.
+* ``rounding_bits`` / ``rounding_noise``: the stream the codecs use for stochastic rounding, Philox4x32 with
+  ``NOISE_ROUNDS`` = 7 rounds (:mod:`composer_qsdp.kernels.philox_constants` says why). One Philox call yields 8
+  values of 16 bits, so the kernels stay close to memory-bound (one Philox call per element would cost several
+  times more integer work than the memory traffic of a 4-bit quantizer). Counter ``c`` takes half ``c % 2``
+  (low half first) of word ``(c // 2) % 4`` of the call ``c // 8``: the 16-bit value ``k`` (``rounding_bits``),
+  or as a float ``u = (k + 0.5) / 2**16`` (``rounding_noise``), uniform on 65536 points symmetric about 1/2.
 
-The Triton side of ``rounding_noise`` lives in :mod:`composer_qsdp.kernels.noise`; both take the Philox constants
-from :mod:`composer_qsdp.kernels.philox_constants`.
+The Triton side of the stream lives in :mod:`composer_qsdp.kernels.noise`; both take the Philox constants from
+:mod:`composer_qsdp.kernels.philox_constants`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from composer_qsdp.kernels.philox_constants import KEY_A, KEY_B, N_ROUNDS, ROUND_A, ROUND_B
+from composer_qsdp.kernels.philox_constants import KEY_A, KEY_B, N_ROUNDS, NOISE_ROUNDS, ROUND_A, ROUND_B
 from composer_qsdp.quant.codec import check_int
 
-__all__ = ["check_seed", "randint4x", "randint", "uniform", "rounding_noise", "rounding_noise_range"]
+__all__ = [
+    "check_seed", "randint4x", "randint", "uniform", "rounding_bits", "rounding_bits_range", "rounding_noise",
+    "rounding_noise_range",
+]
 
 _MASK32 = 0xFFFFFFFF
 # Triton's uint32 -> float scale: the largest float such that (2**31 - 1) * scale < 1 in fp32.
@@ -107,30 +110,32 @@ def uniform(seed: int, offsets: torch.Tensor, n_rounds: int = N_ROUNDS) -> torch
     return folded.to(torch.float32) * torch.tensor(_UNIFORM_SCALE, dtype=torch.float32, device=word.device)
 
 
-def _noise_from_words(words: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """``[..., 8]`` float32 noise from the four words of Philox calls: word-major, low half first."""
+def _bits_from_words(words: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """``[..., 8]`` 16-bit values (int64) from the four words of Philox calls: word-major, low half first."""
     stacked = torch.stack(words, dim=-1)  # [..., 4]
-    halves = torch.stack((stacked & 0xFFFF, stacked >> 16), dim=-1)  # [..., 4, 2]
-    return ((halves.to(torch.float32) + 0.5) * (1.0 / 65536.0)).flatten(-2)
+    return torch.stack((stacked & 0xFFFF, stacked >> 16), dim=-1).flatten(-2)
 
 
-def rounding_noise(seed: int, counters: torch.Tensor) -> torch.Tensor:
-    """The codecs' stochastic-rounding noise at arbitrary counters: float32 in ``(0, 1)``, 16-bit resolution.
+def _as_noise(bits: torch.Tensor) -> torch.Tensor:
+    """``(k + 0.5) / 2**16`` as float32 (exact)."""
+    return (bits.to(torch.float32) + 0.5) * (1.0 / 65536.0)
 
-    Counter ``c`` maps to half ``c % 2`` of word ``(c // 2) % 4`` of ``randint4x(seed, c // 8)`` as
-    ``(k + 0.5) / 2**16``. Costs one Philox call per element; prefer :func:`rounding_noise_range` for a
-    contiguous range of counters.
+
+def rounding_bits(seed: int, counters: torch.Tensor) -> torch.Tensor:
+    """The codecs' stochastic-rounding stream at arbitrary counters: int64 values in ``[0, 2**16)``.
+
+    Counter ``c`` maps to half ``c % 2`` of word ``(c // 2) % 4`` of the ``NOISE_ROUNDS``-round Philox call
+    ``c // 8``. Costs one Philox call per element; prefer :func:`rounding_bits_range` for a contiguous range.
     """
     c = _check_offsets(counters)
     if (c < 0).any():
         raise ValueError("counters must be >= 0")
-    words = randint4x(seed, c >> 3)
-    noise = _noise_from_words(words)  # [..., 8]
-    return torch.gather(noise, -1, (c & 7).unsqueeze(-1)).squeeze(-1)
+    bits = _bits_from_words(randint4x(seed, c >> 3, NOISE_ROUNDS))  # [..., 8]
+    return torch.gather(bits, -1, (c & 7).unsqueeze(-1)).squeeze(-1)
 
 
-def rounding_noise_range(seed: int, start: int, count: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """:func:`rounding_noise` at counters ``start, ..., start + count - 1`` (1-D float32, ``count`` elements).
+def rounding_bits_range(seed: int, start: int, count: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """:func:`rounding_bits` at counters ``start, ..., start + count - 1`` (1-D int64, ``count`` elements).
 
     Runs one Philox call per 8 counters.
     """
@@ -139,6 +144,17 @@ def rounding_noise_range(seed: int, start: int, count: int, device: torch.device
     first_call = start >> 3
     last_call = (start + count + 7) >> 3
     calls = torch.arange(first_call, last_call, dtype=torch.int64, device=device)
-    noise = _noise_from_words(randint4x(seed, calls)).reshape(-1)
+    bits = _bits_from_words(randint4x(seed, calls, NOISE_ROUNDS)).reshape(-1)
     skip = start - 8 * first_call
-    return noise[skip : skip + count]
+    return bits[skip : skip + count]
+
+
+def rounding_noise(seed: int, counters: torch.Tensor) -> torch.Tensor:
+    """:func:`rounding_bits` ``k`` as float32 ``u = (k + 0.5) / 2**16`` in ``(0, 1)``: ``floor(y + u)`` is unbiased to
+    within ``2**-17`` of one step."""
+    return _as_noise(rounding_bits(seed, counters))
+
+
+def rounding_noise_range(seed: int, start: int, count: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """:func:`rounding_noise` at counters ``start, ..., start + count - 1`` (1-D float32, ``count`` elements)."""
+    return _as_noise(rounding_bits_range(seed, start, count, device))

@@ -7,6 +7,7 @@ from hopper import assert_no_spills_and_exact
 from composer_qsdp.kernels import backend, use_triton
 from composer_qsdp.kernels import minmax as kernels
 from composer_qsdp.kernels.groups import vec
+from composer_qsdp.kernels.noise import fraction_bits
 from composer_qsdp.quant import MinMaxCodec
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -156,7 +157,8 @@ def _hopper_variant(name: str, kernel: str, types: dict, constants: dict, bucket
     ``aligned_rows``: rows start on 16-element boundaries (one row: row stride 0), so the row strides are known
     multiples of 16, as Triton specializes them; otherwise nothing but the pointers is known to be aligned.
     """
-    groups, bpp, warps = kernels._config(bucket, 1 << 16, True, aligned_rows, None, None)
+    kind = "encode" if kernel == "_quantize_kernel" else "decode"
+    groups, bpp, warps = kernels._config(bucket, 1 << 16, True, aligned_rows, None, None, kind)
     streamed = {"*bf16": torch.bfloat16, "*fp16": torch.float16, "*fp32": torch.float32}[
         types.get("x_ptr", types.get("out_ptr"))]
     return {"name": name, "module": "composer_qsdp.kernels.minmax", "kernel": kernel,
@@ -171,7 +173,8 @@ def test_kernels_compile_for_hopper_without_spills(aligned_rows):
     variants = [
         _hopper_variant(f"quantize {bits}b {dtype} bucket {bucket} stochastic={stochastic} aligned={aligned}",
                         "_quantize_kernel", {"x_ptr": "*" + dtype},
-                        {"BITS": bits, "STOCHASTIC": stochastic, "ALIGNED": aligned, "PARTIAL_GROUPS": not aligned},
+                        {"BITS": bits, "STOCHASTIC": stochastic, "FRACTION": fraction_bits(bits) if stochastic else 0,
+                         "ALIGNED": aligned, "PARTIAL_GROUPS": not aligned},
                         bucket, aligned_rows)  # fmt: skip
         for bits, dtype, stochastic, aligned, bucket in [
             (8, "bf16", True, True, 1024), (4, "bf16", True, False, 1024), (2, "fp16", True, False, 64),

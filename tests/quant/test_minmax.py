@@ -5,7 +5,9 @@ import math
 import pytest
 import torch
 
+from composer_qsdp.kernels.noise import fraction_bits
 from composer_qsdp.quant import MinMaxCodec, make_codec
+from composer_qsdp.quant.minmax import stochastic_round
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -103,6 +105,22 @@ def test_stochastic_rounding_is_unbiased(bits):
     assert bool((mean_err.abs() <= 6 * sigma + 1e-6 * step).all())
     # Averaging the standardized errors over all elements exposes a small systematic bias.
     assert abs((mean_err / step).mean().item()) <= 6 * 0.5 / math.sqrt(draws * n)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 7, 8])
+def test_fixed_point_rounding_is_exactly_unbiased_on_its_grid(bits):
+    # Over all 2**16 noise values, the mean code is t rounded half to even onto the 2**-F grid (a float64
+    # computation), and every code is floor or ceil of it.
+    f = fraction_bits(bits)
+    gen = torch.Generator().manual_seed(bits)
+    top = float(2**bits - 1)
+    t = torch.cat([torch.rand(60, generator=gen) * top, torch.tensor([0.0, top, 0.5, top - 2.0**-f / 2, 1 / 3])])
+    k = torch.arange(2**16)
+    codes = stochastic_round(t.unsqueeze(1), k.unsqueeze(0), bits)
+    t_f = torch.round(t.double() * 2**f) / 2**f
+    assert torch.equal(codes.double().sum(1) / 2**16, t_f)
+    assert bool(((codes == t_f.floor().long().unsqueeze(1)) | (codes == t_f.ceil().long().unsqueeze(1))).all())
+    assert bool(((t_f - t.double()).abs() <= 2.0 ** -(f + 1)).all())
 
 
 def test_nearest_is_deterministic_and_biased_where_stochastic_is_not():

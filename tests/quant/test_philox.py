@@ -1,10 +1,12 @@
-"""The torch Philox stream equals Triton's ``tl.randint4x`` / ``tl.rand`` and a textbook Philox4x32-10."""
+"""The torch Philox stream equals Triton's ``tl.randint4x`` / ``tl.rand`` and a textbook Philox4x32-10; the rounding
+stream (Philox4x32-7) is uniform, and its values are independent across elements, groups, calls and seeds."""
 
 import pytest
 import torch
 import triton
 import triton.language as tl
 
+from composer_qsdp.kernels.philox_constants import NOISE_ROUNDS
 from composer_qsdp.quant import philox
 
 _MASK = 0xFFFFFFFF
@@ -79,22 +81,25 @@ def test_uniform_range_and_int32_offsets():
     assert abs(u.mean().item() - 0.5) < 0.01
 
 
-def test_rounding_noise_definition():
-    counters = _offsets()
+def test_rounding_stream_definition():
+    # Counter c: half c % 2 of word (c // 2) % 4 of the 7-round Philox call c // 8, against Python-int Philox.
+    counters = _offsets()[::7]
+    bits = philox.rounding_bits(42, counters)
+    expected = []
+    for c in counters.tolist():
+        word = _philox_python(42, c >> 3, rounds=NOISE_ROUNDS)[(c >> 1) & 3]
+        expected.append(word >> 16 if c & 1 else word & 0xFFFF)
+    assert NOISE_ROUNDS == 7 and bits.tolist() == expected
     noise = philox.rounding_noise(42, counters)
-    words = philox.randint4x(42, counters >> 3)
-    word = torch.stack(words, dim=1).gather(1, ((counters >> 1) & 3).unsqueeze(1)).squeeze(1)
-    half = torch.where(counters & 1 == 1, word >> 16, word & 0xFFFF)
-    expected = (half.to(torch.float64) + 0.5) / 65536
-    assert torch.equal(noise.to(torch.float64), expected)
+    assert torch.equal(noise.to(torch.float64), (bits.to(torch.float64) + 0.5) / 65536)
     assert bool((noise > 0).all()) and bool((noise < 1).all())
 
 
 @pytest.mark.parametrize("start,count", [(0, 1), (0, 8), (3, 1), (5, 100), (2**32 - 3, 19), (2**45 + 1, 64)])
 def test_rounding_noise_range_equals_pointwise(start, count):
-    got = philox.rounding_noise_range(9, start, count)
     counters = torch.arange(start, start + count, dtype=torch.int64)
-    assert torch.equal(got, philox.rounding_noise(9, counters))
+    assert torch.equal(philox.rounding_bits_range(9, start, count), philox.rounding_bits(9, counters))
+    assert torch.equal(philox.rounding_noise_range(9, start, count), philox.rounding_noise(9, counters))
 
 
 def test_rounding_noise_is_uniform():
@@ -103,6 +108,43 @@ def test_rounding_noise_is_uniform():
     assert abs(noise.mean().item() - 0.5) < 5 * (1 / 12) ** 0.5 / 80000**0.5
     assert abs(noise.var().item() - 1 / 12) < 5 * (1 / 180) ** 0.5 / 80000**0.5
     assert philox.rounding_noise_range(3, 11, 80000).unique().numel() > 40000
+
+
+# Chi-square with 255 degrees of freedom (mean 255, standard deviation sqrt(510) = 22.6): 6 standard deviations.
+_CHI2_255_LIMIT = 255 + 6 * 510**0.5
+
+
+def _chi2(cells: torch.Tensor, total: int) -> float:
+    """Chi-square of 256 cell counts against the uniform expectation."""
+    expected = total / 256
+    return float(((cells.double() - expected) ** 2 / expected).sum())
+
+
+@pytest.mark.parametrize("shift", [8, 0], ids=["top-8-bits", "low-8-bits"])
+def test_rounding_bits_are_uniform(shift):
+    bits = philox.rounding_bits_range(21, 5, 2**18)
+    assert _chi2(torch.bincount((bits >> shift) & 0xFF, minlength=256), bits.numel()) < _CHI2_255_LIMIT
+    # Each of the 16 bits is set half the time: 6 standard errors of a fair coin over 2**18 draws.
+    ones = torch.stack([(bits >> b) & 1 for b in range(16)]).double().mean(1)
+    assert bool(((ones - 0.5).abs() < 6 * 0.5 / 2**9).all())
+
+
+@pytest.mark.parametrize("lag", [1, 2, 7, 8, 9, 64, 1024], ids=lambda lag: f"lag{lag}")
+@pytest.mark.parametrize("shift", [12, 0], ids=["top-4-bits", "low-4-bits"])
+def test_rounding_bits_are_pairwise_independent(lag, shift):
+    # Lag 1 and 2: the two halves of a word and neighbouring words of one Philox call; 7: the ends of one group of
+    # 8; 8 and 9: the same lane of consecutive calls; 64, 1024: far apart. The joint distribution of 4-bit slices
+    # of the two values must be uniform over the 16 x 16 cells.
+    bits = philox.rounding_bits_range(77, 3, 2**18 + lag)
+    a, b = (bits[: 2**18] >> shift) & 0xF, (bits[lag:] >> shift) & 0xF
+    assert _chi2(torch.bincount(16 * a + b, minlength=256), 2**18) < _CHI2_255_LIMIT
+
+
+@pytest.mark.parametrize("seeds", [(0, 1), (5, 5 + 2**32), (2**63, 2**63 + 1)], ids=str)
+def test_rounding_bits_are_independent_across_seeds(seeds):
+    # The same counters under neighbouring seeds (low and high key words) give independent values.
+    a, b = ((philox.rounding_bits_range(seed, 0, 2**18) >> 12) for seed in seeds)
+    assert _chi2(torch.bincount(16 * a + b, minlength=256), 2**18) < _CHI2_255_LIMIT
 
 
 @pytest.mark.parametrize(
