@@ -43,6 +43,16 @@ quantization event (FSDP's forward and backward gathers of a step share one), so
 are pinned to its seed: a later encode with the same seed (among the ``pinned_seeds`` most recent) uses the
 same levels even if a refresh happened in between, and ``encode`` stays a function of ``(x, seed, offset)``.
 
+Kernels: on CUDA tensors (see :mod:`composer_qsdp.kernels.dispatch`) ``encode``/``decode``/``encode_rows``/
+``decode_rows``/``decode_sum`` run the Triton kernels of :mod:`composer_qsdp.kernels.learned` (one pass: bucket
+min/max, normalization, a binary search for the bracket among the ``K`` levels, stochastic rounding, packing;
+decode gathers each code's level) when they cover the configuration (``bits`` in 1, 2, 4, 8; ``bucket_size`` a
+multiple of 8 up to 8192), else this torch reference (``_encode_rows_reference``, ``_decode_rows_fp32``). Every
+fp32 step above is one IEEE operation in the same order in both, the division of ``p`` included (a tensor
+division in torch, ``div_rn`` in the kernels), and the kernels draw the same noise, so both give the same wire
+and the same decoded values bit for bit. The levels live on the device of the inputs: levels set on another
+device move there once, on the first encode, never per call.
+
 Wire (:mod:`composer_qsdp.kernels.layout`): codes packed bucket by bucket, then ``(lo, hi - lo)`` as fp32 per
 bucket, then the ``K`` levels as fp32 (``bits + 64 / bucket_size`` bits per element plus ``32 * K`` bits per
 wire). The decoder needs nothing but the wire.
