@@ -15,11 +15,18 @@ twice; the table shows the faster median and the two medians' difference ("sprea
 markdown table goes to
 stdout and, when ``$OUT`` is set, to ``$OUT/bench_kernels.md`` with the raw rows in ``$OUT/bench_kernels.json``.
 
+With ``--learned`` it times instead the learned-levels codec's kernels against the min-max codec's in the same
+run, at the same bits (8 and 4, stochastic rounding) and bucket size, for 16M and 64M elements of bf16 and fp32:
+quantize, dequantize and decode_sum of each, the learned codec's levels fitted to the input beforehand. Its table
+(``$OUT/bench_kernels_learned.{md,json}``) puts the two side by side with the ratio learned / min-max, and the
+eager PyTorch learned codec at 4 bits.
+
 Usage::
 
     python benchmarks/bench_kernels.py            # full table, < 4 minutes on one H100
     python benchmarks/bench_kernels.py --quick    # smoke check: 16M bf16, 8 and 4 bits
     python benchmarks/bench_kernels.py --sweep    # launch-configuration sweep at 64M bf16 (tuning data)
+    python benchmarks/bench_kernels.py --learned  # learned-levels vs min-max kernels (~1 minute)
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import triton
 
 import kernel_timing as timing
 from composer_qsdp.kernels import minmax as kernels
+from composer_qsdp.quant.learned import LearnedLevelsCodec
 from composer_qsdp.quant.minmax import MinMaxCodec
 from kernel_timing import MI, REDUCE_ROWS
 
@@ -57,6 +65,54 @@ def _measure(record: timing.Recorder, bits_list: tuple[int, ...], bucket: int, e
         wires = codec.encode_rows(x.view(REDUCE_ROWS, chunk), seed=2)
         record(f"decode_sum ({REDUCE_ROWS} rows)", bits, "-", wires.numel() + 4 * chunk,
                lambda: codec.decode_sum(wires, chunk), bits == eager_bits)  # fmt: skip
+
+
+#: The codecs of ``--learned``, in the order of their rows.
+COMPARED = ("min-max", "learned")
+
+
+def _measure_learned(record: timing.Recorder, bits_list: tuple[int, ...], bucket: int) -> None:
+    """Record a min-max row then a learned-levels row per codec call, at each of ``bits_list``; the op names start
+    with the codec's name (:data:`COMPARED`)."""
+    size, dtype = record.size, record.dtype
+    x = torch.randn(1, size, device=timing.DEVICE, dtype=dtype)
+    in_bytes = size * x.element_size()
+    chunk = size // REDUCE_ROWS
+    for bits in bits_list:
+        learned = LearnedLevelsCodec(bits=bits, bucket_size=bucket)
+        learned.fit(x)  # outside the timed calls: a fit runs once per refresh_every seeds
+        for name, codec in zip(COMPARED, (MinMaxCodec(bits=bits, bucket_size=bucket), learned)):
+            eager = name == "learned" and bits == 4
+            wire = codec.encode_rows(x, seed=1)
+            record(f"{name} quantize", bits, "stochastic", in_bytes + wire.numel(),
+                   lambda: codec.encode_rows(x, seed=1), eager)  # fmt: skip
+            record(f"{name} dequantize", bits, "-", wire.numel() + in_bytes,
+                   lambda: codec.decode_rows(wire, size, dtype), eager)  # fmt: skip
+            wires = codec.encode_rows(x.view(REDUCE_ROWS, chunk), seed=2)
+            record(f"{name} decode_sum ({REDUCE_ROWS} rows)", bits, "-", wires.numel() + 4 * chunk,
+                   lambda: codec.decode_sum(wires, chunk), eager)  # fmt: skip
+
+
+def _learned_table(rows: list[timing.Row], copies: dict[str, float]) -> str:
+    """Markdown table pairing each learned-levels row with the min-max row of the same call."""
+    minmax = {(r["elements"], r["dtype"], r["op"].removeprefix("min-max "), r["bits"]): r for r in rows
+              if r["op"].startswith("min-max ")}  # fmt: skip
+    lines = ["| elements | dtype | op | bits | min-max us | learned us | learned / min-max | learned GB/s | "
+             "learned % of copy | eager learned us | speedup over eager |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for r in rows:
+        if not r["op"].startswith("learned "):
+            continue
+        op = r["op"].removeprefix("learned ")
+        base = minmax[(r["elements"], r["dtype"], op, r["bits"])]
+        eager = (f"{r['eager_ms'] * 1e3:.0f} | {r['eager_ms'] / r['ms']:.1f}x" if r["eager_ms"] is not None
+                 else "- | -")  # fmt: skip
+        lines.append(f"| {r['elements'] // MI}M | {r['dtype']} | {op} | {r['bits']} | {base['ms'] * 1e3:.1f} | "
+                     f"{r['ms'] * 1e3:.1f} | **{r['ms'] / base['ms']:.2f}x** | {r['gbps']:.0f} | "
+                     f"{r['pct_copy']:.1f} | {eager} |")  # fmt: skip
+    lines.append("")
+    lines.append("Copy (read + write) GB/s: " + ", ".join(f"{k}: {v:.0f}" for k, v in copies.items()))
+    return "\n".join(lines)
 
 
 def _sweep(bucket: int) -> str:
@@ -92,6 +148,8 @@ def _sweep(bucket: int) -> str:
 def main() -> int:
     parser = timing.arg_parser(__doc__, bucket_size=1024)
     parser.add_argument("--sweep", action="store_true", help="only the launch-configuration sweep at 64M bf16")
+    parser.add_argument("--learned", action="store_true",
+                        help="learned-levels vs min-max kernels, 16M and 64M, bf16 and fp32, 8 and 4 bits")  # fmt: skip
     args = parser.parse_args()
     if timing.cuda_missing():
         return 2
@@ -102,12 +160,18 @@ def main() -> int:
     copies: dict[str, float] = {}
     if args.sweep:
         text += _sweep(args.bucket_size)
+    elif args.learned:
+        rows, copies = timing.measure_grid(
+            args.quick, lambda record, bits_list: _measure_learned(record, bits_list, args.bucket_size),
+            sizes=(16 * MI, 64 * MI), bits_list=(8, 4))  # fmt: skip
+        text += (f"Learned-levels vs min-max codec kernels, bucket {args.bucket_size}, stochastic rounding, "
+                 f"the same bits.\n\n" + _learned_table(rows, copies))  # fmt: skip
     else:
         rows, copies = timing.measure_grid(
             args.quick, lambda record, bits_list: _measure(record, bits_list, args.bucket_size, eager_bits=4))
         text += f"Min-max codec, bucket {args.bucket_size}, fp32 metadata.\n\n" + timing.table(rows, copies)
     print("\n" + text)
-    name = "bench_kernels_sweep" if args.sweep else "bench_kernels"
+    name = "bench_kernels_sweep" if args.sweep else "bench_kernels_learned" if args.learned else "bench_kernels"
     timing.write_out(name, text, {"header": header, "copy_gbps": copies, "rows": rows})
     return 0
 

@@ -129,14 +129,15 @@ class Recorder:
               f"{row['gbps']:7.0f} GB/s {row['pct_copy']:5.1f}% of copy", flush=True)  # fmt: skip
 
 
-def measure_grid(quick: bool, measure: Callable[[Recorder, tuple[int, ...]], None]
+def measure_grid(quick: bool, measure: Callable[[Recorder, tuple[int, ...]], None],
+                 sizes: tuple[int, ...] = (16 * MI, 64 * MI, 256 * MI), bits_list: tuple[int, ...] = (8, 4, 2)
                  ) -> tuple[list[Row], dict[str, float]]:  # fmt: skip
-    """Run ``measure(recorder, bits_list)`` for 16M, 64M and 256M elements of bf16 and fp32 at 8/4/2 bits
-    (``quick``: 16M bf16 at 8/4 bits), each after its copy roof. Returns the rows and the copy GB/s per
+    """Run ``measure(recorder, bits_list)`` for ``sizes`` (elements) of bf16 and fp32 at ``bits_list`` (``quick``:
+    16M bf16 at 8/4 bits), each after its copy roof. Returns the rows and the copy GB/s per
     ``"<size> <dtype>"``."""
-    sizes = (16 * MI,) if quick else (16 * MI, 64 * MI, 256 * MI)
+    sizes = (16 * MI,) if quick else sizes
     dtypes = (torch.bfloat16,) if quick else (torch.bfloat16, torch.float32)
-    bits_list = (8, 4) if quick else (8, 4, 2)
+    bits_list = (8, 4) if quick else bits_list
     rows: list[Row] = []
     copies: dict[str, float] = {}
     for size in sizes:

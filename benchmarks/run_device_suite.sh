@@ -4,6 +4,7 @@
 #   GIT_REV=<short sha> OUT=<dir> bash benchmarks/run_device_suite.sh tests kernels     # GPU tests, kernel tables
 #   GIT_REV=<short sha> OUT=<dir> bash benchmarks/run_device_suite.sh collectives       # NVLink + emulated socket net
 #   GIT_REV=<short sha> OUT=<dir> bash benchmarks/run_device_suite.sh sign              # the sign codec table only
+#   GIT_REV=<short sha> OUT=<dir> bash benchmarks/run_device_suite.sh learned           # learned vs min-max kernels
 # Logs and tables land in $OUT; each stage's exit status is printed at the end.
 set -uo pipefail
 : "${GIT_REV:?set GIT_REV to the commit under test}"
@@ -28,11 +29,12 @@ for stage in "$@"; do
       run bench_symmetric_hadamard timeout 110 python3 benchmarks/bench_symmetric_hadamard.py
       run bench_sign timeout 90 python3 benchmarks/bench_sign.py ;;
     sign) run bench_sign timeout 90 python3 benchmarks/bench_sign.py ;;
+    learned) run bench_kernels_learned timeout 150 python3 benchmarks/bench_kernels.py --learned ;;
     collectives)
       run bench_collectives_nvlink timeout 240 python3 benchmarks/bench_collectives.py
       run bench_collectives_socket env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo \
         timeout 300 python3 benchmarks/bench_collectives.py ;;
-    *) echo "unknown stage '$stage'; allowed: tests kernels sign sweep collectives"; exit 2 ;;
+    *) echo "unknown stage '$stage'; allowed: tests kernels sign learned sweep collectives"; exit 2 ;;
   esac
 done
 echo "stage status: ${status[*]}"

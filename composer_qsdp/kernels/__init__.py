@@ -6,9 +6,9 @@ The kernels compute the same numbers as the codecs' torch references (the ``quan
 CPU tensors to the torch reference; :func:`backend` forces one. This package imports nothing from the other
 ``composer_qsdp`` subpackages.
 
-Kernel modules (``minmax``, ``symmetric``, ``hadamard``) import ``triton`` at import time, so this package
-imports them only on demand (``from composer_qsdp.kernels import minmax``); on a CPU machine they run under the
-Triton interpreter when ``TRITON_INTERPRET=1`` was set before the import. Everything exported here needs torch
+Kernel modules (``minmax``, ``learned``, ``symmetric``, ``hadamard``) import ``triton`` at import time, so this
+package imports them only on demand (``from composer_qsdp.kernels import minmax``); on a CPU machine they run under
+the Triton interpreter when ``TRITON_INTERPRET=1`` was set before the import. Everything exported here needs torch
 only.
 """
 

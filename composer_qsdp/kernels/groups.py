@@ -35,8 +35,8 @@ import triton.language as tl
 
 __all__ = [
     "FP32_MAX", "MAGIC", "MAGIC_BITS", "MAX_ROWS", "MAX_BUCKET", "GPU_TILE", "ELEMENTS_PER_THREAD", "INTERPRETER_TILE",
-    "tile", "split_tile", "group_words", "pack_words", "unpack_words", "store_codes", "load_codes", "codes_to_float",
-    "launch_fits", "launch_shape", "row_stride", "vec",
+    "tile", "split_tile", "bucket_lattice", "bucket_pair", "group_words", "pack_words", "unpack_words", "store_codes",
+    "load_codes", "codes_to_float", "launch_fits", "launch_shape", "row_stride", "vec",
 ]
 
 #: The largest finite fp32 number: the quantize kernels cap the reciprocal of a tiny scale by it, as the torch
@@ -91,6 +91,49 @@ def split_tile(pid, n, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.const
     e = b * BUCKET + r * VEC + tl.arange(0, VEC)[None, None, None, :]
     lane = (r % H) * VEC + tl.arange(0, VEC)[None, None, None, :]
     return b, g, lane, e, (g * 8 < BUCKET) & (e < n)
+
+
+@triton.jit
+def _min_max(lo_a, hi_a, lo_b, hi_b):
+    """Combine of a (min, max) reduction that propagates NaN (plain min/max skip NaN on a GPU)."""
+    return (tl.minimum(lo_a, lo_b, propagate_nan=tl.PropagateNan.ALL),
+            tl.maximum(hi_a, hi_b, propagate_nan=tl.PropagateNan.ALL))  # fmt: skip
+
+
+@triton.jit
+def bucket_lattice(x, valid, LEVELS: tl.constexpr):
+    """The min-max lattice of each bucket of a ``[G, BPP, H, V]`` fp32 tile (``valid``: its mask), as the torch
+    references' ``quant.buckets.bucket_lattice`` computes it: ``LEVELS`` equal steps from the bucket's min to its
+    max. Returns ``(lo, scale, inv, bad)``, each ``[1, BPP, 1, 1]``: the min, the step ``(max - min) / LEVELS``
+    (one IEEE division), its reciprocal (0 for a constant bucket, capped at :data:`FP32_MAX`), and whether the step
+    is non-finite (a NaN or an infinity in the bucket, or a range that overflows fp32)."""
+    # NaN-propagating min/max: a NaN or infinity anywhere in the bucket makes the range non-finite.
+    lo, hi = tl.reduce((tl.where(valid, x, float("inf")), tl.where(valid, x, float("-inf"))), 3, _min_max,
+                       keep_dims=True)  # fmt: skip
+    for axis in tl.static_range(2, -1, -2):  # the rest of each group, then the groups
+        lo, hi = tl.reduce((lo, hi), axis, _min_max, keep_dims=True)
+    if LEVELS == 1:
+        scale = hi - lo
+    else:
+        scale = tl.math.div_rn(hi - lo, tl.full(lo.shape, LEVELS, tl.float32))
+    bad = ~(scale < float("inf"))
+    positive = scale > 0
+    inv = tl.math.div_rn(tl.full(lo.shape, 1.0, tl.float32), tl.where(positive, scale, 1.0))
+    return lo, scale, tl.minimum(tl.where(positive, inv, 0.0), FP32_MAX), bad
+
+
+@triton.jit
+def bucket_pair(meta_ptr, row, wire_row_stride, meta_offset, num_buckets, BPP: tl.constexpr):
+    """The two fp32 metadata words ``(first, second)`` that a wire row stores per bucket at ``meta_offset``
+    (bytes; e.g. min and step), for program ``tl.program_id(0)``'s ``BPP`` buckets, as ``[1, BPP, 1, 1]`` (0 past
+    the last bucket). Loaded once per bucket as 1-D vectors, then broadcast: loading them in a tile's layout
+    would issue one load per element."""
+    bucket = tl.program_id(0) * BPP + tl.arange(0, BPP)
+    row_meta = meta_ptr + row * (wire_row_stride // 4) + meta_offset // 4 + 2 * bucket
+    on = bucket < num_buckets
+    first = tl.load(row_meta, mask=on, other=0.0)[None, :, None, None]
+    second = tl.load(row_meta + 1, mask=on, other=0.0)[None, :, None, None]
+    return first, second
 
 
 @triton.jit

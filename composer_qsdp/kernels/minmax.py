@@ -34,8 +34,8 @@ import triton
 import triton.language as tl
 
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
-from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, FP32_MAX, GPU_TILE, INTERPRETER_TILE, MAGIC,
-                                          MAGIC_BITS, MAX_BUCKET, MAX_ROWS, codes_to_float, launch_fits,
+from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, GPU_TILE, INTERPRETER_TILE, MAGIC_BITS, MAX_BUCKET,
+                                          MAX_ROWS, bucket_lattice, bucket_pair, codes_to_float, launch_fits,
                                           launch_shape, load_codes, row_stride, split_tile, store_codes, tile, vec)
 from composer_qsdp.kernels.noise import fraction_bits, noise_bits
 from composer_qsdp.kernels.layout import WireLayout, aligned_rows
@@ -59,13 +59,6 @@ def supports(bits: int, bucket_size: int, rows: int = 1, n: int = 1) -> bool:
 
 
 # --------------------------------------------------------------------------------------------- kernels
-@triton.jit
-def _min_max(lo_a, hi_a, lo_b, hi_b):
-    """Combine of a (min, max) reduction that propagates NaN (plain min/max skip NaN on a GPU)."""
-    return (tl.minimum(lo_a, lo_b, propagate_nan=tl.PropagateNan.ALL),
-            tl.maximum(hi_a, hi_b, propagate_nan=tl.PropagateNan.ALL))  # fmt: skip
-
-
 # Seeds and counter offsets change every step: specializing on their values (Triton compiles an integer equal to 1
 # as a constant and one divisible by 16 apart) would compile new variants during training.
 @triton.jit(do_not_specialize=["seed", "offset"])
@@ -82,16 +75,7 @@ def _quantize_kernel(
     b, g, lane, e, valid = tile(pid, n, BUCKET, GROUPS, BPP, VEC)
     x = tl.load(x_ptr + row * x_row_stride + e, mask=valid, other=0.0).to(tl.float32)
 
-    # NaN-propagating min/max: a NaN or infinity anywhere in the bucket makes the range non-finite.
-    lo, hi = tl.reduce((tl.where(valid, x, float("inf")), tl.where(valid, x, float("-inf"))), 3, _min_max,
-                       keep_dims=True)  # fmt: skip
-    for axis in tl.static_range(2, -1, -2):  # the rest of each group, then the groups
-        lo, hi = tl.reduce((lo, hi), axis, _min_max, keep_dims=True)  # [1, BPP, 1, 1] in the end
-    scale = tl.math.div_rn(hi - lo, tl.full(lo.shape, LEVELS, tl.float32))
-    bad = ~(scale < float("inf"))
-    positive = scale > 0
-    inv = tl.math.div_rn(tl.full(lo.shape, 1.0, tl.float32), tl.where(positive, scale, 1.0))
-    inv = tl.minimum(tl.where(positive, inv, 0.0), FP32_MAX)
+    lo, scale, inv, bad = bucket_lattice(x, valid, LEVELS)
 
     t = (x - lo) * inv
     # t >= 0 is rounded on a grid of 2**-F through one float add (F = 0: MAGIC, round half to even), stochastic
@@ -123,13 +107,7 @@ def _decode_tile(
     """Decoded fp32 values of wire row ``row`` on the tile ``(b, g, lane, e, valid)`` (0 where not ``valid``)."""
     row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)  # wire rows are whole fp32 words
     codes = load_codes(row_wire, b, g, lane, e, valid, n, BITS, BUCKET)
-    # Metadata loaded once per bucket as 1-D vectors, then broadcast (loading it in the tile's layout would
-    # issue one load per element).
-    bucket = tl.program_id(0) * BPP + tl.arange(0, BPP)
-    row_meta = meta_ptr + row * (wire_row_stride // 4) + meta_offset // 4 + 2 * bucket
-    on = bucket < num_buckets
-    lo = tl.load(row_meta, mask=on, other=0.0)[None, :, None, None]
-    scale = tl.load(row_meta + 1, mask=on, other=0.0)[None, :, None, None]
+    lo, scale = bucket_pair(meta_ptr, row, wire_row_stride, meta_offset, num_buckets, BPP)
     return lo + scale * codes_to_float(codes, 0)
 
 

@@ -43,6 +43,16 @@ quantization event (FSDP's forward and backward gathers of a step share one), so
 are pinned to its seed: a later encode with the same seed (among the ``pinned_seeds`` most recent) uses the
 same levels even if a refresh happened in between, and ``encode`` stays a function of ``(x, seed, offset)``.
 
+Kernels: on CUDA tensors (see :mod:`composer_qsdp.kernels.dispatch`) ``encode``/``decode``/``encode_rows``/
+``decode_rows``/``decode_sum`` run the Triton kernels of :mod:`composer_qsdp.kernels.learned` (one pass: bucket
+min/max, normalization, a binary search for the bracket among the ``K`` levels, stochastic rounding, packing;
+decode gathers each code's level) when they cover the configuration (``bits`` in 1, 2, 4, 8; ``bucket_size`` a
+multiple of 8 up to 8192), else this torch reference (``_encode_rows_reference``, ``_decode_rows_fp32``). Every
+fp32 step above is one IEEE operation in the same order in both, the division of ``p`` included (a tensor
+division in torch, ``div_rn`` in the kernels), and the kernels draw the same noise, so both give the same wire
+and the same decoded values bit for bit. The levels live on the device of the inputs: levels set on another
+device move there once, on the first encode, never per call.
+
 Wire (:mod:`composer_qsdp.kernels.layout`): codes packed bucket by bucket, then ``(lo, hi - lo)`` as fp32 per
 bucket, then the ``K`` levels as fp32 (``bits + 64 / bucket_size`` bits per element plus ``32 * K`` bits per
 wire). The decoder needs nothing but the wire.
@@ -56,13 +66,14 @@ from __future__ import annotations
 import collections
 import contextlib
 from collections.abc import Iterator
+from types import ModuleType
 
 import torch
 
 from composer_qsdp.quant.buckets import bucket_lattice, bucket_min_max
-from composer_qsdp.quant.codec import Codec, check_int
+from composer_qsdp.kernels import WireLayout, bucket_layout, use_triton
+from composer_qsdp.quant.codec import Codec, check_int, sum_rows_in_order
 from composer_qsdp.quant.philox import rounding_noise_range
-from composer_qsdp.kernels import WireLayout, bucket_layout
 from composer_qsdp.quant.wire import assemble_rows, pack_rows, read_meta, unpack_rows
 
 __all__ = ["LearnedLevelsCodec", "fit_levels", "uniform_levels", "expected_sq_error", "high_resolution_levels"]
@@ -285,19 +296,28 @@ class LearnedLevelsCodec(Codec):
         return levels
 
     def _levels_for(self, seed: int, x: torch.Tensor) -> torch.Tensor:
-        """The levels of an encode with ``seed``: pinned ones, else the current ones (fitted/refreshed on ``x``)."""
+        """The levels of an encode with ``seed`` on ``x.device``: pinned ones, else the current ones
+        (fitted/refreshed on ``x``)."""
         levels = self._pinned.get(seed)
-        if levels is not None:
-            self._pinned.move_to_end(seed)
-            return levels.to(x.device)
-        if self._levels is None or (self.refresh_every and self._seeds_since_fit >= self.refresh_every):
-            self._levels = fit_levels(x, self.bits, self.bucket_size, self._levels, self.fit_samples, self.fit_steps)
-            self._seeds_since_fit = 0
-        self._seeds_since_fit += 1
-        self._pinned[seed] = self._levels
+        if levels is None:
+            if self._levels is None or (self.refresh_every and self._seeds_since_fit >= self.refresh_every):
+                self._levels = fit_levels(x, self.bits, self.bucket_size, self._levels, self.fit_samples,
+                                          self.fit_steps)  # fmt: skip
+                self._seeds_since_fit = 0
+            self._seeds_since_fit += 1
+            levels = self._levels
+        if levels.device != x.device:
+            # Levels set on another device (e.g. the CPU) move once and stay there: a copy per encode would
+            # synchronize the host with every quantized collective.
+            moved = levels.to(x.device)
+            if levels is self._levels:
+                self._levels = moved
+            levels = moved
+        self._pinned[seed] = levels
+        self._pinned.move_to_end(seed)
         if len(self._pinned) > self.pinned_seeds:
             self._pinned.popitem(last=False)
-        return self._levels.to(x.device)
+        return levels
 
     # ------------------------------------------------------------------ codec
     def layout(self, numel: int) -> WireLayout:
@@ -309,7 +329,38 @@ class LearnedLevelsCodec(Codec):
     def wire_bytes(self, numel: int) -> int:
         return self.layout(numel).wire_bytes
 
+    # ------------------------------------------------------------------ backend choice
+    def _kernels(self, t: torch.Tensor, numel: int) -> ModuleType | None:
+        """The kernels module when Triton should handle ``t`` (``[rows, ...]``, ``numel`` elements per row) in
+        this configuration, else None (torch reference)."""
+        if not use_triton(t):
+            return None
+        from composer_qsdp.kernels import learned as kernels
+
+        return kernels if kernels.supports(self.bits, self.bucket_size, t.shape[0], numel) else None
+
     def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
+        kernels = self._kernels(x, x.shape[1])
+        if kernels is None:
+            return self._encode_rows_reference(x, seed, offset)
+        levels = self._levels_for(seed, x)
+        return kernels.encode_rows(x, levels, self.bits, self.bucket_size, self.layout(x.shape[1]), seed, offset)
+
+    def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        kernels = self._kernels(wire, numel)
+        if kernels is None:
+            return self._decode_rows_fp32(wire, numel).to(dtype)
+        return kernels.decode_rows(wire, self.bits, self.bucket_size, self.layout(numel), dtype)
+
+    def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
+        kernels = self._kernels(wire, numel)
+        if kernels is None:
+            return self._decode_sum_reference(wire, numel)
+        return kernels.decode_sum(wire, self.bits, self.bucket_size, self.layout(numel))
+
+    # ------------------------------------------------------------------ torch reference
+    def _encode_rows_reference(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
+        """Reference of ``encode_rows`` (also the CPU path); the kernels match it bit for bit."""
         levels = self._levels_for(seed, x)
         rows, n = x.shape
         layout = self.layout(n)
@@ -331,7 +382,8 @@ class LearnedLevelsCodec(Codec):
         meta = torch.cat([per_bucket.view(rows, 2 * nb), levels.expand(rows, -1)], dim=1)
         return assemble_rows(pack_rows(codes, layout, self.bits), meta, layout)
 
-    def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    def _decode_rows_fp32(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
+        """Reference of ``decode_rows`` in fp32 (the output dtype is one rounding of this)."""
         layout = self.layout(numel)
         rows, nb = wire.shape[0], layout.num_buckets
         codes = unpack_rows(wire, layout, self.bits, self.bucket_size).to(torch.int64)
@@ -340,7 +392,11 @@ class LearnedLevelsCodec(Codec):
         levels = meta[:, 2 * nb :]
         values = torch.gather(levels, 1, codes.view(rows, -1)).view(rows, nb, -1)
         decoded = per_bucket[:, :, 0:1] + values * per_bucket[:, :, 1:2]
-        return decoded.view(rows, -1)[:, :numel].to(dtype)
+        return decoded.view(rows, -1)[:, :numel]
+
+    def _decode_sum_reference(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
+        """Reference of ``decode_sum``: the decoded rows summed in order, as the kernel accumulates."""
+        return sum_rows_in_order(self._decode_rows_fp32(wire, numel))
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,246 @@
+"""Learned-levels Triton kernels equal the torch reference bit for bit (interpreter on CPU, compiled on CUDA)."""
+
+import pytest
+import torch
+from hopper import assert_no_spills_and_exact
+
+from composer_qsdp.kernels import backend, use_triton
+from composer_qsdp.kernels import learned as kernels
+from composer_qsdp.kernels.groups import vec
+from composer_qsdp.quant import LearnedLevelsCodec
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# Kernels run on CPU tensors under the interpreter (CI) and compiled on CUDA tensors on a GPU machine.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The interpreter evaluates IEEE special cases (inf - inf in NaN buckets, 1 / denormal range) through numpy,
+# which warns where a GPU silently produces the same inf/NaN.
+pytestmark = [pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning"),
+              pytest.mark.requires_triton_kernels]
+
+
+def _levels(bits: int, seed: int) -> torch.Tensor:
+    """Strictly increasing fp32 levels from 0 to 1 whose gaps differ by up to ~1000x (dense and sparse regions)."""
+    gen = torch.Generator().manual_seed(seed)
+    gaps = torch.rand((1 << bits) - 1, generator=gen, dtype=torch.float64) ** 3 + 1e-3
+    levels = torch.cat([gaps.new_zeros(1), torch.cumsum(gaps, 0) / gaps.sum()]).to(torch.float32)
+    levels[-1] = 1.0
+    return levels
+
+
+def _codec(bits: int, bucket: int, seed: int = 0) -> LearnedLevelsCodec:
+    codec = LearnedLevelsCodec(bits, bucket)
+    codec.set_levels(_levels(bits, seed).to(DEVICE))
+    return codec
+
+
+def _assert_same_values(got: torch.Tensor, expected: torch.Tensor) -> None:
+    """Bitwise equality, except that NaN only has to be NaN (GPUs write the canonical NaN payload)."""
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    nan = expected.isnan()
+    assert torch.equal(got.isnan(), nan)
+    bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[got.dtype]
+    assert torch.equal(got.view(bits)[~nan], expected.view(bits)[~nan])
+
+
+def _assert_same_wire(codec: LearnedLevelsCodec, got: torch.Tensor, expected: torch.Tensor, n: int) -> None:
+    """Codes and padding bytewise; metadata (per-bucket pairs, then the levels) bitwise up to NaN payloads."""
+    meta_offset = codec.layout(n).meta_offset
+    assert torch.equal(got[:, :meta_offset], expected[:, :meta_offset])
+    _assert_same_values(got[:, meta_offset:].contiguous().view(torch.float32),
+                        expected[:, meta_offset:].contiguous().view(torch.float32))  # fmt: skip
+
+
+def _data(rows: int, n: int, dtype: torch.dtype, seed: int, nonfinite: bool) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    # Heavy tails (cubed normals) and magnitudes spread over 1e-3..1e3 so buckets differ in range and shape.
+    x = torch.randn(rows, n, generator=gen) ** 3 * 10 ** (6 * torch.rand(rows, 1, generator=gen) - 3)
+    x = x.to(DEVICE, dtype)
+    if nonfinite:
+        x[0, n // 3] = float("nan")
+        x[-1, -1] = float("inf")
+    return x
+
+
+def _check_codec_kernels(codec: LearnedLevelsCodec, x: torch.Tensor, seed: int, offset: int, **launch) -> None:
+    rows, n = x.shape
+    layout = codec.layout(n)
+    expected = codec._encode_rows_reference(x, seed, offset)
+    wire = kernels.encode_rows(x, codec.levels, codec.bits, codec.bucket_size, layout, seed, offset, **launch)
+    _assert_same_wire(codec, wire, expected, n)
+    for dtype in DTYPES:
+        got = kernels.decode_rows(expected, codec.bits, codec.bucket_size, layout, dtype, **launch)
+        _assert_same_values(got, codec._decode_rows_fp32(expected, n).to(dtype))
+    got_sum = kernels.decode_sum(expected, codec.bits, codec.bucket_size, layout, **launch)
+    _assert_same_values(got_sum, codec._decode_sum_reference(expected, n))
+
+
+CASES = [  # rows, n, bucket_size, bits, dtype, offset, seed
+    (1, 4096, 1024, 8, torch.float32, 0, 1),  # aligned: one Philox call per 8 elements
+    (4, 1000, 64, 8, torch.bfloat16, 8, 2**40 + 3),  # aligned rows, tail bucket
+    (3, 1001, 64, 4, torch.float16, 3, 7),  # unaligned counters, tail group
+    (2, 777, 104, 2, torch.bfloat16, 2**32 - 5, 9),  # non-power-of-two bucket, counter carry
+    (2, 530, 24, 1, torch.float32, 16, 5),  # odd group count per bucket
+    (3, 99, 8, 8, torch.float16, 5, 0),  # one group per bucket
+    (2, 1500, 256, 4, torch.bfloat16, 1, 0),
+    (1, 5, 1024, 8, torch.float16, 0, 0),  # one partial bucket
+    (5, 64, 16, 2, torch.float32, 0, 0),
+]
+
+
+@pytest.mark.parametrize("nonfinite", [False, True])
+@pytest.mark.parametrize("rows,n,bucket,bits,dtype,offset,seed", CASES)
+def test_kernels_match_reference(rows, n, bucket, bits, dtype, offset, seed, nonfinite):
+    codec = _codec(bits, bucket, seed=n)
+    _check_codec_kernels(codec, _data(rows, n, dtype, seed=n + bits, nonfinite=nonfinite), seed, offset)
+
+
+@pytest.mark.parametrize("buckets_per_program,num_warps", [(1, 4), (2, 2), (32, 8)])
+def test_launch_configuration_does_not_change_results(buckets_per_program, num_warps):
+    codec = _codec(4, 128)
+    x = _data(2, 1000, torch.bfloat16, seed=3, nonfinite=False)
+    _check_codec_kernels(codec, x, 11, 8, buckets_per_program=buckets_per_program, num_warps=num_warps)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_values_on_levels_constant_and_tiny_range_buckets(bits):
+    # A bucket holding 0, 1 and every level (normalized by a range of exactly 1, so z is the value itself), and
+    # the midpoints between levels: the search's edges, z == l_j and z == 1 included.
+    codec = _codec(bits, 8 << bits, seed=bits)
+    levels = codec.levels.cpu()
+    mids = (levels[:-1] + levels[1:]) / 2
+    on_levels = torch.cat([levels, mids, levels[:1]]).repeat(8)[: 8 << bits]
+    x = torch.cat([on_levels, torch.full((8 << bits,), 1.5), 1e-38 * torch.arange(8 << bits, dtype=torch.float32),
+                   torch.randn(8 << bits)])  # fmt: skip
+    for seed in (3, 4):
+        _check_codec_kernels(codec, x.view(1, -1).to(DEVICE), seed, 0)
+
+
+def test_codec_dispatch_to_triton_matches_torch():
+    codec = _codec(4, 256)
+    x = _data(3, 700, torch.float32, seed=4, nonfinite=False)
+    with backend("torch"):
+        assert not use_triton(x)
+        wire_1d, wire = codec.encode(x[1], seed=5, offset=700), codec.encode_rows(x, seed=5)
+        decoded, total = codec.decode(wire_1d, 700, torch.bfloat16), codec.decode_sum(wire, 700)
+    with backend("triton"):
+        assert use_triton(x)
+        assert torch.equal(codec.encode(x[1], seed=5, offset=700), wire_1d)
+        assert torch.equal(codec.encode_rows(x, seed=5), wire)
+        assert torch.equal(codec.decode(wire_1d, 700, torch.bfloat16), decoded)
+        assert torch.equal(codec.decode_rows(wire, 700, torch.float16), codec._decode_rows_fp32(wire, 700).half())
+        assert torch.equal(codec.decode_sum(wire, 700), total)
+        # A byte-shifted (misaligned) wire is copied before the kernel reads its fp32 metadata.
+        shifted = torch.cat([torch.zeros(1, dtype=torch.uint8, device=DEVICE), wire_1d])[1:]
+        assert torch.equal(codec.decode(shifted, 700, torch.bfloat16), decoded)
+
+
+def test_lazy_fit_under_the_kernels_equals_the_reference():
+    x = _data(1, 4096, torch.float32, seed=8, nonfinite=False)
+    with backend("torch"):
+        expected = LearnedLevelsCodec(4, 256).encode(x, seed=2)
+    with backend("triton"):
+        assert torch.equal(LearnedLevelsCodec(4, 256).encode(x, seed=2), expected)
+
+
+@pytest.mark.parametrize("bits,bucket", [(3, 64), (4, 100)])
+def test_unsupported_configuration_falls_back_to_reference(bits, bucket):
+    codec = _codec(bits, bucket)
+    assert not kernels.supports(bits, bucket)
+    assert not kernels.supports(8, 1024, rows=65536) and not kernels.supports(8, 1024, n=2**31)
+    x = _data(1, 300, torch.float32, seed=6, nonfinite=False)
+    with backend("torch"):
+        expected = codec.encode(x[0], seed=1)
+    with backend("triton"):
+        assert torch.equal(codec.encode(x[0], seed=1), expected)
+
+
+def test_kernel_launchers_reject_unsupported_configurations_and_levels():
+    x = _data(1, 300, torch.float32, seed=6, nonfinite=False)
+    codec = _codec(4, 64)
+    with pytest.raises(ValueError, match="bits=3"):
+        kernels.encode_rows(x, _levels(3, 0).to(DEVICE), 3, 64, LearnedLevelsCodec(3, 64).layout(300), 1, 0)
+    with pytest.raises(ValueError, match="16 fp32 values"):
+        kernels.encode_rows(x, codec.levels.double(), 4, 64, codec.layout(300), 1, 0)
+    with pytest.raises(ValueError, match="bucket_size=16384"):
+        wire = torch.zeros(1, 8, dtype=torch.uint8, device=DEVICE)
+        kernels.decode_sum(wire, 8, 16384, LearnedLevelsCodec(8, 16384).layout(3))
+
+
+def _hopper_variant(name: str, kernel: str, types: dict, constants: dict, bucket: int) -> dict:
+    """A compile job for :func:`hopper.resource_usage` in the launch configuration a large tensor gets on a GPU
+    (rows 16-element aligned: their strides are known multiples of 16, as Triton specializes them)."""
+    groups, bpp, warps = kernels._config(bucket, 1 << 16, True, None, None)
+    streamed = {"*bf16": torch.bfloat16, "*fp16": torch.float16, "*fp32": torch.float32}[
+        types.get("x_ptr", types.get("out_ptr"))]
+    return {"name": name, "module": "composer_qsdp.kernels.learned", "kernel": kernel,
+            "types": {"wire_ptr": "*u8", "meta_ptr": "*fp32", "levels_ptr": "*fp32", "seed": "i64", "offset": "i64",
+                      **types},
+            "constants": {"BUCKET": bucket, "GROUPS": groups, "BPP": bpp, "VEC": vec(streamed), **constants},
+            "num_warps": warps, "divisible": ["x_row_stride", "wire_row_stride", "out_row_stride"]}  # fmt: skip
+
+
+def test_kernels_compile_for_hopper_without_spills():
+    variants = [
+        _hopper_variant(f"quantize {bits}b {dtype} bucket {bucket} aligned={aligned}", "_quantize_kernel",
+                        {"x_ptr": "*" + dtype}, {"BITS": bits, "ALIGNED": aligned, "PARTIAL_GROUPS": not aligned},
+                        bucket)  # fmt: skip
+        for bits, dtype, aligned, bucket in [
+            (8, "bf16", True, 1024), (8, "fp32", False, 1024), (4, "bf16", True, 1024), (4, "fp32", False, 8192),
+            (2, "fp16", False, 64), (1, "bf16", True, 200),
+        ]
+    ]
+    variants += [
+        _hopper_variant(f"dequantize {bits}b {dtype} bucket {bucket}", "_dequantize_kernel", {"out_ptr": "*" + dtype},
+                        {"BITS": bits, "EMULATE_BF16_RNE": False}, bucket)  # fmt: skip
+        for bits, dtype, bucket in [(8, "bf16", 1024), (8, "fp32", 1024), (4, "fp32", 8192), (2, "fp16", 64)]
+    ]
+    variants += [
+        _hopper_variant(f"decode_sum {bits}b bucket {bucket}", "_dequantize_sum_kernel", {"out_ptr": "*fp32"},
+                        {"ROWS": 8, "BITS": bits}, bucket)  # fmt: skip
+        for bits, bucket in [(8, 1024), (4, 8192)]
+    ]
+    assert_no_spills_and_exact(variants)
+
+
+# ------------------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_kernels_match_reference(bits, dtype):
+    codec = _codec(bits, 1024, seed=bits)
+    # n a multiple of 8 but not of 16: rows are not 16-byte aligned, noise is aligned at offset 0.
+    x = _data(4, (1 << 20) + 328, dtype, seed=bits, nonfinite=True)
+    assert use_triton(x)
+    for offset in (0, 5):  # aligned and unaligned noise paths
+        _check_codec_kernels(codec, x, 2**35 + 1, offset)
+    _check_codec_kernels(codec, x[:1], 7, 0)  # the single-row (all-gather) launch
+    # The CPU reference gives the same wire as the GPU kernels.
+    _assert_same_wire(codec, codec.encode_rows(x, seed=3).cpu(), codec.encode_rows(x.cpu(), seed=3), x.shape[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bucket", [64, 200, 2048, 8192])
+def test_cuda_bucket_sizes(bucket):
+    codec = _codec(8, bucket)
+    _check_codec_kernels(codec, _data(2, 300_001, torch.bfloat16, seed=bucket, nonfinite=False), 17, 8)
+
+
+@pytest.mark.gpu
+def test_cuda_decode_sum_many_rows():
+    codec = _codec(8, 512)
+    x = _data(16, 1 << 18, torch.float32, seed=1, nonfinite=False)
+    wire = codec.encode_rows(x, seed=1)
+    _assert_same_values(codec.decode_sum(wire, x.shape[1]), codec._decode_sum_reference(wire, x.shape[1]))
+
+
+@pytest.mark.gpu
+def test_cuda_levels_set_on_the_cpu_move_to_the_gpu_once():
+    codec = LearnedLevelsCodec(4, 256)
+    codec.set_levels(_levels(4, 0))
+    x = _data(1, 4096, torch.bfloat16, seed=2, nonfinite=False)
+    wire = codec.encode_rows(x, seed=1)
+    levels = codec.levels
+    assert levels.is_cuda
+    assert torch.equal(codec.encode_rows(x, seed=1), wire) and codec.levels is levels
+    codec.encode_rows(x, seed=2)
+    assert codec.levels is levels
