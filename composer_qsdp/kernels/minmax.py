@@ -49,6 +49,10 @@ SUPPORTED_BITS = (1, 2, 4, 8)
 # registers, and the stochastic quantize with noise counters not multiples of 8 (two Philox calls per group) needed
 # 254 of 255 registers at 16 elements, so decoders take 16 there and the quantize kernel 8.
 _ELEMENTS_PER_THREAD_UNALIGNED_ROWS = {"decode": 16, "encode": 8}
+# 8-bit stochastic quantize of 2-byte inputs issues the most instructions per byte moved; twice the elements per
+# thread spreads the per-thread fixed work further (64M bf16 on 1x H200: 2776 -> 3021 GB/s; 4-bit: 2520 -> 2431,
+# so it keeps 32). Measurements: benchmarks/kernel_notes.md.
+_ELEMENTS_PER_THREAD_8BIT_STOCHASTIC_HALF = 64
 
 
 def supports(bits: int, bucket_size: int, rows: int = 1, n: int = 1) -> bool:
@@ -144,13 +148,16 @@ def _dequantize_sum_kernel(
 
 # --------------------------------------------------------------------------------------------- launchers
 def _config(bucket_size: int, num_buckets: int, on_gpu: bool, aligned_rows: bool, buckets_per_program: int | None,
-            num_warps: int | None, kind: str = "decode") -> tuple[int, int, int]:  # fmt: skip
+            num_warps: int | None, kind: str = "decode", wide: bool = False) -> tuple[int, int, int]:  # fmt: skip
     """(GROUPS, buckets per program, warps) of a launch (:func:`composer_qsdp.kernels.groups.launch_shape`);
     ``aligned_rows``: the rows of the streamed input or output start on 16-element boundaries; ``kind``: ``"encode"``
-    or ``"decode"``."""
-    per_thread = ELEMENTS_PER_THREAD if aligned_rows else _ELEMENTS_PER_THREAD_UNALIGNED_ROWS[kind]
-    return launch_shape(bucket_size, num_buckets, on_gpu, GPU_TILE, INTERPRETER_TILE, per_thread,
-                        buckets_per_program, num_warps)  # fmt: skip
+    or ``"decode"``; ``wide``: an 8-bit stochastic quantize of a 2-byte dtype (one warp per 2048 elements)."""
+    if not aligned_rows:
+        per_thread = _ELEMENTS_PER_THREAD_UNALIGNED_ROWS[kind]
+    else:
+        per_thread = _ELEMENTS_PER_THREAD_8BIT_STOCHASTIC_HALF if wide else ELEMENTS_PER_THREAD
+    return launch_shape(bucket_size, num_buckets, on_gpu, max(GPU_TILE, 32 * per_thread), INTERPRETER_TILE,
+                        per_thread, buckets_per_program, num_warps)  # fmt: skip
 
 
 def _aligned_rows(t: torch.Tensor) -> bool:
@@ -192,7 +199,9 @@ def encode_rows(
         x = x.contiguous()
     wire = torch.empty(rows, layout.wire_bytes, dtype=torch.uint8, device=x.device)
     nb = layout.num_buckets
-    groups, bpp, warps = _config(bucket_size, nb, x.is_cuda, _aligned_rows(x), buckets_per_program, num_warps, "encode")
+    wide = stochastic and bits == 8 and x.element_size() == 2
+    groups, bpp, warps = _config(bucket_size, nb, x.is_cuda, _aligned_rows(x), buckets_per_program, num_warps,
+                                 "encode", wide)  # fmt: skip
     aligned = offset % 8 == 0 and (rows == 1 or n % 8 == 0)
     _quantize_kernel[(triton.cdiv(nb, bpp), rows)](
         x, wire, wire.view(torch.float32),

@@ -157,10 +157,11 @@ def _hopper_variant(name: str, kernel: str, types: dict, constants: dict, bucket
     ``aligned_rows``: rows start on 16-element boundaries (one row: row stride 0), so the row strides are known
     multiples of 16, as Triton specializes them; otherwise nothing but the pointers is known to be aligned.
     """
-    kind = "encode" if kernel == "_quantize_kernel" else "decode"
-    groups, bpp, warps = kernels._config(bucket, 1 << 16, True, aligned_rows, None, None, kind)
     streamed = {"*bf16": torch.bfloat16, "*fp16": torch.float16, "*fp32": torch.float32}[
         types.get("x_ptr", types.get("out_ptr"))]
+    kind = "encode" if kernel == "_quantize_kernel" else "decode"
+    wide = constants.get("STOCHASTIC", False) and constants["BITS"] == 8 and streamed.itemsize == 2  # as encode_rows
+    groups, bpp, warps = kernels._config(bucket, 1 << 16, True, aligned_rows, None, None, kind, wide)
     return {"name": name, "module": "composer_qsdp.kernels.minmax", "kernel": kernel,
             "types": {"wire_ptr": "*u8", "meta_ptr": "*fp32", "seed": "i64", "offset": "i64", **types},
             "constants": {"BUCKET": bucket, "GROUPS": groups, "BPP": bpp, "VEC": vec(streamed), **constants},
