@@ -31,19 +31,33 @@ Usage (one process per GPU, spawned here; under ``torchrun`` the launcher's proc
     python benchmarks/bench_collectives.py --quick                           # 16 MB and 64 MB, 8 and 4 bits
     python benchmarks/bench_collectives.py --two-level --ranks-per-node 1 --tag socket-2level  # + two-level rows
 
+The host column is the median time one call takes to return, i.e. to enqueue its work; when it exceeds the device
+time, back-to-back calls are bound by the host. On one GPU (``--nproc 1``) the collectives are local copies and
+the bus-bandwidth columns are 0: the table then shows what a quantized call costs besides the network (encode,
+decode, copies, launches), e.g. its fixed cost per call at small sizes::
+
+    python benchmarks/bench_collectives.py --nproc 1 --sizes 0.25 1 16 64 256 --bits 8 4 --profile 200
+
+``--profile N`` also runs N 8-bit calls of each op at the first size under ``cProfile`` on rank 0 and writes the
+functions with the most own time to ``$OUT/bench_collectives-<tag>-profile.txt``.
+
 Prints the markdown table; with ``$OUT`` set also writes ``$OUT/bench_collectives-<tag>.md`` and ``.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import datetime
+import io
 import json
 import os
 import platform
+import pstats
 import socket
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -85,17 +99,21 @@ def _header(world: int, command: str) -> dict[str, str]:
     }
 
 
-def _time_ms(fn: Callable[[int], object], warmup: int, iters: int) -> float:
-    """Median over ``iters`` calls of ``fn(i)``, each timed with CUDA events on the current stream."""
+def _time_ms(fn: Callable[[int], object], warmup: int, iters: int) -> tuple[float, float]:
+    """Medians over ``iters`` calls of ``fn(i)``: the device time, each call timed with CUDA events on the current
+    stream, and the host time the call takes to return (to enqueue its work)."""
     for i in range(warmup):
         fn(i)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    host: list[float] = []
     for i, (start, end) in enumerate(events):
         start.record()
+        begin = time.perf_counter()
         fn(warmup + i)
+        host.append((time.perf_counter() - begin) * 1e3)
         end.record()
     torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in events)
+    return statistics.median(start.elapsed_time(end) for start, end in events), statistics.median(host)
 
 
 def _run_cases(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> list[dict]:
@@ -107,11 +125,11 @@ def _run_cases(args: argparse.Namespace, rank: int, world: int, device: torch.de
     return rows
 
 
-def _run_size(args: argparse.Namespace, size_mb: int, rank: int, world: int, device: torch.device) -> list[dict]:
+def _run_size(args: argparse.Namespace, size_mb: float, rank: int, world: int, device: torch.device) -> list[dict]:
     """The rows of every case at a total message of ``size_mb`` MB."""
     group = dist.group.WORLD
     rows: list[dict] = []
-    total = size_mb * MB // BF16 // world * world  # elements of the full message, divisible by W
+    total = int(size_mb * MB) // BF16 // world * world  # elements of the full message, divisible by W
     chunk = total // world
     ag_in = torch.randn(chunk, device=device, dtype=torch.bfloat16)
     ag_out = torch.empty(total, device=device, dtype=torch.bfloat16)
@@ -138,14 +156,15 @@ def _run_size(args: argparse.Namespace, size_mb: int, rank: int, world: int, dev
         cases += _two_level_cases(args, rs_in, rs_out, world)
     for op, precision, fn, wire_bytes, inter_bytes in cases:
         dist.barrier()
-        ms = _time_ms(fn, args.warmup, args.iters)
-        medians: list[float] = [0.0] * world
-        dist.all_gather_object(medians, ms)
-        rows.append({"op": op, "size_mb": size_mb, "precision": precision, "ms": max(medians),
-                     "ms_per_rank": medians, "wire_bytes_per_rank": wire_bytes, "inter_node_bytes_per_rank":
-                     inter_bytes, "bf16_bytes": total * BF16})
+        timed = _time_ms(fn, args.warmup, args.iters)
+        medians: list[tuple[float, float]] = [(0.0, 0.0)] * world
+        dist.all_gather_object(medians, timed)
+        ms, host_ms = max(m[0] for m in medians), max(m[1] for m in medians)
+        rows.append({"op": op, "size_mb": size_mb, "precision": precision, "ms": ms,
+                     "ms_per_rank": [m[0] for m in medians], "host_ms": host_ms, "wire_bytes_per_rank": wire_bytes,
+                     "inter_node_bytes_per_rank": inter_bytes, "bf16_bytes": total * BF16})  # fmt: skip
         if rank == 0:
-            print(f"  {op:<15} {size_mb:>4} MB {precision:>6}: {max(medians):9.3f} ms", flush=True)
+            print(f"  {op:<15} {size_mb:>6g} MB {precision:>6}: {ms:9.3f} ms (host {host_ms:.3f} ms)", flush=True)
     return rows
 
 
@@ -171,6 +190,35 @@ def _two_level_cases(args: argparse.Namespace, rs_in: torch.Tensor, rs_out: torc
     return cases
 
 
+def _profile(args: argparse.Namespace, world: int, device: torch.device) -> str:
+    """``cProfile`` of ``args.profile`` 8-bit quantized all-gathers and reduce-scatters at the first size: the 25
+    functions with the most own time per op (rank 0's text; the other ranks run the same calls unprofiled)."""
+    group = dist.group.WORLD
+    total = int(args.sizes[0] * MB) // BF16 // world * world
+    ag_in = torch.randn(total // world, device=device, dtype=torch.bfloat16)
+    ag_out = torch.empty(total, device=device, dtype=torch.bfloat16)
+    rs_in = torch.randn(total, device=device, dtype=torch.bfloat16)
+    codec = make_codec("minmax", bits=8, bucket_size=args.bucket_size, rounding="stochastic")
+    calls = {"all_gather": lambda i: quantized_all_gather(ag_out, ag_in, codec, group, seed=i),
+             "reduce_scatter": lambda i: quantized_reduce_scatter(ag_in, rs_in, codec, group, dist.ReduceOp.AVG,
+                                                                  seed=i)}  # fmt: skip
+    text = []
+    for op, fn in calls.items():
+        for i in range(args.warmup):
+            fn(i)
+        torch.cuda.synchronize()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for i in range(args.profile):
+            fn(i)
+        profiler.disable()
+        torch.cuda.synchronize()
+        stream = io.StringIO()
+        pstats.Stats(profiler, stream=stream).sort_stats("tottime").print_stats(25)
+        text.append(f"### {op}, {args.sizes[0]:g} MB, 8-bit, {args.profile} calls\n{stream.getvalue()}")
+    return "\n".join(text)
+
+
 def _finish_rows(rows: list[dict], world: int) -> None:
     baseline = {(r["op"], r["size_mb"]): r["ms"] for r in rows if r["precision"] == "bf16"}
     factor = (world - 1) / world
@@ -186,10 +234,11 @@ def _table(header: dict[str, str], rows: list[dict]) -> str:
     lines = [f"### bench_collectives ({header['device']})", ""]
     lines += common.header_lines(header)
     lines += ["", "| op | size (MB, bf16) | precision | time (ms, median) | quantized / bf16 | busbw bf16-equiv "
-              "(GB/s) | wire busbw (GB/s) | wire MB per rank |", "|---|---|---|---|---|---|---|---|"]
+              "(GB/s) | wire busbw (GB/s) | wire MB per rank | host ms per call |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['op']} | {r['size_mb']} | {r['precision']} | {r['ms']:.3f} | {r['ratio_vs_bf16']:.2f} "
-                     f"| {r['busbw_gbps']:.1f} | {r['wire_busbw_gbps']:.1f} | {r['wire_bytes_per_rank'] / MB:.1f} |")
+        lines.append(f"| {r['op']} | {r['size_mb']:g} | {r['precision']} | {r['ms']:.3f} | {r['ratio_vs_bf16']:.2f} "
+                     f"| {r['busbw_gbps']:.1f} | {r['wire_busbw_gbps']:.1f} | {r['wire_bytes_per_rank'] / MB:.1f} "
+                     f"| {r['host_ms']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -204,6 +253,7 @@ def _worker(local_rank: int, args: argparse.Namespace, world: int, command: str)
             header = _header(world, command)
             print("\n".join(f"{k}: {v}" for k, v in header.items()), flush=True)
         rows = _run_cases(args, rank, world, torch.device("cuda", local_rank))
+        profile = _profile(args, world, torch.device("cuda", local_rank)) if args.profile else ""
         if rank == 0:
             _finish_rows(rows, world)
             table = _table(header, rows)
@@ -214,6 +264,8 @@ def _worker(local_rank: int, args: argparse.Namespace, world: int, command: str)
                 name = f"bench_collectives-{args.tag}"
                 (out / f"{name}.md").write_text(table)
                 (out / f"{name}.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1))
+                if profile:
+                    (out / f"{name}-profile.txt").write_text(profile)
     finally:
         dist.destroy_process_group()
 
@@ -221,13 +273,15 @@ def _worker(local_rank: int, args: argparse.Namespace, world: int, command: str)
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nproc", type=int, default=torch.cuda.device_count(), help="GPUs (default: all)")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256, 512], help="message sizes, MB")
+    parser.add_argument("--sizes", type=float, nargs="+", default=[16, 64, 256, 512], help="message sizes, MB")
     parser.add_argument("--bits", type=int, nargs="+", default=[8, 4, 2])
     parser.add_argument("--bucket-size", type=int, default=1024)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--tag", default=_network_tag(), help="output name suffix (default: socket/default)")
     parser.add_argument("--quick", action="store_true", help="16 and 64 MB at 8 and 4 bits")
+    parser.add_argument("--profile", type=int, default=0,
+                        help="also profile this many 8-bit calls of each op at the first size (cProfile, rank 0)")
     parser.add_argument("--two-level", action="store_true",
                         help="also bf16 all_to_all and the two-level reduce-scatter of the tlq-hs and zeropp presets")
     parser.add_argument("--ranks-per-node", type=int,
@@ -242,8 +296,8 @@ def main() -> int:
     if "RANK" in os.environ:  # torchrun
         _worker(int(os.environ["LOCAL_RANK"]), args, int(os.environ["WORLD_SIZE"]), command)
         return 0
-    if args.nproc < 2:
-        print(f"bench_collectives needs >= 2 GPUs, found {args.nproc}", file=sys.stderr)
+    if args.nproc < 1:
+        print(f"bench_collectives needs a GPU, found {args.nproc}", file=sys.stderr)
         return 2
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
