@@ -29,6 +29,8 @@ torch references state the same arithmetic with ``torch.round`` and integer tens
 numbers.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -220,6 +222,20 @@ def row_stride(t: torch.Tensor) -> int:
     return t.stride(0) if t.dim() == 2 and t.shape[0] > 1 else 0
 
 
+# Host-side integer helpers. Triton's own ``triton.cdiv`` / ``triton.next_power_of_2`` are constexpr functions whose
+# host calls cost microseconds each (argument unwrapping), several times per launch; a quantized collective is
+# bound by such fixed host costs at small sizes (benchmarks/RESULTS.md).
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for positive integers."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two ``>= n`` (1 for ``n <= 1``)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=4096)
 def launch_shape(bucket_size: int, num_buckets: int, on_gpu: bool, gpu_tile: int, interpreter_tile: int,
                  elements_per_thread: int, buckets_per_program: int | None,
                  num_warps: int | None) -> tuple[int, int, int]:  # fmt: skip
@@ -229,11 +245,11 @@ def launch_shape(bucket_size: int, num_buckets: int, on_gpu: bool, gpu_tile: int
     per program) and ``elements_per_thread`` per thread; ``buckets_per_program`` (a power of two) and
     ``num_warps`` override the heuristic for benchmark sweeps, never the result.
     """
-    groups = triton.next_power_of_2(-(-bucket_size // 8))
+    groups = next_power_of_2(cdiv(bucket_size, 8))
     bucket_tile = groups * 8
     if buckets_per_program is None:
         target = gpu_tile if on_gpu else interpreter_tile
-        buckets_per_program = max(1, min(triton.next_power_of_2(num_buckets), target // bucket_tile))
+        buckets_per_program = max(1, min(next_power_of_2(num_buckets), target // bucket_tile))
     elif buckets_per_program < 1 or buckets_per_program & (buckets_per_program - 1):
         raise ValueError(f"buckets_per_program={buckets_per_program} must be a power of two >= 1")
     if num_warps is None:

@@ -20,7 +20,7 @@ import triton.language as tl
 import torch
 
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
-from composer_qsdp.kernels.groups import row_stride
+from composer_qsdp.kernels.groups import cdiv, next_power_of_2, row_stride
 
 __all__ = ["MAX_BUCKET", "supports", "hadamard_rows", "butterflies", "rotation_scale"]
 
@@ -81,7 +81,7 @@ def hadamard_rows(
     g, warps = _launch_shape(x.device, bucket_size, out_cols, buckets_per_program, num_warps)
     y = torch.empty(rows, out_cols, dtype=dtype, device=x.device)
     scale = rotation_scale(bucket_size)
-    _hadamard_kernel[(triton.cdiv(triton.cdiv(out_cols, bucket_size), g), rows)](
+    _hadamard_kernel[(cdiv(cdiv(out_cols, bucket_size), g), rows)](
         x, y, n, out_cols, row_stride(x), row_stride(y), scale,
         B=bucket_size, LOG_B=bucket_size.bit_length() - 1, G=g, EMULATE_BF16_RNE=emulate_bf16_rne(), num_warps=warps,
     )  # fmt: skip
@@ -100,8 +100,8 @@ def _launch_shape(device: torch.device, bucket_size: int, out_cols: int, buckets
         raise ValueError(f"no Hadamard kernel for bucket_size={bucket_size}; allowed: powers of two up to {MAX_BUCKET}")
     if buckets_per_program is None:
         target = _GPU_TILE if device.type == "cuda" else _INTERPRETER_TILE
-        num_buckets = triton.cdiv(out_cols, bucket_size)
-        buckets_per_program = max(1, min(target // bucket_size, triton.next_power_of_2(num_buckets)))
+        num_buckets = cdiv(out_cols, bucket_size)
+        buckets_per_program = max(1, min(target // bucket_size, next_power_of_2(num_buckets)))
     elif buckets_per_program < 1 or buckets_per_program & (buckets_per_program - 1):
         raise ValueError(f"buckets_per_program={buckets_per_program} must be a power of two >= 1")
     if num_warps is None:

@@ -18,6 +18,7 @@ from here; it needs torch only, not Triton.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -54,6 +55,8 @@ class WireLayout:
     wire_bytes: int
 
 
+# Codecs ask for a wire's layout several times per collective call; a call's fixed host cost matters at small sizes.
+@functools.lru_cache(maxsize=4096)
 def bucket_layout(numel: int, bucket_size: int, bits: int, meta_words: int) -> WireLayout:
     """Layout of ``numel`` elements in buckets of ``bucket_size`` elements at ``bits`` bits per code, followed by
     ``meta_words`` fp32 words of metadata."""

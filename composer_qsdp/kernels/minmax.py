@@ -35,9 +35,10 @@ import triton.language as tl
 
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
 from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, GPU_TILE, INTERPRETER_TILE, MAGIC_BITS, MAX_BUCKET,
-                                          MAX_ROWS, bucket_lattice, bucket_pair, codes_to_float, launch_fits,
+                                          MAX_ROWS, bucket_lattice, bucket_pair, cdiv, codes_to_float, launch_fits,
                                           launch_shape, load_codes, row_stride, split_tile, store_codes, tile, vec)
-from composer_qsdp.kernels.noise import fraction_bits, noise_bits
+from composer_qsdp.kernels.fixed_point import fraction_bits
+from composer_qsdp.kernels.noise import noise_bits
 from composer_qsdp.kernels.layout import WireLayout, aligned_rows
 
 __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_rows", "decode_sum"]
@@ -83,9 +84,9 @@ def _quantize_kernel(
 
     t = (x - lo) * inv
     # t >= 0 is rounded on a grid of 2**-F through one float add (F = 0: MAGIC, round half to even), stochastic
-    # rounding adding the noise's top F bits to the bit pattern (noise.fraction_bits). The cap clamps the top on
-    # the bit patterns, which also maps a non-finite bucket to code 0: NaN lanes have patterns above any cap as
-    # unsigned ints.
+    # rounding adding the noise's top F bits to the bit pattern (fixed_point.fraction_bits). The cap clamps the
+    # top on the bit patterns, which also maps a non-finite bucket to code 0: NaN lanes have patterns above any cap
+    # as unsigned ints.
     F: tl.constexpr = FRACTION
     base: tl.constexpr = MAGIC_BITS - (F << 23)  # bits of 1.5 * 2**(23 - F)
     y = (t + (1.5 * (1 << (23 - F)))).to(tl.uint32, bitcast=True)
@@ -203,7 +204,7 @@ def encode_rows(
     groups, bpp, warps = _config(bucket_size, nb, x.is_cuda, _aligned_rows(x), buckets_per_program, num_warps,
                                  "encode", wide)  # fmt: skip
     aligned = offset % 8 == 0 and (rows == 1 or n % 8 == 0)
-    _quantize_kernel[(triton.cdiv(nb, bpp), rows)](
+    _quantize_kernel[(cdiv(nb, bpp), rows)](
         x, wire, wire.view(torch.float32),
         n, nb, layout.code_bytes, layout.meta_offset, row_stride(x), row_stride(wire),
         seed, offset,
@@ -221,11 +222,13 @@ def decode_rows(
     layout: WireLayout,
     dtype: torch.dtype,
     *,
+    out: torch.Tensor | None = None,
     buckets_per_program: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
-    """Decode a ``[R, layout.wire_bytes]`` wire into ``[R, layout.numel]`` values of ``dtype``."""
-    return _decode(wire, bits, bucket_size, layout, dtype, False, buckets_per_program, num_warps)
+    """Decode a ``[R, layout.wire_bytes]`` wire into ``[R, layout.numel]`` values of ``dtype``: into ``out`` when
+    given (that shape and dtype, rows contiguous)."""
+    return _decode(wire, bits, bucket_size, layout, dtype, False, buckets_per_program, num_warps, out)
 
 
 def decode_sum(
@@ -242,12 +245,19 @@ def decode_sum(
 
 
 def _decode(wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout, dtype: torch.dtype, sum_rows: bool,
-            buckets_per_program: int | None, num_warps: int | None) -> torch.Tensor:  # fmt: skip
-    """:func:`decode_rows` (``[R, numel]`` of ``dtype``), or with ``sum_rows`` :func:`decode_sum` (fp32 ``[numel]``)."""
+            buckets_per_program: int | None, num_warps: int | None,
+            out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """:func:`decode_rows` (``[R, numel]`` of ``dtype``, into ``out`` if given), or with ``sum_rows``
+    :func:`decode_sum` (fp32 ``[numel]``)."""
     rows = wire.shape[0]
     _check(bits, bucket_size, rows, layout)
     wire = aligned_rows(wire)
-    out = torch.empty((layout.numel,) if sum_rows else (rows, layout.numel), dtype=dtype, device=wire.device)
+    shape = (layout.numel,) if sum_rows else (rows, layout.numel)
+    if out is None:
+        out = torch.empty(shape, dtype=dtype, device=wire.device)
+    elif tuple(out.shape) != shape or out.dtype != dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must be a {list(shape)} tensor of {dtype} with contiguous rows, got "
+                         f"{out.dtype} {tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
     nb = layout.num_buckets
     # The sum's output is one row, which starts aligned.
     groups, bpp, warps = _config(bucket_size, nb, out.is_cuda, sum_rows or _aligned_rows(out), buckets_per_program,
@@ -255,12 +265,12 @@ def _decode(wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout,
     launch = {"BITS": bits, "BUCKET": bucket_size, "GROUPS": groups, "BPP": bpp, "VEC": vec(dtype), "num_warps": warps,
              "enable_fp_fusion": False}  # fmt: skip
     if sum_rows:
-        _dequantize_sum_kernel[(triton.cdiv(nb, bpp),)](
+        _dequantize_sum_kernel[(cdiv(nb, bpp),)](
             wire, wire.view(torch.float32), out, layout.numel, nb, layout.meta_offset, row_stride(wire), ROWS=rows,
             **launch,
         )  # fmt: skip
     else:
-        _dequantize_kernel[(triton.cdiv(nb, bpp), rows)](
+        _dequantize_kernel[(cdiv(nb, bpp), rows)](
             wire, wire.view(torch.float32), out, layout.numel, nb, layout.meta_offset, row_stride(wire),
             row_stride(out), EMULATE_BF16_RNE=emulate_bf16_rne(), **launch,
         )  # fmt: skip

@@ -24,10 +24,7 @@ import triton.language as tl
 
 from composer_qsdp.kernels import philox_constants
 
-__all__ = ["NOISE_BITS", "centered_noise", "fraction_bits", "noise_bits"]
-
-#: Bits of one noise value ``k``.
-NOISE_BITS = 16
+__all__ = ["centered_noise", "noise_bits"]
 
 # jit code reads only constexpr globals
 _KEY_A = tl.constexpr(philox_constants.KEY_A)
@@ -55,18 +52,6 @@ def _philox(seed, call):
         k0 = k0 + _KEY_A
         k1 = k1 + _KEY_B
     return c0, c1, c2, c3
-
-
-def fraction_bits(bits: int) -> int:
-    """Fraction bits ``F`` of the fixed-point stochastic rounding of ``bits``-bit codes: ``min(16, 22 - bits)``.
-
-    A value ``t`` in ``[0, 2**bits)`` plus ``1.5 * 2**(23 - F)`` lands in ``[2**(23 - F), 2**(24 - F))``, where fp32
-    numbers are exactly the multiples of ``2**-F``: the float add rounds ``t`` to ``t_F`` on that grid, and adding
-    the top ``F`` bits of a noise value ``k`` to the sum's bit pattern and dropping the low ``F`` bits gives
-    ``floor(t_F + k_F / 2**F)``, whose mean over the ``2**F`` values ``k_F`` is exactly ``t_F`` (within
-    ``2**-(F + 1)`` of ``t``: ``2**-17`` of a step up to 6 bits, ``2**-15`` at 8).
-    """
-    return min(NOISE_BITS, 22 - bits)
 
 
 @triton.jit

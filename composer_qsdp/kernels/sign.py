@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
+from composer_qsdp.kernels.groups import cdiv, next_power_of_2
 
 __all__ = ["MAX_BUCKET", "decode_rows", "decode_sum", "encode_rows", "supports"]
 
@@ -101,10 +102,10 @@ def _decode_kernel(wire_ptr, out_ptr, n, num_buckets, wire_stride, out_stride, m
 def _launch(bucket_size: int, numel: int, rows: int, on_gpu: bool) -> tuple[int, int, int, int]:
     """(groups per bucket as a power of two, buckets per program, programs per row, number of buckets)."""
     num_buckets = -(-numel // bucket_size)
-    groups = triton.next_power_of_2(bucket_size // 8)
+    groups = next_power_of_2(bucket_size // 8)
     target = _GPU_TILE if on_gpu else _INTERPRETER_TILE
-    bpp = max(1, min(triton.next_power_of_2(num_buckets), target // (groups * 8)))
-    return groups, bpp, triton.cdiv(num_buckets, bpp), num_buckets
+    bpp = max(1, min(next_power_of_2(num_buckets), target // (groups * 8)))
+    return groups, bpp, cdiv(num_buckets, bpp), num_buckets
 
 
 def encode_rows(x: torch.Tensor, bucket_size: int, wire_bytes: int, code_bytes: int,

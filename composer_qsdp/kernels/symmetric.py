@@ -34,7 +34,7 @@ import triton.language as tl
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
 from composer_qsdp.kernels.groups import ELEMENTS_PER_THREAD, FP32_MAX, GPU_TILE, INTERPRETER_TILE, MAGIC, MAGIC_BITS
 from composer_qsdp.kernels.groups import MAX_BUCKET, MAX_ROWS, codes_to_float, launch_fits, launch_shape, load_codes
-from composer_qsdp.kernels.groups import row_stride, split_tile, store_codes, tile, vec
+from composer_qsdp.kernels.groups import cdiv, row_stride, split_tile, store_codes, tile, vec
 from composer_qsdp.kernels.hadamard import butterflies, rotation_scale
 from composer_qsdp.kernels.layout import WireLayout, aligned_rows
 
@@ -222,7 +222,7 @@ def encode_rows(
         ref = ref if ref.stride(1) == 1 else ref.contiguous()
     groups, bpp, warps = _config(bits, bucket_size, rows, layout, rotate, x.is_cuda, buckets_per_program, num_warps)
     wire = torch.empty(rows, layout.wire_bytes, dtype=torch.uint8, device=x.device)
-    _encode_kernel[(triton.cdiv(layout.num_buckets, bpp), rows)](
+    _encode_kernel[(cdiv(layout.num_buckets, bpp), rows)](
         x, x if ref is None else ref, wire, n, layout.numel, row_stride(x), row_stride(x if ref is None else ref),
         row_stride(wire), layout.num_buckets, layout.code_bytes, layout.meta_offset, **_rotation(bucket_size, rotate),
         BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=vec(x.dtype), QMAX=(1 << (bits - 1)) - 1,
@@ -239,7 +239,7 @@ def _decode(wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout,
     rows = wire.shape[0]
     groups, bpp, warps = _config(bits, bucket_size, rows, layout, rotate, wire.is_cuda, buckets_per_program,
                                  num_warps)  # fmt: skip
-    tiles = triton.cdiv(layout.num_buckets, bpp)
+    tiles = cdiv(layout.num_buckets, bpp)
     _decode_kernel[(tiles,) if sum_rows else (tiles, rows)](
         wire, out, layout.numel, out.shape[-1], row_stride(wire), row_stride(out), layout.num_buckets,
         layout.meta_offset, **_rotation(bucket_size, rotate),
@@ -260,13 +260,20 @@ def decode_rows(
     numel: int | None = None,
     buckets_per_program: int | None = None,
     num_warps: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Decode a ``[R, layout.wire_bytes]`` wire into ``[R, numel]`` values of ``dtype``.
+    """Decode a ``[R, layout.wire_bytes]`` wire into ``[R, numel]`` values of ``dtype``: into ``out`` when given
+    (that shape and dtype, rows contiguous).
 
     ``numel`` defaults to ``layout.numel``; with ``rotate`` the decoded buckets are rotated back and the first
     ``numel <= layout.numel`` columns kept (``HadamardCodec`` drops its padding so).
     """
-    out = torch.empty(wire.shape[0], layout.numel if numel is None else numel, dtype=dtype, device=wire.device)
+    shape = (wire.shape[0], layout.numel if numel is None else numel)
+    if out is None:
+        out = torch.empty(shape, dtype=dtype, device=wire.device)
+    elif tuple(out.shape) != shape or out.dtype != dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must be a {list(shape)} tensor of {dtype} with contiguous rows, got "
+                         f"{out.dtype} {tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
     return _decode(wire, bits, bucket_size, layout, out, False, rotate, buckets_per_program, num_warps)
 
 

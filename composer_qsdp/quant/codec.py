@@ -147,11 +147,26 @@ class Codec(ABC):
         self._check_rows_input(x, seed, offset)
         return self._encode_rows(x, seed, offset)
 
-    def decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Decode a ``[R, wire_bytes(numel)]`` buffer into a ``[R, numel]`` tensor of ``dtype``."""
+    def decode_rows(
+        self, wire: torch.Tensor, numel: int, dtype: torch.dtype = torch.float32, *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Decode a ``[R, wire_bytes(numel)]`` buffer into a ``[R, numel]`` tensor of ``dtype``.
+
+        Args:
+            out: optional ``[R, numel]`` tensor of ``dtype`` with contiguous rows to decode into (a collective's
+                output buffer): codecs with a decode kernel write it directly, saving the copy of a separate
+                result; returned.
+        """
         self._check_wire_rows(wire, numel)
         self._check_dtype(dtype)
-        return self._decode_rows(wire, numel, dtype)
+        if out is None:
+            return self._decode_rows(wire, numel, dtype)
+        shape = (wire.shape[0], numel)
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != dtype or out.stride(1) != 1:
+            raise ValueError(
+                f"out must be a {list(shape)} tensor of {dtype} with contiguous rows, got {_describe(out)}"
+            )
+        return self._decode_rows_into(wire, out)
 
     def encode_difference_rows(
         self, x: torch.Tensor, ref: torch.Tensor, seed: int = 0, offset: int = 0
@@ -215,6 +230,10 @@ class Codec(ABC):
     def _encode_difference_rows(self, x: torch.Tensor, ref: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
         """Encode ``x - ref`` of validated ``[R, n]`` tensors; this default materializes the fp32 difference."""
         return self._encode_rows(x.to(torch.float32) - ref.to(torch.float32), seed, offset)
+
+    def _decode_rows_into(self, wire: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Decode a validated wire into the validated ``out``; this default decodes, then copies."""
+        return out.copy_(self._decode_rows(wire, out.shape[1], out.dtype))
 
     def _decode_add_rows(self, wire: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``out += `` the fp32 decode of a validated wire; this default materializes the decode."""

@@ -21,7 +21,7 @@ here and by the Triton kernels of :mod:`composer_qsdp.kernels.minmax` (which dis
 both give the same codes and the same decoded values bit for bit. A constant bucket (``scale == 0``) gets
 code 0 everywhere and decodes exactly to its value.
 
-Stochastic rounding is fixed-point (:func:`composer_qsdp.kernels.noise.fraction_bits`, ``F = min(16, 22 -
+Stochastic rounding is fixed-point (:func:`composer_qsdp.kernels.fixed_point.fraction_bits`, ``F = min(16, 22 -
 bits)``): the fp32 sum ``t + 1.5 * 2**(23 - F)`` holds ``t_F``, ``t`` rounded to a multiple of ``2**-F``, in its
 low mantissa bits; the top ``F`` bits ``k_F`` of the 16-bit noise value of element ``i`` of ``encode(x, seed,
 offset)`` (:func:`composer_qsdp.quant.philox.rounding_bits` at counter ``offset + i``) are added to that bit
@@ -55,7 +55,7 @@ from types import ModuleType
 import torch
 
 from composer_qsdp.kernels import WireLayout, bucket_layout, use_triton
-from composer_qsdp.kernels.noise import NOISE_BITS, fraction_bits
+from composer_qsdp.kernels.fixed_point import NOISE_BITS, fraction_bits
 from composer_qsdp.quant.buckets import bucket_lattice
 from composer_qsdp.quant.codec import Codec, check_choice, sum_rows_in_order
 from composer_qsdp.quant.philox import rounding_bits_range
@@ -142,6 +142,12 @@ class MinMaxCodec(Codec):
         if kernels is None:
             return self._decode_rows_fp32(wire, numel).to(dtype)
         return kernels.decode_rows(wire, self.bits, self.bucket_size, self.layout(numel), dtype)
+
+    def _decode_rows_into(self, wire: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        kernels = self._kernels(wire, out.shape[1])
+        if kernels is None or out.device != wire.device:
+            return super()._decode_rows_into(wire, out)
+        return kernels.decode_rows(wire, self.bits, self.bucket_size, self.layout(out.shape[1]), out.dtype, out=out)
 
     def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
         kernels = self._kernels(wire, numel)

@@ -99,6 +99,12 @@ class SymmetricCodec(Codec):
             return kernels.decode_rows(wire, self.bits, self.bucket_size, layout, dtype)
         return self._decode_rows_fp32(wire, layout).to(dtype)
 
+    def _decode_rows_into(self, wire: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        kernels = self._kernels(wire)
+        if kernels is None or out.device != wire.device:
+            return super()._decode_rows_into(wire, out)
+        return kernels.decode_rows(wire, self.bits, self.bucket_size, self.layout(out.shape[1]), out.dtype, out=out)
+
     def _encode_difference_rows(self, x: torch.Tensor, ref: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
         kernels = self._kernels(x)
         if kernels is not None and ref.device == x.device:

@@ -7,7 +7,7 @@ from hopper import assert_no_spills_and_exact
 from composer_qsdp.kernels import backend, use_triton
 from composer_qsdp.kernels import minmax as kernels
 from composer_qsdp.kernels.groups import vec
-from composer_qsdp.kernels.noise import fraction_bits
+from composer_qsdp.kernels.fixed_point import fraction_bits
 from composer_qsdp.quant import MinMaxCodec
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -55,6 +55,11 @@ def _check_codec_kernels(codec: MinMaxCodec, x: torch.Tensor, seed: int, offset:
     for dtype in DTYPES:
         got = kernels.decode_rows(expected, codec.bits, codec.bucket_size, layout, dtype, **launch)
         _assert_same_values(got, codec._decode_rows_fp32(expected, n).to(dtype))
+    # Into the rows of a wider buffer (row stride n + 8): its other columns untouched.
+    buffer = torch.full((rows, n + 8), 3.0, device=x.device, dtype=x.dtype)
+    kernels.decode_rows(expected, codec.bits, codec.bucket_size, layout, x.dtype, out=buffer[:, :n], **launch)
+    _assert_same_values(buffer[:, :n], codec._decode_rows_fp32(expected, n).to(x.dtype))
+    assert bool((buffer[:, n:] == 3).all())
     got_sum = kernels.decode_sum(expected, codec.bits, codec.bucket_size, layout, **launch)
     _assert_same_values(got_sum, codec._decode_sum_reference(expected, n))
 

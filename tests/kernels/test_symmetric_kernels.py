@@ -56,6 +56,11 @@ def _check_kernels(codec: SymmetricCodec, x: torch.Tensor, **launch) -> None:
     for dtype in DTYPES:
         got = kernels.decode_rows(expected, codec.bits, codec.bucket_size, layout, dtype, **launch)
         _assert_bitwise(got, reference.to(dtype))
+    # Into the rows of a wider buffer (row stride n + 8): its other columns untouched.
+    buffer = torch.full((rows, n + 8), 3.0, device=x.device, dtype=x.dtype)
+    kernels.decode_rows(expected, codec.bits, codec.bucket_size, layout, x.dtype, out=buffer[:, :n], **launch)
+    _assert_bitwise(buffer[:, :n], reference.to(x.dtype))
+    assert bool((buffer[:, n:] == 3).all())
     total = torch.zeros(n, device=x.device)
     for row in reference:
         total += row

@@ -196,6 +196,14 @@ def test_row_methods_equal_their_per_row_definitions(name, options, hadamard, dt
     decoded = codec.decode_rows(wire, n, dtype)
     expected = torch.stack([codec.decode(wire[r], n, dtype) for r in range(rows)])
     assert decoded.dtype == dtype and torch.equal(decoded, expected)
+    # Into rows of a wider buffer (a collective's output), leaving its other columns alone.
+    buffer = torch.full((rows, n + 5), 7.0, dtype=dtype)
+    assert codec.decode_rows(wire, n, dtype, out=buffer[:, :n]).data_ptr() == buffer.data_ptr()
+    assert torch.equal(buffer[:, :n], expected) and bool((buffer[:, n:] == 7).all())
+    for bad in (torch.empty(rows, n + 1, dtype=dtype), torch.empty(rows, n, dtype=torch.float64),
+                torch.empty(n, rows, dtype=dtype).t()):
+        with pytest.raises(ValueError, match="out must be"):
+            codec.decode_rows(wire, n, dtype, out=bad)
 
     total = codec.decode_sum(wire, n)
     acc = torch.zeros(n, dtype=torch.float32)

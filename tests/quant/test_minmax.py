@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from composer_qsdp.kernels.noise import fraction_bits
+from composer_qsdp.kernels.fixed_point import fraction_bits
 from composer_qsdp.quant import MinMaxCodec, make_codec
 from composer_qsdp.quant.minmax import stochastic_round
 
