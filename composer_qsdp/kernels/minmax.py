@@ -134,9 +134,9 @@ def _dequantize_kernel(
 @triton.jit
 def _dequantize_sum_kernel(
     wire_ptr, meta_ptr, out_ptr,
-    n, num_buckets, meta_offset, wire_row_stride,
+    n, num_buckets, meta_offset, wire_row_stride, divisor,
     ROWS: tl.constexpr, BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr,
-    VEC: tl.constexpr,
+    VEC: tl.constexpr, DIVIDE: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     b, g, lane, e, valid = split_tile(pid, n, BUCKET, GROUPS, BPP, VEC)  # coalesced fp32 stores
@@ -144,7 +144,9 @@ def _dequantize_sum_kernel(
     for row in range(ROWS):  # in row order, like the reference
         acc += _decode_tile(wire_ptr, meta_ptr, tl.cast(row, tl.int64), b, g, lane, e, valid, n, num_buckets,
                             meta_offset, wire_row_stride, BITS, BUCKET, BPP)  # fmt: skip
-    tl.store(out_ptr + e, acc, mask=valid)
+    if DIVIDE:  # an average: the reference's fp32 division, then one rounding to the output dtype
+        acc = tl.math.div_rn(acc, tl.full(acc.shape, divisor, tl.float32))
+    store_cast(out_ptr + e, acc, valid, EMULATE_BF16_RNE)
 
 
 # --------------------------------------------------------------------------------------------- launchers
@@ -237,18 +239,22 @@ def decode_sum(
     bucket_size: int,
     layout: WireLayout,
     *,
+    out: torch.Tensor | None = None,
+    divisor: int = 1,
     buckets_per_program: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
-    """Sum of the fp32 decodes of the rows of a ``[R, layout.wire_bytes]`` wire, in row order: fp32 ``[numel]``."""
-    return _decode(wire, bits, bucket_size, layout, torch.float32, True, buckets_per_program, num_warps)
+    """Sum of the fp32 decodes of the rows of a ``[R, layout.wire_bytes]`` wire, in row order, divided by
+    ``divisor`` in fp32: fp32 ``[numel]``, or rounded into ``out`` (``[numel]``, any float dtype) when given."""
+    dtype = torch.float32 if out is None else out.dtype
+    return _decode(wire, bits, bucket_size, layout, dtype, True, buckets_per_program, num_warps, out, divisor)
 
 
 def _decode(wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout, dtype: torch.dtype, sum_rows: bool,
-            buckets_per_program: int | None, num_warps: int | None,
-            out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """:func:`decode_rows` (``[R, numel]`` of ``dtype``, into ``out`` if given), or with ``sum_rows``
-    :func:`decode_sum` (fp32 ``[numel]``)."""
+            buckets_per_program: int | None, num_warps: int | None, out: torch.Tensor | None = None,
+            divisor: int = 1) -> torch.Tensor:  # fmt: skip
+    """:func:`decode_rows` (``[R, numel]`` of ``dtype``), or with ``sum_rows`` :func:`decode_sum` (``[numel]``),
+    into ``out`` if given."""
     rows = wire.shape[0]
     _check(bits, bucket_size, rows, layout)
     wire = aligned_rows(wire)
@@ -266,8 +272,8 @@ def _decode(wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout,
              "enable_fp_fusion": False}  # fmt: skip
     if sum_rows:
         _dequantize_sum_kernel[(cdiv(nb, bpp),)](
-            wire, wire.view(torch.float32), out, layout.numel, nb, layout.meta_offset, row_stride(wire), ROWS=rows,
-            **launch,
+            wire, wire.view(torch.float32), out, layout.numel, nb, layout.meta_offset, row_stride(wire),
+            float(divisor), ROWS=rows, DIVIDE=divisor != 1, EMULATE_BF16_RNE=emulate_bf16_rne(), **launch,
         )  # fmt: skip
     else:
         _dequantize_kernel[(cdiv(nb, bpp), rows)](

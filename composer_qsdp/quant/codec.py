@@ -200,14 +200,31 @@ class Codec(ABC):
             raise ValueError(f"wire has {wire.shape[0]} rows but out has {out.shape[0]}; they must match")
         return self._decode_add_rows(wire, out)
 
-    def decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
+    def decode_sum(
+        self, wire: torch.Tensor, numel: int, *, out: torch.Tensor | None = None, divisor: int = 1
+    ) -> torch.Tensor:
         """Decode the ``R`` rows of ``wire`` and sum them in fp32: the reduce side of a reduce-scatter.
 
         Returns a 1-D fp32 tensor of ``numel`` elements. The sum runs over rows in order 0..R-1 so every
         implementation gives the same fp32 result.
+
+        Args:
+            out: optional contiguous 1-D floating tensor of ``numel`` elements (the reduce-scatter's output): the
+                result, rounded to its dtype, is written there (in one pass by codecs with a fused kernel) and
+                ``out`` returned.
+            divisor: the fp32 sum is divided by this (the group size of an average; >= 1) before it is returned
+                or rounded into ``out``.
         """
         self._check_wire_rows(wire, numel)
-        return self._decode_sum(wire, numel)
+        check_int("divisor", divisor, minimum=1)
+        if out is None:
+            total = self._decode_sum(wire, numel)
+            return total if divisor == 1 else total.div_(divisor)
+        if not isinstance(out, torch.Tensor) or out.shape != (numel,) or out.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"out must be a 1-D floating tensor of {numel} elements, got {_describe(out)}")
+        if not out.is_contiguous():
+            raise ValueError(f"out must be contiguous, got strides {out.stride()}")
+        return self._decode_sum_into(wire, out, divisor)
 
     # ------------------------------------------------------ codec-specific
     # Every codec is batched: rows are the hooks, and a 1-D tensor is the one-row case.
@@ -234,6 +251,11 @@ class Codec(ABC):
     def _decode_rows_into(self, wire: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Decode a validated wire into the validated ``out``; this default decodes, then copies."""
         return out.copy_(self._decode_rows(wire, out.shape[1], out.dtype))
+
+    def _decode_sum_into(self, wire: torch.Tensor, out: torch.Tensor, divisor: int) -> torch.Tensor:
+        """:meth:`decode_sum` into a validated ``out``; this default sums, divides and copies."""
+        total = self._decode_sum(wire, out.numel())
+        return out.copy_(total if divisor == 1 else total.div_(divisor))
 
     def _decode_add_rows(self, wire: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``out += `` the fp32 decode of a validated wire; this default materializes the decode."""

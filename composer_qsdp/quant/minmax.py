@@ -155,6 +155,13 @@ class MinMaxCodec(Codec):
             return self._decode_sum_reference(wire, numel)
         return kernels.decode_sum(wire, self.bits, self.bucket_size, self.layout(numel))
 
+    def _decode_sum_into(self, wire: torch.Tensor, out: torch.Tensor, divisor: int) -> torch.Tensor:
+        kernels = self._kernels(wire, out.numel())
+        if kernels is None or out.device != wire.device:
+            return super()._decode_sum_into(wire, out, divisor)
+        return kernels.decode_sum(wire, self.bits, self.bucket_size, self.layout(out.numel()), out=out,
+                                  divisor=divisor)  # fmt: skip
+
     # ------------------------------------------------------------------ torch reference
     def _encode_rows_reference(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
         """Reference of ``encode_rows`` (also the CPU path); the kernels match it bit for bit."""

@@ -62,6 +62,11 @@ def _check_codec_kernels(codec: MinMaxCodec, x: torch.Tensor, seed: int, offset:
     assert bool((buffer[:, n:] == 3).all())
     got_sum = kernels.decode_sum(expected, codec.bits, codec.bucket_size, layout, **launch)
     _assert_same_values(got_sum, codec._decode_sum_reference(expected, n))
+    # The reduce-scatter's fused average: fp32 division by the group size, one rounding to the output dtype.
+    for dtype in DTYPES:
+        out = torch.empty(n, device=x.device, dtype=dtype)
+        kernels.decode_sum(expected, codec.bits, codec.bucket_size, layout, out=out, divisor=rows + 2, **launch)
+        _assert_same_values(out, (codec._decode_sum_reference(expected, n) / (rows + 2)).to(dtype))
 
 
 CASES = [  # rows, n, bucket_size, bits, rounding, dtype, offset, seed
@@ -193,9 +198,11 @@ def test_kernels_compile_for_hopper_without_spills(aligned_rows):
         for bits, dtype, bucket in [(8, "bf16", 1024), (4, "fp32", 8192), (2, "fp16", 64), (1, "bf16", 200)]
     ]
     variants += [
-        _hopper_variant(f"decode_sum {bits}b bucket {bucket}", "_dequantize_sum_kernel", {"out_ptr": "*fp32"},
-                        {"ROWS": 8, "BITS": bits}, bucket, aligned_rows)  # fmt: skip
-        for bits, bucket in [(8, 1024), (4, 8192)]
+        _hopper_variant(f"decode_sum {bits}b bucket {bucket} into {dtype}", "_dequantize_sum_kernel",
+                        {"out_ptr": "*" + dtype, "divisor": "fp32"},
+                        {"ROWS": 8, "BITS": bits, "DIVIDE": dtype != "fp32", "EMULATE_BF16_RNE": False}, bucket,
+                        aligned_rows)  # fmt: skip
+        for bits, bucket, dtype in [(8, 1024, "fp32"), (4, 8192, "fp32"), (4, 1024, "bf16")]
     ]
     assert_no_spills_and_exact(variants)
 
