@@ -234,7 +234,8 @@ def _table(header: dict[str, str], rows: list[dict]) -> str:
     lines = [f"### bench_collectives ({header['device']})", ""]
     lines += common.header_lines(header)
     lines += ["", "| op | size (MB, bf16) | precision | time (ms, median) | quantized / bf16 | busbw bf16-equiv "
-              "(GB/s) | wire busbw (GB/s) | wire MB per rank | host ms per call |", "|---|---|---|---|---|---|---|---|---|"]
+              "(GB/s) | wire busbw (GB/s) | wire MB per rank | host ms per call |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['op']} | {r['size_mb']:g} | {r['precision']} | {r['ms']:.3f} | {r['ratio_vs_bf16']:.2f} "
                      f"| {r['busbw_gbps']:.1f} | {r['wire_busbw_gbps']:.1f} | {r['wire_bytes_per_rank'] / MB:.1f} "
