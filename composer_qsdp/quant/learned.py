@@ -69,6 +69,7 @@ from collections.abc import Iterator
 from types import ModuleType
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from composer_qsdp.quant.buckets import bucket_lattice, bucket_min_max
 from composer_qsdp.kernels import WireLayout, bucket_layout, use_triton
@@ -102,6 +103,15 @@ def _bracket(levels: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """Index ``j`` of the lower bracketing level of each ``z`` (``l_j <= z``, clamped to ``0..K-2``)."""
     j = torch.searchsorted(levels, z.contiguous(), right=True) - 1
     return j.clamp_(0, levels.numel() - 2)
+
+
+def _stochastic_codes(levels: torch.Tensor, z: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Codes (int64) of normalized values ``z`` in ``[0, 1]`` rounded stochastically onto ``levels`` (fp32) with
+    rounding noise ``noise`` (``u``, fp32 like ``rounding_noise``): ``j + [z - l_j >= (1 - u) * g_j]``, the
+    division-free form of ``j + floor(p + u)`` (module docstring)."""
+    j = _bracket(levels, z)
+    lower = levels[j]
+    return j + (z - lower >= (1.0 - noise) * (levels[j + 1] - lower))
 
 
 def expected_sq_error(levels: torch.Tensor, z: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -250,6 +260,8 @@ class LearnedLevelsCodec(Codec):
         self._levels: torch.Tensor | None = None
         self._seeds_since_fit = 0
         self._pinned: collections.OrderedDict[int, torch.Tensor] = collections.OrderedDict()
+        # The encode kernel's search table of each level set in use, keyed by the levels tensor.
+        self._tables: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
     @property
     def unbiased(self) -> bool:
@@ -344,7 +356,13 @@ class LearnedLevelsCodec(Codec):
         if kernels is None:
             return self._encode_rows_reference(x, seed, offset)
         levels = self._levels_for(seed, x)
-        return kernels.encode_rows(x, levels, self.bits, self.bucket_size, self.layout(x.shape[1]), seed, offset)
+        # Built on the first kernel encode with these levels (on their device, without a host synchronization),
+        # then reused by every encode pinned to them; the torch reference never needs it.
+        table = self._tables.get(levels)
+        if table is None:
+            table = self._tables[levels] = kernels.search_table(levels)
+        return kernels.encode_rows(x, levels, self.bits, self.bucket_size, self.layout(x.shape[1]), seed, offset,
+                                   table=table)  # fmt: skip
 
     def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
         kernels = self._kernels(wire, numel)
@@ -369,12 +387,9 @@ class LearnedLevelsCodec(Codec):
         xb, lo, rng, inv, nonfinite = bucket_lattice(x, self.bucket_size, 1)
         nb, width = xb.shape[1:]
         z = ((xb - lo.unsqueeze(2)) * inv.unsqueeze(2)).clamp_(0.0, 1.0).nan_to_num_(0.0)
-        j = _bracket(levels, z)
-        lower = levels[j]
-        p = (z - lower) / (levels[j + 1] - lower)
         noise = rounding_noise_range(seed, offset, rows * n, device=x.device).view(rows, n)
         noise = torch.nn.functional.pad(noise, (0, nb * width - n)).view(rows, nb, width)
-        codes = (j + torch.floor(p + noise).to(torch.int64)).clamp_(max=self.num_levels - 1)
+        codes = _stochastic_codes(levels, z, noise)
         codes = codes.masked_fill_(nonfinite.unsqueeze(2), 0).to(torch.uint8).view(rows, nb * width)
         codes[:, n:] = 0
 

@@ -169,12 +169,13 @@ def test_kernel_launchers_reject_unsupported_configurations_and_levels():
 def _hopper_variant(name: str, kernel: str, types: dict, constants: dict, bucket: int) -> dict:
     """A compile job for :func:`hopper.resource_usage` in the launch configuration a large tensor gets on a GPU
     (rows 16-element aligned: their strides are known multiples of 16, as Triton specializes them)."""
-    groups, bpp, warps = kernels._config(bucket, 1 << 16, True, None, None)
+    groups, bpp, warps = kernels._config(bucket, 1 << 16, True, None, None,
+                                         "encode" if kernel == "_quantize_kernel" else "decode")
     streamed = {"*bf16": torch.bfloat16, "*fp16": torch.float16, "*fp32": torch.float32}[
         types.get("x_ptr", types.get("out_ptr"))]
     return {"name": name, "module": "composer_qsdp.kernels.learned", "kernel": kernel,
-            "types": {"wire_ptr": "*u8", "meta_ptr": "*fp32", "levels_ptr": "*fp32", "seed": "i64", "offset": "i64",
-                      **types},
+            "types": {"wire_ptr": "*u8", "meta_ptr": "*fp32", "levels_ptr": "*fp32", "table_ptr": "*i64",
+                      "seed": "i64", "offset": "i64", **types},
             "constants": {"BUCKET": bucket, "GROUPS": groups, "BPP": bpp, "VEC": vec(streamed), **constants},
             "num_warps": warps, "divisible": ["x_row_stride", "wire_row_stride", "out_row_stride"]}  # fmt: skip
 
