@@ -10,16 +10,27 @@ wire layout; the launchers take ``[rows, n]`` tensors. They run on CUDA tensors,
 
 Tiling, packing and exactness as the min-max kernels (:mod:`composer_qsdp.kernels.minmax`): one program holds
 whole buckets as a tile of groups of 8 (:mod:`composer_qsdp.kernels.groups`), so bucketing, search, rounding and
-packing are one pass over ``x``; every fp32 operation of the reference appears once, in its order, launched with
-``enable_fp_fusion=False``, and the division of the rounding probability is ``div_rn`` (IEEE), as the
-reference's tensor division is on every device.
+packing are one pass over ``x``; every fp32 operation of the reference's rounding appears once, in its order,
+launched with ``enable_fp_fusion=False``. The rounding is division-free (``code = j + [z - l_j >= (1 - u) *
+g_j]``, the codec's module docstring says why it is unbiased): an IEEE ``div_rn`` per element cost about ten
+instructions, and the encoder, like min-max's, is bound by instruction issue. ``1 - u`` comes from
+:func:`composer_qsdp.kernels.noise.complement_noise`, exactly the reference's ``1 - rounding_noise``. The kernel
+skips the reference's clamp of ``z`` to ``[0, 1]``: ``z >= 0`` in finite buckets, and where rounding puts ``z``
+just above 1 (by at most ``2**-22``) the search still gives ``j = K - 2`` and ``z - l_j >= g_j >= (1 - u) * g_j``
+still gives code ``K - 1``, as for ``z = 1``.
 
-Level search: ``j``, the largest index ``<= K - 2`` with ``l_j <= z``, by a branchless binary search (binary
-lifting, ``bits`` steps) whose probes gather levels from the ``K``-entry table, ``4 * K`` bytes that stay in L1.
-The probe rejected last is ``l_{j+1}`` and the one accepted last ``l_j``, so the bracket comes out of the
-search without further gathers. Rounding ``code = j + floor(p + u)`` takes ``floor`` as the comparison
-``p + u >= 1``: ``0 <= p <= 1`` and ``u < 1`` keep ``p + u`` below 2 (and ``j + 1 <= K - 1``, so the reference's
-clamp never acts). ``u`` is :func:`composer_qsdp.kernels.noise.centered_noise` plus 1/2, which is exact.
+Level search (why: ``bits`` dependent gathers per element, each an address computation, a load and a select,
+made the binary search most of the encoder's instructions): a uniform grid of ``M = CELLS_PER_LEVEL * K`` cells
+on ``[0, 1]``, built once per level set by :func:`search_table` (on the levels' device, no host synchronization;
+the codec caches it next to its levels, and the wire does not change). Cell ``c = round(z * M)`` (one fp32
+multiply and the magic-number add) stores ``j_c``, the bracket index at its lower edge, and ``b_c = l_{j_c + 1}``;
+when no cell holds two levels, ``j = j_c + [b_c <= z]`` exactly, and one more gather reads ``(l_j, g_j)`` as an
+8-byte pair: two 8-byte gathers and one comparison per element for any ``bits``. Levels closer than a cell (fitted
+gaps can be as small as ``2**-20``) take ``R`` more steps of binary lifting over the rest of the cell, ``R`` the
+least with ``2**R`` at least the most levels in one cell, stored in the table: a loop bound read from device
+memory, the same in every program, so the search stays exact for any valid levels and costs the extra gathers
+only for level sets that need them (``CELLS_PER_LEVEL`` is chosen so that levels fitted to common distributions
+need none). Levels padded with NaN past ``K - 2`` stop every probe there.
 
 Coverage: ``bits`` in :data:`SUPPORTED_BITS` and ``bucket_size`` a multiple of 8 up to :data:`MAX_BUCKET`; the
 codec uses its torch reference for other configurations.
@@ -109,13 +120,15 @@ def _bracket(z, table_ptr, bad, BITS: tl.constexpr):
     word = tl.load(table_ptr + K + cell)
     j = word.to(tl.int32)
     j += ((word >> 32).to(tl.int32).to(tl.float32, bitcast=True) <= z).to(tl.int32)
-    # Levels closer than a cell: binary lifting over the rest of the cell, R steps of the same gather.
+    # Levels closer than a cell: binary lifting over the rest of the cell (j_c < j <= j_c + n_c <= j + 2**R - 1),
+    # R steps of one gather each; R is the same in every program, so the branches do not diverge.
     steps = tl.load((table_ptr + 2 * K + 2 * M).to(tl.pointer_type(tl.int32)))
-    search = (table_ptr + K + 2 * M).to(tl.pointer_type(tl.float32))
-    for s in tl.static_range(BITS - 1, -1, -1):
-        if s < steps:  # the same in every program: no divergence
-            probe = j + (1 << s)
-            j = tl.where(tl.load(search + probe) <= z, probe, j)
+    if steps > 0:
+        search = (table_ptr + K + 2 * M).to(tl.pointer_type(tl.float32))
+        for s in tl.static_range(BITS - 1, -1, -1):
+            if s < steps:
+                probe = j + (1 << s)
+                j = tl.where(tl.load(search + probe) <= z, probe, j)
     pair = tl.load(table_ptr + j)
     return j, pair.to(tl.int32).to(tl.float32, bitcast=True), (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
 
