@@ -18,7 +18,8 @@ arithmetic ``P(code = j + 1) = round(2**16 * p) / 2**16`` and ``E[l_code] = l_j 
 * g_j``, the noise's resolution (as for ``floor(p + u)``). The three fp32 roundings (of ``z - l_j``, of ``g_j``
 and of the product) move the threshold by a relative ``3 * 2**-24`` at most, so ``|E[l_code] - z| <= g_j *
 (2**-17 + 2**-22)``, a bias far below the rounding's standard deviation. The comparison keeps the edges exact
-for any gap, however small: at ``z = l_j``, ``z - l_j`` is exactly 0 and the threshold positive, so the code is
+for any gap, however small (down to ``2**-100``, which :meth:`LearnedLevelsCodec.set_levels` requires, so that
+the threshold stays a normal fp32 number): at ``z = l_j``, ``z - l_j`` is exactly 0 and the threshold positive, so the code is
 ``j`` for every ``u``; at ``z = 1``, ``z - l_j`` is the same fp32 subtraction as ``g_j`` and the threshold
 ``<= g_j``, so the code is ``K - 1``. (A threshold on ``z`` itself, ``z >= l_j + (1 - u) * g_j``, rounds ``l_j +
 tiny`` back to ``l_j`` when the gap is below the spacing of fp32 numbers at ``l_j``, and rounds ``z = l_j`` up
@@ -97,6 +98,9 @@ __all__ = ["LearnedLevelsCodec", "fit_levels", "uniform_levels", "expected_sq_er
 # Smallest gap between fitted levels, a fraction of the normalized range: keeps the levels strictly increasing in
 # fp32 (whose spacing just below 1 is 6e-8).
 _MIN_GAP = 2.0**-20
+# Smallest gap of levels set explicitly: keeps the rounding threshold (1 - u) * gap (1 - u >= 2**-17) a normal fp32
+# number, on which the rounding's bias bound and exact edges rest (module docstring).
+_MIN_SET_GAP = 2.0**-100
 # Adam step on the log-gaps: 0.1 oscillated at 8 bits (each step moves every gap by up to ~10%), which made the
 # fitted levels chaotic in rounding differences; from the high-resolution start 0.03 refines stably.
 _ADAM_LR = 0.03
@@ -309,14 +313,18 @@ class LearnedLevelsCodec(Codec):
         fitted once by another codec; forgets the levels pinned to earlier seeds.
 
         Raises:
-            ValueError: wrong count, not finite, not strictly increasing, or not from 0 to 1.
+            ValueError: wrong count, not finite, not strictly increasing, not from 0 to 1, or two levels closer than
+                ``2**-100``.
         """
         if not isinstance(levels, torch.Tensor) or levels.shape != (self.num_levels,):
             shape = tuple(levels.shape) if isinstance(levels, torch.Tensor) else type(levels).__name__
             raise ValueError(f"levels must be a 1-D tensor of 2**bits = {self.num_levels} values, got {shape}")
         levels = levels.to(torch.float32)
-        if not torch.isfinite(levels).all() or not (torch.diff(levels) > 0).all() or levels[0] != 0 or levels[-1] != 1:
+        gaps = torch.diff(levels)
+        if not torch.isfinite(levels).all() or not (gaps > 0).all() or levels[0] != 0 or levels[-1] != 1:
             raise ValueError(f"levels must be finite and strictly increasing from 0 to 1, got {levels.tolist()}")
+        if not (gaps >= _MIN_SET_GAP).all():
+            raise ValueError(f"levels must be at least 2**-100 apart, got a gap of {float(gaps.min())}")
         self._levels = levels
         self._seeds_since_fit = 0
         self._pinned.clear()

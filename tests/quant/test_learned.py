@@ -267,6 +267,7 @@ def test_all_constant_or_nonfinite_input_keeps_uniform_levels():
         (torch.linspace(0, 1, 16).flip(0), "strictly increasing"),
         (torch.cat([torch.zeros(2), torch.linspace(0.1, 1, 14)]), "strictly increasing"),
         (torch.linspace(0, 1, 16).index_fill(0, torch.tensor([3]), float("nan")), "finite"),
+        (torch.cat([torch.zeros(1), torch.full((14,), 2.0**-101).cumsum(0), torch.ones(1)]), "2\\*\\*-100 apart"),
         ([0.0, 1.0], "1-D tensor"),
     ],
 )
