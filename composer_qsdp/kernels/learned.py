@@ -10,16 +10,27 @@ wire layout; the launchers take ``[rows, n]`` tensors. They run on CUDA tensors,
 
 Tiling, packing and exactness as the min-max kernels (:mod:`composer_qsdp.kernels.minmax`): one program holds
 whole buckets as a tile of groups of 8 (:mod:`composer_qsdp.kernels.groups`), so bucketing, search, rounding and
-packing are one pass over ``x``; every fp32 operation of the reference appears once, in its order, launched with
-``enable_fp_fusion=False``, and the division of the rounding probability is ``div_rn`` (IEEE), as the
-reference's tensor division is on every device.
+packing are one pass over ``x``; every fp32 operation of the reference's rounding appears once, in its order,
+launched with ``enable_fp_fusion=False``. The rounding is division-free (``code = j + [z - l_j >= (1 - u) *
+g_j]``, the codec's module docstring says why it is unbiased): an IEEE ``div_rn`` per element cost about ten
+instructions, and the encoder, like min-max's, is bound by instruction issue. ``1 - u`` comes from
+:func:`composer_qsdp.kernels.noise.complement_noise`, exactly the reference's ``1 - rounding_noise``. The kernel
+skips the reference's clamp of ``z`` to ``[0, 1]``: ``z >= 0`` in finite buckets, and where rounding puts ``z``
+just above 1 (by at most ``2**-22``) the search still gives ``j = K - 2`` and ``z - l_j >= g_j >= (1 - u) * g_j``
+still gives code ``K - 1``, as for ``z = 1``.
 
-Level search: ``j``, the largest index ``<= K - 2`` with ``l_j <= z``, by a branchless binary search (binary
-lifting, ``bits`` steps) whose probes gather levels from the ``K``-entry table, ``4 * K`` bytes that stay in L1.
-The probe rejected last is ``l_{j+1}`` and the one accepted last ``l_j``, so the bracket comes out of the
-search without further gathers. Rounding ``code = j + floor(p + u)`` takes ``floor`` as the comparison
-``p + u >= 1``: ``0 <= p <= 1`` and ``u < 1`` keep ``p + u`` below 2 (and ``j + 1 <= K - 1``, so the reference's
-clamp never acts). ``u`` is :func:`composer_qsdp.kernels.noise.centered_noise` plus 1/2, which is exact.
+Level search (why: ``bits`` dependent gathers per element, each an address computation, a load and a select,
+made the binary search most of the encoder's instructions): a uniform grid of ``M = CELLS_PER_LEVEL * K`` cells
+on ``[0, 1]``, built once per level set by :func:`search_table` (on the levels' device, no host synchronization;
+the codec caches it next to its levels, and the wire does not change). Cell ``c = round(z * M)`` (one fp32
+multiply and the magic-number add) stores ``j_c``, the bracket index at its lower edge, and ``b_c = l_{j_c + 1}``;
+when no cell holds two levels, ``j = j_c + [b_c <= z]`` exactly, and one more gather reads ``(l_j, g_j)`` as an
+8-byte pair: two 8-byte gathers and one comparison per element for any ``bits``. Levels closer than a cell (fitted
+gaps can be as small as ``2**-20``) take ``R`` more steps of binary lifting over the rest of the cell, ``R`` the
+least with ``2**R`` at least the most levels in one cell, stored in the table: a loop bound read from device
+memory, the same in every program, so the search stays exact for any valid levels and costs the extra gathers
+only for level sets that need them (``CELLS_PER_LEVEL`` is chosen so that levels fitted to common distributions
+need none). Levels padded with NaN past ``K - 2`` stop every probe there.
 
 Coverage: ``bits`` in :data:`SUPPORTED_BITS` and ``bucket_size`` a multiple of 8 up to :data:`MAX_BUCKET`; the
 codec uses its torch reference for other configurations.
@@ -32,19 +43,25 @@ import triton
 import triton.language as tl
 
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
-from composer_qsdp.kernels.groups import (GPU_TILE, INTERPRETER_TILE, MAX_BUCKET, MAX_ROWS, bucket_lattice,
-                                          bucket_pair, launch_fits, launch_shape, load_codes, row_stride, split_tile,
-                                          store_codes, tile, vec)  # fmt: skip
+from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, GPU_TILE, INTERPRETER_TILE, MAGIC, MAX_BUCKET, MAX_ROWS,
+                                          bucket_lattice, bucket_pair, launch_fits, launch_shape, load_codes, row_stride,
+                                          split_tile, store_codes, tile, vec)  # fmt: skip
 from composer_qsdp.kernels.layout import WireLayout, aligned_rows
-from composer_qsdp.kernels.noise import centered_noise
+from composer_qsdp.kernels.noise import complement_noise
 
-__all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_rows", "decode_sum"]
+__all__ = ["CELLS_PER_LEVEL", "MAX_BUCKET", "SUPPORTED_BITS", "supports", "search_table", "encode_rows", "decode_rows",
+           "decode_sum"]
 
 #: Code widths with a kernel (a group of 8 codes is exactly ``bits`` bytes).
 SUPPORTED_BITS = (1, 2, 4, 8)
-# Elements per thread on a GPU. The search keeps an index and two levels per element live beside the min-max
-# kernel's state, and the decoders' level gathers issue one load per element: 16 keeps both without spills.
-_ELEMENTS_PER_THREAD = 16
+# Elements per thread on a GPU. The encoder's per-element work is now close to the min-max kernel's, whose
+# per-thread fixed work (bucket reductions, divisions, addresses) 32 spreads without spills (sm_90 SASS counts in
+# benchmarks/kernel_notes.md); the decoders, at parity with min-max, keep 16 (one level gather per element).
+_ELEMENTS_PER_THREAD = {"encode": ELEMENTS_PER_THREAD, "decode": 16}
+#: Cells of the search's uniform grid per level (a power of two): fine enough that no cell of levels fitted to
+#: common distributions holds two levels, so the search needs no refinement step (benchmarks/kernel_notes.md).
+CELLS_PER_LEVEL = 4
+_CELLS_PER_LEVEL = tl.constexpr(CELLS_PER_LEVEL)  # jit code reads only constexpr globals
 
 
 def supports(bits: int, bucket_size: int, rows: int = 1, n: int = 1) -> bool:
@@ -54,35 +71,73 @@ def supports(bits: int, bucket_size: int, rows: int = 1, n: int = 1) -> bool:
             and launch_fits(rows, n))  # fmt: skip
 
 
+# --------------------------------------------------------------------------------------------- search table
+def search_table(levels: torch.Tensor) -> torch.Tensor:
+    """The encode kernel's search table for ``K`` valid levels (fp32, strictly increasing from 0 to 1), on their
+    device: int64 words (each two 32-bit halves, the low one first), without a host synchronization.
+
+    Layout, for ``M = CELLS_PER_LEVEL * K`` cells:
+
+    * ``[0, K)`` pairs ``(l_j, g_j)``, ``g_j = l_{j+1} - l_j`` in fp32 (the reference's subtraction), ``j <= K - 2``;
+    * ``[K, K + 2M)`` cells ``(j_c, b_c)``: ``j_c = j((c - 1/2) / M)`` (int32), the bracket index at the cell's lower
+      end, and ``b_c = s_{j_c + 1}`` (fp32); cells past ``M`` repeat cell ``M``;
+    * ``[K + 2M, 2K + 2M)`` the search levels ``s_i`` as ``2K`` fp32: ``l_i`` for ``i <= K - 2``, then NaN, which no
+      comparison ``s_i <= z`` accepts, so a search never leaves ``0..K-2``;
+    * ``2K + 2M`` the refinement steps ``R`` (int32): the least ``R`` with ``2**R >= n_c`` for every cell ``c <= M``,
+      ``n_c = j((c + 1/2) / M) - j_c`` the number of levels inside it.
+    """
+    num_levels = levels.numel()
+    cells = CELLS_PER_LEVEL * num_levels
+    inner = levels[:-1]
+    gaps = levels[1:] - inner
+    pairs = torch.stack((inner, gaps), 1).view(torch.int32)
+    pairs = torch.cat([pairs, pairs.new_zeros(1, 2)])
+    # Cell edges (c -/+ 1/2) / M are exact in fp32, and j of each edge is the reference's search.
+    c = torch.arange(cells + 2, device=levels.device, dtype=torch.float64)
+    j = (torch.searchsorted(levels, ((c - 0.5) / cells).to(torch.float32), right=True) - 1).clamp_(0, num_levels - 2)
+    search = torch.cat([inner, levels.new_full((num_levels + 1,), float("nan"))])
+    lower = j[: cells + 1]
+    cell_words = torch.stack((lower.to(torch.int32), search[lower + 1].view(torch.int32)), 1)
+    cell_words = torch.cat([cell_words, cell_words[-1:].expand(cells - 1, 2)])
+    inside = (j[1:] - lower).max()
+    steps = (inside > 2 ** torch.arange(num_levels.bit_length(), device=levels.device)).sum()
+    steps = torch.stack((steps.to(torch.int32), steps.new_zeros((), dtype=torch.int32)))
+    words = torch.cat([pairs.reshape(-1), cell_words.reshape(-1), search.view(torch.int32), steps])
+    return words.view(torch.int64)
+
+
 # --------------------------------------------------------------------------------------------- kernels
 @triton.jit
-def _bracket(z, levels_ptr, BITS: tl.constexpr):
-    """``(j, l_j, l_{j+1})`` for normalized values ``z``: ``j`` the largest index ``<= K - 2`` with ``l_j <= z``
-    (0 where ``z`` is NaN), as int32 and fp32 tensors shaped like ``z``."""
+def _bracket(z, table_ptr, bad, BITS: tl.constexpr):
+    """``(j, l_j, g_j)`` for normalized values ``z`` (:func:`search_table`): ``j`` the largest index ``<= K - 2``
+    with ``l_j <= z``, exact for ``0 <= z <= 1 + 2**-22``; ``(0, 0, g_0)`` in ``bad`` (non-finite) buckets, whose
+    ``z`` are 0 or NaN; for other ``z`` (lanes outside the row), some ``j`` in ``0..K-2`` and its pair."""
     K: tl.constexpr = 1 << BITS
-    j = tl.zeros(z.shape, tl.int32)
-    lower = tl.zeros(z.shape, tl.float32) + tl.load(levels_ptr)
-    upper = lower
-    # Binary lifting: j stays a multiple of 2 * step, so a probe j + step reaches K - 1 only at the last step,
-    # where the bracket's upper end is the limit. Every index above the final j that the search could still
-    # reach is probed and rejected, the last of them being j + 1.
-    for s in tl.static_range(BITS - 1, -1, -1):
-        probe = j + (1 << s)
-        level = tl.load(levels_ptr + probe)
-        take = level <= z
-        if s == 0:
-            take = take & (probe < K - 1)
-        j = tl.where(take, probe, j)
-        lower = tl.where(take, level, lower)
-        upper = tl.where(take, upper, level)
-    return j, lower, upper
+    M: tl.constexpr = _CELLS_PER_LEVEL * K
+    # The cell c = round_half_even(z * M): z * M is exact and adding MAGIC rounds it (groups.py). Masking the bit
+    # pattern keeps any z inside the table; bad buckets take cell 0, where z = 0 or NaN stays at j = 0.
+    cell = (z * M + MAGIC).to(tl.int32, bitcast=True) & tl.where(bad, 0, 2 * M - 1)
+    word = tl.load(table_ptr + K + cell)
+    j = word.to(tl.int32)
+    j += ((word >> 32).to(tl.int32).to(tl.float32, bitcast=True) <= z).to(tl.int32)
+    # Levels closer than a cell: binary lifting over the rest of the cell (j_c < j <= j_c + n_c <= j + 2**R - 1),
+    # R steps of one gather each; R is the same in every program, so the branches do not diverge.
+    steps = tl.load((table_ptr + 2 * K + 2 * M).to(tl.pointer_type(tl.int32)))
+    if steps > 0:
+        search = (table_ptr + K + 2 * M).to(tl.pointer_type(tl.float32))
+        for s in tl.static_range(BITS - 1, -1, -1):
+            if s < steps:
+                probe = j + (1 << s)
+                j = tl.where(tl.load(search + probe) <= z, probe, j)
+    pair = tl.load(table_ptr + j)
+    return j, pair.to(tl.int32).to(tl.float32, bitcast=True), (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
 
 
 # Seeds and counter offsets change every step: specializing on their values (Triton compiles an integer equal to 1
 # as a constant and one divisible by 16 apart) would compile new variants during training.
 @triton.jit(do_not_specialize=["seed", "offset"])
 def _quantize_kernel(
-    x_ptr, levels_ptr, wire_ptr, meta_ptr,
+    x_ptr, levels_ptr, table_ptr, wire_ptr, meta_ptr,
     n, num_buckets, code_bytes, meta_offset, x_row_stride, wire_row_stride,
     seed, offset,
     BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, VEC: tl.constexpr,
@@ -95,12 +150,11 @@ def _quantize_kernel(
 
     # One step over the whole range: rng = max - min.
     lo, rng, inv, bad = bucket_lattice(x, valid, 1)
-    # Only non-finite buckets give NaN here, and their codes are 0 whatever the search finds.
-    z = tl.minimum(tl.maximum((x - lo) * inv, 0.0), 1.0)
-    j, lower, upper = _bracket(z, levels_ptr, BITS)
-    p = tl.math.div_rn(z - lower, upper - lower)
-    u = centered_noise(seed, offset + row * n + b * BUCKET + g * 8, lane, ALIGNED) + 0.5
-    codes = tl.where(bad, 0, j + (p + u >= 1.0).to(tl.int32))
+    # The reference's clamp to [0, 1] never changes a code (module docstring).
+    z = (x - lo) * inv
+    j, lower, gap = _bracket(z, table_ptr, bad, BITS)
+    rest = complement_noise(seed, offset + row * n + b * BUCKET + g * 8, lane, ALIGNED)
+    codes = j + (z - lower >= rest * gap).to(tl.int32)
 
     row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)  # wire rows are whole fp32 words
     store_codes(row_wire, codes, pid, b, g, lane, e, valid, n, num_buckets, code_bytes, meta_offset,
@@ -161,9 +215,10 @@ def _dequantize_sum_kernel(
 
 # --------------------------------------------------------------------------------------------- launchers
 def _config(bucket_size: int, num_buckets: int, on_gpu: bool, buckets_per_program: int | None,
-            num_warps: int | None) -> tuple[int, int, int]:  # fmt: skip
-    """(GROUPS, buckets per program, warps) of a launch (:func:`composer_qsdp.kernels.groups.launch_shape`)."""
-    return launch_shape(bucket_size, num_buckets, on_gpu, GPU_TILE, INTERPRETER_TILE, _ELEMENTS_PER_THREAD,
+            num_warps: int | None, kind: str = "decode") -> tuple[int, int, int]:  # fmt: skip
+    """(GROUPS, buckets per program, warps) of a launch (:func:`composer_qsdp.kernels.groups.launch_shape`);
+    ``kind``: ``"encode"`` or ``"decode"``."""
+    return launch_shape(bucket_size, num_buckets, on_gpu, GPU_TILE, INTERPRETER_TILE, _ELEMENTS_PER_THREAD[kind],
                         buckets_per_program, num_warps)  # fmt: skip
 
 
@@ -185,6 +240,7 @@ def encode_rows(
     seed: int,
     offset: int,
     *,
+    table: torch.Tensor | None = None,
     buckets_per_program: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
@@ -197,6 +253,8 @@ def encode_rows(
         bits, bucket_size: the codec's (elements per bucket).
         layout: the codec's ``LearnedLevelsCodec.layout(n)``.
         seed, offset: row ``r`` uses noise counters ``offset + r * n + i`` under key ``seed``.
+        table: :func:`search_table` of ``levels``, which a caller encoding many times builds once per level set;
+            built here when None.
         buckets_per_program, num_warps: override the launch heuristic for benchmark sweeps (a power of two, and
             warps); they never change the result.
     """
@@ -209,10 +267,10 @@ def encode_rows(
         x = x.contiguous()
     wire = torch.empty(rows, layout.wire_bytes, dtype=torch.uint8, device=x.device)
     nb = layout.num_buckets
-    groups, bpp, warps = _config(bucket_size, nb, x.is_cuda, buckets_per_program, num_warps)
+    groups, bpp, warps = _config(bucket_size, nb, x.is_cuda, buckets_per_program, num_warps, "encode")
     aligned = offset % 8 == 0 and (rows == 1 or n % 8 == 0)
     _quantize_kernel[(triton.cdiv(nb, bpp), rows)](
-        x, levels.contiguous(), wire, wire.view(torch.float32),
+        x, levels.contiguous(), search_table(levels) if table is None else table, wire, wire.view(torch.float32),
         n, nb, layout.code_bytes, layout.meta_offset, row_stride(x), row_stride(wire),
         seed, offset,
         BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=vec(x.dtype), ALIGNED=aligned,

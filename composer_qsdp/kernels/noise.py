@@ -7,10 +7,13 @@ draws a group's values with one Philox call when the group's first counter is a 
 otherwise. Two forms:
 
 * :func:`noise_bits`: ``k`` itself; the min-max kernels add its top bits to a fixed-point image of the value to
-  round (:func:`fraction_bits`), an integer add instead of the float noise's four instructions.
+  round (:func:`composer_qsdp.kernels.fixed_point.fraction_bits`), an integer add instead of the float noise's
+  four instructions.
 * :func:`centered_noise`: ``u - 1/2`` for ``u = (k + 0.5) / 2**16``, identical to the torch reference's
   ``rounding_noise(...) - 0.5`` bit for bit. Built from bits rather than with an int -> float conversion (a slow
   instruction on GPUs): ``0x3F800040 | k << 7`` is the fp32 number ``1 + u`` and ``(1 + u) - 1.5`` is exact.
+  :func:`complement_noise` is ``1 - u = 2 - (1 + u)`` the same way (the learned-levels kernels' rounding), one
+  float add where ``1/2 - centered_noise`` would take two.
 
 The Philox rounds are :func:`_philox` rather than ``tl.randint4x`` (which has 10 rounds): Philox4x32 on the
 counter ``(c mod 2**32, c >> 32, 0, 0)`` under the key ``(seed mod 2**32, seed >> 32)``, with each round's two
@@ -24,7 +27,7 @@ import triton.language as tl
 
 from composer_qsdp.kernels import philox_constants
 
-__all__ = ["centered_noise", "noise_bits"]
+__all__ = ["centered_noise", "complement_noise", "noise_bits"]
 
 # jit code reads only constexpr globals
 _KEY_A = tl.constexpr(philox_constants.KEY_A)
@@ -84,7 +87,20 @@ def noise_bits(seed, start, lane, ALIGNED: tl.constexpr, TOP: tl.constexpr = 16)
 
 
 @triton.jit
+def _one_plus_noise(seed, start, lane, ALIGNED: tl.constexpr):
+    """``1 + u`` (fp32, exact) at counters ``start + lane``, shapes as :func:`noise_bits`."""
+    k = noise_bits(seed, start, lane, ALIGNED)
+    return ((k << 7) | 0x3F800040).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def centered_noise(seed, start, lane, ALIGNED: tl.constexpr):
     """``u - 1/2`` (fp32) at counters ``start + lane``, shapes as :func:`noise_bits`."""
-    k = noise_bits(seed, start, lane, ALIGNED)
-    return ((k << 7) | 0x3F800040).to(tl.float32, bitcast=True) - 1.5
+    return _one_plus_noise(seed, start, lane, ALIGNED) - 1.5
+
+
+@triton.jit
+def complement_noise(seed, start, lane, ALIGNED: tl.constexpr):
+    """``1 - u`` (fp32, exact: a multiple of ``2**-17`` in ``(0, 1)``) at counters ``start + lane``, shapes as
+    :func:`noise_bits`: the same distribution as ``u``, for rounding that compares against ``(1 - u)``."""
+    return 2.0 - _one_plus_noise(seed, start, lane, ALIGNED)

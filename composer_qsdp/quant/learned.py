@@ -6,12 +6,28 @@ Each bucket is normalized by its own range, ``z = (x - lo) / (hi - lo)`` in ``[0
 that bracket it::
 
     j       = the largest index with l_j <= z (at most K - 2)
-    p       = (z - l_j) / (l_{j+1} - l_j)
-    code    = min(j + floor(p + u), K - 1)       # u: rounding noise, element i at counter offset + i
+    g_j     = l_{j+1} - l_j
+    code    = j + [z - l_j >= (1 - u) * g_j]     # u: rounding noise, element i at counter offset + i
     decoded = lo + l_code * (hi - lo)
 
-``E[l_code] = z``, so the codec is unbiased for any levels, and the error of one round trip is at most the
-gap of the bracketing levels times the bucket's range.
+Rounding without a division: this is ``j + floor(p + u)`` with ``p = (z - l_j) / g_j``, the comparison ``p >=
+1 - u`` multiplied through by ``g_j``, so the kernels need no IEEE division per element (about ten GPU
+instructions). Unbiasedness: ``1 - u`` takes the ``2**16`` values ``(i + 1/2) / 2**16`` with equal probability
+(``u = (k + 1/2) / 2**16``, :mod:`composer_qsdp.quant.philox`; ``1 - u`` is exact in fp32), so in exact
+arithmetic ``P(code = j + 1) = round(2**16 * p) / 2**16`` and ``E[l_code] = l_j + P * g_j`` is ``z`` up to ``2**-17
+* g_j``, the noise's resolution (as for ``floor(p + u)``). The three fp32 roundings (of ``z - l_j``, of ``g_j``
+and of the product) move the threshold by a relative ``3 * 2**-24`` at most, so ``|E[l_code] - z| <= g_j *
+(2**-17 + 2**-22)``, a bias far below the rounding's standard deviation. The comparison keeps the edges exact
+for any gap, however small (down to ``2**-100``, which :meth:`LearnedLevelsCodec.set_levels` requires, so that
+the threshold stays a normal fp32 number): at ``z = l_j``, ``z - l_j`` is exactly 0 and the threshold positive, so the code is
+``j`` for every ``u``; at ``z = 1``, ``z - l_j`` is the same fp32 subtraction as ``g_j`` and the threshold
+``<= g_j``, so the code is ``K - 1``. (A threshold on ``z`` itself, ``z >= l_j + (1 - u) * g_j``, rounds ``l_j +
+tiny`` back to ``l_j`` when the gap is below the spacing of fp32 numbers at ``l_j``, and rounds ``z = l_j`` up
+with positive probability: a bias, with fitted gaps as small as ``2**-20``.) ``tests/quant/test_learned.py``
+checks the bound and the edges over all ``2**16`` noise values, for fitted levels and for gaps of ``2**-20``.
+
+``E[l_code] = z`` up to that bound, so the codec is unbiased for any levels, and the error of one round trip is
+at most the gap of the bracketing levels times the bucket's range.
 
 Granularity: ONE set of normalized levels per wire, shared by all its buckets, with a per-bucket
 ``(lo, hi - lo)``. Normalizing by the bucket's range makes the levels describe the *shape* of the value
@@ -45,13 +61,13 @@ same levels even if a refresh happened in between, and ``encode`` stays a functi
 
 Kernels: on CUDA tensors (see :mod:`composer_qsdp.kernels.dispatch`) ``encode``/``decode``/``encode_rows``/
 ``decode_rows``/``decode_sum`` run the Triton kernels of :mod:`composer_qsdp.kernels.learned` (one pass: bucket
-min/max, normalization, a binary search for the bracket among the ``K`` levels, stochastic rounding, packing;
-decode gathers each code's level) when they cover the configuration (``bits`` in 1, 2, 4, 8; ``bucket_size`` a
-multiple of 8 up to 8192), else this torch reference (``_encode_rows_reference``, ``_decode_rows_fp32``). Every
-fp32 step above is one IEEE operation in the same order in both, the division of ``p`` included (a tensor
-division in torch, ``div_rn`` in the kernels), and the kernels draw the same noise, so both give the same wire
-and the same decoded values bit for bit. The levels live on the device of the inputs: levels set on another
-device move there once, on the first encode, never per call.
+min/max, normalization, the bracket from a grid of cells over ``[0, 1]``, stochastic rounding, packing; decode
+gathers each code's level) when they cover the configuration (``bits`` in 1, 2, 4, 8; ``bucket_size`` a multiple
+of 8 up to 8192), else this torch reference (``_encode_rows_reference``, ``_decode_rows_fp32``). Every fp32 step
+of the rounding above is one IEEE operation in the same order in both, and the kernels draw the same noise, so
+both give the same wire and the same decoded values bit for bit. The levels live on the device of the inputs:
+levels set on another device move there once, on the first encode, never per call; the encode kernel's search
+table (``kernels.learned.search_table``) is built from them once, on the first kernel encode that uses them.
 
 Wire (:mod:`composer_qsdp.kernels.layout`): codes packed bucket by bucket, then ``(lo, hi - lo)`` as fp32 per
 bucket, then the ``K`` levels as fp32 (``bits + 64 / bucket_size`` bits per element plus ``32 * K`` bits per
@@ -69,6 +85,7 @@ from collections.abc import Iterator
 from types import ModuleType
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from composer_qsdp.quant.buckets import bucket_lattice, bucket_min_max
 from composer_qsdp.kernels import WireLayout, bucket_layout, use_triton
@@ -78,9 +95,12 @@ from composer_qsdp.quant.wire import assemble_rows, pack_rows, read_meta, unpack
 
 __all__ = ["LearnedLevelsCodec", "fit_levels", "uniform_levels", "expected_sq_error", "high_resolution_levels"]
 
-# Smallest gap between fitted levels, a fraction of the normalized range: keeps 1 / gap finite and the levels
-# strictly increasing in fp32 (whose spacing just below 1 is 6e-8).
+# Smallest gap between fitted levels, a fraction of the normalized range: keeps the levels strictly increasing in
+# fp32 (whose spacing just below 1 is 6e-8).
 _MIN_GAP = 2.0**-20
+# Smallest gap of levels set explicitly: keeps the rounding threshold (1 - u) * gap (1 - u >= 2**-17) a normal fp32
+# number, on which the rounding's bias bound and exact edges rest (module docstring).
+_MIN_SET_GAP = 2.0**-100
 # Adam step on the log-gaps: 0.1 oscillated at 8 bits (each step moves every gap by up to ~10%), which made the
 # fitted levels chaotic in rounding differences; from the high-resolution start 0.03 refines stably.
 _ADAM_LR = 0.03
@@ -102,6 +122,15 @@ def _bracket(levels: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """Index ``j`` of the lower bracketing level of each ``z`` (``l_j <= z``, clamped to ``0..K-2``)."""
     j = torch.searchsorted(levels, z.contiguous(), right=True) - 1
     return j.clamp_(0, levels.numel() - 2)
+
+
+def _stochastic_codes(levels: torch.Tensor, z: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Codes (int64) of normalized values ``z`` in ``[0, 1]`` rounded stochastically onto ``levels`` (fp32) with
+    rounding noise ``noise`` (``u``, fp32 like ``rounding_noise``): ``j + [z - l_j >= (1 - u) * g_j]``, the
+    division-free form of ``j + floor(p + u)`` (module docstring)."""
+    j = _bracket(levels, z)
+    lower = levels[j]
+    return j + (z - lower >= (1.0 - noise) * (levels[j + 1] - lower))
 
 
 def expected_sq_error(levels: torch.Tensor, z: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -250,6 +279,8 @@ class LearnedLevelsCodec(Codec):
         self._levels: torch.Tensor | None = None
         self._seeds_since_fit = 0
         self._pinned: collections.OrderedDict[int, torch.Tensor] = collections.OrderedDict()
+        # The encode kernel's search table of each level set in use, keyed by the levels tensor.
+        self._tables: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
     @property
     def unbiased(self) -> bool:
@@ -282,14 +313,18 @@ class LearnedLevelsCodec(Codec):
         fitted once by another codec; forgets the levels pinned to earlier seeds.
 
         Raises:
-            ValueError: wrong count, not finite, not strictly increasing, or not from 0 to 1.
+            ValueError: wrong count, not finite, not strictly increasing, not from 0 to 1, or two levels closer than
+                ``2**-100``.
         """
         if not isinstance(levels, torch.Tensor) or levels.shape != (self.num_levels,):
             shape = tuple(levels.shape) if isinstance(levels, torch.Tensor) else type(levels).__name__
             raise ValueError(f"levels must be a 1-D tensor of 2**bits = {self.num_levels} values, got {shape}")
         levels = levels.to(torch.float32)
-        if not torch.isfinite(levels).all() or not (torch.diff(levels) > 0).all() or levels[0] != 0 or levels[-1] != 1:
+        gaps = torch.diff(levels)
+        if not torch.isfinite(levels).all() or not (gaps > 0).all() or levels[0] != 0 or levels[-1] != 1:
             raise ValueError(f"levels must be finite and strictly increasing from 0 to 1, got {levels.tolist()}")
+        if not (gaps >= _MIN_SET_GAP).all():
+            raise ValueError(f"levels must be at least 2**-100 apart, got a gap of {float(gaps.min())}")
         self._levels = levels
         self._seeds_since_fit = 0
         self._pinned.clear()
@@ -344,7 +379,13 @@ class LearnedLevelsCodec(Codec):
         if kernels is None:
             return self._encode_rows_reference(x, seed, offset)
         levels = self._levels_for(seed, x)
-        return kernels.encode_rows(x, levels, self.bits, self.bucket_size, self.layout(x.shape[1]), seed, offset)
+        # Built on the first kernel encode with these levels (on their device, without a host synchronization),
+        # then reused by every encode pinned to them; the torch reference never needs it.
+        table = self._tables.get(levels)
+        if table is None:
+            table = self._tables[levels] = kernels.search_table(levels)
+        return kernels.encode_rows(x, levels, self.bits, self.bucket_size, self.layout(x.shape[1]), seed, offset,
+                                   table=table)  # fmt: skip
 
     def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
         kernels = self._kernels(wire, numel)
@@ -369,12 +410,9 @@ class LearnedLevelsCodec(Codec):
         xb, lo, rng, inv, nonfinite = bucket_lattice(x, self.bucket_size, 1)
         nb, width = xb.shape[1:]
         z = ((xb - lo.unsqueeze(2)) * inv.unsqueeze(2)).clamp_(0.0, 1.0).nan_to_num_(0.0)
-        j = _bracket(levels, z)
-        lower = levels[j]
-        p = (z - lower) / (levels[j + 1] - lower)
         noise = rounding_noise_range(seed, offset, rows * n, device=x.device).view(rows, n)
         noise = torch.nn.functional.pad(noise, (0, nb * width - n)).view(rows, nb, width)
-        codes = (j + torch.floor(p + noise).to(torch.int64)).clamp_(max=self.num_levels - 1)
+        codes = _stochastic_codes(levels, z, noise)
         codes = codes.masked_fill_(nonfinite.unsqueeze(2), 0).to(torch.uint8).view(rows, nb * width)
         codes[:, n:] = 0
 

@@ -8,6 +8,7 @@ from composer_qsdp.kernels import backend, use_triton
 from composer_qsdp.kernels import learned as kernels
 from composer_qsdp.kernels.groups import vec
 from composer_qsdp.quant import LearnedLevelsCodec
+from composer_qsdp.quant.learned import fit_levels
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # Kernels run on CPU tensors under the interpreter (CI) and compiled on CUDA tensors on a GPU machine.
@@ -27,10 +28,26 @@ def _levels(bits: int, seed: int) -> torch.Tensor:
     return levels
 
 
-def _codec(bits: int, bucket: int, seed: int = 0) -> LearnedLevelsCodec:
+def _clustered_levels(bits: int, run: int) -> torch.Tensor:
+    """Runs of ``run`` levels 2**-20 apart (the smallest fitted gap) separated by equal large gaps: one cell of
+    the search's grid holds a whole run, so the search takes refinement steps."""
+    gaps = torch.full(((1 << bits) - 1,), 2.0**-20, dtype=torch.float64)
+    big = gaps[::run]
+    gaps[::run] = (1 - 2.0**-20 * (gaps.numel() - big.numel())) / big.numel()
+    levels = torch.cat([gaps.new_zeros(1), torch.cumsum(gaps, 0)]).to(torch.float32)
+    levels[-1] = 1.0
+    return levels
+
+
+def _codec(bits: int, bucket: int, seed: int = 0, levels: torch.Tensor | None = None) -> LearnedLevelsCodec:
     codec = LearnedLevelsCodec(bits, bucket)
-    codec.set_levels(_levels(bits, seed).to(DEVICE))
+    codec.set_levels((_levels(bits, seed) if levels is None else levels).to(DEVICE))
     return codec
+
+
+def _refinement_steps(levels: torch.Tensor) -> int:
+    """The search table's refinement step count ``R`` (its last int64 word)."""
+    return int(kernels.search_table(levels)[-1])
 
 
 def _assert_same_values(got: torch.Tensor, expected: torch.Tensor) -> None:
@@ -101,11 +118,20 @@ def test_launch_configuration_does_not_change_results(buckets_per_program, num_w
     _check_codec_kernels(codec, x, 11, 8, buckets_per_program=buckets_per_program, num_warps=num_warps)
 
 
-@pytest.mark.parametrize("bits", [1, 2, 4, 8])
-def test_values_on_levels_constant_and_tiny_range_buckets(bits):
+LEVEL_SETS = [  # bits, levels ("random": _levels; else a run length of _clustered_levels), refinement steps R
+    (1, "random", 0), (2, "random", 1), (4, "random", 1), (8, "random", 3),
+    (2, 2, 1), (4, 3, 2), (4, 15, 4), (8, 5, 3), (8, 255, 8),
+]
+
+
+@pytest.mark.parametrize("bits,kind,steps", LEVEL_SETS)
+def test_values_on_levels_constant_and_tiny_range_buckets(bits, kind, steps):
     # A bucket holding 0, 1 and every level (normalized by a range of exactly 1, so z is the value itself), and
-    # the midpoints between levels: the search's edges, z == l_j and z == 1 included.
-    codec = _codec(bits, 8 << bits, seed=bits)
+    # the midpoints between levels: the search's edges, z == l_j and z == 1 included, for level sets whose search
+    # needs 0 to `bits` refinement steps.
+    levels = None if kind == "random" else _clustered_levels(bits, kind)
+    codec = _codec(bits, 8 << bits, seed=bits, levels=levels)
+    assert _refinement_steps(codec.levels) == steps
     levels = codec.levels.cpu()
     mids = (levels[:-1] + levels[1:]) / 2
     on_levels = torch.cat([levels, mids, levels[:1]]).repeat(8)[: 8 << bits]
@@ -113,6 +139,33 @@ def test_values_on_levels_constant_and_tiny_range_buckets(bits):
                    torch.randn(8 << bits)])  # fmt: skip
     for seed in (3, 4):
         _check_codec_kernels(codec, x.view(1, -1).to(DEVICE), seed, 0)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("bucket", [256, 4096])
+def test_fitted_levels_need_no_refinement_step(bits, bucket):
+    # The grid has CELLS_PER_LEVEL cells per level so that levels fitted to common distributions (here normal,
+    # Laplace-like, Student-t with 3 degrees of freedom and cubed normal values) never put two levels in one cell:
+    # their search is one cell lookup and one comparison.
+    gen = torch.Generator().manual_seed(bits)
+    normal = torch.randn(1 << 18, generator=gen)
+    chi2 = torch.randn(1 << 18, 3, generator=gen).square().sum(1)
+    laplace = torch.log(torch.rand(1 << 18, generator=gen)) * torch.randn(1 << 18, generator=gen).sign()
+    for x in (normal, laplace, normal / (chi2 / 3).sqrt(), normal**3):
+        assert _refinement_steps(fit_levels(x, bits, bucket)) == 0
+
+
+def test_search_table_is_built_once_per_level_set():
+    codec = _codec(4, 256)
+    x = _data(2, 1000, torch.float32, seed=3, nonfinite=False)
+    with backend("triton"):
+        codec.encode_rows(x, seed=1)
+        table = codec._tables[codec.levels]
+        codec.encode_rows(x, seed=2)
+        assert codec._tables[codec.levels] is table and len(codec._tables) == 1
+        codec.set_levels(_clustered_levels(4, 3).to(DEVICE))
+        codec.encode_rows(x, seed=3)
+        assert _refinement_steps(codec.levels) == 2 and codec._tables[codec.levels] is not table
 
 
 def test_codec_dispatch_to_triton_matches_torch():
@@ -169,12 +222,13 @@ def test_kernel_launchers_reject_unsupported_configurations_and_levels():
 def _hopper_variant(name: str, kernel: str, types: dict, constants: dict, bucket: int) -> dict:
     """A compile job for :func:`hopper.resource_usage` in the launch configuration a large tensor gets on a GPU
     (rows 16-element aligned: their strides are known multiples of 16, as Triton specializes them)."""
-    groups, bpp, warps = kernels._config(bucket, 1 << 16, True, None, None)
+    groups, bpp, warps = kernels._config(bucket, 1 << 16, True, None, None,
+                                         "encode" if kernel == "_quantize_kernel" else "decode")
     streamed = {"*bf16": torch.bfloat16, "*fp16": torch.float16, "*fp32": torch.float32}[
         types.get("x_ptr", types.get("out_ptr"))]
     return {"name": name, "module": "composer_qsdp.kernels.learned", "kernel": kernel,
-            "types": {"wire_ptr": "*u8", "meta_ptr": "*fp32", "levels_ptr": "*fp32", "seed": "i64", "offset": "i64",
-                      **types},
+            "types": {"wire_ptr": "*u8", "meta_ptr": "*fp32", "levels_ptr": "*fp32", "table_ptr": "*i64",
+                      "seed": "i64", "offset": "i64", **types},
             "constants": {"BUCKET": bucket, "GROUPS": groups, "BPP": bpp, "VEC": vec(streamed), **constants},
             "num_warps": warps, "divisible": ["x_row_stride", "wire_row_stride", "out_row_stride"]}  # fmt: skip
 
@@ -216,6 +270,16 @@ def test_cuda_kernels_match_reference(bits, dtype):
     _check_codec_kernels(codec, x[:1], 7, 0)  # the single-row (all-gather) launch
     # The CPU reference gives the same wire as the GPU kernels.
     _assert_same_wire(codec, codec.encode_rows(x, seed=3).cpu(), codec.encode_rows(x.cpu(), seed=3), x.shape[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,kind,steps", LEVEL_SETS)
+def test_cuda_kernels_match_reference_for_any_refinement_steps(bits, kind, steps):
+    codec = _codec(bits, 1024, seed=bits, levels=None if kind == "random" else _clustered_levels(bits, kind))
+    x = _data(2, 1 << 18, torch.bfloat16, seed=bits, nonfinite=True)
+    # Half of each row inside the runs of close levels (z from 0.4 to 0.6 of a range of 1 around them).
+    x[:, ::2] = codec.levels[(1 << bits) // 2].to(x.dtype) + (torch.rand(2, 1 << 17, device=DEVICE) - 0.5).to(x.dtype)
+    _check_codec_kernels(codec, x, 5, 0)
 
 
 @pytest.mark.gpu

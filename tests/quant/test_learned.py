@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from composer_qsdp.quant import LearnedLevelsCodec, make_codec
-from composer_qsdp.quant.learned import fit_levels, uniform_levels
+from composer_qsdp.quant.learned import _stochastic_codes, fit_levels, uniform_levels
 
 
 def _student_t(n: int, seed: int = 0, df: float = 3.0) -> torch.Tensor:
@@ -79,6 +79,43 @@ def test_learned_levels_beat_uniform_levels_on_heavy_tails_and_stay_unbiased(bit
     err = mean / seeds - y.double()
     sigma = (mse_learned / seeds) ** 0.5
     assert abs(float(err.mean()) / (sigma / n**0.5)) < 5
+
+
+def _tiny_gap_levels(bits: int) -> torch.Tensor:
+    """Levels with the smallest fitted gap, 2**-20, between most of them: a run of them just above 1/2."""
+    inner = 0.5 + torch.arange((1 << bits) - 2, dtype=torch.float64) * 2.0**-20
+    return torch.cat([inner.new_zeros(1), inner, inner.new_ones(1)]).to(torch.float32)
+
+
+@pytest.mark.parametrize("bits", (1, 4, 8))
+@pytest.mark.parametrize("kind", ("fitted", "tiny gaps"))
+def test_rounding_is_unbiased_for_every_value_over_all_noise_values(bits, kind):
+    # Over all 2**16 noise values u, the code is j + 1 for a count N of them; E[l_code] = l_j + N / 2**16 * gap.
+    # Exact arithmetic would give N = round(2**16 * p), p = (z - l_j) / gap: the 2**16 values of 1 - u are
+    # (i + 1/2) / 2**16 and count those <= p. The fp32 roundings of z - l_j, of the gap and of (1 - u) * gap move
+    # the threshold by a relative 3 * 2**-24 at most (each one half an ulp), so |N / 2**16 - p| <= 2**-17 + 2**-22
+    # and |E[l_code] - z| <= gap * (2**-17 + 2**-22); N is the float64 count or next to it.
+    levels = fit_levels(_student_t(256 * 64, seed=bits), bits, 256) if kind == "fitted" else _tiny_gap_levels(bits)
+    gen = torch.Generator().manual_seed(bits)
+    below, above = torch.nextafter(levels, torch.tensor(-1.0)), torch.nextafter(levels, torch.tensor(2.0))
+    mids = (levels[:-1] + levels[1:]) / 2
+    z = torch.cat([torch.rand(200, generator=gen), levels, below[1:], above[:-1], mids, torch.tensor([2.0**-30])])
+    noise = (torch.arange(1 << 16, dtype=torch.float32) + 0.5) / 2**16  # every value of the codec's noise u
+    lv = levels.double()
+    for chunk in z.split(64):
+        codes = _stochastic_codes(levels, chunk.unsqueeze(1).expand(-1, noise.numel()), noise.expand(chunk.numel(), -1))
+        j = (torch.searchsorted(lv, chunk.double(), right=True) - 1).clamp(0, lv.numel() - 2)
+        assert ((codes == j.unsqueeze(1)) | (codes == j.unsqueeze(1) + 1)).all()
+        up = (codes > j.unsqueeze(1)).sum(1)
+        gap = lv[j + 1] - lv[j]
+        p = (chunk.double() - lv[j]) / gap
+        mean = lv[j] + up / 2**16 * gap
+        assert ((mean - chunk.double()).abs() <= gap * (2**-17 + 2**-22)).all()
+        assert ((up - (p * 2**16 + 0.5).floor().clamp(0, 2**16)).abs() <= 1).all()
+        # On a level the code is that level's, whatever the noise (also 2**-20 above the previous one); at 1, K - 1.
+        on_level = chunk.double() == lv[j]
+        assert (up[on_level] == 0).all()
+        assert (up[chunk == 1] == 1 << 16).all()
 
 
 @pytest.mark.gpu
@@ -230,6 +267,7 @@ def test_all_constant_or_nonfinite_input_keeps_uniform_levels():
         (torch.linspace(0, 1, 16).flip(0), "strictly increasing"),
         (torch.cat([torch.zeros(2), torch.linspace(0.1, 1, 14)]), "strictly increasing"),
         (torch.linspace(0, 1, 16).index_fill(0, torch.tensor([3]), float("nan")), "finite"),
+        (torch.cat([torch.zeros(1), torch.full((14,), 2.0**-101).cumsum(0), torch.ones(1)]), "2\\*\\*-100 apart"),
         ([0.0, 1.0], "1-D tensor"),
     ],
 )
