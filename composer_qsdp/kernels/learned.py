@@ -42,10 +42,10 @@ import torch
 import triton
 import triton.language as tl
 
-from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
+from composer_qsdp.kernels.bucket_decode import decode_output, launch_decode
 from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, GPU_TILE, INTERPRETER_TILE, MAGIC, MAX_BUCKET, MAX_ROWS,
-                                          bucket_lattice, bucket_pair, launch_fits, launch_shape, load_codes, row_stride,
-                                          split_tile, store_codes, tile, vec)  # fmt: skip
+                                          bucket_lattice, bucket_pair, cdiv, launch_fits, launch_shape, load_codes,
+                                          row_stride, store_codes, tile, vec)  # fmt: skip
 from composer_qsdp.kernels.layout import WireLayout, aligned_rows
 from composer_qsdp.kernels.noise import complement_noise
 
@@ -182,37 +182,6 @@ def _decode_tile(
     return lo + tl.load(levels + codes) * rng
 
 
-@triton.jit
-def _dequantize_kernel(
-    wire_ptr, meta_ptr, out_ptr,
-    n, num_buckets, meta_offset, wire_row_stride, out_row_stride,
-    BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, VEC: tl.constexpr,
-    EMULATE_BF16_RNE: tl.constexpr,
-):  # fmt: skip
-    pid = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
-    b, g, lane, e, valid = split_tile(pid, n, BUCKET, GROUPS, BPP, VEC)  # coalesced fp32 stores
-    y = _decode_tile(wire_ptr, meta_ptr, row, b, g, lane, e, valid, n, num_buckets, meta_offset, wire_row_stride,
-                     BITS, BUCKET, BPP)  # fmt: skip
-    store_cast(out_ptr + row * out_row_stride + e, y, valid, EMULATE_BF16_RNE)
-
-
-@triton.jit
-def _dequantize_sum_kernel(
-    wire_ptr, meta_ptr, out_ptr,
-    n, num_buckets, meta_offset, wire_row_stride,
-    ROWS: tl.constexpr, BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr,
-    VEC: tl.constexpr,
-):  # fmt: skip
-    pid = tl.program_id(0)
-    b, g, lane, e, valid = split_tile(pid, n, BUCKET, GROUPS, BPP, VEC)  # coalesced fp32 stores
-    acc = tl.zeros(e.shape, tl.float32)
-    for row in range(ROWS):  # in row order, like the reference
-        acc += _decode_tile(wire_ptr, meta_ptr, tl.cast(row, tl.int64), b, g, lane, e, valid, n, num_buckets,
-                            meta_offset, wire_row_stride, BITS, BUCKET, BPP)  # fmt: skip
-    tl.store(out_ptr + e, acc, mask=valid)
-
-
 # --------------------------------------------------------------------------------------------- launchers
 def _config(bucket_size: int, num_buckets: int, on_gpu: bool, buckets_per_program: int | None,
             num_warps: int | None, kind: str = "decode") -> tuple[int, int, int]:  # fmt: skip
@@ -269,7 +238,7 @@ def encode_rows(
     nb = layout.num_buckets
     groups, bpp, warps = _config(bucket_size, nb, x.is_cuda, buckets_per_program, num_warps, "encode")
     aligned = offset % 8 == 0 and (rows == 1 or n % 8 == 0)
-    _quantize_kernel[(triton.cdiv(nb, bpp), rows)](
+    _quantize_kernel[(cdiv(nb, bpp), rows)](
         x, levels.contiguous(), search_table(levels) if table is None else table, wire, wire.view(torch.float32),
         n, nb, layout.code_bytes, layout.meta_offset, row_stride(x), row_stride(wire),
         seed, offset,
@@ -286,11 +255,13 @@ def decode_rows(
     layout: WireLayout,
     dtype: torch.dtype,
     *,
+    out: torch.Tensor | None = None,
     buckets_per_program: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
-    """Decode a ``[R, layout.wire_bytes]`` wire into ``[R, layout.numel]`` values of ``dtype``."""
-    return _decode(wire, bits, bucket_size, layout, dtype, False, buckets_per_program, num_warps)
+    """Decode a ``[R, layout.wire_bytes]`` wire into ``[R, layout.numel]`` values of ``dtype``: into ``out`` when
+    given (that shape and dtype, rows contiguous)."""
+    return _decode(wire, bits, bucket_size, layout, dtype, False, buckets_per_program, num_warps, out)
 
 
 def decode_sum(
@@ -299,32 +270,24 @@ def decode_sum(
     bucket_size: int,
     layout: WireLayout,
     *,
+    out: torch.Tensor | None = None,
+    divisor: int = 1,
     buckets_per_program: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
-    """Sum of the fp32 decodes of the rows of a ``[R, layout.wire_bytes]`` wire, in row order: fp32 ``[numel]``."""
-    return _decode(wire, bits, bucket_size, layout, torch.float32, True, buckets_per_program, num_warps)
+    """Sum of the fp32 decodes of the rows of a ``[R, layout.wire_bytes]`` wire, in row order, divided by
+    ``divisor`` in fp32: fp32 ``[numel]``, or rounded into ``out`` (``[numel]``, any float dtype) when given."""
+    dtype = torch.float32 if out is None else out.dtype
+    return _decode(wire, bits, bucket_size, layout, dtype, True, buckets_per_program, num_warps, out, divisor)
 
 
 def _decode(wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout, dtype: torch.dtype, sum_rows: bool,
-            buckets_per_program: int | None, num_warps: int | None) -> torch.Tensor:  # fmt: skip
-    """:func:`decode_rows` (``[R, numel]`` of ``dtype``), or with ``sum_rows`` :func:`decode_sum` (fp32 ``[numel]``)."""
-    rows = wire.shape[0]
-    _check(bits, bucket_size, rows, layout)
+            buckets_per_program: int | None, num_warps: int | None, out: torch.Tensor | None = None,
+            divisor: int = 1) -> torch.Tensor:  # fmt: skip
+    """:func:`decode_rows` (``[R, numel]`` of ``dtype``), or with ``sum_rows`` :func:`decode_sum` (``[numel]``),
+    into ``out`` if given."""
+    _check(bits, bucket_size, wire.shape[0], layout)
     wire = aligned_rows(wire)
-    out = torch.empty((layout.numel,) if sum_rows else (rows, layout.numel), dtype=dtype, device=wire.device)
-    nb = layout.num_buckets
-    groups, bpp, warps = _config(bucket_size, nb, out.is_cuda, buckets_per_program, num_warps)
-    launch = {"BITS": bits, "BUCKET": bucket_size, "GROUPS": groups, "BPP": bpp, "VEC": vec(dtype), "num_warps": warps,
-              "enable_fp_fusion": False}  # fmt: skip
-    if sum_rows:
-        _dequantize_sum_kernel[(triton.cdiv(nb, bpp),)](
-            wire, wire.view(torch.float32), out, layout.numel, nb, layout.meta_offset, row_stride(wire), ROWS=rows,
-            **launch,
-        )  # fmt: skip
-    else:
-        _dequantize_kernel[(triton.cdiv(nb, bpp), rows)](
-            wire, wire.view(torch.float32), out, layout.numel, nb, layout.meta_offset, row_stride(wire),
-            row_stride(out), EMULATE_BF16_RNE=emulate_bf16_rne(), **launch,
-        )  # fmt: skip
-    return out
+    out = decode_output(wire, layout, dtype, sum_rows, out)
+    launch = _config(bucket_size, layout.num_buckets, out.is_cuda, buckets_per_program, num_warps)
+    return launch_decode(wire, layout, out, sum_rows, _decode_tile, bits, bucket_size, launch, divisor)

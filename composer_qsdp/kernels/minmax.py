@@ -33,10 +33,10 @@ import torch
 import triton
 import triton.language as tl
 
-from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
+from composer_qsdp.kernels.bucket_decode import decode_output, launch_decode
 from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, GPU_TILE, INTERPRETER_TILE, MAGIC_BITS, MAX_BUCKET,
                                           MAX_ROWS, bucket_lattice, bucket_pair, cdiv, codes_to_float, launch_fits,
-                                          launch_shape, load_codes, row_stride, split_tile, store_codes, tile, vec)
+                                          launch_shape, load_codes, row_stride, store_codes, tile, vec)
 from composer_qsdp.kernels.fixed_point import fraction_bits
 from composer_qsdp.kernels.noise import noise_bits
 from composer_qsdp.kernels.layout import WireLayout, aligned_rows
@@ -114,39 +114,6 @@ def _decode_tile(
     codes = load_codes(row_wire, b, g, lane, e, valid, n, BITS, BUCKET)
     lo, scale = bucket_pair(meta_ptr, row, wire_row_stride, meta_offset, num_buckets, BPP)
     return lo + scale * codes_to_float(codes, 0)
-
-
-@triton.jit
-def _dequantize_kernel(
-    wire_ptr, meta_ptr, out_ptr,
-    n, num_buckets, meta_offset, wire_row_stride, out_row_stride,
-    BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, VEC: tl.constexpr,
-    EMULATE_BF16_RNE: tl.constexpr,
-):  # fmt: skip
-    pid = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
-    b, g, lane, e, valid = split_tile(pid, n, BUCKET, GROUPS, BPP, VEC)  # coalesced fp32 stores
-    y = _decode_tile(wire_ptr, meta_ptr, row, b, g, lane, e, valid, n, num_buckets, meta_offset, wire_row_stride,
-                     BITS, BUCKET, BPP)  # fmt: skip
-    store_cast(out_ptr + row * out_row_stride + e, y, valid, EMULATE_BF16_RNE)
-
-
-@triton.jit
-def _dequantize_sum_kernel(
-    wire_ptr, meta_ptr, out_ptr,
-    n, num_buckets, meta_offset, wire_row_stride, divisor,
-    ROWS: tl.constexpr, BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr,
-    VEC: tl.constexpr, DIVIDE: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
-):  # fmt: skip
-    pid = tl.program_id(0)
-    b, g, lane, e, valid = split_tile(pid, n, BUCKET, GROUPS, BPP, VEC)  # coalesced fp32 stores
-    acc = tl.zeros(e.shape, tl.float32)
-    for row in range(ROWS):  # in row order, like the reference
-        acc += _decode_tile(wire_ptr, meta_ptr, tl.cast(row, tl.int64), b, g, lane, e, valid, n, num_buckets,
-                            meta_offset, wire_row_stride, BITS, BUCKET, BPP)  # fmt: skip
-    if DIVIDE:  # an average: the reference's fp32 division, then one rounding to the output dtype
-        acc = tl.math.div_rn(acc, tl.full(acc.shape, divisor, tl.float32))
-    store_cast(out_ptr + e, acc, valid, EMULATE_BF16_RNE)
 
 
 # --------------------------------------------------------------------------------------------- launchers
@@ -255,29 +222,10 @@ def _decode(wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout,
             divisor: int = 1) -> torch.Tensor:  # fmt: skip
     """:func:`decode_rows` (``[R, numel]`` of ``dtype``), or with ``sum_rows`` :func:`decode_sum` (``[numel]``),
     into ``out`` if given."""
-    rows = wire.shape[0]
-    _check(bits, bucket_size, rows, layout)
+    _check(bits, bucket_size, wire.shape[0], layout)
     wire = aligned_rows(wire)
-    shape = (layout.numel,) if sum_rows else (rows, layout.numel)
-    if out is None:
-        out = torch.empty(shape, dtype=dtype, device=wire.device)
-    elif tuple(out.shape) != shape or out.dtype != dtype or out.stride(-1) != 1:
-        raise ValueError(f"out must be a {list(shape)} tensor of {dtype} with contiguous rows, got "
-                         f"{out.dtype} {tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
-    nb = layout.num_buckets
+    out = decode_output(wire, layout, dtype, sum_rows, out)
     # The sum's output is one row, which starts aligned.
-    groups, bpp, warps = _config(bucket_size, nb, out.is_cuda, sum_rows or _aligned_rows(out), buckets_per_program,
-                                 num_warps)  # fmt: skip
-    launch = {"BITS": bits, "BUCKET": bucket_size, "GROUPS": groups, "BPP": bpp, "VEC": vec(dtype), "num_warps": warps,
-             "enable_fp_fusion": False}  # fmt: skip
-    if sum_rows:
-        _dequantize_sum_kernel[(cdiv(nb, bpp),)](
-            wire, wire.view(torch.float32), out, layout.numel, nb, layout.meta_offset, row_stride(wire),
-            float(divisor), ROWS=rows, DIVIDE=divisor != 1, EMULATE_BF16_RNE=emulate_bf16_rne(), **launch,
-        )  # fmt: skip
-    else:
-        _dequantize_kernel[(cdiv(nb, bpp), rows)](
-            wire, wire.view(torch.float32), out, layout.numel, nb, layout.meta_offset, row_stride(wire),
-            row_stride(out), EMULATE_BF16_RNE=emulate_bf16_rne(), **launch,
-        )  # fmt: skip
-    return out
+    launch = _config(bucket_size, layout.num_buckets, out.is_cuda, sum_rows or _aligned_rows(out), buckets_per_program,
+                     num_warps)  # fmt: skip
+    return launch_decode(wire, layout, out, sum_rows, _decode_tile, bits, bucket_size, launch, divisor)

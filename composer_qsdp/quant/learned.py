@@ -89,7 +89,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from composer_qsdp.quant.buckets import bucket_lattice, bucket_min_max
 from composer_qsdp.kernels import WireLayout, bucket_layout, use_triton
-from composer_qsdp.quant.codec import Codec, check_int, sum_rows_in_order
+from composer_qsdp.quant.codec import check_int, sum_rows_in_order
+from composer_qsdp.quant.kernel_decode import KernelDecodes
 from composer_qsdp.quant.philox import rounding_noise_range
 from composer_qsdp.quant.wire import assemble_rows, pack_rows, read_meta, unpack_rows
 
@@ -244,7 +245,7 @@ def fit_levels(
             return _levels_from_params(theta.detach()).to(device=x.device, dtype=torch.float32)
 
 
-class LearnedLevelsCodec(Codec):
+class LearnedLevelsCodec(KernelDecodes):
     """Learned-levels quantizer with unbiased stochastic rounding (see the module docstring).
 
     Args:
@@ -386,18 +387,6 @@ class LearnedLevelsCodec(Codec):
             table = self._tables[levels] = kernels.search_table(levels)
         return kernels.encode_rows(x, levels, self.bits, self.bucket_size, self.layout(x.shape[1]), seed, offset,
                                    table=table)  # fmt: skip
-
-    def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        kernels = self._kernels(wire, numel)
-        if kernels is None:
-            return self._decode_rows_fp32(wire, numel).to(dtype)
-        return kernels.decode_rows(wire, self.bits, self.bucket_size, self.layout(numel), dtype)
-
-    def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
-        kernels = self._kernels(wire, numel)
-        if kernels is None:
-            return self._decode_sum_reference(wire, numel)
-        return kernels.decode_sum(wire, self.bits, self.bucket_size, self.layout(numel))
 
     # ------------------------------------------------------------------ torch reference
     def _encode_rows_reference(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:

@@ -57,7 +57,8 @@ import torch
 from composer_qsdp.kernels import WireLayout, bucket_layout, use_triton
 from composer_qsdp.kernels.fixed_point import NOISE_BITS, fraction_bits
 from composer_qsdp.quant.buckets import bucket_lattice
-from composer_qsdp.quant.codec import Codec, check_choice, sum_rows_in_order
+from composer_qsdp.quant.codec import check_choice, sum_rows_in_order
+from composer_qsdp.quant.kernel_decode import KernelDecodes
 from composer_qsdp.quant.philox import rounding_bits_range
 from composer_qsdp.quant.wire import affine_decode, assemble_rows, pack_rows
 
@@ -79,7 +80,7 @@ def stochastic_round(t: torch.Tensor, k: torch.Tensor, bits: int) -> torch.Tenso
     return (fixed + (k >> (NOISE_BITS - f))) >> f
 
 
-class MinMaxCodec(Codec):
+class MinMaxCodec(KernelDecodes):
     """Bucketed asymmetric min-max quantizer (see the module docstring for the exact math and wire).
 
     Args:
@@ -136,31 +137,6 @@ class MinMaxCodec(Codec):
             return self._encode_rows_reference(x, seed, offset)
         layout = self.layout(x.shape[1])
         return kernels.encode_rows(x, self.bits, self.bucket_size, layout, self.stochastic, seed, offset)
-
-    def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        kernels = self._kernels(wire, numel)
-        if kernels is None:
-            return self._decode_rows_fp32(wire, numel).to(dtype)
-        return kernels.decode_rows(wire, self.bits, self.bucket_size, self.layout(numel), dtype)
-
-    def _decode_rows_into(self, wire: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        kernels = self._kernels(wire, out.shape[1])
-        if kernels is None or out.device != wire.device:
-            return super()._decode_rows_into(wire, out)
-        return kernels.decode_rows(wire, self.bits, self.bucket_size, self.layout(out.shape[1]), out.dtype, out=out)
-
-    def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
-        kernels = self._kernels(wire, numel)
-        if kernels is None:
-            return self._decode_sum_reference(wire, numel)
-        return kernels.decode_sum(wire, self.bits, self.bucket_size, self.layout(numel))
-
-    def _decode_sum_into(self, wire: torch.Tensor, out: torch.Tensor, divisor: int) -> torch.Tensor:
-        kernels = self._kernels(wire, out.numel())
-        if kernels is None or out.device != wire.device:
-            return super()._decode_sum_into(wire, out, divisor)
-        return kernels.decode_sum(wire, self.bits, self.bucket_size, self.layout(out.numel()), out=out,
-                                  divisor=divisor)  # fmt: skip
 
     # ------------------------------------------------------------------ torch reference
     def _encode_rows_reference(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:

@@ -24,6 +24,10 @@ from triton.compiler import ASTSource
 report = {}
 for v in json.loads(sys.stdin.read()):
     kernel = getattr(importlib.import_module(v["module"]), v["kernel"])
+    for name, value in v["constants"].items():  # "jit:<module>:<function>": a jit function passed as a constexpr
+        if isinstance(value, str) and value.startswith("jit:"):
+            module, function = value[4:].split(":")
+            v["constants"][name] = getattr(importlib.import_module(module), function)
     sig = {p.name: "constexpr" if p.is_constexpr else v["types"].get(p.name, "i32") for p in kernel.params}
     divisible = set(v.get("divisible", ()))
     aligned = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(kernel.params)
@@ -55,7 +59,8 @@ def resource_usage(variants: list[dict]) -> dict[str, str]:
     Args:
         variants: dicts with ``name``, ``module`` (importable path), ``kernel`` (a ``@triton.jit`` function's
             name in it), ``types`` (Triton types of the pointer and float arguments, e.g. ``{"x_ptr": "*bf16"}``;
-            the others are ``i32``), ``constants`` (the constexpr arguments), ``num_warps`` and optionally
+            the others are ``i32``), ``constants`` (the constexpr arguments; a jit function as the string
+            ``"jit:<module>:<function>"``), ``num_warps`` and optionally
             ``divisible`` (names of integer arguments known to be multiples of 16, as Triton specializes them at a
             launch). Pointers are compiled as 16-byte aligned, as torch allocations are.
     """

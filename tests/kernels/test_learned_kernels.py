@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from bitwise import assert_same_values, assert_same_wire
 from hopper import assert_no_spills_and_exact
 
 from composer_qsdp.kernels import backend, use_triton
@@ -50,23 +51,6 @@ def _refinement_steps(levels: torch.Tensor) -> int:
     return int(kernels.search_table(levels)[-1])
 
 
-def _assert_same_values(got: torch.Tensor, expected: torch.Tensor) -> None:
-    """Bitwise equality, except that NaN only has to be NaN (GPUs write the canonical NaN payload)."""
-    assert got.shape == expected.shape and got.dtype == expected.dtype
-    nan = expected.isnan()
-    assert torch.equal(got.isnan(), nan)
-    bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[got.dtype]
-    assert torch.equal(got.view(bits)[~nan], expected.view(bits)[~nan])
-
-
-def _assert_same_wire(codec: LearnedLevelsCodec, got: torch.Tensor, expected: torch.Tensor, n: int) -> None:
-    """Codes and padding bytewise; metadata (per-bucket pairs, then the levels) bitwise up to NaN payloads."""
-    meta_offset = codec.layout(n).meta_offset
-    assert torch.equal(got[:, :meta_offset], expected[:, :meta_offset])
-    _assert_same_values(got[:, meta_offset:].contiguous().view(torch.float32),
-                        expected[:, meta_offset:].contiguous().view(torch.float32))  # fmt: skip
-
-
 def _data(rows: int, n: int, dtype: torch.dtype, seed: int, nonfinite: bool) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     # Heavy tails (cubed normals) and magnitudes spread over 1e-3..1e3 so buckets differ in range and shape.
@@ -83,12 +67,12 @@ def _check_codec_kernels(codec: LearnedLevelsCodec, x: torch.Tensor, seed: int, 
     layout = codec.layout(n)
     expected = codec._encode_rows_reference(x, seed, offset)
     wire = kernels.encode_rows(x, codec.levels, codec.bits, codec.bucket_size, layout, seed, offset, **launch)
-    _assert_same_wire(codec, wire, expected, n)
+    assert_same_wire(codec, wire, expected, n)
     for dtype in DTYPES:
         got = kernels.decode_rows(expected, codec.bits, codec.bucket_size, layout, dtype, **launch)
-        _assert_same_values(got, codec._decode_rows_fp32(expected, n).to(dtype))
+        assert_same_values(got, codec._decode_rows_fp32(expected, n).to(dtype))
     got_sum = kernels.decode_sum(expected, codec.bits, codec.bucket_size, layout, **launch)
-    _assert_same_values(got_sum, codec._decode_sum_reference(expected, n))
+    assert_same_values(got_sum, codec._decode_sum_reference(expected, n))
 
 
 CASES = [  # rows, n, bucket_size, bits, dtype, offset, seed
@@ -226,7 +210,10 @@ def _hopper_variant(name: str, kernel: str, types: dict, constants: dict, bucket
                                          "encode" if kernel == "_quantize_kernel" else "decode")
     streamed = {"*bf16": torch.bfloat16, "*fp16": torch.float16, "*fp32": torch.float32}[
         types.get("x_ptr", types.get("out_ptr"))]
-    return {"name": name, "module": "composer_qsdp.kernels.learned", "kernel": kernel,
+    decode = kernel != "_quantize_kernel"  # the decoders are bucket_decode's, given this codec's tile decoder
+    if decode:
+        constants = {"DECODE_TILE": "jit:composer_qsdp.kernels.learned:_decode_tile", **constants}
+    return {"name": name, "module": "composer_qsdp.kernels." + ("bucket_decode" if decode else "learned"), "kernel": kernel,
             "types": {"wire_ptr": "*u8", "meta_ptr": "*fp32", "levels_ptr": "*fp32", "table_ptr": "*i64",
                       "seed": "i64", "offset": "i64", **types},
             "constants": {"BUCKET": bucket, "GROUPS": groups, "BPP": bpp, "VEC": vec(streamed), **constants},
@@ -249,8 +236,9 @@ def test_kernels_compile_for_hopper_without_spills():
         for bits, dtype, bucket in [(8, "bf16", 1024), (8, "fp32", 1024), (4, "fp32", 8192), (2, "fp16", 64)]
     ]
     variants += [
-        _hopper_variant(f"decode_sum {bits}b bucket {bucket}", "_dequantize_sum_kernel", {"out_ptr": "*fp32"},
-                        {"ROWS": 8, "BITS": bits}, bucket)  # fmt: skip
+        _hopper_variant(f"decode_sum {bits}b bucket {bucket}", "_dequantize_sum_kernel",
+                        {"out_ptr": "*fp32", "divisor": "fp32"},
+                        {"ROWS": 8, "BITS": bits, "DIVIDE": False, "EMULATE_BF16_RNE": False}, bucket)  # fmt: skip
         for bits, bucket in [(8, 1024), (4, 8192)]
     ]
     assert_no_spills_and_exact(variants)
@@ -269,7 +257,7 @@ def test_cuda_kernels_match_reference(bits, dtype):
         _check_codec_kernels(codec, x, 2**35 + 1, offset)
     _check_codec_kernels(codec, x[:1], 7, 0)  # the single-row (all-gather) launch
     # The CPU reference gives the same wire as the GPU kernels.
-    _assert_same_wire(codec, codec.encode_rows(x, seed=3).cpu(), codec.encode_rows(x.cpu(), seed=3), x.shape[1])
+    assert_same_wire(codec, codec.encode_rows(x, seed=3).cpu(), codec.encode_rows(x.cpu(), seed=3), x.shape[1])
 
 
 @pytest.mark.gpu
@@ -294,7 +282,7 @@ def test_cuda_decode_sum_many_rows():
     codec = _codec(8, 512)
     x = _data(16, 1 << 18, torch.float32, seed=1, nonfinite=False)
     wire = codec.encode_rows(x, seed=1)
-    _assert_same_values(codec.decode_sum(wire, x.shape[1]), codec._decode_sum_reference(wire, x.shape[1]))
+    assert_same_values(codec.decode_sum(wire, x.shape[1]), codec._decode_sum_reference(wire, x.shape[1]))
 
 
 @pytest.mark.gpu

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from bitwise import assert_same_values, assert_same_wire
 from hopper import assert_no_spills_and_exact
 
 from composer_qsdp.kernels import backend, use_triton
@@ -19,23 +20,6 @@ pytestmark = [pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning
               pytest.mark.requires_triton_kernels]
 
 
-def _assert_same_values(got: torch.Tensor, expected: torch.Tensor) -> None:
-    """Bitwise equality, except that NaN only has to be NaN (GPUs write the canonical NaN payload)."""
-    assert got.shape == expected.shape and got.dtype == expected.dtype
-    nan = expected.isnan()
-    assert torch.equal(got.isnan(), nan)
-    bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[got.dtype]
-    assert torch.equal(got.view(bits)[~nan], expected.view(bits)[~nan])
-
-
-def _assert_same_wire(codec: MinMaxCodec, got: torch.Tensor, expected: torch.Tensor, n: int) -> None:
-    """Codes and padding bytewise; metadata bitwise up to NaN payloads."""
-    meta_offset = codec.layout(n).meta_offset
-    assert torch.equal(got[:, :meta_offset], expected[:, :meta_offset])
-    _assert_same_values(got[:, meta_offset:].contiguous().view(torch.float32),
-                        expected[:, meta_offset:].contiguous().view(torch.float32))  # fmt: skip
-
-
 def _data(rows: int, n: int, dtype: torch.dtype, seed: int, nonfinite: bool) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     # Magnitudes spread over 1e-3..1e3 so buckets differ in range and offset.
@@ -51,22 +35,22 @@ def _check_codec_kernels(codec: MinMaxCodec, x: torch.Tensor, seed: int, offset:
     layout = codec.layout(n)
     expected = codec._encode_rows_reference(x, seed, offset)
     wire = kernels.encode_rows(x, codec.bits, codec.bucket_size, layout, codec.stochastic, seed, offset, **launch)
-    _assert_same_wire(codec, wire, expected, n)
+    assert_same_wire(codec, wire, expected, n)
     for dtype in DTYPES:
         got = kernels.decode_rows(expected, codec.bits, codec.bucket_size, layout, dtype, **launch)
-        _assert_same_values(got, codec._decode_rows_fp32(expected, n).to(dtype))
+        assert_same_values(got, codec._decode_rows_fp32(expected, n).to(dtype))
     # Into the rows of a wider buffer (row stride n + 8): its other columns untouched.
     buffer = torch.full((rows, n + 8), 3.0, device=x.device, dtype=x.dtype)
     kernels.decode_rows(expected, codec.bits, codec.bucket_size, layout, x.dtype, out=buffer[:, :n], **launch)
-    _assert_same_values(buffer[:, :n], codec._decode_rows_fp32(expected, n).to(x.dtype))
+    assert_same_values(buffer[:, :n], codec._decode_rows_fp32(expected, n).to(x.dtype))
     assert bool((buffer[:, n:] == 3).all())
     got_sum = kernels.decode_sum(expected, codec.bits, codec.bucket_size, layout, **launch)
-    _assert_same_values(got_sum, codec._decode_sum_reference(expected, n))
+    assert_same_values(got_sum, codec._decode_sum_reference(expected, n))
     # The reduce-scatter's fused average: fp32 division by the group size, one rounding to the output dtype.
     for dtype in DTYPES:
         out = torch.empty(n, device=x.device, dtype=dtype)
         kernels.decode_sum(expected, codec.bits, codec.bucket_size, layout, out=out, divisor=rows + 2, **launch)
-        _assert_same_values(out, (codec._decode_sum_reference(expected, n) / (rows + 2)).to(dtype))
+        assert_same_values(out, (codec._decode_sum_reference(expected, n) / (rows + 2)).to(dtype))
 
 
 CASES = [  # rows, n, bucket_size, bits, rounding, dtype, offset, seed
@@ -172,7 +156,10 @@ def _hopper_variant(name: str, kernel: str, types: dict, constants: dict, bucket
     kind = "encode" if kernel == "_quantize_kernel" else "decode"
     wide = constants.get("STOCHASTIC", False) and constants["BITS"] == 8 and streamed.itemsize == 2  # as encode_rows
     groups, bpp, warps = kernels._config(bucket, 1 << 16, True, aligned_rows, None, None, kind, wide)
-    return {"name": name, "module": "composer_qsdp.kernels.minmax", "kernel": kernel,
+    decode = kernel != "_quantize_kernel"  # the decoders are bucket_decode's, given this codec's tile decoder
+    if decode:
+        constants = {"DECODE_TILE": "jit:composer_qsdp.kernels.minmax:_decode_tile", **constants}
+    return {"name": name, "module": "composer_qsdp.kernels." + ("bucket_decode" if decode else "minmax"), "kernel": kernel,
             "types": {"wire_ptr": "*u8", "meta_ptr": "*fp32", "seed": "i64", "offset": "i64", **types},
             "constants": {"BUCKET": bucket, "GROUPS": groups, "BPP": bpp, "VEC": vec(streamed), **constants},
             "num_warps": warps,
@@ -221,7 +208,7 @@ def test_cuda_kernels_match_reference(bits, dtype, rounding):
         _check_codec_kernels(codec, x, 2**35 + 1, offset)
     _check_codec_kernels(codec, x[:1], 7, 0)  # the single-row (all-gather) launch
     # The CPU reference gives the same wire as the GPU kernels.
-    _assert_same_wire(codec, codec.encode_rows(x, seed=3).cpu(), codec.encode_rows(x.cpu(), seed=3), x.shape[1])
+    assert_same_wire(codec, codec.encode_rows(x, seed=3).cpu(), codec.encode_rows(x.cpu(), seed=3), x.shape[1])
 
 
 @pytest.mark.gpu
@@ -236,4 +223,4 @@ def test_cuda_decode_sum_many_rows():
     codec = MinMaxCodec(bits=8, bucket_size=512)
     x = _data(16, 1 << 18, torch.float32, seed=1, nonfinite=False)
     wire = codec.encode_rows(x, seed=1)
-    _assert_same_values(codec.decode_sum(wire, x.shape[1]), codec._decode_sum_reference(wire, x.shape[1]))
+    assert_same_values(codec.decode_sum(wire, x.shape[1]), codec._decode_sum_reference(wire, x.shape[1]))

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from bitwise import assert_same_values, assert_same_wire
 from hopper import assert_no_spills_and_exact
 
 from composer_qsdp.kernels import backend, use_triton
@@ -11,27 +12,9 @@ from composer_qsdp.kernels.groups import vec
 from composer_qsdp.quant import HadamardCodec, SymmetricCodec, hadamard_rows
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-_INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 # The interpreter evaluates IEEE special cases of non-finite buckets through numpy, which warns.
 pytestmark = [pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning"),
               pytest.mark.requires_triton_kernels]
-
-
-def _assert_bitwise(got: torch.Tensor, expected: torch.Tensor) -> None:
-    """Same bits, except that a NaN only has to be a NaN (GPUs write the canonical NaN payload)."""
-    assert got.shape == expected.shape and got.dtype == expected.dtype
-    nan = expected.isnan()
-    assert torch.equal(got.isnan(), nan)
-    view = _INT_VIEW[got.dtype]
-    assert torch.equal(got.contiguous().view(view)[~nan], expected.contiguous().view(view)[~nan])
-
-
-def _assert_same_wire(codec: SymmetricCodec, got: torch.Tensor, expected: torch.Tensor, n: int) -> None:
-    """Codes and padding bytewise; the fp32 scales bitwise up to NaN payloads."""
-    meta_offset = codec.layout(n).meta_offset
-    assert torch.equal(got[:, :meta_offset], expected[:, :meta_offset])
-    scales = [w[:, meta_offset:].contiguous().view(torch.float32) for w in (got, expected)]
-    _assert_bitwise(*scales)
 
 
 def _data(rows: int, n: int, dtype: torch.dtype, seed: int, nonfinite: bool) -> torch.Tensor:
@@ -51,20 +34,20 @@ def _check_kernels(codec: SymmetricCodec, x: torch.Tensor, **launch) -> None:
     layout = codec.layout(n)
     expected = codec._encode_rows_reference(x, layout)
     wire = kernels.encode_rows(x, codec.bits, codec.bucket_size, layout, **launch)
-    _assert_same_wire(codec, wire, expected, n)
+    assert_same_wire(codec, wire, expected, n)
     reference = codec._decode_rows_fp32(expected, layout)
     for dtype in DTYPES:
         got = kernels.decode_rows(expected, codec.bits, codec.bucket_size, layout, dtype, **launch)
-        _assert_bitwise(got, reference.to(dtype))
+        assert_same_values(got, reference.to(dtype))
     # Into the rows of a wider buffer (row stride n + 8): its other columns untouched.
     buffer = torch.full((rows, n + 8), 3.0, device=x.device, dtype=x.dtype)
     kernels.decode_rows(expected, codec.bits, codec.bucket_size, layout, x.dtype, out=buffer[:, :n], **launch)
-    _assert_bitwise(buffer[:, :n], reference.to(x.dtype))
+    assert_same_values(buffer[:, :n], reference.to(x.dtype))
     assert bool((buffer[:, n:] == 3).all())
     total = torch.zeros(n, device=x.device)
     for row in reference:
         total += row
-    _assert_bitwise(kernels.decode_sum(expected, codec.bits, codec.bucket_size, layout, **launch), total)
+    assert_same_values(kernels.decode_sum(expected, codec.bits, codec.bucket_size, layout, **launch), total)
 
 
 def _check_difference_kernels(codec: SymmetricCodec, x: torch.Tensor, ref: torch.Tensor) -> None:
@@ -74,10 +57,10 @@ def _check_difference_kernels(codec: SymmetricCodec, x: torch.Tensor, ref: torch
     layout = codec.layout(n)
     diff = x.to(torch.float32) - ref.to(torch.float32)
     expected = codec._encode_rows_reference(diff, layout)
-    _assert_same_wire(codec, kernels.encode_rows(x, codec.bits, codec.bucket_size, layout, ref=ref), expected, n)
+    assert_same_wire(codec, kernels.encode_rows(x, codec.bits, codec.bucket_size, layout, ref=ref), expected, n)
     out = ref.clone()
     kernels.decode_add_rows(expected, codec.bits, codec.bucket_size, layout, out)
-    _assert_bitwise(out, (ref.to(torch.float32) + codec._decode_rows_fp32(expected, layout)).to(ref.dtype))
+    assert_same_values(out, (ref.to(torch.float32) + codec._decode_rows_fp32(expected, layout)).to(ref.dtype))
 
 
 CASES = [  # rows, n, bucket_size, bits, dtype
@@ -133,7 +116,7 @@ def _check_rotated_kernels(codec: SymmetricCodec, x: torch.Tensor, **launch) -> 
     layout = codec.layout(padded)
     with backend("torch"):
         expected = codec._encode_rows_reference(hadamard_rows(x, bucket, padded, torch.float32), layout)
-    _assert_same_wire(codec, kernels.encode_rows(x, codec.bits, bucket, layout, True, **launch), expected, padded)
+    assert_same_wire(codec, kernels.encode_rows(x, codec.bits, bucket, layout, True, **launch), expected, padded)
     decoded = codec._decode_rows_fp32(expected, layout)
     total = torch.zeros(padded, device=x.device)
     for row in decoded:
@@ -143,8 +126,8 @@ def _check_rotated_kernels(codec: SymmetricCodec, x: torch.Tensor, **launch) -> 
         rotated = {dtype: hadamard_rows(decoded, bucket, n, dtype) for dtype in DTYPES}
     for dtype in DTYPES:
         got = kernels.decode_rows(expected, codec.bits, bucket, layout, dtype, True, n, **launch)
-        _assert_bitwise(got, rotated[dtype])
-    _assert_bitwise(kernels.decode_sum(expected, codec.bits, bucket, layout, True, n, **launch), rotated_sum)
+        assert_same_values(got, rotated[dtype])
+    assert_same_values(kernels.decode_sum(expected, codec.bits, bucket, layout, True, n, **launch), rotated_sum)
 
 
 @pytest.mark.parametrize("nonfinite", [False, True])
@@ -210,8 +193,8 @@ def test_fused_rotation_methods_equal_the_two_pass_hadamard_codec():
         decoded, total = two_pass.decode_rows(wire, 300, torch.float16), two_pass.decode_sum(wire, 300)
     with backend("triton"):
         assert torch.equal(codec.encode_rows_rotated(x), wire)
-        _assert_bitwise(codec.decode_rows_rotated(wire, 300, torch.float16), decoded)
-        _assert_bitwise(codec.decode_sum_rotated(wire, 300), total)
+        assert_same_values(codec.decode_rows_rotated(wire, 300, torch.float16), decoded)
+        assert_same_values(codec.decode_sum_rotated(wire, 300), total)
         assert SymmetricCodec(bits=3, bucket_size=64).encode_rows_rotated(x) is None  # no 3-bit kernel
 
 
@@ -279,7 +262,7 @@ def test_cuda_kernels_match_reference(bits, dtype):
     assert use_triton(x)
     _check_kernels(codec, x)
     # The GPU kernels write the same wire as the CPU reference.
-    _assert_same_wire(codec, codec.encode_rows(x).cpu(), codec.encode_rows(x.cpu()), x.shape[1])
+    assert_same_wire(codec, codec.encode_rows(x).cpu(), codec.encode_rows(x.cpu()), x.shape[1])
 
 
 @pytest.mark.gpu
@@ -311,4 +294,4 @@ def test_cuda_decode_sum_many_rows():
     wire = codec.encode_rows(x)
     with backend("torch"):
         expected = codec.decode_sum(wire, x.shape[1])
-    _assert_bitwise(codec.decode_sum(wire, x.shape[1]), expected)
+    assert_same_values(codec.decode_sum(wire, x.shape[1]), expected)

@@ -1,0 +1,43 @@
+"""The decode hooks of codecs whose Triton decoders are :mod:`composer_qsdp.kernels.bucket_decode`'s (min-max,
+learned levels): one implementation of "kernel when it covers the call, else the torch reference", for decoding
+rows, into a caller's buffer, and summing (divided and rounded into a buffer)."""
+
+from __future__ import annotations
+
+import torch
+
+from composer_qsdp.quant.codec import Codec
+
+__all__ = ["KernelDecodes"]
+
+
+class KernelDecodes(Codec):
+    """Mixin of :class:`~composer_qsdp.quant.codec.Codec` subclasses that provide ``_kernels(t, numel)`` (their
+    kernels module, or None for the torch path), ``layout(numel)``, and the references ``_decode_rows_fp32(wire,
+    numel)`` and ``_decode_sum_reference(wire, numel)``; their kernels modules' ``decode_rows``/``decode_sum``
+    take ``out=`` (and ``divisor=``)."""
+
+    def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        kernels = self._kernels(wire, numel)
+        if kernels is None:
+            return self._decode_rows_fp32(wire, numel).to(dtype)
+        return kernels.decode_rows(wire, self.bits, self.bucket_size, self.layout(numel), dtype)
+
+    def _decode_rows_into(self, wire: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        kernels = self._kernels(wire, out.shape[1])
+        if kernels is None or out.device != wire.device:
+            return super()._decode_rows_into(wire, out)
+        return kernels.decode_rows(wire, self.bits, self.bucket_size, self.layout(out.shape[1]), out.dtype, out=out)
+
+    def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
+        kernels = self._kernels(wire, numel)
+        if kernels is None:
+            return self._decode_sum_reference(wire, numel)
+        return kernels.decode_sum(wire, self.bits, self.bucket_size, self.layout(numel))
+
+    def _decode_sum_into(self, wire: torch.Tensor, out: torch.Tensor, divisor: int) -> torch.Tensor:
+        kernels = self._kernels(wire, out.numel())
+        if kernels is None or out.device != wire.device:
+            return super()._decode_sum_into(wire, out, divisor)
+        return kernels.decode_sum(wire, self.bits, self.bucket_size, self.layout(out.numel()), out=out,
+                                  divisor=divisor)  # fmt: skip
