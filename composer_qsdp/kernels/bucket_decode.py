@@ -12,15 +12,17 @@ the sum runs over rows in order from +0.0 and divides with ``div_rn``, as the co
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
 
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
 from composer_qsdp.kernels.groups import cdiv, row_stride, split_tile, vec
-from composer_qsdp.kernels.layout import WireLayout
+from composer_qsdp.kernels.layout import WireLayout, aligned_rows
 
-__all__ = ["decode_output", "launch_decode"]
+__all__ = ["BucketDecoder"]
 
 
 @triton.jit
@@ -56,8 +58,56 @@ def _dequantize_sum_kernel(
     store_cast(out_ptr + e, acc, valid, EMULATE_BF16_RNE)
 
 
-def decode_output(wire: torch.Tensor, layout: WireLayout, dtype: torch.dtype, sum_rows: bool,
-                  out: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+class BucketDecoder:
+    """The ``decode_rows`` / ``decode_sum`` launchers of one codec's kernels module.
+
+    Args:
+        decode_tile: the codec's ``@triton.jit`` tile decoder (module docstring).
+        check: ``check(bits, bucket_size, rows, layout)`` raises ``ValueError`` for a configuration the kernels do
+            not cover.
+        launch_shape: ``launch_shape(bucket_size, num_buckets, on_gpu, aligned_rows, buckets_per_program,
+            num_warps)`` -> ``(GROUPS, buckets per program, warps)``; ``aligned_rows``: the output's rows start on
+            16-element boundaries.
+    """
+
+    def __init__(self, decode_tile: object, check: Callable[..., None],
+                 launch_shape: Callable[..., tuple[int, int, int]]) -> None:  # fmt: skip
+        self._decode_tile = decode_tile
+        self._check = check
+        self._launch_shape = launch_shape
+
+    def decode_rows(self, wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout, dtype: torch.dtype, *,
+                    out: torch.Tensor | None = None, buckets_per_program: int | None = None,
+                    num_warps: int | None = None) -> torch.Tensor:  # fmt: skip
+        """Decode a ``[R, layout.wire_bytes]`` wire into ``[R, layout.numel]`` values of ``dtype``: into ``out`` when
+        given (that shape and dtype, rows contiguous). ``buckets_per_program`` and ``num_warps`` override the
+        launch heuristic for benchmark sweeps; they never change the result."""
+        return self._decode(wire, bits, bucket_size, layout, dtype, False, out, 1, buckets_per_program, num_warps)
+
+    def decode_sum(self, wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout, *,
+                   out: torch.Tensor | None = None, divisor: int = 1, buckets_per_program: int | None = None,
+                   num_warps: int | None = None) -> torch.Tensor:  # fmt: skip
+        """Sum of the fp32 decodes of the rows of a ``[R, layout.wire_bytes]`` wire, in row order, divided by
+        ``divisor`` in fp32: fp32 ``[numel]``, or rounded into ``out`` (``[numel]``, any float dtype) when given."""
+        dtype = torch.float32 if out is None else out.dtype
+        return self._decode(wire, bits, bucket_size, layout, dtype, True, out, divisor, buckets_per_program,
+                            num_warps)  # fmt: skip
+
+    def _decode(self, wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout, dtype: torch.dtype,
+                sum_rows: bool, out: torch.Tensor | None, divisor: int, buckets_per_program: int | None,
+                num_warps: int | None) -> torch.Tensor:  # fmt: skip
+        self._check(bits, bucket_size, wire.shape[0], layout)
+        wire = aligned_rows(wire)
+        out = _output(wire, layout, dtype, sum_rows, out)
+        # The sum's output is one row, which starts aligned.
+        aligned = sum_rows or out.shape[0] == 1 or out.stride(0) % 16 == 0
+        launch = self._launch_shape(bucket_size, layout.num_buckets, out.is_cuda, aligned, buckets_per_program,
+                                    num_warps)  # fmt: skip
+        return _launch(wire, layout, out, sum_rows, self._decode_tile, bits, bucket_size, launch, divisor)
+
+
+def _output(wire: torch.Tensor, layout: WireLayout, dtype: torch.dtype, sum_rows: bool,
+            out: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
     """The output of a decode of the ``[R, wire_bytes]`` ``wire``: ``out`` checked (``[numel]`` for a sum, else
     ``[R, numel]``, of ``dtype``, rows contiguous), or a new tensor."""
     shape = (layout.numel,) if sum_rows else (wire.shape[0], layout.numel)
@@ -69,11 +119,10 @@ def decode_output(wire: torch.Tensor, layout: WireLayout, dtype: torch.dtype, su
     return out
 
 
-def launch_decode(wire: torch.Tensor, layout: WireLayout, out: torch.Tensor, sum_rows: bool, decode_tile: object,
-                  bits: int, bucket_size: int, launch: tuple[int, int, int], divisor: int = 1) -> torch.Tensor:  # fmt: skip
-    """Decode the ``[R, wire_bytes]`` ``wire`` (rows 4-byte aligned) into ``out`` (from :func:`decode_output`) with
-    the codec's ``decode_tile``; ``launch`` is ``(GROUPS, buckets per program, warps)``; a sum is divided by
-    ``divisor`` in fp32. Returns ``out``."""
+def _launch(wire: torch.Tensor, layout: WireLayout, out: torch.Tensor, sum_rows: bool, decode_tile: object,
+            bits: int, bucket_size: int, launch: tuple[int, int, int], divisor: int) -> torch.Tensor:  # fmt: skip
+    """Decode the ``[R, wire_bytes]`` ``wire`` (rows 4-byte aligned) into ``out`` with ``decode_tile``; ``launch``
+    is ``(GROUPS, buckets per program, warps)``; a sum is divided by ``divisor`` in fp32. Returns ``out``."""
     groups, bpp, warps = launch
     nb = layout.num_buckets
     constants = {"DECODE_TILE": decode_tile, "BITS": bits, "BUCKET": bucket_size, "GROUPS": groups, "BPP": bpp,

@@ -42,11 +42,11 @@ import torch
 import triton
 import triton.language as tl
 
-from composer_qsdp.kernels.bucket_decode import decode_output, launch_decode
+from composer_qsdp.kernels.bucket_decode import BucketDecoder
 from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, GPU_TILE, INTERPRETER_TILE, MAGIC, MAX_BUCKET, MAX_ROWS,
                                           bucket_lattice, bucket_pair, cdiv, launch_fits, launch_shape, load_codes,
                                           row_stride, store_codes, tile, vec)  # fmt: skip
-from composer_qsdp.kernels.layout import WireLayout, aligned_rows
+from composer_qsdp.kernels.layout import WireLayout
 from composer_qsdp.kernels.noise import complement_noise
 
 __all__ = ["CELLS_PER_LEVEL", "MAX_BUCKET", "SUPPORTED_BITS", "supports", "search_table", "encode_rows", "decode_rows",
@@ -248,46 +248,14 @@ def encode_rows(
     return wire
 
 
-def decode_rows(
-    wire: torch.Tensor,
-    bits: int,
-    bucket_size: int,
-    layout: WireLayout,
-    dtype: torch.dtype,
-    *,
-    out: torch.Tensor | None = None,
-    buckets_per_program: int | None = None,
-    num_warps: int | None = None,
-) -> torch.Tensor:
-    """Decode a ``[R, layout.wire_bytes]`` wire into ``[R, layout.numel]`` values of ``dtype``: into ``out`` when
-    given (that shape and dtype, rows contiguous)."""
-    return _decode(wire, bits, bucket_size, layout, dtype, False, buckets_per_program, num_warps, out)
+def _decode_launch_shape(bucket_size: int, num_buckets: int, on_gpu: bool, aligned_rows: bool,
+                         buckets_per_program: int | None, num_warps: int | None) -> tuple[int, int, int]:  # fmt: skip
+    """:func:`_config` of a decode (16 elements per thread whether or not the output's rows are aligned)."""
+    return _config(bucket_size, num_buckets, on_gpu, buckets_per_program, num_warps)
 
 
-def decode_sum(
-    wire: torch.Tensor,
-    bits: int,
-    bucket_size: int,
-    layout: WireLayout,
-    *,
-    out: torch.Tensor | None = None,
-    divisor: int = 1,
-    buckets_per_program: int | None = None,
-    num_warps: int | None = None,
-) -> torch.Tensor:
-    """Sum of the fp32 decodes of the rows of a ``[R, layout.wire_bytes]`` wire, in row order, divided by
-    ``divisor`` in fp32: fp32 ``[numel]``, or rounded into ``out`` (``[numel]``, any float dtype) when given."""
-    dtype = torch.float32 if out is None else out.dtype
-    return _decode(wire, bits, bucket_size, layout, dtype, True, buckets_per_program, num_warps, out, divisor)
-
-
-def _decode(wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout, dtype: torch.dtype, sum_rows: bool,
-            buckets_per_program: int | None, num_warps: int | None, out: torch.Tensor | None = None,
-            divisor: int = 1) -> torch.Tensor:  # fmt: skip
-    """:func:`decode_rows` (``[R, numel]`` of ``dtype``), or with ``sum_rows`` :func:`decode_sum` (``[numel]``),
-    into ``out`` if given."""
-    _check(bits, bucket_size, wire.shape[0], layout)
-    wire = aligned_rows(wire)
-    out = decode_output(wire, layout, dtype, sum_rows, out)
-    launch = _config(bucket_size, layout.num_buckets, out.is_cuda, buckets_per_program, num_warps)
-    return launch_decode(wire, layout, out, sum_rows, _decode_tile, bits, bucket_size, launch, divisor)
+_DECODER = BucketDecoder(_decode_tile, _check, _decode_launch_shape)
+#: :meth:`composer_qsdp.kernels.bucket_decode.BucketDecoder.decode_rows` with the learned-levels tile decoder.
+decode_rows = _DECODER.decode_rows
+#: :meth:`composer_qsdp.kernels.bucket_decode.BucketDecoder.decode_sum` with the learned-levels tile decoder.
+decode_sum = _DECODER.decode_sum
