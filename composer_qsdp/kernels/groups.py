@@ -216,6 +216,26 @@ def launch_fits(rows: int, n: int) -> bool:
     return rows <= MAX_ROWS and n < 2**31
 
 
+#: Code widths whose 8 codes of a group fill exactly ``bits`` bytes (one packed word per group).
+PACKED_BITS = (1, 2, 4, 8)
+
+
+def supports_packed(bits: int, bucket_size: int, rows: int = 1, n: int = 1) -> bool:
+    """True when the packed-word kernels (min-max, learned levels) cover ``bits`` (in :data:`PACKED_BITS`),
+    ``bucket_size`` (elements; a multiple of 8 up to :data:`MAX_BUCKET`), ``rows`` and ``n`` elements per row
+    (:func:`launch_fits`)."""
+    return bits in PACKED_BITS and 8 <= bucket_size <= MAX_BUCKET and bucket_size % 8 == 0 and launch_fits(rows, n)
+
+
+def check_packed(codec: str, bits: int, bucket_size: int, rows: int, n: int) -> None:
+    """Raise a ``ValueError`` naming ``codec``'s kernel and what is allowed where :func:`supports_packed` is False."""
+    if not supports_packed(bits, bucket_size, rows, n):
+        raise ValueError(
+            f"no {codec} kernel for bits={bits}, bucket_size={bucket_size}, rows={rows}, n={n}; allowed: bits in "
+            f"{PACKED_BITS}, bucket_size a multiple of 8 up to {MAX_BUCKET}, rows up to {MAX_ROWS}, n below 2**31"
+        )
+
+
 def row_stride(t: torch.Tensor) -> int:
     """Row stride of a ``[R, ...]`` launch argument; 0 for one row or a 1-D tensor, which never moves by it: Triton
     then specializes it as a multiple of 16 and vectorizes the single-row (all-gather) case whatever ``n`` is."""

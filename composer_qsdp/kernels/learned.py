@@ -43,9 +43,9 @@ import triton
 import triton.language as tl
 
 from composer_qsdp.kernels.bucket_decode import BucketDecoder
-from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, GPU_TILE, INTERPRETER_TILE, MAGIC, MAX_BUCKET, MAX_ROWS,
-                                          bucket_lattice, bucket_pair, cdiv, launch_fits, launch_shape, load_codes,
-                                          row_stride, store_codes, tile, vec)  # fmt: skip
+from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, GPU_TILE, INTERPRETER_TILE, MAGIC, MAX_BUCKET,
+                                          PACKED_BITS, bucket_lattice, bucket_pair, cdiv, check_packed, launch_shape,
+                                          load_codes, row_stride, store_codes, supports_packed, tile, vec)  # fmt: skip
 from composer_qsdp.kernels.layout import WireLayout
 from composer_qsdp.kernels.noise import complement_noise
 
@@ -53,7 +53,7 @@ __all__ = ["CELLS_PER_LEVEL", "MAX_BUCKET", "SUPPORTED_BITS", "supports", "searc
            "decode_sum"]
 
 #: Code widths with a kernel (a group of 8 codes is exactly ``bits`` bytes).
-SUPPORTED_BITS = (1, 2, 4, 8)
+SUPPORTED_BITS = PACKED_BITS
 # Elements per thread on a GPU. The encoder's per-element work is now close to the min-max kernel's, whose
 # per-thread fixed work (bucket reductions, divisions, addresses) 32 spreads without spills (sm_90 SASS counts in
 # benchmarks/kernel_notes.md); the decoders, at parity with min-max, keep 16 (one level gather per element).
@@ -64,11 +64,9 @@ CELLS_PER_LEVEL = 4
 _CELLS_PER_LEVEL = tl.constexpr(CELLS_PER_LEVEL)  # jit code reads only constexpr globals
 
 
-def supports(bits: int, bucket_size: int, rows: int = 1, n: int = 1) -> bool:
-    """True when a kernel covers ``bits``, ``bucket_size`` (elements; a multiple of 8 up to ``MAX_BUCKET``),
-    ``rows`` and ``n`` elements per row (:func:`composer_qsdp.kernels.groups.launch_fits`)."""
-    return (bits in SUPPORTED_BITS and 8 <= bucket_size <= MAX_BUCKET and bucket_size % 8 == 0
-            and launch_fits(rows, n))  # fmt: skip
+#: True when a kernel covers ``bits``, ``bucket_size``, ``rows`` and ``n``
+#: (:func:`composer_qsdp.kernels.groups.supports_packed`).
+supports = supports_packed
 
 
 # --------------------------------------------------------------------------------------------- search table
@@ -192,12 +190,7 @@ def _config(bucket_size: int, num_buckets: int, on_gpu: bool, buckets_per_progra
 
 
 def _check(bits: int, bucket_size: int, rows: int, layout: WireLayout) -> None:
-    if not supports(bits, bucket_size, rows, layout.numel):
-        raise ValueError(
-            f"no learned-levels kernel for bits={bits}, bucket_size={bucket_size}, rows={rows}, n={layout.numel}; "
-            f"allowed: bits in {SUPPORTED_BITS}, bucket_size a multiple of 8 up to {MAX_BUCKET}, rows up to "
-            f"{MAX_ROWS}, n below 2**31"
-        )
+    check_packed("learned-levels", bits, bucket_size, rows, layout.numel)
 
 
 def encode_rows(

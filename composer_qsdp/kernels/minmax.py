@@ -35,8 +35,8 @@ import triton.language as tl
 
 from composer_qsdp.kernels.bucket_decode import BucketDecoder
 from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, GPU_TILE, INTERPRETER_TILE, MAGIC_BITS, MAX_BUCKET,
-                                          MAX_ROWS, bucket_lattice, bucket_pair, cdiv, codes_to_float, launch_fits,
-                                          launch_shape, load_codes, row_stride, store_codes, tile, vec)
+                                          PACKED_BITS, bucket_lattice, bucket_pair, cdiv, check_packed, codes_to_float,
+                                          launch_shape, load_codes, row_stride, store_codes, supports_packed, tile, vec)
 from composer_qsdp.kernels.fixed_point import fraction_bits
 from composer_qsdp.kernels.noise import noise_bits
 from composer_qsdp.kernels.layout import WireLayout
@@ -44,7 +44,7 @@ from composer_qsdp.kernels.layout import WireLayout
 __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_rows", "decode_sum"]
 
 #: Code widths with a kernel (a group of 8 codes is exactly ``bits`` bytes).
-SUPPORTED_BITS = (1, 2, 4, 8)
+SUPPORTED_BITS = PACKED_BITS
 # Launch targets: those of :mod:`composer_qsdp.kernels.groups`, except when the rows of the streamed input or
 # output do not start on 16-element boundaries: the accesses cannot be vectorized, 32 elements per thread spill
 # registers, and the stochastic quantize with noise counters not multiples of 8 (two Philox calls per group) needed
@@ -56,11 +56,9 @@ _ELEMENTS_PER_THREAD_UNALIGNED_ROWS = {"decode": 16, "encode": 8}
 _ELEMENTS_PER_THREAD_8BIT_STOCHASTIC_HALF = 64
 
 
-def supports(bits: int, bucket_size: int, rows: int = 1, n: int = 1) -> bool:
-    """True when a kernel covers ``bits``, ``bucket_size`` (elements; a multiple of 8 up to ``MAX_BUCKET``),
-    ``rows`` and ``n`` elements per row (:func:`composer_qsdp.kernels.groups.launch_fits`)."""
-    return (bits in SUPPORTED_BITS and 8 <= bucket_size <= MAX_BUCKET and bucket_size % 8 == 0
-            and launch_fits(rows, n))  # fmt: skip
+#: True when a kernel covers ``bits``, ``bucket_size``, ``rows`` and ``n``
+#: (:func:`composer_qsdp.kernels.groups.supports_packed`).
+supports = supports_packed
 
 
 # --------------------------------------------------------------------------------------------- kernels
@@ -136,12 +134,7 @@ def _aligned_rows(t: torch.Tensor) -> bool:
 
 
 def _check(bits: int, bucket_size: int, rows: int, layout: WireLayout) -> None:
-    if not supports(bits, bucket_size, rows, layout.numel):
-        raise ValueError(
-            f"no min-max kernel for bits={bits}, bucket_size={bucket_size}, rows={rows}, n={layout.numel}; "
-            f"allowed: bits in {SUPPORTED_BITS}, bucket_size a multiple of 8 up to {MAX_BUCKET}, rows up to "
-            f"{MAX_ROWS}, n below 2**31"
-        )
+    check_packed("min-max", bits, bucket_size, rows, layout.numel)
 
 
 def encode_rows(

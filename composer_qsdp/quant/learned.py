@@ -10,21 +10,21 @@ that bracket it::
     code    = j + [z - l_j >= (1 - u) * g_j]     # u: rounding noise, element i at counter offset + i
     decoded = lo + l_code * (hi - lo)
 
-Rounding without a division: this is ``j + floor(p + u)`` with ``p = (z - l_j) / g_j``, the comparison ``p >=
-1 - u`` multiplied through by ``g_j``, so the kernels need no IEEE division per element (about ten GPU
-instructions). Unbiasedness: ``1 - u`` takes the ``2**16`` values ``(i + 1/2) / 2**16`` with equal probability
-(``u = (k + 1/2) / 2**16``, :mod:`composer_qsdp.quant.philox`; ``1 - u`` is exact in fp32), so in exact
-arithmetic ``P(code = j + 1) = round(2**16 * p) / 2**16`` and ``E[l_code] = l_j + P * g_j`` is ``z`` up to ``2**-17
-* g_j``, the noise's resolution (as for ``floor(p + u)``). The three fp32 roundings (of ``z - l_j``, of ``g_j``
-and of the product) move the threshold by a relative ``3 * 2**-24`` at most, so ``|E[l_code] - z| <= g_j *
-(2**-17 + 2**-22)``, a bias far below the rounding's standard deviation. The comparison keeps the edges exact
-for any gap, however small (down to ``2**-100``, which :meth:`LearnedLevelsCodec.set_levels` requires, so that
-the threshold stays a normal fp32 number): at ``z = l_j``, ``z - l_j`` is exactly 0 and the threshold positive, so the code is
-``j`` for every ``u``; at ``z = 1``, ``z - l_j`` is the same fp32 subtraction as ``g_j`` and the threshold
-``<= g_j``, so the code is ``K - 1``. (A threshold on ``z`` itself, ``z >= l_j + (1 - u) * g_j``, rounds ``l_j +
-tiny`` back to ``l_j`` when the gap is below the spacing of fp32 numbers at ``l_j``, and rounds ``z = l_j`` up
-with positive probability: a bias, with fitted gaps as small as ``2**-20``.) ``tests/quant/test_learned.py``
-checks the bound and the edges over all ``2**16`` noise values, for fitted levels and for gaps of ``2**-20``.
+Rounding without a division: this is ``j + floor(p + u)`` with ``p = (z - l_j) / g_j``, the comparison ``p >= 1 -
+u`` multiplied through by ``g_j``, so the kernels need no IEEE division per element (about ten GPU instructions).
+Unbiasedness: ``1 - u`` takes the ``2**16`` values ``(i + 1/2) / 2**16`` with equal probability (``u = (k + 1/2) /
+2**16``, :mod:`composer_qsdp.quant.philox`; ``1 - u`` is exact in fp32), so in exact arithmetic ``P(code = j + 1) =
+round(2**16 * p) / 2**16`` and ``E[l_code] = l_j + P * g_j`` is ``z`` up to ``2**-17 * g_j``, the noise's resolution
+(as for ``floor(p + u)``). The three fp32 roundings (of ``z - l_j``, of ``g_j`` and of the product) move the
+threshold by a relative ``3 * 2**-24`` at most, so ``|E[l_code] - z| <= g_j * (2**-17 + 2**-22)``, a bias far below
+the rounding's standard deviation. The comparison keeps the edges exact for any gap, however small (down to
+``2**-100``, which :meth:`LearnedLevelsCodec.set_levels` requires, so that the threshold stays a normal fp32
+number): at ``z = l_j``, ``z - l_j`` is exactly 0 and the threshold positive, so the code is ``j`` for every ``u``;
+at ``z = 1``, ``z - l_j`` is the same fp32 subtraction as ``g_j`` and the threshold ``<= g_j``, so the code is ``K -
+1``. (A threshold on ``z`` itself, ``z >= l_j + (1 - u) * g_j``, rounds ``l_j + tiny`` back to ``l_j`` when the gap
+is below the spacing of fp32 numbers at ``l_j``, and rounds ``z = l_j`` up with positive probability: a bias, with
+fitted gaps as small as ``2**-20``.) ``tests/quant/test_learned.py`` checks the bound and the edges over all
+``2**16`` noise values, for fitted levels and for gaps of ``2**-20``.
 
 ``E[l_code] = z`` up to that bound, so the codec is unbiased for any levels, and the error of one round trip is
 at most the gap of the bracketing levels times the bucket's range.

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["assert_same_values", "assert_same_wire"]
+from composer_qsdp.kernels import backend, use_triton
+
+__all__ = ["assert_dispatch_matches_torch", "assert_same_values", "assert_same_wire"]
 
 _INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
@@ -25,3 +27,22 @@ def assert_same_wire(codec, got: torch.Tensor, expected: torch.Tensor, n: int) -
     assert torch.equal(got[:, :meta_offset], expected[:, :meta_offset])
     assert_same_values(got[:, meta_offset:].contiguous().view(torch.float32),
                        expected[:, meta_offset:].contiguous().view(torch.float32))  # fmt: skip
+
+
+def assert_dispatch_matches_torch(codec, x: torch.Tensor) -> None:
+    """Every public call of ``codec`` on the ``[3, 700]`` ``x`` gives the same bits through the Triton backend as
+    through the torch one, including a decode of a byte-shifted (misaligned) wire."""
+    with backend("torch"):
+        assert not use_triton(x)
+        wire_1d, wire = codec.encode(x[1], seed=5, offset=700), codec.encode_rows(x, seed=5)
+        decoded, total = codec.decode(wire_1d, 700, torch.bfloat16), codec.decode_sum(wire, 700)
+    with backend("triton"):
+        assert use_triton(x)
+        assert torch.equal(codec.encode(x[1], seed=5, offset=700), wire_1d)
+        assert torch.equal(codec.encode_rows(x, seed=5), wire)
+        assert torch.equal(codec.decode(wire_1d, 700, torch.bfloat16), decoded)
+        assert torch.equal(codec.decode_rows(wire, 700, torch.float16), codec._decode_rows_fp32(wire, 700).half())
+        assert torch.equal(codec.decode_sum(wire, 700), total)
+        # The kernels copy a misaligned wire before reading its fp32 metadata.
+        shifted = torch.cat([torch.zeros(1, dtype=torch.uint8, device=x.device), wire_1d])[1:]
+        assert torch.equal(codec.decode(shifted, 700, torch.bfloat16), decoded)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from bitwise import assert_same_values, assert_same_wire
+from bitwise import assert_dispatch_matches_torch, assert_same_values, assert_same_wire
 from hopper import assert_no_spills_and_exact
 
 from composer_qsdp.kernels import backend, use_triton
@@ -155,20 +155,7 @@ def test_search_table_is_built_once_per_level_set():
 def test_codec_dispatch_to_triton_matches_torch():
     codec = _codec(4, 256)
     x = _data(3, 700, torch.float32, seed=4, nonfinite=False)
-    with backend("torch"):
-        assert not use_triton(x)
-        wire_1d, wire = codec.encode(x[1], seed=5, offset=700), codec.encode_rows(x, seed=5)
-        decoded, total = codec.decode(wire_1d, 700, torch.bfloat16), codec.decode_sum(wire, 700)
-    with backend("triton"):
-        assert use_triton(x)
-        assert torch.equal(codec.encode(x[1], seed=5, offset=700), wire_1d)
-        assert torch.equal(codec.encode_rows(x, seed=5), wire)
-        assert torch.equal(codec.decode(wire_1d, 700, torch.bfloat16), decoded)
-        assert torch.equal(codec.decode_rows(wire, 700, torch.float16), codec._decode_rows_fp32(wire, 700).half())
-        assert torch.equal(codec.decode_sum(wire, 700), total)
-        # A byte-shifted (misaligned) wire is copied before the kernel reads its fp32 metadata.
-        shifted = torch.cat([torch.zeros(1, dtype=torch.uint8, device=DEVICE), wire_1d])[1:]
-        assert torch.equal(codec.decode(shifted, 700, torch.bfloat16), decoded)
+    assert_dispatch_matches_torch(codec, x)
 
 
 def test_lazy_fit_under_the_kernels_equals_the_reference():
@@ -213,7 +200,8 @@ def _hopper_variant(name: str, kernel: str, types: dict, constants: dict, bucket
     decode = kernel != "_quantize_kernel"  # the decoders are bucket_decode's, given this codec's tile decoder
     if decode:
         constants = {"DECODE_TILE": "jit:composer_qsdp.kernels.learned:_decode_tile", **constants}
-    return {"name": name, "module": "composer_qsdp.kernels." + ("bucket_decode" if decode else "learned"), "kernel": kernel,
+    module = "composer_qsdp.kernels." + ("bucket_decode" if decode else "learned")
+    return {"name": name, "module": module, "kernel": kernel,
             "types": {"wire_ptr": "*u8", "meta_ptr": "*fp32", "levels_ptr": "*fp32", "table_ptr": "*i64",
                       "seed": "i64", "offset": "i64", **types},
             "constants": {"BUCKET": bucket, "GROUPS": groups, "BPP": bpp, "VEC": vec(streamed), **constants},
