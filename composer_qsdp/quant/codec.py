@@ -20,6 +20,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from composer_qsdp.quant.buckets import ieee_div
+
 __all__ = [
     "Codec", "FLOAT_DTYPES", "MAX_BUCKET_SIZE", "check_bits", "check_bool", "check_bucket_size", "check_choice",
     "check_int", "sum_rows_in_order",
@@ -212,14 +214,14 @@ class Codec(ABC):
             out: optional contiguous 1-D floating tensor of ``numel`` elements (the reduce-scatter's output): the
                 result, rounded to its dtype, is written there (in one pass by codecs with a fused kernel) and
                 ``out`` returned.
-            divisor: the fp32 sum is divided by this (the group size of an average; >= 1) before it is returned
-                or rounded into ``out``.
+            divisor: the fp32 sum is divided by this (the group size of an average; >= 1; one correctly rounded
+                fp32 division on every device) before it is returned or rounded into ``out``.
         """
         self._check_wire_rows(wire, numel)
         check_int("divisor", divisor, minimum=1)
         if out is None:
             total = self._decode_sum(wire, numel)
-            return total if divisor == 1 else total.div_(divisor)
+            return total if divisor == 1 else ieee_div(total, divisor)
         if not isinstance(out, torch.Tensor) or out.shape != (numel,) or out.dtype not in FLOAT_DTYPES:
             raise ValueError(f"out must be a 1-D floating tensor of {numel} elements, got {_describe(out)}")
         if not out.is_contiguous():
@@ -253,9 +255,10 @@ class Codec(ABC):
         return out.copy_(self._decode_rows(wire, out.shape[1], out.dtype))
 
     def _decode_sum_into(self, wire: torch.Tensor, out: torch.Tensor, divisor: int) -> torch.Tensor:
-        """:meth:`decode_sum` into a validated ``out``; this default sums, divides and copies."""
+        """:meth:`decode_sum` into a validated ``out``; this default sums, divides (one IEEE division on every
+        device, as the fused kernels divide) and copies."""
         total = self._decode_sum(wire, out.numel())
-        return out.copy_(total if divisor == 1 else total.div_(divisor))
+        return out.copy_(total if divisor == 1 else ieee_div(total, divisor))
 
     def _decode_add_rows(self, wire: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``out += `` the fp32 decode of a validated wire; this default materializes the decode."""

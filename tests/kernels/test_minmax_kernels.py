@@ -10,6 +10,7 @@ from composer_qsdp.kernels import minmax as kernels
 from composer_qsdp.kernels.groups import vec
 from composer_qsdp.kernels.fixed_point import fraction_bits
 from composer_qsdp.quant import MinMaxCodec
+from composer_qsdp.quant.buckets import ieee_div
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # Kernels run on CPU tensors under the interpreter (CI) and compiled on CUDA tensors on a GPU machine.
@@ -50,7 +51,7 @@ def _check_codec_kernels(codec: MinMaxCodec, x: torch.Tensor, seed: int, offset:
     for dtype in DTYPES:
         out = torch.empty(n, device=x.device, dtype=dtype)
         kernels.decode_sum(expected, codec.bits, codec.bucket_size, layout, out=out, divisor=rows + 2, **launch)
-        assert_same_values(out, (codec._decode_sum_reference(expected, n) / (rows + 2)).to(dtype))
+        assert_same_values(out, ieee_div(codec._decode_sum_reference(expected, n), rows + 2).to(dtype))
 
 
 CASES = [  # rows, n, bucket_size, bits, rounding, dtype, offset, seed
