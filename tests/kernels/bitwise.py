@@ -6,7 +6,7 @@ import torch
 
 from composer_qsdp.kernels import backend, use_triton
 
-__all__ = ["assert_dispatch_matches_torch", "assert_same_values", "assert_same_wire"]
+__all__ = ["assert_dispatch_matches_torch", "assert_falls_back_to_torch", "assert_same_values", "assert_same_wire"]
 
 _INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
@@ -46,3 +46,15 @@ def assert_dispatch_matches_torch(codec, x: torch.Tensor) -> None:
         # The kernels copy a misaligned wire before reading its fp32 metadata.
         shifted = torch.cat([torch.zeros(1, dtype=torch.uint8, device=x.device), wire_1d])[1:]
         assert torch.equal(codec.decode(shifted, 700, torch.bfloat16), decoded)
+
+
+def assert_falls_back_to_torch(codec, kernels, x: torch.Tensor) -> None:
+    """``kernels`` (a codec's kernels module) does not cover ``codec``'s configuration, nor 65536 rows or 2**31
+    elements of a covered one, and ``codec`` then encodes the ``[1, n]`` ``x`` through its torch reference under
+    the Triton backend too."""
+    assert not kernels.supports(codec.bits, codec.bucket_size)
+    assert not kernels.supports(8, 1024, rows=65536) and not kernels.supports(8, 1024, n=2**31)
+    with backend("torch"):
+        expected = codec.encode(x[0], seed=1)
+    with backend("triton"):
+        assert torch.equal(codec.encode(x[0], seed=1), expected)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from bitwise import assert_dispatch_matches_torch, assert_same_values, assert_same_wire
+from bitwise import assert_dispatch_matches_torch, assert_falls_back_to_torch, assert_same_values, assert_same_wire
 from hopper import assert_no_spills_and_exact
 
 from composer_qsdp.kernels import backend, use_triton
@@ -168,14 +168,7 @@ def test_lazy_fit_under_the_kernels_equals_the_reference():
 
 @pytest.mark.parametrize("bits,bucket", [(3, 64), (4, 100)])
 def test_unsupported_configuration_falls_back_to_reference(bits, bucket):
-    codec = _codec(bits, bucket)
-    assert not kernels.supports(bits, bucket)
-    assert not kernels.supports(8, 1024, rows=65536) and not kernels.supports(8, 1024, n=2**31)
-    x = _data(1, 300, torch.float32, seed=6, nonfinite=False)
-    with backend("torch"):
-        expected = codec.encode(x[0], seed=1)
-    with backend("triton"):
-        assert torch.equal(codec.encode(x[0], seed=1), expected)
+    assert_falls_back_to_torch(_codec(bits, bucket), kernels, _data(1, 300, torch.float32, seed=6, nonfinite=False))
 
 
 def test_kernel_launchers_reject_unsupported_configurations_and_levels():
