@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from composer_qsdp.comm.accounting import CallTraffic, call_traffic
+from composer_qsdp.quant.buckets import ieee_div
 from composer_qsdp.quant.codec import Codec, sum_rows_in_order
 
 __all__ = ["compressed_all_reduce", "error_feedback_chunk_numel"]
@@ -107,7 +108,7 @@ def compressed_all_reduce(
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)
     mean = sum_rows_in_order(recv) if codec is None else codec.decode_sum(recv, chunk)
-    mean.div_(world_size)
+    mean = ieee_div(mean, world_size)  # one IEEE division on every device (torch's CUDA scalar division is not)
     served_absent = absent.view(world_size, chunk)[group.rank()]  # this rank serves chunk `rank`
     mean.masked_fill_(served_absent, 0)
     mean += server_error

@@ -43,6 +43,7 @@ from composer_qsdp.comm.reduce_scatter import is_average, quantized_reduce_scatt
 from composer_qsdp.comm.seeds import mix_seed
 from composer_qsdp.comm.validation import check_collective_buffers
 from composer_qsdp.quant import FLOAT_DTYPES, Codec, hadamard_rows
+from composer_qsdp.quant.buckets import ieee_div
 from composer_qsdp.quant.codec import sum_rows_in_order
 
 __all__ = ["INTER_HOP", "is_power_of_two", "two_level_reduce_scatter"]
@@ -179,8 +180,8 @@ def two_level_reduce_scatter(
         inter_bytes = off_node_peers * hop.wire_bytes(m)
         encoded = ((hop, wire, rows),)
     total = total[0]
-    if average:
-        total.div_(world)
+    if average:  # one IEEE division on every device, as the flat reduce-scatter's kernels divide
+        total = ieee_div(total, world)
     if rotation_block is not None:
         total = hadamard_rows(total.view(1, -1), rotation_block, n, torch.float32)[0]
     flat = call_traffic(world, n, 0, input.element_size(), off_node_peers)
