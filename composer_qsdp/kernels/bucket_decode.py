@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
-from composer_qsdp.kernels.groups import cdiv, row_stride, split_tile, vec
+from composer_qsdp.kernels.groups import cdiv, output_buffer, row_stride, rows_aligned, split_tile, vec
 from composer_qsdp.kernels.layout import WireLayout, aligned_rows
 
 __all__ = ["BucketDecoder"]
@@ -98,25 +98,13 @@ class BucketDecoder:
                 num_warps: int | None) -> torch.Tensor:  # fmt: skip
         self._check(bits, bucket_size, wire.shape[0], layout)
         wire = aligned_rows(wire)
-        out = _output(wire, layout, dtype, sum_rows, out)
+        shape = (layout.numel,) if sum_rows else (wire.shape[0], layout.numel)
+        out = output_buffer(shape, dtype, wire.device, out)
         # The sum's output is one row, which starts aligned.
-        aligned = sum_rows or out.shape[0] == 1 or out.stride(0) % 16 == 0
-        launch = self._launch_shape(bucket_size, layout.num_buckets, out.is_cuda, aligned, buckets_per_program,
-                                    num_warps)  # fmt: skip
+        launch = self._launch_shape(bucket_size, layout.num_buckets, out.is_cuda, sum_rows or rows_aligned(out),
+                                    buckets_per_program, num_warps)  # fmt: skip
         return _launch(wire, layout, out, sum_rows, self._decode_tile, bits, bucket_size, launch, divisor)
 
-
-def _output(wire: torch.Tensor, layout: WireLayout, dtype: torch.dtype, sum_rows: bool,
-            out: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
-    """The output of a decode of the ``[R, wire_bytes]`` ``wire``: ``out`` checked (``[numel]`` for a sum, else
-    ``[R, numel]``, of ``dtype``, rows contiguous), or a new tensor."""
-    shape = (layout.numel,) if sum_rows else (wire.shape[0], layout.numel)
-    if out is None:
-        return torch.empty(shape, dtype=dtype, device=wire.device)
-    if tuple(out.shape) != shape or out.dtype != dtype or out.stride(-1) != 1:
-        raise ValueError(f"out must be a {list(shape)} tensor of {dtype} with contiguous rows, got "
-                         f"{out.dtype} {tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
-    return out
 
 
 def _launch(wire: torch.Tensor, layout: WireLayout, out: torch.Tensor, sum_rows: bool, decode_tile: object,

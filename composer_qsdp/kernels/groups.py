@@ -200,6 +200,17 @@ def load_codes(row_wire, b, g, lane, e, valid, n, BITS: tl.constexpr, BUCKET: tl
 
 
 @triton.jit
+def tile_codes(wire_ptr, meta_ptr, row, b, g, lane, e, valid, n, num_buckets, meta_offset, wire_row_stride,
+               BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr):  # fmt: skip
+    """What a bucketed decoder reads of wire row ``row`` on the tile ``(b, g, lane, e, valid)``: the int32 codes
+    (:func:`load_codes`) and the buckets' two fp32 metadata words (:func:`bucket_pair`)."""
+    row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)  # wire rows are whole fp32 words
+    codes = load_codes(row_wire, b, g, lane, e, valid, n, BITS, BUCKET)
+    first, second = bucket_pair(meta_ptr, row, wire_row_stride, meta_offset, num_buckets, BPP)
+    return codes, first, second
+
+
+@triton.jit
 def codes_to_float(codes, OFFSET: tl.constexpr):
     """``codes - OFFSET`` as exact fp32, for int32 codes in ``[0, 2**22)``, without a conversion instruction."""
     return (codes | MAGIC_BITS).to(tl.float32, bitcast=True) - (MAGIC + OFFSET)
@@ -240,6 +251,27 @@ def row_stride(t: torch.Tensor) -> int:
     """Row stride of a ``[R, ...]`` launch argument; 0 for one row or a 1-D tensor, which never moves by it: Triton
     then specializes it as a multiple of 16 and vectorizes the single-row (all-gather) case whatever ``n`` is."""
     return t.stride(0) if t.dim() == 2 and t.shape[0] > 1 else 0
+
+
+def rows_aligned(t: torch.Tensor) -> bool:
+    """Whether every row of the ``[R, n]`` launch argument ``t`` starts on a 16-element boundary (one row always
+    does): the kernels' loads and stores of it can then be vectorized."""
+    return t.shape[0] == 1 or t.stride(0) % 16 == 0
+
+
+def output_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                  out: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """A decode kernel's output: ``out`` checked (``shape``, ``dtype``, contiguous rows), or a new tensor.
+
+    Raises:
+        ValueError: ``out`` does not match, naming what it is and what is needed.
+    """
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must be a {list(shape)} tensor of {dtype} with contiguous rows, got "
+                         f"{out.dtype} {tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
+    return out
 
 
 # Host-side integer helpers. Triton's own ``triton.cdiv`` / ``triton.next_power_of_2`` are constexpr functions whose

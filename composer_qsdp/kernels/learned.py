@@ -44,8 +44,8 @@ import triton.language as tl
 
 from composer_qsdp.kernels.bucket_decode import BucketDecoder
 from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, GPU_TILE, INTERPRETER_TILE, MAGIC, MAX_BUCKET,
-                                          PACKED_BITS, bucket_lattice, bucket_pair, cdiv, check_packed, launch_shape,
-                                          load_codes, row_stride, store_codes, supports_packed, tile, vec)  # fmt: skip
+                                          PACKED_BITS, bucket_lattice, cdiv, check_packed, launch_shape, row_stride,
+                                          store_codes, supports_packed, tile, tile_codes, vec)  # fmt: skip
 from composer_qsdp.kernels.layout import WireLayout
 from composer_qsdp.kernels.noise import complement_noise
 
@@ -172,9 +172,8 @@ def _decode_tile(
     BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr,
 ):  # fmt: skip
     """Decoded fp32 values of wire row ``row`` on the tile ``(b, g, lane, e, valid)`` (``lo`` where not ``valid``)."""
-    row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)  # wire rows are whole fp32 words
-    codes = load_codes(row_wire, b, g, lane, e, valid, n, BITS, BUCKET)
-    lo, rng = bucket_pair(meta_ptr, row, wire_row_stride, meta_offset, num_buckets, BPP)
+    codes, lo, rng = tile_codes(wire_ptr, meta_ptr, row, b, g, lane, e, valid, n, num_buckets, meta_offset,
+                                wire_row_stride, BITS, BUCKET, BPP)  # fmt: skip
     # Codes are < K, so the gather stays inside the row's level table (4 * K bytes, L1-resident).
     levels = meta_ptr + row * (wire_row_stride // 4) + meta_offset // 4 + 2 * num_buckets
     return lo + tl.load(levels + codes) * rng

@@ -35,8 +35,8 @@ import triton.language as tl
 
 from composer_qsdp.kernels.bucket_decode import BucketDecoder
 from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, GPU_TILE, INTERPRETER_TILE, MAGIC_BITS, MAX_BUCKET,
-                                          PACKED_BITS, bucket_lattice, bucket_pair, cdiv, check_packed, codes_to_float,
-                                          launch_shape, load_codes, row_stride, store_codes, supports_packed, tile, vec)
+                                          PACKED_BITS, bucket_lattice, cdiv, check_packed, codes_to_float, launch_shape,
+                                          row_stride, rows_aligned, store_codes, supports_packed, tile, tile_codes, vec)
 from composer_qsdp.kernels.fixed_point import fraction_bits
 from composer_qsdp.kernels.noise import noise_bits
 from composer_qsdp.kernels.layout import WireLayout
@@ -108,9 +108,8 @@ def _decode_tile(
     BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr,
 ):  # fmt: skip
     """Decoded fp32 values of wire row ``row`` on the tile ``(b, g, lane, e, valid)`` (0 where not ``valid``)."""
-    row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)  # wire rows are whole fp32 words
-    codes = load_codes(row_wire, b, g, lane, e, valid, n, BITS, BUCKET)
-    lo, scale = bucket_pair(meta_ptr, row, wire_row_stride, meta_offset, num_buckets, BPP)
+    codes, lo, scale = tile_codes(wire_ptr, meta_ptr, row, b, g, lane, e, valid, n, num_buckets, meta_offset,
+                                  wire_row_stride, BITS, BUCKET, BPP)  # fmt: skip
     return lo + scale * codes_to_float(codes, 0)
 
 
@@ -127,10 +126,6 @@ def _config(bucket_size: int, num_buckets: int, on_gpu: bool, aligned_rows: bool
     return launch_shape(bucket_size, num_buckets, on_gpu, max(GPU_TILE, 32 * per_thread), INTERPRETER_TILE,
                         per_thread, buckets_per_program, num_warps)  # fmt: skip
 
-
-def _aligned_rows(t: torch.Tensor) -> bool:
-    """Whether every row of ``[R, n]`` ``t`` starts on a 16-element boundary (one row always does)."""
-    return t.shape[0] == 1 or t.stride(0) % 16 == 0
 
 
 def _check(bits: int, bucket_size: int, rows: int, layout: WireLayout) -> None:
@@ -163,7 +158,7 @@ def encode_rows(
     wire = torch.empty(rows, layout.wire_bytes, dtype=torch.uint8, device=x.device)
     nb = layout.num_buckets
     wide = stochastic and bits == 8 and x.element_size() == 2
-    groups, bpp, warps = _config(bucket_size, nb, x.is_cuda, _aligned_rows(x), buckets_per_program, num_warps,
+    groups, bpp, warps = _config(bucket_size, nb, x.is_cuda, rows_aligned(x), buckets_per_program, num_warps,
                                  "encode", wide)  # fmt: skip
     aligned = offset % 8 == 0 and (rows == 1 or n % 8 == 0)
     _quantize_kernel[(cdiv(nb, bpp), rows)](

@@ -34,7 +34,7 @@ import triton.language as tl
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
 from composer_qsdp.kernels.groups import ELEMENTS_PER_THREAD, FP32_MAX, GPU_TILE, INTERPRETER_TILE, MAGIC, MAGIC_BITS
 from composer_qsdp.kernels.groups import MAX_BUCKET, MAX_ROWS, codes_to_float, launch_fits, launch_shape, load_codes
-from composer_qsdp.kernels.groups import cdiv, row_stride, split_tile, store_codes, tile, vec
+from composer_qsdp.kernels.groups import cdiv, output_buffer, row_stride, split_tile, store_codes, tile, vec
 from composer_qsdp.kernels.hadamard import butterflies, rotation_scale
 from composer_qsdp.kernels.layout import WireLayout, aligned_rows
 
@@ -268,12 +268,7 @@ def decode_rows(
     ``numel`` defaults to ``layout.numel``; with ``rotate`` the decoded buckets are rotated back and the first
     ``numel <= layout.numel`` columns kept (``HadamardCodec`` drops its padding so).
     """
-    shape = (wire.shape[0], layout.numel if numel is None else numel)
-    if out is None:
-        out = torch.empty(shape, dtype=dtype, device=wire.device)
-    elif tuple(out.shape) != shape or out.dtype != dtype or out.stride(-1) != 1:
-        raise ValueError(f"out must be a {list(shape)} tensor of {dtype} with contiguous rows, got "
-                         f"{out.dtype} {tuple(out.shape)} with strides {out.stride()}")  # fmt: skip
+    out = output_buffer((wire.shape[0], layout.numel if numel is None else numel), dtype, wire.device, out)
     return _decode(wire, bits, bucket_size, layout, out, False, rotate, buckets_per_program, num_warps)
 
 
