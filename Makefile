@@ -7,13 +7,13 @@ WIKI_SHARDS := data/wiki-gpt2-t64
 .PHONY: demo demo-baseline notebook wiki-shards
 
 demo: wiki-shards
-	OMP_NUM_THREADS=1 $(COMPOSER) -n 2 -m composer_qsdp.train yamls/cpu/gpt-tiny-qsdp.yaml
+	OMP_NUM_THREADS=1 $(COMPOSER) -n 2 -m composer_qsdp.recipes.train yamls/cpu/gpt-tiny-qsdp.yaml
 
 demo-baseline: wiki-shards
-	OMP_NUM_THREADS=1 $(COMPOSER) -n 2 -m composer_qsdp.train yamls/cpu/gpt-tiny-baseline.yaml
+	OMP_NUM_THREADS=1 $(COMPOSER) -n 2 -m composer_qsdp.recipes.train yamls/cpu/gpt-tiny-baseline.yaml
 
 wiki-shards:
-	$(PYTHON) -m composer_qsdp.data.build wikipedia $(WIKI_SHARDS) --seq-len 64 --skip-existing
+	$(PYTHON) -m composer_qsdp.recipes.data.build wikipedia $(WIKI_SHARDS) --seq-len 64 --skip-existing
 
 # Re-run the demo notebook top to bottom and store it with its outputs and plots (about 10 minutes on 2 cores).
 notebook: wiki-shards

@@ -67,7 +67,7 @@ import torch.multiprocessing as mp
 
 from composer_qsdp.comm import (Topology, node_groups, quantized_all_gather, quantized_reduce_scatter,
                                 two_level_reduce_scatter)
-from composer_qsdp.policy import from_recipe
+from composer_qsdp.config import from_recipe
 from composer_qsdp.quant import make_codec
 
 import e2e_common as common

@@ -2,7 +2,7 @@
 on the GPUs of one host, on NVLink and on an emulated slow network, with a compute-only bound.
 
 One command runs, for one recipe family (``--model 1.3b`` reads ``yamls/gpt-1.3b/``), every configuration
-through Composer's launcher (``composer -n N -m composer_qsdp.train RECIPE key=value ...``):
+through Composer's launcher (``composer -n N -m composer_qsdp.recipes.train RECIPE key=value ...``):
 
 ================  ==========================================================================================
 ``baseline``       ``baseline.yaml``: plain Composer FSDP2 (full sharding; the recipes' DEFAULT mixed precision
@@ -64,7 +64,7 @@ table (markdown) and all results (JSON) go to ``--out-dir`` and, when ``$OUT`` i
 ``bench_e2e-<family>-<N>x.md`` / ``.json``.
 
 Data: random-token MDS shards of the recipe's sequence length are generated under ``--out-dir`` (speed does not
-depend on the token values); ``--data DIR`` uses real shards (``python -m composer_qsdp.data.build``) instead.
+depend on the token values); ``--data DIR`` uses real shards (``python -m composer_qsdp.recipes.data.build``) instead.
 
 Usage::
 
@@ -88,7 +88,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from composer_qsdp.policy import AutoOptions
+from composer_qsdp.auto import AutoOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_common as common  # noqa: E402
@@ -275,11 +275,11 @@ def measure(metrics: dict[str, Any], warmup: int, steps: int, tokens_per_step: i
 # ------------------------------------------------------------------------------------------------------ data
 def random_token_shards(out: Path, samples: int, seq_len: int, vocab_size: int) -> Path:
     """MDS shards (a ``train`` split) of ``samples`` uniformly random token sequences, in the layout of
-    :func:`composer_qsdp.data.write_token_shards`; reused when ``out`` already exists. Seeded: the same
+    :func:`composer_qsdp.recipes.data.write_token_shards`; reused when ``out`` already exists. Seeded: the same
     arguments give the same tokens."""
     from streaming import MDSWriter
 
-    from composer_qsdp.data.shards import TOKENS_COLUMN, TRAIN_SPLIT, shards_exist
+    from composer_qsdp.recipes.data.shards import TOKENS_COLUMN, TRAIN_SPLIT, shards_exist
 
     if shards_exist(out, (TRAIN_SPLIT,)):
         return out
@@ -333,7 +333,7 @@ def window(config: Config, args: argparse.Namespace) -> tuple[int, int]:
 
 
 def _plan(args: argparse.Namespace) -> Plan:
-    from composer_qsdp.train import RecipeError, load_recipe
+    from composer_qsdp.recipes.train import RecipeError, load_recipe
 
     if args.ranks_per_node is None and any(CONFIGS[c].hpz for c in args.configs):
         raise SystemExit("the -hpz configurations reshard to the node: pass --ranks-per-node (below --nproc)")
@@ -353,7 +353,7 @@ def _plan(args: argparse.Namespace) -> Plan:
         data = Path(args.data).resolve()
         if not (data / "train" / "index.json").is_file():
             raise SystemExit(f"--data {str(data)!r} holds no train/index.json (build shards with "
-                             "python -m composer_qsdp.data.build)")
+                             "python -m composer_qsdp.recipes.data.build)")
     else:
         # One spare step: running out of samples would start a new epoch (a dataloader restart) in a timed step.
         # Sized for the default configurations too, so that a sweep of some of them and a later one of the rest

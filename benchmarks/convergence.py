@@ -41,7 +41,7 @@ first ``--eval-batches`` batches of the held-out split.
 Corpus (built once if missing, on the machine that runs the arms): every ``*.py`` file of the installed Python
 packages and the standard library (``site.getsitepackages()`` and ``sysconfig``'s ``stdlib``, sorted paths, exact
 duplicates dropped), tokenized with GPT-2 BPE by
-``python -m composer_qsdp.data.build pysource``; a document goes to the validation split when the hash of its text
+``python -m composer_qsdp.recipes.data.build pysource``; a document goes to the validation split when the hash of its text
 falls in ``--val-fraction``. ``<corpus>/manifest.json`` records the exact command, the interpreter, every
 installed distribution and a SHA-256 over the files' relative paths and contents, so the same corpus can be
 rebuilt and checked. The text belongs to those packages under their own licenses: it stays on the machine and is
@@ -155,7 +155,7 @@ def split_samples(corpus: Path, split: str) -> int:
 def source_fingerprint(roots: list[str] | None) -> dict[str, Any]:
     """Files, bytes and a SHA-256 over (path relative to its root, SHA-256 of the content) of every file the
     ``pysource`` build reads, in its order: equal fingerprints mean equal input text."""
-    from composer_qsdp.data import default_python_source_roots, python_source_files
+    from composer_qsdp.recipes.data import default_python_source_roots, python_source_files
 
     if roots is None:
         roots = default_python_source_roots()
@@ -188,7 +188,7 @@ def build_corpus(corpus: Path, seq_len: int, val_fraction: float, inputs: str | 
     if corpus.exists():
         raise SystemExit(f"{corpus} exists but has no manifest.json (not built by this driver, or its build was "
                          "interrupted): remove it, or pass another --corpus")
-    command = [sys.executable, "-m", "composer_qsdp.data.build", "pysource", str(corpus), "--seq-len", str(seq_len),
+    command = [sys.executable, "-m", "composer_qsdp.recipes.data.build", "pysource", str(corpus), "--seq-len", str(seq_len),
                "--val-fraction", str(val_fraction)]
     command += ["--input", inputs] if inputs else []
     command += ["--max-documents", str(max_documents)] if max_documents else []
@@ -263,7 +263,7 @@ def _visible_gpus() -> list[str]:
 
 
 def _plan(args: argparse.Namespace) -> Plan:
-    from composer_qsdp.train import RecipeError, load_recipe
+    from composer_qsdp.recipes.train import RecipeError, load_recipe
 
     recipe_dir = common.recipe_dir(args.model, args.recipe_dir)
     if args.global_batch % args.nproc:

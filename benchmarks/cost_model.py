@@ -2,7 +2,7 @@
 
 We cannot rent 16 nodes, so this predicts them from things measured on one host. Inputs:
 
-* a model shape (a :data:`composer_qsdp.models.GPT_PRESETS` preset, or the 6.7B shape of SDP4Bit §3.4), laid out
+* a model shape (a :data:`composer_qsdp.recipes.models.GPT_PRESETS` preset, or the 6.7B shape of SDP4Bit §3.4), laid out
   as FSDP units the way Composer wraps our GPT: one unit per transformer block plus the root (embeddings, final
   norm; the tied output head computes with the root's embedding);
 * a cluster: nodes x GPUs per node, the bus bandwidth of NCCL ring collectives inside a node (NVLink) and the
@@ -28,7 +28,7 @@ Collectives (per FSDP unit, ``W = M x L`` ranks on ``M`` nodes of ``L``):
   ``hbm_gbs``, on the communication stream. Wire sizes come from the codecs themselves
   (``composer_qsdp.quant.make_codec(...).wire_bytes``).
 
-Schedule (FSDP2's, one micro-batch per step; ``composer_qsdp.policy.auto.schedule_step``, which the automatic policy
+Schedule (FSDP2's, one micro-batch per step; ``composer_qsdp.auto.choice.schedule_step``, which the automatic policy
 uses too): one compute stream and one FIFO communication queue. Forward: the
 all-gather of unit ``i+1`` is issued when unit ``i`` starts computing (implicit prefetch, one ahead). Backward
 (root first, for the tied head, then the blocks in reverse): the next unit's all-gather is issued when a unit
@@ -60,9 +60,9 @@ from typing import Any
 
 import torch
 
-from composer_qsdp.models import GPTConfig, gpt_config
-from composer_qsdp.models.gpt import GPT
-from composer_qsdp.policy.auto import schedule_step
+from composer_qsdp.recipes.models import GPTConfig, gpt_config
+from composer_qsdp.recipes.models.gpt import GPT
+from composer_qsdp.auto.choice import schedule_step
 from composer_qsdp.quant import Codec, make_codec
 
 from provenance import git_revision
@@ -96,7 +96,7 @@ class Unit:
 
 @functools.cache
 def model_units(config: GPTConfig, seq_len: int) -> tuple[Unit, ...]:
-    """The FSDP units of our GPT (``composer_qsdp.models.gpt.GPT``, blocks wrapped separately), root first.
+    """The FSDP units of our GPT (``composer_qsdp.recipes.models.gpt.GPT``, blocks wrapped separately), root first.
 
     Parameter counts come from the module itself, built on the meta device. FLOPs: 2 per weight of each matrix
     product, plus ``4 * seq_len * d_model`` per block for the attention scores and their weighted sum.
@@ -113,7 +113,7 @@ def model_units(config: GPTConfig, seq_len: int) -> tuple[Unit, ...]:
 
 
 def model_shape(name: str) -> GPTConfig:
-    """A preset of ``composer_qsdp.models`` or a shape of :data:`SHAPES`."""
+    """A preset of ``composer_qsdp.recipes.models`` or a shape of :data:`SHAPES`."""
     return SHAPES[name] if name in SHAPES else gpt_config(name)
 
 
@@ -207,7 +207,7 @@ def _sym(bits: int, bucket: int) -> CodecSpec:
 
 
 MEGATRON = "plain, weights gathered once (SDP4Bit's Megatron baseline)"
-#: The settings of the predicted tables (codecs as in composer_qsdp.policy.presets; qWD as SDP4Bit §3.1).
+#: The settings of the predicted tables (codecs as in composer_qsdp.config.presets; qWD as SDP4Bit §3.1).
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("plain FSDP2"),
     Setting("plain HSDP", hsdp=True),

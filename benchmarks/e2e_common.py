@@ -1,5 +1,5 @@
 """Shared plumbing of the end-to-end drivers (``bench_e2e.py``, ``convergence.py``): launching
-``composer_qsdp.train`` through Composer's launcher, time budgets that end a command cleanly before an outer
+``composer_qsdp.recipes.train`` through Composer's launcher, time budgets that end a command cleanly before an outer
 limit, process-group kills, the record header (device, date, git revision, command), output files and the
 fields every driver's plan starts with.
 
@@ -60,8 +60,8 @@ def launcher(nproc: int) -> list[str]:
 
 
 def train_command(nproc: int, recipe: Path, overrides: Sequence[str]) -> list[str]:
-    """``composer -n nproc -m composer_qsdp.train recipe key=value ...``."""
-    return [*launcher(nproc), "-m", "composer_qsdp.train", str(recipe), *overrides]
+    """``composer -n nproc -m composer_qsdp.recipes.train recipe key=value ...``."""
+    return [*launcher(nproc), "-m", "composer_qsdp.recipes.train", str(recipe), *overrides]
 
 
 def recorded_env(env: Mapping[str, str]) -> str:

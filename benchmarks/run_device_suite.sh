@@ -21,8 +21,8 @@ for stage in "$@"; do
   case $stage in
     sweep) run bench_kernels_sweep timeout 100 python3 benchmarks/bench_kernels.py --sweep ;;
     tests) run pytest_gpu timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider \
-      tests/quant tests/kernels tests/comm tests/schemes tests/policy tests/optim tests/fsdp2 tests/fsdp1 tests/ddp \
-      tests/algorithms tests/models \
+      tests/quant tests/kernels tests/comm tests/schemes tests/config tests/engine tests/auto tests/optim tests/fsdp2 tests/fsdp1 tests/ddp \
+      tests/algorithms tests/recipes/models \
       tests/test_train.py ;;
     kernels)
       run bench_kernels timeout 170 python3 benchmarks/bench_kernels.py

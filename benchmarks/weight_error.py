@@ -43,7 +43,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: Path)
     from torch.distributed.fsdp import fully_shard
 
     from composer_qsdp import apply_qsdp, from_recipe, remove_qsdp
-    from composer_qsdp.models import GPT, gpt_config
+    from composer_qsdp.recipes.models import GPT, gpt_config
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

@@ -21,9 +21,9 @@ _LAZY = {
     "QSDP": "composer_qsdp.algorithms.qsdp",
     "apply_qsdp": "composer_qsdp.fsdp2",
     "remove_qsdp": "composer_qsdp.fsdp2",
-    "QSDPConfig": "composer_qsdp.policy",
-    "SideConfig": "composer_qsdp.policy",
-    "from_recipe": "composer_qsdp.policy",
+    "QSDPConfig": "composer_qsdp.config",
+    "SideConfig": "composer_qsdp.config",
+    "from_recipe": "composer_qsdp.config",
 }
 
 __all__ = ["QSDP", "QSDPConfig", "SideConfig", "__version__", "apply_qsdp", "from_recipe", "remove_qsdp"]

@@ -20,15 +20,15 @@ import pytest
 import torch
 from torch.distributed.fsdp import FSDPModule
 
-import composer_qsdp.data
+import composer_qsdp.recipes.data
 import composer_qsdp.fsdp2
-import composer_qsdp.models
+import composer_qsdp.recipes.models
 import e2e_common  # benchmarks/ (tests/conftest.py): Composer's launcher command
-from composer_qsdp.data import write_token_shards
-from composer_qsdp.data.sources import wikipedia_sample_documents
-from composer_qsdp.models import GPTConfig, hf_causal_lm_config
-from composer_qsdp.recipe import ALGORITHMS, CALLBACKS, LOGGERS, TrainRecipe
-from composer_qsdp.train import RecipeError, load_recipe, main, train
+from composer_qsdp.recipes.data import write_token_shards
+from composer_qsdp.recipes.data.sources import wikipedia_sample_documents
+from composer_qsdp.recipes.models import GPTConfig, hf_causal_lm_config
+from composer_qsdp.recipes.loader import ALGORITHMS, CALLBACKS, LOGGERS, TrainRecipe
+from composer_qsdp.recipes.train import RecipeError, load_recipe, main, train
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = ROOT / "yamls" / "cpu" / "gpt-tiny-baseline.yaml"
@@ -240,7 +240,7 @@ callbacks: {{memory_monitor: {{}}, lr_monitor: false}}
 
 
 def test_help_lists_every_key_without_importing_torch():
-    code = ("import sys\nfrom composer_qsdp.train import main\nstatus = main(['--help'])\n"
+    code = ("import sys\nfrom composer_qsdp.recipes.train import main\nstatus = main(['--help'])\n"
             "print('HEAVY', [m for m in ('torch', 'composer', 'transformers') if m in sys.modules], status)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.rstrip().endswith("HEAVY [] 0")
@@ -290,15 +290,15 @@ def test_errors_stop_before_anything_is_built(tmp_path, monkeypatch, capsys):
     def must_not_run(*args, **kwargs):
         raise AssertionError("built something although the recipe is invalid")
 
-    monkeypatch.setattr(composer_qsdp.models, "ComposerGPT", must_not_run)
-    monkeypatch.setattr(composer_qsdp.data, "build_token_dataloader", must_not_run)
+    monkeypatch.setattr(composer_qsdp.recipes.models, "ComposerGPT", must_not_run)
+    monkeypatch.setattr(composer_qsdp.recipes.data, "build_token_dataloader", must_not_run)
     assert main([str(BASELINE), "optimizer.lr=0", f"save_folder={tmp_path / 'ckpt'}"]) == 2
     assert "recipe error: recipe key 'optimizer.lr' = 0.0 is invalid" in capsys.readouterr().err
     assert not (tmp_path / "ckpt").exists()
 
 
 def test_missing_shards_stop_before_the_model_is_built(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(composer_qsdp.models, "ComposerGPT", lambda *a, **k: pytest.fail("model built without data"))
+    monkeypatch.setattr(composer_qsdp.recipes.models, "ComposerGPT", lambda *a, **k: pytest.fail("model built without data"))
     assert main([str(BASELINE), f"data.local={tmp_path / 'nothing'}"]) == 2
     assert "recipe section 'data': no MDS shards for split 'train'" in capsys.readouterr().err
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from composer_qsdp.train import RecipeError, load_recipe
+from composer_qsdp.recipes.train import RecipeError, load_recipe
 
 RECIPE = Path(__file__).resolve().parents[1] / "yamls" / "cpu" / "gpt-tiny-qsdp.yaml"
 

@@ -13,7 +13,7 @@ through FSDP1's communication hook, weights through its flat-parameter all-gathe
     ...train...
     print(handle.traffic().summary())
 
-Knows nothing of Composer or of FSDP2; the schemes it installs come from :mod:`composer_qsdp.policy`.
+Knows nothing of Composer or of FSDP2; the schemes it installs come from :mod:`composer_qsdp.engine`.
 """
 
 from composer_qsdp.fsdp1.apply import FSDP1AllGather, FSDP1Handle, FSDP1ReduceScatter, apply_qsdp, remove_qsdp

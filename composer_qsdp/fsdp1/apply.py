@@ -1,7 +1,7 @@
 """``apply_qsdp`` for FSDP1: QSDP on every flat-parameter unit of a ``FullyShardedDataParallel`` model;
 ``remove_qsdp`` undoes it.
 
-Each unit gets two comm objects that forward to the :class:`~composer_qsdp.policy.QSDPHandle`, like FSDP2's: the
+Each unit gets two comm objects that forward to the :class:`~composer_qsdp.engine.QSDPHandle`, like FSDP2's: the
 weight all-gather replaces the unit's flat-parameter gather, the gradient reduce-scatter is the unit's
 communication-hook state (:mod:`composer_qsdp.fsdp1.compat` says how each is reached).
 """
@@ -20,7 +20,8 @@ from composer_qsdp.comm import Topology
 from composer_qsdp.fsdp1 import compat
 from composer_qsdp.fsdp1.layout import FSDP1GatherLayout
 from composer_qsdp.fsdp1.units import find_roots, find_units
-from composer_qsdp.policy import QSDPConfig, QSDPHandle, plan_units
+from composer_qsdp.config import QSDPConfig
+from composer_qsdp.engine import QSDPHandle, plan_units
 
 __all__ = ["FSDP1AllGather", "FSDP1Handle", "FSDP1ReduceScatter", "apply_qsdp", "remove_qsdp"]
 
@@ -100,7 +101,7 @@ def _not_a_unit(*_: Any) -> None:
 
 
 class FSDP1Handle(QSDPHandle):
-    """A :class:`~composer_qsdp.policy.QSDPHandle` installed on FSDP1 units: ``remove()`` restores FSDP1's own
+    """A :class:`~composer_qsdp.engine.QSDPHandle` installed on FSDP1 units: ``remove()`` restores FSDP1's own
     all-gathers and reduce-scatters and drops the forward hook."""
 
     adapter = (f"fsdp1 (gradients: register_comm_hook; weights: FlatParamHandle._all_gather_flat_param), "

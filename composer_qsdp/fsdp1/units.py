@@ -6,7 +6,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 
 from composer_qsdp.fsdp1 import compat
-from composer_qsdp.policy import Unit
+from composer_qsdp.engine import Unit
 
 __all__ = ["find_roots", "find_units", "unit_name"]
 

@@ -13,7 +13,7 @@
     ...train...
     print(handle.traffic().summary())
 
-Knows nothing of Composer; the schemes it installs come from :mod:`composer_qsdp.policy`.
+Knows nothing of Composer; the schemes it installs come from :mod:`composer_qsdp.engine`.
 """
 
 from composer_qsdp.fsdp2.apply import FSDP2Handle, apply_qsdp, remove_qsdp

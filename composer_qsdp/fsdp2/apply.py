@@ -23,7 +23,8 @@ from composer_qsdp.fsdp2.compat import (
 from composer_qsdp.fsdp2.hsdp import hsdp_note
 from composer_qsdp.fsdp2.layout import FSDP2GatherLayout
 from composer_qsdp.fsdp2.units import find_units, shard_group
-from composer_qsdp.policy import QSDPConfig, QSDPHandle, plan_units
+from composer_qsdp.config import QSDPConfig
+from composer_qsdp.engine import QSDPHandle, plan_units
 
 __all__ = ["FSDP2Handle", "apply_qsdp", "remove_qsdp"]
 
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 class FSDP2Handle(QSDPHandle):
-    """A :class:`~composer_qsdp.policy.QSDPHandle` installed on FSDP2 units through ``comm_path`` (see
+    """A :class:`~composer_qsdp.engine.QSDPHandle` installed on FSDP2 units through ``comm_path`` (see
     :mod:`composer_qsdp.fsdp2.compat`): ``remove()`` restores FSDP's default collectives and drops the forward
     hook.
 
@@ -69,7 +70,7 @@ def apply_qsdp(
     """Quantize the weight all-gathers and gradient reduce-scatters of every FSDP2 unit of ``model``.
 
     Call after ``fully_shard`` (on the submodules, then the root) and before the first forward. Every unit that
-    communicates gets a comm object on each side, backed by the schemes :func:`~composer_qsdp.policy.plan_units`
+    communicates gets a comm object on each side, backed by the schemes :func:`~composer_qsdp.engine.plan_units`
     chose (unquantized units get counting pass-through schemes), and ``model`` gets a forward pre-hook that
     starts each microbatch and checks for non-finite weights. Checkpoints are unaffected: FSDP's sharded
     parameters stay full precision; only the copies on the wire are quantized.

@@ -1,4 +1,4 @@
-"""FSDP2 comm objects: each forwards one unit's collective to its :class:`~composer_qsdp.policy.QSDPHandle`, which
+"""FSDP2 comm objects: each forwards one unit's collective to its :class:`~composer_qsdp.engine.QSDPHandle`, which
 runs the unit's scheme. FSDP2 calls them through ``set_custom_all_gather`` / ``set_custom_reduce_scatter`` (torch >=
 2.9) or, on older torch, through the proxy of :mod:`composer_qsdp.fsdp2.compat`."""
 
@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from composer_qsdp.fsdp2.compat import AllGather, ReduceScatter
-from composer_qsdp.policy import QSDPHandle
+from composer_qsdp.engine import QSDPHandle
 
 __all__ = ["QSDPAllGather", "QSDPReduceScatter"]
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from composer_qsdp.comm import Topology
 from composer_qsdp.fsdp2.units import managed_parameters
-from composer_qsdp.policy import Unit
+from composer_qsdp.engine import Unit
 
 __all__ = ["hsdp_note"]
 

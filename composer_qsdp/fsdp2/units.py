@@ -7,7 +7,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from composer_qsdp.policy import Unit
+from composer_qsdp.engine import Unit
 
 __all__ = ["find_units", "managed_parameters", "shard_group"]
 

@@ -101,7 +101,7 @@ def test_measure_takes_zero_one_adams_bytes_from_the_timed_window():
 @pytest.mark.parametrize("model", ["125m", "350m"])
 def test_zero_one_adam_windows_time_the_regime_they_name(model, tmp_path):
     from composer_qsdp.optim import ZeroOneSchedule
-    from composer_qsdp.train import load_recipe
+    from composer_qsdp.recipes.train import load_recipe
 
     configs = ["ddp-baseline", "zero-one-adam", "zero-one-adam-1bit", "ddp-compute-bound"]
     args = bench_e2e._parser().parse_args(["--model", model, "--nproc", "2", "--out-dir", str(tmp_path),

@@ -67,7 +67,7 @@ def test_summary_csv_markdown_png(tiny_recipes, tmp_path, monkeypatch):
                     ["10", str(10 * 8 * 32), "5.000000", "5.100000", "5.500000"],
                     ["20", str(20 * 8 * 32), "4.000000", "4.050000", ""]]
 
-    manifest = {"command": "python -m composer_qsdp.data.build pysource X", "tokens": {"train": 1000, "val": 100},
+    manifest = {"command": "python -m composer_qsdp.recipes.data.build pysource X", "tokens": {"train": 1000, "val": 100},
                 "input": {"files": 3, "bytes": 4000, "sha256": "ab" * 32}}
     monkeypatch.setenv("OUT", str(tmp_path / "OUT"))
     record = convergence.write_results(plan, manifest, "incomplete")

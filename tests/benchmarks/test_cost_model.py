@@ -83,7 +83,7 @@ def test_hpz_and_qwd_remove_cross_node_weight_bytes():
 def test_model_units_count_every_parameter():
     import torch
 
-    from composer_qsdp.models.gpt import GPT
+    from composer_qsdp.recipes.models.gpt import GPT
 
     config = cm.model_shape("125m")
     units = cm.model_units(config, 2048)

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from composer_qsdp import train as train_module
-from composer_qsdp.data import write_token_shards
-from composer_qsdp.metrics_file import MetricsFile
+from composer_qsdp.recipes.data import write_token_shards
+from composer_qsdp.recipes.metrics_file import MetricsFile
 
 ROOT = Path(__file__).resolve().parents[2]
 VAL = "metrics/val/LanguageCrossEntropy"

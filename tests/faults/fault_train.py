@@ -1,4 +1,4 @@
-"""The recipe entrypoint (``composer_qsdp.train``) with one injected fault, for ``composer -n N`` (driven by the fault
+"""The recipe entrypoint (``composer_qsdp.recipes.train``) with one injected fault, for ``composer -n N`` (driven by the fault
 tests)::
 
     QSDP_FAULT=stop:1:3 QSDP_FAULT_DIR=DIR composer -n 2 tests/faults/fault_train.py RECIPE.yaml [key=value ...]
@@ -88,7 +88,7 @@ def _arm(kind: str, rank: int, batch: int) -> None:
 
 
 def main() -> int:
-    from composer_qsdp.train import main as train_main
+    from composer_qsdp.recipes.train import main as train_main
 
     fault_dir = os.environ.get("QSDP_FAULT_DIR")
     if fault_dir:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from composer_qsdp.train import set_aside_incomplete_checkpoints
+from composer_qsdp.recipes.train import set_aside_incomplete_checkpoints
 
 
 def _folder(tmp_path: Path, latest: str | None) -> Path:

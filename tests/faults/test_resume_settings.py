@@ -12,8 +12,8 @@ from dist_spawn import RankInfo, run_ranks
 from sharded_mlp import LR, Adapter, _train, full_tensors, reference_training
 
 from composer_qsdp import from_recipe
-from composer_qsdp.policy import ResumeSettingsWarning
-from composer_qsdp.policy.handle import settings_changes
+from composer_qsdp.engine import ResumeSettingsWarning
+from composer_qsdp.engine.handle import settings_changes
 
 pytestmark = pytest.mark.requires_custom_comm
 

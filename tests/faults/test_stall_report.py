@@ -7,7 +7,7 @@ import time
 
 from dist_spawn import RankInfo, run_ranks
 
-from composer_qsdp.train import CollectiveTimeoutError, _collective_timeout, _is_timeout
+from composer_qsdp.recipes.train import CollectiveTimeoutError, _collective_timeout, _is_timeout
 
 GLOO_TIMEOUT = RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 1000ms for recv operation")
 

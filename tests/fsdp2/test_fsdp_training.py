@@ -38,7 +38,7 @@ from sharded_mlp import (
 
 from composer_qsdp import from_recipe
 from composer_qsdp.fsdp2 import HAS_CUSTOM_COMM_API, check_custom_comm_support
-from composer_qsdp.policy import NonFiniteWeightError
+from composer_qsdp.engine import NonFiniteWeightError
 
 W8G8 = from_recipe("w8g8", bucket_size=64, seed=7)
 WEIGHTS_ONLY = from_recipe("w8g8", grad_bits=None, bucket_size=64, seed=7)

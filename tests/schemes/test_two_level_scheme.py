@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from composer_qsdp.policy import from_recipe
+from composer_qsdp.config import from_recipe
 from composer_qsdp.quant import make_codec
 from composer_qsdp.schemes import GRAD_SCHEMES, TwoLevelReduceScatter, make_grad_scheme
 

@@ -7,6 +7,6 @@ See ``README.md`` beside this file.
 
 from composer_qsdp.algorithms.qsdp.qsdp import QSDP, RECIPE, check_run
 from composer_qsdp.fsdp2 import apply_qsdp, remove_qsdp
-from composer_qsdp.policy import QSDPConfig, SideConfig, from_recipe
+from composer_qsdp.config import QSDPConfig, SideConfig, from_recipe
 
 __all__ = ["QSDP", "RECIPE", "QSDPConfig", "SideConfig", "apply_qsdp", "check_run", "from_recipe", "remove_qsdp"]

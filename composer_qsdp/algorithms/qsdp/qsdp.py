@@ -15,8 +15,9 @@ from composer.utils import dist
 
 from composer_qsdp.comm import TrafficCounter, TrafficReport
 from composer_qsdp import fsdp1, fsdp2
-from composer_qsdp.policy import (POLICIES, AutoOptions, AutoPolicy, ModuleFilter, NonFiniteWeightError, QSDPHandle,
-                                  ResumeSettingsWarning, from_recipe)
+from composer_qsdp.auto import AutoOptions, AutoPolicy, POLICIES
+from composer_qsdp.config import ModuleFilter, from_recipe
+from composer_qsdp.engine import NonFiniteWeightError, QSDPHandle, ResumeSettingsWarning
 
 __all__ = ["QSDP", "RECIPE", "check_run"]
 
@@ -82,7 +83,7 @@ class QSDP(Algorithm):
 
     Its checkpoint state (seed schedule, byte counters, scheme state) records the settings it was written under. A
     resume under other settings (bits, codecs, schemes, world size) continues with the new ones and warns with
-    :class:`~composer_qsdp.policy.ResumeSettingsWarning` naming each change (hyperparameter
+    :class:`~composer_qsdp.engine.ResumeSettingsWarning` naming each change (hyperparameter
     ``qsdp/resume_changes``); the byte counters keep their totals. A resume from a checkpoint without QSDP state
     warns too, and the counters start from zero.
 
@@ -102,7 +103,7 @@ class QSDP(Algorithm):
             (ZeRO++: INT8 block weights, two-level INT4 gradients), ``"tlq-hs"`` (SDP4Bit's two-level gradients:
             INT8 within nodes, INT4 across, Hadamard-smoothed), ``"sdp4bit"`` (SDP4Bit: 4-bit weight differences,
             qWD, and TLq-HS gradients) or ``"qwd-w4g4"`` (4-bit weight differences, one-hop 4-bit gradients); see
-            :mod:`composer_qsdp.policy.presets`.
+            :mod:`composer_qsdp.config.presets`.
         weight_bits: bits per weight code (1..8 for min-max), or ``None`` to all-gather weights unquantized.
         grad_bits: bits per gradient code, or ``None`` to reduce-scatter gradients unquantized.
         weight_codec: the weight codec: ``"minmax"``, ``"random_shift"``, ``"learned"`` or ``"symmetric"``.
@@ -143,10 +144,10 @@ class QSDP(Algorithm):
         policy: ``"fixed"`` (default: the recipe and options above) or ``"auto"``: start unquantized, measure the
             network and each unit's compute over the first steps, then choose per unit and side off / 8 bits /
             4 bits (gradients, stochastic) / 4-bit weight differences to minimize the predicted step time under
-            an accuracy rule (:mod:`composer_qsdp.policy.auto`; the README's "policy=auto"). With ``"auto"`` only
+            an accuracy rule (:mod:`composer_qsdp.auto.choice`; the README's "policy=auto"). With ``"auto"`` only
             the run options (``exclude``, ``module_filter``, ``min_numel``, ``seed``, ``check_finite``,
             ``error_sample_interval``, ``ranks_per_node``) apply; the per-side options are the policy's to choose.
-        auto_options: options of the automatic policy (:class:`~composer_qsdp.policy.AutoOptions`), e.g.
+        auto_options: options of the automatic policy (:class:`~composer_qsdp.auto.AutoOptions`), e.g.
             ``{"warmup_steps": 4, "recheck_tolerance": 0.25, "min_gain": 0.02}``.
 
     Raises:
@@ -290,7 +291,7 @@ class QSDP(Algorithm):
         assert self.auto is not None
         record = self.auto.on_step_end()
         if record is None:
-            return  # the policy itself logs its readable line (composer_qsdp.policy.auto_runtime)
+            return  # the policy itself logs its readable line (composer_qsdp.auto.runtime)
         logger.log_hyperparameters({"qsdp/auto/event": record.event, "qsdp/auto/choice": record.choice()})
         logger.log_metrics(record.metrics())
 

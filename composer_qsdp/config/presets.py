@@ -1,0 +1,99 @@
+"""Named presets: a ``QSDPConfig`` by name, with flat keyword changes (``from_recipe("w8g4", exclude=[...])``).
+
+* ``w8g8``: QSDP's headline setting (8-bit weights and gradients, min-max, stochastic rounding, buckets of 1024).
+  The default everywhere.
+* ``w8g4``: 8-bit weights, 4-bit stochastic gradients. Unbiased 4-bit gradient noise averages out over steps,
+  while a directly quantized 4-bit weight is wrong in every forward (SDP4Bit §3.5, Table 3: +12% loss for direct
+  INT4 weights at GPT-125M); this keeps the weights at 8 bits and halves the gradient traffic.
+* ``w4g4``: 4-bit weights and gradients with the same codec: the fastest direct setting, at a loss cost
+  (benchmarks/RESULTS.md).
+* ``sdp4bit``: SDP4Bit's full setting (Jia et al., NeurIPS 2024): qWD weights (quantized differences against a
+  reference every rank keeps, §3.1: symmetric INT4 in groups of 2048, round to nearest) and TLq-HS gradients
+  (below). Within one node the gradients take the intra-node INT8 hop only.
+* ``qwd-w4g4``: qWD weights as ``sdp4bit``, with one-hop 4-bit gradients in groups of 128 (§3.2, Table 3: 128
+  suffices) rotated by a Hadamard transform (SDP4Bit's "smoother") and our unbiased stochastic rounding, the best
+  4-bit gradient setting of our round-1 measurements: 4 bits on both sides within one node.
+* ``zeropp``: ZeRO++'s qwZ + qgZ. Weights: symmetric INT8 blocks of 4096 elements, round to nearest (DeepSpeed's
+  qwZ quantizer aims at groups of 4k-8k elements). Gradients: the two-level reduce-scatter with symmetric INT4 on
+  both hops, blocks of 2048 (DeepSpeed's qgZ uses one group per row of each gradient matrix: the hidden size,
+  2048 at GPT-1.3B). ZeRO++'s hpZ is an FSDP setting: ``reshard_after_forward=<ranks per node>`` (see the QSDP
+  README).
+* ``tlq-hs``: SDP4Bit's gradients (§3.2, TLq-HS): the two-level reduce-scatter with symmetric INT8 within the node
+  and INT4 across nodes, groups of 128, and a Hadamard rotation of 32-element blocks kept through the local
+  reduction. Weights as ``w8g8``; ``sdp4bit`` pairs these gradients with qWD weights.
+
+Flat options name one field of one side as ``weight_<field>`` / ``grad_<field>`` (the fields of
+:class:`~composer_qsdp.config.SideConfig`: ``weight_bits``, ``grad_codec``, ``weight_bucket_size``,
+``grad_rounding``, ``weight_codec_options``, ``grad_scheme``, ``weight_scheme_options``,
+``grad_bits_overrides``...), ``bucket_size`` for both sides' bucket size (the per-side options win), or a
+field of :class:`~composer_qsdp.config.QSDPConfig` (``exclude``, ``module_filter``, ``min_numel``, ``seed``,
+``check_finite``, ``error_sample_interval``, ``ranks_per_node``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from composer_qsdp.config.settings import QSDPConfig, SideConfig
+
+__all__ = ["option_names", "from_recipe", "recipe_names"]
+
+# SDP4Bit's two halves (§3.1 qWD weights, §3.2 TLq-HS gradients), shared by the presets that use them.
+_QWD_W4: dict[str, Any] = {
+    "weight_scheme": "difference", "weight_codec": "symmetric", "weight_bits": 4, "weight_bucket_size": 2048,
+}
+_TLQ_HS: dict[str, Any] = {
+    "grad_codec": "symmetric", "grad_bits": 4, "grad_bucket_size": 128, "grad_scheme": "two_level",
+    "grad_scheme_options": {"intra_codec": {"name": "symmetric", "bits": 8, "bucket_size": 128}, "rotation_block": 32},
+}
+#: Each preset as flat options over the defaults (``QSDPConfig()``).
+_PRESETS: dict[str, dict[str, Any]] = {
+    "w8g8": {},
+    "w8g4": {"grad_bits": 4},
+    "w4g4": {"weight_bits": 4, "grad_bits": 4},
+    "zeropp": {
+        "weight_codec": "symmetric", "weight_bits": 8, "weight_bucket_size": 4096,
+        "grad_codec": "symmetric", "grad_bits": 4, "grad_bucket_size": 2048, "grad_scheme": "two_level",
+    },
+    "tlq-hs": _TLQ_HS,
+    "sdp4bit": {**_QWD_W4, **_TLQ_HS},
+    "qwd-w4g4": {**_QWD_W4, "grad_bits": 4, "grad_bucket_size": 128, "grad_codec_options": {"hadamard": True}},
+}
+_SIDES = {"weight_": "weights", "grad_": "grads"}
+_SIDE_FIELDS = tuple(f.name for f in fields(SideConfig))
+_RUN_FIELDS = tuple(f.name for f in fields(QSDPConfig) if f.init and f.name not in _SIDES.values())
+
+
+def recipe_names() -> tuple[str, ...]:
+    """Names accepted by :func:`from_recipe`."""
+    return tuple(_PRESETS)
+
+
+def option_names() -> tuple[str, ...]:
+    """The flat options :func:`from_recipe` accepts (see the module docstring)."""
+    return (*(prefix + f for prefix in _SIDES for f in _SIDE_FIELDS), "bucket_size", *_RUN_FIELDS)
+
+
+def from_recipe(name: str = "w8g8", **options: Any) -> QSDPConfig:
+    """The preset ``name`` (:func:`recipe_names`) with flat ``options`` changed (see the module docstring).
+
+    Example: ``from_recipe("w8g4", weight_bucket_size=2048, exclude=["model.wte"])``.
+
+    Raises:
+        ValueError: an unknown preset or option, or an option out of range, naming it and what is allowed.
+    """
+    if not isinstance(name, str) or name not in _PRESETS:
+        raise ValueError(f"unknown QSDP recipe {name!r}; allowed: {', '.join(_PRESETS)}")
+    unknown = sorted(set(options) - set(option_names()))
+    if unknown:
+        raise ValueError(f"unknown QSDP option(s) {unknown}; allowed: {', '.join(option_names())}")
+    options = {**_PRESETS[name], **options}
+    sides: dict[str, dict[str, Any]] = {side: {} for side in _SIDES.values()}
+    if "bucket_size" in options:
+        for changes in sides.values():
+            changes["bucket_size"] = options["bucket_size"]
+    for prefix, side in _SIDES.items():
+        sides[side].update({f: options[prefix + f] for f in _SIDE_FIELDS if prefix + f in options})
+    run = {f: options[f] for f in _RUN_FIELDS if f in options}
+    return QSDPConfig(**{side: SideConfig(**changes) for side, changes in sides.items()}, **run)

@@ -1,0 +1,257 @@
+"""``SideConfig`` (how one side's traffic is quantized and moved) and ``QSDPConfig`` (both sides, which units,
+seeds and checks): frozen, validated at construction, with named presets (:mod:`composer_qsdp.config.presets`)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch.nn as nn
+
+from composer_qsdp.quant import Codec, check_int, check_seed, make_codec
+from composer_qsdp.registry import Registry
+from composer_qsdp.schemes import (GRAD_SCHEMES, WEIGHT_SCHEMES, GradScheme, WeightScheme, make_grad_scheme,
+                                   make_weight_scheme)
+
+__all__ = ["ModuleFilter", "QSDPConfig", "SideConfig", "build_scheme"]
+
+#: ``filter(module, name) -> bool``: True keeps a unit quantized (torchao float8's ``module_filter_fn`` order).
+ModuleFilter = Callable[[nn.Module, str], bool]
+
+
+@dataclass(frozen=True)
+class SideConfig:
+    """How one side (the weight all-gather or the gradient reduce-scatter) is quantized and moved.
+
+    Attributes:
+        bits: bits per code (the codec's range, 1..8), or ``None`` to send this side unquantized.
+        codec: registry name of the codec (:func:`composer_qsdp.quant.codec_names`).
+        bucket_size: elements sharing one set of codec metadata (scale/offset/levels).
+        rounding: the codec's ``rounding`` option (min-max: ``"stochastic"`` or ``"nearest"``); ``None`` keeps
+            the codec's default (min-max: stochastic) and is required for codecs without that option.
+        codec_options: every other :func:`~composer_qsdp.quant.make_codec` option, e.g. ``{"hadamard": True}``.
+            ``bits`` and ``bucket_size`` are the fields above; naming them here too is an error.
+        scheme: how the traffic moves (:mod:`composer_qsdp.schemes`): weights ``"direct"`` (default) or
+            ``"difference"``, gradients ``"flat"`` (default); ``None`` is the side's default.
+        scheme_options: options of the scheme class (used by ``scheme`` and the overrides' schemes alike).
+        bits_overrides: ``{pattern: bits or None}``: the first ``fnmatch`` pattern matching a unit's name sets
+            its bits (``None``: unquantized).
+        scheme_overrides: ``{pattern: scheme}``: the first pattern matching a unit's name sets its scheme, e.g.
+            ``{"model.wte": "direct"}`` to keep a large embedding out of the difference scheme's replica.
+    """
+
+    bits: int | None = 8
+    codec: str = "minmax"
+    bucket_size: int = 1024
+    rounding: str | None = None
+    codec_options: Mapping[str, Any] = field(default_factory=dict)
+    scheme: str | None = None
+    scheme_options: Mapping[str, Any] = field(default_factory=dict)
+    bits_overrides: Mapping[str, int | None] = field(default_factory=dict)
+    scheme_overrides: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Normalize containers: YAML recipes pass OmegaConf DictConfig.
+        for name in ("codec_options", "scheme_options", "bits_overrides", "scheme_overrides"):
+            object.__setattr__(self, name, _mapping(name, getattr(self, name)))
+        _patterns("bits_overrides", tuple(self.bits_overrides))
+        _patterns("scheme_overrides", tuple(self.scheme_overrides))
+        for bits in (self.bits, *self.bits_overrides.values()):
+            if bits is not None and (isinstance(bits, bool) or not isinstance(bits, int)):
+                raise ValueError(f"bits={bits!r} is invalid; bits must be an integer (the codec's range) or None")
+
+    def all_bits(self) -> list[int]:
+        """Every bit width this side can use (default and overrides), ascending, without ``None``."""
+        return sorted({self.bits, *self.bits_overrides.values()} - {None})
+
+    def all_schemes(self, default: str) -> list[str]:
+        """Every scheme this side can use (``scheme``, else ``default``, then the overrides'), without repeats."""
+        return list(dict.fromkeys([self.scheme or default, *self.scheme_overrides.values()]))
+
+    def make_codec(self, bits: int) -> Codec:
+        """A codec of this side at ``bits`` bits: the one place its options are put together.
+
+        Raises:
+            ValueError: the codec rejects its options; the message names the codec and the options.
+        """
+        rounding = {} if self.rounding is None else {"rounding": self.rounding}
+        try:  # one call: an option given twice (a field and codec_options) is Python's own TypeError
+            return make_codec(self.codec, bits=bits, bucket_size=self.bucket_size, **rounding, **self.codec_options)
+        except (ValueError, TypeError) as err:
+            options = {"bits": bits, "bucket_size": self.bucket_size, **rounding, **self.codec_options}
+            raise ValueError(f"codec {self.codec!r} with {options}: {err}") from None
+
+
+@dataclass(frozen=True)
+class QSDPConfig:
+    """Quantization of the weight all-gathers and gradient reduce-scatters of sharded data parallelism (QSDP).
+
+    A unit (a module given to ``fully_shard``, which communicates all the parameters it manages as one flat
+    buffer) is the granularity of every decision. Unit names are the qualified names of ``named_modules()`` of
+    the model QSDP is applied to (``''`` is that model); patterns are ``fnmatch`` patterns on them.
+
+    Every scheme the configuration can produce is built once here, as a prototype, so a bad option fails at
+    construction; each unit then gets its own copy (:meth:`weight_scheme` / :meth:`grad_scheme`), because
+    schemes and some codecs (learned levels) keep per-unit state.
+
+    Attributes:
+        weights: the weight all-gather (default: 8 bits, min-max, stochastic rounding, buckets of 1024).
+        grads: the gradient reduce-scatter (default: the same).
+        exclude: patterns of unit names left unquantized on both sides (e.g. an embedding or output head).
+        module_filter: ``filter(module, name) -> bool``; a unit for which it returns False stays unquantized on
+            both sides. Applied with ``exclude`` and ``min_numel``.
+        min_numel: units managing fewer parameter elements (unsharded) stay unquantized on both sides: their
+            traffic is too small to pay for the quantization error.
+        seed: base key of all rounding noise; with the optimizer step, the microbatch, the unit and the rank it
+            determines every random draw, so runs are reproducible and resumable.
+        check_finite: detect non-finite all-gathered weights (one fused reduction per all-gather, checked at
+            the next forward) and raise :class:`~composer_qsdp.engine.NonFiniteWeightError`.
+        error_sample_interval: every this many calls, a unit also measures the relative quantization error of
+            its traffic (one extra decode); ``0`` never measures.
+        ranks_per_node: ranks sharing a node, for per-hop byte counts and topology-aware schemes; ``None``
+            reads ``LOCAL_WORLD_SIZE`` from the launcher (one node when unset).
+
+    Raises:
+        ValueError: at construction, for any option out of range, naming the option and what is allowed.
+    """
+
+    weights: SideConfig = field(default_factory=SideConfig)
+    grads: SideConfig = field(default_factory=SideConfig)
+    exclude: Sequence[str] = ()
+    module_filter: ModuleFilter | None = None
+    min_numel: int = 0
+    seed: int = 0
+    check_finite: bool = True
+    error_sample_interval: int = 100
+    ranks_per_node: int | None = None
+    _weight_prototypes: dict[tuple[str, int | None], WeightScheme] = field(init=False, repr=False, compare=False)
+    _grad_prototypes: dict[tuple[str, int | None], GradScheme] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        for name in ("weights", "grads"):
+            if not isinstance(getattr(self, name), SideConfig):
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid; it must be a SideConfig")
+        set_(self, "exclude", _patterns("exclude", self.exclude))
+        if self.module_filter is not None and not callable(self.module_filter):
+            raise ValueError(f"module_filter={self.module_filter!r} is invalid; it must be callable (module, name)")
+        for name in ("min_numel", "error_sample_interval"):
+            check_int(name, getattr(self, name))
+        check_seed(self.seed)
+        if not isinstance(self.check_finite, bool):
+            raise ValueError(f"check_finite={self.check_finite!r} is invalid; it must be True or False")
+        if self.ranks_per_node is not None:
+            check_int("ranks_per_node", self.ranks_per_node, minimum=1)
+        set_(self, "_weight_prototypes", self._prototypes("weights", WEIGHT_SCHEMES, make_weight_scheme))
+        set_(self, "_grad_prototypes", self._prototypes("grads", GRAD_SCHEMES, make_grad_scheme))
+
+    def _prototypes(self, name: str, table: Registry[Any], make: Callable[..., Any]) -> dict[tuple[str, int | None], Any]:
+        side: SideConfig = getattr(self, name)
+        default = table.names()[0]
+        # Unquantized units (bits None) always take the side's default scheme: there is nothing to encode.
+        prototypes = {(default, None): make(default, None, self.error_sample_interval)}
+        for scheme in side.all_schemes(default):
+            for bits in side.all_bits():
+                prototypes[scheme, bits] = build_scheme(name, side, bits, scheme, self.error_sample_interval)
+        return prototypes
+
+    def weight_scheme(self, bits: int | None, scheme: str | None = None) -> WeightScheme:
+        """A new weight scheme for one unit: ``scheme`` (``None``: ``weights.scheme``) at ``bits`` bits
+        (``None``: the default scheme, unquantized).
+
+        Raises:
+            ValueError: a scheme or bit width this configuration does not use.
+        """
+        return _copy_of(self._weight_prototypes, self.weights.scheme, scheme, bits, "weights")
+
+    def grad_scheme(self, bits: int | None, scheme: str | None = None) -> GradScheme:
+        """A new gradient scheme for one unit: ``scheme`` (``None``: ``grads.scheme``) at ``bits`` bits
+        (``None``: the default scheme, unquantized).
+
+        Raises:
+            ValueError: a scheme or bit width this configuration does not use.
+        """
+        return _copy_of(self._grad_prototypes, self.grads.scheme, scheme, bits, "grads")
+
+    def summary(self) -> dict[str, Any]:
+        """The settings as plain values, for logging hyperparameters."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name.startswith("_"):
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, SideConfig):
+                value = {g.name: _plain(getattr(value, g.name)) for g in fields(value)}
+            out[f.name] = _plain(value)
+        return out
+
+
+def build_scheme(
+    side_name: str, side: SideConfig, bits: int | None, scheme: str | None = None, error_sample_interval: int = 0
+) -> WeightScheme | GradScheme:
+    """A new scheme of ``side`` (``side_name``: ``"weights"`` or ``"grads"``) at ``bits`` bits (``None``: the
+    side's default scheme, unquantized), by ``scheme`` (``None``: ``side.scheme``, else the registry's default).
+
+    The one place a side's codec and scheme options are put together (configurations' prototypes and the
+    automatic policy's candidates both build through it).
+
+    Raises:
+        ValueError: an unknown side, scheme or option, naming it.
+    """
+    table, make = {"weights": (WEIGHT_SCHEMES, make_weight_scheme), "grads": (GRAD_SCHEMES, make_grad_scheme)}.get(
+        side_name, (None, None))
+    if table is None:
+        raise ValueError(f"side {side_name!r} is invalid; allowed: weights, grads")
+    default = table.names()[0]
+    if bits is None:
+        return make(default, None, error_sample_interval)
+    try:
+        return make(scheme or side.scheme or default, side.make_codec(bits), error_sample_interval,
+                    **side.scheme_options)
+    except ValueError as err:
+        raise ValueError(f"QSDPConfig {side_name}: {err}") from None
+
+
+def _copy_of(
+    prototypes: dict[tuple[str, int | None], Any], configured: str | None, scheme: str | None, bits: int | None,
+    side: str,
+) -> Any:
+    defaults = [s for s, b in prototypes if b is None]
+    key = (defaults[0], None) if bits is None else (scheme or configured or defaults[0], bits)
+    if key not in prototypes:
+        configured_keys = sorted(f"{s}@{b}" for s, b in prototypes if b is not None)
+        raise ValueError(f"{side} scheme {key[0]!r} at bits={bits!r} is not configured; configured: {configured_keys}")
+    return copy.deepcopy(prototypes[key])
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return list(value)
+    if callable(value):
+        return getattr(value, "__qualname__", repr(value))
+    return value
+
+
+def _patterns(name: str, value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise ValueError(
+            f"{name}={value!r} is invalid; it must be a list of fnmatch patterns of module names, "
+            f"e.g. ['*.wte', 'model.lm_head']"
+        )
+    patterns = tuple(value)
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            raise ValueError(f"{name} contains {pattern!r}; patterns must be strings")
+    return patterns
+
+
+def _mapping(name: str, value: object) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not hasattr(value, "items"):
+        raise ValueError(f"{name}={value!r} is invalid; it must be a mapping")
+    return dict(value.items())  # type: ignore[union-attr]

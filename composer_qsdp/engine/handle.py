@@ -1,0 +1,402 @@
+"""``QSDPHandle``: the running state of QSDP on one model, the same for every framework adapter.
+
+An adapter (FSDP2's comm objects, later FSDP1's hooks or a DDP comm hook) finds the units, builds the handle
+and forwards three kinds of events to it: each unit's collectives (:meth:`QSDPHandle.all_gather`,
+:meth:`QSDPHandle.reduce_scatter`), the start of every forward pass (:meth:`QSDPHandle.on_forward`) and the
+optimizer step (:meth:`QSDPHandle.on_optimizer_step`, wired by :meth:`QSDPHandle.attach_optimizer`). The handle
+owns the seed schedule, the non-finite weight monitor, error sampling, byte counts and checkpoint state.
+
+Weights that change outside an optimizer step (a checkpoint loaded into the model, an in-place edit) would
+leave schemes that keep gathered weights (``keeps_weights``) stale: the handle compares the parameters' version
+counters at every forward with those after the last step and tells such schemes (``on_weights_changed``). A
+change that bypasses version counters (``param.data.copy_(...)``) needs :meth:`QSDPHandle.refresh`.
+
+A checkpoint holds the settings it was written under (the configuration and the world's shape); a handle that
+loads one written under other settings (W8G8 -> W4G4, another scheme, another world size) continues with its own
+settings and warns with :class:`ResumeSettingsWarning`, naming every setting that changed. Scheme state that
+no longer fits is rebuilt (a weight-difference reference becomes a keyframe); the byte counters keep their totals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from composer_qsdp.comm import StepSeeds, Topology, TrafficCounter, TrafficReport
+from composer_qsdp.config.settings import QSDPConfig
+from composer_qsdp.engine.finite_check import WeightFiniteMonitor
+from composer_qsdp.engine.plan import UnitPlan
+from composer_qsdp.schemes import GatherLayout, GradScheme, Scheme, WeightScheme
+
+__all__ = ["QSDPHandle", "ResumeSettingsWarning", "settings_changes"]
+
+_STATE_FORMAT = 2
+#: The model attribute that holds the handle QSDP installed on it.
+_HANDLE_ATTR = "_qsdp_handle"
+
+
+class ResumeSettingsWarning(UserWarning):
+    """QSDP resumed from a checkpoint written under other settings, or from one without QSDP's state."""
+
+
+def settings_changes(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """``"key: saved -> now"`` for every setting that differs (keys dotted, e.g. ``"grads.bits: 8 -> 4"``), in
+    key order; a key only one side has shows ``<absent>`` on the other."""
+    old, new = _flatten(saved), _flatten(now)
+    return [f"{key}: {old.get(key, '<absent>')!r} -> {new.get(key, '<absent>')!r}"
+            for key in sorted(old.keys() | new.keys()) if old.get(key, "<absent>") != new.get(key, "<absent>")]
+
+
+def _resume_changes(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """The run-wide changes one by one; the units' schemes in one entry (a model has many units, and a changed
+    configuration changes most of them)."""
+    changes = settings_changes({k: v for k, v in saved.items() if k != "units"},
+                               {k: v for k, v in now.items() if k != "units"})
+    units = settings_changes(saved.get("units", {}), now.get("units", {}))
+    if units:
+        changes.append(f"the schemes of {len(units)} of {len(now.get('units', {}))} unit(s), e.g. {units[0]}")
+    return changes
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+class QSDPHandle:
+    """What QSDP installed on a model: the units' schemes and the state shared by their collectives.
+
+    Attributes:
+        model: the model QSDP was applied to.
+        config: its configuration.
+        units: the plan of every unit that communicates, in unit-index order.
+        topology: the run's topology.
+        seeds: the seed schedule (optimizer step, microbatch).
+        adapter: which adapter installed the handle and how it reaches the framework's collectives (for logs; set
+            by the adapter, e.g. ``"fsdp2 (custom): ..."``).
+        layout_of: ``layout_of(unit_index)``, the unit's :class:`GatherLayout`, for schemes that keep gathered
+            weights and are chosen after setup (:meth:`reconfigure`); set by adapters that have layouts.
+        wire_dtypes: the dtype of the latest all-gather (``"weights"``) and reduce-scatter (``"grads"``) input:
+            what the framework actually sends, for measurements that must send the same.
+        resume_changes: the settings that differ from those of the checkpoint last loaded (``"key: old -> new"``;
+            empty when none did, or before a load).
+    """
+
+    adapter: str = ""
+    layout_of: Callable[[int], GatherLayout] | None = None
+
+    def __init__(self, model: nn.Module, config: QSDPConfig, units: Sequence[UnitPlan], topology: Topology) -> None:
+        self.model = model
+        self.config = config
+        self.units = tuple(units)
+        self.topology = topology
+        self.seeds = StepSeeds(config.seed)
+        self._monitor = WeightFiniteMonitor([u.name for u in units]) if config.check_finite else None
+        self._optimizer_hooks: list[torch.utils.hooks.RemovableHandle] = []
+        self._watched = [u for u in self.units if u.weights.keeps_weights]
+        self._versions = self._current_versions()
+        self.wire_dtypes: dict[str, torch.dtype] = {}
+        self.resume_changes: list[str] = []
+        self._forward_hook: torch.utils.hooks.RemovableHandle | None = None
+
+    # ------------------------------------------------------------------ the model it is applied to
+    @staticmethod
+    def applied(model: nn.Module) -> QSDPHandle | None:
+        """The handle QSDP installed on ``model`` (by any adapter), or ``None``."""
+        return getattr(model, _HANDLE_ATTR, None)
+
+    @staticmethod
+    def check_not_applied(model: nn.Module) -> None:
+        """Raise unless ``model`` is free of QSDP (one handle per model, whichever adapter).
+
+        Raises:
+            ValueError: QSDP is already applied to ``model``.
+        """
+        if QSDPHandle.applied(model) is not None:
+            raise ValueError("QSDP is already applied to this model; call remove_qsdp(model) before applying again")
+
+    @staticmethod
+    def remove_from(model: nn.Module) -> None:
+        """Remove the handle applied to ``model`` (its adapter restores the framework's collectives).
+
+        Raises:
+            ValueError: QSDP is not applied to ``model``.
+        """
+        handle = QSDPHandle.applied(model)
+        if handle is None:
+            raise ValueError(f"QSDP is not applied to this {type(model).__name__}")
+        handle.remove()
+
+    def attach_to_model(self) -> None:
+        """Register on the model: a forward pre-hook that marks each microbatch (:meth:`on_forward`), prepended so
+        that it runs before the pre-forward hook of a model that is itself an FSDP root (which gathers weights),
+        and the model attribute :meth:`applied` reads. Adapters call it once their collectives are installed."""
+        self._forward_hook = self.model.register_forward_pre_hook(lambda *_: self.on_forward(), prepend=True)
+        setattr(self.model, _HANDLE_ATTR, self)
+
+    def setup(
+        self, groups: Sequence[dist.ProcessGroup], layouts: Sequence[GatherLayout | None] | None = None
+    ) -> None:
+        """Set up every unit's schemes on its process group (collective: every rank, same order), with the
+        units' gather layouts where the adapter has them."""
+        layouts = [None] * len(self.units) if layouts is None else layouts
+        for unit, group, layout in zip(self.units, groups, layouts, strict=True):
+            unit.weights.setup(group, self.topology, layout)
+            unit.grads.setup(group, self.topology)
+
+    # ------------------------------------------------------------------ events from the adapter
+    def all_gather(
+        self, unit_index: int, output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup | None = None
+    ) -> None:
+        """Unit ``unit_index``'s weight all-gather (semantics of ``all_gather_into_tensor``)."""
+        unit = self.units[unit_index]
+        self.wire_dtypes["weights"] = input.dtype
+        unit.weights.all_gather(output, input, self.seeds.seed(unit_index, unit.weights.seed_stream), group)
+        if self._monitor is not None and output.is_floating_point():
+            self._monitor.record(unit_index, output)
+
+    def reduce_scatter(
+        self,
+        unit_index: int,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: dist.ReduceOp | dist.ReduceOp.RedOpType,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        """Unit ``unit_index``'s gradient reduce-scatter (semantics of ``reduce_scatter_tensor``)."""
+        unit = self.units[unit_index]
+        self.wire_dtypes["grads"] = input.dtype
+        unit.grads.reduce_scatter(output, input, op, self.seeds.seed(unit_index, unit.grads.seed_stream), group)
+
+    def on_forward(self) -> None:
+        """A forward pass of the model begins: report non-finite weights seen so far, start a new microbatch.
+
+        Raises:
+            NonFiniteWeightError: naming the units whose all-gathered weights were non-finite.
+        """
+        if self._monitor is not None:
+            self._monitor.poll()
+        versions = self._current_versions()
+        for unit, before, now in zip(self._watched, self._versions, versions):
+            if before != now:
+                unit.weights.on_weights_changed()
+        self._versions = versions
+        self.seeds.begin_microbatch()
+
+    def on_optimizer_step(self) -> None:
+        """The optimizer has updated the weights: the step boundary of every scheme and of the seeds."""
+        self.seeds.end_optimizer_step()
+        for scheme in self._schemes():
+            scheme.on_optimizer_step()
+        self._versions = self._current_versions()
+
+    def reconfigure(self, schemes: Sequence[tuple[WeightScheme | None, GradScheme | None]]) -> None:
+        """Replace the units' schemes: ``schemes[i]`` is unit ``i``'s new ``(weights, grads)``, ``None`` keeps a
+        side's scheme. Collective: every rank calls it with the same choices, in the same place.
+
+        Call it only at an optimizer-step boundary (after ``step()``, before the next forward): a step's forward
+        and backward gathers must see one scheme, and so must every microbatch of an accumulated step. New
+        schemes are set up on the unit's process group (and layout, for schemes that keep weights) and continue
+        the old schemes' byte counters; state of the old schemes (a weight-difference reference) is dropped, so a
+        new difference scheme starts with a full-precision keyframe.
+
+        Args:
+            schemes: one pair per unit, new and not set up.
+
+        Raises:
+            ValueError: not one pair per unit, a scheme already set up, or a scheme that needs a gather layout
+                where the adapter gives none; nothing is changed then.
+        """
+        if len(schemes) != len(self.units):
+            raise ValueError(f"reconfigure needs one (weights, grads) pair per unit: {len(self.units)}, got "
+                             f"{len(schemes)}")
+        for unit, (weights, grads) in zip(self.units, schemes):
+            if any(s is not None and s.group is not None for s in (weights, grads)):
+                raise ValueError(f"unit {unit.name or '<root>'}: reconfigure needs new schemes, not set-up ones")
+            if weights is not None and weights.needs_layout and self.layout_of is None:
+                raise ValueError(f"unit {unit.name or '<root>'}: the {weights.name} weight scheme needs the unit's "
+                                 f"gather layout, which this adapter ({self.adapter or 'unknown'}) does not give")
+        units = []
+        for unit, (weights, grads) in zip(self.units, schemes):
+            if weights is not None:
+                layout = self.layout_of(unit.index) if weights.needs_layout else None  # type: ignore[misc]
+                weights.setup(unit.weights.group, unit.weights.topology, layout)
+                weights.traffic = unit.weights.traffic  # the run's byte counts continue
+            if grads is not None:
+                grads.setup(unit.grads.group, unit.grads.topology)
+                grads.traffic = unit.grads.traffic
+            units.append(dataclasses.replace(unit, weights=weights or unit.weights, grads=grads or unit.grads))
+        self.units = tuple(units)
+        self._watched = [u for u in self.units if u.weights.keeps_weights]
+        self._versions = self._current_versions()
+
+    def refresh(self) -> None:
+        """Weights changed in a way version counters do not show (``param.data`` edits): schemes that keep
+        gathered weights rebuild them at the next gather (a full-precision keyframe)."""
+        for unit in self._watched:
+            unit.weights.on_weights_changed()
+
+    def attach_optimizer(self, optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer]) -> None:
+        """Call :meth:`on_optimizer_step` after every ``step()`` of ``optimizers`` (a step-post hook each).
+
+        A step a gradient scaler skips is no step: the weights did not change, so neither does QSDP's state.
+
+        Raises:
+            ValueError: something that is not a ``torch.optim.Optimizer``.
+        """
+        for optimizer in [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers):
+            if not isinstance(optimizer, torch.optim.Optimizer):
+                raise ValueError(f"optimizers must be torch.optim.Optimizer objects, got {type(optimizer).__name__}")
+            self._optimizer_hooks.append(optimizer.register_step_post_hook(lambda *_: self.on_optimizer_step()))
+
+    def remove(self) -> None:
+        """Detach from the optimizers and the model; adapters also restore their framework's collectives."""
+        for hook in self._optimizer_hooks:
+            hook.remove()
+        self._optimizer_hooks.clear()
+        if self._forward_hook is not None:
+            self._forward_hook.remove()
+            self._forward_hook = None
+        if QSDPHandle.applied(self.model) is self:
+            delattr(self.model, _HANDLE_ATTR)
+
+    # ------------------------------------------------------------------ reporting
+    def traffic(self) -> TrafficReport:
+        """Cumulative bytes sent by this rank (NCCL convention), per side and per hop, over all units."""
+        return TrafficReport(
+            sum((u.weights.traffic for u in self.units), TrafficCounter()),
+            sum((u.grads.traffic for u in self.units), TrafficCounter()),
+        )
+
+    def take_quantization_errors(self) -> dict[str, torch.Tensor]:
+        """Mean relative quantization error per side (``"weights"``, ``"grads"``) over the units sampled since
+        the previous call.
+
+        Values are 0-dim fp32 device tensors (reading them syncs the host); a side without new samples is
+        absent. Units sample every ``config.error_sample_interval`` calls.
+        """
+        errors: dict[str, torch.Tensor] = {}
+        for side, schemes in (("weights", [u.weights for u in self.units]), ("grads", [u.grads for u in self.units])):
+            fresh = [e for e in (s.take_error() for s in schemes) if e is not None]
+            for error in fresh:
+                if error.is_cuda:  # made on a comm stream, read on this one: keep its memory until then
+                    error.record_stream(torch.cuda.current_stream(error.device))
+            if fresh:
+                errors[side] = torch.stack(fresh).mean()
+        return errors
+
+    def check_finite(self) -> None:
+        """Raise if any weight all-gathered so far was non-finite (syncs the host; a no-op if disabled).
+
+        Raises:
+            NonFiniteWeightError: naming the units.
+        """
+        if self._monitor is not None:
+            self._monitor.check()
+
+    def nonfinite_units(self) -> list[str]:
+        """Names of the units whose full-precision (sharded) parameters hold a NaN or Inf on any rank: what a
+        checkpoint would save. Collective over the default process group (every rank calls it; one host sync).
+        """
+        flags = []
+        for unit in self.units:
+            flag = torch.zeros((), dtype=torch.bool, device=unit.params[0].device)
+            for param in unit.params:
+                local = param.to_local() if hasattr(param, "to_local") else param
+                if local.numel():
+                    low, high = torch.aminmax(local.detach())
+                    flag |= ~(torch.isfinite(low) & torch.isfinite(high))
+            flags.append(flag)
+        if not flags:
+            return []
+        found = torch.stack(flags).to(torch.uint8)
+        if dist.is_initialized():
+            dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        return [unit.name or "<root>" for unit, bad in zip(self.units, found.tolist()) if bad]
+
+    def memory_bytes(self) -> int:
+        """Device memory the schemes keep between steps (bytes per rank), e.g. weight-difference references."""
+        return sum(s.memory_bytes() for s in self._schemes())
+
+    def describe(self) -> str:
+        """The adapter (when set), then one line per unit: its size and each side's scheme."""
+        lines = [u.describe() for u in self.units]
+        return "\n".join([self.adapter, *lines] if self.adapter else lines)
+
+    # ------------------------------------------------------------------ checkpointing
+    def settings(self) -> dict[str, Any]:
+        """What a checkpoint records of how it was written: the configuration (:meth:`QSDPConfig.summary`'s keys),
+        ``world_size``, ``ranks_per_node`` and ``units`` (each unit's schemes, :meth:`UnitPlan.describe`), as plain
+        values."""
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        return {**self.config.summary(), "world_size": world,
+                "ranks_per_node": self.topology.ranks_per_node,
+                "units": {u.name or "<root>": u.describe().partition(": ")[2] for u in self.units}}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The seed schedule, every scheme's state (byte counters, references...) and the :meth:`settings`: save
+        it with the model so a resumed run continues exactly (or says what changed)."""
+        return {
+            "format": _STATE_FORMAT,
+            "settings": self.settings(),
+            "seeds": self.seeds.state_dict(),
+            "units": [{"weights": u.weights.state_dict(), "grads": u.grads.state_dict()} for u in self.units],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output of a handle on the same model structure.
+
+        Also reads the first format (``{"step", "weights", "grads"}``: a forward counter and byte counters).
+
+        A state written under other :meth:`settings` (bits, codecs, schemes, world size...) loads too: the handle
+        keeps its own settings, each scheme takes what still fits (a weight-difference reference saved by another
+        scheme, or not at all, means a full-precision keyframe at the next gather), the byte counters keep the
+        saved totals, and a :class:`ResumeSettingsWarning` names every change (also kept in
+        :attr:`resume_changes`).
+
+        Raises:
+            ValueError: the state is for a different number of units, naming both counts.
+        """
+        if state.get("format") != _STATE_FORMAT:  # the first format: a forward-pass counter, counters per side
+            state = {
+                "seeds": {"optimizer_step": 0, "microbatch": int(state["step"])},
+                "units": [{"weights": {"traffic": w}, "grads": {"traffic": g}}
+                          for w, g in zip(state["weights"], state["grads"], strict=True)],
+            }
+        if len(state["units"]) != len(self.units):
+            raise ValueError(
+                f"QSDP state has {len(state['units'])} units but this model has {len(self.units)}; it was saved "
+                "from a differently wrapped model"
+            )
+        self.resume_changes = _resume_changes(state["settings"], self.settings()) if "settings" in state else []
+        if self.resume_changes:
+            # The totals stay cumulative (true bytes sent over the whole run); the per-batch metrics computed from
+            # their differences reflect the new settings from the first new batch on.
+            warnings.warn(
+                "QSDP resumes from a checkpoint written under other settings and continues with the new ones: "
+                + "; ".join(self.resume_changes) + ". Scheme state that does not fit the new settings is rebuilt; "
+                "the byte counters keep the checkpoint's totals (bytes sent under the old settings included), and "
+                "the per-batch byte metrics reflect the new settings.", ResumeSettingsWarning, stacklevel=2)
+        for unit, saved in zip(self.units, state["units"]):
+            unit.weights.load_state_dict(saved["weights"])
+            unit.grads.load_state_dict(saved["grads"])
+        self.seeds.load_state_dict(state["seeds"])
+        # The saved state belongs to the weights loaded with it (load the model first, then QSDP's state).
+        self._versions = self._current_versions()
+
+    def _schemes(self) -> list[Scheme]:
+        return [s for u in self.units for s in (u.weights, u.grads)]
+
+    def _current_versions(self) -> list[tuple[int, ...]]:
+        return [tuple(p._version for p in unit.params) for unit in self._watched]

@@ -1,0 +1,127 @@
+"""Which units QSDP quantizes, and with which scheme on each side."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+import torch
+import torch.nn as nn
+
+from composer_qsdp.config.settings import QSDPConfig, SideConfig
+from composer_qsdp.schemes import GradScheme, WeightScheme
+
+__all__ = ["Unit", "UnitPlan", "plan_units"]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A unit an adapter found: a module that communicates the parameters it manages as one flat buffer.
+
+    Attributes:
+        name: qualified module name in the model QSDP is applied to (``''``: that model).
+        module: the module.
+        numel: unsharded parameter elements the unit communicates.
+        params: the parameters it communicates (their version counters tell in-place changes).
+    """
+
+    name: str
+    module: nn.Module
+    numel: int
+    params: tuple[torch.Tensor, ...] = ()
+
+
+@dataclass(frozen=True)
+class UnitPlan:
+    """The decision for one unit.
+
+    Attributes:
+        index: position among the model's units (identical on every rank).
+        name: qualified module name (``''``: the model itself).
+        module: the module.
+        numel: unsharded parameter elements the unit communicates.
+        params: the parameters it communicates.
+        weights: the unit's weight all-gather scheme (its own instance).
+        grads: the unit's gradient reduce-scatter scheme (its own instance).
+        note: why the unit is unquantized (``''`` when nothing excluded it).
+    """
+
+    index: int
+    name: str
+    module: nn.Module
+    numel: int
+    params: tuple[torch.Tensor, ...]
+    weights: WeightScheme
+    grads: GradScheme
+    note: str
+
+    @property
+    def quantized(self) -> bool:
+        """True when either side sends codes."""
+        return self.weights.codec is not None or self.grads.codec is not None
+
+    def describe(self) -> str:
+        """One line: name, size and each side's scheme."""
+        sides = f"weights={self.weights.describe()}, grads={self.grads.describe()}"
+        return f"{self.name or '<root>'} ({self.numel} elements): {sides}{f' [{self.note}]' if self.note else ''}"
+
+
+def plan_units(units: Sequence[Unit], config: QSDPConfig) -> list[UnitPlan]:
+    """Decide the scheme of each side of every unit.
+
+    Rules: ``exclude`` patterns, ``module_filter`` and ``min_numel`` leave the unit unquantized on both sides;
+    else the first pattern of a side's ``bits_overrides`` that matches sets its bits; else the side's ``bits``.
+    The first matching pattern of ``scheme_overrides`` sets the scheme, else the side's ``scheme``; unquantized
+    sides take the default scheme.
+    """
+    _warn_unmatched(units, config)
+    plans = []
+    for index, unit in enumerate(units):
+        note = _exclusion(unit, config)
+        weights = config.weight_scheme(None if note else _bits(config.weights, unit.name),
+                                       _scheme(config.weights, unit.name))
+        grads = config.grad_scheme(None if note else _bits(config.grads, unit.name), _scheme(config.grads, unit.name))
+        plans.append(UnitPlan(index, unit.name, unit.module, unit.numel, unit.params, weights, grads, note))
+    return plans
+
+
+def _warn_unmatched(units: Sequence[Unit], config: QSDPConfig) -> None:
+    """A pattern that matches no unit is most likely a typo that leaves a unit quantized: say so, with the names."""
+    names = [u.name for u in units]
+    options = {
+        "exclude": config.exclude,
+        "weight_bits_overrides": tuple(config.weights.bits_overrides),
+        "grad_bits_overrides": tuple(config.grads.bits_overrides),
+        "weight_scheme_overrides": tuple(config.weights.scheme_overrides),
+        "grad_scheme_overrides": tuple(config.grads.scheme_overrides),
+    }
+    for option, patterns in options.items():
+        unmatched = [p for p in patterns if not any(fnmatchcase(n, p) for n in names)]
+        if unmatched:
+            warnings.warn(
+                f"QSDP {option} pattern(s) {unmatched} match no unit; the units are {names} (fnmatch patterns on "
+                "the names of the modules given to fully_shard, '' being the model itself)",
+                stacklevel=3,
+            )
+
+
+def _exclusion(unit: Unit, config: QSDPConfig) -> str:
+    excluded_by = next((p for p in config.exclude if fnmatchcase(unit.name, p)), None)
+    if excluded_by is not None:
+        return f"excluded by {excluded_by!r}"
+    if config.module_filter is not None and not config.module_filter(unit.module, unit.name):
+        return "excluded by module_filter"
+    if unit.numel < config.min_numel:
+        return f"smaller than min_numel={config.min_numel}"
+    return ""
+
+
+def _scheme(side: SideConfig, name: str) -> str | None:
+    return next((s for p, s in side.scheme_overrides.items() if fnmatchcase(name, p)), None)
+
+
+def _bits(side: SideConfig, name: str) -> int | None:
+    override = next((p for p in side.bits_overrides if fnmatchcase(name, p)), None)
+    return side.bits if override is None else side.bits_overrides[override]

@@ -1,0 +1,39 @@
+"""Training data: text -> GPT-2 tokens -> fixed-length samples -> MDS shards -> ``StreamingDataset`` batches.
+
+Build shards from the command line with ``python -m composer_qsdp.recipes.data.build`` (see :mod:`composer_qsdp.recipes.data.build`),
+read them with :func:`build_token_dataloader`.
+"""
+
+from composer_qsdp.recipes.data.dataloader import TokenSamples, build_token_dataloader
+from composer_qsdp.recipes.data.shards import SplitStats, shards_exist, write_token_shards
+from composer_qsdp.recipes.data.sources import (
+    TRAIN_SPLIT,
+    VAL_SPLIT,
+    assign_split,
+    c4_documents,
+    default_python_source_roots,
+    python_source_documents,
+    python_source_files,
+    text_directory_documents,
+    wikipedia_sample_documents,
+)
+from composer_qsdp.recipes.data.tokenizer import EOT_TOKEN_ID, gpt2_tokenizer
+
+__all__ = [
+    "EOT_TOKEN_ID",
+    "SplitStats",
+    "TRAIN_SPLIT",
+    "TokenSamples",
+    "VAL_SPLIT",
+    "assign_split",
+    "build_token_dataloader",
+    "c4_documents",
+    "default_python_source_roots",
+    "gpt2_tokenizer",
+    "python_source_documents",
+    "python_source_files",
+    "shards_exist",
+    "text_directory_documents",
+    "wikipedia_sample_documents",
+    "write_token_shards",
+]

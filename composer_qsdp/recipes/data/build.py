@@ -1,0 +1,91 @@
+"""Command line: build GPT-2 token MDS shards (``train`` and ``val``) from a text source.
+
+Examples::
+
+    # the English Wikipedia sample bundled in gensim (the demo extra; offline, ~0.7 M tokens, CC BY-SA 3.0)
+    python -m composer_qsdp.recipes.data.build wikipedia data/wiki-gpt2-t64 --seq-len 64 --skip-existing
+    # any directory of *.txt files
+    python -m composer_qsdp.recipes.data.build textdir data/mytext-t2048 --input ~/corpus --seq-len 2048
+    # the *.py files of the installed Python packages and the standard library (offline; the text stays on this
+    # machine, never commit it)
+    python -m composer_qsdp.recipes.data.build pysource data/pysource-gpt2-t512 --seq-len 512 --val-fraction 0.02
+    # C4 as in the paper (internet + the c4 extra); upload the result and point data.remote at it
+    python -m composer_qsdp.recipes.data.build c4 data/c4-gpt2-t2048 --seq-len 2048 --max-documents 2000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator, Sequence
+
+from composer_qsdp.recipes.data.shards import shards_exist, write_token_shards
+from composer_qsdp.recipes.data.sources import (
+    c4_documents,
+    python_source_documents,
+    text_directory_documents,
+    wikipedia_sample_documents,
+)
+
+__all__ = ["main"]
+
+
+def _documents(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
+    if args.source == "wikipedia":
+        return wikipedia_sample_documents(args.val_fraction)
+    if args.source == "textdir":
+        if args.input is None:
+            raise ValueError("source 'textdir' needs --input DIR (a directory of *.txt files)")
+        return text_directory_documents(args.input, args.val_fraction)
+    if args.source == "pysource":
+        return python_source_documents(args.val_fraction, None if args.input is None else [args.input])
+    return c4_documents(args.c4_val_documents, name=args.c4_name)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m composer_qsdp.recipes.data.build", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("source", choices=("wikipedia", "textdir", "pysource", "c4"),
+                        help="where the text comes from")
+    parser.add_argument("out_dir", help="directory to create, holding train/ and val/ shards")
+    parser.add_argument("--seq-len", type=int, required=True, help="tokens per sample (the model's max_seq_len)")
+    parser.add_argument("--input", help="textdir: directory searched recursively for *.txt files; pysource: "
+                                        "directory searched for *.py files (default: the installed packages and "
+                                        "the standard library)")
+    parser.add_argument("--val-fraction", type=float, default=0.05,
+                        help="wikipedia/textdir/pysource: fraction of documents (by text hash) held out for val")
+    parser.add_argument("--c4-name", default="en", help="c4: dataset configuration (the paper used 'en')")
+    parser.add_argument("--c4-val-documents", type=int, default=10_000,
+                        help="c4: documents taken from C4's validation split")
+    parser.add_argument("--max-documents", type=int, help="stop after this many documents in total")
+    parser.add_argument("--skip-existing", action="store_true",
+                        help="exit successfully, building nothing, when out_dir already holds finished shards")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    args = _parser().parse_args(argv)
+    if args.skip_existing and shards_exist(args.out_dir):
+        print(f"shards already built in {args.out_dir}; nothing to do")
+        return 0
+    try:
+        stats = write_token_shards(_documents(args), args.out_dir, args.seq_len,
+                                   max_documents=args.max_documents, progress=True)
+    except (ValueError, ImportError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for split, s in stats.items():
+        print(f"{split}: {s.documents} documents -> {s.samples} samples of {args.seq_len} tokens "
+              f"({s.samples * args.seq_len} tokens; {s.dropped_tokens} tail tokens dropped)")
+    empty = [split for split, s in stats.items() if s.samples == 0]
+    if empty:
+        print(f"error: split(s) {', '.join(empty)} received no full sample; use more text, a shorter --seq-len "
+              "or another --val-fraction", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Documents -> GPT-2 tokens -> fixed-length samples -> MDS shards, one directory per split.
+
+Layout of ``out_dir``: ``<split>/index.json`` plus ``<split>/shard.*.mds.zstd`` for each split, readable by
+``streaming.StreamingDataset(local=out_dir, split=<split>)``. Each sample is one column ``tokens``: a
+``uint16`` array of exactly ``seq_len`` token ids.
+
+Documents are tokenized, each followed by ``<|endoftext|>``, concatenated per split and cut into samples of
+``seq_len`` tokens (a sample may span documents, as in GPT-2 and MosaicML's C4 shards); the tail of each split
+that does not fill a sample is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from streaming import MDSWriter
+from tqdm.auto import tqdm
+
+from composer_qsdp.recipes.data.sources import TRAIN_SPLIT, VAL_SPLIT
+from composer_qsdp.recipes.data.tokenizer import EOT_TOKEN_ID, gpt2_tokenizer
+
+__all__ = ["SplitStats", "TOKENS_COLUMN", "shards_exist", "write_token_shards"]
+
+#: Name of the MDS column holding a sample's token ids.
+TOKENS_COLUMN = "tokens"
+
+
+@dataclass
+class SplitStats:
+    """What one split of a shard build received and wrote.
+
+    Attributes:
+        documents: documents routed to the split.
+        samples: samples written (each ``seq_len`` tokens).
+        dropped_tokens: tokens at the end of the split too few to fill one more sample.
+    """
+
+    documents: int = 0
+    samples: int = 0
+    dropped_tokens: int = 0
+
+
+def shards_exist(out_dir: str | os.PathLike, splits: Iterable[str] = (TRAIN_SPLIT, VAL_SPLIT)) -> bool:
+    """True when ``out_dir`` holds a finished build (an ``index.json``) for every split in ``splits``."""
+    return all((Path(out_dir) / split / "index.json").is_file() for split in splits)
+
+
+class _SplitWriter:
+    """Packs one split's token stream into samples and hands them to an ``MDSWriter``."""
+
+    def __init__(self, out: Path, seq_len: int, compression: str | None, size_limit: int | str) -> None:
+        self.seq_len = seq_len
+        self.stats = SplitStats()
+        self._pending = np.empty(0, dtype=np.uint16)
+        self._writer = MDSWriter(out=str(out), columns={TOKENS_COLUMN: "ndarray:uint16"},
+                                 compression=compression, size_limit=size_limit)
+
+    def add(self, tokens: list[int]) -> None:
+        self.stats.documents += 1
+        stream = np.concatenate([self._pending, np.asarray(tokens, dtype=np.uint16)])
+        full = len(stream) // self.seq_len
+        for sample in stream[: full * self.seq_len].reshape(full, self.seq_len):
+            self._writer.write({TOKENS_COLUMN: sample})
+        self.stats.samples += full
+        self._pending = stream[full * self.seq_len:]
+
+    def finish(self) -> SplitStats:
+        self._writer.finish()
+        self.stats.dropped_tokens = len(self._pending)
+        return self.stats
+
+
+def write_token_shards(
+    documents: Iterable[tuple[str, str]],
+    out_dir: str | os.PathLike,
+    seq_len: int,
+    *,
+    max_documents: int | None = None,
+    compression: str | None = "zstd",
+    size_limit: int | str = "64mb",
+    progress: bool = False,
+) -> dict[str, SplitStats]:
+    """Tokenize ``(split, text)`` documents with GPT-2 BPE and write ``train`` and ``val`` MDS shards.
+
+    The build goes to a temporary sibling directory that is renamed to ``out_dir`` only when every split is
+    finished, so an interrupted build never looks complete to :func:`shards_exist`.
+
+    Args:
+        documents: ``(split, text)`` pairs, split ``"train"`` or ``"val"`` (see :mod:`composer_qsdp.recipes.data.sources`).
+        out_dir: directory to create; must not exist yet.
+        seq_len: tokens per sample (the model's ``max_seq_len``).
+        max_documents: stop after this many documents (all splits together); None reads them all.
+        compression: MDS shard compression (``"zstd"``, ``None``, or another ``streaming`` codec).
+        size_limit: bytes (or a size string like ``"64mb"``) per shard before a new one starts.
+        progress: show a progress bar of documents and samples.
+
+    Returns:
+        The :class:`SplitStats` of each split.
+
+    Raises:
+        ValueError: bad ``seq_len``/``max_documents``, an existing ``out_dir``, or a document with an unknown split.
+    """
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
+        raise ValueError(f"seq_len={seq_len!r} is invalid; it must be an integer >= 2 (tokens per sample)")
+    if max_documents is not None and (isinstance(max_documents, bool) or not isinstance(max_documents, int)
+                                      or max_documents < 1):
+        raise ValueError(f"max_documents={max_documents!r} is invalid; it must be an integer >= 1 or None")
+    out = Path(out_dir)
+    if out.exists():
+        raise ValueError(f"shard directory {str(out)!r} already exists; remove it or choose another out_dir")
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer = gpt2_tokenizer()
+    writers = {split: _SplitWriter(tmp / split, seq_len, compression, size_limit)
+               for split in (TRAIN_SPLIT, VAL_SPLIT)}
+    try:
+        bar = tqdm(itertools.islice(documents, max_documents), desc=f"tokenizing into {out.name}",
+                   unit="doc", disable=not progress)
+        for split, text in bar:
+            if split not in writers:
+                raise ValueError(f"document has split {split!r}; allowed: {', '.join(writers)}")
+            writers[split].add(tokenizer.encode_ordinary(text) + [EOT_TOKEN_ID])
+            bar.set_postfix({name: w.stats.samples for name, w in writers.items()}, refresh=False)
+        stats = {split: writer.finish() for split, writer in writers.items()}
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    tmp.rename(out)
+    return stats

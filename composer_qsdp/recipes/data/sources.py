@@ -1,0 +1,197 @@
+"""Text sources: each yields ``(split, document)`` pairs for the shard writer.
+
+* :func:`text_directory_documents`: every ``*.txt`` file under a directory is one document.
+* :func:`wikipedia_sample_documents`: the English Wikipedia sample bundled in the ``gensim`` wheel (the ``demo``
+  extra; CC BY-SA 3.0; generated from the installed package, never stored in this repository).
+* :func:`c4_documents`: C4 (``allenai/c4``) through Hugging Face ``datasets``, as the paper trained on;
+  needs internet and the ``c4`` extra (``datasets``), so it is not exercised offline.
+* :func:`python_source_documents`: the ``*.py`` files of the installed Python packages (``site-packages``) and
+  of the standard library: a large offline corpus on any machine (torch's files alone give about 19 M GPT-2
+  tokens). The text belongs to those packages under their own licenses: build shards on the machine that
+  has them, never commit or redistribute the text.
+
+Sources without their own validation split assign each document to ``"train"`` or ``"val"`` by a hash of its
+text (:func:`assign_split`), so a document never straddles the split and reruns give the same split.
+"""
+
+from __future__ import annotations
+
+import bz2
+import hashlib
+import importlib
+import importlib.util
+import itertools
+import os
+import re
+import site
+import sysconfig
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+__all__ = [
+    "TRAIN_SPLIT",
+    "VAL_SPLIT",
+    "assign_split",
+    "c4_documents",
+    "default_python_source_roots",
+    "python_source_documents",
+    "python_source_files",
+    "text_directory_documents",
+    "wikipedia_sample_documents",
+]
+
+TRAIN_SPLIT = "train"
+VAL_SPLIT = "val"
+
+_WIKI_SAMPLE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+# Shorter pages are stubs and disambiguation lists: not prose worth training on.
+_MIN_ARTICLE_CHARS = 200
+
+
+def assign_split(text: str, val_fraction: float) -> str:
+    """``"val"`` for a deterministic ``val_fraction`` of documents (by a hash of ``text``), else ``"train"``."""
+    _check_val_fraction(val_fraction)
+    return _split_of(hashlib.sha256(text.encode("utf-8")).digest(), val_fraction)
+
+
+def _check_val_fraction(val_fraction: float) -> None:
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction={val_fraction!r} is invalid; it must be a number in [0, 1)")
+
+
+def _split_of(digest: bytes, val_fraction: float) -> str:
+    """The split of a document whose text has SHA-256 ``digest``: val when its first 8 bytes, as a fraction of
+    2**64, fall below ``val_fraction``."""
+    return VAL_SPLIT if int.from_bytes(digest[:8], "big") / 2**64 < val_fraction else TRAIN_SPLIT
+
+
+def text_directory_documents(directory: str | os.PathLike, val_fraction: float) -> Iterator[tuple[str, str]]:
+    """Each ``*.txt`` file under ``directory`` (recursively, sorted by path) as one UTF-8 document.
+
+    Raises:
+        ValueError: ``directory`` does not exist or holds no ``*.txt`` file.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise ValueError(f"text directory {str(root)!r} does not exist or is not a directory")
+    paths = sorted(root.rglob("*.txt"))
+    if not paths:
+        raise ValueError(f"text directory {str(root)!r} holds no *.txt files")
+    for path in paths:
+        text = path.read_text(encoding="utf-8")
+        if text.strip():
+            yield assign_split(text, val_fraction), text
+
+
+def wikipedia_sample_documents(val_fraction: float) -> Iterator[tuple[str, str]]:
+    """Articles of gensim's bundled English Wikipedia sample, as plain text (title, blank line, body).
+
+    About 100 articles, 0.7 M GPT-2 tokens. The text is Wikipedia's, CC BY-SA 3.0.
+
+    Raises:
+        ImportError: ``gensim`` (the ``demo`` extra) is not installed.
+    """
+    _check_val_fraction(val_fraction)  # before the slow import
+    try:
+        wikicorpus = importlib.import_module("gensim.corpora.wikicorpus")
+    except ImportError as err:
+        raise ImportError("the Wikipedia sample ships inside gensim, which the demo extra installs: "
+                          "pip install 'composer_qsdp[demo]'") from err
+    gensim_dir = os.path.dirname(importlib.util.find_spec("gensim").origin)
+    dump = os.path.join(gensim_dir, "test", "test_data", _WIKI_SAMPLE)
+    with bz2.BZ2File(dump) as f:
+        for title, markup, _ in wikicorpus.extract_pages(f):
+            if markup.lower().startswith("#redirect"):
+                continue
+            # filter_wiki leaves bold/italic quote runs ('' and ''') in the text.
+            body = re.sub(r"\n{3,}", "\n\n", re.sub(r"'{2,}", "", wikicorpus.filter_wiki(markup))).strip()
+            if len(body) > _MIN_ARTICLE_CHARS:
+                text = f"{title}\n\n{body}"
+                yield assign_split(text, val_fraction), text
+
+
+def c4_documents(val_documents: int, name: str = "en") -> Iterator[tuple[str, str]]:
+    """C4 streamed from the Hugging Face Hub (``allenai/c4``; the paper trained on ``en``).
+
+    Yields the first ``val_documents`` documents of C4's ``validation`` split as ``"val"``, then the ``train``
+    split (365 M documents for ``en``) as ``"train"``; cap the total with ``max_documents`` of
+    :func:`~composer_qsdp.recipes.data.shards.write_token_shards`.
+
+    Raises:
+        ImportError: ``datasets`` (the ``c4`` extra) is not installed.
+    """
+    if isinstance(val_documents, bool) or not isinstance(val_documents, int) or val_documents < 0:
+        raise ValueError(f"val_documents={val_documents!r} is invalid; it must be an integer >= 0")
+    try:
+        datasets = importlib.import_module("datasets")
+    except ImportError as err:
+        raise ImportError("the C4 source needs Hugging Face datasets, which the c4 extra installs, and internet "
+                          "access: pip install 'composer_qsdp[c4]'") from err
+    validation = datasets.load_dataset("allenai/c4", name, split="validation", streaming=True)
+    for row in itertools.islice(validation, val_documents):
+        yield VAL_SPLIT, row["text"]
+    for row in datasets.load_dataset("allenai/c4", name, split="train", streaming=True):
+        yield TRAIN_SPLIT, row["text"]
+
+
+def default_python_source_roots() -> list[str]:
+    """The directories :func:`python_source_files` searches by default: this interpreter's
+    ``site.getsitepackages()`` that exist (distributions list some that they never create) and its standard
+    library (``sysconfig``'s ``stdlib`` path), which together hold every installed package's source."""
+    roots = [*site.getsitepackages(), sysconfig.get_paths()["stdlib"]]
+    return [r for r in dict.fromkeys(roots) if os.path.isdir(r)]
+
+
+def python_source_files(roots: Sequence[str | os.PathLike] | None = None) -> list[Path]:
+    """Every ``*.py`` file under ``roots``, in a deterministic order.
+
+    Args:
+        roots: directories to search recursively; None means :func:`default_python_source_roots`. Roots are
+            taken in sorted order and the files of each in sorted path order; a file reached twice (overlapping
+            roots, symbolic links) is listed once, at its first position.
+
+    Raises:
+        ValueError: a given root is not a directory, or no ``*.py`` file is found.
+    """
+    if roots is None:
+        roots = default_python_source_roots()
+    dirs = [Path(r) for r in roots]
+    missing = [str(d) for d in dirs if not d.is_dir()]
+    if missing:
+        raise ValueError(f"Python source root(s) {', '.join(map(repr, missing))} do not exist or are not directories")
+    files: list[Path] = []
+    seen: set[Path] = set()
+    for root in sorted(dirs):
+        for path in sorted(root.rglob("*.py")):
+            real = path.resolve()
+            if real not in seen and real.is_file():
+                seen.add(real)
+                files.append(path)
+    if not files:
+        raise ValueError(f"no *.py files under {', '.join(map(str, sorted(dirs)))}")
+    return files
+
+
+def python_source_documents(val_fraction: float,
+                            roots: Sequence[str | os.PathLike] | None = None) -> Iterator[tuple[str, str]]:
+    """Each Python source file of :func:`python_source_files` (default: the installed packages) as one document.
+
+    Files that are empty, not UTF-8 (PEP 263 allows other encodings) or unreadable are skipped, and so is a file
+    whose text equals an earlier one's (packages vendor identical copies): a repeated document would be
+    training data seen twice and, through :func:`assign_split`, could never straddle train and val anyway.
+
+    Raises:
+        ValueError: ``val_fraction`` out of range, a root that is not a directory, or no ``*.py`` file.
+    """
+    _check_val_fraction(val_fraction)  # before the file walk
+    seen: set[bytes] = set()
+    for path in python_source_files(roots):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        digest = hashlib.sha256(text.encode("utf-8")).digest()
+        if not text.strip() or digest in seen:
+            continue
+        seen.add(digest)
+        yield _split_of(digest, val_fraction), text

@@ -1,0 +1,628 @@
+"""Training recipes for :mod:`composer_qsdp.recipes.train`: the YAML schema, loading, validation and the key listing.
+
+A recipe is checked against :class:`TrainRecipe` (unknown keys, missing values, wrong types) and then
+semantically (value ranges, model, durations, loggers, callbacks, algorithm arguments, batch size vs world size)
+before anything is built; every problem raises :class:`RecipeError` naming the key and what is allowed.
+
+llm-foundry's spellings are accepted where the meaning is the same (``fsdp_config``, ``optimizer.name:
+decoupled_adamw``, ``model.name: hf_causal_lm`` with its keys, the ``loggers``/``callbacks`` names); the others
+are refused with the key to write instead (:data:`LLM_FOUNDRY_HINTS`).
+
+Importing this module loads only omegaconf, so ``--help`` answers at once; checks that need Composer or
+``transformers`` import them when they run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import json
+import math
+import os
+import re
+import textwrap
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from composer_qsdp._names import did_you_mean
+from composer_qsdp.recipes.models.config import GPT_PRESETS, GPTConfig, gpt_config
+from composer_qsdp.recipes.models.hf import HFCausalLMConfig, hf_causal_lm_config
+
+__all__ = [
+    "ALGORITHMS",
+    "CALLBACKS",
+    "LLM_FOUNDRY_ALIASES",
+    "LLM_FOUNDRY_HINTS",
+    "LOGGERS",
+    "MODELS",
+    "Builder",
+    "RecipeError",
+    "TrainRecipe",
+    "ValidatedRecipe",
+    "build_algorithm",
+    "load_class",
+    "load_recipe",
+    "recipe_help",
+]
+
+USAGE = "composer -n N -m composer_qsdp.recipes.train RECIPE.yaml [key=value ...]"
+
+#: Algorithms a recipe can enable under ``algorithms: {name: {kwargs}}``: name -> "module:Class".
+ALGORITHMS: dict[str, str] = {
+    "qsdp": "composer_qsdp.algorithms.qsdp:QSDP",
+    "zero_one_adam": "composer_qsdp.algorithms.zero_one_adam:ZeroOneAdamDDP",
+}
+# Algorithms that act on FSDP's collectives and are meaningless without it.
+_NEEDS_FSDP = frozenset({"qsdp"})
+
+
+@dataclass(frozen=True)
+class Builder:
+    """A Composer class a recipe section names: ``target`` is "module:Class"; ``package`` the optional package
+    it needs (installed by Composer's extra of the same name), if any."""
+
+    target: str
+    package: Optional[str] = None
+
+
+#: Composer loggers a recipe can enable under ``loggers: {name: {kwargs}}`` (llm-foundry's names, plus ``file``).
+LOGGERS: dict[str, Builder] = {
+    "file": Builder("composer.loggers:FileLogger"),
+    "mlflow": Builder("composer.loggers:MLFlowLogger", "mlflow"),
+    "tensorboard": Builder("composer.loggers:TensorboardLogger", "tensorboard"),
+    "wandb": Builder("composer.loggers:WandBLogger", "wandb"),
+}
+#: Composer callbacks a recipe can enable under ``callbacks: {name: {kwargs}}`` (llm-foundry's names).
+CALLBACKS: dict[str, Builder] = {
+    "lr_monitor": Builder("composer.callbacks:LRMonitor"),
+    "memory_monitor": Builder("composer.callbacks:MemoryMonitor"),
+    "optimizer_monitor": Builder("composer.callbacks:OptimizerMonitor"),
+    "runtime_estimator": Builder("composer.callbacks:RuntimeEstimator"),
+    "speed_monitor": Builder("composer.callbacks:SpeedMonitor"),
+}
+#: Models a recipe can name with ``model.name``: name -> the function that checks the section's other keys.
+MODELS: dict[str, Callable[..., GPTConfig | HFCausalLMConfig]] = {
+    "gpt": gpt_config,
+    "hf_causal_lm": hf_causal_lm_config,
+}
+
+#: llm-foundry keys that mean the same as a key here: accepted and renamed.
+LLM_FOUNDRY_ALIASES: dict[str, str] = {"fsdp_config": "fsdp"}
+#: llm-foundry keys without a same-meaning key here: refused, with what to write instead.
+LLM_FOUNDRY_HINTS: dict[str, str] = {
+    "train_loader": "data: MDS token shards (data.local or data.remote, data.train_split, data.shuffle, "
+                    "data.num_workers)",
+    "eval_loader": "data.eval_split: a split of the same shards",
+    "tokenizer": "nothing: the shards hold GPT-2 token ids (python -m composer_qsdp.recipes.data.build tokenizes)",
+    "max_seq_len": "model.max_seq_len",
+    "global_seed": "seed",
+    "device_train_batch_size": "global_train_batch_size (the samples of all processes together)",
+    "fsdp.sharding_strategy": "fsdp.reshard_after_forward (true: FULL_SHARD, false: SHARD_GRAD_OP)",
+    "algorithms.gradient_clipping": "grad_clip_norm (clips the global L2 norm)",
+}
+
+DEVICES = ("cpu", "gpu")
+PRECISIONS = ("fp32", "amp_bf16", "amp_fp16")
+FSDP_MIXED_PRECISION = ("DEFAULT", "PURE", "FULL")
+FSDP_STATE_DICT_TYPES = ("sharded", "full")
+OPTIMIZERS = ("decoupled_adamw",)
+SCHEDULERS = ("cosine_with_warmup",)
+# Composer's seeds are 32-bit (reproducibility.seed_all); QSDP's own seed is a 64-bit Philox key.
+MAX_SEED = 2**32 - 1
+# max_duration in 'dur' is circular; Composer refuses it.
+MAX_DURATION_UNITS = ("ep", "iter", "ba", "sp", "tok")
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot run: the message names the offending key and what is allowed."""
+
+
+def _key(default: Any = MISSING, doc: str = "", factory: Callable[[], Any] | None = None) -> Any:
+    """A schema field with its ``--help`` text."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"doc": doc})
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass
+class DataSettings:
+    """Where the MDS token shards are (written by ``python -m composer_qsdp.recipes.data.build``)."""
+
+    local: str = _key(doc="shard directory, or the local cache directory when data.remote is set")
+    remote: Optional[str] = _key(None, "URL or path of the shards (s3://, gs://, oci://, a directory)")
+    train_split: str = _key("train", "subdirectory of the training samples")
+    eval_split: Optional[str] = _key("val", "subdirectory of the evaluation samples; null: no evaluation")
+    shuffle: bool = _key(True, "shuffle the training samples (seeded by seed)")
+    num_workers: int = _key(0, "DataLoader worker processes")
+
+
+@dataclass
+class OptimizerSettings:
+    """Decoupled AdamW (Composer's ``DecoupledAdamW``)."""
+
+    name: str = _key("decoupled_adamw", "the optimizer; only Composer's DecoupledAdamW (llm-foundry's name)")
+    lr: float = _key(doc="peak learning rate")
+    betas: list[float] = _key(doc="Adam's betas", factory=lambda: [0.9, 0.95])
+    eps: float = _key(1e-8, "Adam's epsilon")
+    weight_decay: float = _key(0.0, "decoupled weight decay")
+
+
+@dataclass
+class SchedulerSettings:
+    """Linear warm-up, then cosine decay to ``alpha_f * lr`` at the end of training."""
+
+    name: str = _key("cosine_with_warmup", "the schedule; only linear warm-up then cosine decay (llm-foundry's "
+                                           "name)")
+    t_warmup: str = _key("100ba", "warm-up duration")
+    alpha_f: float = _key(0.1, "final learning rate as a fraction of optimizer.lr")
+
+
+@dataclass
+class FSDPSettings:
+    """Composer ``FSDP2Config`` fields (FSDP2 is always used when this section is present)."""
+
+    # OmegaConf 2.3 has no bool | int: the value is checked in validation.
+    reshard_after_forward: Any = _key(True, "free gathered weights after the forward (FULL_SHARD); false keeps "
+                                            "them for the backward (SHARD_GRAD_OP); an integer k >= 2 keeps a "
+                                            "secondary shard over k consecutive ranks and re-gathers it there in "
+                                            "backward (ZeRO++'s hpZ, k = GPUs per node)")
+    mixed_precision: str = _key("DEFAULT", "DEFAULT: parameters in the run precision, fp32 gradient reduction; "
+                                           "PURE: both in the run precision; FULL: fp32")
+    state_dict_type: str = _key("sharded", "checkpoints: sharded (a file per process) or full")
+    activation_checkpointing: bool = _key(False, "recompute each FSDP unit's activations in the backward")
+
+
+@dataclass
+class TrainRecipe:
+    """Schema of a training recipe; the YAML's keys and types must match it.
+
+    Durations are Composer time strings (``"4800ba"``, ``"1ep"``, ``"2500000000tok"``). ``model`` names a model
+    of :data:`MODELS` and its settings; ``loggers``, ``callbacks`` and ``algorithms`` map a name of
+    :data:`LOGGERS`, :data:`CALLBACKS`, :data:`ALGORITHMS` to the keyword arguments of its class.
+    """
+
+    model: dict[str, Any] = _key(doc="the model: see 'model' below")
+    data: DataSettings = _key(factory=DataSettings)
+    optimizer: OptimizerSettings = _key(factory=OptimizerSettings)
+    max_duration: str = _key(doc="training duration, > 0, in ep, iter, ba, sp or tok")
+    global_train_batch_size: int = _key(doc="samples per optimizer step, all processes together")
+    device_train_microbatch_size: Optional[int] = _key(None, "samples per forward/backward; null: the whole "
+                                                             "per-process batch")
+    device_eval_batch_size: int = _key(8, "evaluation samples per batch and process")
+    run_name: Optional[str] = _key(None, "name of the run (checkpoints, loggers)")
+    seed: int = _key(17, "seed of weights, data order and Composer, in [0, 2**32)")
+    device: str = _key("cpu", f"one of {', '.join(DEVICES)}")
+    precision: str = _key("fp32", f"one of {', '.join(PRECISIONS)} (fp32 only on cpu)")
+    scheduler: SchedulerSettings = _key(factory=SchedulerSettings)
+    grad_clip_norm: Optional[float] = _key(1.0, "clip the global gradient L2 norm to this; null: no clipping")
+    fsdp: Optional[FSDPSettings] = _key(doc="FSDP2 sharding (llm-foundry: fsdp_config); null: none (DDP or one "
+                                            "process)", factory=FSDPSettings)
+    loggers: dict[str, Any] = _key(doc="Composer loggers: see 'loggers' below", factory=dict)
+    callbacks: dict[str, Any] = _key(doc="Composer callbacks: see 'callbacks' below", factory=dict)
+    algorithms: dict[str, Any] = _key(doc="Composer algorithms: see 'algorithms' below", factory=dict)
+    eval_interval: str = _key("500ba", "evaluate every this long (> 0)")
+    eval_subset_num_batches: int = _key(-1, "batches per evaluation; -1: the whole eval split")
+    dist_timeout: float = _key(300.0, "seconds the process-group set-up and every collective wait for the other "
+                                      "processes; a stalled (stopped, deadlocked) or dead process ends the run "
+                                      "after this long, with an error naming it where it can")
+    save_folder: Optional[str] = _key(None, "checkpoint directory; null: no checkpoints")
+    save_interval: str = _key("1000ba", "checkpoint every this long (> 0)")
+    save_num_checkpoints_to_keep: int = _key(-1, "checkpoints kept; -1: all")
+    save_overwrite: bool = _key(False, "overwrite existing checkpoints")
+    load_path: Optional[str] = _key(None, "checkpoint to resume from")
+    autoresume: bool = _key(False, "resume from the newest checkpoint in save_folder (needs run_name)")
+    progress_bar: bool = _key(True, "show a progress bar")
+    log_to_console: bool = _key(False, "print the logged metrics")
+    console_log_interval: str = _key("1ba", "print metrics every this long (> 0)")
+    metrics_file: Optional[str] = _key(None, "process 0 writes the logged metrics, QSDP's byte counters and the "
+                                             "peak GPU memory (with the memory_monitor callback) as JSON after "
+                                             "every evaluation and at the end")
+
+
+@dataclass(frozen=True)
+class ValidatedRecipe:
+    """A recipe that passed every check, with the objects the checks already had to build.
+
+    Attributes:
+        cfg: the merged recipe (typed by :class:`TrainRecipe`).
+        model_config: the model: a GPT's shape or a Hugging Face causal LM.
+        algorithm_kwargs: name -> keyword arguments of each enabled algorithm.
+        logger_kwargs: name -> keyword arguments of each enabled logger.
+        callback_kwargs: name -> keyword arguments of each enabled callback.
+    """
+
+    cfg: DictConfig
+    model_config: GPTConfig | HFCausalLMConfig
+    algorithm_kwargs: dict[str, dict[str, Any]]
+    logger_kwargs: dict[str, dict[str, Any]]
+    callback_kwargs: dict[str, dict[str, Any]]
+
+
+# ------------------------------------------------------------------------------------------------ loading
+def _accept_llm_foundry_spellings(cfg: DictConfig, source: str) -> DictConfig:
+    """Rename the llm-foundry keys of one recipe source (a file, or the command line) to ours."""
+    for theirs, ours in LLM_FOUNDRY_ALIASES.items():
+        if theirs in cfg:
+            if ours in cfg:
+                raise RecipeError(f"{source} sets both '{theirs}' (llm-foundry's spelling) and '{ours}'; keep one")
+            cfg[ours] = cfg.pop(theirs)
+    return cfg
+
+
+def _load_yaml(path: Path, chain: tuple[Path, ...] = ()) -> DictConfig:
+    """Load ``path``, first merging the recipe named by its ``base:`` key (recursively)."""
+    path = path.resolve()
+    if path in chain:
+        raise RecipeError(f"recipe base chain loops: {' -> '.join(map(str, chain + (path,)))}")
+    if not path.is_file():
+        raise RecipeError(f"recipe file {str(path)!r} does not exist")
+    try:
+        cfg = OmegaConf.load(path)
+    except Exception as err:  # yaml.YAMLError and friends: report the file, not a parser stack
+        raise RecipeError(f"recipe {str(path)!r} is not valid YAML: {err}") from None
+    if not isinstance(cfg, DictConfig):
+        raise RecipeError(f"recipe {str(path)!r} must be a mapping of keys, not a {type(cfg).__name__}")
+    cfg = _accept_llm_foundry_spellings(cfg, f"recipe {str(path)!r}")
+    base = cfg.pop("base", None)
+    if base is None:
+        return cfg
+    if not isinstance(base, str):
+        raise RecipeError(f"'base' in {str(path)!r} must be a path string, got {base!r}")
+    return OmegaConf.merge(_load_yaml(path.parent / base, chain + (path,)), cfg)
+
+
+def _section_class(path: str) -> type | None:
+    """The schema dataclass of the section at dotted ``path`` ("" for the top level), or None."""
+    cls: Any = TrainRecipe
+    for part in filter(None, path.split(".")):
+        hint = typing.get_type_hints(cls).get(part) if dataclasses.is_dataclass(cls) else None
+        cls = next((a for a in typing.get_args(hint) if dataclasses.is_dataclass(a)), hint)
+    return cls if dataclasses.is_dataclass(cls) else None
+
+
+def _unknown_key_message(key: str) -> str:
+    parent, _, name = key.rpartition(".")
+    hint = LLM_FOUNDRY_HINTS.get(key)
+    if hint is not None:
+        return f"unknown recipe key '{key}' (llm-foundry's spelling); here: {hint}"
+    section = _section_class(parent)
+    allowed = [f.name for f in dataclasses.fields(section)] if section else []
+    where = f"; '{parent}' takes: {', '.join(allowed)}" if parent else " (composer_qsdp.recipes.train --help lists every key)"
+    return f"unknown recipe key '{key}'{did_you_mean(name, allowed)}{where}"
+
+
+def _merge_schema(*configs: DictConfig) -> DictConfig:
+    """Merge ``configs`` onto the :class:`TrainRecipe` schema, turning omegaconf errors into RecipeErrors."""
+    try:
+        return OmegaConf.merge(OmegaConf.structured(TrainRecipe), *configs)
+    except ConfigKeyError as err:
+        raise RecipeError(_unknown_key_message(err.full_key)) from None
+    except ValidationError as err:
+        raise RecipeError(f"recipe key '{err.full_key}' has the wrong type: {err.msg.splitlines()[0]}") from None
+    except OmegaConfBaseException as err:
+        raise RecipeError(f"recipe key '{getattr(err, 'full_key', '?')}': {err.msg.splitlines()[0]}") from None
+
+
+def _cli_overrides(overrides: Sequence[str]) -> DictConfig:
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise RecipeError(f"command-line override(s) {', '.join(map(repr, bad))} must have the form key=value")
+    try:
+        cfg = OmegaConf.from_dotlist(list(overrides))
+    except OmegaConfBaseException as err:
+        raise RecipeError(f"cannot parse command-line overrides {list(overrides)}: {err}") from None
+    return _accept_llm_foundry_spellings(cfg, "the command line")
+
+
+def load_recipe(path: str | os.PathLike, overrides: Sequence[str] = ()) -> ValidatedRecipe:
+    """Load a YAML recipe, apply ``key=value`` overrides, and validate all of it; builds nothing heavy.
+
+    Raises:
+        RecipeError: a YAML, schema or value problem; the message names the key.
+    """
+    raw = OmegaConf.merge(_load_yaml(Path(path)), _cli_overrides(overrides))
+    cfg = _merge_schema(raw)
+    # Merging never lets '???' replace a schema default, so look for it in the recipe as written too.
+    missing = sorted(OmegaConf.missing_keys(raw) | OmegaConf.missing_keys(cfg))
+    if missing:
+        raise RecipeError(f"recipe is missing required key(s): {', '.join(missing)}")
+    return _validate(cfg)
+
+
+# --------------------------------------------------------------------------------------------- validation
+def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise RecipeError(f"recipe key '{key}' = {value!r} is invalid; {allowed}")
+
+
+def _check_time(key: str, value: str, *, positive: bool, units: Sequence[str] | None = None) -> None:
+    """``value`` must be a Composer duration, > 0 (``positive``) or >= 0, in one of ``units`` when given."""
+    from composer.core import Time
+
+    try:
+        time = Time.from_timestring(value)
+    except (ValueError, TypeError):
+        raise RecipeError(f"recipe key '{key}' = {value!r} is not a duration; use e.g. 4800ba, 1ep, "
+                          "2500000000tok") from None
+    _check(time.value > 0 if positive else time.value >= 0, key, value, f"it must be {'>' if positive else '>='} 0")
+    _check(units is None or time.unit.value in units, key, value, f"its unit must be one of {', '.join(units or ())}")
+
+
+def load_class(target: str) -> type:
+    """The class named by ``"module:Class"``."""
+    module_name, class_name = target.split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def _algorithm_class(name: str) -> type:
+    try:
+        return load_class(ALGORITHMS[name])
+    except ImportError as err:
+        raise RecipeError(f"algorithm '{name}' ({ALGORITHMS[name]}) cannot be imported: {err}") from None
+
+
+def build_algorithm(name: str, kwargs: dict[str, Any]) -> Any:
+    """The algorithm ``name`` of :data:`ALGORITHMS` built with ``kwargs``.
+
+    Raises:
+        RecipeError: the class refuses the arguments.
+    """
+    try:
+        return _algorithm_class(name)(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise RecipeError(f"recipe section 'algorithms.{name}' is invalid: {err}") from None
+
+
+def _check_arguments(section: str, function: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
+    """``kwargs`` must be keyword arguments ``function`` (a class or function) accepts; one that takes
+    ``**kwargs`` checks them itself."""
+    parameters = inspect.signature(function).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return
+    for key in kwargs:
+        if key not in parameters:
+            raise RecipeError(f"recipe key '{section}.{key}' is unknown{did_you_mean(key, parameters)}; "
+                              f"'{section}' takes: {', '.join(parameters)}")
+
+
+def _component_kwargs(section: str, builders: Mapping[str, Builder], name: str, value: Any) -> dict | None:
+    """The keyword arguments of the logger or callback ``name`` (None: turned off), checked against its class."""
+    key = f"{section}.{name}"
+    if name not in builders:
+        raise RecipeError(f"recipe key '{key}': no {section[:-1]} named {name!r}{did_you_mean(name, builders)}; "
+                          f"known: {', '.join(builders)}")
+    if value is False:
+        return None
+    if value is not None and value is not True and not isinstance(value, DictConfig):
+        raise RecipeError(f"recipe key '{key}' = {value!r} is invalid; give its keyword arguments as a mapping "
+                          "({} for the defaults), or false to turn it off")
+    builder = builders[name]
+    if builder.package is not None and importlib.util.find_spec(builder.package) is None:
+        raise RecipeError(f"recipe key '{key}' needs the {builder.package} package: "
+                          f"pip install 'mosaicml[{builder.package}]'")
+    kwargs = OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else {}
+    _check_arguments(key, load_class(builder.target), kwargs)
+    return kwargs
+
+
+def _model_config(options: dict[str, Any]) -> GPTConfig | HFCausalLMConfig:
+    name = options.pop("name", "gpt")
+    if name not in MODELS:
+        raise RecipeError(f"recipe key 'model.name' = {name!r} is invalid{did_you_mean(str(name), MODELS)}; "
+                          f"allowed: {', '.join(MODELS)}")
+    _check_arguments("model", MODELS[name], options)
+    try:
+        return MODELS[name](**options)
+    except (ValueError, ImportError) as err:
+        raise RecipeError(f"recipe section 'model' is invalid: {err}") from None
+
+
+def _validate(cfg: DictConfig) -> ValidatedRecipe:
+    """Check a complete schema-merged recipe's values; returns it with the model and the components' arguments.
+
+    Raises:
+        RecipeError: the first problem found, naming its key.
+    """
+    from composer.utils import dist
+
+    _check(cfg.device in DEVICES, "device", cfg.device, f"allowed: {', '.join(DEVICES)}")
+    _check(cfg.precision in PRECISIONS, "precision", cfg.precision, f"allowed: {', '.join(PRECISIONS)}")
+    _check(cfg.device != "cpu" or cfg.precision == "fp32", "precision", cfg.precision,
+           "Composer trains on CPU in fp32 only")
+    _check(0 <= cfg.seed <= MAX_SEED, "seed", cfg.seed, "it must be an integer in [0, 2**32) (Composer's seed range; "
+                                                        "QSDP's own seed, algorithms.qsdp.seed, is in [0, 2**64))")
+
+    model_config = _model_config(OmegaConf.to_container(cfg.model, resolve=True))
+
+    _check_time("max_duration", cfg.max_duration, positive=True, units=MAX_DURATION_UNITS)
+    for key in ("eval_interval", "save_interval", "console_log_interval"):
+        _check_time(key, OmegaConf.select(cfg, key), positive=True)
+    _check_time("scheduler.t_warmup", cfg.scheduler.t_warmup, positive=False)
+
+    # NaN fails every comparison, so it is refused too; inf would wait forever, which this key exists to prevent.
+    _check(math.isfinite(cfg.dist_timeout) and cfg.dist_timeout > 0, "dist_timeout", cfg.dist_timeout,
+           "it must be a finite number of seconds > 0 (e.g. 600 for steps that take minutes)")
+
+    world = dist.get_world_size()
+    batch = cfg.global_train_batch_size
+    _check(batch >= 1 and batch % world == 0, "global_train_batch_size", batch,
+           f"it must be a positive multiple of the world size ({world} processes)")
+    micro = cfg.device_train_microbatch_size
+    _check(micro is None or (micro >= 1 and (batch // world) % micro == 0), "device_train_microbatch_size", micro,
+           f"it must divide the per-device batch of {batch // world} samples")
+    _check(cfg.device_eval_batch_size >= 1, "device_eval_batch_size", cfg.device_eval_batch_size, "it must be >= 1")
+    _check(cfg.eval_subset_num_batches == -1 or cfg.eval_subset_num_batches >= 1, "eval_subset_num_batches",
+           cfg.eval_subset_num_batches, "it must be -1 (all) or >= 1")
+    _check(cfg.data.num_workers >= 0, "data.num_workers", cfg.data.num_workers, "it must be >= 0")
+
+    opt = cfg.optimizer
+    _check(opt.name in OPTIMIZERS, "optimizer.name", opt.name, f"allowed: {', '.join(OPTIMIZERS)}")
+    _check(opt.lr > 0, "optimizer.lr", opt.lr, "it must be > 0")
+    _check(len(opt.betas) == 2 and all(0 <= b < 1 for b in opt.betas), "optimizer.betas", list(opt.betas),
+           "it must be two numbers in [0, 1)")
+    _check(opt.eps > 0, "optimizer.eps", opt.eps, "it must be > 0")
+    _check(opt.weight_decay >= 0, "optimizer.weight_decay", opt.weight_decay, "it must be >= 0")
+    _check(cfg.scheduler.name in SCHEDULERS, "scheduler.name", cfg.scheduler.name, f"allowed: {', '.join(SCHEDULERS)}")
+    _check(0 <= cfg.scheduler.alpha_f <= 1, "scheduler.alpha_f", cfg.scheduler.alpha_f, "it must be in [0, 1]")
+    _check(cfg.grad_clip_norm is None or cfg.grad_clip_norm > 0, "grad_clip_norm", cfg.grad_clip_norm,
+           "it must be > 0, or null to disable clipping")
+
+    if cfg.fsdp is not None:
+        _check(cfg.fsdp.mixed_precision in FSDP_MIXED_PRECISION, "fsdp.mixed_precision", cfg.fsdp.mixed_precision,
+               f"allowed: {', '.join(FSDP_MIXED_PRECISION)}")
+        _check(cfg.fsdp.state_dict_type in FSDP_STATE_DICT_TYPES, "fsdp.state_dict_type", cfg.fsdp.state_dict_type,
+               f"allowed: {', '.join(FSDP_STATE_DICT_TYPES)}")
+        # Whether the group size divides the shard mesh is fully_shard's own check, at wrapping time.
+        reshard = cfg.fsdp.reshard_after_forward
+        _check(isinstance(reshard, bool) or (isinstance(reshard, int) and reshard >= 2), "fsdp.reshard_after_forward",
+               reshard, "allowed: true, false, or an integer >= 2 (ranks of the secondary shard group, e.g. the GPUs "
+               "per node)")
+    _check(not cfg.autoresume or (cfg.save_folder is not None and cfg.run_name is not None), "autoresume",
+           cfg.autoresume, "autoresume needs save_folder and run_name")
+
+    components = {}
+    for section, builders in (("loggers", LOGGERS), ("callbacks", CALLBACKS)):
+        enabled = {name: _component_kwargs(section, builders, name, value) for name, value in cfg[section].items()}
+        components[section] = {name: kwargs for name, kwargs in enabled.items() if kwargs is not None}
+
+    algorithm_kwargs = {}
+    for name, kwargs in cfg.algorithms.items():
+        if f"algorithms.{name}" in LLM_FOUNDRY_HINTS:
+            raise RecipeError(_unknown_key_message(f"algorithms.{name}"))
+        _check(name in ALGORITHMS, f"algorithms.{name}", name,
+               f"known algorithms: {', '.join(ALGORITHMS)}{did_you_mean(name, ALGORITHMS)}")
+        _check(name not in _NEEDS_FSDP or cfg.fsdp is not None, f"algorithms.{name}", name,
+               "it quantizes FSDP's collectives, so the recipe needs an 'fsdp' section (not null)")
+        algorithm_kwargs[name] = OmegaConf.to_container(kwargs, resolve=True) if kwargs is not None else {}
+        build_algorithm(name, algorithm_kwargs[name])  # argument errors surface now, before anything is built
+    return ValidatedRecipe(cfg=cfg, model_config=model_config, algorithm_kwargs=algorithm_kwargs,
+                           logger_kwargs=components["loggers"], callback_kwargs=components["callbacks"])
+
+
+# ------------------------------------------------------------------------------------------------- --help
+def _type_name(hint: Any) -> str:
+    """A YAML reader's name for a schema type: ``str``, ``float or null``, ``list[float]``, ``mapping``,
+    ``section``."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return f"{' or '.join(_type_name(a) for a in rest)} or null"
+    if dataclasses.is_dataclass(hint):
+        return "section"
+    origin = typing.get_origin(hint)
+    if origin is dict:
+        return "mapping"
+    if origin is list:
+        return f"list[{_type_name(args[0])}]"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _documented(obj: Any, section: str) -> dict[str, str]:
+    """name -> text of the Google-style ``section`` (``"Args"``, ``"Attributes"``) of ``obj``'s docstring."""
+    docs: dict[str, str] = {}
+    lines = iter((inspect.getdoc(obj) or "").splitlines())
+    for line in lines:
+        if line == f"{section}:":
+            break
+    name = None
+    for line in lines:
+        if not line.startswith("    "):  # a blank line or the next section ends this one
+            break
+        entry = re.fullmatch(r"    (\w+)(?: \(.*?\))?: (.*)", line)
+        if entry:
+            name, docs[entry[1]] = entry[1], entry[2]
+        elif name is not None:
+            docs[name] += " " + line.strip()
+    return docs
+
+
+def _key_lines(key: str, type_name: str, default: str, doc: str) -> list[str]:
+    head = f"  {key}: {type_name}" + (" (required)" if default == "required" else f" = {default}")
+    return [head, *_wrapped(doc, "      ")]
+
+
+def _wrapped(text: str, indent: str = "") -> list[str]:
+    return textwrap.wrap(text, width=116, initial_indent=indent, subsequent_indent=indent)
+
+
+def _schema_lines(cls: type, prefix: str = "") -> list[str]:
+    lines = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        section = next((a for a in (hints[f.name], *typing.get_args(hints[f.name])) if dataclasses.is_dataclass(a)),
+                       None)
+        if f.default_factory is not dataclasses.MISSING:
+            default = "the section below" if section else json.dumps(f.default_factory())
+        else:
+            default = "required" if f.default is MISSING else json.dumps(f.default)
+        doc = f.metadata.get("doc") or (inspect.getdoc(section) if section else "")
+        lines += _key_lines(prefix + f.name, _type_name(hints[f.name]), default, doc)
+        if section is not None:
+            lines += _schema_lines(section, f"{prefix}{f.name}.")
+    return lines
+
+
+def _gpt_lines() -> list[str]:
+    hints, docs = typing.get_type_hints(GPTConfig), _documented(GPTConfig, "Attributes")
+    lines = _key_lines("model.preset", "str or null", "null", f"start from a preset ({', '.join(GPT_PRESETS)}); "
+                                                             "without one, the fields without a default are required")
+    for f in dataclasses.fields(GPTConfig):
+        default = "required" if f.default is dataclasses.MISSING else json.dumps(f.default)
+        lines += _key_lines(f"model.{f.name}", _type_name(hints[f.name]), default, docs.get(f.name, ""))
+    return lines
+
+
+def _hf_lines() -> list[str]:
+    docs = _documented(hf_causal_lm_config, "Args")
+    lines = []
+    for p in inspect.signature(hf_causal_lm_config).parameters.values():
+        # Annotations are strings here (postponed evaluation): spell them as the schema's types are.
+        type_name = str(p.annotation).replace("Mapping[str, Any]", "mapping").replace(" | None", " or null")
+        lines += _key_lines(f"model.{p.name}", type_name, json.dumps(p.default), docs.get(p.name, ""))
+    return lines
+
+
+def recipe_help() -> str:
+    """The text of ``composer_qsdp.recipes.train --help``: usage, then every recipe key with its type and default."""
+    lines = [
+        f"usage: {USAGE}",
+        "       python -m composer_qsdp.recipes.train RECIPE.yaml [key=value ...]   (one process)",
+        "",
+        *_wrapped("Trains the recipe, a YAML file ('base: other.yaml' extends another recipe). Each key=value "
+                  "overrides a key, dotted for nested ones (model.max_seq_len=2048, fsdp=null). Everything is "
+                  "checked before anything is built; an error names the key. The recipe keys, with their type "
+                  "and default:"),
+        "",
+        *_schema_lines(TrainRecipe),
+        "",
+        "model, name: gpt (the default): composer_qsdp's GPT",
+        *_key_lines("model.name", "str", '"gpt"', f"the model: one of {', '.join(MODELS)}"),
+        *_gpt_lines(),
+        "",
+        *_wrapped("model, name: hf_causal_lm: a Hugging Face causal LM (the hf extra) with llm-foundry's keys; "
+                  "nothing is downloaded"),
+        *_hf_lines(),
+        "",
+    ]
+    for section, builders in (("loggers", LOGGERS), ("callbacks", CALLBACKS)):
+        lines += _wrapped(f"{section}: {{name: {{keyword arguments of its Composer class}}}}; {{}} or null for the "
+                          f"defaults; false turns off one that a base recipe enabled")
+        lines += [f"  {name}: {b.target.replace(':', '.')}" + (f" (needs mosaicml[{b.package}])" if b.package else "")
+                  for name, b in builders.items()]
+        lines.append("")
+    lines += ["algorithms: {name: {keyword arguments of its class}}; null for the defaults"]
+    lines += [f"  {name}: {target.replace(':', '.')}" for name, target in ALGORITHMS.items()]
+    lines += ["", *_wrapped(
+        "llm-foundry's spellings accepted: " + ", ".join(f"{a} (= {b})" for a, b in LLM_FOUNDRY_ALIASES.items())
+        + ", optimizer.name: decoupled_adamw, scheduler.name: cosine_with_warmup, model.name: hf_causal_lm with "
+        "its keys, and the logger and callback names above. Refused, with what to write here instead:")]
+    lines += [f"  {theirs} -> {ours}" for theirs, ours in LLM_FOUNDRY_HINTS.items()]
+    return "\n".join(lines)

@@ -1,0 +1,276 @@
+"""YAML training entrypoint for the recipes of yamls/ (llm-foundry style): GPT or Hugging Face models, QSDP.
+
+Run it through Composer's launcher, one process per device::
+
+    composer -n 8 -m composer_qsdp.recipes.train yamls/gpt-125m/qsdp-w8g8.yaml [key=value ...]
+
+Each ``key=value`` (dotted for nested keys: ``model.max_seq_len=2048``, ``fsdp=null``) overrides the recipe,
+omegaconf style. A recipe may start with ``base: other.yaml`` (a path relative to the recipe) to extend another
+recipe; its own keys override the base's. ``--help`` lists every key with its type and default.
+
+The recipe is checked completely (:mod:`composer_qsdp.recipes.loader`) before anything is built. This module imports
+torch and Composer only when it trains, so ``--help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from composer_qsdp.recipes.loader import (
+    ALGORITHMS,
+    CALLBACKS,
+    LOGGERS,
+    RecipeError,
+    TrainRecipe,
+    ValidatedRecipe,
+    build_algorithm,
+    load_class,
+    load_recipe,
+    recipe_help,
+)
+
+__all__ = ["ALGORITHMS", "CollectiveTimeoutError", "RecipeError", "TrainRecipe", "ValidatedRecipe", "load_recipe",
+           "main", "set_aside_incomplete_checkpoints", "train"]
+
+
+def _dataloader(recipe: ValidatedRecipe, split: str, batch_size: int, training: bool) -> Any:
+    # Training shuffles (unless data.shuffle is false) and keeps full batches only; evaluation reads every
+    # sample in order.
+    from composer_qsdp.recipes.data import build_token_dataloader
+    from composer_qsdp.recipes.models import HFCausalLMConfig, causal_lm_batch
+
+    cfg = recipe.cfg
+    collate = causal_lm_batch if isinstance(recipe.model_config, HFCausalLMConfig) else None
+    try:
+        return build_token_dataloader(cfg.data.local, split, batch_size, recipe.model_config.max_seq_len,
+                                      remote=cfg.data.remote, shuffle=training and cfg.data.shuffle,
+                                      shuffle_seed=cfg.seed, num_workers=cfg.data.num_workers, drop_last=training,
+                                      collate_fn=collate)
+    except ValueError as err:
+        raise RecipeError(f"recipe section 'data': {err}") from None
+
+
+def _model(recipe: ValidatedRecipe) -> Any:
+    from composer_qsdp.recipes.models import ComposerGPT, HFCausalLMConfig, build_hf_causal_lm
+
+    config = recipe.model_config
+    return build_hf_causal_lm(config) if isinstance(config, HFCausalLMConfig) else ComposerGPT(config)
+
+
+class CollectiveTimeoutError(RuntimeError):
+    """A collective waited ``dist_timeout`` seconds for the other processes: one stalled or died."""
+
+
+#: How long a rank whose collective timed out waits for the other ranks' reports of theirs (seconds, at most).
+_REPORT_GRACE_S = 10.0
+
+
+def _is_timeout(err: BaseException | None) -> bool:
+    """Whether ``err`` (or an exception it was raised from) is a collective's timeout (gloo: "Timed out waiting
+    ...ms for recv"; NCCL's watchdog: "... timeout ...")."""
+    while err is not None:
+        if isinstance(err, RuntimeError) and ("timed out" in str(err).lower() or "timeout" in str(err).lower()):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def _collective_timeout(err: BaseException, timeout_s: float) -> CollectiveTimeoutError | None:
+    """A :class:`CollectiveTimeoutError` naming the ranks that did not answer, if ``err`` is a collective's timeout.
+
+    Every rank whose collective timed out reports itself in the process group's rendezvous store and waits briefly
+    for the others' reports: the ranks that never report are the stalled (or dead) ones. The store lives in rank 0;
+    when rank 0 itself is the stalled one, the message says that it cannot tell.
+    """
+    if not _is_timeout(err):
+        return None
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as torch_dist
+
+    rank, world = torch_dist.get_rank(), torch_dist.get_world_size()
+    grace = min(_REPORT_GRACE_S, timeout_s)
+    try:
+        store = torch_dist.distributed_c10d._get_default_store()
+        store.set_timeout(timedelta(seconds=grace))
+        store.set(f"composer_qsdp/timed_out/{rank}", "1")
+        deadline = time.monotonic() + grace
+        while True:
+            silent = [r for r in range(world) if not store.check([f"composer_qsdp/timed_out/{r}"])]
+            if not silent or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        who = (f"rank(s) {', '.join(map(str, silent))} of {world} did not answer: stalled (stopped, deadlocked, "
+               "swapped out) or dead" if silent else "every rank reports the same timeout: the processes may wait in "
+               "different collectives (a rank took another code path)")
+    except Exception:  # noqa: BLE001 - the store itself does not answer: it is served by rank 0
+        who = "which rank stalled is unknown: the rendezvous store (served by rank 0) does not answer either, so " \
+              "rank 0 may be the stalled one"
+    return CollectiveTimeoutError(
+        f"rank {rank}: a collective waited dist_timeout={timeout_s:g} s for the other processes and timed out; {who}. "
+        "If a step legitimately takes longer (a slow first step, a large checkpoint), raise the recipe key "
+        "dist_timeout.")
+
+
+#: Composer's default checkpoint names, which the recipe keeps: ``ep0-ba6`` (sharded: a folder), ``ep0-ba6-rank0.pt``.
+_CHECKPOINT_NAME = re.compile(r"ep(\d+)-ba(\d+)(-rank\d+)?(\.pt)?")
+
+
+def set_aside_incomplete_checkpoints(save_folder: str | os.PathLike) -> list[Path]:
+    """Rename the checkpoints of ``save_folder`` that are newer than the one ``latest-rank0.pt`` names (all of them
+    when there is no such link) to ``NAME.incomplete``; returns the new paths.
+
+    Composer links ``latest`` only after a checkpoint is complete, so a newer one is the remains of a save that a
+    dying process never finished (a folder without its metadata, half a file). Autoresume loads the one ``latest``
+    names, but Composer refuses to start while such remains might be overwritten by the resumed run; set aside,
+    nothing is deleted.
+    """
+    folder = Path(save_folder)
+    latest = folder / "latest-rank0.pt"
+    newest = -1
+    if latest.is_symlink():
+        match = _CHECKPOINT_NAME.fullmatch(Path(os.readlink(latest)).name)
+        if match is None:
+            return []  # not a name this recipe writes: leave the folder alone
+        newest = int(match[2])
+    moved = []
+    for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
+        match = _CHECKPOINT_NAME.fullmatch(entry.name)
+        if match is not None and int(match[2]) > newest:
+            target = entry.with_name(entry.name + ".incomplete")
+            suffix = 1
+            while target.exists():
+                target, suffix = entry.with_name(f"{entry.name}.incomplete{suffix}"), suffix + 1
+            entry.rename(target)
+            moved.append(target)
+    return moved
+
+
+def train(recipe: ValidatedRecipe) -> Any:
+    """Build the data, model, optimizer, schedule, parallelism, loggers, callbacks and algorithms of ``recipe``,
+    then train.
+
+    Returns:
+        The finished (closed) Composer ``Trainer``.
+
+    Raises:
+        RecipeError: the shards named in ``data`` are missing or do not fit the model, or an algorithm cannot run
+            on the installed torch.
+        CollectiveTimeoutError: a collective waited ``dist_timeout`` seconds for the other processes (a stalled or
+            dead process), naming the ranks that did not answer where it can.
+    """
+    from composer import Evaluator, Trainer
+    from composer.algorithms import GradientClipping
+    from composer.optim import CosineAnnealingWithWarmupScheduler, DecoupledAdamW
+    from composer.utils import FSDP2Config, dist, reproducibility
+    from omegaconf import OmegaConf
+
+    from composer_qsdp.recipes.metrics_file import MetricsFile
+
+    cfg = recipe.cfg
+    # The process group must exist before the streaming datasets are built: without one, each rank's
+    # StreamingDataset creates temporary groups of its own, and concurrent ranks race on them at start-up.
+    dist.initialize_dist(cfg.device, cfg.dist_timeout)
+    if cfg.autoresume and "://" not in cfg.save_folder:
+        if dist.get_global_rank() == 0:
+            moved = set_aside_incomplete_checkpoints(cfg.save_folder)
+            if moved:
+                warnings.warn(f"autoresume: {', '.join(map(str, moved))} hold(s) checkpoint(s) newer than the last "
+                              "complete one (latest-rank0.pt), left by a save that never finished; set aside so "
+                              "that the run resumes from the last complete checkpoint", stacklevel=2)
+        dist.barrier()
+    world = dist.get_world_size()
+    train_dl = _dataloader(recipe, cfg.data.train_split, cfg.global_train_batch_size // world, training=True)
+    eval_dl = None
+    if cfg.data.eval_split is not None:
+        eval_dl = Evaluator(label="val", metric_names=["LanguageCrossEntropy", "LanguagePerplexity"],
+                            dataloader=_dataloader(recipe, cfg.data.eval_split, cfg.device_eval_batch_size,
+                                                   training=False),
+                            subset_num_batches=cfg.eval_subset_num_batches)
+
+    # Every rank must start from the same weights; FSDP then shards them.
+    reproducibility.seed_all(cfg.seed)
+    model = _model(recipe)
+    opt = cfg.optimizer
+    optimizer = DecoupledAdamW(model.parameters(), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
+                               weight_decay=opt.weight_decay)
+    algorithms = [build_algorithm(name, kwargs) for name, kwargs in recipe.algorithm_kwargs.items()]
+    if cfg.grad_clip_norm is not None:
+        algorithms.append(GradientClipping(clipping_type="norm", clipping_threshold=cfg.grad_clip_norm))
+    parallelism = None
+    if cfg.fsdp is not None:
+        # An FSDP2Config (not a dict) selects FSDP2 in composer 0.32.1 without the FSDP_VERSION variable.
+        parallelism = {"fsdp": FSDP2Config(**OmegaConf.to_container(cfg.fsdp))}
+    loggers = [load_class(LOGGERS[name].target)(**kwargs) for name, kwargs in recipe.logger_kwargs.items()]
+    callbacks = [load_class(CALLBACKS[name].target)(**kwargs) for name, kwargs in recipe.callback_kwargs.items()]
+    if cfg.metrics_file is not None:
+        loggers.append(MetricsFile(cfg.metrics_file))
+
+    trainer = Trainer(
+        run_name=cfg.run_name,
+        model=model,
+        train_dataloader=train_dl,
+        eval_dataloader=eval_dl,
+        eval_interval=cfg.eval_interval,
+        max_duration=cfg.max_duration,
+        optimizers=optimizer,
+        schedulers=CosineAnnealingWithWarmupScheduler(t_warmup=cfg.scheduler.t_warmup, alpha_f=cfg.scheduler.alpha_f),
+        algorithms=algorithms,
+        device=cfg.device,
+        precision=cfg.precision,
+        parallelism_config=parallelism,
+        device_train_microbatch_size=cfg.device_train_microbatch_size,
+        seed=cfg.seed,
+        dist_timeout=cfg.dist_timeout,
+        save_folder=cfg.save_folder,
+        save_interval=cfg.save_interval,
+        save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
+        save_overwrite=cfg.save_overwrite,
+        load_path=cfg.load_path,
+        autoresume=cfg.autoresume,
+        progress_bar=cfg.progress_bar,
+        log_to_console=cfg.log_to_console,
+        console_log_interval=cfg.console_log_interval,
+        loggers=loggers,
+        callbacks=callbacks,
+    )
+    try:
+        trainer.fit()
+    except Exception as err:
+        stalled = _collective_timeout(err, cfg.dist_timeout)
+        if stalled is not None:  # no trainer.close(): its barrier would wait for the stalled rank once more
+            raise stalled from err
+        trainer.close()
+        raise
+    trainer.close()
+    if dist.get_global_rank() == 0:
+        for algorithm in trainer.state.algorithms:
+            if callable(getattr(algorithm, "traffic", None)):
+                print(f"\n{type(algorithm).__name__} communication of rank 0 over "
+                      f"{int(trainer.state.timestamp.batch)} batches:\n{algorithm.traffic().summary()}")
+    return trainer
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m composer_qsdp.recipes.train RECIPE.yaml [key=value ...]``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(recipe_help())
+        return 0 if argv else 2
+    try:
+        train(load_recipe(argv[0], argv[1:]))
+    except RecipeError as err:
+        print(f"recipe error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

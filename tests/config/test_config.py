@@ -1,0 +1,121 @@
+"""SideConfig / QSDPConfig validation, the named presets and their flat options (no process group needed)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from composer_qsdp.config import QSDPConfig, SideConfig, from_recipe, option_names, recipe_names
+from composer_qsdp.schemes import DirectAllGather, FlatReduceScatter
+
+
+def test_defaults_are_the_paper_headline_setting():
+    config = QSDPConfig()
+    for side, scheme in ((config.weights, config.weight_scheme(8)), (config.grads, config.grad_scheme(8))):
+        assert (side.bits, side.codec, side.bucket_size) == (8, "minmax", 1024)
+        # rounding=None: the min-max codec's default, stochastic (unbiased)
+        assert scheme.codec.name == "minmax" and scheme.codec.rounding == "stochastic" and scheme.codec.unbiased
+    assert isinstance(config.weight_scheme(8), DirectAllGather)
+    assert isinstance(config.grad_scheme(8), FlatReduceScatter)
+    assert config == from_recipe("w8g8") == from_recipe()
+
+
+@pytest.mark.parametrize("kwargs,message", [  # lambdas: SideConfig validates at construction too
+    (lambda: dict(weights=SideConfig(bits=9)), r"weights: codec 'minmax'.*bits=9 is not supported"),
+    (lambda: dict(grads=SideConfig(bits=0)), r"grads: codec 'minmax'.*bits=0"),
+    (lambda: dict(weights=SideConfig(bits=8.0)), r"bits=8.0 is invalid"),
+    (lambda: dict(grads=SideConfig(codec="nope")), r"unknown codec 'nope'"),
+    (lambda: dict(weights=SideConfig(rounding="up")), r"rounding='up' is not supported"),
+    (lambda: dict(weights=SideConfig(bucket_size=0)), r"bucket_size=0 is invalid"),
+    (lambda: dict(min_numel=-5), r"min_numel=-5 is invalid"),
+    (lambda: dict(error_sample_interval=1.5), r"error_sample_interval=1.5 is invalid"),
+    (lambda: dict(exclude="*.wte"), r"exclude='\*.wte' is invalid; it must be a list"),
+    (lambda: dict(exclude=[3]), r"exclude contains 3"),
+    (lambda: dict(grads=SideConfig(bits_overrides={"head": 12})), r"grads: codec .*bits=12"),
+    (lambda: dict(weights=SideConfig(bits_overrides=["head"])), r"bits_overrides=\['head'\] is invalid; it must be a mapping"),
+    (lambda: dict(seed=-1), r"seed=-1 is invalid"),
+    (lambda: dict(check_finite="yes"), r"check_finite='yes' is invalid"),
+    (lambda: dict(grads=SideConfig(codec_options={"colour": 1})), r"invalid option for codec 'minmax'"),
+    (lambda: dict(weights=SideConfig(codec_options={"bits": 4})), r"multiple values for keyword argument 'bits'"),
+    (lambda: dict(grads=SideConfig(codec="symmetric", rounding="nearest")), r"invalid option for codec 'symmetric'"),
+    (lambda: dict(weights=SideConfig(scheme="flat")), r"unknown weight scheme 'flat'; allowed: difference, direct"),
+    (lambda: dict(grads=SideConfig(scheme_options={"hops": 2})), r"invalid option for the grad scheme 'flat'"),
+    (lambda: dict(weights=8), r"weights=8 is invalid; it must be a SideConfig"),
+    (lambda: dict(module_filter="blocks"), r"module_filter='blocks' is invalid; it must be callable"),
+    (lambda: dict(ranks_per_node=0), r"ranks_per_node=0 is invalid"),
+])
+def test_bad_options_raise_value_errors_naming_them(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        QSDPConfig(**kwargs())
+
+
+@pytest.mark.parametrize("codec", ["symmetric", "random_shift", "learned"])
+def test_codecs_without_a_rounding_option_work_with_the_defaults(codec):
+    config = QSDPConfig(weights=SideConfig(codec=codec, codec_options={"hadamard": True}),
+                        grads=SideConfig(codec=codec, bits=4))
+    assert config.grad_scheme(4).codec.bits == 4
+    assert config.weight_scheme(8).codec.name == "hadamard"
+
+
+def test_each_unit_gets_its_own_scheme_and_codec_built_from_one_prototype():
+    config = QSDPConfig(grads=SideConfig(codec="learned"))
+    first, second = config.grad_scheme(8), config.grad_scheme(8)
+    assert first is not second and first.codec is not second.codec  # learned levels are per-unit state
+    assert repr(first.codec) == repr(second.codec)
+    assert config.weight_scheme(None).codec is None  # unquantized units: the default scheme, no codec
+    with pytest.raises(ValueError, match=r"weights scheme 'direct' at bits=4 is not configured; configured: \['direct@8'\]"):
+        config.weight_scheme(4)
+    assert copy.deepcopy(config) == config
+
+
+def test_yaml_containers_are_normalized():
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"exclude": ["embed"], "overrides": {"head": 4}, "options": {"hadamard": True}})
+    config = QSDPConfig(exclude=cfg.exclude,
+                        weights=SideConfig(bits_overrides=cfg.overrides, codec_options=cfg.options))
+    assert config.exclude == ("embed",) and config.weights.bits_overrides == {"head": 4}
+    assert type(config.weights.codec_options) is dict
+
+
+def test_presets_and_flat_options():
+    assert recipe_names() == ("w8g8", "w8g4", "w4g4", "zeropp", "tlq-hs", "sdp4bit", "qwd-w4g4")
+    w8g4 = from_recipe("w8g4")
+    assert (w8g4.weights.bits, w8g4.grads.bits) == (8, 4)
+    w4g4 = from_recipe("w4g4", grad_bits=8, bucket_size=256, weight_bucket_size=2048, exclude=["head"],
+                       weight_codec_options={"hadamard": True}, grad_rounding="nearest", seed=3)
+    assert (w4g4.weights.bits, w4g4.grads.bits) == (4, 8)  # explicit options win over the preset
+    assert (w4g4.weights.bucket_size, w4g4.grads.bucket_size) == (2048, 256)  # per side wins over both
+    assert w4g4.weights.codec_options == {"hadamard": True} and w4g4.grads.rounding == "nearest"
+    assert w4g4.exclude == ("head",) and w4g4.seed == 3
+    assert "weight_scheme_options" in option_names() and "ranks_per_node" in option_names()
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: from_recipe("w2g2"), r"unknown QSDP recipe .w2g2.; allowed: w8g8, w8g4, w4g4, zeropp, tlq-hs, sdp4bit, qwd-w4g4"),
+    (lambda: from_recipe(["w8g8"]), r"unknown QSDP recipe \['w8g8'\]"),
+    (lambda: from_recipe("w8g8", weight_bitz=4), r"unknown QSDP option\(s\) \['weight_bitz'\]; allowed: weight_bits"),
+    (lambda: from_recipe("w8g8", weights=SideConfig()), r"unknown QSDP option\(s\) \['weights'\]"),
+])
+def test_recipe_errors_name_the_value(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_summary_is_plain_values():
+    config = QSDPConfig(module_filter=lambda module, name: True, exclude=["a"])
+    summary = config.summary()
+    assert summary["weights"]["bits"] == 8 and summary["exclude"] == ["a"]
+    assert "lambda" in summary["module_filter"] and not any(k.startswith("_") for k in summary)
+
+
+def test_sdp4bit_presets_are_qwd_int4_weights_with_tlq_hs_or_one_hop_4bit_gradients():
+    sdp4bit, one_hop = from_recipe("sdp4bit"), from_recipe("qwd-w4g4")
+    for config in (sdp4bit, one_hop):
+        weights = config.weight_scheme(4)
+        assert weights.name == "difference" and repr(weights.codec) == "SymmetricCodec(bits=4, bucket_size=2048)"
+    assert sdp4bit.grads == from_recipe("tlq-hs").grads  # SDP4Bit's two halves
+    grads = one_hop.grad_scheme(4)
+    assert grads.name == "flat" and grads.codec.name == "hadamard" and grads.codec.inner.bits == 4
+    assert grads.codec.bucket_size == 128 and grads.codec.unbiased

@@ -1,0 +1,106 @@
+"""Every recipe in yamls/ parses, validates and builds its model (on the meta device), and the paper recipes carry
+the paper's hyperparameters."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from composer_qsdp import QSDP, from_recipe
+from composer_qsdp.recipes.models import ComposerGPT, HFCausalLMConfig, build_hf_causal_lm
+from composer_qsdp.auto import AutoOptions
+from composer_qsdp.recipes.train import RecipeError, load_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+# yamls/base/ holds partial settings that recipes extend; they are not recipes themselves.
+RECIPES = sorted(p for p in (ROOT / "yamls").rglob("*.yaml") if p.parent.name != "base")
+PAPER_C4 = ["data.remote=s3://bucket/c4-gpt2-t2048"]
+# Paper-family recipes that train with DDP (no sharding) instead of FSDP.
+DDP_RECIPES = {"ddp-baseline", "zero-one-adam"}
+
+# model dir -> (preset, d_model, layers, heads, global batch, lr, nominal parameters): the GPT-3 sizes (Brown et
+# al., 2020, Table 2.1) that QSDP's experiments train.
+PAPER = {
+    "gpt-125m": ("125m", 768, 12, 12, 256, 6e-4, 125e6),
+    "gpt-350m": ("350m", 1024, 24, 16, 256, 3e-4, 350e6),
+    "gpt-1.3b": ("1.3b", 2048, 24, 16, 512, 2e-4, 1.3e9),
+}
+
+
+def test_recipes_cover_the_paper_grid():
+    names = {p.relative_to(ROOT / "yamls").as_posix() for p in RECIPES}
+    for model in PAPER:
+        assert {f"{model}/baseline.yaml", f"{model}/qsdp-w8g8.yaml", f"{model}/qsdp-w4g4.yaml"} <= names
+    assert {"cpu/gpt-tiny-baseline.yaml", "cpu/gpt-tiny-qsdp.yaml", "cpu/hf-gpt2-tiny-qsdp.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.relative_to(ROOT / "yamls").as_posix())
+def test_recipe_validates_and_builds_its_model(path):
+    paper = PAPER.get(path.parent.name)
+    recipe = load_recipe(path, PAPER_C4 if paper else [])
+    cfg, config = recipe.cfg, recipe.model_config
+    with torch.device("meta"):
+        model = build_hf_causal_lm(config) if isinstance(config, HFCausalLMConfig) else ComposerGPT(config)
+    n_params = sum(p.numel() for p in model.parameters())
+
+    if paper:
+        preset, d_model, n_layers, n_heads, batch, lr, nominal = paper
+        assert (config.d_model, config.n_layers, config.n_heads) == (d_model, n_layers, n_heads)
+        assert config.max_seq_len == 2048 and config.padded_vocab_size == 50304
+        assert abs(n_params - nominal) / nominal < 0.05
+        assert cfg.global_train_batch_size == batch and cfg.optimizer.lr == lr
+        assert list(cfg.optimizer.betas) == [0.9, 0.95] and cfg.optimizer.weight_decay == 0.0
+        assert cfg.scheduler.t_warmup == "100ba" and cfg.scheduler.alpha_f == 0.1
+        assert cfg.grad_clip_norm == 1.0 and cfg.precision == "amp_bf16" and cfg.device == "gpu"
+        assert (cfg.fsdp is None) == (path.stem in DDP_RECIPES) and cfg.data.remote == PAPER_C4[0].split("=", 1)[1]
+        assert cfg.run_name == f"{path.parent.name}-{path.stem}"
+        assert "memory_monitor" in recipe.callback_kwargs  # the benchmarks' peak memory (the metrics file)
+    else:
+        assert cfg.device == "cpu" and cfg.precision == "fp32" and cfg.fsdp is not None
+        assert n_params < 5e6  # a CPU model
+        # The main job builds data/wiki-gpt2-t<seq> for exactly this context length.
+        assert cfg.data.local == f"data/wiki-gpt2-t{config.max_seq_len}"
+    # The benchmarks' and the notebook's step times are the speed monitor's time/train.
+    assert recipe.callback_kwargs["speed_monitor"] == {"window_size": 10}
+
+    bits = re.fullmatch(r".*qsdp-w(\d)g(\d)", path.stem)
+    if bits:
+        qsdp = recipe.algorithm_kwargs["qsdp"]
+        assert (qsdp["weight_bits"], qsdp["grad_bits"]) == (int(bits[1]), int(bits[2]))
+    elif path.stem.endswith("qsdp"):
+        assert recipe.algorithm_kwargs["qsdp"]["weight_bits"] == 8
+    elif path.stem in ("sdp4bit", "qwd-w4g4"):
+        assert recipe.algorithm_kwargs == {"qsdp": {"recipe": path.stem}}
+        assert QSDP(**recipe.algorithm_kwargs["qsdp"]).config == from_recipe(path.stem)
+    elif path.stem == "qsdp-auto":  # the policy's recipe value, built into the algorithm at validation
+        qsdp = QSDP(**recipe.algorithm_kwargs["qsdp"])
+        assert qsdp.policy == "auto" and qsdp.auto_options == AutoOptions(**recipe.algorithm_kwargs["qsdp"]
+                                                                           ["auto_options"])
+    elif path.stem == "zero-one-adam":  # the variance freezes at the end of the warm-up, as in the paper
+        assert f"{recipe.algorithm_kwargs['zero_one_adam']['var_freeze_step']}ba" == cfg.scheduler.t_warmup
+    else:
+        assert recipe.algorithm_kwargs == {}
+
+
+def test_recipe_with_an_unknown_policy_names_the_allowed_ones():
+    with pytest.raises(RecipeError, match="algorithms.qsdp' is invalid: policy='autoo' is invalid; allowed: fixed, auto"):
+        load_recipe(ROOT / "yamls" / "gpt-1.3b" / "qsdp-auto.yaml", [*PAPER_C4, "algorithms.qsdp.policy=autoo"])
+    with pytest.raises(RecipeError, match="policy='auto' chooses .*'weight_bits'"):
+        load_recipe(ROOT / "yamls" / "gpt-1.3b" / "qsdp-auto.yaml", [*PAPER_C4, "algorithms.qsdp.weight_bits=8"])
+
+
+def test_paper_recipe_demands_a_data_location():
+    with pytest.raises(RecipeError, match="missing required key\\(s\\): data.remote"):
+        load_recipe(ROOT / "yamls" / "gpt-125m" / "baseline.yaml")
+
+
+def test_benchmark_style_overrides_apply():
+    recipe = load_recipe(ROOT / "yamls" / "gpt-1.3b" / "qsdp-w8g8.yaml",
+                         ["max_duration=20ba", "model.max_seq_len=1024", "data.remote=null", "data.local=/data/c4",
+                          "algorithms.qsdp.weight_bits=6", "run_name=bench"])
+    assert recipe.cfg.max_duration == "20ba" and recipe.model_config.max_seq_len == 1024
+    assert recipe.cfg.data.remote is None and recipe.algorithm_kwargs["qsdp"]["weight_bits"] == 6
+    assert recipe.cfg.save_folder == "runs/bench/checkpoints"  # interpolations follow the overridden run_name
