@@ -45,7 +45,7 @@ from composer_qsdp.comm import Topology
 from composer_qsdp.auto.choice import (GRAD_CANDIDATES, WEIGHT_CANDIDATES, Candidate, Decision, LinkFit,
                                        UnitProfile, decide, fit_link, pack_profiles, predict_step, unpack_profiles)
 from composer_qsdp.engine.handle import QSDPHandle
-from composer_qsdp.quant import check_int
+from composer_qsdp.validate import check_int
 
 __all__ = ["AutoOptions", "AutoPolicy", "AutoRecord", "ForwardTimer", "POLICIES", "probe_network", "probe_sizes"]
 

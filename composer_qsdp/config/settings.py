@@ -10,10 +10,11 @@ from typing import Any
 
 import torch.nn as nn
 
-from composer_qsdp.quant import Codec, check_int, check_seed, make_codec
+from composer_qsdp.quant import Codec, make_codec
 from composer_qsdp.registry import Registry
 from composer_qsdp.schemes import (GRAD_SCHEMES, WEIGHT_SCHEMES, GradScheme, WeightScheme, make_grad_scheme,
                                    make_weight_scheme)
+from composer_qsdp.validate import check_int, check_seed
 
 __all__ = ["ModuleFilter", "QSDPConfig", "SideConfig", "build_scheme"]
 

@@ -67,8 +67,9 @@ import torch.distributed as dist
 
 from composer_qsdp.comm import Topology, TrafficCounter, error_feedback_chunk_numel
 from composer_qsdp.optim.schedule import ScheduledStep, ZeroOneSchedule
-from composer_qsdp.quant import check_int, make_codec
+from composer_qsdp.quant import make_codec
 from composer_qsdp.schemes import OneBitAllReduce, make_all_reduce_scheme
+from composer_qsdp.validate import check_int
 
 __all__ = ["ZeroOneAdam", "default_bucket_size"]
 

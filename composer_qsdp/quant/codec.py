@@ -21,11 +21,9 @@ from abc import ABC, abstractmethod
 import torch
 
 from composer_qsdp.quant.buckets import ieee_div
+from composer_qsdp.validate import check_int
 
-__all__ = [
-    "Codec", "FLOAT_DTYPES", "MAX_BUCKET_SIZE", "check_bits", "check_bool", "check_bucket_size", "check_choice",
-    "check_int", "sum_rows_in_order",
-]
+__all__ = ["Codec", "FLOAT_DTYPES", "MAX_BUCKET_SIZE", "check_bits", "check_bucket_size", "sum_rows_in_order"]
 
 #: Dtypes a codec accepts as input and produces as output.
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -54,29 +52,6 @@ def check_bucket_size(bucket_size: int) -> int:
             f"(2**24 elements per bucket)"
         )
     return bucket_size
-
-
-def check_int(name: str, value: object, minimum: int = 0) -> int:
-    """Return ``value`` if it is an int (not a bool) ``>= minimum``, else raise a ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r} is invalid; it must be an integer >= {minimum}")
-    return value
-
-
-def check_bool(name: str, value: object) -> bool:
-    """Return ``value`` if it is a bool, else raise a ``ValueError`` naming ``name`` (a truthy string such as
-    ``"false"`` must not switch an option on)."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} is invalid; it must be True or False")
-    return value
-
-
-def check_choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
-    """Return ``value`` if it is one of the strings ``allowed``, else raise a ``ValueError`` naming ``name`` and
-    ``allowed``."""
-    if not isinstance(value, str) or value not in allowed:
-        raise ValueError(f"{name}={value!r} is not supported; allowed: {', '.join(allowed)}")
-    return value
 
 
 def sum_rows_in_order(decoded: torch.Tensor) -> torch.Tensor:

@@ -89,7 +89,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from composer_qsdp.quant.buckets import bucket_lattice, bucket_min_max
 from composer_qsdp.kernels import WireLayout, bucket_layout, use_triton
-from composer_qsdp.quant.codec import check_int, sum_rows_in_order
+from composer_qsdp.quant.codec import sum_rows_in_order
+from composer_qsdp.validate import check_int
 from composer_qsdp.quant.kernel_decode import KernelDecodes
 from composer_qsdp.quant.philox import rounding_noise_range
 from composer_qsdp.quant.wire import assemble_rows, pack_rows, read_meta, unpack_rows

@@ -57,7 +57,8 @@ import torch
 from composer_qsdp.kernels import WireLayout, bucket_layout, use_triton
 from composer_qsdp.kernels.fixed_point import NOISE_BITS, fraction_bits
 from composer_qsdp.quant.buckets import bucket_lattice
-from composer_qsdp.quant.codec import check_choice, sum_rows_in_order
+from composer_qsdp.quant.codec import sum_rows_in_order
+from composer_qsdp.validate import check_choice
 from composer_qsdp.quant.kernel_decode import KernelDecodes
 from composer_qsdp.quant.philox import rounding_bits_range
 from composer_qsdp.quant.wire import affine_decode, assemble_rows, pack_rows

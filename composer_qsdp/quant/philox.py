@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from composer_qsdp.kernels.philox_constants import KEY_A, KEY_B, N_ROUNDS, NOISE_ROUNDS, ROUND_A, ROUND_B
-from composer_qsdp.quant.codec import check_int
+from composer_qsdp.validate import check_int, check_seed
 
 __all__ = [
     "check_seed", "randint4x", "randint", "uniform", "rounding_bits", "rounding_bits_range", "rounding_noise",
@@ -34,7 +34,6 @@ __all__ = [
 _MASK32 = 0xFFFFFFFF
 # Triton's uint32 -> float scale: the largest float such that (2**31 - 1) * scale < 1 in fp32.
 _UNIFORM_SCALE = 4.6566127342e-10
-_MAX_SEED = 2**64 - 1
 
 
 def _mul_hi_lo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,14 +47,6 @@ def _mul_hi_lo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     hi = (p_hi + (p_lo >> 16)) >> 16
     lo = (((p_hi & 0xFFFF) << 16) + p_lo) & _MASK32
     return hi, lo
-
-
-def check_seed(seed: object) -> int:
-    """Return ``seed`` if it is a valid Philox key, an int (not a bool) in ``[0, 2**64)``, else raise a
-    ``ValueError`` naming it."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _MAX_SEED:
-        raise ValueError(f"seed={seed!r} is invalid; it must be an integer in [0, 2**64)")
-    return seed
 
 
 def _check_offsets(offsets: torch.Tensor) -> torch.Tensor:

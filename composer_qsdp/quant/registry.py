@@ -5,7 +5,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from composer_qsdp.quant.codec import Codec, check_bool
+from composer_qsdp.quant.codec import Codec
+from composer_qsdp.validate import check_bool
 from composer_qsdp.registry import Registry
 
 __all__ = ["make_codec", "codec_names"]

@@ -38,8 +38,9 @@ import torch
 import torch.distributed as dist
 
 from composer_qsdp.comm import CallTraffic, call_traffic, mix_seed, relative_error
-from composer_qsdp.quant import FLOAT_DTYPES, Codec, check_int
+from composer_qsdp.quant import FLOAT_DTYPES, Codec
 from composer_qsdp.schemes.base import WeightScheme
+from composer_qsdp.validate import check_int
 
 __all__ = ["DifferenceAllGather"]
 
