@@ -67,7 +67,7 @@ import torch.multiprocessing as mp
 
 from composer_qsdp.comm import (Topology, node_groups, quantized_all_gather, quantized_reduce_scatter,
                                 two_level_reduce_scatter)
-from composer_qsdp.config import from_recipe
+from composer_qsdp.config import from_preset
 from composer_qsdp.quant import make_codec
 
 import e2e_common as common
@@ -177,7 +177,7 @@ def _two_level_cases(args: argparse.Namespace, rs_in: torch.Tensor, rs_out: torc
     cases = [("all_to_all", "bf16", lambda i: dist.all_to_all_single(a2a_out, rs_in, group=group),
               (world - 1) * rs_out.numel() * BF16, 0)]
     for preset in ("tlq-hs", "zeropp"):
-        config = from_recipe(preset)
+        config = from_preset(preset)
         scheme = config.grad_scheme(config.grads.bits)
 
         def call(i: int, s=scheme):

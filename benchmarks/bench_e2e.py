@@ -149,7 +149,7 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
            "baseline recipe on 1 GPU, same micro-batch and per-GPU batch: no inter-GPU traffic; tokens/s x N"),
     Config("baseline-pure", "baseline.yaml", ("fsdp.mixed_precision=PURE",), False,
            "plain Composer FSDP2 with bf16 gradient reduce-scatters (fsdp.mixed_precision=PURE)"),
-    *(Config(f"qsdp-{preset}{'-hpz' * hpz}", "baseline.yaml", (f"algorithms.qsdp.recipe={preset}",
+    *(Config(f"qsdp-{preset}{'-hpz' * hpz}", "baseline.yaml", (f"algorithms.qsdp.preset={preset}",
                                                                 *_NO_ERROR_SAMPLING), False,
              f"QSDP preset {preset}{' with hpZ (reshard_after_forward = ranks per node)' * hpz}", hpz=hpz)
       for preset in ("tlq-hs", "zeropp") for hpz in (False, True)),

@@ -42,7 +42,8 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: Path)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from composer_qsdp import apply_qsdp, from_recipe, remove_qsdp
+    from composer_qsdp import apply_qsdp, remove_qsdp
+    from composer_qsdp.config import from_preset
     from composer_qsdp.recipes.models import GPT, gpt_config
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -57,7 +58,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: Path)
     tokens = torch.randint(0, 50257, (1, 16))
     rows = {}
     for name, options in VARIANTS.items():
-        config = from_recipe("w8g8", weight_bits=args.bits, weight_codec=args.codec, bucket_size=args.bucket_size,
+        config = from_preset("w8g8", weight_bits=args.bits, weight_codec=args.codec, bucket_size=args.bucket_size,
                              weight_scheme_options=options, error_sample_interval=1)
         handle = apply_qsdp(model, config)
         with torch.no_grad():

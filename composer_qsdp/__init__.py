@@ -1,13 +1,16 @@
 """composer_qsdp: quantized FSDP communication (QSDP) for MosaicML Composer.
 
-Top-level names::
+The public face::
 
-    from composer_qsdp import QSDP                      # the Composer algorithm
-    from composer_qsdp import apply_qsdp, remove_qsdp   # functional form for a plain fully_shard model
-    from composer_qsdp import QSDPConfig, SideConfig    # the settings apply_qsdp takes
-    from composer_qsdp import from_recipe               # a QSDPConfig from a named preset
+    from composer_qsdp import QSDP, QSDPConfig, apply_qsdp
 
-They load on first access, so ``import composer_qsdp.quant`` (codecs, kernels) never imports Composer.
+    config = QSDPConfig.from_preset("w8g4", exclude=["model.wte"])   # frozen, validated at construction
+    Trainer(..., algorithms=[QSDP(config)])                          # the Composer algorithm
+    handle = apply_qsdp(model, config, optimizers=opt)                # or on a model you sharded yourself
+
+``SideConfig`` configures one side (weights or gradients); ``CodecOptions``, ``LearnedOptions``,
+``DirectOptions``, ``DifferenceOptions``, ``FlatOptions`` and ``TwoLevelOptions`` are the typed options of the
+codecs and schemes. Names load on first access, so ``import composer_qsdp.quant`` never imports Composer.
 """
 
 from __future__ import annotations
@@ -19,14 +22,23 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "QSDP": "composer_qsdp.algorithms.qsdp",
-    "apply_qsdp": "composer_qsdp.fsdp2",
-    "remove_qsdp": "composer_qsdp.fsdp2",
+    "apply_qsdp": "composer_qsdp.algorithms.qsdp",
+    "remove_qsdp": "composer_qsdp.algorithms.qsdp",
     "QSDPConfig": "composer_qsdp.config",
     "SideConfig": "composer_qsdp.config",
-    "from_recipe": "composer_qsdp.config",
+    "CodecOptions": "composer_qsdp.config",
+    "LearnedOptions": "composer_qsdp.config",
+    "DirectOptions": "composer_qsdp.config",
+    "DifferenceOptions": "composer_qsdp.config",
+    "FlatOptions": "composer_qsdp.config",
+    "TwoLevelOptions": "composer_qsdp.config",
+    "from_recipe": "composer_qsdp.config",  # deprecated: QSDPConfig.from_preset
 }
 
-__all__ = ["QSDP", "QSDPConfig", "SideConfig", "__version__", "apply_qsdp", "from_recipe", "remove_qsdp"]
+__all__ = [
+    "CodecOptions", "DifferenceOptions", "DirectOptions", "FlatOptions", "LearnedOptions", "QSDP", "QSDPConfig",
+    "SideConfig", "TwoLevelOptions", "__version__", "apply_qsdp", "remove_qsdp",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -57,7 +57,7 @@ import torch
 
 from composer_qsdp.comm import call_traffic
 from composer_qsdp.config.settings import SideConfig, build_scheme
-from composer_qsdp.config.presets import from_recipe
+from composer_qsdp.config.presets import from_preset
 from composer_qsdp.quant import Codec
 from composer_qsdp.schemes import GradScheme, WeightScheme
 
@@ -159,7 +159,7 @@ class Candidate:
 
 
 def _preset_side(recipe: str, side: str) -> SideConfig:
-    return getattr(from_recipe(recipe), side)
+    return getattr(from_preset(recipe), side)
 
 
 #: Weight candidates, most accurate first (ties keep the earlier one).

@@ -1,9 +1,16 @@
-"""What to quantize and how: ``QSDPConfig`` (one ``SideConfig`` per side) and the named presets.
+"""What to quantize and how: ``QSDPConfig`` (one ``SideConfig`` per side), the typed options of each codec and
+scheme, and the named presets (``QSDPConfig.from_preset``).
 
 Pure settings, validated at construction; nothing here installs anything or knows FSDP or Composer.
 """
 
-from composer_qsdp.config.presets import from_recipe, option_names, recipe_names
+from composer_qsdp.config.options import (CodecOptions, DifferenceOptions, DirectOptions, FlatOptions,
+                                          LearnedOptions, TwoLevelOptions)
+from composer_qsdp.config.presets import from_preset, from_recipe, option_names, preset_names, recipe_names
 from composer_qsdp.config.settings import ModuleFilter, QSDPConfig, SideConfig
 
-__all__ = ["ModuleFilter", "QSDPConfig", "SideConfig", "from_recipe", "option_names", "recipe_names"]
+__all__ = [
+    "CodecOptions", "DifferenceOptions", "DirectOptions", "FlatOptions", "LearnedOptions", "ModuleFilter",
+    "QSDPConfig", "SideConfig", "TwoLevelOptions", "from_preset", "from_recipe", "option_names", "preset_names",
+    "recipe_names",
+]

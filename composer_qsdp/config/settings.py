@@ -4,12 +4,15 @@ seeds and checks): frozen, validated at construction, with named presets (:mod:`
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch.nn as nn
 
+from composer_qsdp.config.options import (CODEC_OPTIONS, SCHEME_OPTIONS, CodecOptions, option_kwargs,
+                                          typed_options)
 from composer_qsdp.quant import Codec, make_codec
 from composer_qsdp.registry import Registry
 from composer_qsdp.schemes import (GRAD_SCHEMES, WEIGHT_SCHEMES, GradScheme, WeightScheme, make_grad_scheme,
@@ -32,11 +35,14 @@ class SideConfig:
         bucket_size: elements sharing one set of codec metadata (scale/offset/levels).
         rounding: the codec's ``rounding`` option (min-max: ``"stochastic"`` or ``"nearest"``); ``None`` keeps
             the codec's default (min-max: stochastic) and is required for codecs without that option.
-        codec_options: every other :func:`~composer_qsdp.quant.make_codec` option, e.g. ``{"hadamard": True}``.
-            ``bits`` and ``bucket_size`` are the fields above; naming them here too is an error.
+        codec_options: the codec's other options, an option object of :mod:`composer_qsdp.config.options`
+            (``CodecOptions(hadamard=True)``, ``LearnedOptions(...)``) or a mapping of its fields
+            (``{"hadamard": True}``), which becomes that object.
         scheme: how the traffic moves (:mod:`composer_qsdp.schemes`): weights ``"direct"`` (default) or
-            ``"difference"``, gradients ``"flat"`` (default); ``None`` is the side's default.
-        scheme_options: options of the scheme class (used by ``scheme`` and the overrides' schemes alike).
+            ``"difference"``, gradients ``"flat"`` (default) or ``"two_level"``; ``None`` is the side's default.
+        scheme_options: options of ``scheme``: its option object (``DifferenceOptions(keyframe_every=100)``,
+            ``TwoLevelOptions(...)``) or a mapping of its fields. Units that ``scheme_overrides`` moves to another
+            scheme take that scheme's defaults.
         bits_overrides: ``{pattern: bits or None}``: the first ``fnmatch`` pattern matching a unit's name sets
             its bits (``None``: unquantized).
         scheme_overrides: ``{pattern: scheme}``: the first pattern matching a unit's name sets its scheme, e.g.
@@ -47,16 +53,24 @@ class SideConfig:
     codec: str = "minmax"
     bucket_size: int = 1024
     rounding: str | None = None
-    codec_options: Mapping[str, Any] = field(default_factory=dict)
+    codec_options: CodecOptions | Mapping[str, Any] = field(default_factory=dict)
     scheme: str | None = None
-    scheme_options: Mapping[str, Any] = field(default_factory=dict)
+    scheme_options: Any = field(default_factory=dict)
     bits_overrides: Mapping[str, int | None] = field(default_factory=dict)
     scheme_overrides: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Normalize containers: YAML recipes pass OmegaConf DictConfig.
-        for name in ("codec_options", "scheme_options", "bits_overrides", "scheme_overrides"):
+        for name in ("bits_overrides", "scheme_overrides"):
             object.__setattr__(self, name, _mapping(name, getattr(self, name)))
+        if not isinstance(self.codec, str) or not self.codec:
+            raise ValueError(f"codec={self.codec!r} is invalid; it must be a codec name")
+        object.__setattr__(self, "codec_options",
+                           typed_options("codec", self.codec, self.codec_options, CODEC_OPTIONS))
+        # Without a scheme name the side's default types the options, in build_scheme.
+        object.__setattr__(self, "scheme_options", typed_options("scheme", self.scheme, self.scheme_options,
+                                                                 SCHEME_OPTIONS) if self.scheme else
+                           _mapping("scheme_options", self.scheme_options))
         _patterns("bits_overrides", tuple(self.bits_overrides))
         _patterns("scheme_overrides", tuple(self.scheme_overrides))
         for bits in (self.bits, *self.bits_overrides.values()):
@@ -78,10 +92,11 @@ class SideConfig:
             ValueError: the codec rejects its options; the message names the codec and the options.
         """
         rounding = {} if self.rounding is None else {"rounding": self.rounding}
-        try:  # one call: an option given twice (a field and codec_options) is Python's own TypeError
-            return make_codec(self.codec, bits=bits, bucket_size=self.bucket_size, **rounding, **self.codec_options)
+        extra = option_kwargs(self.codec_options)
+        try:
+            return make_codec(self.codec, bits=bits, bucket_size=self.bucket_size, **rounding, **extra)
         except (ValueError, TypeError) as err:
-            options = {"bits": bits, "bucket_size": self.bucket_size, **rounding, **self.codec_options}
+            options = {"bits": bits, "bucket_size": self.bucket_size, **rounding, **extra}
             raise ValueError(f"codec {self.codec!r} with {options}: {err}") from None
 
 
@@ -158,6 +173,37 @@ class QSDPConfig:
                 prototypes[scheme, bits] = build_scheme(name, side, bits, scheme, self.error_sample_interval)
         return prototypes
 
+    @classmethod
+    def from_preset(cls, name: str = "w8g8", **options: Any) -> QSDPConfig:
+        """The named preset (:meth:`preset_names`: ``"w8g8"``, ``"w8g4"``, ``"w4g4"``, ``"zeropp"``,
+        ``"tlq-hs"``, ``"sdp4bit"``, ``"qwd-w4g4"``) with flat ``options`` changed (:meth:`option_names`:
+        ``weight_bits``, ``grad_codec_options``, ``bucket_size``, ``exclude``, ...; see
+        :mod:`composer_qsdp.config.presets`).
+
+        Example: ``QSDPConfig.from_preset("w8g4", weight_bucket_size=2048, exclude=["model.wte"])``.
+
+        Raises:
+            ValueError: an unknown preset or option, naming the allowed ones and the closest, or a value out of
+                range, naming the option.
+        """
+        from composer_qsdp.config.presets import from_preset  # the presets module builds on this class
+
+        return from_preset(name, **options)
+
+    @staticmethod
+    def preset_names() -> tuple[str, ...]:
+        """The names :meth:`from_preset` accepts."""
+        from composer_qsdp.config.presets import preset_names
+
+        return preset_names()
+
+    @staticmethod
+    def option_names() -> tuple[str, ...]:
+        """The flat options :meth:`from_preset` accepts."""
+        from composer_qsdp.config.presets import option_names
+
+        return option_names()
+
     def weight_scheme(self, bits: int | None, scheme: str | None = None) -> WeightScheme:
         """A new weight scheme for one unit: ``scheme`` (``None``: ``weights.scheme``) at ``bits`` bits
         (``None``: the default scheme, unquantized).
@@ -208,9 +254,13 @@ def build_scheme(
     default = table.names()[0]
     if bits is None:
         return make(default, None, error_sample_interval)
+    name = scheme or side.scheme or default
+    options = side.scheme_options
+    if dataclasses.is_dataclass(options) and name != side.scheme:
+        options = {}  # a unit that scheme_overrides moved off the configured scheme: its own defaults
     try:
-        return make(scheme or side.scheme or default, side.make_codec(bits), error_sample_interval,
-                    **side.scheme_options)
+        options = typed_options("scheme", name, options, SCHEME_OPTIONS)
+        return make(name, side.make_codec(bits), error_sample_interval, **option_kwargs(options))
     except ValueError as err:
         raise ValueError(f"QSDPConfig {side_name}: {err}") from None
 
@@ -228,6 +278,8 @@ def _copy_of(
 
 
 def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, tuple):

@@ -11,7 +11,8 @@ from composer.models import ComposerModel
 from composer.utils import FSDP2Config
 from torch.utils.data import DataLoader, TensorDataset
 
-from composer_qsdp import QSDP, from_recipe
+from composer_qsdp import QSDP
+from composer_qsdp.config import from_preset
 from composer_qsdp.algorithms.qsdp import check_run
 from composer_qsdp.fsdp2 import HAS_CUSTOM_COMM_API, compat
 
@@ -42,7 +43,7 @@ def _trainer(**kwargs) -> Trainer:
     (dict(bucket_size=-1), r"bucket_size=-1"),
     (dict(exclude="model.wte"), r"must be a list of fnmatch patterns"),
     (dict(min_numel="big"), r"min_numel='big' is invalid"),
-    (dict(recipe="w3g3"), r"unknown QSDP recipe .w3g3.; allowed: w8g8, w8g4, w4g4, zeropp, tlq-hs, sdp4bit, qwd-w4g4"),
+    (dict(preset="w3g3"), r"unknown QSDP preset .w3g3.; allowed: w8g8, w8g4, w4g4, zeropp, tlq-hs, sdp4bit, qwd-w4g4"),
 ])
 def test_out_of_range_options_fail_at_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -51,14 +52,14 @@ def test_out_of_range_options_fail_at_construction(kwargs, message):
 
 def test_defaults_are_w8g8_stochastic():
     config = QSDP().config
-    assert config == from_recipe("w8g8")
+    assert config == from_preset("w8g8")
     assert (config.weights.bits, config.grads.bits, config.weights.bucket_size) == (8, 8, 1024)
     assert config.weight_scheme(8).codec.rounding == config.grad_scheme(8).codec.rounding == "stochastic"
 
 
 def test_options_change_the_recipe():
     qsdp = QSDP("w8g4", weight_bucket_size=2048, exclude=["model.wte"], weight_bits_overrides={"*": None})
-    assert qsdp.config == from_recipe("w8g4", weight_bucket_size=2048, exclude=["model.wte"],
+    assert qsdp.config == from_preset("w8g4", weight_bucket_size=2048, exclude=["model.wte"],
                                       weight_bits_overrides={"*": None})
     assert (qsdp.config.grads.bits, qsdp.config.weights.bucket_size, qsdp.config.grads.bucket_size) == (4, 2048, 1024)
     assert QSDP(grad_bits=None).config.grads.bits is None  # None is a value, not "unset"

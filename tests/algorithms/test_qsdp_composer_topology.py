@@ -11,7 +11,7 @@ from test_qsdp_composer import _launch
 pytestmark = pytest.mark.requires_custom_comm
 
 BATCHES, UNITS = 6, 3
-TLQ_HS = {"recipe": "tlq-hs", "weight_bucket_size": 256, "ranks_per_node": 2, "error_sample_interval": 2}
+TLQ_HS = {"preset": "tlq-hs", "weight_bucket_size": 256, "ranks_per_node": 2, "error_sample_interval": 2}
 HPZ = {"reshard_after_forward": 2}  # the secondary shard in the (virtual) node
 
 

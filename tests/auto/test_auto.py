@@ -219,11 +219,11 @@ def test_record_logs_the_decision_it_holds():
 
 def test_reconfigure_refuses_what_it_cannot_do_and_changes_nothing():
     from composer_qsdp.comm import Topology
-    from composer_qsdp.config import from_recipe
+    from composer_qsdp.config import from_preset
     from composer_qsdp.engine import QSDPHandle, Unit, plan_units
 
     layers = [nn.Linear(4, 4) for _ in range(2)]
-    config = from_recipe("w8g8", weight_bits=None, grad_bits=None, check_finite=False)
+    config = from_preset("w8g8", weight_bits=None, grad_bits=None, check_finite=False)
     plans = plan_units([Unit(f"l{i}", m, 20, tuple(m.parameters())) for i, m in enumerate(layers)], config)
     handle = QSDPHandle(nn.Sequential(*layers), config, plans, Topology(1))
     before = handle.units
@@ -270,7 +270,7 @@ def test_options_errors_name_the_value_and_what_is_allowed():
         QSDP(policy="fast")
     with pytest.raises(ValueError, match=r"policy='auto' chooses .* \['grad_bits', 'weight_bits'\]"):
         QSDP(policy="auto", weight_bits=8, grad_bits=4)
-    with pytest.raises(ValueError, match="recipe='w4g4' cannot be given"):
+    with pytest.raises(ValueError, match="preset='w4g4' cannot be given"):
         QSDP("w4g4", policy="auto")
     with pytest.raises(ValueError, match=r"unknown auto_options key\(s\) \['warmup'\]; allowed: warmup_steps"):
         QSDP(policy="auto", auto_options={"warmup": 3})
@@ -300,7 +300,7 @@ class _Sleeps(nn.Module):
 
 def test_forward_timer_excludes_nested_units_and_the_wait_for_weights():
     from composer_qsdp.comm import Topology
-    from composer_qsdp.config import from_recipe
+    from composer_qsdp.config import from_preset
     from composer_qsdp.engine import QSDPHandle, Unit, plan_units
     from composer_qsdp.auto.runtime import ForwardTimer
 
@@ -308,7 +308,7 @@ def test_forward_timer_excludes_nested_units_and_the_wait_for_weights():
     parent = _Sleeps(0.040, child)
     # Like FSDP's pre-forward hook (registered at wrapping, before the timer's): waiting for the gathered weights.
     child.register_forward_pre_hook(lambda *_: time.sleep(0.060), prepend=True)
-    config = from_recipe("w8g8", weight_bits=None, grad_bits=None, check_finite=False)
+    config = from_preset("w8g8", weight_bits=None, grad_bits=None, check_finite=False)
     units = [Unit("", parent, 6, tuple(parent.lin.parameters())), Unit("child", child, 6, tuple(child.lin.parameters()))]
     handle = QSDPHandle(parent, config, plan_units(units, config), Topology(1))
     timer = ForwardTimer(handle)
@@ -344,7 +344,7 @@ class _Spins(nn.Module):
 def test_forward_timer_times_the_compute_stream_with_cuda_events():
     """On CUDA the stamps are events on the compute stream: GPU time, not the host's launch time."""
     from composer_qsdp.comm import Topology
-    from composer_qsdp.config import from_recipe
+    from composer_qsdp.config import from_preset
     from composer_qsdp.engine import QSDPHandle, Unit, plan_units
     from composer_qsdp.auto.runtime import ForwardTimer
 
@@ -359,7 +359,7 @@ def test_forward_timer_times_the_compute_stream_with_cuda_events():
     child = _Spins(cycles).cuda()
     parent = _Spins(2 * cycles, child).cuda()
     child.register_forward_pre_hook(lambda *_: torch.cuda._sleep(3 * cycles), prepend=True)  # the weights' wait
-    config = from_recipe("w8g8", weight_bits=None, grad_bits=None, check_finite=False)
+    config = from_preset("w8g8", weight_bits=None, grad_bits=None, check_finite=False)
     units = [Unit("", parent, 6, tuple(parent.lin.parameters())), Unit("child", child, 6, tuple(child.lin.parameters()))]
     handle = QSDPHandle(parent, config, plan_units(units, config), Topology(1))
     timer = ForwardTimer(handle)

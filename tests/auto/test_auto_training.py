@@ -11,7 +11,7 @@ import torch.nn as nn
 from dist_spawn import RankInfo, run_ranks
 from sharded_mlp import LAYERS, LR, Adapter, Capture, batch, full_tensors, reference_training
 
-from composer_qsdp import from_recipe
+from composer_qsdp.config import from_preset
 from composer_qsdp.auto import AutoOptions, AutoPolicy, LinkFit, UnitProfile, decide
 from composer_qsdp.auto.choice import GRAD_CANDIDATES, WEIGHT_CANDIDATES
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.requires_custom_comm
 
 STEPS, WARMUP = 6, 2
 FORWARD_S = 2e-3  # injected forward time of every unit per microbatch
-OFF = from_recipe("w8g8", weight_bits=None, grad_bits=None, error_sample_interval=0)
+OFF = from_preset("w8g8", weight_bits=None, grad_bits=None, error_sample_interval=0)
 UNIT_NUMEL = {"l1": 32 * 128 + 128, "l2": 128 * 67 + 67, "l3": 67 * 16 + 16}
 
 

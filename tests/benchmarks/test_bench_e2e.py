@@ -155,7 +155,7 @@ def test_every_paper_family_plans_valid_launches(model, tmp_path):
                    f"global_train_batch_size={4 * micro}"):
         assert needed in base
     hpz = plan.overrides(bench_e2e.CONFIGS["qsdp-tlq-hs-hpz"], 4, tmp_path / "m.json")
-    assert {"algorithms.qsdp.recipe=tlq-hs", "algorithms.qsdp.ranks_per_node=2",
+    assert {"algorithms.qsdp.preset=tlq-hs", "algorithms.qsdp.ranks_per_node=2",
             "fsdp.reshard_after_forward=2"} <= set(hpz)
     assert "algorithms.qsdp.ranks_per_node=2" in qsdp and "fsdp.reshard_after_forward=2" not in qsdp
     # policy=auto decides and re-checks within 2 x 4 steps: they stay untimed (10 timed steps after them).

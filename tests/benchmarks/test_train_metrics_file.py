@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from composer_qsdp import train as train_module
+from composer_qsdp.recipes import train as train_module
 from composer_qsdp.recipes.data import write_token_shards
 from composer_qsdp.recipes.metrics_file import MetricsFile
 

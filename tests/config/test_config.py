@@ -6,7 +6,8 @@ import copy
 
 import pytest
 
-from composer_qsdp.config import QSDPConfig, SideConfig, from_recipe, option_names, recipe_names
+from composer_qsdp.config import QSDPConfig, SideConfig, from_preset, option_names, preset_names
+from composer_qsdp.config.options import CodecOptions
 from composer_qsdp.schemes import DirectAllGather, FlatReduceScatter
 
 
@@ -18,7 +19,7 @@ def test_defaults_are_the_paper_headline_setting():
         assert scheme.codec.name == "minmax" and scheme.codec.rounding == "stochastic" and scheme.codec.unbiased
     assert isinstance(config.weight_scheme(8), DirectAllGather)
     assert isinstance(config.grad_scheme(8), FlatReduceScatter)
-    assert config == from_recipe("w8g8") == from_recipe()
+    assert config == from_preset("w8g8") == from_preset()
 
 
 @pytest.mark.parametrize("kwargs,message", [  # lambdas: SideConfig validates at construction too
@@ -36,11 +37,11 @@ def test_defaults_are_the_paper_headline_setting():
     (lambda: dict(weights=SideConfig(bits_overrides=["head"])), r"bits_overrides=\['head'\] is invalid; it must be a mapping"),
     (lambda: dict(seed=-1), r"seed=-1 is invalid"),
     (lambda: dict(check_finite="yes"), r"check_finite='yes' is invalid"),
-    (lambda: dict(grads=SideConfig(codec_options={"colour": 1})), r"invalid option for codec 'minmax'"),
-    (lambda: dict(weights=SideConfig(codec_options={"bits": 4})), r"multiple values for keyword argument 'bits'"),
+    (lambda: dict(grads=SideConfig(codec_options={"colour": 1})), r"unknown option 'colour' of codec 'minmax'; allowed: hadamard"),
+    (lambda: dict(weights=SideConfig(codec_options={"bits": 4})), r"unknown option 'bits' of codec 'minmax'"),
     (lambda: dict(grads=SideConfig(codec="symmetric", rounding="nearest")), r"invalid option for codec 'symmetric'"),
     (lambda: dict(weights=SideConfig(scheme="flat")), r"unknown weight scheme 'flat'; allowed: difference, direct"),
-    (lambda: dict(grads=SideConfig(scheme_options={"hops": 2})), r"invalid option for the grad scheme 'flat'"),
+    (lambda: dict(grads=SideConfig(scheme_options={"hops": 2})), r"unknown option 'hops' of scheme 'flat'; allowed: none"),
     (lambda: dict(weights=8), r"weights=8 is invalid; it must be a SideConfig"),
     (lambda: dict(module_filter="blocks"), r"module_filter='blocks' is invalid; it must be callable"),
     (lambda: dict(ranks_per_node=0), r"ranks_per_node=0 is invalid"),
@@ -76,29 +77,29 @@ def test_yaml_containers_are_normalized():
     config = QSDPConfig(exclude=cfg.exclude,
                         weights=SideConfig(bits_overrides=cfg.overrides, codec_options=cfg.options))
     assert config.exclude == ("embed",) and config.weights.bits_overrides == {"head": 4}
-    assert type(config.weights.codec_options) is dict
+    assert config.weights.codec_options == CodecOptions(hadamard=True)
 
 
 def test_presets_and_flat_options():
-    assert recipe_names() == ("w8g8", "w8g4", "w4g4", "zeropp", "tlq-hs", "sdp4bit", "qwd-w4g4")
-    w8g4 = from_recipe("w8g4")
+    assert preset_names() == ("w8g8", "w8g4", "w4g4", "zeropp", "tlq-hs", "sdp4bit", "qwd-w4g4")
+    w8g4 = from_preset("w8g4")
     assert (w8g4.weights.bits, w8g4.grads.bits) == (8, 4)
-    w4g4 = from_recipe("w4g4", grad_bits=8, bucket_size=256, weight_bucket_size=2048, exclude=["head"],
+    w4g4 = from_preset("w4g4", grad_bits=8, bucket_size=256, weight_bucket_size=2048, exclude=["head"],
                        weight_codec_options={"hadamard": True}, grad_rounding="nearest", seed=3)
     assert (w4g4.weights.bits, w4g4.grads.bits) == (4, 8)  # explicit options win over the preset
     assert (w4g4.weights.bucket_size, w4g4.grads.bucket_size) == (2048, 256)  # per side wins over both
-    assert w4g4.weights.codec_options == {"hadamard": True} and w4g4.grads.rounding == "nearest"
+    assert w4g4.weights.codec_options == CodecOptions(hadamard=True) and w4g4.grads.rounding == "nearest"
     assert w4g4.exclude == ("head",) and w4g4.seed == 3
     assert "weight_scheme_options" in option_names() and "ranks_per_node" in option_names()
 
 
 @pytest.mark.parametrize("call,message", [
-    (lambda: from_recipe("w2g2"), r"unknown QSDP recipe .w2g2.; allowed: w8g8, w8g4, w4g4, zeropp, tlq-hs, sdp4bit, qwd-w4g4"),
-    (lambda: from_recipe(["w8g8"]), r"unknown QSDP recipe \['w8g8'\]"),
-    (lambda: from_recipe("w8g8", weight_bitz=4), r"unknown QSDP option\(s\) \['weight_bitz'\]; allowed: weight_bits"),
-    (lambda: from_recipe("w8g8", weights=SideConfig()), r"unknown QSDP option\(s\) \['weights'\]"),
+    (lambda: from_preset("w2g2"), r"unknown QSDP preset .w2g2.; allowed: w8g8, w8g4, w4g4, zeropp, tlq-hs, sdp4bit, qwd-w4g4"),
+    (lambda: from_preset(["w8g8"]), r"unknown QSDP preset \['w8g8'\]"),
+    (lambda: from_preset("w8g8", weight_bitz=4), r"unknown QSDP option 'weight_bitz'; did you mean 'weight_bits'\?; allowed: weight_bits"),
+    (lambda: from_preset("w8g8", weights=SideConfig()), r"unknown QSDP option 'weights'"),
 ])
-def test_recipe_errors_name_the_value(call, message):
+def test_preset_errors_name_the_value(call, message):
     with pytest.raises(ValueError, match=message):
         call()
 
@@ -111,11 +112,11 @@ def test_summary_is_plain_values():
 
 
 def test_sdp4bit_presets_are_qwd_int4_weights_with_tlq_hs_or_one_hop_4bit_gradients():
-    sdp4bit, one_hop = from_recipe("sdp4bit"), from_recipe("qwd-w4g4")
+    sdp4bit, one_hop = from_preset("sdp4bit"), from_preset("qwd-w4g4")
     for config in (sdp4bit, one_hop):
         weights = config.weight_scheme(4)
         assert weights.name == "difference" and repr(weights.codec) == "SymmetricCodec(bits=4, bucket_size=2048)"
-    assert sdp4bit.grads == from_recipe("tlq-hs").grads  # SDP4Bit's two halves
+    assert sdp4bit.grads == from_preset("tlq-hs").grads  # SDP4Bit's two halves
     grads = one_hop.grad_scheme(4)
     assert grads.name == "flat" and grads.codec.name == "hadamard" and grads.codec.inner.bits == 4
     assert grads.codec.bucket_size == 128 and grads.codec.unbiased

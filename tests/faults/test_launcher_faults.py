@@ -31,9 +31,9 @@ LAUNCHER_GRACE_S = 30
 #: checkpoint file).
 SCHEMES = {
     "w8g8": (2, QSDP_RECIPE, [], 1),
-    "qwd": (2, BASELINE, ["algorithms.qsdp.recipe=qwd-w4g4"], 1),
+    "qwd": (2, BASELINE, ["algorithms.qsdp.preset=qwd-w4g4"], 1),
     # Two virtual nodes of 2 ranks on one host: INT8 within, INT4 across.
-    "tlq-hs": (4, BASELINE, ["algorithms.qsdp.recipe=tlq-hs", "algorithms.qsdp.ranks_per_node=2"], 1),
+    "tlq-hs": (4, BASELINE, ["algorithms.qsdp.preset=tlq-hs", "algorithms.qsdp.ranks_per_node=2"], 1),
     # The variance freezes after step 4: the resume from batch 3 crosses into the local-step phase.
     "zero-one-adam": (2, BASELINE, ["fsdp=null", "algorithms.zero_one_adam.var_freeze_step=4",
                                     "algorithms.zero_one_adam.local_step_clipper=2"], 0),

@@ -16,12 +16,12 @@ from dist_spawn import RankInfo, run_ranks
 from sharded_mlp import LR, Adapter, batch, full_tensors, local_shard, reference_training
 from test_resume_settings import QWD, W8G8
 
-from composer_qsdp import from_recipe
+from composer_qsdp.config import from_preset
 
 pytestmark = pytest.mark.requires_custom_comm
 
 STEPS, POISONED_STEP, POISONED_RANK = 5, 2, 0
-TLQ = from_recipe("tlq-hs", ranks_per_node=2, seed=7)
+TLQ = from_preset("tlq-hs", ranks_per_node=2, seed=7)
 CONFIGS = {"w8g8": W8G8, "qwd": QWD, "tlq-hs": TLQ}
 
 

@@ -11,15 +11,15 @@ import torch
 from dist_spawn import RankInfo, run_ranks
 from sharded_mlp import LR, Adapter, _train, full_tensors, reference_training
 
-from composer_qsdp import from_recipe
+from composer_qsdp.config import from_preset
 from composer_qsdp.engine import ResumeSettingsWarning
 from composer_qsdp.engine.handle import settings_changes
 
 pytestmark = pytest.mark.requires_custom_comm
 
-W8G8 = from_recipe("w8g8", bucket_size=64, seed=7)
-W4G4 = from_recipe("w4g4", bucket_size=64, seed=7)
-QWD = from_recipe("w8g8", weight_scheme="difference", weight_bits=4, weight_codec="symmetric", bucket_size=64, seed=7)
+W8G8 = from_preset("w8g8", bucket_size=64, seed=7)
+W4G4 = from_preset("w4g4", bucket_size=64, seed=7)
+QWD = from_preset("w8g8", weight_scheme="difference", weight_bits=4, weight_codec="symmetric", bucket_size=64, seed=7)
 SAVED_STEPS, RESUMED_STEPS = 2, 2
 CHANGES = {"w8g8->w4g4": (W8G8, W4G4), "w8g8->qwd": (W8G8, QWD), "qwd->w8g8": (QWD, W8G8), "same": (W8G8, W8G8)}
 

@@ -15,10 +15,10 @@ import torch.nn as nn
 from dist_spawn import RankInfo, run_ranks, skip_unless_backend, spawn_params
 from sharded_mlp import HID, IN, LR, ODD, OUT, STEPS, Adapter, Capture, MLP, _train, batch, reference_training
 
-from composer_qsdp import from_recipe
+from composer_qsdp.config import from_preset
 
-W8G8 = from_recipe("w8g8", bucket_size=64, seed=7)
-QWD = from_recipe("w8g8", weight_scheme="difference", weight_bits=4, weight_codec="symmetric", bucket_size=64,
+W8G8 = from_preset("w8g8", bucket_size=64, seed=7)
+QWD = from_preset("w8g8", weight_scheme="difference", weight_bits=4, weight_codec="symmetric", bucket_size=64,
                   seed=7)
 FLAT = Adapter("fsdp1", use_orig_params=False)
 ORIG = Adapter("fsdp1")
@@ -56,7 +56,7 @@ def _two_roots(info: RankInfo) -> dict:
     from composer_qsdp.fsdp1 import apply_qsdp, find_roots
 
     model = _TwoRoots(info)
-    handle = apply_qsdp(model, from_recipe("w8g8", bucket_size=64, exclude=["head"]))
+    handle = apply_qsdp(model, from_preset("w8g8", bucket_size=64, exclude=["head"]))
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(2):
         x, y = batch(info.rank, step)
@@ -78,7 +78,7 @@ def _refusal(make) -> str:
 def _refusals(info: RankInfo) -> dict:
     from torch.distributed.fsdp import CPUOffload, ShardingStrategy
 
-    from composer_qsdp import apply_qsdp as apply_fsdp2
+    from composer_qsdp.fsdp2 import apply_qsdp as apply_fsdp2
     from composer_qsdp.fsdp1 import apply_qsdp
 
     def hooked():

@@ -12,7 +12,7 @@ from torch.distributed.fsdp import fully_shard
 from composer_qsdp.fsdp2 import compat, find_units, shard_group
 from composer_qsdp.config import QSDPConfig, SideConfig
 from composer_qsdp.engine import plan_units
-from composer_qsdp import apply_qsdp, remove_qsdp
+from composer_qsdp.fsdp2 import apply_qsdp, remove_qsdp
 
 
 

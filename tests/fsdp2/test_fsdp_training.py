@@ -36,19 +36,19 @@ from sharded_mlp import (
     reference_training,
 )
 
-from composer_qsdp import from_recipe
+from composer_qsdp.config import from_preset
 from composer_qsdp.fsdp2 import HAS_CUSTOM_COMM_API, check_custom_comm_support
 from composer_qsdp.engine import NonFiniteWeightError
 
-W8G8 = from_recipe("w8g8", bucket_size=64, seed=7)
-WEIGHTS_ONLY = from_recipe("w8g8", grad_bits=None, bucket_size=64, seed=7)
-OFF = from_recipe("w8g8", weight_bits=None, grad_bits=None)
+W8G8 = from_preset("w8g8", bucket_size=64, seed=7)
+WEIGHTS_ONLY = from_preset("w8g8", grad_bits=None, bucket_size=64, seed=7)
+OFF = from_preset("w8g8", weight_bits=None, grad_bits=None)
 ACCUMULATION = 2  # microbatches per optimizer step in the accumulation scenario
 # SDP4Bit's weight differences (symmetric INT4, round to nearest; small groups for these small layers), 8-bit grads.
 # 4-bit weights in buckets aligned to parameters, biases sent as they are.
-ALIGNED = from_recipe("w4g4", bucket_size=64, seed=7,
+ALIGNED = from_preset("w4g4", bucket_size=64, seed=7,
                       weight_scheme_options={"align_buckets": True, "unquantized_params": ["bias"]})
-QWD = from_recipe("w8g8", weight_scheme="difference", weight_bits=4, weight_codec="symmetric", bucket_size=64,
+QWD = from_preset("w8g8", weight_scheme="difference", weight_bits=4, weight_codec="symmetric", bucket_size=64,
                   seed=7)
 
 

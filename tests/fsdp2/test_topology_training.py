@@ -17,18 +17,19 @@ import torch.distributed as dist
 from dist_spawn import RankInfo, run_ranks, skip_unless_backend
 from test_fsdp_training import STEPS, Capture, MLP, _train, reference_training
 
-from composer_qsdp import apply_qsdp, from_recipe
+from composer_qsdp import apply_qsdp
+from composer_qsdp.config import from_preset
 from composer_qsdp.comm import Topology
 from composer_qsdp.fsdp2 import find_units
 from composer_qsdp.fsdp2.hsdp import hsdp_note
 
 WORLD, PER_NODE = 4, 2
-TLQ_HS = from_recipe("tlq-hs", weight_bucket_size=64, ranks_per_node=PER_NODE, seed=7)
+TLQ_HS = from_preset("tlq-hs", weight_bucket_size=64, ranks_per_node=PER_NODE, seed=7)
 # qgZ's INT4 on both hops vs the same codec in one flat hop: only the scheme differs
-QGZ = from_recipe("w8g8", grad_codec="symmetric", grad_bits=4, grad_bucket_size=64, grad_scheme="two_level",
+QGZ = from_preset("w8g8", grad_codec="symmetric", grad_bits=4, grad_bucket_size=64, grad_scheme="two_level",
                   weight_bucket_size=64, ranks_per_node=PER_NODE, seed=7)  # fmt: skip
-QWD = from_recipe("sdp4bit", ranks_per_node=PER_NODE, seed=7)  # SDP4Bit's weight differences: a replica per rank
-FLAT_INT4 = from_recipe("w8g8", grad_codec="symmetric", grad_bits=4, grad_bucket_size=64, weight_bucket_size=64,
+QWD = from_preset("sdp4bit", ranks_per_node=PER_NODE, seed=7)  # SDP4Bit's weight differences: a replica per rank
+FLAT_INT4 = from_preset("w8g8", grad_codec="symmetric", grad_bits=4, grad_bucket_size=64, weight_bucket_size=64,
                         ranks_per_node=PER_NODE, seed=7)  # fmt: skip
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from composer_qsdp import QSDP, from_recipe
+from composer_qsdp import QSDP
+from composer_qsdp.config import from_preset
 from composer_qsdp.recipes.models import ComposerGPT, HFCausalLMConfig, build_hf_causal_lm
 from composer_qsdp.auto import AutoOptions
 from composer_qsdp.recipes.train import RecipeError, load_recipe
@@ -73,8 +74,8 @@ def test_recipe_validates_and_builds_its_model(path):
     elif path.stem.endswith("qsdp"):
         assert recipe.algorithm_kwargs["qsdp"]["weight_bits"] == 8
     elif path.stem in ("sdp4bit", "qwd-w4g4"):
-        assert recipe.algorithm_kwargs == {"qsdp": {"recipe": path.stem}}
-        assert QSDP(**recipe.algorithm_kwargs["qsdp"]).config == from_recipe(path.stem)
+        assert recipe.algorithm_kwargs == {"qsdp": {"preset": path.stem}}
+        assert QSDP(**recipe.algorithm_kwargs["qsdp"]).config == from_preset(path.stem)
     elif path.stem == "qsdp-auto":  # the policy's recipe value, built into the algorithm at validation
         qsdp = QSDP(**recipe.algorithm_kwargs["qsdp"])
         assert qsdp.policy == "auto" and qsdp.auto_options == AutoOptions(**recipe.algorithm_kwargs["qsdp"]

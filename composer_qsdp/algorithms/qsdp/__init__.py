@@ -1,12 +1,11 @@
 """QSDP: quantized FSDP weight all-gathers and gradient reduce-scatters (Markov et al., ICML 2023).
 
 ``QSDP`` is the Composer algorithm (FSDP2 or FSDP1, picked from the run); ``apply_qsdp`` the functional form for a
-plain ``fully_shard`` model (``composer_qsdp.fsdp1.apply_qsdp`` for a ``FullyShardedDataParallel`` one).
-See ``README.md`` beside this file.
+model sharded by FSDP2 or FSDP1 (picked from the model). Both take a ``QSDPConfig`` or a preset name. See
+``README.md`` beside this file.
 """
 
-from composer_qsdp.algorithms.qsdp.qsdp import QSDP, RECIPE, check_run
-from composer_qsdp.fsdp2 import apply_qsdp, remove_qsdp
-from composer_qsdp.config import QSDPConfig, SideConfig, from_recipe
+from composer_qsdp.algorithms.qsdp.functional import apply_qsdp, remove_qsdp
+from composer_qsdp.algorithms.qsdp.qsdp import QSDP, check_run
 
-__all__ = ["QSDP", "RECIPE", "QSDPConfig", "SideConfig", "apply_qsdp", "check_run", "from_recipe", "remove_qsdp"]
+__all__ = ["QSDP", "apply_qsdp", "check_run", "remove_qsdp"]

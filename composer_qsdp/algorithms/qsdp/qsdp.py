@@ -16,10 +16,10 @@ from composer.utils import dist
 from composer_qsdp.comm import TrafficCounter, TrafficReport
 from composer_qsdp import fsdp1, fsdp2
 from composer_qsdp.auto import AutoOptions, AutoPolicy, POLICIES
-from composer_qsdp.config import ModuleFilter, from_recipe
+from composer_qsdp.config import QSDPConfig
 from composer_qsdp.engine import NonFiniteWeightError, QSDPHandle, ResumeSettingsWarning
 
-__all__ = ["QSDP", "RECIPE", "check_run"]
+__all__ = ["QSDP", "check_run"]
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +55,6 @@ def check_run(fsdp_config_version: int, world_size: int) -> str | None:
     return "fsdp1" if fsdp_config_version == 1 else f"fsdp2-{fsdp2.default_comm_path()}"
 
 
-class _FromRecipe:
-    """Default of every :class:`QSDP` option: take the value of the chosen recipe."""
-
-    def __repr__(self) -> str:
-        return "RECIPE"
-
-
-#: The default of :class:`QSDP`'s options: the recipe's value.
-RECIPE: Any = _FromRecipe()
-
-
 class QSDP(Algorithm):
     """Quantize FSDP's weight all-gathers and gradient reduce-scatters (QSDP, Markov et al., ICML 2023).
 
@@ -79,7 +68,11 @@ class QSDP(Algorithm):
     are QSDP's step boundary. Logs bytes sent, the compression against bf16 and sampled quantization errors at
     every ``BATCH_END``.
 
-    Start from a named ``recipe`` and change any option; an option left out takes the recipe's value.
+    Configure it with a :class:`~composer_qsdp.QSDPConfig` (``QSDP(QSDPConfig.from_preset("sdp4bit"))``) or a
+    preset name (``QSDP("w8g4")``); keyword options change the preset (the flat options of
+    :meth:`QSDPConfig.from_preset <composer_qsdp.QSDPConfig.from_preset>`), which is how yaml recipes'
+    ``algorithms: {qsdp: {preset: w8g4, grad_bits: 4}}`` build it. The config is recorded in the hyperparameters
+    (``qsdp/config``) and in checkpoints.
 
     Its checkpoint state (seed schedule, byte counters, scheme state) records the settings it was written under. A
     resume under other settings (bits, codecs, schemes, world size) continues with the new ones and warns with
@@ -90,58 +83,20 @@ class QSDP(Algorithm):
     Example::
 
         from composer import Trainer
-        from composer_qsdp import QSDP
+        from composer_qsdp import QSDP, QSDPConfig
 
-        qsdp = QSDP(weight_bits=8, grad_bits=8)        # or QSDP("w8g4"), QSDP("w8g4", exclude=["model.wte"])
+        qsdp = QSDP(QSDPConfig.from_preset("w8g4", exclude=["model.wte"]))   # or QSDP("w8g4")
         trainer = Trainer(model=model, parallelism_config={"fsdp": FSDP2Config()}, algorithms=[qsdp], ...)
         trainer.fit()
         print(qsdp.traffic().summary())
 
     Args:
-        recipe: the preset to start from: ``"w8g8"`` (default: 8-bit weights and gradients, min-max codec,
-            stochastic rounding, buckets of 1024 elements), ``"w8g4"`` (4-bit gradients), ``"w4g4"``, ``"zeropp"``
-            (ZeRO++: INT8 block weights, two-level INT4 gradients), ``"tlq-hs"`` (SDP4Bit's two-level gradients:
-            INT8 within nodes, INT4 across, Hadamard-smoothed), ``"sdp4bit"`` (SDP4Bit: 4-bit weight differences,
-            qWD, and TLq-HS gradients) or ``"qwd-w4g4"`` (4-bit weight differences, one-hop 4-bit gradients); see
-            :mod:`composer_qsdp.config.presets`.
-        weight_bits: bits per weight code (1..8 for min-max), or ``None`` to all-gather weights unquantized.
-        grad_bits: bits per gradient code, or ``None`` to reduce-scatter gradients unquantized.
-        weight_codec: the weight codec: ``"minmax"``, ``"random_shift"``, ``"learned"`` or ``"symmetric"``.
-        grad_codec: the gradient codec (the same names).
-        bucket_size: elements sharing one codec scale/offset, both sides (recipes: 1024).
-        weight_bucket_size: the weights' bucket size (elements); wins over ``bucket_size``.
-        grad_bucket_size: the gradients' bucket size (elements); wins over ``bucket_size``.
-        weight_rounding: the weight codec's rounding, ``"stochastic"`` or ``"nearest"`` (min-max), ``None`` for
-            the codec's default (min-max: stochastic; the codecs without the option need ``None``).
-        grad_rounding: the gradient codec's rounding (the same values).
-        weight_codec_options: other weight codec options, e.g. ``{"hadamard": True}`` (SDP4Bit's rotation).
-        grad_codec_options: other gradient codec options.
-        weight_scheme: how weights move: ``"direct"`` (quantized weights: QSDP) or ``"difference"`` (quantized
-            differences against a reference every rank keeps: SDP4Bit's qWD; one weight replica per rank, no
-            backward re-gather traffic).
-        grad_scheme: how gradients move: ``"flat"`` (one quantized all-to-all and an fp32 sum) or ``"two_level"``
-            (an intra-node then an inter-node all-to-all, ZeRO++/SDP4Bit; options ``intra_codec``,
-            ``rotation_block``).
-        weight_scheme_options: options of the weight scheme; ``"difference"``: ``keyframe_every`` (optimizer
-            steps between full-precision gathers, 0: only when needed) and ``checkpoint_reference`` (default True:
-            checkpoints hold the reference, so a resume continues exactly).
-        grad_scheme_options: options of the gradient scheme.
-        weight_bits_overrides: ``{pattern: bits or None}``: the first ``fnmatch`` pattern matching an FSDP unit's
-            name (e.g. ``"model.blocks.0"``) sets its weight bits; ``None`` leaves it unquantized.
-        grad_bits_overrides: the same for gradient bits.
-        weight_scheme_overrides: ``{pattern: scheme}``: the first pattern matching a unit's name sets its weight
-            scheme (e.g. ``{"model.wte": "direct"}`` keeps a unit out of the difference scheme's replica).
-        grad_scheme_overrides: the same for the gradient scheme.
-        exclude: patterns of FSDP unit names left unquantized on both sides.
-        module_filter: ``filter(module, name) -> bool``; units for which it returns False stay unquantized.
-        min_numel: units with fewer parameter elements stay unquantized (their traffic is too small to pay).
-        seed: base key of the rounding noise (0..2**64-1); runs are reproducible and resumable.
-        check_finite: raise ``NonFiniteWeightError`` when all-gathered weights hold NaN/Inf (recipes: True).
-        error_sample_interval: measure the relative quantization error every this many calls per unit (0:
-            never; recipes: 100).
-        ranks_per_node: ranks sharing a node, for per-hop byte counts and the two-level scheme; ``None`` reads
-            ``LOCAL_WORLD_SIZE``. A smaller value splits a host into virtual nodes.
-        policy: ``"fixed"`` (default: the recipe and options above) or ``"auto"``: start unquantized, measure the
+        config: a :class:`~composer_qsdp.QSDPConfig`, or the name of a preset (:meth:`QSDPConfig.preset_names
+            <composer_qsdp.QSDPConfig.preset_names>`; default ``"w8g8"``: 8-bit weights and gradients, min-max
+            codec, stochastic rounding, buckets of 1024 elements).
+        preset: the preset's name as a keyword (yaml recipes: ``preset: sdp4bit``); ``recipe`` is its deprecated
+            spelling.
+        policy: ``"fixed"`` (default: the configuration above) or ``"auto"``: start unquantized, measure the
             network and each unit's compute over the first steps, then choose per unit and side off / 8 bits /
             4 bits (gradients, stochastic) / 4-bit weight differences to minimize the predicted step time under
             an accuracy rule (:mod:`composer_qsdp.auto.choice`; the README's "policy=auto"). With ``"auto"`` only
@@ -149,63 +104,62 @@ class QSDP(Algorithm):
             ``error_sample_interval``, ``ranks_per_node``) apply; the per-side options are the policy's to choose.
         auto_options: options of the automatic policy (:class:`~composer_qsdp.auto.AutoOptions`), e.g.
             ``{"warmup_steps": 4, "recheck_tolerance": 0.25, "min_gain": 0.02}``.
+        **options: flat options over the preset (:meth:`QSDPConfig.option_names
+            <composer_qsdp.QSDPConfig.option_names>`: ``weight_bits``, ``grad_codec``, ``bucket_size``,
+            ``weight_codec_options``, ``grad_scheme``, ``exclude``, ``seed``, ...); not with a ``QSDPConfig``.
 
     Raises:
-        ValueError: at construction, for an unknown recipe or an option out of range, naming it.
+        ValueError: at construction, for an unknown preset or option (naming the allowed ones and the closest) or
+            an option out of range, naming it.
     """
 
     def __init__(
         self,
-        recipe: str = "w8g8",
+        config: QSDPConfig | str | None = None,
         *,
-        weight_bits: int | None = RECIPE,
-        grad_bits: int | None = RECIPE,
-        weight_codec: str = RECIPE,
-        grad_codec: str = RECIPE,
-        bucket_size: int = RECIPE,
-        weight_bucket_size: int = RECIPE,
-        grad_bucket_size: int = RECIPE,
-        weight_rounding: str | None = RECIPE,
-        grad_rounding: str | None = RECIPE,
-        weight_codec_options: Mapping[str, Any] = RECIPE,
-        grad_codec_options: Mapping[str, Any] = RECIPE,
-        weight_scheme: str = RECIPE,
-        grad_scheme: str = RECIPE,
-        weight_scheme_options: Mapping[str, Any] = RECIPE,
-        grad_scheme_options: Mapping[str, Any] = RECIPE,
-        weight_bits_overrides: Mapping[str, int | None] = RECIPE,
-        grad_bits_overrides: Mapping[str, int | None] = RECIPE,
-        weight_scheme_overrides: Mapping[str, str] = RECIPE,
-        grad_scheme_overrides: Mapping[str, str] = RECIPE,
-        exclude: Sequence[str] = RECIPE,
-        module_filter: ModuleFilter | None = RECIPE,
-        min_numel: int = RECIPE,
-        seed: int = RECIPE,
-        check_finite: bool = RECIPE,
-        error_sample_interval: int = RECIPE,
-        ranks_per_node: int | None = RECIPE,
+        preset: str | None = None,
         policy: str = "fixed",
         auto_options: Mapping[str, Any] | None = None,
+        **options: Any,
     ) -> None:
-        given = {k: v for k, v in locals().items()
-                 if k not in ("self", "recipe", "__class__", "policy", "auto_options") and v is not RECIPE}
+        if "recipe" in options:
+            warnings.warn("QSDP(recipe=...) is now QSDP(preset=...) (yaml: algorithms.qsdp.preset)",
+                          DeprecationWarning, stacklevel=2)
+            if preset is not None:
+                raise ValueError("give the preset once: 'preset' (or its old spelling 'recipe'), not both")
+            preset = options.pop("recipe")
+        if isinstance(config, QSDPConfig):
+            if preset is not None or options:
+                raise ValueError(f"QSDP(config) takes a complete QSDPConfig; {sorted(options) or ['preset']} cannot "
+                                 "be given with it (use QSDPConfig.from_preset(name, **options) or "
+                                 "dataclasses.replace on the config)")
+        elif isinstance(config, str):
+            if preset is not None:
+                raise ValueError(f"give the preset once: config={config!r} or preset={preset!r}, not both")
+            preset, config = config, None
+        elif config is not None:
+            raise ValueError(f"config={config!r} is invalid; it must be a QSDPConfig or a preset name "
+                             f"({', '.join(QSDPConfig.preset_names())})")
         if not isinstance(policy, str) or policy not in POLICIES:
             raise ValueError(f"policy={policy!r} is invalid; allowed: {', '.join(POLICIES)}")
         self.policy = policy
         self.auto_options: AutoOptions | None = None
         if policy == "auto":
             self.auto_options = _auto_options(auto_options)
-            sided = sorted(k for k in given if k.startswith(("weight_", "grad_")) or k == "bucket_size")
-            if sided or recipe != "w8g8":
+            sided = sorted(k for k in options if k.startswith(("weight_", "grad_")) or k == "bucket_size")
+            if sided or config is not None or preset not in (None, "w8g8"):
+                given = sided or ("a QSDPConfig" if config is not None else f"preset={preset!r}")
                 raise ValueError(
-                    f"policy='auto' chooses each unit's weight and gradient settings itself, so "
-                    f"{sided or f'recipe={recipe!r}'} cannot be given with it; remove them or use policy='fixed'"
+                    f"policy='auto' chooses each unit's weight and gradient settings itself, so {given} cannot be "
+                    "given with it; remove them or use policy='fixed'"
                 )
-            given.update(weight_bits=None, grad_bits=None)  # the safe start: unquantized while measuring
+            options.update(weight_bits=None, grad_bits=None)  # the safe start: unquantized while measuring
         elif auto_options is not None:
             raise ValueError(f"auto_options={dict(auto_options)!r} needs policy='auto' (policy={policy!r})")
-        self.recipe = recipe
-        self.config = from_recipe(recipe, **given)
+        #: The preset the config was built from; ``None`` when a ``QSDPConfig`` was given.
+        self.preset = None if isinstance(config, QSDPConfig) else (preset or "w8g8")
+        self.config: QSDPConfig = config if isinstance(config, QSDPConfig) else QSDPConfig.from_preset(
+            self.preset, **options)
         self.handle: QSDPHandle | None = None
         self.auto: AutoPolicy | None = None
         self._loaded_state: dict[str, Any] | None = None
@@ -215,7 +169,8 @@ class QSDP(Algorithm):
     def __repr__(self) -> str:
         if self.policy == "auto":
             return "QSDP(policy='auto')"
-        return f"QSDP({self.recipe!r}, weight_bits={self.config.weights.bits}, grad_bits={self.config.grads.bits})"
+        name = f"{self.preset!r}, " if self.preset else ""
+        return f"QSDP({name}weight_bits={self.config.weights.bits}, grad_bits={self.config.grads.bits})"
 
     def match(self, event: Event, state: State) -> bool:
         if event == Event.AFTER_LOAD:
@@ -278,7 +233,7 @@ class QSDP(Algorithm):
         log.info("QSDP installed on %d FSDP units through %s", len(self.handle.units), self.handle.describe())
         logger.log_hyperparameters({
             "qsdp/adapter": self.handle.adapter,
-            "qsdp/recipe": self.recipe,
+            "qsdp/preset": self.preset or "config",
             "qsdp/policy": self.policy,
             "qsdp/config": self.config.summary(),
             "qsdp/fsdp_units": len(self.handle.units),
@@ -331,6 +286,7 @@ class QSDP(Algorithm):
     # ------------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
+        state["qsdp_config"] = self.config.summary()  # what the run was configured with, for readers of checkpoints
         if self.handle is not None:
             state["qsdp"] = self.handle.state_dict()
         if self.auto is not None:

@@ -1,0 +1,178 @@
+"""Typed options of each codec and scheme: what ``SideConfig.codec_options`` and ``SideConfig.scheme_options``
+hold.
+
+A mapping (a yaml section, a dict) is turned into the option class of the codec or scheme it configures, so a
+misspelled key fails at construction with the allowed keys and the closest one. An option left at its default is
+not passed on, so the codec or scheme applies its own default. A codec or scheme registered without an option
+class here (a plug-in) takes its options as a mapping, checked by its constructor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from composer_qsdp._names import did_you_mean
+from composer_qsdp.validate import check_bool, check_int
+
+__all__ = [
+    "CODEC_OPTIONS", "SCHEME_OPTIONS", "CodecOptions", "DifferenceOptions", "DirectOptions", "FlatOptions",
+    "LearnedOptions", "TwoLevelOptions", "option_kwargs", "typed_options",
+]
+
+
+@dataclass(frozen=True)
+class CodecOptions:
+    """Options every codec takes (besides ``SideConfig``'s ``bits``, ``bucket_size`` and ``rounding``).
+
+    Attributes:
+        hadamard: rotate each bucket by a normalized Walsh-Hadamard transform before quantizing and back after
+            decoding (SDP4Bit's smoother, §3.2); needs a power-of-two bucket size.
+    """
+
+    hadamard: bool = False
+
+    def __post_init__(self) -> None:
+        check_bool("hadamard", self.hadamard)
+
+
+@dataclass(frozen=True)
+class LearnedOptions(CodecOptions):
+    """Options of the ``learned`` codec (per-bucket levels fitted to the data).
+
+    Attributes:
+        refresh_every: encodes between refits of the levels (0: fit once).
+        fit_samples: elements sampled for one fit.
+        fit_steps: optimization steps of one fit.
+        pinned_seeds: seeds whose noise the fit holds fixed.
+    """
+
+    refresh_every: int = 1000
+    fit_samples: int = 65536
+    fit_steps: int = 50
+    pinned_seeds: int = 1024
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int("refresh_every", self.refresh_every)
+        for name in ("fit_samples", "fit_steps", "pinned_seeds"):
+            check_int(name, getattr(self, name), minimum=1)
+
+
+@dataclass(frozen=True)
+class DirectOptions:
+    """Options of the ``direct`` weight all-gather (QSDP: every rank decodes the quantized shards).
+
+    Attributes:
+        align_buckets: start every parameter at a bucket boundary, so no bucket mixes two parameters.
+        unquantized_params: names of parameters of a unit sent in full precision beside the codes.
+    """
+
+    align_buckets: bool = False
+    unquantized_params: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_bool("align_buckets", self.align_buckets)
+        if isinstance(self.unquantized_params, str):
+            raise ValueError(f"unquantized_params={self.unquantized_params!r} is invalid; it must be a list of names")
+        object.__setattr__(self, "unquantized_params", tuple(self.unquantized_params))
+
+
+@dataclass(frozen=True)
+class DifferenceOptions:
+    """Options of the ``difference`` weight all-gather (SDP4Bit's qWD, §3.1).
+
+    Attributes:
+        keyframe_every: optimizer steps between full-precision gathers that reset the reference (0: only when
+            needed).
+        checkpoint_reference: checkpoints hold the reference, so a resume continues exactly.
+    """
+
+    keyframe_every: int = 0
+    checkpoint_reference: bool = True
+
+    def __post_init__(self) -> None:
+        check_int("keyframe_every", self.keyframe_every)
+        check_bool("checkpoint_reference", self.checkpoint_reference)
+
+
+@dataclass(frozen=True)
+class FlatOptions:
+    """The ``flat`` gradient reduce-scatter (one quantized all-to-all, an fp32 sum) has no options."""
+
+
+@dataclass(frozen=True)
+class TwoLevelOptions:
+    """Options of the ``two_level`` gradient reduce-scatter (ZeRO++ qgZ, SDP4Bit TLq-HS §3.2).
+
+    Attributes:
+        intra_codec: the codec of the intra-node hop: ``"same"`` (the side's codec), ``None`` (unquantized), a
+            codec name, or a mapping of ``make_codec`` options with ``name``, e.g.
+            ``{"name": "symmetric", "bits": 8, "bucket_size": 128}``.
+        rotation_block: elements of each Hadamard rotation kept through the local reduction (a power of two), or
+            ``None`` for no rotation.
+    """
+
+    intra_codec: str | Mapping[str, Any] | None = "same"
+    rotation_block: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.intra_codec, Mapping):
+            object.__setattr__(self, "intra_codec", dict(self.intra_codec))
+        if self.rotation_block is not None:
+            check_int("rotation_block", self.rotation_block, minimum=1)
+
+
+#: Codec name -> its option class.
+CODEC_OPTIONS: dict[str, type[CodecOptions]] = {
+    "minmax": CodecOptions,
+    "random_shift": CodecOptions,
+    "symmetric": CodecOptions,
+    "sign": CodecOptions,
+    "learned": LearnedOptions,
+}
+#: Scheme name -> its option class.
+SCHEME_OPTIONS: dict[str, type] = {
+    "direct": DirectOptions,
+    "difference": DifferenceOptions,
+    "flat": FlatOptions,
+    "two_level": TwoLevelOptions,
+}
+
+
+def typed_options(kind: str, name: str, value: object, table: Mapping[str, type]) -> Any:
+    """``value`` (a mapping, ``None`` or an option object) as the option class of ``name`` in ``table``; a
+    mapping stays a mapping when ``name`` has no option class.
+
+    Raises:
+        ValueError: an unknown key (naming the allowed ones and the closest), a value out of range, or an option
+            object of another codec or scheme.
+    """
+    cls = table.get(name)
+    if value is None:
+        value = {}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if cls is not None and type(value) is not cls:
+            raise ValueError(f"{kind} {name!r} takes {cls.__name__}, got {type(value).__name__}")
+        return value
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{kind} options {value!r} are invalid; they must be a mapping or an options object")
+    if cls is None:
+        return dict(value)
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    for key in value:
+        if key not in allowed:
+            raise ValueError(f"unknown option {key!r} of {kind} {name!r}{did_you_mean(str(key), allowed)}; "
+                             f"allowed: {', '.join(allowed) or 'none'}")
+    return cls(**value)
+
+
+def option_kwargs(options: Any) -> dict[str, Any]:
+    """The keyword arguments ``options`` passes on: an option object's fields that differ from their defaults
+    (so the codec or scheme applies its own default otherwise), or a plug-in's mapping as it is."""
+    if not dataclasses.is_dataclass(options):
+        return dict(options)
+    return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
+            if getattr(options, f.name) != f.default}

@@ -1,0 +1,148 @@
+"""The public face: ``QSDPConfig`` (typed, presets as named constructors), ``QSDP(config)`` and one
+``apply_qsdp(model, config)``; old spellings either build the same configuration or fail naming the new one."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+from dist_spawn import RankInfo, run_ranks
+from sharded_mlp import Adapter, _train
+
+from composer_qsdp import (QSDP, CodecOptions, DifferenceOptions, LearnedOptions, QSDPConfig, SideConfig,
+                           TwoLevelOptions, apply_qsdp)
+from composer_qsdp.config import from_preset, from_recipe, preset_names
+from composer_qsdp.config.options import CODEC_OPTIONS, SCHEME_OPTIONS
+from composer_qsdp.config.presets import _PRESETS
+from composer_qsdp.quant import make_codec
+from composer_qsdp.quant.registry import _CODECS
+from composer_qsdp.recipes.loader import RecipeError, load_recipe
+from composer_qsdp.schemes import GRAD_SCHEMES, WEIGHT_SCHEMES
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: qWD weights with a Hadamard rotation and two-level gradients: every typed option class on the path.
+OLD_SPELLING = dict(weight_scheme="difference", weight_codec="symmetric", weight_bits=4, weight_bucket_size=64,
+                    weight_codec_options={"hadamard": True}, weight_scheme_options={"keyframe_every": 3},
+                    grad_scheme="two_level", grad_codec="symmetric", grad_bits=4, grad_bucket_size=64,
+                    grad_scheme_options={"intra_codec": {"name": "symmetric", "bits": 8, "bucket_size": 64},
+                                         "rotation_block": 32},
+                    seed=11)
+NEW_SPELLING = QSDPConfig(
+    weights=SideConfig(bits=4, codec="symmetric", bucket_size=64, codec_options=CodecOptions(hadamard=True),
+                       scheme="difference", scheme_options=DifferenceOptions(keyframe_every=3)),
+    grads=SideConfig(bits=4, codec="symmetric", bucket_size=64, scheme="two_level",
+                     scheme_options=TwoLevelOptions(intra_codec={"name": "symmetric", "bits": 8, "bucket_size": 64},
+                                                    rotation_block=32)),
+    seed=11,
+)
+
+
+def test_a_typo_names_the_allowed_options_and_the_closest():
+    with pytest.raises(ValueError, match=r"unknown QSDP option 'weight_bit'; did you mean 'weight_bits'\?; "
+                                         r"allowed: weight_bits, weight_codec, "):
+        QSDP(weight_bit=4)
+    with pytest.raises(ValueError, match=r"unknown QSDP preset 'sdp4bits'; did you mean 'sdp4bit'\?"):
+        QSDPConfig.from_preset("sdp4bits")
+    with pytest.raises(ValueError, match=r"unknown option 'hadamrd' of codec 'minmax'; did you mean 'hadamard'\?"):
+        SideConfig(codec_options={"hadamrd": True})
+    with pytest.raises(ValueError, match=r"unknown option 'keyframes' of scheme 'difference'; did you mean "
+                                         r"'keyframe_every'\?; allowed: keyframe_every, checkpoint_reference"):
+        SideConfig(scheme="difference", scheme_options={"keyframes": 2})
+
+
+def test_a_recipe_typo_fails_at_the_recipe_check_with_a_suggestion():
+    with pytest.raises(RecipeError, match=r"algorithms.qsdp.*unknown QSDP option 'weight_bit'; did you mean "
+                                          r"'weight_bits'\?"):
+        load_recipe(ROOT / "yamls" / "cpu" / "gpt-tiny-qsdp.yaml", ["algorithms.qsdp.weight_bit=4"])
+
+
+def test_an_out_of_range_value_names_the_option_the_user_wrote():
+    with pytest.raises(ValueError, match=r"options weight_bits=9: .*bits=9 is not supported; allowed: integers 1..8"):
+        QSDP(weight_bits=9)
+
+
+def test_old_and_new_spellings_build_the_same_config():
+    assert QSDP(**OLD_SPELLING).config == QSDP(NEW_SPELLING).config == NEW_SPELLING
+    assert QSDP("sdp4bit").config == QSDP(preset="sdp4bit").config == QSDPConfig.from_preset("sdp4bit")
+    with pytest.warns(DeprecationWarning, match=r"QSDP\(recipe=\.\.\.\) is now QSDP\(preset=\.\.\.\)"):
+        assert QSDP(recipe="w8g4", grad_bits=2).config == QSDPConfig.from_preset("w8g4", grad_bits=2)
+    with pytest.warns(DeprecationWarning, match=r"from_recipe\(\.\.\.\) is now QSDPConfig.from_preset"):
+        assert from_recipe("zeropp") == from_preset("zeropp")
+    with pytest.raises(ValueError, match=r"takes a complete QSDPConfig; \['grad_bits'\] cannot be given with it"):
+        QSDP(NEW_SPELLING, grad_bits=8)
+
+
+def test_options_become_their_typed_class():
+    side = SideConfig(codec="learned", codec_options={"fit_steps": 7}, scheme="difference",
+                      scheme_options={"checkpoint_reference": False})
+    assert side.codec_options == LearnedOptions(fit_steps=7)
+    assert side.scheme_options == DifferenceOptions(checkpoint_reference=False)
+    with pytest.raises(ValueError, match=r"codec 'learned' takes LearnedOptions, got CodecOptions"):
+        SideConfig(codec="learned", codec_options=CodecOptions())
+    with pytest.raises(ValueError, match=r"fit_steps=0 is invalid; it must be an integer >= 1"):
+        LearnedOptions(fit_steps=0)
+
+
+@pytest.mark.parametrize("name,cls", [*((n, _CODECS.lookup(n)) for n in _CODECS.names()),
+                                      *((n, t.lookup(n)) for t in (WEIGHT_SCHEMES, GRAD_SCHEMES) for n in t.names())])
+def test_option_classes_mirror_their_constructors(name, cls):
+    """Every registered codec and scheme has an option class whose fields and defaults are its constructor's
+    (``SideConfig`` holds a codec's ``bits``, ``bucket_size`` and ``rounding``)."""
+    if name in _CODECS.names():
+        options, skip = CODEC_OPTIONS[name], {"bits", "bucket_size", "rounding"}
+        expected = {"hadamard": inspect.signature(make_codec).parameters["hadamard"].default}
+    else:
+        options, skip, expected = SCHEME_OPTIONS[name], {"codec", "error_sample_interval"}, {}
+    expected |= {p.name: p.default for p in inspect.signature(cls).parameters.values() if p.name not in skip}
+    assert {f.name: f.default for f in dataclasses.fields(options)} == expected
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_presets_encode_the_same_bytes_as_their_raw_options(preset):
+    """A preset's typed codec encodes exactly as ``make_codec`` with the preset's raw option mapping."""
+    raw = _PRESETS[preset]
+    config = QSDPConfig.from_preset(preset)
+    x = torch.randn(3000, generator=torch.Generator().manual_seed(0))
+    for prefix, side in (("weight_", config.weights), ("grad_", config.grads)):
+        codec = side.make_codec(side.bits)
+        rounding = {"rounding": raw[prefix + "rounding"]} if prefix + "rounding" in raw else {}
+        reference = make_codec(raw.get(prefix + "codec", "minmax"), bits=raw.get(prefix + "bits", 8),
+                               bucket_size=raw.get(prefix + "bucket_size", 1024), **rounding,
+                               **raw.get(prefix + "codec_options", {}))
+        assert torch.equal(codec.encode(x, seed=5, offset=0), reference.encode(x, seed=5, offset=0))
+
+
+def test_apply_qsdp_refuses_an_unsharded_model():
+    with pytest.raises(ValueError, match=r"Linear is not sharded by FSDP: .* shard it first"):
+        apply_qsdp(nn.Linear(2, 2), "w8g8")
+    with pytest.raises(ValueError, match=r"config=8 is invalid; it must be a QSDPConfig or a preset name"):
+        apply_qsdp(nn.Linear(2, 2), 8)
+
+
+def _old_and_new(info: RankInfo) -> dict:
+    adapter = Adapter("fsdp2")
+    out = {}
+    model = adapter.shard(info)
+    handle = adapter.apply(model, QSDP(**OLD_SPELLING).config)  # the adapter's own entry, flat options
+    out["old"] = (_train(info, model, 4, grads=False)["losses"], handle.traffic())
+    model = adapter.shard(info)
+    handle = apply_qsdp(model, NEW_SPELLING)  # the one public entry, typed config
+    out["new"] = (_train(info, model, 4, grads=False)["losses"], handle.traffic())
+    return out
+
+
+@pytest.mark.requires_custom_comm
+def test_old_spelling_and_typed_config_train_identically():
+    """Same losses and the same bytes on 2 gloo ranks (FSDP2), bit for bit."""
+    if torch.__version__ < "2.7":
+        pytest.skip(f"FSDP2 cannot run on CPU with torch {torch.__version__}")
+    for rank in run_ranks(_old_and_new, 2):
+        old_losses, old_traffic = rank["old"]
+        new_losses, new_traffic = rank["new"]
+        assert old_losses == new_losses
+        assert old_traffic.summary() == new_traffic.summary() and old_traffic.total.sent > 0
