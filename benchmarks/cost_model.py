@@ -53,6 +53,7 @@ import functools
 import json
 import os
 import sys
+import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -433,7 +434,10 @@ E2E_SETTINGS = {"baseline": SETTINGS["plain FSDP2"], "qsdp-w8g8": SETTINGS["QSDP
 
 
 def _read(path: str) -> Any:
-    return json.loads((RESULTS / path).read_text())
+    """The JSON record ``path`` (``<results folder>/<file>``) from its folder's ``raw.tar.xz``."""
+    folder, _, name = path.partition("/")
+    with tarfile.open(RESULTS / folder / "raw.tar.xz") as archive:
+        return json.load(archive.extractfile(name))
 
 
 def link_fits() -> dict[str, tuple[LinkFit, int]]:
