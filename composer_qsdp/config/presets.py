@@ -6,8 +6,8 @@
 * ``w8g4``: 8-bit weights, 4-bit stochastic gradients. Unbiased 4-bit gradient noise averages out over steps,
   while a directly quantized 4-bit weight is wrong in every forward (SDP4Bit §3.5, Table 3: +12% loss for direct
   INT4 weights at GPT-125M); this keeps the weights at 8 bits and halves the gradient traffic.
-* ``w4g4``: 4-bit weights and gradients with the same codec: the fastest direct setting, at a loss cost
-  (benchmarks/RESULTS.md).
+* ``w4g4``: 4-bit weights and gradients with the same codec: the fastest direct setting, at a loss cost (directly
+  quantized 4-bit weights, SDP4Bit §3.5).
 * ``sdp4bit``: SDP4Bit's full setting (Jia et al., NeurIPS 2024): qWD weights (quantized differences against a
   reference every rank keeps, §3.1: symmetric INT4 in groups of 2048, round to nearest) and TLq-HS gradients
   (below). Within one node the gradients take the intra-node INT8 hop only.

@@ -23,8 +23,8 @@ in ``[2**23, 2**24)`` are the integers, one unit apart, so
 * for an integer ``0 <= c < 2**22``, the bit pattern ``0x4B400000 | c`` is the fp32 number ``MAGIC + c``:
   subtracting ``MAGIC`` gives ``c`` exactly.
 
-Why: GPUs issue int <-> float conversions and ``FRND`` at a fraction of the fp32 add rate, and they bounded the
-quantize kernels (``benchmarks/kernel_notes.md``); additions and bit operations run on the full-rate pipes. The
+Why: GPUs issue int <-> float conversions and ``FRND`` at a fraction of the fp32 add rate, and they would bound
+the quantize kernels; additions and bit operations run on the full-rate pipes. The
 torch references state the same arithmetic with ``torch.round`` and integer tensors, so both give the same
 numbers.
 """
@@ -56,7 +56,7 @@ MAX_BUCKET = 8192
 # Launch targets of the codec kernels (:func:`launch_shape`), in elements per program and per thread on a GPU:
 # one warp per 1024-element bucket, each thread holding 4 of its groups, keeps a bucket's min/max (or abs-max)
 # reduction inside one warp (no shared memory, no barrier) and spreads the per-thread fixed work (reductions,
-# divisions, addresses) over more elements (instruction counts in benchmarks/kernel_notes.md). The interpreter's
+# divisions, addresses) over more elements. The interpreter's
 # cost is per program, almost independent of its size: as few programs as possible there.
 GPU_TILE = 1024
 ELEMENTS_PER_THREAD = 32
@@ -276,7 +276,7 @@ def output_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devi
 
 # Host-side integer helpers. Triton's own ``triton.cdiv`` / ``triton.next_power_of_2`` are constexpr functions whose
 # host calls cost microseconds each (argument unwrapping), several times per launch; a quantized collective is
-# bound by such fixed host costs at small sizes (benchmarks/RESULTS.md).
+# bound by such fixed host costs at small sizes.
 def cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` for positive integers."""
     return -(-a // b)

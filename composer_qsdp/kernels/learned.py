@@ -55,11 +55,10 @@ __all__ = ["CELLS_PER_LEVEL", "MAX_BUCKET", "SUPPORTED_BITS", "supports", "searc
 #: Code widths with a kernel (a group of 8 codes is exactly ``bits`` bytes).
 SUPPORTED_BITS = PACKED_BITS
 # Elements per thread on a GPU. The encoder's per-element work is now close to the min-max kernel's, whose
-# per-thread fixed work (bucket reductions, divisions, addresses) 32 spreads without spills (sm_90 SASS counts in
-# benchmarks/kernel_notes.md); the decoders, at parity with min-max, keep 16 (one level gather per element).
+# per-thread fixed work (bucket reductions, divisions, addresses) 32 spreads without spills; the decoders, at parity with min-max, keep 16 (one level gather per element).
 _ELEMENTS_PER_THREAD = {"encode": ELEMENTS_PER_THREAD, "decode": 16}
 #: Cells of the search's uniform grid per level (a power of two): fine enough that no cell of levels fitted to
-#: common distributions holds two levels, so the search needs no refinement step (benchmarks/kernel_notes.md).
+#: common distributions holds two levels, so the search needs no refinement step.
 CELLS_PER_LEVEL = 4
 _CELLS_PER_LEVEL = tl.constexpr(CELLS_PER_LEVEL)  # jit code reads only constexpr globals
 

@@ -51,8 +51,8 @@ SUPPORTED_BITS = PACKED_BITS
 # 254 of 255 registers at 16 elements, so decoders take 16 there and the quantize kernel 8.
 _ELEMENTS_PER_THREAD_UNALIGNED_ROWS = {"decode": 16, "encode": 8}
 # 8-bit stochastic quantize of 2-byte inputs issues the most instructions per byte moved; twice the elements per
-# thread spreads the per-thread fixed work further (64M bf16 on 1x H200: 2776 -> 3021 GB/s; 4-bit: 2520 -> 2431,
-# so it keeps 32). Measurements: benchmarks/kernel_notes.md.
+# thread spreads the per-thread fixed work further. At 4 bits the same change adds register pressure without that
+# gain, so 4 bits keeps 32.
 _ELEMENTS_PER_THREAD_8BIT_STOCHASTIC_HALF = 64
 
 

@@ -18,8 +18,7 @@ otherwise. Two forms:
 The Philox rounds are :func:`_philox` rather than ``tl.randint4x`` (which has 10 rounds): Philox4x32 on the
 counter ``(c mod 2**32, c >> 32, 0, 0)`` under the key ``(seed mod 2**32, seed >> 32)``, with each round's two
 32 x 32 -> 64-bit products written as one widening multiply instead of separate high and low halves, which
-saves instructions in the stochastic quantize kernels, whose instruction issue bounds them (counts in
-``benchmarks/kernel_notes.md``).
+saves instructions in the stochastic quantize kernels, whose instruction issue bounds them.
 """
 
 import triton

@@ -11,7 +11,7 @@ N_ROUNDS = 10
 #: Philox rounds of the codecs' rounding noise. Salmon et al. ("Parallel random numbers: as easy as 1, 2, 3",
 #: SC'11, Table 2) find Philox4x32 passing all of TestU01's BigCrush from 7 rounds on and recommend 10 as a
 #: safety margin; rounding noise asks less of a generator than a simulation does, and in the stochastic quantize
-#: kernels, bound by instruction issue, each round costs 0.5 instructions per element (kernel_notes.md).
+#: kernels, bound by instruction issue, every round is extra work per element.
 NOISE_ROUNDS = 7
 #: Key increments (Weyl constants) and round multipliers of Philox4x32, Triton's and Random123's.
 KEY_A = 0x9E3779B9

@@ -182,8 +182,8 @@ def _config(bits: int, bucket_size: int, rows: int, layout: WireLayout, rotate: 
         )
     if rows < 1 or not launch_fits(rows, layout.numel):
         raise ValueError(f"rows={rows} must be in 1..{MAX_ROWS} and n={layout.numel} below 2**31")
-    # The rotation's butterflies and tile rearrangement go through shared memory; fewer, fuller warps (64 elements
-    # per thread) measured faster for both Hadamard orders swept (benchmarks/kernel_notes.md).
+    # The rotation's butterflies and tile rearrangement go through shared memory: fewer, fuller warps (64 elements
+    # per thread) exchange less of it per element.
     per_thread = ROTATED_ELEMENTS_PER_THREAD if rotate else ELEMENTS_PER_THREAD
     return launch_shape(bucket_size, layout.num_buckets, on_gpu, GPU_TILE, INTERPRETER_TILE, per_thread,
                         buckets_per_program, num_warps)  # fmt: skip

@@ -49,8 +49,7 @@ Determinism: the fit runs on the CPU in float64 whatever the input's device (a s
 accumulation of CUDA's backward pass (run to run, rank to rank). Across CPUs, vectorized kernels round
 differently (AVX-512, AVX2, scalar); the start point and the step size keep that from mattering: from the
 high-resolution solution with small steps, the fitted levels differ only slightly and their error not
-measurably, whereas large Adam steps from uniform levels amplified such differences (measurements in
-``benchmarks/kernel_notes.md``).
+measurably, whereas large Adam steps from uniform levels amplify such differences.
 
 Reuse and refresh: the codec holds its levels. They are fitted lazily on the first encode, refitted on the
 input of an encode after every ``refresh_every`` new seeds (warm-started from the current levels), or set
@@ -174,7 +173,7 @@ def _one_cpu_thread() -> Iterator[None]:
     # A fit works on at most ``fit_samples`` float64 values, where one thread is about as fast as many. A training
     # process's default intra-op pool has a thread per core, and with one such process per GPU fitting at the
     # same moment (every unit's first encode) the pools oversubscribe the host and the fits slow down several
-    # times (measurements in benchmarks/kernel_notes.md). One thread also makes the fit independent of the core
+    # times. One thread also makes the fit independent of the core
     # count.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
