@@ -17,9 +17,10 @@ So the decision can be tested with injected timings, and identical inputs give i
 **Accuracy rule** (:func:`accuracy_violation`), from GPT-125M convergence runs (``benchmarks/convergence.py``):
 directly quantized 4-bit weights raise the validation loss (as SDP4Bit §3.5, Table 3 reports), while 8-bit
 weights and 4-bit stochastic gradients end within the run-to-run spread of plain FSDP; qWD at 4 bits is
-SDP4Bit's lossless weight mode (its error feedback holds for any compressor, SDP4Bit Theorem 4.1). So: weights never below 8 bits
-unless in the difference scheme (there, not below 4); gradients not below 4 bits, and below 8 bits only with an
-unbiased (stochastic) codec. :func:`decide` never picks a candidate that breaks the rule, whatever it is offered.
+SDP4Bit's lossless weight mode (its error feedback holds for any compressor, SDP4Bit Theorem 4.1). So: weights
+never below 8 bits unless in the difference scheme (there, not below 4); gradients not below 4 bits, and below 8
+bits only with an unbiased (stochastic) codec. :func:`decide` never picks a candidate that breaks the rule, whatever
+it is offered.
 
 **Cost of one collective** (:class:`LinkFit`): ``latency_s + wire_bytes / bytes_per_s``, fitted per candidate (its
 codec kernels, launches and the transport included) on the probe's timings; wire bytes are counted as the schemes
