@@ -129,12 +129,22 @@ class ZeroOneAdam(torch.optim.Optimizer):
         var_update_scaler: int = 16,
         local_step_scaler: int = 32678,
         local_step_clipper: int = 16,
+        max_grad_norm: float | None = None,
+        bound_updates: bool = True,
         amsgrad: bool = False,
         codec: str | None = "sign",
         bucket_size: int | None = None,
         group: dist.ProcessGroup | None = None,
         ranks_per_node: int | None = None,
     ) -> None:
+        if max_grad_norm is not None and (isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float))
+                                          or not 0 < max_grad_norm < math.inf):
+            raise ValueError(f"max_grad_norm={max_grad_norm!r} is invalid; it must be a finite number > 0, or None "
+                             "(no clipping)")
+        if not isinstance(bound_updates, bool):
+            raise ValueError(f"bound_updates={bound_updates!r} is invalid; allowed: True, False")
+        self._max_grad_norm = max_grad_norm
+        self._bound_updates = bound_updates
         if amsgrad:
             raise ValueError("amsgrad=True is not supported: 0/1 Adam has no AMSGrad variant (allowed: False)")
         self._schedule = ZeroOneSchedule(
@@ -262,8 +272,27 @@ class ZeroOneAdam(torch.optim.Optimizer):
             if scheme is not None:
                 # The error buffers held the gradients' residue; from now on they compress the accumulated updates.
                 scheme.reset_errors()
+        clip = self._max_grad_norm
+        if clip is not None and not plan.update_variance:
+            # A compressed or local step: each rank clips the gradient it contributes, so the mean is within the
+            # bound too. Clipping the decoded 1-bit mean instead would clip the error feedback's residue with it.
+            _clip_norm_(grads, clip)
         if not plan.local and scheme is not None:
-            scheme.all_reduce(grads, exact=plan.update_variance, valid=self._valid if silent is None else ~silent)
+            valid = self._valid if silent is None else ~silent
+            if plan.update_variance:
+                scheme.all_reduce(grads, exact=True, valid=valid)
+            else:
+                # Compressed in Adam's preconditioned coordinates, g / (sqrt(v) + eps), where the elements of a
+                # bucket have comparable sizes: 1-bit compression gives every element its bucket's magnitude, which
+                # for raw gradients an element with a small sqrt(v) turns into a large step.
+                denoms = [self._denominator(group, flat["exp_avg_sq"][part]) for group, part in self._group_slices()]
+                for (_, part), denom in zip(self._group_slices(), denoms):
+                    grads[part].div_(denom)
+                scheme.all_reduce(grads, valid=valid)
+                for (_, part), denom in zip(self._group_slices(), denoms):
+                    grads[part].mul_(denom)
+        if clip is not None and plan.update_variance:
+            _clip_norm_(grads, clip)  # the exact mean, as DDP's clipping
         denoms = []
         for index, (group, part) in enumerate(self._group_slices()):
             beta1, beta2 = group["betas"]
@@ -273,6 +302,9 @@ class ZeroOneAdam(torch.optim.Optimizer):
             m.mul_(beta1).add_(g, alpha=1 - beta1)
             denom = self._denominator(group, v)
             update = self._corrected_momentum(group, m, plan.step) / denom
+            if self._bound_updates:
+                bound = _update_bound(group)
+                update.clamp_(-bound, bound)
             if group["weight_decay"] > 0:
                 update.add_(self._flat_params(part), alpha=group["weight_decay"])
             self._add_to_params(part, update.masked_fill_(v == 0, 0), -group["lr"])
@@ -288,15 +320,15 @@ class ZeroOneAdam(torch.optim.Optimizer):
         synced = self._flat["synced_param"]
         u = self._flat_params(self._whole).sub_(synced)
         slices = list(self._group_slices())
-        for (_, part), denom in zip(slices, denoms):
-            u[part].mul_(denom)
         if self._scheme is not None:
+            # u is compressed as it is, in the preconditioned coordinates (lr-weighted m / (sqrt(v) + eps)), for
+            # the reason the variance phase's 1-bit steps are; DeepSpeed compresses u * (sqrt(v) + eps).
             self._scheme.all_reduce(u, valid=self._flat["exp_avg_sq"] != 0)  # the variance is frozen: as in step
         for index, ((group, part), denom) in enumerate(zip(slices, denoms)):
             if self._lrs[index] > 0:
-                mean_momentum = u[part] / -self._lrs[index]
+                mean_momentum = u[part] * denom / -self._lrs[index]
                 self._flat["exp_avg"][part].copy_(self._uncorrect_momentum(group, mean_momentum, plan.step))
-            synced[part].add_(u[part].div_(denom))
+            synced[part].add_(u[part])
             self._lrs[index] = 0.0
         self._copy_to_params(synced)
 
@@ -520,6 +552,25 @@ def default_bucket_size(params: Iterable[torch.Tensor]) -> int:
     return size if size >= 32 else 256
 
 
+def _update_bound(group: dict[str, Any]) -> float:
+    """The largest ``|m_hat / (sqrt(v_hat) + eps)|`` an element may take: ``sqrt((1 - beta1) / (1 - beta2))``, at
+    least 1.
+
+    Adam whose variance is updated at every step with the gradients its momentum averages never exceeds it (for
+    beta1 <= beta2): ``m_hat^2 <= sum_i w1_i g_i^2`` (Cauchy-Schwarz over the momentum's weights ``w1_i``), and
+    each ``w1_i <= (1 - beta1) / (1 - beta2) * w2_i``, the variance's weights. A stale or frozen variance has no
+    such bound: a gradient far above the last variance update gives a step of hundreds of learning rates.
+    """
+    beta1, beta2 = group["betas"]
+    return max(1.0, math.sqrt((1 - beta1) / (1 - beta2)))
+
+
+def _clip_norm_(flat: torch.Tensor, max_norm: float) -> None:
+    """Scale ``flat`` in place to an L2 norm of at most ``max_norm`` (torch's ``clip_grad_norm_`` rule)."""
+    norm = torch.linalg.vector_norm(flat)
+    flat.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+
+
 def _tensors(item: torch.Tensor | dict[str, Any]) -> list[torch.Tensor]:
     """The parameters of one entry of an optimizer's ``params`` (a tensor or a parameter group)."""
     if not isinstance(item, dict):
@@ -537,15 +588,16 @@ def _all_gather(tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
 def _check_group(group: dict[str, Any], index: int) -> None:
     """Raise a ValueError naming the first option of parameter group ``index`` that is out of range."""
     lr, betas, eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr >= 0:
-        raise ValueError(f"lr={lr!r} (parameter group {index}) is invalid; it must be a number >= 0")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 <= lr < math.inf:
+        raise ValueError(f"lr={lr!r} (parameter group {index}) is invalid; it must be a finite number >= 0")
     if (not isinstance(betas, (tuple, list)) or len(betas) != 2
             or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)):
         raise ValueError(f"betas={betas!r} (parameter group {index}) is invalid; it must be two numbers in [0, 1)")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"eps={eps!r} (parameter group {index}) is invalid; it must be a number >= 0")
-    if isinstance(wd, bool) or not isinstance(wd, (int, float)) or not wd >= 0:
-        raise ValueError(f"weight_decay={wd!r} (parameter group {index}) is invalid; it must be a number >= 0")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < math.inf:
+        # eps = 0 divides by sqrt(v) = 0 where a variance update saw no gradient since the element last moved.
+        raise ValueError(f"eps={eps!r} (parameter group {index}) is invalid; it must be a finite number > 0")
+    if isinstance(wd, bool) or not isinstance(wd, (int, float)) or not 0 <= wd < math.inf:
+        raise ValueError(f"weight_decay={wd!r} (parameter group {index}) is invalid; it must be a finite number >= 0")
     if not isinstance(group["bias_correction"], bool):
         raise ValueError(f"bias_correction={group['bias_correction']!r} (parameter group {index}) is invalid; "
                          "allowed: True, False")
