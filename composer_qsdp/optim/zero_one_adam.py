@@ -137,10 +137,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
         group: dist.ProcessGroup | None = None,
         ranks_per_node: int | None = None,
     ) -> None:
-        if max_grad_norm is not None and (isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float))
-                                          or not 0 < max_grad_norm < math.inf):
-            raise ValueError(f"max_grad_norm={max_grad_norm!r} is invalid; it must be a finite number > 0, or None "
-                             "(no clipping)")
+        _check_max_grad_norm(max_grad_norm)
         if not isinstance(bound_updates, bool):
             raise ValueError(f"bound_updates={bound_updates!r} is invalid; allowed: True, False")
         self._max_grad_norm = max_grad_norm
@@ -214,6 +211,29 @@ class ZeroOneAdam(torch.optim.Optimizer):
     def schedule(self) -> ZeroOneSchedule:
         """The step counters and intervals (read them; :meth:`step` advances them)."""
         return self._schedule
+
+    @property
+    def max_grad_norm(self) -> float | None:
+        """The gradient-norm bound (None: no clipping); settable before the first step."""
+        return self._max_grad_norm
+
+    @max_grad_norm.setter
+    def max_grad_norm(self, value: float | None) -> None:
+        _check_max_grad_norm(value)
+        self._max_grad_norm = value
+
+    @property
+    def bound_updates(self) -> bool:
+        """Whether each element's Adam step is bounded (see the module docstring)."""
+        return self._bound_updates
+
+    @property
+    def bits_per_element(self) -> float:
+        """Bits a 1-bit synchronization sends per element, scales included (32 without a codec)."""
+        if self._codec is None:
+            return 32.0
+        numel = self._codec.bucket_size * 1024
+        return self._codec.wire_bytes(numel) * 8 / numel
 
     @property
     def world_size(self) -> int:
@@ -563,6 +583,12 @@ def _update_bound(group: dict[str, Any]) -> float:
     """
     beta1, beta2 = group["betas"]
     return max(1.0, math.sqrt((1 - beta1) / (1 - beta2)))
+
+
+def _check_max_grad_norm(value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not 0 < value < math.inf):
+        raise ValueError(f"max_grad_norm={value!r} is invalid; it must be a finite number > 0, or None (no clipping)")
 
 
 def _clip_norm_(flat: torch.Tensor, max_norm: float) -> None:
