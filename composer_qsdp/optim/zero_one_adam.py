@@ -1,31 +1,46 @@
 """``ZeroOneAdam``: Adam for plain data parallelism that communicates 1 bit per element, and rarely (0/1 Adam).
 
 Lu, Li, Zhang, De Sa, He, "Maximizing Communication Efficiency for Large-scale Training via 0/1 Adam" (ICLR 2023),
-with the options, defaults and update of DeepSpeed's ``ZeroOneAdam`` (``deepspeed/runtime/fp16/onebit/zoadam.py``).
+with the options, defaults and schedules of DeepSpeed's ``ZeroOneAdam`` (``deepspeed/runtime/fp16/onebit/zoadam.py``).
 Each rank holds a full replica and its *local* gradient; the optimizer does all the communication. Per step ``t``
 (the schedules ``T_v`` and ``T_u`` are :class:`~composer_qsdp.optim.schedule.ZeroOneSchedule`'s), with ``lr``,
-``beta1``, ``beta2``, ``eps``, ``wd`` of the parameter's group::
+``beta1``, ``beta2``, ``eps``, ``wd`` of the parameter's group, ``d = sqrt(v) + eps`` and ``B`` the step bound::
 
     variance phase (t <= var_freeze_step):
-        g = mean over ranks of the gradient: exact fp32 all-reduce if t in T_v, else 1-bit with error feedback
-        if t in T_v: v = beta2 * v + (1 - beta2) * g * g
+        if t in T_v: g = exact fp32 mean over ranks of the gradient;  v = beta2 * v + (1 - beta2) * g * g
+        else:        g = d * (1-bit mean over ranks of g_local / d, with error feedback)
         m = beta1 * m + (1 - beta1) * g
-        x = x - lr * (m / (sqrt(v) + eps) + wd * x)
+        x = x - lr * (clamp(m / d, -B, B) + wd * x)
     local-step phase (t > var_freeze_step; v frozen; the error buffers are zeroed once on entry):
         m = beta1 * m + (1 - beta1) * g_local
-        update = m / (sqrt(v) + eps) + wd * x;   x = x - lr * update;   S = S + lr
+        update = clamp(m / d, -B, B) + wd * x;   x = x - lr * update;   S = S + lr
         if t in T_u:
             u = x - x_sync                 # the accumulated local updates (DeepSpeed's momentum_accumulator)
-            u = 1-bit mean over ranks of u * (sqrt(v) + eps), with error feedback
-            m = -u / S                     # the lr-weighted mean momentum of the interval
-            x = x_sync + u / (sqrt(v) + eps);   x_sync = x;   S = 0
+            u = 1-bit mean over ranks of u, with error feedback
+            m = -u * d / S                 # the lr-weighted mean momentum of the interval
+            x = x_sync + u;   x_sync = x;   S = 0
+
+``B = max(1, sqrt((1 - beta1) / (1 - beta2)))`` (``bound_updates=True``, the default) is a bound that Adam with a
+current variance never exceeds (see ``_update_bound``); with a stale or frozen ``v`` an element whose gradient grew
+above its last variance update would otherwise step hundreds of learning rates (GPT-125M diverged within 10-30
+steps of every freeze). ``max_grad_norm`` clips the exact mean gradient on ``T_v`` steps (DDP's clipping) and each
+rank's gradient before it is compressed or used locally on the other steps (so the mean is within the bound too).
 
 ``bias_correction=True`` applies Adam's bias corrections: ``m / (1 - beta1^t)`` for ``m`` and
 ``v / (1 - beta2^n)`` for ``v``, ``n`` counting the variance updates so far (frozen with ``v``); a synchronization
-then sets ``m`` so that its corrected value is ``-u / S``. DeepSpeed accepts ``bias_correction`` (default True)
-but never applies it; the default here, False, is its update.
+then sets ``m`` so that its corrected value is ``-u * d / S``. DeepSpeed accepts ``bias_correction`` (default
+True) but never applies it; the default here, False, is its update.
 
 What differs from DeepSpeed, on purpose:
+
+* 1-bit synchronizations compress in Adam's preconditioned coordinates: ``g / d`` in the variance phase, ``u``
+  itself in the local-step phase (DeepSpeed compresses ``g`` and ``u * d``). Sign compression gives every element
+  of a bucket the bucket's magnitude; in raw gradient units an element with a small ``d`` among larger ones receives
+  a large gradient and divides it by its small ``d``, while in preconditioned units the elements of a bucket have
+  comparable sizes. ``d`` is the same on every rank, so the mean is unchanged; only the compression error moves.
+* Each element's step ``m / d`` is bounded by ``B`` (``bound_updates``); DeepSpeed has no bound.
+* ``max_grad_norm`` clips (DeepSpeed accepts it and ignores it; its engine clips before the optimizer, on the
+  local gradient).
 
 * The weights at the last synchronization, ``x_sync``, are kept instead of the accumulator ``u`` (the same memory):
   DeepSpeed accumulates ``u`` step by step and computes ``(x - u) + mean / (sqrt(v) + eps)``, whose rounding differs
@@ -49,8 +64,8 @@ What differs from DeepSpeed, on purpose:
   with a weight matrix): DeepSpeed's scales are per tensor for the same reason.
 * A synchronization whose interval saw only zero learning rates (``S = 0``) leaves ``m`` as it was instead of
   dividing by zero.
-* Not supported: AMSGrad (neither in DeepSpeed), ``exp_avg_mask`` momentum masks, ``eps_inside_sqrt`` and
-  ``max_grad_norm`` (accepted and unused by DeepSpeed), MPI/HCCL back ends (any ``torch.distributed`` back end
+* Not supported: AMSGrad (neither in DeepSpeed), ``exp_avg_mask`` momentum masks, ``eps_inside_sqrt`` (accepted and
+  unused by DeepSpeed), MPI/HCCL back ends (any ``torch.distributed`` back end
   works).
 """
 
@@ -93,7 +108,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
             so that every rank communicates the same layout.
         lr: learning rate.
         betas: ``(beta1, beta2)`` of the momentum and the variance.
-        eps: added to ``sqrt(v)``.
+        eps: added to ``sqrt(v)``; must be > 0 (an element whose variance decayed to zero would divide by it).
         weight_decay: decoupled weight decay (as AdamW: ``x -= lr * wd * x``).
         bias_correction: apply Adam's bias corrections (default False: DeepSpeed's update).
         var_freeze_step: the last step that may update the variance (``max T_v``); usually the end of the
@@ -101,6 +116,10 @@ class ZeroOneAdam(torch.optim.Optimizer):
         var_update_scaler: variance updates between doublings of the variance interval (kappa; default 16).
         local_step_scaler: local-phase steps between doublings of the synchronization interval (default 32678).
         local_step_clipper: the largest synchronization interval (H; default 16).
+        max_grad_norm: clip the global L2 norm of the gradient to this (None: no clipping): the exact mean on
+            variance-update steps, each rank's gradient on the others.
+        bound_updates: bound each element's ``|m / (sqrt(v) + eps)|`` by ``max(1, sqrt((1 - beta1) / (1 - beta2)))``,
+            which Adam with a current variance never exceeds (default True; False: DeepSpeed's unbounded step).
         amsgrad: must be False (0/1 Adam has no AMSGrad variant).
         codec: the compressor of the synchronizations: a deterministic codec name (``"sign"``: 0/1 Adam's 1-bit
             signs with an L2 scale), or ``None`` for exact fp32 means (an ablation without compression).
