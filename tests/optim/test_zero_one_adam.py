@@ -29,8 +29,8 @@ SCENARIOS = {
     "local": {"steps": 16, "var_freeze_step": 4, "var_update_scaler": 2, "local_step_scaler": 2,
               "local_step_clipper": 4, "bias_correction": True},
 }
-RESUME_AT = (3, 10)
-CLIP = 5.0  # max_grad_norm of the AdamW comparison  # a variance-phase step, and a local step between two synchronizations of "local"
+RESUME_AT = (3, 10)  # a variance-phase step, and a local step between two synchronizations of "local"
+CLIP = 5.0  # max_grad_norm of the AdamW comparison
 
 
 def _lr_factor(step: int) -> float:

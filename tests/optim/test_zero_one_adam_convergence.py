@@ -30,7 +30,8 @@ def test_zero_one_adam_reaches_adamw_loss_through_all_phases():
     # ... as the schedule's plan predicts (sign codec, buckets of 64 elements: 1.5 bits per element).
     plan = ZeroOneSchedule(**SCHEDULE).plan(STEPS)
     assert zoa["ratio"] == pytest.approx(plan.ratio_vs_fp32(1.5), rel=0.02)
-    # The validation losses of the final weights (AdamW: 3.968 nats, 0/1 Adam 3.967; before the fixes 4.087; the bigram floor is 3.36).
+    # The validation losses of the final weights (AdamW: 3.968 nats, 0/1 Adam 3.967; before the fixes 4.087; the
+    # bigram floor is 3.36).
     assert zoa["val"] <= adamw["val"] * 1.01, (zoa["val"], adamw["val"])
     # Not only at the end: the last 50 steps' train loss too.
     tail = slice(STEPS - 50, STEPS)

@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from composer_qsdp.comm import TrafficCounter, TrafficReport
 from composer_qsdp.ddp import LocalGradients, apply_zero_one_adam
-from composer_qsdp.optim import ZeroOneAdam, ZeroOneSchedule
+from composer_qsdp.optim import ZeroOneAdam
 
 __all__ = ["ZeroOneAdamDDP", "to_zero_one_adam"]
 
