@@ -104,8 +104,9 @@ class ZeroOneAdamDDP(Algorithm):
     given here (before Composer builds the schedulers and loads checkpoints, which therefore hold ZeroOneAdam's
     state); a run built with a ``ZeroOneAdam`` keeps it (give the options to the optimizer then). At
     ``Event.FIT_START``, once Composer has wrapped the model in ``DistributedDataParallel``, it registers the comm
-    hook that keeps local gradients. After every step's backward passes it checks that DDP used the hook. Logs the
-    bytes sent and the schedule at every ``BATCH_END``.
+    hook that keeps local gradients, and turns duration options into steps of the run (logging the run's plan and
+    warning about schedules that never freeze or leave the steps unbounded). After every step's backward passes it
+    checks that DDP used the hook. Logs the bytes sent and the schedule at every ``BATCH_END``.
 
     Example::
 
@@ -119,10 +120,14 @@ class ZeroOneAdamDDP(Algorithm):
 
     Args:
         var_freeze_step: the last step that may update Adam's variance; the end of the LR warm-up, as in the paper
-            (ZeroOneAdam's default: 100000).
+            (ZeroOneAdam's default: 100000). Steps, or a duration: ``"100ba"``, or ``"0.1dur"`` of ``max_duration``.
         var_update_scaler: variance updates between doublings of the variance interval (default 16).
-        local_step_scaler: local-phase steps between doublings of the synchronization interval (default 32678).
+        local_step_scaler: local-phase steps between doublings of the synchronization interval (default 32678);
+            steps or a duration, as ``var_freeze_step``.
         local_step_clipper: the largest synchronization interval (default 16).
+        max_grad_norm: gradient-norm clipping in the optimizer (default: a run's ``GradientClipping`` threshold,
+            which the algorithm takes over at ``Event.INIT``; None without one).
+        bound_updates: bound each element's Adam step (default True; see ZeroOneAdam).
         bias_correction: Adam's bias corrections (default False, DeepSpeed's update; True matches AdamW's).
         codec: the compressor, ``"sign"`` (default) or ``None`` for exact fp32 synchronizations.
         bucket_size: elements per codec scale (default: at most 256 and a divisor of every matrix's rows).
@@ -130,8 +135,10 @@ class ZeroOneAdamDDP(Algorithm):
 
     Raises:
         ValueError: at construction, an option out of range (naming it); at ``Event.INIT``, FSDP or tensor
-            parallelism, ``amp_fp16`` precision, several optimizers, an optimizer it cannot convert, or options
-            given while the run's optimizer already is a ZeroOneAdam.
+            parallelism, ``amp_fp16`` precision, several optimizers, an optimizer it cannot convert, options
+            given while the run's optimizer already is a ZeroOneAdam, a ``GradientClipping`` other than one by
+            norm, or one together with ``max_grad_norm``; at ``Event.FIT_START``, a ``max_duration`` not in batches
+            (or epochs of a sized dataloader) when a duration option needs it.
         RuntimeError: at ``Event.FIT_START``, a multi-process model that Composer did not wrap in DDP; after a
             step's backward passes, gradients that DDP synchronized without the hook (``ddp_sync_strategy=
             'forced_sync'``).
