@@ -167,6 +167,7 @@ def test_two_processes_qsdp_resume_reproduces_losses(wiki_shards, tmp_path):
     (["device_train_microbatch_size=3"], "'device_train_microbatch_size' = 3 is invalid; it must divide"),
     (["optimizer.betas=[0.9]"], "recipe key 'optimizer.betas' = [0.9] is invalid"),
     (["optimizer.lr=-1"], "recipe key 'optimizer.lr' = -1.0 is invalid"),
+    (["optimizer.lr=inf"], "recipe key 'optimizer.lr' = inf is invalid; it must be a finite number > 0"),
     (["fsdp.mixed_precision=HALF"], "recipe key 'fsdp.mixed_precision' = 'HALF' is invalid; allowed: DEFAULT"),
     (["algorithms.sparsify.ratio=0.5"], "recipe key 'algorithms.sparsify' = 'sparsify' is invalid; known algorithms"),
     (["fsdp=null", "algorithms.qsdp.weight_bits=8"], "needs an 'fsdp' section"),

@@ -163,9 +163,12 @@ class ZeroOneAdamReference:
         if not exact:
             # An element whose variance is zero ignores its gradient and is left out of the synchronizations.
             grads = [torch.where(self.v == 0, 0.0, g) for g in grads]
-        if not local:
-            g = torch.stack(grads).mean(0) if exact else self._communicate(grads, self.v != 0)
-            grads = [g] * self.world
+        if not local and exact:
+            grads = [torch.stack(grads).mean(0)] * self.world
+        elif not local:
+            # 1-bit steps send g / (sqrt(v) + eps), with the variance of the last update.
+            denom = torch.cat([self._denom(group)[part] for _, part, group in self._parts()])
+            grads = [self._communicate([g / denom for g in grads], self.v != 0) * denom] * self.world
         elif t == self.freeze + 1:
             self.comm.reset()
         denoms = {}
@@ -177,7 +180,9 @@ class ZeroOneAdamReference:
             corr1 = 1 - b1**t if bias_correction else 1.0
             for r in range(self.world):
                 self.m[r][part] = b1 * self.m[r][part] + (1 - b1) * grads[r][part]
-                update = self.m[r][part] / corr1 / denoms[index] + wd * self.x[r][part]
+                # Adam's own bound on |m_hat / (sqrt(v_hat) + eps)| when v is current: sqrt((1-b1)/(1-b2)).
+                bound = max(1.0, math.sqrt((1 - b1) / (1 - b2)))
+                update = (self.m[r][part] / corr1 / denoms[index]).clamp(-bound, bound) + wd * self.x[r][part]
                 update = torch.where(self.v[part] == 0, 0.0, update)  # no variance: the element does not move
                 self.x[r][part] -= lrs[index] * update
                 if local:
@@ -190,18 +195,16 @@ class ZeroOneAdamReference:
         if i - self.last_sync < local_interval(i, self.alpha, self.clipper):
             return
         self.last_sync = i
-        scaled = []
         for r in range(self.world):
             self.x[r] = self.x[r] - self.u[r]
-            scaled.append(torch.cat([self.u[r][part] * denoms[index] for index, part, _ in self._parts()]))
-        mean = self._communicate(scaled, self.v != 0)
+        mean = self._communicate(self.u, self.v != 0)  # the accumulated updates themselves (preconditioned)
         for index, part, group in self._parts():
             b1 = group[2][0]
             corr1 = 1 - b1**t if group[5] else 1.0
             for r in range(self.world):
                 if self.lr_sums[index] > 0:
-                    self.m[r][part] = -mean[part] / self.lr_sums[index] * corr1
-                self.x[r][part] += mean[part] / denoms[index]
+                    self.m[r][part] = -mean[part] * denoms[index] / self.lr_sums[index] * corr1
+                self.x[r][part] += mean[part]
             self.lr_sums[index] = 0.0
         for r in range(self.world):
             self.u[r].zero_()

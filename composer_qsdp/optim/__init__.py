@@ -4,7 +4,7 @@ The optimizer owns the synchronization of the replicas (through :mod:`composer_q
 (:mod:`composer_qsdp.ddp`) keeps DDP from all-reducing the gradients itself.
 """
 
-from composer_qsdp.optim.schedule import ScheduledStep, ZeroOneSchedule
+from composer_qsdp.optim.schedule import SchedulePlan, ScheduledStep, ZeroOneSchedule
 from composer_qsdp.optim.zero_one_adam import ZeroOneAdam, default_bucket_size
 
-__all__ = ["ScheduledStep", "ZeroOneAdam", "ZeroOneSchedule", "default_bucket_size"]
+__all__ = ["SchedulePlan", "ScheduledStep", "ZeroOneAdam", "ZeroOneSchedule", "default_bucket_size"]

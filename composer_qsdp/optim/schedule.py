@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-__all__ = ["ScheduledStep", "ZeroOneSchedule"]
+__all__ = ["ScheduledStep", "SchedulePlan", "ZeroOneSchedule"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,37 @@ class ScheduledStep:
     enter_local: bool
     update_variance: bool
     sync: bool
+
+
+@dataclass(frozen=True)
+class SchedulePlan:
+    """What a run of ``steps`` optimizer steps does under a schedule (see :meth:`ZeroOneSchedule.plan`).
+
+    Attributes:
+        steps: optimizer steps of the run.
+        exact_steps: variance updates (fp32 all-reduces of the gradient).
+        onebit_steps: variance-phase steps synchronized with 1 bit.
+        local_syncs: 1-bit synchronizations of the local-step phase.
+        local_steps: steps of the local-step phase (synchronized or not).
+        first_local_step: the first step of the local-step phase (None: the variance never freezes).
+        largest_interval: the largest synchronization interval reached (1 without local steps).
+        interval_4_at: the first step at which the interval is at least 4 (None: never).
+    """
+
+    steps: int
+    exact_steps: int
+    onebit_steps: int
+    local_syncs: int
+    local_steps: int
+    first_local_step: int | None
+    largest_interval: int
+    interval_4_at: int | None
+
+    def ratio_vs_fp32(self, bits_per_element: float) -> float:
+        """DDP's fp32 all-reduce bytes over the run divided by 0/1 Adam's (both in the same ring convention), for
+        a codec sending ``bits_per_element`` (sign with one fp32 scale per 256 elements: 1.125)."""
+        sent = self.exact_steps + (self.onebit_steps + self.local_syncs) * bits_per_element / 32
+        return self.steps / sent
 
 
 @dataclass
@@ -99,6 +130,28 @@ class ZeroOneSchedule:
             self.local_step_interval = min(self.local_step_clipper, 2 * self.local_step_interval)
         return ScheduledStep(t, local=True, enter_local=t == self.var_freeze_step + 1, update_variance=False,
                              sync=sync)
+
+    def plan(self, steps: int) -> SchedulePlan:
+        """What ``steps`` steps from the start do under these settings (the counters are not touched)."""
+        fresh = ZeroOneSchedule(self.var_freeze_step, self.var_update_scaler, self.local_step_scaler,
+                                self.local_step_clipper)
+        exact = onebit = syncs = local = 0
+        first_local = interval_4_at = None
+        largest = 1
+        for _ in range(steps):
+            interval = fresh.local_step_interval
+            step = fresh.advance()
+            if not step.local:
+                exact += step.update_variance
+                onebit += not step.update_variance
+                continue
+            local += 1
+            syncs += step.sync
+            first_local = first_local or step.step
+            largest = max(largest, interval)
+            if interval >= 4 and interval_4_at is None:
+                interval_4_at = step.step
+        return SchedulePlan(steps, exact, onebit, syncs, local, first_local, largest, interval_4_at)
 
     @property
     def between_syncs(self) -> bool:

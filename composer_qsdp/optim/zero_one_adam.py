@@ -1,31 +1,46 @@
 """``ZeroOneAdam``: Adam for plain data parallelism that communicates 1 bit per element, and rarely (0/1 Adam).
 
 Lu, Li, Zhang, De Sa, He, "Maximizing Communication Efficiency for Large-scale Training via 0/1 Adam" (ICLR 2023),
-with the options, defaults and update of DeepSpeed's ``ZeroOneAdam`` (``deepspeed/runtime/fp16/onebit/zoadam.py``).
+with the options, defaults and schedules of DeepSpeed's ``ZeroOneAdam`` (``deepspeed/runtime/fp16/onebit/zoadam.py``).
 Each rank holds a full replica and its *local* gradient; the optimizer does all the communication. Per step ``t``
 (the schedules ``T_v`` and ``T_u`` are :class:`~composer_qsdp.optim.schedule.ZeroOneSchedule`'s), with ``lr``,
-``beta1``, ``beta2``, ``eps``, ``wd`` of the parameter's group::
+``beta1``, ``beta2``, ``eps``, ``wd`` of the parameter's group, ``d = sqrt(v) + eps`` and ``B`` the step bound::
 
     variance phase (t <= var_freeze_step):
-        g = mean over ranks of the gradient: exact fp32 all-reduce if t in T_v, else 1-bit with error feedback
-        if t in T_v: v = beta2 * v + (1 - beta2) * g * g
+        if t in T_v: g = exact fp32 mean over ranks of the gradient;  v = beta2 * v + (1 - beta2) * g * g
+        else:        g = d * (1-bit mean over ranks of g_local / d, with error feedback)
         m = beta1 * m + (1 - beta1) * g
-        x = x - lr * (m / (sqrt(v) + eps) + wd * x)
+        x = x - lr * (clamp(m / d, -B, B) + wd * x)
     local-step phase (t > var_freeze_step; v frozen; the error buffers are zeroed once on entry):
         m = beta1 * m + (1 - beta1) * g_local
-        update = m / (sqrt(v) + eps) + wd * x;   x = x - lr * update;   S = S + lr
+        update = clamp(m / d, -B, B) + wd * x;   x = x - lr * update;   S = S + lr
         if t in T_u:
             u = x - x_sync                 # the accumulated local updates (DeepSpeed's momentum_accumulator)
-            u = 1-bit mean over ranks of u * (sqrt(v) + eps), with error feedback
-            m = -u / S                     # the lr-weighted mean momentum of the interval
-            x = x_sync + u / (sqrt(v) + eps);   x_sync = x;   S = 0
+            u = 1-bit mean over ranks of u, with error feedback
+            m = -u * d / S                 # the lr-weighted mean momentum of the interval
+            x = x_sync + u;   x_sync = x;   S = 0
+
+``B = max(1, sqrt((1 - beta1) / (1 - beta2)))`` (``bound_updates=True``, the default) is a bound that Adam with a
+current variance never exceeds (see ``_update_bound``); with a stale or frozen ``v`` an element whose gradient grew
+above its last variance update would otherwise step hundreds of learning rates (GPT-125M diverged within 10-30
+steps of every freeze). ``max_grad_norm`` clips the exact mean gradient on ``T_v`` steps (DDP's clipping) and each
+rank's gradient before it is compressed or used locally on the other steps (so the mean is within the bound too).
 
 ``bias_correction=True`` applies Adam's bias corrections: ``m / (1 - beta1^t)`` for ``m`` and
 ``v / (1 - beta2^n)`` for ``v``, ``n`` counting the variance updates so far (frozen with ``v``); a synchronization
-then sets ``m`` so that its corrected value is ``-u / S``. DeepSpeed accepts ``bias_correction`` (default True)
-but never applies it; the default here, False, is its update.
+then sets ``m`` so that its corrected value is ``-u * d / S``. DeepSpeed accepts ``bias_correction`` (default
+True) but never applies it; the default here, False, is its update.
 
 What differs from DeepSpeed, on purpose:
+
+* 1-bit synchronizations compress in Adam's preconditioned coordinates: ``g / d`` in the variance phase, ``u``
+  itself in the local-step phase (DeepSpeed compresses ``g`` and ``u * d``). Sign compression gives every element
+  of a bucket the bucket's magnitude; in raw gradient units an element with a small ``d`` among larger ones receives
+  a large gradient and divides it by its small ``d``, while in preconditioned units the elements of a bucket have
+  comparable sizes. ``d`` is the same on every rank, so the mean is unchanged; only the compression error moves.
+* Each element's step ``m / d`` is bounded by ``B`` (``bound_updates``); DeepSpeed has no bound.
+* ``max_grad_norm`` clips (DeepSpeed accepts it and ignores it; its engine clips before the optimizer, on the
+  local gradient).
 
 * The weights at the last synchronization, ``x_sync``, are kept instead of the accumulator ``u`` (the same memory):
   DeepSpeed accumulates ``u`` step by step and computes ``(x - u) + mean / (sqrt(v) + eps)``, whose rounding differs
@@ -49,8 +64,8 @@ What differs from DeepSpeed, on purpose:
   with a weight matrix): DeepSpeed's scales are per tensor for the same reason.
 * A synchronization whose interval saw only zero learning rates (``S = 0``) leaves ``m`` as it was instead of
   dividing by zero.
-* Not supported: AMSGrad (neither in DeepSpeed), ``exp_avg_mask`` momentum masks, ``eps_inside_sqrt`` and
-  ``max_grad_norm`` (accepted and unused by DeepSpeed), MPI/HCCL back ends (any ``torch.distributed`` back end
+* Not supported: AMSGrad (neither in DeepSpeed), ``exp_avg_mask`` momentum masks, ``eps_inside_sqrt`` (accepted and
+  unused by DeepSpeed), MPI/HCCL back ends (any ``torch.distributed`` back end
   works).
 """
 
@@ -94,7 +109,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
             so that every rank communicates the same layout.
         lr: learning rate.
         betas: ``(beta1, beta2)`` of the momentum and the variance.
-        eps: added to ``sqrt(v)``.
+        eps: added to ``sqrt(v)``; must be > 0 (an element whose variance decayed to zero would divide by it).
         weight_decay: decoupled weight decay (as AdamW: ``x -= lr * wd * x``).
         bias_correction: apply Adam's bias corrections (default False: DeepSpeed's update).
         var_freeze_step: the last step that may update the variance (``max T_v``); usually the end of the
@@ -102,6 +117,10 @@ class ZeroOneAdam(torch.optim.Optimizer):
         var_update_scaler: variance updates between doublings of the variance interval (kappa; default 16).
         local_step_scaler: local-phase steps between doublings of the synchronization interval (default 32678).
         local_step_clipper: the largest synchronization interval (H; default 16).
+        max_grad_norm: clip the global L2 norm of the gradient to this (None: no clipping): the exact mean on
+            variance-update steps, each rank's gradient on the others.
+        bound_updates: bound each element's ``|m / (sqrt(v) + eps)|`` by ``max(1, sqrt((1 - beta1) / (1 - beta2)))``,
+            which Adam with a current variance never exceeds (default True; False: DeepSpeed's unbounded step).
         amsgrad: must be False (0/1 Adam has no AMSGrad variant).
         codec: the compressor of the synchronizations: a deterministic codec name (``"sign"``: 0/1 Adam's 1-bit
             signs with an L2 scale), or ``None`` for exact fp32 means (an ablation without compression).
@@ -130,12 +149,19 @@ class ZeroOneAdam(torch.optim.Optimizer):
         var_update_scaler: int = 16,
         local_step_scaler: int = 32678,
         local_step_clipper: int = 16,
+        max_grad_norm: float | None = None,
+        bound_updates: bool = True,
         amsgrad: bool = False,
         codec: str | None = "sign",
         bucket_size: int | None = None,
         group: dist.ProcessGroup | None = None,
         ranks_per_node: int | None = None,
     ) -> None:
+        _check_max_grad_norm(max_grad_norm)
+        if not isinstance(bound_updates, bool):
+            raise ValueError(f"bound_updates={bound_updates!r} is invalid; allowed: True, False")
+        self._max_grad_norm = max_grad_norm
+        self._bound_updates = bound_updates
         if amsgrad:
             raise ValueError("amsgrad=True is not supported: 0/1 Adam has no AMSGrad variant (allowed: False)")
         self._schedule = ZeroOneSchedule(
@@ -207,6 +233,29 @@ class ZeroOneAdam(torch.optim.Optimizer):
         return self._schedule
 
     @property
+    def max_grad_norm(self) -> float | None:
+        """The gradient-norm bound (None: no clipping); settable before the first step."""
+        return self._max_grad_norm
+
+    @max_grad_norm.setter
+    def max_grad_norm(self, value: float | None) -> None:
+        _check_max_grad_norm(value)
+        self._max_grad_norm = value
+
+    @property
+    def bound_updates(self) -> bool:
+        """Whether each element's Adam step is bounded (see the module docstring)."""
+        return self._bound_updates
+
+    @property
+    def bits_per_element(self) -> float:
+        """Bits a 1-bit synchronization sends per element, scales included (32 without a codec)."""
+        if self._codec is None:
+            return 32.0
+        numel = self._codec.bucket_size * 1024
+        return self._codec.wire_bytes(numel) * 8 / numel
+
+    @property
     def world_size(self) -> int:
         """Ranks the optimizer synchronizes (1 before the first step or without a process group)."""
         return self._world_size or 1
@@ -263,8 +312,27 @@ class ZeroOneAdam(torch.optim.Optimizer):
             if scheme is not None:
                 # The error buffers held the gradients' residue; from now on they compress the accumulated updates.
                 scheme.reset_errors()
+        clip = self._max_grad_norm
+        if clip is not None and not plan.update_variance:
+            # A compressed or local step: each rank clips the gradient it contributes, so the mean is within the
+            # bound too. Clipping the decoded 1-bit mean instead would clip the error feedback's residue with it.
+            _clip_norm_(grads, clip)
         if not plan.local and scheme is not None:
-            scheme.all_reduce(grads, exact=plan.update_variance, valid=self._valid if silent is None else ~silent)
+            valid = self._valid if silent is None else ~silent
+            if plan.update_variance:
+                scheme.all_reduce(grads, exact=True, valid=valid)
+            else:
+                # Compressed in Adam's preconditioned coordinates, g / (sqrt(v) + eps), where the elements of a
+                # bucket have comparable sizes: 1-bit compression gives every element its bucket's magnitude, which
+                # for raw gradients an element with a small sqrt(v) turns into a large step.
+                denoms = [self._denominator(group, flat["exp_avg_sq"][part]) for group, part in self._group_slices()]
+                for (_, part), denom in zip(self._group_slices(), denoms):
+                    grads[part].div_(denom)
+                scheme.all_reduce(grads, valid=valid)
+                for (_, part), denom in zip(self._group_slices(), denoms):
+                    grads[part].mul_(denom)
+        if clip is not None and plan.update_variance:
+            _clip_norm_(grads, clip)  # the exact mean, as DDP's clipping
         denoms = []
         for index, (group, part) in enumerate(self._group_slices()):
             beta1, beta2 = group["betas"]
@@ -274,6 +342,9 @@ class ZeroOneAdam(torch.optim.Optimizer):
             m.mul_(beta1).add_(g, alpha=1 - beta1)
             denom = self._denominator(group, v)
             update = self._corrected_momentum(group, m, plan.step) / denom
+            if self._bound_updates:
+                bound = _update_bound(group)
+                update.clamp_(-bound, bound)
             if group["weight_decay"] > 0:
                 update.add_(self._flat_params(part), alpha=group["weight_decay"])
             self._add_to_params(part, update.masked_fill_(v == 0, 0), -group["lr"])
@@ -289,15 +360,15 @@ class ZeroOneAdam(torch.optim.Optimizer):
         synced = self._flat["synced_param"]
         u = self._flat_params(self._whole).sub_(synced)
         slices = list(self._group_slices())
-        for (_, part), denom in zip(slices, denoms):
-            u[part].mul_(denom)
         if self._scheme is not None:
+            # u is compressed as it is, in the preconditioned coordinates (lr-weighted m / (sqrt(v) + eps)), for
+            # the reason the variance phase's 1-bit steps are; DeepSpeed compresses u * (sqrt(v) + eps).
             self._scheme.all_reduce(u, valid=self._flat["exp_avg_sq"] != 0)  # the variance is frozen: as in step
         for index, ((group, part), denom) in enumerate(zip(slices, denoms)):
             if self._lrs[index] > 0:
-                mean_momentum = u[part] / -self._lrs[index]
+                mean_momentum = u[part] * denom / -self._lrs[index]
                 self._flat["exp_avg"][part].copy_(self._uncorrect_momentum(group, mean_momentum, plan.step))
-            synced[part].add_(u[part].div_(denom))
+            synced[part].add_(u[part])
             self._lrs[index] = 0.0
         self._copy_to_params(synced)
 
@@ -521,6 +592,31 @@ def default_bucket_size(params: Iterable[torch.Tensor]) -> int:
     return size if size >= 32 else 256
 
 
+def _update_bound(group: dict[str, Any]) -> float:
+    """The largest ``|m_hat / (sqrt(v_hat) + eps)|`` an element may take: ``sqrt((1 - beta1) / (1 - beta2))``, at
+    least 1.
+
+    Adam whose variance is updated at every step with the gradients its momentum averages never exceeds it (for
+    beta1 <= beta2): ``m_hat^2 <= sum_i w1_i g_i^2`` (Cauchy-Schwarz over the momentum's weights ``w1_i``), and
+    each ``w1_i <= (1 - beta1) / (1 - beta2) * w2_i``, the variance's weights. A stale or frozen variance has no
+    such bound: a gradient far above the last variance update gives a step of hundreds of learning rates.
+    """
+    beta1, beta2 = group["betas"]
+    return max(1.0, math.sqrt((1 - beta1) / (1 - beta2)))
+
+
+def _check_max_grad_norm(value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not 0 < value < math.inf):
+        raise ValueError(f"max_grad_norm={value!r} is invalid; it must be a finite number > 0, or None (no clipping)")
+
+
+def _clip_norm_(flat: torch.Tensor, max_norm: float) -> None:
+    """Scale ``flat`` in place to an L2 norm of at most ``max_norm`` (torch's ``clip_grad_norm_`` rule)."""
+    norm = torch.linalg.vector_norm(flat)
+    flat.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+
+
 def _tensors(item: torch.Tensor | dict[str, Any]) -> list[torch.Tensor]:
     """The parameters of one entry of an optimizer's ``params`` (a tensor or a parameter group)."""
     if not isinstance(item, dict):
@@ -538,15 +634,16 @@ def _all_gather(tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
 def _check_group(group: dict[str, Any], index: int) -> None:
     """Raise a ValueError naming the first option of parameter group ``index`` that is out of range."""
     lr, betas, eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr >= 0:
-        raise ValueError(f"lr={lr!r} (parameter group {index}) is invalid; it must be a number >= 0")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 <= lr < math.inf:
+        raise ValueError(f"lr={lr!r} (parameter group {index}) is invalid; it must be a finite number >= 0")
     if (not isinstance(betas, (tuple, list)) or len(betas) != 2
             or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)):
         raise ValueError(f"betas={betas!r} (parameter group {index}) is invalid; it must be two numbers in [0, 1)")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"eps={eps!r} (parameter group {index}) is invalid; it must be a number >= 0")
-    if isinstance(wd, bool) or not isinstance(wd, (int, float)) or not wd >= 0:
-        raise ValueError(f"weight_decay={wd!r} (parameter group {index}) is invalid; it must be a number >= 0")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < math.inf:
+        # eps = 0 divides by sqrt(v) = 0 where a variance update saw no gradient since the element last moved.
+        raise ValueError(f"eps={eps!r} (parameter group {index}) is invalid; it must be a finite number > 0")
+    if isinstance(wd, bool) or not isinstance(wd, (int, float)) or not 0 <= wd < math.inf:
+        raise ValueError(f"weight_decay={wd!r} (parameter group {index}) is invalid; it must be a finite number >= 0")
     if not isinstance(group["bias_correction"], bool):
         raise ValueError(f"bias_correction={group['bias_correction']!r} (parameter group {index}) is invalid; "
                          "allowed: True, False")

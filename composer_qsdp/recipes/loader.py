@@ -465,10 +465,10 @@ def _validate(cfg: DictConfig) -> ValidatedRecipe:
 
     opt = cfg.optimizer
     _check(opt.name in OPTIMIZERS, "optimizer.name", opt.name, f"allowed: {', '.join(OPTIMIZERS)}")
-    _check(opt.lr > 0, "optimizer.lr", opt.lr, "it must be > 0")
+    _check(0 < opt.lr < math.inf, "optimizer.lr", opt.lr, "it must be a finite number > 0")
     _check(len(opt.betas) == 2 and all(0 <= b < 1 for b in opt.betas), "optimizer.betas", list(opt.betas),
            "it must be two numbers in [0, 1)")
-    _check(opt.eps > 0, "optimizer.eps", opt.eps, "it must be > 0")
+    _check(0 < opt.eps < math.inf, "optimizer.eps", opt.eps, "it must be a finite number > 0")
     _check(opt.weight_decay >= 0, "optimizer.weight_decay", opt.weight_decay, "it must be >= 0")
     _check(cfg.scheduler.name in SCHEDULERS, "scheduler.name", cfg.scheduler.name, f"allowed: {', '.join(SCHEDULERS)}")
     _check(0 <= cfg.scheduler.alpha_f <= 1, "scheduler.alpha_f", cfg.scheduler.alpha_f, "it must be in [0, 1]")

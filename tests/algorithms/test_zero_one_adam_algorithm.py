@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from composer import Trainer
-from composer.core import Event, Precision
+from composer.algorithms import GradientClipping
+from composer.core import Event, Precision, Time, TimeUnit
 from composer.optim import DecoupledAdamW
 from torch.utils.data import DataLoader
 
@@ -65,6 +66,9 @@ def test_optimizers_it_cannot_convert_are_named(make, match):
     ({"var_freeze_stpe": 3}, "unknown ZeroOneAdamDDP option.s. var_freeze_stpe; allowed: var_freeze_step"),
     ({"local_step_clipper": 0}, "local_step_clipper=0 is invalid"),
     ({"codec": "minmax"}, "rounds stochastically"),
+    ({"var_freeze_step": "2ep"}, r"var_freeze_step='2ep' is invalid; allowed units: ba \(batches\), dur"),
+    ({"local_step_scaler": "soon"}, "local_step_scaler='soon' is invalid; it must be an integer of steps"),
+    ({"max_grad_norm": -1.0}, "max_grad_norm=-1.0 is invalid"),
 ])
 def test_bad_options_fail_at_construction(options, match):
     with pytest.raises(ValueError, match=match):
@@ -72,7 +76,8 @@ def test_bad_options_fail_at_construction(options, match):
 
 
 def _state(optimizers, **overrides) -> SimpleNamespace:
-    state = {"fsdp_config": None, "tp_config": None, "precision": Precision.AMP_BF16, "optimizers": optimizers}
+    state = {"fsdp_config": None, "tp_config": None, "precision": Precision.AMP_BF16, "optimizers": optimizers,
+             "algorithms": [], "max_duration": Time(600, TimeUnit.BATCH), "dataloader_len": None}
     return SimpleNamespace(**{**state, **overrides})
 
 
@@ -125,3 +130,40 @@ def test_world_size_one_warns_and_trains_with_the_runs_optimizer():
     assert trainer.state.optimizers[0] is optimizer and algorithm.optimizer is None
     assert algorithm.traffic().total.sent == 0
     trainer.close()
+
+
+def test_gradient_clipping_moves_into_the_optimizer(two_ranks):
+    """Composer's GradientClipping would clip each rank's local gradient; the optimizer clips the mean instead."""
+    clip, other = GradientClipping("norm", 0.5), object()
+    state = _state((DecoupledAdamW(_params()),), algorithms=[other, clip])
+    algorithm = ZeroOneAdamDDP()
+    algorithm.apply(Event.INIT, state, _LOGGER)
+    assert algorithm.optimizer.max_grad_norm == 0.5 and state.algorithms == [other]
+
+    with pytest.raises(ValueError, match="clipping_type value, which would clip each rank's local gradient"):
+        ZeroOneAdamDDP().apply(Event.INIT, _state((DecoupledAdamW(_params()),),
+                                                  algorithms=[GradientClipping("value", 0.5)]), _LOGGER)
+    with pytest.raises(ValueError, match="max_grad_norm=1.0 and the run also has GradientClipping"):
+        ZeroOneAdamDDP(max_grad_norm=1.0).apply(Event.INIT, _state((DecoupledAdamW(_params()),),
+                                                                   algorithms=[GradientClipping("norm", 0.5)]), _LOGGER)
+
+
+def test_durations_become_steps_of_the_run(two_ranks):
+    state = _state((DecoupledAdamW(_params()),))
+    algorithm = ZeroOneAdamDDP(var_freeze_step="100ba", local_step_scaler="0.05dur", local_step_clipper=8)
+    algorithm.apply(Event.INIT, state, _LOGGER)
+    algorithm._resolve_schedule(state)  # at FIT_START, once max_duration (600 batches) is known
+    schedule = algorithm.optimizer.schedule
+    assert (schedule.var_freeze_step, schedule.local_step_scaler) == (100, 30)
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"var_freeze_step": 600}, "variance never freezes in this run"),
+    ({"var_freeze_step": 100, "bound_updates": False}, "bound_updates=False with a frozen variance"),
+])
+def test_schedules_that_skip_a_phase_or_diverge_warn(two_ranks, options, match):
+    state = _state((DecoupledAdamW(_params()),))
+    algorithm = ZeroOneAdamDDP(**options)
+    algorithm.apply(Event.INIT, state, _LOGGER)
+    with pytest.warns(UserWarning, match=match):
+        algorithm._resolve_schedule(state)

@@ -34,6 +34,9 @@ def _launch(tmp_path: Path, *args: str, gpu: bool = False) -> dict:
 def _check_run(result: dict) -> None:
     assert result["world_size"] == 2 and result["model"] == "DistributedDataParallel"
     assert result["optimizer"] == "ZeroOneAdam"  # DecoupledAdamW was replaced at Event.INIT
+    # GradientClipping would clip each rank's local gradient: the optimizer clips (the mean) instead.
+    assert result["max_grad_norm"] == 1e3 and result["algorithms"] == ["ZeroOneAdamDDP"]
+    assert result["schedule"]["var_freeze_step"] == 6 and result["schedule"]["local_step_scaler"] == 2
     assert "ddp_sync_strategy='forced_sync'" in result["forced_sync_error"]
     losses = result["losses"]
     assert sum(losses[-4:]) / 4 < 0.6 * sum(losses[:2]) / 2, losses

@@ -22,6 +22,7 @@ import sys
 import torch
 from composer import Trainer
 from composer.core import Callback
+from composer.algorithms import GradientClipping
 from composer.loggers import InMemoryLogger
 from composer.optim import DecoupledAdamW
 from composer.utils import dist
@@ -30,8 +31,10 @@ from torch.utils.data import DataLoader
 
 from composer_qsdp.algorithms.zero_one_adam import ZeroOneAdamDDP
 
-SCHEDULE = {"var_freeze_step": 6, "var_update_scaler": 2, "local_step_scaler": 2, "local_step_clipper": 4,
+# Durations: resolved against max_duration (14 batches) at FIT_START to var_freeze_step 6, local_step_scaler 2.
+SCHEDULE = {"var_freeze_step": "6ba", "var_update_scaler": 2, "local_step_scaler": "0.143dur", "local_step_clipper": 4,
             "bucket_size": 64}
+CLIP = 1e3  # GradientClipping's threshold, moved into the optimizer (never reached: the trajectory is unclipped)
 BATCHES, CHECKPOINT = 14, 12
 
 
@@ -63,7 +66,7 @@ def _trainer(mode: str, ckpt_dir: str, callbacks: list, **extra) -> tuple[Traine
         train_dataloader=loader,
         device="gpu" if os.environ.get("QSDP_TEST_DEVICE") == "gpu" else "cpu",
         precision="fp32",
-        algorithms=[algorithm],
+        algorithms=[algorithm, GradientClipping("norm", CLIP)],
         callbacks=callbacks,
         progress_bar=False,
         log_to_console=False,
@@ -97,6 +100,8 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
             "model": type(trainer.state.model).__name__,
             "optimizer": type(trainer.state.optimizers[0]).__name__,
             "schedule": dataclasses.asdict(algorithm.optimizer.schedule),
+            "max_grad_norm": algorithm.optimizer.max_grad_norm,
+            "algorithms": [type(a).__name__ for a in trainer.state.algorithms],
             "losses": recorder.losses,
             "params": params.params,
             "traffic": dataclasses.asdict(traffic.grads),

@@ -30,6 +30,7 @@ SCENARIOS = {
               "local_step_clipper": 4, "bias_correction": True},
 }
 RESUME_AT = (3, 10)  # a variance-phase step, and a local step between two synchronizations of "local"
+CLIP = 5.0  # max_grad_norm of the AdamW comparison
 
 
 def _lr_factor(step: int) -> float:
@@ -83,9 +84,11 @@ def _worker(info: RankInfo) -> dict:
         out[name] = {"flats": _train(opt, params, range(1, settings["steps"] + 1), info.rank),
                      "traffic": opt.traffic(), "frozen_untouched": bool((frozen == 1).all())}
 
-    # AdamW: every step updates the variance from an exact mean, and the variance never freezes.
+    # AdamW: every step updates the variance from an exact mean, and the variance never freezes; the mean gradient
+    # is clipped (the test gradients' means have norms of about 9).
     params = [[p.to(info.device).detach().requires_grad_() for p in ps] for ps in _params()]
-    opt = _optimizer(params, {"var_freeze_step": 1000, "var_update_scaler": 1000, "bias_correction": True})
+    opt = _optimizer(params, {"var_freeze_step": 1000, "var_update_scaler": 1000, "bias_correction": True,
+                              "max_grad_norm": CLIP})
     out["adamw"] = _train(opt, params, range(1, 11), info.rank, dead_unit=False)
 
     # Resume: a fresh optimizer over the model checkpoint's weights (rank 0's) loads the state rank 0 saved (every
@@ -159,7 +162,7 @@ def test_matches_the_float64_reference(runs, name):
         assert all(torch.equal(out[name]["flats"][11], outs[0][name]["flats"][11]) for out in outs)  # step 12: sync
 
 
-def test_without_freezing_or_local_steps_it_is_adamw(runs):
+def test_without_freezing_or_local_steps_it_is_adamw_with_the_mean_gradient_clipped(runs):
     world, outs = runs
     params = _params()
     adamw = torch.optim.AdamW([{"params": ps, **g} for ps, g in zip(params, GROUPS)])
@@ -170,6 +173,7 @@ def test_without_freezing_or_local_steps_it_is_adamw(runs):
         for i, ps in enumerate(params):
             for j, p in enumerate(ps):
                 p.grad = torch.stack([g[i][j] for g in per_rank]).mean(0)
+        torch.nn.utils.clip_grad_norm_([p for ps in params for p in ps], CLIP)  # DDP's clipping: the mean
         adamw.step()
         flat = torch.cat([p.detach().reshape(-1) for ps in params for p in ps])
         for out in outs:
@@ -249,7 +253,12 @@ def test_schedules_follow_their_closed_forms():
 
 
 @pytest.mark.parametrize("options, match", [
-    ({"lr": -0.1}, r"lr=-0.1 \(parameter group 0\) is invalid; it must be a number >= 0"),
+    ({"lr": -0.1}, r"lr=-0.1 \(parameter group 0\) is invalid; it must be a finite number >= 0"),
+    ({"lr": float("inf")}, r"lr=inf \(parameter group 0\) is invalid; it must be a finite number >= 0"),
+    ({"eps": 0.0}, "eps=0.0 .* must be a finite number > 0"),
+    ({"max_grad_norm": 0.0}, "max_grad_norm=0.0 is invalid; it must be a finite number > 0, or None"),
+    ({"max_grad_norm": float("nan")}, "max_grad_norm=nan"),
+    ({"bound_updates": 1}, "bound_updates=1 is invalid; allowed: True, False"),
     ({"betas": (1.0, 0.9)}, r"betas=\(1.0, 0.9\) .* two numbers in \[0, 1\)"),
     ({"eps": -1e-8}, "eps=-1e-08"),
     ({"weight_decay": -0.01}, "weight_decay=-0.01"),

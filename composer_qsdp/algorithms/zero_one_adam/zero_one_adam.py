@@ -7,7 +7,8 @@ import warnings
 from typing import Any
 
 import torch
-from composer.core import Algorithm, Event, Precision, State
+from composer.algorithms import GradientClipping
+from composer.core import Algorithm, Event, Precision, State, Time, TimeUnit
 from composer.loggers import Logger
 from composer.optim import DecoupledAdamW
 from composer.utils import dist
@@ -19,11 +20,37 @@ from composer_qsdp.optim import ZeroOneAdam
 
 __all__ = ["ZeroOneAdamDDP", "to_zero_one_adam"]
 
+
+def _duration(name: str, value: str) -> Time:
+    """A duration option given as a Composer time string: batches (``"100ba"``) or a fraction of the run
+    (``"0.05dur"``)."""
+    try:
+        duration = Time.from_timestring(value)
+    except ValueError as e:
+        raise ValueError(f"{name}={value!r} is invalid; it must be an integer of steps, or a duration in batches "
+                         "('100ba') or as a fraction of the run ('0.05dur')") from e
+    if duration.unit not in (TimeUnit.BATCH, TimeUnit.DURATION) or not duration.value > 0:
+        raise ValueError(f"{name}={value!r} is invalid; allowed units: ba (batches), dur (fraction of max_duration), "
+                         "with a value > 0")
+    return duration
+
+
+def _batches(duration: Time, state: State, name: str) -> int:
+    """``duration`` in optimizer steps (batches) of ``state``'s run."""
+    if duration.unit == TimeUnit.BATCH:
+        return int(duration.value)
+    if duration.unit == TimeUnit.EPOCH and state.dataloader_len is not None:
+        return int(duration.value) * int(state.dataloader_len)
+    raise ValueError(f"0/1 Adam needs {name} in batches (or epochs of a sized dataloader) to place its schedule, "
+                     f"got {duration}")
+
 log = logging.getLogger(__name__)
 
 #: The options of ZeroOneAdam the algorithm sets when it builds the optimizer.
 OPTIONS = ("var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper", "bias_correction",
-           "codec", "bucket_size", "ranks_per_node")
+           "max_grad_norm", "bound_updates", "codec", "bucket_size", "ranks_per_node")
+#: The options that may be durations of the run (resolved against ``max_duration`` at ``Event.FIT_START``).
+DURATIONS = ("var_freeze_step", "local_step_scaler")
 
 
 def to_zero_one_adam(optimizer: torch.optim.Optimizer, **options: Any) -> ZeroOneAdam:
@@ -77,8 +104,9 @@ class ZeroOneAdamDDP(Algorithm):
     given here (before Composer builds the schedulers and loads checkpoints, which therefore hold ZeroOneAdam's
     state); a run built with a ``ZeroOneAdam`` keeps it (give the options to the optimizer then). At
     ``Event.FIT_START``, once Composer has wrapped the model in ``DistributedDataParallel``, it registers the comm
-    hook that keeps local gradients. After every step's backward passes it checks that DDP used the hook. Logs the
-    bytes sent and the schedule at every ``BATCH_END``.
+    hook that keeps local gradients, and turns duration options into steps of the run (logging the run's plan and
+    warning about schedules that never freeze or leave the steps unbounded). After every step's backward passes it
+    checks that DDP used the hook. Logs the bytes sent and the schedule at every ``BATCH_END``.
 
     Example::
 
@@ -92,10 +120,14 @@ class ZeroOneAdamDDP(Algorithm):
 
     Args:
         var_freeze_step: the last step that may update Adam's variance; the end of the LR warm-up, as in the paper
-            (ZeroOneAdam's default: 100000).
+            (ZeroOneAdam's default: 100000). Steps, or a duration: ``"100ba"``, or ``"0.1dur"`` of ``max_duration``.
         var_update_scaler: variance updates between doublings of the variance interval (default 16).
-        local_step_scaler: local-phase steps between doublings of the synchronization interval (default 32678).
+        local_step_scaler: local-phase steps between doublings of the synchronization interval (default 32678);
+            steps or a duration, as ``var_freeze_step``.
         local_step_clipper: the largest synchronization interval (default 16).
+        max_grad_norm: gradient-norm clipping in the optimizer (default: a run's ``GradientClipping`` threshold,
+            which the algorithm takes over at ``Event.INIT``; None without one).
+        bound_updates: bound each element's Adam step (default True; see ZeroOneAdam).
         bias_correction: Adam's bias corrections (default False, DeepSpeed's update; True matches AdamW's).
         codec: the compressor, ``"sign"`` (default) or ``None`` for exact fp32 synchronizations.
         bucket_size: elements per codec scale (default: at most 256 and a divisor of every matrix's rows).
@@ -103,8 +135,10 @@ class ZeroOneAdamDDP(Algorithm):
 
     Raises:
         ValueError: at construction, an option out of range (naming it); at ``Event.INIT``, FSDP or tensor
-            parallelism, ``amp_fp16`` precision, several optimizers, an optimizer it cannot convert, or options
-            given while the run's optimizer already is a ZeroOneAdam.
+            parallelism, ``amp_fp16`` precision, several optimizers, an optimizer it cannot convert, options
+            given while the run's optimizer already is a ZeroOneAdam, a ``GradientClipping`` other than one by
+            norm, or one together with ``max_grad_norm``; at ``Event.FIT_START``, a ``max_duration`` not in batches
+            (or epochs of a sized dataloader) when a duration option needs it.
         RuntimeError: at ``Event.FIT_START``, a multi-process model that Composer did not wrap in DDP; after a
             step's backward passes, gradients that DDP synchronized without the hook (``ddp_sync_strategy=
             'forced_sync'``).
@@ -115,7 +149,9 @@ class ZeroOneAdamDDP(Algorithm):
         if unknown:
             raise ValueError(f"unknown ZeroOneAdamDDP option(s) {', '.join(unknown)}; allowed: {', '.join(OPTIONS)}")
         self.options = options
-        ZeroOneAdam([torch.nn.Parameter(torch.zeros(1))], **options)  # the optimizer's checks, now
+        self._durations = {k: _duration(k, options[k]) for k in DURATIONS if isinstance(options.get(k), str)}
+        checked = {**options, **{k: 1 for k in self._durations}}
+        ZeroOneAdam([torch.nn.Parameter(torch.zeros(1))], **checked)  # the optimizer's checks, now
         self.optimizer: ZeroOneAdam | None = None
         self._hook: LocalGradients | None = None
         self._installed = False
@@ -174,9 +210,11 @@ class ZeroOneAdamDDP(Algorithm):
                 raise ValueError(f"the run's optimizer already is a ZeroOneAdam; give the options "
                                  f"({', '.join(self.options)}) to it instead of to ZeroOneAdamDDP")
         else:
-            optimizer = to_zero_one_adam(optimizer, **self.options)
+            # Durations become steps at FIT_START, once Composer knows max_duration; 1 until then.
+            optimizer = to_zero_one_adam(optimizer, **{**self.options, **{k: 1 for k in self._durations}})
             state.optimizers = (optimizer,)
         self.optimizer = optimizer
+        self._take_over_clipping(state)
         s = optimizer.schedule
         logger.log_hyperparameters({"zero_one_adam/var_freeze_step": s.var_freeze_step,
                                     "zero_one_adam/var_update_scaler": s.var_update_scaler,
@@ -192,10 +230,53 @@ class ZeroOneAdamDDP(Algorithm):
         if not isinstance(state.model, DistributedDataParallel):
             raise RuntimeError(f"ZeroOneAdamDDP expected Composer to wrap the model in DistributedDataParallel at "
                                f"world size {dist.get_world_size()}, found {type(state.model).__name__}")
+        self._resolve_schedule(state)
         self._hook = apply_zero_one_adam(state.model, self.optimizer)
         self._installed = True
         self._logged = self.optimizer.traffic()
         log.info("0/1 Adam installed on %d ranks", dist.get_world_size())
+
+    def _take_over_clipping(self, state: State) -> None:
+        """Composer's ``GradientClipping`` would clip each rank's local gradient (DDP keeps them local): the
+        optimizer clips instead, the exact mean on variance steps as DDP's clipping does (see ZeroOneAdam)."""
+        clippers = [a for a in state.algorithms if isinstance(a, GradientClipping)]
+        if not clippers:
+            return
+        assert self.optimizer is not None
+        kinds = sorted({c.clipping_type for c in clippers})
+        if len(clippers) > 1 or kinds != ["norm"]:
+            raise ValueError(f"0/1 Adam clips the global gradient norm itself (max_grad_norm); the run has "
+                             f"GradientClipping with clipping_type {', '.join(kinds)}, which would clip each rank's "
+                             "local gradient: allowed: one GradientClipping(clipping_type='norm'), or none")
+        if self.optimizer.max_grad_norm is not None:
+            raise ValueError(f"0/1 Adam was given max_grad_norm={self.optimizer.max_grad_norm} and the run also has "
+                             "GradientClipping: the gradients would be clipped twice; keep one")
+        self.optimizer.max_grad_norm = float(clippers[0].clipping_threshold)
+        state.algorithms = [a for a in state.algorithms if a is not clippers[0]]
+        log.info("0/1 Adam clips the gradient norm to %s in the optimizer (GradientClipping removed)",
+                 self.optimizer.max_grad_norm)
+
+    def _resolve_schedule(self, state: State) -> None:
+        """Turn the duration options into steps of this run, report the run's plan, and warn about schedules that
+        do not exercise 0/1 Adam or are known to diverge."""
+        assert self.optimizer is not None
+        schedule = self.optimizer.schedule
+        total = _batches(state.max_duration, state, "max_duration")
+        for name, duration in self._durations.items():
+            steps = _batches(duration, state, name) if duration.unit != TimeUnit.DURATION else round(
+                duration.value * total)
+            setattr(schedule, name, max(1, steps))
+        plan = schedule.plan(total)
+        bits = self.optimizer.bits_per_element
+        log.info("0/1 Adam over %d steps: %s; about %.1fx fewer bytes than DDP's fp32 all-reduce", total, plan,
+                 plan.ratio_vs_fp32(bits))
+        if plan.first_local_step is None:
+            warnings.warn(f"0/1 Adam's variance never freezes in this run (var_freeze_step={schedule.var_freeze_step}"
+                          f" >= max_duration {total} steps): no local steps; 1-bit and fp32 steps only", stacklevel=2)
+        elif not self.optimizer.bound_updates:
+            warnings.warn("bound_updates=False with a frozen variance: an element whose gradient grows above its "
+                          "frozen variance takes a step of hundreds of learning rates (GPT-125M diverged so); keep "
+                          "bound_updates=True", stacklevel=2)
 
     def _log_batch(self, logger: Logger) -> None:
         assert self.optimizer is not None
