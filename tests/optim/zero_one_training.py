@@ -58,8 +58,8 @@ def train(rank: int, world: int, optimizer: str, steps: int, options: dict[str, 
         warmup: warm-up steps (default: a tenth of ``steps``).
         clip: the global gradient-norm bound (``max_grad_norm`` of ZeroOneAdam).
     """
-    from composer_qsdp.models.config import GPTConfig
-    from composer_qsdp.models.gpt import GPT
+    from composer_qsdp.recipes.models.config import GPTConfig
+    from composer_qsdp.recipes.models.gpt import GPT
     from composer_qsdp.optim import ZeroOneAdam
 
     warmup = warmup if warmup is not None else max(1, steps // 10)
