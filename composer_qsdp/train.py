@@ -31,6 +31,7 @@ from composer_qsdp.recipe import (
     TrainRecipe,
     ValidatedRecipe,
     build_algorithm,
+    check_machine,
     load_class,
     load_recipe,
     recipe_help,
@@ -181,7 +182,8 @@ def train(recipe: ValidatedRecipe) -> Any:
         The finished (closed) Composer ``Trainer``.
 
     Raises:
-        RecipeError: the shards named in ``data`` are missing or do not fit the model, or an algorithm cannot run
+        RecipeError: the machine cannot run the recipe (:func:`~composer_qsdp.recipe.check_machine`), the shards
+            named in ``data`` are missing or do not fit the model, or an algorithm cannot run
             on the installed torch.
         CollectiveTimeoutError: a collective waited ``dist_timeout`` seconds for the other processes (a stalled or
             dead process), naming the ranks that did not answer where it can.
@@ -195,6 +197,7 @@ def train(recipe: ValidatedRecipe) -> Any:
     from composer_qsdp.metrics_file import MetricsFile
 
     cfg = recipe.cfg
+    check_machine(recipe)
     # The process group must exist before the streaming datasets are built: without one, each rank's
     # StreamingDataset creates temporary groups of its own, and concurrent ranks race on them at start-up.
     dist.initialize_dist(cfg.device, cfg.dist_timeout)
@@ -306,6 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         recipe = load_recipe(argv[0], argv[1:])
+        check_machine(recipe)
     except RecipeError as err:
         print(f"recipe error: {err}", file=sys.stderr, flush=True)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a launched process: no exit-time SIGTERM either
