@@ -4,7 +4,7 @@ Build shards from the command line with ``python -m composer_qsdp.data.build`` (
 read them with :func:`build_token_dataloader`.
 """
 
-from composer_qsdp.data.dataloader import TokenSamples, build_token_dataloader
+from composer_qsdp.data.dataloader import TokenSamples, UnreadableShardError, build_token_dataloader
 from composer_qsdp.data.shards import SplitStats, shards_exist, write_token_shards
 from composer_qsdp.data.sources import (
     TRAIN_SPLIT,
@@ -24,6 +24,7 @@ __all__ = [
     "SplitStats",
     "TRAIN_SPLIT",
     "TokenSamples",
+    "UnreadableShardError",
     "VAL_SPLIT",
     "assign_split",
     "build_token_dataloader",
