@@ -148,13 +148,18 @@ class TrafficReport:
         for label, c in (("weights (all-gather)", self.weights), ("grads (reduce-scatter)", self.grads),
                          ("total", self.total)):
             line = (
-                f"{label:<24} sent {_size(c.sent):>10} | bf16 {_size(c.bf16):>10} ({c.ratio_vs_bf16:.2f}x less) | "
-                f"unquantized {_size(c.native):>10} ({c.ratio_vs_native:.2f}x less) | {c.calls} calls"
+                f"{label:<24} sent {_size(c.sent):>10} | bf16 {_size(c.bf16):>10} ({_factor(c.ratio_vs_bf16)}) | "
+                f"unquantized {_size(c.native):>10} ({_factor(c.ratio_vs_native)}) | {c.calls} calls"
             )
             if c.inter_node:
                 line += f" | inter-node {_size(c.inter_node)}"
             lines.append(line)
         return "\n".join(lines)
+
+
+def _factor(ratio: float) -> str:
+    """A compression factor as readers say it: ``2.00x less``, or ``1.80x more`` when more was sent."""
+    return f"{ratio:.2f}x less" if ratio >= 1 else f"{1 / ratio:.2f}x more"
 
 
 def _size(n: int) -> str:

@@ -84,7 +84,31 @@ def plan_units(units: Sequence[Unit], config: QSDPConfig) -> list[UnitPlan]:
                                        _scheme(config.weights, unit.name))
         grads = config.grad_scheme(None if note else _bits(config.grads, unit.name), _scheme(config.grads, unit.name))
         plans.append(UnitPlan(index, unit.name, unit.module, unit.numel, unit.params, weights, grads, note))
+    _warn_costlier_than_bf16(plans)
     return plans
+
+
+#: Bytes per element of an unquantized bf16 collective, the least FSDP sends without QSDP in mixed precision.
+_BF16_BYTES = 2
+
+
+def _warn_costlier_than_bf16(plans: Sequence[UnitPlan]) -> None:
+    """Quantizing must send fewer bytes than bf16: per-bucket metadata outweighs the codes when buckets are tiny
+    (``bucket_size=3`` at 8 bits sends about 1.8x bf16's bytes). Say so per side, naming the units."""
+    for side in ("weights", "grads"):
+        costly = [(p, getattr(p, side)) for p in plans if getattr(p, side).codec is not None
+                  and getattr(p, side).codec.wire_bytes(p.numel) > _BF16_BYTES * p.numel]
+        if not costly:
+            continue
+        plan, scheme = max(costly, key=lambda c: c[1].codec.wire_bytes(c[0].numel) / c[0].numel)
+        codec = scheme.codec
+        warnings.warn(
+            f"QSDP {side} of unit(s) {[p.name or '<root>' for p, _ in costly]} send more bytes than bf16 would "
+            f"(up to {codec.wire_bytes(plan.numel) / plan.numel:.2f} bytes per element against {_BF16_BYTES}: "
+            f"{scheme.describe()}, bucket_size={codec.bucket_size}, whose per-bucket metadata outweighs the codes); "
+            "use a larger bucket_size (the presets use 1024 and more) or exclude these units",
+            stacklevel=3,
+        )
 
 
 def _warn_unmatched(units: Sequence[Unit], config: QSDPConfig) -> None:

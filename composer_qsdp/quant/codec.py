@@ -38,8 +38,9 @@ MAX_BUCKET_SIZE = 2**24
 def check_bits(bits: int, allowed: range | tuple[int, ...] = range(1, 9)) -> int:
     """Return ``bits`` if it is an int in ``allowed``, else raise a ``ValueError`` naming both."""
     if isinstance(bits, bool) or not isinstance(bits, int) or bits not in allowed:
-        allowed_text = f"{allowed.start}..{allowed.stop - 1}" if isinstance(allowed, range) else str(allowed)
-        raise ValueError(f"bits={bits!r} is not supported; allowed: integers {allowed_text}")
+        allowed_text = (f"integers {allowed.start}..{allowed.stop - 1}" if isinstance(allowed, range)
+                        else ", ".join(map(str, allowed)))
+        raise ValueError(f"bits={bits!r} is not supported; allowed: {allowed_text}")
     return bits
 
 

@@ -55,6 +55,8 @@ class SignCodec(Codec):
     name = "sign"
 
     def __init__(self, bits: int = 1, bucket_size: int = 2048) -> None:
+        if bits != 1 or isinstance(bits, bool):
+            raise ValueError(f"bits={bits!r} is not supported: the sign codec sends one bit per element; allowed: 1")
         super().__init__(check_bits(bits, (1,)), bucket_size)
 
     def layout(self, numel: int) -> WireLayout:

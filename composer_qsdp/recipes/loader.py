@@ -22,6 +22,7 @@ import json
 import math
 import os
 import re
+import tempfile
 import textwrap
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +40,7 @@ from composer_qsdp.recipes.models.hf import HFCausalLMConfig, hf_causal_lm_confi
 __all__ = [
     "ALGORITHMS",
     "CALLBACKS",
+    "COMPONENT_SECTIONS",
     "LLM_FOUNDRY_ALIASES",
     "LLM_FOUNDRY_HINTS",
     "LOGGERS",
@@ -48,6 +50,7 @@ __all__ = [
     "TrainRecipe",
     "ValidatedRecipe",
     "build_algorithm",
+    "check_machine",
     "load_class",
     "load_recipe",
     "recipe_help",
@@ -62,6 +65,8 @@ ALGORITHMS: dict[str, str] = {
 }
 # Algorithms that act on FSDP's collectives and are meaningless without it.
 _NEEDS_FSDP = frozenset({"qsdp"})
+# Algorithms that replace DDP's gradient all-reduce, which FSDP does not do.
+_NEEDS_DDP = frozenset({"zero_one_adam"})
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,13 @@ SCHEDULERS = ("cosine_with_warmup",)
 MAX_SEED = 2**32 - 1
 # max_duration in 'dur' is circular; Composer refuses it.
 MAX_DURATION_UNITS = ("ep", "iter", "ba", "sp", "tok")
+
+
+#: The sections that map a component's name to its keyword arguments. Within one, ``name: {...}`` enables the
+#: component (``{}``: its defaults; a base recipe's arguments are merged with these), ``name: null`` or ``name: false``
+#: switches off one that a base recipe enabled; the section itself set to ``{}`` (or null) in a recipe or on the
+#: command line replaces the base's: nothing of it is enabled.
+COMPONENT_SECTIONS = ("loggers", "callbacks", "algorithms")
 
 
 class RecipeError(ValueError):
@@ -273,10 +285,24 @@ def _load_yaml(path: Path, chain: tuple[Path, ...] = ()) -> DictConfig:
     cfg = _accept_llm_foundry_spellings(cfg, f"recipe {str(path)!r}")
     base = cfg.pop("base", None)
     if base is None:
-        return cfg
+        return _merge_sources(OmegaConf.create(), cfg)
     if not isinstance(base, str):
         raise RecipeError(f"'base' in {str(path)!r} must be a path string, got {base!r}")
-    return OmegaConf.merge(_load_yaml(path.parent / base, chain + (path,)), cfg)
+    return _merge_sources(_load_yaml(path.parent / base, chain + (path,)), cfg)
+
+
+def _merge_sources(base: DictConfig, override: DictConfig) -> DictConfig:
+    """``override`` (a recipe, or the command line) merged onto ``base``; a section of :data:`COMPONENT_SECTIONS`
+    that ``override`` sets to ``{}``, null or false replaces the base's with an empty one instead of merging."""
+    for section in COMPONENT_SECTIONS:
+        value = override.get(section, "absent")
+        if value is None or value is False or (isinstance(value, DictConfig) and len(value) == 0):
+            base.pop(section, None)
+            override[section] = {}
+        elif isinstance(value, DictConfig):
+            for name, entry in value.items():  # a list or a number cannot merge with a base's mapping
+                _entry_kwargs(f"{section}.{name}", entry)
+    return OmegaConf.merge(base, override)
 
 
 def _section_class(path: str) -> type | None:
@@ -328,7 +354,7 @@ def load_recipe(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Valid
     Raises:
         RecipeError: a YAML, schema or value problem; the message names the key.
     """
-    raw = OmegaConf.merge(_load_yaml(Path(path)), _cli_overrides(overrides))
+    raw = _merge_sources(_load_yaml(Path(path)), _cli_overrides(overrides))
     cfg = _merge_schema(raw)
     # Merging never lets '???' replace a schema default, so look for it in the recipe as written too.
     missing = sorted(OmegaConf.missing_keys(raw) | OmegaConf.missing_keys(cfg))
@@ -354,6 +380,47 @@ def _check_time(key: str, value: str, *, positive: bool, units: Sequence[str] | 
                           "2500000000tok") from None
     _check(time.value > 0 if positive else time.value >= 0, key, value, f"it must be {'>' if positive else '>='} 0")
     _check(units is None or time.unit.value in units, key, value, f"its unit must be one of {', '.join(units or ())}")
+
+
+def check_machine(recipe: ValidatedRecipe) -> None:
+    """Check what ``recipe`` needs of the machine that runs it, before any process group starts (:func:`load_recipe`
+    checks the recipe itself, on any machine): a visible CUDA device for ``device: gpu``, and a ``save_folder`` this
+    process can write in or create.
+
+    Raises:
+        RecipeError: naming the key.
+    """
+    cfg = recipe.cfg
+    if cfg.device == "gpu":
+        import torch
+
+        _check(torch.cuda.is_available(), "device", cfg.device, "no CUDA device is visible to this process "
+               "(torch.cuda.is_available() is False); use device=cpu, or check the driver and CUDA_VISIBLE_DEVICES")
+    _check_save_folder(cfg.save_folder)
+
+
+def _check_save_folder(folder: str | None) -> None:
+    """A local ``save_folder`` must be a folder this process can write in, or one it can create (its nearest existing
+    parent must be a writable folder); found now rather than at Trainer init or at the first checkpoint.
+
+    Nothing is created: the check writes and removes an anonymous temporary file. A remote folder (``s3://...``) is
+    Composer's object store's to check. Composer's placeholders (``{run_name}``) are part of a folder that does not
+    exist yet, so only its existing parent is checked.
+    """
+    if folder is None or "://" in folder:
+        return
+    path = Path(folder).expanduser().absolute()
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    where = "it" if existing == path else f"its nearest existing parent {str(existing)!r}"
+    _check(existing.is_dir(), "save_folder", folder, f"{where}: {str(existing)!r} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise RecipeError(f"recipe key 'save_folder' = {folder!r} is invalid; {where}: {str(existing)!r} cannot be "
+                          f"written by this process ({err.strerror or err}); choose a folder it can write") from None
 
 
 def load_class(target: str) -> type:
@@ -393,22 +460,31 @@ def _check_arguments(section: str, function: Callable[..., Any], kwargs: Mapping
                               f"'{section}' takes: {', '.join(parameters)}")
 
 
+def _entry_kwargs(key: str, value: Any) -> dict | None:
+    """The keyword arguments an entry of a :data:`COMPONENT_SECTIONS` section gives (None: switched off)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return {}
+    if not isinstance(value, DictConfig):
+        raise RecipeError(f"recipe key '{key}' = {value!r} is invalid; give its keyword arguments as a mapping "
+                          "({} for the defaults), or null (or false) to switch off one that a base recipe enabled")
+    return OmegaConf.to_container(value, resolve=True)
+
+
 def _component_kwargs(section: str, builders: Mapping[str, Builder], name: str, value: Any) -> dict | None:
-    """The keyword arguments of the logger or callback ``name`` (None: turned off), checked against its class."""
+    """The keyword arguments of the logger or callback ``name`` (None: switched off), checked against its class."""
     key = f"{section}.{name}"
     if name not in builders:
         raise RecipeError(f"recipe key '{key}': no {section[:-1]} named {name!r}{did_you_mean(name, builders)}; "
                           f"known: {', '.join(builders)}")
-    if value is False:
+    kwargs = _entry_kwargs(key, value)
+    if kwargs is None:
         return None
-    if value is not None and value is not True and not isinstance(value, DictConfig):
-        raise RecipeError(f"recipe key '{key}' = {value!r} is invalid; give its keyword arguments as a mapping "
-                          "({} for the defaults), or false to turn it off")
     builder = builders[name]
     if builder.package is not None and importlib.util.find_spec(builder.package) is None:
         raise RecipeError(f"recipe key '{key}' needs the {builder.package} package: "
                           f"pip install 'mosaicml[{builder.package}]'")
-    kwargs = OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else {}
     _check_arguments(key, load_class(builder.target), kwargs)
     return kwargs
 
@@ -494,15 +570,21 @@ def _validate(cfg: DictConfig) -> ValidatedRecipe:
         components[section] = {name: kwargs for name, kwargs in enabled.items() if kwargs is not None}
 
     algorithm_kwargs = {}
-    for name, kwargs in cfg.algorithms.items():
+    for name, value in cfg.algorithms.items():
         if f"algorithms.{name}" in LLM_FOUNDRY_HINTS:
             raise RecipeError(_unknown_key_message(f"algorithms.{name}"))
         _check(name in ALGORITHMS, f"algorithms.{name}", name,
                f"known algorithms: {', '.join(ALGORITHMS)}{did_you_mean(name, ALGORITHMS)}")
+        kwargs = _entry_kwargs(f"algorithms.{name}", value)
+        if kwargs is None:
+            continue
         _check(name not in _NEEDS_FSDP or cfg.fsdp is not None, f"algorithms.{name}", name,
                "it quantizes FSDP's collectives, so the recipe needs an 'fsdp' section (not null)")
-        algorithm_kwargs[name] = OmegaConf.to_container(kwargs, resolve=True) if kwargs is not None else {}
-        build_algorithm(name, algorithm_kwargs[name])  # argument errors surface now, before anything is built
+        _check(name not in _NEEDS_DDP or cfg.fsdp is None, f"algorithms.{name}", name,
+               "it replaces DDP's gradient all-reduce, which FSDP does not do: set 'fsdp: null' in the recipe (fsdp=null "
+               "on the command line)")
+        algorithm_kwargs[name] = kwargs
+        build_algorithm(name, kwargs)  # argument errors surface now, before anything is built
     return ValidatedRecipe(cfg=cfg, model_config=model_config, algorithm_kwargs=algorithm_kwargs,
                            logger_kwargs=components["loggers"], callback_kwargs=components["callbacks"])
 
@@ -613,12 +695,13 @@ def recipe_help() -> str:
         "",
     ]
     for section, builders in (("loggers", LOGGERS), ("callbacks", CALLBACKS)):
-        lines += _wrapped(f"{section}: {{name: {{keyword arguments of its Composer class}}}}; {{}} or null for the "
-                          f"defaults; false turns off one that a base recipe enabled")
+        lines += _wrapped(f"{section}: {{name: {{keyword arguments of its Composer class}}}}; {{}} for the defaults; "
+                          f"null or false switches off one that a base recipe enabled; {section}={{}} none at all")
         lines += [f"  {name}: {b.target.replace(':', '.')}" + (f" (needs mosaicml[{b.package}])" if b.package else "")
                   for name, b in builders.items()]
         lines.append("")
-    lines += ["algorithms: {name: {keyword arguments of its class}}; null for the defaults"]
+    lines += _wrapped("algorithms: {name: {keyword arguments of its class}}; {} for the defaults; null or false "
+                      "switches off one that a base recipe enabled; algorithms={} none at all")
     lines += [f"  {name}: {target.replace(':', '.')}" for name, target in ALGORITHMS.items()]
     lines += ["", *_wrapped(
         "llm-foundry's spellings accepted: " + ", ".join(f"{a} (= {b})" for a, b in LLM_FOUNDRY_ALIASES.items())

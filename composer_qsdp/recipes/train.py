@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import warnings
 from collections.abc import Sequence
@@ -30,13 +31,14 @@ from composer_qsdp.recipes.loader import (
     TrainRecipe,
     ValidatedRecipe,
     build_algorithm,
+    check_machine,
     load_class,
     load_recipe,
     recipe_help,
 )
 
-__all__ = ["ALGORITHMS", "CollectiveTimeoutError", "RecipeError", "TrainRecipe", "ValidatedRecipe", "load_recipe",
-           "main", "set_aside_incomplete_checkpoints", "train"]
+__all__ = ["ALGORITHMS", "RECIPE_ERROR_STATUS", "CollectiveTimeoutError", "PeerExitedError", "RecipeError",
+           "TrainRecipe", "ValidatedRecipe", "load_recipe", "main", "set_aside_incomplete_checkpoints", "train"]
 
 
 def _dataloader(recipe: ValidatedRecipe, split: str, batch_size: int, training: bool) -> Any:
@@ -65,6 +67,25 @@ def _model(recipe: ValidatedRecipe) -> Any:
 
 class CollectiveTimeoutError(RuntimeError):
     """A collective waited ``dist_timeout`` seconds for the other processes: one stalled or died."""
+
+
+class PeerExitedError(RuntimeError):
+    """Another process of the job ended while this one waited for it in a collective; that process's own error (in
+    its output, which the launcher prints) is the cause."""
+
+
+#: What gloo reports when the other end of a collective's connection is gone (its process ended).
+_PEER_EXIT_MESSAGES = ("connection closed by peer", "connection reset by peer", "broken pipe")
+
+
+def _peer_exit(err: BaseException | None) -> str | None:
+    """The message of ``err`` (or an exception it was raised from) if it says that a peer process's connection
+    closed, else None."""
+    while err is not None:
+        if isinstance(err, RuntimeError) and any(m in str(err).lower() for m in _PEER_EXIT_MESSAGES):
+            return str(err).splitlines()[0]
+        err = err.__cause__ or err.__context__
+    return None
 
 
 #: How long a rank whose collective timed out waits for the other ranks' reports of theirs (seconds, at most).
@@ -161,7 +182,8 @@ def train(recipe: ValidatedRecipe) -> Any:
         The finished (closed) Composer ``Trainer``.
 
     Raises:
-        RecipeError: the shards named in ``data`` are missing or do not fit the model, or an algorithm cannot run
+        RecipeError: the machine cannot run the recipe (:func:`~composer_qsdp.recipes.loader.check_machine`), the shards
+            named in ``data`` are missing or do not fit the model, or an algorithm cannot run
             on the installed torch.
         CollectiveTimeoutError: a collective waited ``dist_timeout`` seconds for the other processes (a stalled or
             dead process), naming the ranks that did not answer where it can.
@@ -175,6 +197,7 @@ def train(recipe: ValidatedRecipe) -> Any:
     from composer_qsdp.recipes.metrics_file import MetricsFile
 
     cfg = recipe.cfg
+    check_machine(recipe)
     # The process group must exist before the streaming datasets are built: without one, each rank's
     # StreamingDataset creates temporary groups of its own, and concurrent ranks race on them at start-up.
     dist.initialize_dist(cfg.device, cfg.dist_timeout)
@@ -244,10 +267,19 @@ def train(recipe: ValidatedRecipe) -> Any:
     try:
         trainer.fit()
     except Exception as err:
+        # No trainer.close() on any failure: its closing barrier would hold this process, and with it the job, for
+        # dist_timeout while the other processes wait in a collective that this one never joins. Closing the engine
+        # alone still flushes the loggers; this process then exits, its connections close, and the others' pending
+        # collectives fail at once.
         stalled = _collective_timeout(err, cfg.dist_timeout)
-        if stalled is not None:  # no trainer.close(): its barrier would wait for the stalled rank once more
+        if stalled is not None:
             raise stalled from err
-        trainer.close()
+        trainer.engine.close()
+        peer_exit = _peer_exit(err)
+        if peer_exit is not None:
+            raise PeerExitedError(
+                f"rank {dist.get_global_rank()}: another process of the job ended while this one waited for it in a "
+                f"collective ({peer_exit}); the launcher prints that process's error") from err
         raise
     trainer.close()
     if dist.get_global_rank() == 0:
@@ -258,17 +290,42 @@ def train(recipe: ValidatedRecipe) -> Any:
     return trainer
 
 
+#: Exit status of a recipe error (on every process, whichever ends first); 1 is any other failure.
+RECIPE_ERROR_STATUS = 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m composer_qsdp.recipes.train RECIPE.yaml [key=value ...]``; returns the exit status."""
+    """``python -m composer_qsdp.recipes.train RECIPE.yaml [key=value ...]``; returns the exit status: 0, or
+    :data:`RECIPE_ERROR_STATUS` for a recipe error (stderr says which key). A process whose peer ended in a
+    collective prints one line instead of a traceback and returns 1: the peer's own traceback is the one to read."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(recipe_help())
-        return 0 if argv else 2
+        return 0 if argv else RECIPE_ERROR_STATUS
+    # Every process checks the same recipe, but not at the same speed: when one finds a recipe error first and exits,
+    # Composer's launcher SIGTERMs the others, and the job's status would be that of whichever process it reports.
+    # SIGTERM waits until the check (seconds; the launcher waits 30 s before SIGKILL) is done: a process that finds
+    # the error ends with its status, one that finds none receives the held signal then.
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
-        train(load_recipe(argv[0], argv[1:]))
+        recipe = load_recipe(argv[0], argv[1:])
+        check_machine(recipe)
+    except RecipeError as err:
+        print(f"recipe error: {err}", file=sys.stderr, flush=True)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a launched process: no exit-time SIGTERM either
+            sys.stdout.flush()
+            os._exit(RECIPE_ERROR_STATUS)
+        return RECIPE_ERROR_STATUS
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+    try:
+        train(recipe)
     except RecipeError as err:
         print(f"recipe error: {err}", file=sys.stderr)
-        return 2
+        return RECIPE_ERROR_STATUS
+    except PeerExitedError as err:
+        print(f"{type(err).__name__}: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

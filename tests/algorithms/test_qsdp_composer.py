@@ -120,7 +120,9 @@ def test_a_diverged_run_never_checkpoints_non_finite_weights(tmp_path):
     proc = _run(tmp_path, tmp_path / "diverged.json", "diverge", str(ckpt))
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "refusing to write the checkpoint at batch 2" in log, log[-5000:]
-    assert "the last checkpoint written is" in log and "ep0-ba1" in log, log[-5000:]
+    # The folder to resume from (what load_path takes), not one rank's shard file inside it.
+    assert f"the last checkpoint written is {ckpt / 'ep0-ba1'}: resume from it (load_path={ckpt / 'ep0-ba1'})" \
+        in log, log[-5000:]
     assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("ep")) == ["ep0-ba1"]
 
 

@@ -9,7 +9,11 @@ tests)::
   holding its sockets, answering nothing);
 * ``kill-in-save``: writes its part of the (sharded) checkpoint of that batch, or half of the file of a DDP or full
   checkpoint (written by rank 0 alone), then writes the time to ``QSDP_FAULT_DIR/killed`` and kills itself with
-  SIGKILL before the checkpoint is complete (no metadata, no ``latest`` link).
+  SIGKILL before the checkpoint is complete (no metadata, no ``latest`` link);
+* ``raise``: writes the time to ``QSDP_FAULT_DIR/raised`` and raises a ``RuntimeError`` (an ordinary exception,
+  e.g. a bug in a callback) while the other ranks go on into the next step's collectives;
+* ``slow-check``: (the third field is seconds, not a batch) takes that much longer over the recipe check, so that
+  the other ranks reach a recipe error first.
 
 Every process writes its pid to ``QSDP_FAULT_DIR/rank{RANK}.pid`` first, so the test can resume or kill it whatever
 happens. Without ``QSDP_FAULT`` it is the plain entrypoint.
@@ -34,14 +38,26 @@ def _die() -> None:
 
 def _arm(kind: str, rank: int, batch: int) -> None:
     """Install the fault on this process (its rank's only)."""
+    if int(os.environ["RANK"]) != rank:
+        return
+    if kind == "slow-check":
+        # Nothing heavy is imported before the entrypoint's own recipe check, as in a plain run.
+        import composer_qsdp.recipes.train
+
+        check = composer_qsdp.recipes.train.load_recipe
+
+        def slow_check(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(batch)
+            return check(*args, **kwargs)
+
+        composer_qsdp.recipes.train.load_recipe = slow_check
+        return
     import composer
     import torch
     import torch.distributed.checkpoint as dist_cp
     from composer.core import Callback
     from composer.utils import checkpoint
 
-    if int(os.environ["RANK"]) != rank:
-        return
     if kind == "kill-in-save":
         # Composer's sharded save writes through dist_cp.FileSystemWriter; this rank's data is on disk once its
         # write_data future completes, before the coordinator writes .metadata and Composer links 'latest'.
@@ -69,20 +85,24 @@ def _arm(kind: str, rank: int, batch: int) -> None:
         write_file = checkpoint._write_checkpoint_file
         checkpoint._write_checkpoint_file = half_then_die
         return
-    if kind != "stop":
-        raise ValueError(f"QSDP_FAULT kind {kind!r} is unknown; allowed: stop, kill-in-save")
+    if kind not in ("stop", "raise"):
+        raise ValueError(f"QSDP_FAULT kind {kind!r} is unknown; allowed: stop, kill-in-save, raise, slow-check")
 
-    class Stop(Callback):
+    class Fault(Callback):
         def batch_end(self, state: Any, logger: Any) -> None:
-            if int(state.timestamp.batch) == batch:
-                Path(os.environ["QSDP_FAULT_DIR"], "stopped").write_text(str(time.time()))
-                os.kill(os.getpid(), signal.SIGSTOP)
+            if int(state.timestamp.batch) != batch:
+                return
+            if kind == "raise":
+                Path(os.environ["QSDP_FAULT_DIR"], "raised").write_text(str(time.time()))
+                raise RuntimeError(f"injected fault: rank {rank} raises after batch {batch}")
+            Path(os.environ["QSDP_FAULT_DIR"], "stopped").write_text(str(time.time()))
+            os.kill(os.getpid(), signal.SIGSTOP)
 
     # The recipe builds the Trainer itself: add the callback to its arguments.
     init = composer.Trainer.__init__
 
     def with_fault(self: Any, *args: Any, callbacks: Any = None, **kwargs: Any) -> None:
-        init(self, *args, callbacks=[*(callbacks or []), Stop()], **kwargs)
+        init(self, *args, callbacks=[*(callbacks or []), Fault()], **kwargs)
 
     composer.Trainer.__init__ = with_fault
 

@@ -65,8 +65,10 @@ def _launch(nproc: int, recipe: Path, overrides: list[str], fault_dir: Path, fau
 
 
 def _overrides(shards: Path, run_dir: Path, *extra: str) -> list[str]:
+    """The tiny recipe's overrides for a fault run, then those of ``QSDP_FAULT_OVERRIDES`` (space-separated
+    ``key=value`` words, e.g. ``device=gpu`` to run the same cases with their ranks on GPUs)."""
     return tiny_overrides(shards, run_dir, f"max_duration={BATCHES}ba", f"eval_interval={BATCHES}ba",
-                          f"dist_timeout={DIST_TIMEOUT}", *extra)
+                          f"dist_timeout={DIST_TIMEOUT}", *extra, *os.environ.get("QSDP_FAULT_OVERRIDES", "").split())
 
 
 def _log(proc: subprocess.CompletedProcess) -> str:

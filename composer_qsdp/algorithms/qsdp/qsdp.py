@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from composer.callbacks import CheckpointSaver
@@ -276,11 +277,15 @@ class QSDP(Algorithm):
         bad = self.handle.nonfinite_units()
         if bad:
             saved = [path for cb in state.callbacks if isinstance(cb, CheckpointSaver) for path in cb.saved_checkpoints]
-            last = f"the last checkpoint written is {saved[-1]}" if saved else "no checkpoint was written before"
+            if saved:
+                resume = _load_path(saved[-1])
+                last = (f"the last checkpoint written is {resume}: resume from it (load_path={resume}) with a lower "
+                        "learning rate or gradient clipping")
+            else:
+                last = "no checkpoint was written before: start again with a lower learning rate or gradient clipping"
             raise NonFiniteWeightError(
                 f"refusing to write the checkpoint at batch {int(state.timestamp.batch)}: the full-precision weights "
-                f"of unit(s) {bad} hold NaN or Inf (the run has diverged); {last}. Resume from it with a lower "
-                "learning rate or gradient clipping."
+                f"of unit(s) {bad} hold NaN or Inf (the run has diverged); {last}."
             )
 
     # ------------------------------------------------------------------ checkpointing
@@ -332,3 +337,10 @@ def _auto_options(options: Mapping[str, Any] | None) -> AutoOptions:
 
 def _zero_report() -> TrafficReport:
     return TrafficReport(TrafficCounter(), TrafficCounter())
+
+
+def _load_path(saved: str) -> str:
+    """What ``load_path`` takes to resume from a checkpoint Composer saved: the folder of a sharded checkpoint (Composer
+    records one rank's ``.distcp`` file inside it), else the file itself."""
+    path = Path(saved)
+    return str(path.parent) if path.suffix == ".distcp" else saved

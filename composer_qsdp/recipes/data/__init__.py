@@ -4,7 +4,7 @@ Build shards from the command line with ``python -m composer_qsdp.recipes.data.b
 read them with :func:`build_token_dataloader`.
 """
 
-from composer_qsdp.recipes.data.dataloader import TokenSamples, build_token_dataloader
+from composer_qsdp.recipes.data.dataloader import TokenSamples, UnreadableShardError, build_token_dataloader
 from composer_qsdp.recipes.data.shards import SplitStats, shards_exist, write_token_shards
 from composer_qsdp.recipes.data.sources import (
     TRAIN_SPLIT,
@@ -24,6 +24,7 @@ __all__ = [
     "SplitStats",
     "TRAIN_SPLIT",
     "TokenSamples",
+    "UnreadableShardError",
     "VAL_SPLIT",
     "assign_split",
     "build_token_dataloader",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -13,7 +13,11 @@ from torch.utils.data import DataLoader
 
 from composer_qsdp.recipes.data.shards import TOKENS_COLUMN, shards_exist
 
-__all__ = ["TokenSamples", "build_token_dataloader"]
+__all__ = ["TokenSamples", "UnreadableShardError", "build_token_dataloader"]
+
+
+class UnreadableShardError(ValueError):
+    """A shard file that index.json lists cannot be decompressed or decoded; the message names it."""
 
 
 class TokenSamples(StreamingDataset):
@@ -30,6 +34,43 @@ class TokenSamples(StreamingDataset):
     def __init__(self, max_seq_len: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.max_seq_len = max_seq_len
+        # streaming prepares shards in a background thread whose error reaches __iter__ only as "Background thread
+        # failed": kept here to be raised there instead.
+        self._unreadable: UnreadableShardError | None = None
+
+    def _unreadable_shard(self, shard_id: int, err: BaseException) -> UnreadableShardError:
+        shard = self.shards[shard_id]
+        file = shard.zip_data if shard.zip_data is not None else shard.raw_data
+        path = os.path.join(shard.dirname, shard.split or "", file.basename)
+        self._unreadable = UnreadableShardError(
+            f"shard {path} of split {shard.split!r} cannot be read ({type(err).__name__}: {err}): the file is damaged "
+            "or incomplete although index.json lists it; rebuild the split (python -m composer_qsdp.recipes.data.build), or, "
+            "when the shards come from a remote (data.remote), delete this local copy to download it again")
+        return self._unreadable
+
+    def prepare_shard(self, shard_id: int, blocking: bool = True) -> None:
+        try:
+            super().prepare_shard(shard_id, blocking)
+        except Exception as err:  # noqa: BLE001 - whatever the decompressor or reader raises: name the file
+            raise self._unreadable_shard(shard_id, err) from err
+
+    def get_item(self, sample_id: int, retry: int = 7) -> Any:
+        try:
+            return super().get_item(sample_id, retry)
+        except UnreadableShardError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a sample's bytes that do not decode
+            if self._unreadable is not None:  # the background thread failed on a shard first
+                raise self._unreadable from err
+            raise self._unreadable_shard(self.spanner[sample_id][0], err) from err
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            yield from super().__iter__()
+        except RuntimeError as err:
+            if self._unreadable is not None:
+                raise self._unreadable from err
+            raise
 
     def __getitem__(self, idx: int) -> torch.Tensor:
         tokens = super().__getitem__(idx)[TOKENS_COLUMN]
@@ -73,6 +114,7 @@ def build_token_dataloader(
 
     Raises:
         ValueError: no shards at ``local`` (with no ``remote``), an empty split, or samples of the wrong length.
+            Reading a damaged shard later raises :class:`UnreadableShardError` (a ``ValueError``) naming its file.
     """
     if remote is None and not shards_exist(local, (split,)):
         raise ValueError(f"no MDS shards for split {split!r} in {os.fspath(local)!r} (missing {split}/index.json); "

@@ -1,0 +1,48 @@
+"""One rank's ordinary exception and one rank's recipe error in real recipe runs (``composer -n 2`` on CPU/gloo
+through tests/faults/fault_train.py): the job ends within seconds of the exception with that rank's traceback
+first, and a recipe error gives the same exit status whichever rank the launcher sees end first.
+
+One launch each (about 15 s and 10 s on 2 CPU cores): part of the default run.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from test_launcher_faults import _launch, _log, _overrides
+from test_train import BASELINE, QSDP_RECIPE, wiki_shards  # noqa: F401 (fixture)
+
+#: Seconds from one rank's exception to the end of the job (launcher included). The other rank notices at once
+#: (the failed process's connections close), so this is start-up-free Python exit time plus slack for a loaded
+#: machine; far below the dist_timeout of the run.
+EXIT_BOUND_S = 15
+DIST_TIMEOUT = 60
+
+
+@pytest.mark.requires_custom_comm
+def test_an_exception_on_one_rank_ends_the_job_within_seconds(wiki_shards, tmp_path):
+    """Rank 1 raises after batch 2 while rank 0 goes on into batch 3's collectives: the job ends within seconds (not
+    after dist_timeout), and the first traceback in the launcher's output is rank 1's."""
+    fault_dir = tmp_path / "pids"
+    proc = _launch(2, QSDP_RECIPE, _overrides(wiki_shards, tmp_path, f"dist_timeout={DIST_TIMEOUT}"), fault_dir,
+                   "raise:1:2", timeout=DIST_TIMEOUT + 200)
+    after_raise = time.time() - float((fault_dir / "raised").read_text())
+    log = _log(proc)
+    assert proc.returncode != 0, log
+    assert after_raise < EXIT_BOUND_S, (after_raise, log)
+    tracebacks = [m.start() for m in re.finditer("Traceback", log)]
+    assert tracebacks, log
+    first = log[tracebacks[0]:tracebacks[1] if len(tracebacks) > 1 else None]
+    assert "RuntimeError: injected fault: rank 1 raises after batch 2" in first, log
+
+
+def test_a_recipe_error_exits_with_status_2_whichever_rank_stops_first(tmp_path):
+    """Every rank finds the same recipe error; rank 0 takes 4 s longer over the check, so the launcher sees rank 1
+    end first and stops rank 0 in the middle of its check: the job's status is still the recipe error's (2)."""
+    proc = _launch(2, BASELINE, ["optimizer.lr=0"], tmp_path / "pids", "slow-check:0:4", timeout=300)
+    log = _log(proc)
+    assert "recipe error: recipe key 'optimizer.lr' = 0.0 is invalid" in log, log
+    assert proc.returncode == 2, log
