@@ -300,8 +300,10 @@ def _merge_sources(base: DictConfig, override: DictConfig) -> DictConfig:
             base.pop(section, None)
             override[section] = {}
         elif isinstance(value, DictConfig):
-            for name, entry in value.items():  # a list or a number cannot merge with a base's mapping
-                _entry_kwargs(f"{section}.{name}", entry)
+            # A list or a number cannot merge with a base's mapping. Unresolved: an entry may interpolate keys
+            # that only the merged recipe has (``${scheduler.t_warmup}`` from a base).
+            for name, entry in value.items_ex(resolve=False):
+                _check_entry(f"{section}.{name}", entry)
     return OmegaConf.merge(base, override)
 
 
@@ -466,10 +468,15 @@ def _entry_kwargs(key: str, value: Any) -> dict | None:
         return None
     if value is True:
         return {}
-    if not isinstance(value, DictConfig):
+    _check_entry(key, value)
+    return OmegaConf.to_container(value, resolve=True)
+
+
+def _check_entry(key: str, value: Any) -> None:
+    """An entry of a :data:`COMPONENT_SECTIONS` section is a mapping of keyword arguments, or off."""
+    if value is not None and not isinstance(value, (bool, DictConfig)):
         raise RecipeError(f"recipe key '{key}' = {value!r} is invalid; give its keyword arguments as a mapping "
                           "({} for the defaults), or null (or false) to switch off one that a base recipe enabled")
-    return OmegaConf.to_container(value, resolve=True)
 
 
 def _component_kwargs(section: str, builders: Mapping[str, Builder], name: str, value: Any) -> dict | None:

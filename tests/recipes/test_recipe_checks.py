@@ -16,7 +16,7 @@ from composer_qsdp.recipes.loader import check_machine
 from composer_qsdp.recipes.train import RecipeError, load_recipe, main
 from test_train import BASELINE, QSDP_RECIPE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ZERO_ONE_ADAM = ROOT / "yamls" / "gpt-125m" / "zero-one-adam.yaml"
 PAPER_DATA = ["data.remote=s3://bucket/c4-gpt2-t2048"]
 
