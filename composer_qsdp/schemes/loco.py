@@ -32,6 +32,7 @@ What the residual is, and what it costs:
 
 Checkpoints: :meth:`state_dict` gathers every rank's residual (a collective: every rank calls it, as Composer
 does) so that any one rank's copy restores them all; a resumed run compensates exactly as an uninterrupted one.
+A resume on another number of ranks starts the residuals from zero.
 """
 
 from __future__ import annotations
@@ -134,12 +135,9 @@ class LoCoReduceScatter(GradScheme):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output of a group of the same size (after :meth:`setup`); this rank takes its
-        own residual. A state without residuals (a fresh run's, or another scheme's) starts from zero.
-
-        Raises:
-            ValueError: residuals saved by a group of another size.
-        """
+        """Restore :meth:`state_dict` output (after :meth:`setup`); this rank takes its own residual. A state without
+        residuals (a fresh run's, another scheme's) or with residuals of a group of another size (a resume on
+        another number of ranks, which the handle reports as a settings change) starts from zero."""
         if self.group is None:
             raise RuntimeError("LoCoReduceScatter.load_state_dict was called before setup(group, topology)")
         super().load_state_dict(state)
@@ -149,10 +147,8 @@ class LoCoReduceScatter(GradScheme):
         if blob is None:
             return
         residuals = torch.load(io.BytesIO(blob), weights_only=True)
-        world = self.group.size()
-        if residuals.dim() != 2 or residuals.shape[0] != world:
-            raise ValueError(f"saved loco residuals of shape {tuple(residuals.shape)} do not fit a group of {world} "
-                             f"ranks (one row per rank); resume on {residuals.shape[0]} ranks, or drop the state")
+        if residuals.dim() != 2 or residuals.shape[0] != self.group.size():
+            return  # each rank's residual belongs to its chunks of this group size: nothing carries over
         self._restored = residuals[self.group.rank()].to(self.residual_dtype).clone()
 
     def _gather(self, local: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,8 @@
 * Classic error feedback (``beta = 0``) telescopes: the outputs summed over calls equal the gradients summed over
   calls less the ranks' final residuals (an identity of exact arithmetic, checked here in fp64 from the scheme's own
   outputs).
-* Its state survives a save -> load into a new scheme bit for bit; ``reset_every`` zeroes the residual; a NaN
+* Its state survives a save -> load into a new scheme bit for bit (residuals of another group size start from
+  zero); ``reset_every`` zeroes the residual; a NaN
   gradient stays NaN in the output but leaves the residual finite; misuse raises naming the bad value.
 * On an FSDP2 model with an uneven layer, with gradient accumulation, a ``torch.distributed.checkpoint`` resume
   continues exactly as the uninterrupted run.
@@ -16,6 +17,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 
 import pytest
@@ -66,6 +68,12 @@ def _reference(world: int, codec, beta: float, dtype: torch.dtype) -> tuple[list
     return outputs, residuals
 
 
+def _as_bytes(t: torch.Tensor) -> bytes:
+    buf = io.BytesIO()
+    torch.save(t, buf)
+    return buf.getvalue()
+
+
 def _rank_side(info: RankInfo) -> dict:
     world, group = info.world_size, dist.group.WORLD
     out: dict = {}
@@ -100,6 +108,15 @@ def _rank_side(info: RankInfo) -> dict:
         same.append(torch.equal(a, b))
     out["resume_equal"] = same and all(same) and torch.equal(first.residual, second.residual)
     out["resume_calls"] = second.traffic.calls
+    other_world = dict(saved, residuals=_as_bytes(torch.ones(world + 1, (world + 1) * N)))
+    third = LoCoReduceScatter(_codec(spec), beta=beta)
+    third.setup(group, Topology(1))
+    third.load_state_dict(other_world)
+    third.reduce_scatter(torch.empty(N), _grad(info.rank, 0, world), dist.ReduceOp.SUM, SEED)
+    fresh = LoCoReduceScatter(_codec(spec), beta=beta)
+    fresh.setup(group, Topology(1))
+    fresh.reduce_scatter(torch.empty(N), _grad(info.rank, 0, world), dist.ReduceOp.SUM, SEED)
+    out["other_world_starts_at_zero"] = torch.equal(third.residual, fresh.residual)
 
     # reset_every counts optimizer steps
     resetting = LoCoReduceScatter(_codec(spec), beta=beta, reset_every=2)
@@ -161,6 +178,7 @@ def test_loco_state_resets_nan_and_misuse(results):
     world, outs = results
     for rank, out in enumerate(outs):
         assert out["resume_equal"] is True and out["resume_calls"] == 3 + (CALLS - 3)
+        assert out["other_world_starts_at_zero"]
         assert out["kept_after_one"] and out["zero_after_two"]
         assert out["residual_finite"]
         assert "one gradient size per unit" in out["other_size"]

@@ -101,7 +101,9 @@ class QSDP(Algorithm):
             stochastic rounding, buckets of 1024 elements), ``"w8g4"`` (4-bit gradients), ``"w4g4"``, ``"zeropp"``
             (ZeRO++: INT8 block weights, two-level INT4 gradients), ``"tlq-hs"`` (SDP4Bit's two-level gradients:
             INT8 within nodes, INT4 across, Hadamard-smoothed), ``"sdp4bit"`` (SDP4Bit: 4-bit weight differences,
-            qWD, and TLq-HS gradients) or ``"qwd-w4g4"`` (4-bit weight differences, one-hop 4-bit gradients); see
+            qWD, and TLq-HS gradients), ``"qwd-w4g4"`` (4-bit weight differences, one-hop 4-bit gradients),
+            ``"qwd-w4g2-loco"`` / ``"qwd-w3g2-loco"`` (4- or 3-bit weight differences, 2-bit gradients with LoCo's
+            error feedback); see
             :mod:`composer_qsdp.policy.presets`.
         weight_bits: bits per weight code (1..8 for min-max), or ``None`` to all-gather weights unquantized.
         grad_bits: bits per gradient code, or ``None`` to reduce-scatter gradients unquantized.
@@ -118,8 +120,9 @@ class QSDP(Algorithm):
         weight_scheme: how weights move: ``"direct"`` (quantized weights: QSDP) or ``"difference"`` (quantized
             differences against a reference every rank keeps: SDP4Bit's qWD; one weight replica per rank, no
             backward re-gather traffic).
-        grad_scheme: how gradients move: ``"flat"`` (one quantized all-to-all and an fp32 sum) or ``"two_level"``
-            (an intra-node then an inter-node all-to-all, ZeRO++/SDP4Bit; options ``intra_codec``,
+        grad_scheme: how gradients move: ``"flat"`` (one quantized all-to-all and an fp32 sum), ``"loco"`` (the
+            same with LoCo's per-rank error feedback; options ``beta``, ``reset_every``, ``residual_dtype``) or
+            ``"two_level"`` (an intra-node then an inter-node all-to-all, ZeRO++/SDP4Bit; options ``intra_codec``,
             ``rotation_block``).
         weight_scheme_options: options of the weight scheme; ``"difference"``: ``keyframe_every`` (optimizer
             steps between full-precision gathers, 0: only when needed) and ``checkpoint_reference`` (default True:
