@@ -102,8 +102,8 @@ class QSDP(Algorithm):
             (ZeRO++: INT8 block weights, two-level INT4 gradients), ``"tlq-hs"`` (SDP4Bit's two-level gradients:
             INT8 within nodes, INT4 across, Hadamard-smoothed), ``"sdp4bit"`` (SDP4Bit: 4-bit weight differences,
             qWD, and TLq-HS gradients), ``"qwd-w4g4"`` (4-bit weight differences, one-hop 4-bit gradients),
-            ``"qwd-w4g2-loco"`` / ``"qwd-w3g2-loco"`` (4- or 3-bit weight differences, 2-bit gradients with LoCo's
-            error feedback); see
+            ``"qwd-w4g2-loco"`` / ``"qwd-w3g3-loco"`` / ``"qwd-w3g2-loco"`` (4- or 3-bit weight differences, 2- or
+            3-bit gradients with LoCo's error feedback); see
             :mod:`composer_qsdp.policy.presets`.
         weight_bits: bits per weight code (1..8 for min-max), or ``None`` to all-gather weights unquantized.
         grad_bits: bits per gradient code, or ``None`` to reduce-scatter gradients unquantized.
