@@ -19,7 +19,7 @@ from composer_qsdp.validate import check_bool, check_int
 
 __all__ = [
     "CODEC_OPTIONS", "SCHEME_OPTIONS", "CodecOptions", "DifferenceOptions", "DirectOptions", "FlatOptions",
-    "LearnedOptions", "TwoLevelOptions", "option_kwargs", "typed_options",
+    "LearnedOptions", "LoCoOptions", "TwoLevelOptions", "option_kwargs", "typed_options",
 ]
 
 
@@ -104,6 +104,27 @@ class FlatOptions:
 
 
 @dataclass(frozen=True)
+class LoCoOptions:
+    """Options of the ``loco`` gradient reduce-scatter: the ``flat`` one with LoCo's per-rank error feedback
+    (Xie et al., "LoCo: Low-Bit Communication Adaptor for Large-scale Model Training", 2024).
+
+    Attributes:
+        beta: weight of the previous residual in its moving average, in [0, 1).
+        reset_every: zero the residual every this many reduce-scatters (0: never).
+        residual_dtype: the residual's storage, ``"float32"`` or ``"bfloat16"`` (bytes per gradient element: 4 or 2).
+    """
+
+    beta: float = 0.8
+    reset_every: int = 0
+    residual_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) or not 0.0 <= self.beta < 1.0:
+            raise ValueError(f"beta={self.beta!r} is invalid for the loco gradient scheme; allowed: a number in [0, 1)")
+        check_int("reset_every", self.reset_every)
+
+
+@dataclass(frozen=True)
 class TwoLevelOptions:
     """Options of the ``two_level`` gradient reduce-scatter (ZeRO++ qgZ, SDP4Bit TLq-HS §3.2).
 
@@ -138,6 +159,7 @@ SCHEME_OPTIONS: dict[str, type] = {
     "direct": DirectOptions,
     "difference": DifferenceOptions,
     "flat": FlatOptions,
+    "loco": LoCoOptions,
     "two_level": TwoLevelOptions,
 }
 

@@ -2,7 +2,8 @@
 
 Weights: ``"direct"`` (:class:`DirectAllGather`, QSDP), ``"difference"`` (:class:`DifferenceAllGather`, SDP4Bit's
 qWD). Gradients: ``"flat"`` (:class:`FlatReduceScatter`, QSDP / one-hop qgZ), ``"two_level"``
-(:class:`TwoLevelReduceScatter`: ZeRO++ qgZ, SDP4Bit TLq-HS). All-reduce (full replicas, DDP): ``"onebit"``
+(:class:`TwoLevelReduceScatter`: ZeRO++ qgZ, SDP4Bit TLq-HS), ``"loco"`` (:class:`LoCoReduceScatter`: the flat one
+with LoCo's error feedback). All-reduce (full replicas, DDP): ``"onebit"``
 (:class:`OneBitAllReduce`, 0/1 Adam). :func:`make_weight_scheme`, :func:`make_grad_scheme` and
 :func:`make_all_reduce_scheme` build one by name; adapters and the policy only ever talk to the base classes.
 """
@@ -11,6 +12,7 @@ from composer_qsdp.schemes.base import AllReduceScheme, GatherLayout, GradScheme
 from composer_qsdp.schemes.difference import DifferenceAllGather
 from composer_qsdp.schemes.direct import DirectAllGather
 from composer_qsdp.schemes.flat import FlatReduceScatter
+from composer_qsdp.schemes.loco import LoCoReduceScatter
 from composer_qsdp.schemes.onebit import OneBitAllReduce
 from composer_qsdp.schemes.registry import (ALL_REDUCE_SCHEMES, GRAD_SCHEMES, WEIGHT_SCHEMES, make_all_reduce_scheme,
                                             make_grad_scheme, make_weight_scheme)
@@ -25,6 +27,7 @@ __all__ = [
     "GRAD_SCHEMES",
     "GatherLayout",
     "GradScheme",
+    "LoCoReduceScatter",
     "OneBitAllReduce",
     "Scheme",
     "TwoLevelReduceScatter",

@@ -1,0 +1,172 @@
+"""``LoCoReduceScatter``: the flat quantized reduce-scatter with LoCo's error feedback on each rank.
+
+LoCo (Xie, Lin, Toh, Zhou, "LoCo: Low-Bit Communication Adaptor for Large-scale Model Training", 2024; abstract)
+compensates each rank's gradient, before it is compressed, with a moving average of its past compression errors,
+and works with FSDP's all-to-all gradient aggregation and with Adam. DeepSpeed's ZeRO++ carries it as
+``all_to_all_loco_quant_reduce`` (``zeropp_loco_param``: ``err_beta`` 0.8, ``reset_T`` 1024 by default) with this
+recursion on every rank, per gradient tensor, which this scheme follows::
+
+    c_t = g_t + e_{t-1}                          # compensate
+    send encode(c_t)                             # the flat reduce-scatter's chunks (all W, one all-to-all)
+    e_t = beta * e_{t-1} + (1 - beta) * (c_t - decode(encode(c_t)))
+
+``beta = 0`` is classic error feedback (the sum of what a rank sends tracks the sum of its gradients up to one
+residual). The owner decodes and sums the ``W`` versions as :class:`FlatReduceScatter` does, so the result is
+SUM/AVG of the compensated gradients.
+
+What the residual is, and what it costs:
+
+* one per rank and unit, ``W * n`` elements (the unit's padded, unsharded gradient: every destination chunk a
+  rank encodes), in ``residual_dtype``: fp32 (default; 4 bytes per parameter of the unit, i.e. an unsharded fp32
+  copy of the unit's gradient on every rank) or bf16 (half that; the update is still computed in fp32 and
+  rounded once per call). DeepSpeed keeps it as 8-bit codes between calls; :meth:`memory_bytes` reports ours.
+* one update per reduce-scatter call: with gradient accumulation FSDP reduce-scatters every microbatch, and each
+  microbatch's gradient is compensated and updates the residual in turn.
+* FSDP's padding of uneven shards is part of the ``W * n`` elements like any other: its gradient is zero, its
+  residual carries only the codec's error there, and FSDP never reads the padding of a reduce-scatter's output.
+* extra work per call: one local decode of the ``W`` encoded chunks and one elementwise pass over ``W * n`` fp32
+  values (torch, memory-bound; not fused into the encode kernel).
+* a NaN/Inf gradient still reaches the output (a grad scaler skips the step), but the residual's non-finite
+  entries are reset to zero (DeepSpeed drops the whole buffer on overflow).
+* ``reset_every``: the residual is zeroed every this many optimizer steps (DeepSpeed's ``reset_T``; 0: never).
+
+Checkpoints: :meth:`state_dict` gathers every rank's residual (a collective: every rank calls it, as Composer
+does) so that any one rank's copy restores them all; a resumed run compensates exactly as an uninterrupted one.
+A resume on another number of ranks starts the residuals from zero.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from composer_qsdp.comm import CallTraffic, quantized_reduce_scatter
+from composer_qsdp.quant import Codec, check_choice, check_int
+from composer_qsdp.schemes.base import GradScheme
+
+__all__ = ["LoCoReduceScatter"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class LoCoReduceScatter(GradScheme):
+    """Flat quantized reduce-scatter with a per-rank error-feedback residual (see the module docstring).
+
+    Args:
+        codec: the gradient quantizer (any codec; stochastic or nearest rounding).
+        error_sample_interval: measure the relative quantization error of the compensated chunks every this many
+            calls (0: never).
+        beta: the residual's moving-average coefficient, in ``[0, 1)`` (DeepSpeed's ``err_beta``; 0: classic
+            error feedback).
+        reset_every: zero the residual every this many optimizer steps (DeepSpeed's ``reset_T``; 0: never).
+        residual_dtype: ``"float32"`` or ``"bfloat16"``: how the residual is stored between calls.
+
+    Attributes:
+        residual: this rank's residual (``W * n`` elements), ``None`` before the first call.
+
+    Raises:
+        ValueError: no codec, or an option out of range, naming it and what is allowed.
+    """
+
+    name = "loco"
+
+    def __init__(self, codec: Codec | None, error_sample_interval: int = 0, beta: float = 0.8,
+                 reset_every: int = 0, residual_dtype: str = "float32") -> None:
+        if codec is None:
+            raise ValueError("the loco gradient scheme feeds back quantization errors and needs a codec (grad bits)")
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta < 1.0:
+            raise ValueError(f"beta={beta!r} is invalid for the loco gradient scheme; allowed: a number in [0, 1)")
+        super().__init__(codec, error_sample_interval)
+        self.beta = float(beta)
+        self.reset_every = check_int("reset_every", reset_every)
+        self.residual_dtype = _DTYPES[check_choice("residual_dtype", residual_dtype, tuple(_DTYPES))]
+        self.residual: torch.Tensor | None = None
+        self._steps_since_reset = 0
+        self._restored: torch.Tensor | None = None
+
+    def _reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: dist.ReduceOp | dist.ReduceOp.RedOpType,
+        seed: int,
+        group: dist.ProcessGroup,
+        measure_error: bool,
+    ) -> CallTraffic:
+        residual = self._residual_for(input)
+        return quantized_reduce_scatter(
+            output, input, self.codec, group, op, seed, measure_error=measure_error,
+            off_node_peers=self._off_node_peers, residual=residual, residual_beta=self.beta,
+        )
+
+    def _residual_for(self, input: torch.Tensor) -> torch.Tensor:
+        if self._restored is not None:
+            self.residual, self._restored = self._restored.to(input.device), None
+        if self.residual is None:
+            self.residual = torch.zeros(input.numel(), dtype=self.residual_dtype, device=input.device)
+        elif self.residual.numel() != input.numel():
+            raise ValueError(f"the loco gradient scheme serves one gradient size per unit: its residual has "
+                             f"{self.residual.numel()} elements, but this reduce-scatter input has {input.numel()}")
+        return self.residual
+
+    def on_optimizer_step(self) -> None:
+        self._steps_since_reset += 1
+        if self.reset_every and self._steps_since_reset >= self.reset_every:
+            self._steps_since_reset = 0
+            if self.residual is not None:
+                self.residual.zero_()
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Byte counters, the reset clock and every rank's residual.
+
+        Collective over the scheme's group (every rank calls it, in the same order): the residuals differ per rank
+        and are gathered, so any one rank's state restores them all. They are stored as one serialized ``[W, W *
+        n]`` CPU tensor (``None`` before the first call), an opaque object for ``torch.distributed.checkpoint``,
+        whose size a fresh scheme cannot know in advance.
+        """
+        state = super().state_dict()
+        state["steps_since_reset"] = self._steps_since_reset
+        local = self.residual if self.residual is not None else self._restored
+        state["residuals"] = None if local is None else _to_bytes(self._gather(local))
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (after :meth:`setup`); this rank takes its own residual. A state without
+        residuals (a fresh run's, another scheme's) or with residuals of a group of another size (a resume on
+        another number of ranks, which the handle reports as a settings change) starts from zero."""
+        if self.group is None:
+            raise RuntimeError("LoCoReduceScatter.load_state_dict was called before setup(group, topology)")
+        super().load_state_dict(state)
+        self._steps_since_reset = int(state.get("steps_since_reset", 0))
+        self.residual = self._restored = None
+        blob = state.get("residuals")
+        if blob is None:
+            return
+        residuals = torch.load(io.BytesIO(blob), weights_only=True)
+        if residuals.dim() != 2 or residuals.shape[0] != self.group.size():
+            return  # each rank's residual belongs to its chunks of this group size: nothing carries over
+        self._restored = residuals[self.group.rank()].to(self.residual_dtype).clone()
+
+    def _gather(self, local: torch.Tensor) -> torch.Tensor:
+        assert self.group is not None
+        out = torch.empty(self.group.size() * local.numel(), dtype=local.dtype, device=local.device)
+        dist.all_gather_into_tensor(out, local.contiguous(), group=self.group)
+        return out.view(self.group.size(), -1).cpu()
+
+    def memory_bytes(self) -> int:
+        return 0 if self.residual is None else self.residual.numel() * self.residual.element_size()
+
+    def describe(self) -> str:
+        reset = f", reset every {self.reset_every} steps" if self.reset_every else ""
+        dtype = str(self.residual_dtype).removeprefix("torch.")
+        return f"{super().describe()} with LoCo error feedback (beta {self.beta:g}, {dtype} residual{reset})"
+
+
+def _to_bytes(t: torch.Tensor) -> bytes:
+    buf = io.BytesIO()
+    torch.save(t, buf)
+    return buf.getvalue()
