@@ -44,7 +44,8 @@ import torch
 import torch.distributed as dist
 
 from composer_qsdp.comm import CallTraffic, quantized_reduce_scatter
-from composer_qsdp.quant import Codec, check_choice, check_int
+from composer_qsdp.quant import Codec
+from composer_qsdp.validate import check_choice, check_int
 from composer_qsdp.schemes.base import GradScheme
 
 __all__ = ["LoCoReduceScatter"]
