@@ -63,6 +63,24 @@ def _model(recipe: ValidatedRecipe) -> Any:
     return build_hf_causal_lm(config) if isinstance(config, HFCausalLMConfig) else ComposerGPT(config)
 
 
+def _device(recipe: ValidatedRecipe) -> tuple[Any, Any]:
+    """Composer's device for this process and, with ``device: gpu``, its :class:`~composer_qsdp.shared_gpu.GPUPlacement`
+    (None on CPU)."""
+    if recipe.cfg.device != "gpu":
+        return recipe.cfg.device, None
+    import torch
+    from composer.utils import dist
+
+    from composer_qsdp.shared_gpu import composer_device, gpu_placement
+
+    try:
+        placement = gpu_placement(recipe.cfg.shared_gpu, dist.get_local_rank(), dist.get_local_world_size(),
+                                  torch.cuda.device_count())
+    except ValueError as err:
+        raise RecipeError(f"recipe key 'device' = 'gpu': {err}") from None
+    return composer_device(placement), placement
+
+
 class CollectiveTimeoutError(RuntimeError):
     """A collective waited ``dist_timeout`` seconds for the other processes: one stalled or died."""
 
@@ -175,9 +193,12 @@ def train(recipe: ValidatedRecipe) -> Any:
     from composer_qsdp.metrics_file import MetricsFile
 
     cfg = recipe.cfg
+    device, placement = _device(recipe)
     # The process group must exist before the streaming datasets are built: without one, each rank's
     # StreamingDataset creates temporary groups of its own, and concurrent ranks race on them at start-up.
-    dist.initialize_dist(cfg.device, cfg.dist_timeout)
+    dist.initialize_dist(device, cfg.dist_timeout)
+    if placement is not None and placement.shared and dist.get_local_rank() == 0:
+        print(placement.describe(), flush=True)
     if cfg.autoresume and "://" not in cfg.save_folder:
         if dist.get_global_rank() == 0:
             moved = set_aside_incomplete_checkpoints(cfg.save_folder)
@@ -223,7 +244,7 @@ def train(recipe: ValidatedRecipe) -> Any:
         optimizers=optimizer,
         schedulers=CosineAnnealingWithWarmupScheduler(t_warmup=cfg.scheduler.t_warmup, alpha_f=cfg.scheduler.alpha_f),
         algorithms=algorithms,
-        device=cfg.device,
+        device=device,
         precision=cfg.precision,
         parallelism_config=parallelism,
         device_train_microbatch_size=cfg.device_train_microbatch_size,
@@ -241,6 +262,8 @@ def train(recipe: ValidatedRecipe) -> Any:
         loggers=loggers,
         callbacks=callbacks,
     )
+    if placement is not None:
+        trainer.logger.log_hyperparameters(placement.hyperparameters())
     try:
         trainer.fit()
     except Exception as err:
