@@ -19,7 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Union
 
-__all__ = ["SHARED_GPU_VALUES", "GPUPlacement", "check_shared_gpu", "composer_device", "gpu_placement"]
+__all__ = ["SHARED_GPU_VALUES", "GPUPlacement", "check_shared_gpu", "composer_device", "gpu_placement",
+           "this_process_gpu"]
 
 #: What the ``shared_gpu`` recipe key takes.
 SHARED_GPU_VALUES: tuple[Union[str, bool], ...] = ("auto", True, False)
@@ -108,3 +109,17 @@ def composer_device(placement: GPUPlacement) -> Any:
     device = DeviceGPU(device_id=placement.device_id)
     device.dist_backend = "gloo"  # shadows the class's "nccl" for this instance: initialize_dist reads it
     return device
+
+
+def this_process_gpu(setting: Union[str, bool] = "auto") -> tuple[Any, GPUPlacement]:
+    """Composer's device (for ``Trainer(device=...)`` and ``dist.initialize_dist``) and the placement of this
+    process, from the launcher's local rank and world size and the visible GPUs.
+
+    Raises:
+        ValueError: as :func:`gpu_placement`.
+    """
+    import torch
+    from composer.utils import dist
+
+    placement = gpu_placement(setting, dist.get_local_rank(), dist.get_local_world_size(), torch.cuda.device_count())
+    return composer_device(placement), placement

@@ -68,17 +68,12 @@ def _device(recipe: ValidatedRecipe) -> tuple[Any, Any]:
     (None on CPU)."""
     if recipe.cfg.device != "gpu":
         return recipe.cfg.device, None
-    import torch
-    from composer.utils import dist
-
-    from composer_qsdp.shared_gpu import composer_device, gpu_placement
+    from composer_qsdp.shared_gpu import this_process_gpu
 
     try:
-        placement = gpu_placement(recipe.cfg.shared_gpu, dist.get_local_rank(), dist.get_local_world_size(),
-                                  torch.cuda.device_count())
+        return this_process_gpu(recipe.cfg.shared_gpu)
     except ValueError as err:
         raise RecipeError(f"recipe key 'device' = 'gpu': {err}") from None
-    return composer_device(placement), placement
 
 
 class CollectiveTimeoutError(RuntimeError):

@@ -330,7 +330,6 @@ def test_gpu_one_process_paper_recipe(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_gpu_two_processes_qsdp_recipe(tmp_path):
     shards = synthetic_shards(tmp_path / "shards", 2048)
     result = launch(2, ROOT / "yamls" / "gpt-125m" / "qsdp-w8g8.yaml", gpu_overrides(shards, tmp_path, 8))
