@@ -338,6 +338,10 @@ def _plan(args: argparse.Namespace) -> Plan:
     for arm, n in nprocs.items():
         if args.global_batch % n:
             raise SystemExit(f"--global-batch {args.global_batch} is not a multiple of arm {arm}'s {n} processes")
+    if len(set(nprocs.values())) > 1 and args.eval_batches != -1:
+        raise SystemExit(f"arms of {' and '.join(map(str, sorted(set(nprocs.values()))))} processes evaluate "
+                         f"--eval-batches {args.eval_batches} batches per process, i.e. different held-out samples; "
+                         "pass --eval-batches -1 (the whole val split, the same samples at every world size)")
     gpus = _visible_gpus()
     widest = max(nprocs.values())
     shared = bool(gpus) and (args.shared_gpu == "true" or (args.shared_gpu == "auto" and len(gpus) < widest))
@@ -569,8 +573,10 @@ def markdown(plan: Plan, head: dict[str, str], manifest: dict[str, Any], arms: d
     m = manifest
     lines = [f"### convergence: {plan.recipe_dir.name} on {head['device']}", "", *common.header_lines(head),
              f"- settings: {a.steps} steps x {a.global_batch} samples x {a.seq_len} tokens = "
-             f"{a.steps * plan.tokens_per_step:,} tokens per arm; {_ranks_text(plan, arms)}; evaluation every {a.eval_interval} steps on {a.eval_batches} batches x {a.eval_batch_size} "
-             f"samples per process of the held-out split",
+             f"{a.steps * plan.tokens_per_step:,} tokens per arm; {_ranks_text(plan, arms)}; evaluation every "
+             f"{a.eval_interval} steps on "
+             + ("the whole held-out split" if a.eval_batches == -1 else
+                f"{a.eval_batches} batches x {a.eval_batch_size} samples per process of the held-out split"),
              f"- corpus: `{m['command']}`: {m['input']['files']} files, {m['input']['bytes'] / 1e6:.1f} MB of "
              f"Python source -> {m['tokens']['train']:,} train / {m['tokens']['val']:,} val tokens; input sha256 "
              f"`{m['input']['sha256'][:16]}`",
@@ -892,7 +898,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--micro-batch", type=int, help="samples per forward/backward per process (default: the "
                                                         "per-process batch, no accumulation)")
     parser.add_argument("--eval-interval", type=int, default=100, help="steps between evaluations (default 100)")
-    parser.add_argument("--eval-batches", type=int, default=8, help="batches per evaluation and process (default 8)")
+    parser.add_argument("--eval-batches", type=int, default=8,
+                        help="batches per evaluation and process (default 8); -1: the whole val split (needed when "
+                             "arms run on different numbers of processes)")
     parser.add_argument("--eval-batch-size", type=int, default=32, help="samples per evaluation batch (default 32)")
     parser.add_argument("--save-interval", type=int, default=500, help="steps between checkpoints (default 500)")
     parser.add_argument("--nproc", type=int, default=2,
@@ -962,7 +970,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             raise SystemExit(f"--combine: {err}") from None
         return 0
-    for name in ("steps", "seq_len", "global_batch", "eval_interval", "eval_batches", "eval_batch_size",
+    if args.eval_batches < 1 and args.eval_batches != -1:
+        raise SystemExit(f"--eval-batches {args.eval_batches} is invalid; it must be >= 1, or -1 for the whole split")
+    for name in ("steps", "seq_len", "global_batch", "eval_interval", "eval_batch_size",
                  "save_interval", "nproc", "max_ranks", "micro_batch", "results_interval_s"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid; it must be >= 1")

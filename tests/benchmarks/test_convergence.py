@@ -87,7 +87,7 @@ def test_summary_csv_markdown_png(tiny_recipes, tmp_path, monkeypatch):
 
 def test_every_arm_plans_valid_launches_for_the_125m_family(tmp_path):
     args = convergence._parser().parse_args(["--model", "125m", "--out-dir", str(tmp_path), "--corpus",
-                                             str(tmp_path / "c"), "--arms", *convergence.ARMS])
+                                             str(tmp_path / "c"), "--eval-batches", "-1", "--arms", *convergence.ARMS])
     plan = convergence._plan(args)  # loads every arm's recipe with its overrides
     assert plan.micro("baseline") == 16 and plan.tokens_per_step == 32 * 512
     assert (plan.nproc("sdp4bit-2x2"), plan.micro("sdp4bit-2x2")) == (4, 8)
@@ -105,7 +105,9 @@ def test_every_arm_plans_valid_launches_for_the_125m_family(tmp_path):
 def test_shared_gpus_put_every_arm_on_them_over_gloo(tiny_recipes, tmp_path, monkeypatch):
     monkeypatch.setattr(convergence, "_visible_gpus", lambda: ["0"])
     gpu = ["-o", "device=gpu", "-o", "precision=amp_bf16"]  # shared_gpu=true is for GPU recipes
-    plan = plan_for(tiny_recipes, tmp_path, "--matrix", "--micro-batch", "2", *gpu)
+    with pytest.raises(SystemExit, match=r"arms of 2 and 4 processes evaluate --eval-batches 8 .*--eval-batches -1"):
+        plan_for(tiny_recipes, tmp_path, "--matrix", *gpu)
+    plan = plan_for(tiny_recipes, tmp_path, "--matrix", "--micro-batch", "2", "--eval-batches", "-1", *gpu)
     assert plan.shared and plan.max_ranks == 4  # default: the widest arm alone
     assert plan.args.arms == list(convergence.MATRIX_ARMS)
     for arm in plan.args.arms:
@@ -113,24 +115,24 @@ def test_shared_gpus_put_every_arm_on_them_over_gloo(tiny_recipes, tmp_path, mon
         assert plan.nproc(arm) == (4 if arm.endswith("-2x2") else 2)
     assert "seed=18" in plan.overrides("baseline-seed2", 0)
     with pytest.raises(SystemExit, match=r"--max-ranks 3 is invalid; it must be >= 4"):
-        plan_for(tiny_recipes, tmp_path, "--matrix", "--max-ranks", "3")
+        plan_for(tiny_recipes, tmp_path, "--matrix", "--max-ranks", "3", "--eval-batches", "-1", *gpu)
     with pytest.raises(SystemExit, match=r"--shared-gpu false: an arm of 4 processes needs 4 GPUs, 1 visible"):
-        plan_for(tiny_recipes, tmp_path, "--matrix", "--shared-gpu", "false")
+        plan_for(tiny_recipes, tmp_path, "--matrix", "--shared-gpu", "false", "--eval-batches", "-1", *gpu)
 
 
 def test_a_gpu_per_rank_changes_nothing(tiny_recipes, tmp_path, monkeypatch):
     monkeypatch.setattr(convergence, "_visible_gpus", lambda: [str(i) for i in range(8)])
-    plan = plan_for(tiny_recipes, tmp_path, "--matrix")
+    plan = plan_for(tiny_recipes, tmp_path, "--matrix", "--eval-batches", "-1")
     assert not plan.shared and plan.max_ranks == 8
     assert not any(o.startswith("shared_gpu") for o in plan.overrides("baseline", 0))
     with pytest.raises(SystemExit, match=r"--max-ranks 9 is invalid; .* <= 8 \(the GPUs"):
-        plan_for(tiny_recipes, tmp_path, "--matrix", "--max-ranks", "9")
+        plan_for(tiny_recipes, tmp_path, "--matrix", "--max-ranks", "9", "--eval-batches", "-1")
 
 
 def test_scheduler_keeps_the_running_ranks_within_the_budget(tiny_recipes, tmp_path, monkeypatch):
     monkeypatch.setattr(convergence, "_visible_gpus", lambda: ["0", "1", "2", "3", "4", "5"])
     plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", "sdp4bit-2x2", "zeropp-2x2", "w4g4",
-                    "--shared-gpu", "false", "--stagger-s", "0", "--results-interval-s", "0")
+                    "--shared-gpu", "false", "--stagger-s", "0", "--results-interval-s", "0", "--eval-batches", "-1")
     events, held = [], {}
 
     def fake_start(plan_, arm, gpus):
