@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 __all__ = ["SHARED_GPU_VALUES", "GPUPlacement", "check_shared_gpu", "composer_device", "gpu_placement",
            "this_process_gpu"]
@@ -101,14 +101,29 @@ def gpu_placement(setting: Union[str, bool], local_rank: int, local_world_size: 
 
 def composer_device(placement: GPUPlacement) -> Any:
     """Composer's device for ``placement``: ``"gpu"`` (Composer's own choice, unchanged) when a GPU per rank,
-    else a ``DeviceGPU`` on ``placement.device_id`` whose process group is gloo."""
+    else a ``DeviceGPU`` on ``placement.device_id`` whose process group is gloo.
+
+    Composer also builds ``DeviceGPU()`` itself, with no argument, where it needs "this rank's device" (FSDP2's
+    preparation, checkpoint loading: ``composer.utils.get_device(None)``), and such a device moves rank ``r`` to
+    ``cuda:r``, which does not exist when ranks share GPUs. So in the shared case ``composer.devices.DeviceGPU``
+    becomes, for this process, a subclass whose default device is ``placement.device_id`` and whose backend is
+    gloo; ``isinstance(device, DeviceGPU)`` holds for it everywhere.
+    """
     if not placement.shared:
         return "gpu"
-    from composer.devices import DeviceGPU
+    import composer.devices
+    from composer.devices.device_gpu import DeviceGPU  # the class itself, never the substitute
 
-    device = DeviceGPU(device_id=placement.device_id)
-    device.dist_backend = "gloo"  # shadows the class's "nccl" for this instance: initialize_dist reads it
-    return device
+    class SharedDeviceGPU(DeviceGPU):
+        """Composer's ``DeviceGPU`` for a rank that shares its GPU: gloo, and this rank's GPU by default."""
+
+        dist_backend = "gloo"
+
+        def __init__(self, device_id: Optional[int] = None, *, allow_tf32: bool = True) -> None:
+            super().__init__(placement.device_id if device_id is None else device_id, allow_tf32=allow_tf32)
+
+    composer.devices.DeviceGPU = SharedDeviceGPU
+    return SharedDeviceGPU()
 
 
 def this_process_gpu(setting: Union[str, bool] = "auto") -> tuple[Any, GPUPlacement]:

@@ -88,10 +88,17 @@ def test_recipe_refuses_forced_sharing_on_cpu():
 
 
 @pytest.mark.gpu
-def test_shared_device_is_composers_gpu_device_with_a_gloo_group():
+def test_shared_device_is_composers_gpu_device_with_a_gloo_group(monkeypatch):
+    import composer.devices
     from composer.devices import DeviceGPU
+    from composer.utils import get_device
 
-    device = composer_device(gpu_placement(True, 0, 2, torch.cuda.device_count()))
+    monkeypatch.setattr(composer.devices, "DeviceGPU", DeviceGPU)  # restored after the test
+    monkeypatch.setenv("LOCAL_RANK", "1")  # rank 1 of 2 on one GPU: Composer's own default would be cuda:1
+    device = composer_device(gpu_placement(True, 1, 2, 1))
     assert isinstance(device, DeviceGPU) and device.dist_backend == "gloo"
-    assert device._device == torch.device("cuda", 0)
-    assert DeviceGPU.dist_backend == "nccl"  # the class, and so every other DeviceGPU, keeps NCCL
+    assert device._device == torch.device("cuda", 0) and torch.cuda.current_device() == 0
+    # Where Composer builds "this rank's device" itself, it gets the shared one too.
+    again = get_device(None)
+    assert isinstance(again, DeviceGPU) and again.dist_backend == "gloo" and again._device == torch.device("cuda", 0)
+    assert DeviceGPU.dist_backend == "nccl"  # the class itself keeps NCCL
