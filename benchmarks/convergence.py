@@ -791,7 +791,9 @@ def report_progress(plan: Plan, collect_dir: Path | None) -> int:
               f"{p['checkpoint'] or '-'} of {plan.args.steps}\n{'':17s}{p['log_tail']}")
     manifest_path = plan.corpus / "manifest.json"
     if manifest_path.is_file():
-        record = write_results(plan, common.read_json(manifest_path), "collected", quiet=True)
+        done = all(p["state"] == "done" for p in progress)
+        status = "complete" if done else "running" if running_launches(plan) else "incomplete"
+        record = write_results(plan, common.read_json(manifest_path), status, quiet=True)
         print(f"\nresults: {plan.out_dir}/convergence-{plan.name}.{{csv,md,json,png}}; noise band "
               f"{common.fmt(record['noise_band_pct'], '.2f', '%')}")
     if collect_dir is not None:
