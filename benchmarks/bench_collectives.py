@@ -297,6 +297,11 @@ def main() -> int:
     if "RANK" in os.environ:  # torchrun
         _worker(int(os.environ["LOCAL_RANK"]), args, int(os.environ["WORLD_SIZE"]), command)
         return 0
+    if args.nproc > torch.cuda.device_count():
+        print(f"--nproc {args.nproc} needs a GPU per process, {torch.cuda.device_count()} visible: NCCL refuses two "
+              "ranks on one GPU, and ranks sharing a GPU over gloo (shared_gpu) would time host copies, not a "
+              "network", file=sys.stderr)
+        return 2
     if args.nproc < 1:
         print(f"bench_collectives needs a GPU, found {args.nproc}", file=sys.stderr)
         return 2

@@ -317,7 +317,9 @@ class Plan(common.DriverPlan):
                 f"global_train_batch_size={self.global_batch(nproc)}", f"device_train_microbatch_size={self.micro}",
                 "data.remote=null", f"data.local={self.data}", "data.eval_split=null", "save_folder=null",
                 "load_path=null", "autoresume=false", "progress_bar=false", f"metrics_file={metrics_file}",
-                *config.overrides, *self._topology(config), *self.args.override]
+                *config.overrides, *self._topology(config), *self.args.override,
+                # Last, so no override turns it off: ranks sharing a GPU over gloo measure no network.
+                "shared_gpu=false"]
 
     def _topology(self, config: Config) -> list[str]:
         """Virtual nodes for the QSDP configurations, and hpZ's reshard group."""
@@ -337,6 +339,11 @@ def _plan(args: argparse.Namespace) -> Plan:
 
     if args.ranks_per_node is None and any(CONFIGS[c].hpz for c in args.configs):
         raise SystemExit("the -hpz configurations reshard to the node: pass --ranks-per-node (below --nproc)")
+    gpus = torch.cuda.device_count()
+    if 0 < gpus < args.nproc:
+        raise SystemExit(f"--nproc {args.nproc} needs a GPU per process, {gpus} visible: ranks sharing a GPU "
+                         "(shared_gpu) time-share it and talk through host memory over gloo, so their tokens/s are "
+                         "not a network measurement and this benchmark does not report them")
     recipe_dir = common.recipe_dir(args.model, args.recipe_dir)
     name = recipe_dir.name
     out_dir = Path(args.out_dir or common.ROOT / "runs" / "bench_e2e" / f"{name}-{args.nproc}x").resolve()

@@ -50,12 +50,32 @@ never committed. The driver refuses to run when the train split is smaller than 
 Resumable: each arm checkpoints every ``--save-interval`` steps and resumes from its newest checkpoint
 (Composer ``autoresume``); each launch writes its own metrics file, rewritten after every evaluation, so a launch
 killed by ``--time-budget`` or an outer limit loses no evaluation. A rerun continues unfinished arms and skips
-finished ones. Arms run ``--parallel`` at a time, each on ``--nproc`` GPUs (``CUDA_VISIBLE_DEVICES``); with more
-arms than disjoint GPU groups, groups are shared round-robin: a 125M model on small batches leaves a GPU mostly
-idle, so sharing shortens the whole run; it changes the step times, not the computation. GPU kernels are not
-bitwise deterministic, so two runs of one arm with the same seed and data still end at slightly different losses.
+finished ones. GPU kernels are not bitwise deterministic, so two runs of one arm with the same seed and data still
+end at slightly different losses; ``baseline-seed2`` (another seed: other initial weights and data order) measures
+the noise band every gap is read against.
 
-Outputs, in ``--out-dir`` and in ``$OUT`` when set, as ``convergence-<name>.csv`` (step, tokens, one validation-loss
+Scheduling: arms start (widest first) while the processes of all running arms fit ``--max-ranks``. With a GPU per
+rank, each arm holds ``nproc`` GPUs of its own (``CUDA_VISIBLE_DEVICES``). With fewer GPUs than an arm's processes
+(or ``--shared-gpu true``), every arm runs with the recipes' ``shared_gpu=true``: its ranks share the GPUs over
+gloo (``composer_qsdp.shared_gpu``), which computes what a GPU per rank would; the step times then say nothing
+about a network. ``--max-ranks`` is the memory budget: GPT-125M at sequence length 512 takes roughly 6 GB per
+process at ``--micro-batch 8`` (about twice that at 16).
+
+``--matrix`` runs every seed system once (:data:`MATRIX_ARMS`): FSDP2 with two seeds, DDP, W8G8, W8G4, W4G4,
+qWD-W4G4, the policy ``auto`` and 0/1 Adam on ``--nproc`` processes, and the two-level schemes (SDP4Bit, TLq-HS,
+ZeRO++) on 4 processes as 2 virtual nodes of 2 (``ranks_per_node=2``), so their inter-node hop is taken. FSDP arms
+are compared with ``baseline``, and with ``baseline-seed2`` in a second gap; DDP arms with ``ddp-baseline``.
+
+While arms run, the results files are rewritten every ``--results-interval-s`` from the arms' metrics files (which
+each launch rewrites after every evaluation), so a killed driver loses nothing. ``--status`` (with the run's
+arguments) prints each arm's state, last evaluation and checkpoint, and rewrites the results; ``--collect DIR``
+also copies the results and one ``arms-logs.tar.gz`` of the arms' logs and metrics into ``DIR``: started detached
+(``setsid nohup ... &``), the driver is polled and collected by later commands.
+
+Corpus built elsewhere: ``--build-only --corpus DIR --max-train-tokens N`` builds a capped corpus (e.g. on a CPU
+machine), and ``--data DIR`` runs on it (its ``manifest.json`` is recorded; it is never rebuilt).
+
+Outputs, in ``--out-dir`` and (at the end of a run) in ``$OUT`` when set, as ``convergence-<name>.csv`` (step, tokens, one validation-loss
 column per arm), ``.json`` (curves, final losses, gaps to the baseline, QSDP compression and sampled errors,
 settings, corpus manifest), ``.md`` (the summary table) and ``.png`` (all curves, and the second half zoomed).
 ``--replot RECORD.json`` redraws the PNG from a record (e.g. where matplotlib is missing on the GPU machine).
@@ -65,7 +85,9 @@ finished on a later machine, a repeated baseline that measures the run-to-run sp
 
 Usage::
 
-    python benchmarks/convergence.py --model 125m                      # every arm, 2 GPUs each
+    python benchmarks/convergence.py --model 125m                      # the FSDP arms, 2 GPUs each
+    python benchmarks/convergence.py --matrix --data DIR --micro-batch 8 --max-ranks 8   # one GPU, shared
+    python benchmarks/convergence.py --matrix --data DIR --status      # progress (same arguments)
     python benchmarks/convergence.py --build-only                      # only the corpus
     python benchmarks/convergence.py --time-budget 500                 # stop cleanly; rerun to continue
 """
@@ -85,9 +107,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -107,12 +130,14 @@ class Arm:
         overrides: ``key=value`` recipe overrides.
         description: what it is, for the table.
         baseline: the arm its final loss is compared with.
+        nproc: its processes (ranks); None: ``--nproc``.
     """
 
     recipe: str
     overrides: tuple[str, ...]
     description: str
     baseline: str = "baseline"
+    nproc: Optional[int] = None
 
 
 ARMS: dict[str, Arm] = {
@@ -131,6 +156,17 @@ ARMS: dict[str, Arm] = {
                     "4-bit weight differences (SDP4Bit qWD: symmetric INT4, groups of 2048), 8-bit gradients"),
     "qwd-w4g4": Arm("qwd-w4g4.yaml", (), "qWD INT4 weights, one-hop 4-bit Hadamard gradients in groups of 128"),
     "sdp4bit": Arm("sdp4bit.yaml", (), "SDP4Bit: qWD INT4 weights, TLq-HS gradients (INT8 within a node)"),
+    "baseline-seed2": Arm("baseline.yaml", ("seed=18",), "plain Composer FSDP2, seed 18 (other initial weights and "
+                                                         "data order): the run-to-run noise band"),
+    "policy-auto": Arm("baseline.yaml", ("algorithms.qsdp.policy=auto",),
+                       "QSDP's bandwidth-aware policy (policy=auto) picks bits / qWD per unit and side"),
+    "sdp4bit-2x2": Arm("sdp4bit.yaml", ("algorithms.qsdp.ranks_per_node=2",),
+                       "SDP4Bit on 4 ranks as 2 nodes x 2: the INT4 inter-node hop is taken", nproc=4),
+    "tlq-hs-2x2": Arm("baseline.yaml", ("algorithms.qsdp.recipe=tlq-hs", "algorithms.qsdp.ranks_per_node=2"),
+                      "SDP4Bit's TLq-HS gradients (INT8 intra, INT4 inter-node), W8 weights; 4 ranks as 2 nodes x 2",
+                      nproc=4),
+    "zeropp-2x2": Arm("zeropp.yaml", ("algorithms.qsdp.ranks_per_node=2",),
+                      "ZeRO++ qwZ (INT8 blocks of 4096) + qgZ (INT4, two hops); 4 ranks as 2 nodes x 2", nproc=4),
     "ddp-baseline": Arm("ddp-baseline.yaml", (), "plain Composer DDP, DecoupledAdamW", "ddp-baseline"),
     "zero-one-adam": Arm("zero-one-adam.yaml", (), "0/1 Adam under DDP", "ddp-baseline"),
     "zero-one-adam-1bit": Arm("zero-one-adam.yaml", ("algorithms.zero_one_adam.local_step_clipper=1",),
@@ -141,6 +177,9 @@ ARMS: dict[str, Arm] = {
 #: The arms run when ``--arms`` is not given: the FSDP ones.
 DEFAULT_ARMS = ("baseline", "w8g8", "w4g4", "w4g4-learned", "w4g4-hadamard", "w8g4", "qwd-w4g8", "qwd-w4g4",
                 "sdp4bit")
+#: ``--matrix``: every seed system once (issue 22), FSDP2 with two seeds for the noise band.
+MATRIX_ARMS = ("baseline", "baseline-seed2", "ddp-baseline", "w8g8", "w8g4", "w4g4", "qwd-w4g4", "sdp4bit-2x2",
+               "tlq-hs-2x2", "zeropp-2x2", "policy-auto", "zero-one-adam")
 ZERO_ONE_TARGET_PCT = 1.0  # issue 13: 0/1 Adam's final validation loss within 1% of DDP AdamW
 ZERO_ONE_BYTES_TARGET = 10.0  # ... with at least 10x fewer bytes sent per rank than DDP's fp32 all-reduce
 
@@ -171,7 +210,7 @@ def source_fingerprint(roots: list[str] | None) -> dict[str, Any]:
 
 
 def build_corpus(corpus: Path, seq_len: int, val_fraction: float, inputs: str | None,
-                 max_documents: int | None) -> dict[str, Any]:
+                 max_documents: int | None, max_train_tokens: int | None = None) -> dict[str, Any]:
     """Build the ``pysource`` shards at ``corpus`` unless present; returns its manifest (written beside them).
 
     Raises:
@@ -192,6 +231,7 @@ def build_corpus(corpus: Path, seq_len: int, val_fraction: float, inputs: str | 
                "--val-fraction", str(val_fraction)]
     command += ["--input", inputs] if inputs else []
     command += ["--max-documents", str(max_documents)] if max_documents else []
+    command += ["--max-train-tokens", str(max_train_tokens)] if max_train_tokens else []
     log = corpus.with_name(corpus.name + ".build.log")
     print(f"building the corpus: {' '.join(command)} (log: {log})", flush=True)
     t0 = time.monotonic()
@@ -205,6 +245,7 @@ def build_corpus(corpus: Path, seq_len: int, val_fraction: float, inputs: str | 
         "seq_len": seq_len,
         "val_fraction": val_fraction,
         "max_documents": max_documents,
+        "max_train_tokens": max_train_tokens,
         "input": source_fingerprint(None if inputs is None else [inputs]),
         "samples": {split: split_samples(corpus, split) for split in ("train", "val")},
         "build_seconds": round(time.monotonic() - t0, 1),
@@ -218,40 +259,63 @@ def build_corpus(corpus: Path, seq_len: int, val_fraction: float, inputs: str | 
     return manifest
 
 
+def prebuilt_corpus(corpus: Path, seq_len: int) -> dict[str, Any]:
+    """The manifest of shards built elsewhere by this driver (``--build-only``, then carried: ``--data``).
+
+    Raises:
+        SystemExit: no ``manifest.json`` or ``train``/``val`` index there, or shards of another sequence length.
+    """
+    manifest_path = corpus / "manifest.json"
+    missing = [p for p in (manifest_path, corpus / "train" / "index.json", corpus / "val" / "index.json")
+               if not p.is_file()]
+    if missing:
+        raise SystemExit(f"--data {corpus}: {', '.join(map(str, missing))} missing; build the corpus with "
+                         "'python benchmarks/convergence.py --build-only --corpus DIR' and carry the whole DIR")
+    manifest = common.read_json(manifest_path)
+    if manifest["seq_len"] != seq_len:
+        raise SystemExit(f"--data {corpus} holds samples of {manifest['seq_len']} tokens; pass --seq-len "
+                         f"{manifest['seq_len']} or another corpus")
+    return manifest
+
+
 # ------------------------------------------------------------------------------------------------------- plan
 @dataclass
 class Plan(common.DriverPlan):
     """Everything the arms of one invocation share."""
 
     corpus: Path
-    micro: int
     gpus: list[str]  #: visible GPU ids, empty on CPU
-    parallel: int
+    shared: bool  #: the arms' ranks share the GPUs over gloo (the recipes' shared_gpu key)
+    max_ranks: int  #: processes of all running arms together, at most
     settings: dict[str, Any]
 
     @property
     def tokens_per_step(self) -> int:
         return self.args.global_batch * self.args.seq_len
 
+    def nproc(self, arm: str) -> int:
+        """Processes (ranks) of ``arm``."""
+        return ARMS[arm].nproc or self.args.nproc
+
+    def micro(self, arm: str) -> int:
+        """Samples per forward/backward and process of ``arm``: ``--micro-batch``, at most its per-process batch."""
+        per_rank = self.args.global_batch // self.nproc(arm)
+        return min(self.args.micro_batch or per_rank, per_rank)
+
     def arm_dir(self, arm: str) -> Path:
         return self.out_dir / arm
 
-    def slot_data(self, slot: int) -> Path:
-        """The corpus under a path of its own per slot: concurrent jobs must not give streaming the same local
-        directory (it keys its shared memory on the path)."""
-        return self.out_dir / "data" / f"slot{slot}"
-
-    def overrides(self, arm: str, segment: int, data: Path) -> list[str]:
+    def overrides(self, arm: str, segment: int) -> list[str]:
         a, d = self.args, self.arm_dir(arm)
-        return [f"run_name={arm}", "data.remote=null", f"data.local={data}", "data.train_split=train",
+        return [f"run_name={arm}", "data.remote=null", f"data.local={self.corpus}", "data.train_split=train",
                 "data.eval_split=val", f"model.max_seq_len={a.seq_len}", f"global_train_batch_size={a.global_batch}",
-                f"device_train_microbatch_size={self.micro}", f"max_duration={a.steps}ba",
+                f"device_train_microbatch_size={self.micro(arm)}", f"max_duration={a.steps}ba",
                 f"eval_interval={a.eval_interval}ba", f"eval_subset_num_batches={a.eval_batches}",
                 f"device_eval_batch_size={a.eval_batch_size}", f"save_folder={d / 'checkpoints'}",
                 f"save_interval={a.save_interval}ba", "save_num_checkpoints_to_keep=1", "autoresume=true",
                 "load_path=null", "progress_bar=false", f"data.num_workers={a.num_workers}",
                 f"metrics_file={d / f'metrics-{segment:02d}.json'}",
-                *ARMS[arm].overrides, *a.override]
+                *(["shared_gpu=true"] if self.shared else []), *ARMS[arm].overrides, *a.override]
 
 
 def _visible_gpus() -> list[str]:
@@ -265,27 +329,41 @@ def _visible_gpus() -> list[str]:
 def _plan(args: argparse.Namespace) -> Plan:
     from composer_qsdp.recipes.train import RecipeError, load_recipe
 
+    args.arms = list(MATRIX_ARMS if args.matrix else dict.fromkeys(args.arms))
     recipe_dir = common.recipe_dir(args.model, args.recipe_dir)
-    if args.global_batch % args.nproc:
-        raise SystemExit(f"--global-batch {args.global_batch} is not a multiple of --nproc {args.nproc}")
-    micro = args.micro_batch or args.global_batch // args.nproc
     name = f"{recipe_dir.name}-t{args.seq_len}-b{args.global_batch}-s{args.steps}"
     out_dir = Path(args.out_dir or common.ROOT / "runs" / "convergence" / name).resolve()
-    corpus = Path(args.corpus or common.ROOT / "data" / f"pysource-gpt2-t{args.seq_len}").resolve()
+    corpus = Path(args.data or args.corpus or common.ROOT / "data" / f"pysource-gpt2-t{args.seq_len}").resolve()
+    nprocs = {arm: ARMS[arm].nproc or args.nproc for arm in args.arms}
+    for arm, n in nprocs.items():
+        if args.global_batch % n:
+            raise SystemExit(f"--global-batch {args.global_batch} is not a multiple of arm {arm}'s {n} processes")
+    if len(set(nprocs.values())) > 1 and args.eval_batches != -1:
+        raise SystemExit(f"arms of {' and '.join(map(str, sorted(set(nprocs.values()))))} processes evaluate "
+                         f"--eval-batches {args.eval_batches} batches per process, i.e. different held-out samples; "
+                         "pass --eval-batches -1 (the whole val split, the same samples at every world size)")
     gpus = _visible_gpus()
-    if gpus and len(gpus) < args.nproc:
-        raise SystemExit(f"--nproc {args.nproc} needs that many GPUs; {len(gpus)} visible")
-    parallel = args.parallel or (len(gpus) // args.nproc if gpus else 1)
+    widest = max(nprocs.values())
+    shared = bool(gpus) and (args.shared_gpu == "true" or (args.shared_gpu == "auto" and len(gpus) < widest))
+    if gpus and not shared and len(gpus) < widest:
+        raise SystemExit(f"--shared-gpu false: an arm of {widest} processes needs {widest} GPUs, {len(gpus)} visible")
+    max_ranks = args.max_ranks or (len(gpus) if gpus and not shared else widest)
+    if max_ranks < widest or (gpus and not shared and max_ranks > len(gpus)):
+        raise SystemExit(f"--max-ranks {max_ranks} is invalid; it must be >= {widest} (the widest arm's processes)"
+                         + (f" and <= {len(gpus)} (the GPUs; --shared-gpu true to put several ranks on one)"
+                            if gpus and not shared else ""))
+    # What changes the numbers: two directories (or invocations) of different settings must not be mixed.
     settings = {"recipe_dir": str(recipe_dir), "steps": args.steps, "seq_len": args.seq_len,
-                "global_batch": args.global_batch, "micro_batch": micro, "nproc": args.nproc,
+                "global_batch": args.global_batch, "micro_batch": args.micro_batch, "nproc": args.nproc,
                 "eval_interval": args.eval_interval, "eval_batches": args.eval_batches,
-                "eval_batch_size": args.eval_batch_size, "corpus": str(corpus), "overrides": list(args.override)}
-    plan = Plan(args, recipe_dir, name, out_dir, corpus, micro, gpus, parallel, settings)
+                "eval_batch_size": args.eval_batch_size, "corpus": str(corpus), "overrides": list(args.override),
+                "shared_gpu": shared}
+    plan = Plan(args, recipe_dir, name, out_dir, corpus, gpus, shared, max_ranks, settings)
     # Every arm's recipe must load with its overrides before any GPU time is spent (the driver is world size 1,
     # so the per-device batch is checked against the full batch here; train.py checks it again per rank).
     for arm in args.arms:
         try:
-            load_recipe(recipe_dir / ARMS[arm].recipe, plan.overrides(arm, 0, corpus))
+            load_recipe(recipe_dir / ARMS[arm].recipe, plan.overrides(arm, 0))
         except RecipeError as err:
             raise SystemExit(f"recipe error in arm {arm} ({ARMS[arm].recipe}): {err}") from None
     return plan
@@ -311,24 +389,31 @@ def _next_segment(arm_dir: Path) -> int:
     return len(list(arm_dir.glob("log-*.txt")))
 
 
-def run_arms(plan: Plan, budget: common.Budget) -> str:
-    """Run (or continue) every unfinished arm; ``"complete"``, ``"incomplete"`` (budget or signal) or
-    ``"failed"`` (an arm's launch failed; it continues from its checkpoint on the next invocation)."""
-    queue = [arm for arm in plan.args.arms if not (plan.arm_dir(arm) / "done.json").is_file()]
-    running: dict[int, tuple[str, subprocess.Popen]] = {}  # slot -> (arm, its launch)
+def _queue(plan: Plan) -> list[str]:
+    """The unfinished arms in launch order: the widest first (a 4-rank arm left for last would run alone while
+    the rank budget idles), in ``--arms`` order among equals."""
+    pending = [arm for arm in plan.args.arms if not (plan.arm_dir(arm) / "done.json").is_file()]
+    return sorted(pending, key=lambda arm: -plan.nproc(arm))
+
+
+def run_arms(plan: Plan, budget: common.Budget, on_progress: Callable[[], None] = lambda: None) -> str:
+    """Run (or continue) every unfinished arm, as many at once as ``plan.max_ranks`` processes allow; calls
+    ``on_progress`` about every ``--results-interval-s`` seconds while arms run. Returns ``"complete"``,
+    ``"incomplete"`` (budget or signal) or ``"failed"`` (an arm's launch failed; it continues from its checkpoint
+    on the next invocation)."""
+    queue = _queue(plan)
+    running: dict[str, tuple[subprocess.Popen, list[str]]] = {}  # arm -> (its launch, the GPUs it holds)
+    free_gpus = [] if plan.shared else list(plan.gpus)
     failures = dict.fromkeys(queue, 0)
-    failed, last_start = False, float("-inf")
-    for slot in range(plan.parallel):
-        link = plan.slot_data(slot)
-        if not link.exists():
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(plan.corpus, target_is_directory=True)
+    failed, last_start, last_progress = False, float("-inf"), time.monotonic()
     try:
         while queue or running:
-            for slot, (arm, proc) in list(running.items()):
+            for arm, (proc, held) in list(running.items()):
                 if proc.poll() is None:
                     continue
-                del running[slot]
+                del running[arm]
+                _write_running(plan, running)
+                free_gpus += held
                 if proc.returncode == 0:
                     common.write_json(plan.arm_dir(arm) / "done.json", {"segments": _next_segment(plan.arm_dir(arm))})
                     print(f"{arm}: finished", flush=True)
@@ -345,13 +430,21 @@ def run_arms(plan: Plan, budget: common.Budget) -> str:
             if running and budget.remaining() == 0:
                 print("time budget spent: stopping the running arms (they resume from their checkpoints)")
                 return "incomplete"
-            free = [s for s in range(plan.parallel) if s not in running]
-            # Starts are spaced by --stagger-s: two jobs initializing streaming at once could race for its
-            # shared-memory prefix.
+            if time.monotonic() - last_progress >= plan.args.results_interval_s:
+                on_progress()
+                last_progress = time.monotonic()
+            busy = sum(plan.nproc(arm) for arm in running)
+            fits = [arm for arm in queue if busy + plan.nproc(arm) <= plan.max_ranks]
+            # Starts are spaced by --stagger-s: every launch's start-up (imports, CUDA contexts, shard reads)
+            # competes for the same cores.
             spaced = not running or time.monotonic() - last_start >= plan.args.stagger_s
-            if queue and free and spaced and budget.allows(plan.args.min_launch_s):
-                arm, slot = queue.pop(0), free[0]
-                running[slot] = (arm, _start_arm(plan, arm, slot))
+            if fits and spaced and budget.allows(plan.args.min_launch_s):
+                arm = fits[0]
+                queue.remove(arm)
+                held = [] if plan.shared or not plan.gpus else free_gpus[:plan.nproc(arm)]
+                free_gpus = free_gpus[len(held):]
+                running[arm] = (_start_arm(plan, arm, held), held)
+                _write_running(plan, running)
                 last_start = time.monotonic()
                 continue
             if not running:
@@ -365,25 +458,24 @@ def run_arms(plan: Plan, budget: common.Budget) -> str:
         print(f"stopped by {sig}: the arms resume from their checkpoints on the next run")
         return "incomplete"
     finally:
-        common.kill(*(proc for _, proc in running.values()))
+        common.kill(*(proc for proc, _ in running.values()))
+        _write_running(plan, {})
     return "failed" if failed else "complete"
 
 
-def _start_arm(plan: Plan, arm: str, slot: int) -> subprocess.Popen:
-    """Start the next launch of ``arm`` on ``slot``'s GPUs and corpus path."""
+def _start_arm(plan: Plan, arm: str, gpus: list[str]) -> subprocess.Popen:
+    """Start the next launch of ``arm``: on ``gpus`` (one per rank), or on every visible GPU when the ranks share
+    them."""
     arm_dir = plan.arm_dir(arm)
     segment = _next_segment(arm_dir)
-    command = common.train_command(plan.args.nproc, plan.recipe_dir / ARMS[arm].recipe,
-                                   plan.overrides(arm, segment, plan.slot_data(slot)))
+    command = common.train_command(plan.nproc(arm), plan.recipe_dir / ARMS[arm].recipe, plan.overrides(arm, segment))
     env = dict(os.environ)
-    if plan.gpus:
-        # Slots beyond the number of disjoint GPU groups share groups round-robin (time-sliced GPUs: the losses
-        # do not change, the step times do).
-        group = slot % (len(plan.gpus) // plan.args.nproc)
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(plan.gpus[group * plan.args.nproc:(group + 1) * plan.args.nproc])
-    common.write_json(arm_dir / "arm.json", {"arm": arm, **ARMS[arm].__dict__, "settings": plan.settings})
-    print(f"{arm}: launch {segment} on slot {slot}"
-          + (f" (GPUs {env['CUDA_VISIBLE_DEVICES']})" if plan.gpus else ""), flush=True)
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    common.write_json(arm_dir / "arm.json", {"arm": arm, **ARMS[arm].__dict__, "nproc": plan.nproc(arm),
+                                             "micro_batch": plan.micro(arm), "settings": plan.settings})
+    where = f"GPUs {','.join(gpus)}" if gpus else ("shared GPUs (gloo)" if plan.shared else "CPU")
+    print(f"{arm}: launch {segment}, {plan.nproc(arm)} processes on {where}", flush=True)
     return common.start(command, arm_dir / f"log-{segment:02d}.txt", env)
 
 
@@ -414,6 +506,8 @@ def summarize(plan: Plan) -> dict[str, Any]:
         arms[arm] = {
             "description": ARMS[arm].description,
             "overrides": list(ARMS[arm].overrides),
+            "nproc": plan.nproc(arm),
+            "micro_batch": plan.micro(arm),
             "complete": (plan.arm_dir(arm) / "done.json").is_file(),
             "launches": _next_segment(plan.arm_dir(arm)),
             "curve": [[step, loss] for step, loss in curve],
@@ -431,7 +525,19 @@ def summarize(plan: Plan) -> dict[str, Any]:
         base = arms.get(ARMS[arm].baseline)
         record["baseline"] = ARMS[arm].baseline
         record["gap_vs_baseline_pct"] = _gap_pct(record, dict(base["curve"])) if base else None
+        seed2 = arms.get("baseline-seed2")
+        if ARMS[arm].baseline == "baseline" and seed2 is not None:
+            record["gap_vs_baseline_seed2_pct"] = _gap_pct(record, dict(seed2["curve"]))
     return arms
+
+
+def noise_band_pct(arms: dict[str, Any]) -> float | None:
+    """|gap| (%) between the two FSDP2 baselines' final validation losses (seeds 17 and 18) at the same step: what
+    two runs of one system differ by; None unless both reached the same final step."""
+    if "baseline" not in arms or "baseline-seed2" not in arms:
+        return None
+    gap = _gap_pct(arms["baseline-seed2"], dict(arms["baseline"]["curve"]))
+    return None if gap is None else abs(gap)
 
 
 def _last(series: dict[int, float] | None) -> float | None:
@@ -467,18 +573,38 @@ def markdown(plan: Plan, head: dict[str, str], manifest: dict[str, Any], arms: d
     m = manifest
     lines = [f"### convergence: {plan.recipe_dir.name} on {head['device']}", "", *common.header_lines(head),
              f"- settings: {a.steps} steps x {a.global_batch} samples x {a.seq_len} tokens = "
-             f"{a.steps * plan.tokens_per_step:,} tokens per arm; micro-batch {plan.micro}, {a.nproc} processes "
-             f"per arm; evaluation every {a.eval_interval} steps on {a.eval_batches} batches x {a.eval_batch_size} "
-             f"samples per process of the held-out split",
+             f"{a.steps * plan.tokens_per_step:,} tokens per arm; {_ranks_text(plan, arms)}; evaluation every "
+             f"{a.eval_interval} steps on "
+             + ("the whole held-out split" if a.eval_batches == -1 else
+                f"{a.eval_batches} batches x {a.eval_batch_size} samples per process of the held-out split"),
              f"- corpus: `{m['command']}`: {m['input']['files']} files, {m['input']['bytes'] / 1e6:.1f} MB of "
              f"Python source -> {m['tokens']['train']:,} train / {m['tokens']['val']:,} val tokens; input sha256 "
              f"`{m['input']['sha256'][:16]}`",
-             f"- status: {status}", "", *_table_head(["arm", *_arm_columns()])]
-    lines += [_arm_row(arm, r) for arm, r in arms.items()]
+             f"- status: {status}", "", *_table_head(["arm", "ranks", *_arm_columns()])]
+    lines += [_arm_row(arm, r, str(r["nproc"])) for arm, r in arms.items()]
+    band = noise_band_pct(arms)
+    if band is not None:
+        gaps = {arm: r["gap_vs_baseline_seed2_pct"] for arm, r in arms.items()
+                if r.get("gap_vs_baseline_seed2_pct") is not None and arm != "baseline-seed2"}
+        lines += ["", f"Noise band: the FSDP2 baselines of seeds 17 and 18 end {band:.2f}% apart; an FSDP arm's gap "
+                      "within that band is not a measured difference. Gaps to baseline-seed2: "
+                      + ", ".join(f"{arm} {gap:+.2f}%" for arm, gap in gaps.items())]
     gap = arms.get("w8g8", {}).get("gap_vs_baseline_pct")
     lines += _w8g8_target({} if gap is None else {"": gap})
     lines += _zero_one_target(arms.get("zero-one-adam"))
     return "\n".join(lines) + "\n"
+
+
+def _ranks_text(plan: Plan, arms: dict[str, Any]) -> str:
+    """Processes and micro-batches of the arms, and where their ranks ran."""
+    by_n: dict[tuple[int, int], list[str]] = {}
+    for arm, r in arms.items():
+        by_n.setdefault((r["nproc"], r["micro_batch"]), []).append(arm)
+    groups = "; ".join(f"{n} processes, micro-batch {m}: {', '.join(names)}" for (n, m), names in by_n.items())
+    where = (f"ranks sharing {len(plan.gpus)} GPU(s) over gloo (shared_gpu: the numerics of a GPU per rank; step "
+             "times are not network measurements)" if plan.shared else
+             "a GPU per rank" if plan.gpus else "CPU processes (gloo)")
+    return f"{groups}; {where}, at most {plan.max_ranks} processes at once"
 
 
 def _arm_columns(gap: str = "vs baseline") -> list[str]:
@@ -562,24 +688,129 @@ def png_bytes(record: dict[str, Any]) -> bytes | None:
     return buf.getvalue()
 
 
-def write_results(plan: Plan, manifest: dict[str, Any], status: str) -> dict[str, Any]:
-    head = common.header(plan.args.nproc)
+def write_results(plan: Plan, manifest: dict[str, Any], status: str, quiet: bool = False) -> dict[str, Any]:
+    """Summarize every arm's metrics files into ``convergence-<name>`` .csv/.json/.md/.png in the results
+    directory (and ``$OUT``, unless ``quiet``: the progress writes while arms run); returns the record."""
+    head = common.header(min(len(plan.gpus), plan.max_ranks) if plan.gpus else plan.max_ranks)
+    if plan.shared:
+        head["device"] += f"; ranks share the GPU(s) over gloo (shared_gpu), at most {plan.max_ranks} at once"
     arms = summarize(plan)
-    record = {"header": head, "settings": {**plan.settings, "micro_batch": plan.micro}, "status": status,
-              "corpus": manifest, "arms": arms}
+    record = {"header": head, "settings": {**plan.settings, "max_ranks": plan.max_ranks}, "status": status,
+              "corpus": manifest, "arms": arms, "noise_band_pct": noise_band_pct(arms)}
     md = markdown(plan, head, manifest, arms, status)
-    _write_record(f"convergence-{plan.name}", plan.out_dir, record, csv_text(plan.tokens_per_step, arms), md)
-    print(md)
+    _write_record(f"convergence-{plan.name}", plan.out_dir, record, csv_text(plan.tokens_per_step, arms), md,
+                  to_out=not quiet)
+    if not quiet:
+        print(md)
     return record
 
 
-def _write_record(stem: str, out_dir: Path, record: dict[str, Any], csv_body: str, md: str) -> list[Path]:
-    """``stem`` .csv, .json, .md and (with matplotlib) .png into ``out_dir`` and ``$OUT``; the paths written."""
+def _write_record(stem: str, out_dir: Path, record: dict[str, Any], csv_body: str, md: str,
+                  to_out: bool = True) -> list[Path]:
+    """``stem`` .csv, .json, .md and (with matplotlib) .png into ``out_dir`` and (``to_out``) ``$OUT``; the paths
+    written."""
     files: dict[str, str | bytes] = {".csv": csv_body, ".json": json.dumps(record, indent=1), ".md": md}
     png = png_bytes(record)
     if png is not None:
         files[".png"] = png
+    if not to_out:
+        return _write_files(stem, out_dir, files)
     return common.write_outputs(stem, out_dir, files)
+
+
+def _write_files(stem: str, out_dir: Path, files: dict[str, str | bytes]) -> list[Path]:
+    """``stem + suffix`` for each file into ``out_dir`` only, each written whole then renamed (a reader never sees
+    half a file)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for suffix, content in files.items():
+        path, tmp = out_dir / f"{stem}{suffix}", out_dir / f".{stem}{suffix}.tmp"
+        tmp.write_bytes(content if isinstance(content, bytes) else content.encode())
+        tmp.replace(path)
+        written.append(path)
+    return written
+
+
+# ----------------------------------------------------------------------------------------------- status, collect
+def _write_running(plan: Plan, running: dict[str, tuple[subprocess.Popen, list[str]]]) -> None:
+    """Record the driver's and its running launches' process ids for ``--status`` (another process)."""
+    common.write_json(plan.out_dir / "running.json",
+                      {"driver": os.getpid(), "launches": {arm: proc.pid for arm, (proc, _) in running.items()}})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def running_launches(plan: Plan) -> dict[str, int]:
+    """Arm -> launcher process id of the launches the driver recorded as running and that are still alive."""
+    path = plan.out_dir / "running.json"
+    if not path.is_file():
+        return {}
+    return {arm: pid for arm, pid in common.read_json(path)["launches"].items() if _alive(pid)}
+
+
+def arm_progress(plan: Plan, arm: str) -> dict[str, Any]:
+    """Where ``arm`` stands, from its directory: state (done / running / stopped / failed / not started), last
+    evaluation, last checkpoint, launches, and its newest log's last line."""
+    arm_dir = plan.arm_dir(arm)
+    curve = sorted(merged_metrics(arm_dir).get(VAL_LOSS, {}).items()) if arm_dir.is_dir() else []
+    logs = sorted(arm_dir.glob("log-*.txt"))
+    latest = arm_dir / "checkpoints" / "latest-rank0.pt"
+    checkpoint = os.readlink(latest).rsplit("ba", 1)[-1].split("-")[0] if latest.is_symlink() else None
+    text = logs[-1].read_text(errors="replace") if logs else ""
+    lines = [line for line in text.splitlines() if line.strip()]
+    tail = lines[-1][-160:] if lines else ""
+    if (arm_dir / "done.json").is_file():
+        state = "done"
+    elif not logs:
+        state = "not started"
+    elif arm in running_launches(plan):
+        state = "running"
+    else:
+        state = "failed" if "Traceback" in text else "stopped"
+    return {"arm": arm, "state": state, "ranks": plan.nproc(arm), "launches": len(logs),
+            "last_eval": list(curve[-1]) if curve else None, "checkpoint": checkpoint, "log_tail": tail}
+
+
+def report_progress(plan: Plan, collect_dir: Path | None) -> int:
+    """``--status`` / ``--collect``: print each arm's progress, rewrite the results from what the arms logged so far
+    and, for ``--collect``, copy them with one archive of the arms' logs and metrics into ``collect_dir``;
+    returns 0 when every arm is done, else 3."""
+    progress = [arm_progress(plan, arm) for arm in plan.args.arms]
+    for p in progress:
+        last = "no evaluation yet" if p["last_eval"] is None else f"val loss {p['last_eval'][1]:.4f} at step " \
+                                                                  f"{p['last_eval'][0]}"
+        print(f"{p['arm']:16s} {p['state']:11s} {p['ranks']} ranks, {p['launches']} launch(es), {last}, checkpoint "
+              f"{p['checkpoint'] or '-'} of {plan.args.steps}\n{'':17s}{p['log_tail']}")
+    manifest_path = plan.corpus / "manifest.json"
+    if manifest_path.is_file():
+        done = all(p["state"] == "done" for p in progress)
+        status = "complete" if done else "running" if running_launches(plan) else "incomplete"
+        record = write_results(plan, common.read_json(manifest_path), status, quiet=True)
+        print(f"\nresults: {plan.out_dir}/convergence-{plan.name}.{{csv,md,json,png}}; noise band "
+              f"{common.fmt(record['noise_band_pct'], '.2f', '%')}")
+    if collect_dir is not None:
+        import shutil
+        import tarfile
+
+        collect_dir.mkdir(parents=True, exist_ok=True)
+        for path in plan.out_dir.glob(f"convergence-{plan.name}.*"):
+            shutil.copy2(path, collect_dir / path.name)
+        common.write_json(collect_dir / "progress.json", progress)
+        with tarfile.open(collect_dir / "arms-logs.tar.gz", "w:gz") as tar:
+            for arm in plan.args.arms:
+                for path in sorted(plan.arm_dir(arm).glob("*")):
+                    if path.is_file():
+                        tar.add(path, arcname=f"{arm}/{path.name}")
+        print(f"collected into {collect_dir}: {', '.join(sorted(p.name for p in collect_dir.iterdir()))}")
+    return 0 if all(p["state"] == "done" for p in progress) else 3
 
 
 # ---------------------------------------------------------------------------------------------------- combine
@@ -661,21 +892,37 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--recipe-dir", help="directory with baseline.yaml, qsdp-w8g8.yaml, qsdp-w4g4.yaml")
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(DEFAULT_ARMS),
                         help=f"arms to run (default: {' '.join(DEFAULT_ARMS)})")
+    parser.add_argument("--matrix", action="store_true",
+                        help=f"run the matrix of every seed system instead: {' '.join(MATRIX_ARMS)}")
     parser.add_argument("--steps", type=int, default=2000, help="optimizer steps per arm (default 2000)")
     parser.add_argument("--seq-len", type=int, default=512, help="tokens per sample (default 512)")
     parser.add_argument("--global-batch", type=int, default=32, help="samples per step, all processes (default 32)")
     parser.add_argument("--micro-batch", type=int, help="samples per forward/backward per process (default: the "
                                                         "per-process batch, no accumulation)")
     parser.add_argument("--eval-interval", type=int, default=100, help="steps between evaluations (default 100)")
-    parser.add_argument("--eval-batches", type=int, default=8, help="batches per evaluation and process (default 8)")
+    parser.add_argument("--eval-batches", type=int, default=8,
+                        help="batches per evaluation and process (default 8); -1: the whole val split (needed when "
+                             "arms run on different numbers of processes)")
     parser.add_argument("--eval-batch-size", type=int, default=32, help="samples per evaluation batch (default 32)")
     parser.add_argument("--save-interval", type=int, default=500, help="steps between checkpoints (default 500)")
-    parser.add_argument("--nproc", type=int, default=2, help="processes (GPUs) per arm (default 2)")
-    parser.add_argument("--parallel", type=int, help="arms at a time (default: visible GPUs // nproc; 1 on CPU); "
-                                                     "more than that share GPUs round-robin")
+    parser.add_argument("--nproc", type=int, default=2,
+                        help="processes per arm (default 2); the -2x2 arms always run 4")
+    parser.add_argument("--max-ranks", type=int,
+                        help="processes of all running arms together, at most: arms start while they fit (default: "
+                             "the visible GPUs with a GPU per rank, else the widest arm's processes)")
+    parser.add_argument("--shared-gpu", choices=("auto", "true", "false"), default="auto",
+                        help="ranks share the GPUs over gloo (the recipes' shared_gpu key): auto (default) when an "
+                             "arm has more processes than there are GPUs")
+    parser.add_argument("--results-interval-s", type=float, default=60.0,
+                        help="rewrite the results files from the arms' metrics this often while arms run (default "
+                             "60 s; the metrics files themselves are rewritten after every evaluation)")
     parser.add_argument("--num-workers", type=int, default=2,
                         help="data loader workers per process (default 2; the recipes' 8 are for big batches)")
     parser.add_argument("--corpus", help="shard directory (default data/pysource-gpt2-t<seq-len>; built if missing)")
+    parser.add_argument("--data", help="shards built elsewhere by --build-only (with their manifest.json), e.g. "
+                                       "carried to a GPU machine; never rebuilt")
+    parser.add_argument("--max-train-tokens", type=int,
+                        help="build: stop once the train split holds this many tokens (a corpus small enough to carry)")
     parser.add_argument("--corpus-input", help="build from the *.py files under this directory instead of the "
                                                "installed packages and standard library")
     parser.add_argument("--val-fraction", type=float, default=0.02,
@@ -693,6 +940,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds between two launches that would overlap (default 10)")
     parser.add_argument("-o", "--override", action="append", default=[],
                         help="extra recipe override key=value for every arm (repeatable)")
+    parser.add_argument("--status", action="store_true",
+                        help="only print each arm's progress (last evaluation, checkpoint, launches, state) from the "
+                             "results directory, and rewrite the results files; with the run's own arguments")
+    parser.add_argument("--collect", metavar="DIR",
+                        help="like --status, then copy the results (csv, md, png, json) and the arms' logs and "
+                             "metrics (one .tar.gz) into DIR")
     parser.add_argument("--replot", metavar="RECORD_JSON", help="only redraw the PNG of a convergence-*.json record "
                                                                 "(written beside it)")
     parser.add_argument("--combine", nargs="+", metavar="RECORD_JSON",
@@ -719,20 +972,24 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             raise SystemExit(f"--combine: {err}") from None
         return 0
-    for name in ("steps", "seq_len", "global_batch", "eval_interval", "eval_batches", "eval_batch_size",
-                 "save_interval", "nproc", "parallel"):
+    if args.eval_batches < 1 and args.eval_batches != -1:
+        raise SystemExit(f"--eval-batches {args.eval_batches} is invalid; it must be >= 1, or -1 for the whole split")
+    for name in ("steps", "seq_len", "global_batch", "eval_interval", "eval_batch_size",
+                 "save_interval", "nproc", "max_ranks", "micro_batch", "results_interval_s"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid; it must be >= 1")
     for name in ("num_workers", "retries"):
         if getattr(args, name) < 0:
             raise SystemExit(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid; it must be >= 0")
-    args.arms = list(dict.fromkeys(args.arms))
     budget = common.Budget(args.time_budget)
     plan = _plan(args)
+    if args.status or args.collect:
+        return report_progress(plan, Path(args.collect) if args.collect else None)
     with common.stop_on_signals():
         try:
-            manifest = build_corpus(plan.corpus, args.seq_len, args.val_fraction, args.corpus_input,
-                                    args.max_documents)
+            manifest = (prebuilt_corpus(plan.corpus, args.seq_len) if args.data else
+                        build_corpus(plan.corpus, args.seq_len, args.val_fraction, args.corpus_input,
+                                     args.max_documents, args.max_train_tokens))
         except common.Interrupted as sig:
             print(f"stopped by {sig} while building the corpus; rerun to build it")
             return 3
@@ -743,7 +1000,7 @@ def main(argv: list[str] | None = None) -> int:
         _check_corpus(plan, manifest)
         # Arms of one directory share every setting and the very same corpus.
         common.check_settings(plan.out_dir, {**plan.settings, "corpus_sha256": manifest["input"]["sha256"]})
-        status = run_arms(plan, budget)
+        status = run_arms(plan, budget, lambda: write_results(plan, manifest, "running", quiet=True))
         write_results(plan, manifest, status)
     return {"complete": 0, "failed": 1, "incomplete": 3}[status]
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU side of the test suite and the kernel/collective benchmarks, staged so each stage fits one
-# 10-minute device command. Run from the repository root of a GPU machine (2+ GPUs for the NCCL parts):
+# 10-minute device command. Run from the repository root of a GPU machine; with fewer GPUs than a test's ranks,
+# the ranks share the GPUs over gloo (tests/dist_spawn.py, the shared_gpu key), so one GPU runs every
+# multi-rank case; NCCL runs where there is a GPU per rank. The collectives stage needs 2+ GPUs (NCCL):
 #   GIT_REV=<short sha> OUT=<dir> bash benchmarks/run_device_suite.sh tests kernels     # GPU tests, kernel tables
 #   GIT_REV=<short sha> OUT=<dir> bash benchmarks/run_device_suite.sh collectives       # NVLink + emulated socket net
 #   GIT_REV=<short sha> OUT=<dir> bash benchmarks/run_device_suite.sh sign              # the sign codec table only
@@ -23,7 +25,7 @@ for stage in "$@"; do
     tests) run pytest_gpu timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider \
       tests/quant tests/kernels tests/comm tests/schemes tests/config tests/engine tests/auto tests/optim tests/fsdp2 tests/fsdp1 tests/ddp \
       tests/algorithms tests/recipes/models \
-      tests/test_train.py ;;
+      tests/test_train.py tests/test_shared_gpu.py ;;
     kernels)
       run bench_kernels timeout 170 python3 benchmarks/bench_kernels.py
       run bench_symmetric_hadamard timeout 110 python3 benchmarks/bench_symmetric_hadamard.py

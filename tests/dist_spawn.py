@@ -3,8 +3,11 @@
 ``run_ranks(fn, world_size, *args, backend=...)`` spawns ``world_size`` processes; rank ``r`` runs
 ``fn(RankInfo, *args)`` inside an initialized default group and the call returns every rank's result (tensors
 moved to CPU), or raises with the failing rank's traceback. ``backend`` is ``"gloo"`` (CPU tensors) or
-``"nccl"`` (one GPU per rank, ``cuda:r``). ``fn`` must be a module-level function of an importable module.
-Test modules parametrize a module-scoped fixture with :func:`spawn_params` to run once per backend and size.
+``"nccl"`` (CUDA tensors): NCCL with one GPU per rank (``cuda:r``) where the host has a GPU per rank, else the
+shared-GPU mode of :mod:`composer_qsdp.shared_gpu` (rank ``r`` on ``cuda:(r % GPUs)``, a gloo group: NCCL refuses
+two ranks on one GPU), so one GPU runs every multi-rank CUDA case with the numerics of N GPUs.
+``fn`` must be a module-level function of an importable module. Test modules parametrize a module-scoped fixture
+with :func:`spawn_params` to run once per backend and size.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ import torch
 
 
 def spawn_params(world_sizes: tuple[int, ...], slow_sizes: tuple[int, ...] = ()) -> list:
-    """``(backend, world_size)`` parameters: gloo at every size (marked ``slow`` at ``slow_sizes``), plus nccl at
-    every size marked ``gpu``.
+    """``(backend, world_size)`` parameters: gloo at every size (marked ``slow`` at ``slow_sizes``), plus nccl (CUDA
+    tensors; ranks share the GPUs over gloo where there are fewer GPUs than ranks) at every size marked ``gpu``.
 
     For ``pytest.mark.parametrize(..., indirect=True, scope="module")``, so that ``-m gpu`` selects the nccl
     runs (marks on fixture params are invisible to ``-m``).
@@ -43,14 +46,16 @@ class RankInfo:
     Attributes:
         rank: this process's rank in the default group.
         world_size: number of ranks.
-        backend: ``"gloo"`` or ``"nccl"``.
-        device: ``cpu`` for gloo, ``cuda:rank`` for nccl.
+        backend: the process group's backend: ``"gloo"`` or ``"nccl"``.
+        device: ``cpu`` for CPU gloo, ``cuda:rank`` for nccl, ``cuda:(rank % GPUs)`` for shared GPUs.
+        shared_gpu: whether several ranks share a GPU through a gloo group (CUDA tensors over gloo).
     """
 
     rank: int
     world_size: int
     backend: str
     device: torch.device
+    shared_gpu: bool = False
 
     def mesh(self) -> Any:
         """A 1-D device mesh over all ranks (explicit: ``fully_shard``'s default is CUDA on GPU hosts)."""
@@ -60,9 +65,22 @@ class RankInfo:
 
 
 def skip_unless_backend(backend: str, world_size: int) -> None:
-    """Skip the calling test when ``backend`` cannot run ``world_size`` ranks here."""
-    if backend == "nccl" and torch.cuda.device_count() < world_size:
-        pytest.skip(f"nccl with {world_size} ranks needs {world_size} GPUs, found {torch.cuda.device_count()}")
+    """Skip the calling test when ``backend`` cannot run ``world_size`` ranks here: CUDA ranks need one GPU at
+    least (several ranks share it)."""
+    if backend == "nccl" and torch.cuda.device_count() == 0:
+        pytest.skip(f"CUDA ranks ({world_size}) need a GPU, found none")
+
+
+def _rank_info(rank: int, world_size: int, backend: str) -> RankInfo:
+    """Where rank ``rank`` runs: CPU for gloo; for ``"nccl"``, the GPU and group backend that
+    :func:`composer_qsdp.shared_gpu.gpu_placement` picks for this host's GPU count."""
+    if backend != "nccl":
+        return RankInfo(rank, world_size, backend, torch.device("cpu"))
+    from composer_qsdp.shared_gpu import gpu_placement
+
+    placement = gpu_placement("auto", rank, world_size, torch.cuda.device_count())
+    return RankInfo(rank, world_size, placement.backend, torch.device("cuda", placement.device_id),
+                    placement.shared)
 
 
 def _entry(rank: int, world_size: int, backend: str, init_file: str, fn: Callable, args: tuple, results) -> None:
@@ -72,14 +90,12 @@ def _entry(rank: int, world_size: int, backend: str, init_file: str, fn: Callabl
         torch.set_num_threads(1)
         # A parent test may have left a launcher's variables behind; Composer checks them against the group.
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-            device = torch.device("cuda", rank)
-        else:
-            device = torch.device("cpu")
-        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size,
-                                device_id=device if backend == "nccl" else None)
-        out = fn(RankInfo(rank, world_size, backend, device), *args)
+        info = _rank_info(rank, world_size, backend)
+        if info.device.type == "cuda":
+            torch.cuda.set_device(info.device)
+        dist.init_process_group(info.backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size,
+                                device_id=info.device if info.backend == "nccl" else None)
+        out = fn(info, *args)
         out = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.detach().cpu().clone(), out)
         buf = io.BytesIO()
         torch.save(out, buf)  # bytes, not shared-memory handles, cross the queue

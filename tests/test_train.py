@@ -331,7 +331,6 @@ def test_gpu_one_process_paper_recipe(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_gpu_two_processes_qsdp_recipe(tmp_path):
     shards = synthetic_shards(tmp_path / "shards", 2048)
     result = launch(2, ROOT / "yamls" / "gpt-125m" / "qsdp-w8g8.yaml", gpu_overrides(shards, tmp_path, 8))
@@ -341,3 +340,8 @@ def test_gpu_two_processes_qsdp_recipe(tmp_path):
     traffic = json.loads((tmp_path / "metrics.json").read_text())["communication"]["QSDP"]["total"]
     # bf16 mixed precision: FSDP itself would send bf16, and 8-bit codes need about half of that.
     assert 0.45 < traffic["sent"] / traffic["bf16"] < 0.55
+    # One GPU: the two ranks share it over gloo, and the run says so; with two GPUs nothing changes.
+    shared = torch.cuda.device_count() < 2
+    hyperparameters = json.loads((tmp_path / "metrics.json").read_text())["hyperparameters"]
+    assert (hyperparameters["shared_gpu"], hyperparameters["dist_backend"]) == (shared, "gloo" if shared else "nccl")
+    assert ("shared_gpu: 2 rank(s) on 1 GPU(s)" in result.stdout + result.stderr) == shared

@@ -36,6 +36,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from composer_qsdp._names import did_you_mean
 from composer_qsdp.recipes.models.config import GPT_PRESETS, GPTConfig, gpt_config
 from composer_qsdp.recipes.models.hf import HFCausalLMConfig, hf_causal_lm_config
+from composer_qsdp.shared_gpu import check_shared_gpu
 
 __all__ = [
     "ALGORITHMS",
@@ -212,6 +213,10 @@ class TrainRecipe:
     run_name: Optional[str] = _key(None, "name of the run (checkpoints, loggers)")
     seed: int = _key(17, "seed of weights, data order and Composer, in [0, 2**32)")
     device: str = _key("cpu", f"one of {', '.join(DEVICES)}")
+    # OmegaConf 2.3 has no str | bool: the value is checked in validation.
+    shared_gpu: Any = _key("auto", "device: gpu with fewer GPUs than ranks on a host: auto runs several ranks per "
+                                   "GPU over gloo (numerics of one GPU per rank, timings no network's), only when "
+                                   "the GPUs are too few; true always does; false refuses (NCCL, a GPU per rank)")
     precision: str = _key("fp32", f"one of {', '.join(PRECISIONS)} (fp32 only on cpu)")
     scheduler: SchedulerSettings = _key(factory=SchedulerSettings)
     grad_clip_norm: Optional[float] = _key(1.0, "clip the global gradient L2 norm to this; null: no clipping")
@@ -518,6 +523,12 @@ def _validate(cfg: DictConfig) -> ValidatedRecipe:
 
     _check(cfg.device in DEVICES, "device", cfg.device, f"allowed: {', '.join(DEVICES)}")
     _check(cfg.precision in PRECISIONS, "precision", cfg.precision, f"allowed: {', '.join(PRECISIONS)}")
+    try:
+        shared_gpu = check_shared_gpu(cfg.shared_gpu)
+    except ValueError as err:
+        raise RecipeError(f"recipe key 'shared_gpu': {err}") from None
+    _check(cfg.device == "gpu" or shared_gpu is not True, "shared_gpu", cfg.shared_gpu,
+           "it shares GPUs between ranks, so it needs device: gpu")
     _check(cfg.device != "cpu" or cfg.precision == "fp32", "precision", cfg.precision,
            "Composer trains on CPU in fp32 only")
     _check(0 <= cfg.seed <= MAX_SEED, "seed", cfg.seed, "it must be an integer in [0, 2**32) (Composer's seed range; "

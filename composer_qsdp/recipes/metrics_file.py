@@ -9,7 +9,9 @@ evaluations; written to a temporary file and renamed, so a reader never sees hal
   algorithm that counts its FSDP traffic (a ``traffic()`` method, as QSDP has);
 * ``memory``: process 0's peak GPU memory in bytes (``peak_allocated_bytes``, ``peak_reserved_bytes``): the
   largest values Composer's ``MemoryMonitor`` (the memory_monitor callback) logged, which it reports in gigabytes
-  to 5 significant digits; null without that callback or off the GPU.
+  to 5 significant digits; null without that callback or off the GPU;
+* ``hyperparameters``: the JSON-representable hyperparameters logged (the entrypoint logs its GPU placement:
+  ``shared_gpu``, ``ranks_per_gpu``, ``dist_backend``, ``visible_gpus``).
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ class MetricsFile(InMemoryLogger):
                          for a in state.algorithms if callable(getattr(a, "traffic", None))}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps({"metrics": metrics, "communication": communication, "memory": self.peak_memory()},
+        tmp.write_text(json.dumps({"metrics": metrics, "communication": communication, "memory": self.peak_memory(),
+                                   "hyperparameters": {k: v for k, v in self.hyperparameters.items()
+                                                       if isinstance(v, (bool, int, float, str))}},
                                   indent=1))
         tmp.replace(self.path)
 

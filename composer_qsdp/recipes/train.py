@@ -65,6 +65,19 @@ def _model(recipe: ValidatedRecipe) -> Any:
     return build_hf_causal_lm(config) if isinstance(config, HFCausalLMConfig) else ComposerGPT(config)
 
 
+def _device(recipe: ValidatedRecipe) -> tuple[Any, Any]:
+    """Composer's device for this process and, with ``device: gpu``, its :class:`~composer_qsdp.shared_gpu.GPUPlacement`
+    (None on CPU)."""
+    if recipe.cfg.device != "gpu":
+        return recipe.cfg.device, None
+    from composer_qsdp.shared_gpu import this_process_gpu
+
+    try:
+        return this_process_gpu(recipe.cfg.shared_gpu)
+    except ValueError as err:
+        raise RecipeError(f"recipe key 'device' = 'gpu': {err}") from None
+
+
 class CollectiveTimeoutError(RuntimeError):
     """A collective waited ``dist_timeout`` seconds for the other processes: one stalled or died."""
 
@@ -198,9 +211,12 @@ def train(recipe: ValidatedRecipe) -> Any:
 
     cfg = recipe.cfg
     check_machine(recipe)
+    device, placement = _device(recipe)
     # The process group must exist before the streaming datasets are built: without one, each rank's
     # StreamingDataset creates temporary groups of its own, and concurrent ranks race on them at start-up.
-    dist.initialize_dist(cfg.device, cfg.dist_timeout)
+    dist.initialize_dist(device, cfg.dist_timeout)
+    if placement is not None and placement.shared and dist.get_local_rank() == 0:
+        print(placement.describe(), flush=True)
     if cfg.autoresume and "://" not in cfg.save_folder:
         if dist.get_global_rank() == 0:
             moved = set_aside_incomplete_checkpoints(cfg.save_folder)
@@ -246,7 +262,7 @@ def train(recipe: ValidatedRecipe) -> Any:
         optimizers=optimizer,
         schedulers=CosineAnnealingWithWarmupScheduler(t_warmup=cfg.scheduler.t_warmup, alpha_f=cfg.scheduler.alpha_f),
         algorithms=algorithms,
-        device=cfg.device,
+        device=device,
         precision=cfg.precision,
         parallelism_config=parallelism,
         device_train_microbatch_size=cfg.device_train_microbatch_size,
@@ -264,6 +280,8 @@ def train(recipe: ValidatedRecipe) -> Any:
         loggers=loggers,
         callbacks=callbacks,
     )
+    if placement is not None:
+        trainer.logger.log_hyperparameters(placement.hyperparameters())
     try:
         trainer.fit()
     except Exception as err:

@@ -30,6 +30,7 @@ from composer.utils import dist
 from torch.utils.data import DataLoader, TensorDataset
 
 from composer_qsdp import QSDP
+from composer_qsdp.shared_gpu import this_process_gpu
 
 N, BS, IN, HID, OUT, LR = 512, 16, 32, 128, 16, 0.05
 DEFAULT_OPTIONS = {"weight_bits": 8, "grad_bits": 8, "bucket_size": 256, "error_sample_interval": 2}
@@ -108,7 +109,8 @@ def full_params(state) -> dict[str, torch.Tensor]:
 
 
 def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
-    device = "gpu" if os.environ.get("QSDP_TEST_DEVICE") == "gpu" else "cpu"
+    # On GPUs, ranks share them over gloo where there are fewer GPUs than ranks (composer_qsdp.shared_gpu).
+    device = this_process_gpu()[0] if os.environ.get("QSDP_TEST_DEVICE") == "gpu" else "cpu"
     model = Model()
     ds = dataset()
     loader = DataLoader(ds, batch_size=BS, sampler=dist.get_sampler(ds, shuffle=False, drop_last=True))

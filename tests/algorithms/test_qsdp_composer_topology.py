@@ -5,7 +5,6 @@ SDP4Bit's TLq-HS gradients and ZeRO++'s hpZ (``reshard_after_forward=2``), saved
 from __future__ import annotations
 
 import pytest
-import torch
 from test_qsdp_composer import _launch
 
 pytestmark = pytest.mark.requires_custom_comm
@@ -44,9 +43,7 @@ def test_tlq_hs_with_hpz_on_two_virtual_nodes_trains_logs_hops_and_resumes(tmp_p
 
 
 @pytest.mark.gpu
-def test_the_same_on_four_gpus(tmp_path):
-    if torch.cuda.device_count() < 4:
-        pytest.skip("needs 4 GPUs")
+def test_the_same_on_four_gpu_ranks(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     saved = _launch(tmp_path, "save", ckpt, nproc=4, options=TLQ_HS, fsdp=HPZ, gpu=True)
     _check(saved, _launch(tmp_path, "resume", ckpt, nproc=4, options=TLQ_HS, fsdp=HPZ, gpu=True))

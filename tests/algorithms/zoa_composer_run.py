@@ -30,6 +30,7 @@ from composer_run import BS, LossRecorder, Model, dataset  # noqa: I001 (this di
 from torch.utils.data import DataLoader
 
 from composer_qsdp.algorithms.zero_one_adam import ZeroOneAdamDDP
+from composer_qsdp.shared_gpu import this_process_gpu
 
 # Durations: resolved against max_duration (14 batches) at FIT_START to var_freeze_step 6, local_step_scaler 2.
 SCHEDULE = {"var_freeze_step": "6ba", "var_update_scaler": 2, "local_step_scaler": "0.143dur", "local_step_clipper": 4,
@@ -64,7 +65,7 @@ def _trainer(mode: str, ckpt_dir: str, callbacks: list, **extra) -> tuple[Traine
         model=model,
         optimizers=DecoupledAdamW(model.parameters(), lr=0.01, betas=(0.9, 0.95), weight_decay=1e-4),
         train_dataloader=loader,
-        device="gpu" if os.environ.get("QSDP_TEST_DEVICE") == "gpu" else "cpu",
+        device=this_process_gpu()[0] if os.environ.get("QSDP_TEST_DEVICE") == "gpu" else "cpu",
         precision="fp32",
         algorithms=[algorithm, GradientClipping("norm", CLIP)],
         callbacks=callbacks,

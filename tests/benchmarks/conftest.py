@@ -1,5 +1,5 @@
 """A tiny CPU recipe family in the layout the benchmark drivers read (``baseline.yaml``, ``qsdp-w8g8.yaml``,
-``qsdp-w4g4.yaml``, ``qsdp-w8g4.yaml``, ``sdp4bit.yaml``, ``qwd-w4g4.yaml``, ``ddp-baseline.yaml``,
+``qsdp-w4g4.yaml``, ``qsdp-w8g4.yaml``, ``sdp4bit.yaml``, ``qwd-w4g4.yaml``, ``zeropp.yaml``, ``ddp-baseline.yaml``,
 ``zero-one-adam.yaml``), built on the repository's ``yamls/cpu`` recipes. (``tests/conftest.py`` puts
 ``benchmarks/`` on the import path.)"""
 
@@ -21,7 +21,7 @@ def tiny_recipes(tmp_path_factory) -> Path:
     (d / "qsdp-w8g8.yaml").write_text(f"base: {cpu / 'gpt-tiny-qsdp.yaml'}\ndevice_train_microbatch_size: 4\n")
     (d / "qsdp-w4g4.yaml").write_text("base: qsdp-w8g8.yaml\nalgorithms: {qsdp: {weight_bits: 4, grad_bits: 4}}\n")
     (d / "qsdp-w8g4.yaml").write_text("base: qsdp-w8g8.yaml\nalgorithms: {qsdp: {grad_bits: 4}}\n")
-    for recipe in ("sdp4bit", "qwd-w4g4"):
+    for recipe in ("sdp4bit", "qwd-w4g4", "zeropp"):
         (d / f"{recipe}.yaml").write_text(f"base: baseline.yaml\nalgorithms: {{qsdp: {{recipe: {recipe}}}}}\n")
     (d / "ddp-baseline.yaml").write_text("base: baseline.yaml\nfsdp: null\n")
     (d / "zero-one-adam.yaml").write_text("base: ddp-baseline.yaml\n"

@@ -262,3 +262,17 @@ def test_cpu_sweep_measures_every_config_and_skips_finished_ones(tiny_recipes, t
     md = (out_env / f"bench_e2e-{tiny_recipes.name}-2x.md").read_text()
     assert "| compute-bound | 1 (x2) |" in md and "- git: `" in md and "- command: `" in md
     assert "status: complete" in md
+
+
+def test_ranks_sharing_a_gpu_get_no_throughput(monkeypatch, tmp_path, tiny_recipes):
+    monkeypatch.setattr(bench_e2e.torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(SystemExit, match=r"--nproc 2 needs a GPU per process, 1 visible: .* not a network measurement"):
+        bench_e2e._plan(bench_e2e._parser().parse_args(["--recipe-dir", str(tiny_recipes), "--nproc", "2",
+                                                        "--out-dir", str(tmp_path)]))
+
+
+def test_every_launch_refuses_shared_gpus(tmp_path, tiny_recipes):
+    plan = bench_e2e._plan(bench_e2e._parser().parse_args(["--recipe-dir", str(tiny_recipes), "--nproc", "2",
+                                                           "--out-dir", str(tmp_path), "-o", "shared_gpu=true"]))
+    overrides = plan.overrides(bench_e2e.CONFIGS["baseline"], 2, tmp_path / "m.json")
+    assert overrides[-1] == "shared_gpu=false"  # after the user's overrides: the last value wins

@@ -73,12 +73,12 @@ def test_summary_csv_markdown_png(tiny_recipes, tmp_path, monkeypatch):
     record = convergence.write_results(plan, manifest, "incomplete")
     stem = f"convergence-{plan.name}"
     md = (tmp_path / "OUT" / f"{stem}.md").read_text()
-    assert "| w4g4 | 10 (partial) | 5.5000 | +10.00% |" in md
+    assert "| w4g4 | 2 | 10 (partial) | 5.5000 | +10.00% |" in md
     assert "within 1% of plain FSDP: +1.25% (NOT met; W8G8 ended above the baseline)" in md
     for target in (out, tmp_path / "OUT"):
         assert (target / f"{stem}.png").read_bytes().startswith(PNG_MAGIC)
         assert json.loads((target / f"{stem}.json").read_text())["arms"]["w8g8"]["final_val_loss"] == 4.05
-    assert record["settings"]["micro_batch"] == 4
+    assert record["arms"]["w8g8"]["micro_batch"] == 4 and record["arms"]["w8g8"]["nproc"] == 2
 
     (out / f"{stem}.png").unlink()
     assert convergence.main(["--replot", str(out / f"{stem}.json")]) == 0
@@ -87,17 +87,114 @@ def test_summary_csv_markdown_png(tiny_recipes, tmp_path, monkeypatch):
 
 def test_every_arm_plans_valid_launches_for_the_125m_family(tmp_path):
     args = convergence._parser().parse_args(["--model", "125m", "--out-dir", str(tmp_path), "--corpus",
-                                             str(tmp_path / "c"), "--arms", *convergence.ARMS])
+                                             str(tmp_path / "c"), "--eval-batches", "-1", "--arms", *convergence.ARMS])
     plan = convergence._plan(args)  # loads every arm's recipe with its overrides
-    assert plan.settings["micro_batch"] == 16 and plan.tokens_per_step == 32 * 512
-    hadamard = plan.overrides("w4g4-hadamard", 3, plan.slot_data(1))
+    assert plan.micro("baseline") == 16 and plan.tokens_per_step == 32 * 512
+    assert (plan.nproc("sdp4bit-2x2"), plan.micro("sdp4bit-2x2")) == (4, 8)
+    assert "algorithms.qsdp.ranks_per_node=2" in plan.overrides("zeropp-2x2", 0)
+    hadamard = plan.overrides("w4g4-hadamard", 3)
     assert "algorithms.qsdp.grad_codec_options.hadamard=true" in hadamard
     assert f"metrics_file={tmp_path / 'w4g4-hadamard' / 'metrics-03.json'}" in hadamard
-    assert f"data.local={tmp_path / 'data' / 'slot1'}" in hadamard
+    assert f"data.local={tmp_path / 'c'}" in hadamard
     for needed in ("autoresume=true", "max_duration=2000ba", "model.max_seq_len=512", "global_train_batch_size=32"):
         assert needed in hadamard
-    assert "algorithms.zero_one_adam.local_step_clipper=1" in plan.overrides("zero-one-adam-1bit", 0, plan.corpus)
+    assert "algorithms.zero_one_adam.local_step_clipper=1" in plan.overrides("zero-one-adam-1bit", 0)
     assert convergence._parser().parse_args([]).arms == list(convergence.DEFAULT_ARMS)  # DDP arms when named
+
+
+def test_shared_gpus_put_every_arm_on_them_over_gloo(tiny_recipes, tmp_path, monkeypatch):
+    monkeypatch.setattr(convergence, "_visible_gpus", lambda: ["0"])
+    gpu = ["-o", "device=gpu", "-o", "precision=amp_bf16"]  # shared_gpu=true is for GPU recipes
+    with pytest.raises(SystemExit, match=r"arms of 2 and 4 processes evaluate --eval-batches 8 .*--eval-batches -1"):
+        plan_for(tiny_recipes, tmp_path, "--matrix", *gpu)
+    plan = plan_for(tiny_recipes, tmp_path, "--matrix", "--micro-batch", "2", "--eval-batches", "-1", *gpu)
+    assert plan.shared and plan.max_ranks == 4  # default: the widest arm alone
+    assert plan.args.arms == list(convergence.MATRIX_ARMS)
+    for arm in plan.args.arms:
+        assert "shared_gpu=true" in plan.overrides(arm, 0)
+        assert plan.nproc(arm) == (4 if arm.endswith("-2x2") else 2)
+    assert "seed=18" in plan.overrides("baseline-seed2", 0)
+    with pytest.raises(SystemExit, match=r"--max-ranks 3 is invalid; it must be >= 4"):
+        plan_for(tiny_recipes, tmp_path, "--matrix", "--max-ranks", "3", "--eval-batches", "-1", *gpu)
+    with pytest.raises(SystemExit, match=r"--shared-gpu false: an arm of 4 processes needs 4 GPUs, 1 visible"):
+        plan_for(tiny_recipes, tmp_path, "--matrix", "--shared-gpu", "false", "--eval-batches", "-1", *gpu)
+
+
+def test_a_gpu_per_rank_changes_nothing(tiny_recipes, tmp_path, monkeypatch):
+    monkeypatch.setattr(convergence, "_visible_gpus", lambda: [str(i) for i in range(8)])
+    plan = plan_for(tiny_recipes, tmp_path, "--matrix", "--eval-batches", "-1")
+    assert not plan.shared and plan.max_ranks == 8
+    assert not any(o.startswith("shared_gpu") for o in plan.overrides("baseline", 0))
+    with pytest.raises(SystemExit, match=r"--max-ranks 9 is invalid; .* <= 8 \(the GPUs"):
+        plan_for(tiny_recipes, tmp_path, "--matrix", "--max-ranks", "9", "--eval-batches", "-1")
+
+
+def test_scheduler_keeps_the_running_ranks_within_the_budget(tiny_recipes, tmp_path, monkeypatch):
+    monkeypatch.setattr(convergence, "_visible_gpus", lambda: ["0", "1", "2", "3", "4", "5"])
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", "sdp4bit-2x2", "zeropp-2x2", "w4g4",
+                    "--shared-gpu", "false", "--stagger-s", "0", "--results-interval-s", "0", "--eval-batches", "-1")
+    events, held = [], {}
+
+    def fake_start(plan_, arm, gpus):
+        held[arm] = gpus
+        events.append(("start", arm))
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.4)"])
+
+    monkeypatch.setattr(convergence, "_start_arm", fake_start)
+    progress = []
+    assert convergence.run_arms(plan, convergence.common.Budget(None), lambda: progress.append(1)) == "complete"
+    starts = [arm for kind, arm in events]
+    assert starts[:2] == ["sdp4bit-2x2", "baseline"]  # widest first; a 2-rank arm fills the 6 ranks
+    assert sorted(starts) == sorted(plan.args.arms) and progress
+    assert all(len(held[arm]) == plan.nproc(arm) for arm in held)
+    assert set(held["sdp4bit-2x2"]).isdisjoint(held["baseline"])  # GPUs of running arms never overlap
+    assert all((plan.arm_dir(arm) / "done.json").is_file() for arm in plan.args.arms)
+    assert convergence.running_launches(plan) == {}
+
+
+def test_noise_band_and_gaps_to_both_seeds(tiny_recipes, tmp_path):
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "baseline-seed2", "w8g8", "ddp-baseline")
+    out = plan.out_dir
+    write_segment(out / "baseline" / "metrics-00.json", {10: 5.0, 20: 4.0})
+    write_segment(out / "baseline-seed2" / "metrics-00.json", {10: 5.0, 20: 4.04})
+    write_segment(out / "w8g8" / "metrics-00.json", {10: 5.0, 20: 4.02})
+    write_segment(out / "ddp-baseline" / "metrics-00.json", {10: 5.0, 20: 4.1})
+    arms = convergence.summarize(plan)
+    assert convergence.noise_band_pct(arms) == pytest.approx(1.0)
+    assert arms["w8g8"]["gap_vs_baseline_pct"] == pytest.approx(0.5)
+    assert arms["w8g8"]["gap_vs_baseline_seed2_pct"] == pytest.approx(100 * (4.02 - 4.04) / 4.04)
+    assert "gap_vs_baseline_seed2_pct" not in arms["ddp-baseline"]  # DDP arms: ddp-baseline only
+    manifest = {"command": "c", "tokens": {"train": 1, "val": 1}, "input": {"files": 1, "bytes": 1, "sha256": "ab"}}
+    md = convergence.markdown(plan, {"device": "cpu", "git": "x"}, manifest, arms, "complete")
+    assert "Noise band: the FSDP2 baselines of seeds 17 and 18 end 1.00% apart" in md
+    assert "w8g8 -0.50%" in md
+
+
+def test_status_and_collect_report_each_arm_and_pack_the_results(tiny_recipes, tmp_path, capsys):
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", "w4g4")
+    out = plan.out_dir
+    write_segment(out / "baseline" / "metrics-00.json", {10: 5.0, 20: 4.0})
+    (out / "baseline" / "log-00.txt").write_text("$ composer ...\nfinished\n")
+    (out / "baseline" / "done.json").write_text("{}")
+    write_segment(out / "w8g8" / "metrics-00.json", {10: 5.1})
+    (out / "w8g8" / "log-00.txt").write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "manifest.json").write_text(json.dumps(
+        {"command": "c", "tokens": {"train": 1, "val": 1}, "input": {"files": 1, "bytes": 1, "sha256": "ab"}}))
+    collected = tmp_path / "collected"
+    assert convergence.report_progress(plan, collected) == 3  # not every arm is done
+    text = capsys.readouterr().out
+    assert "baseline         done" in text and "val loss 4.0000 at step 20" in text
+    assert "w8g8             failed" in text and "RuntimeError: boom" in text
+    assert "w4g4             not started" in text
+    stem = f"convergence-{plan.name}"
+    names = {p.name for p in collected.iterdir()}
+    assert {f"{stem}.csv", f"{stem}.md", f"{stem}.json", "progress.json", "arms-logs.tar.gz"} <= names
+    import tarfile
+
+    with tarfile.open(collected / "arms-logs.tar.gz") as tar:
+        assert {"baseline/metrics-00.json", "baseline/log-00.txt", "w8g8/log-00.txt"} <= set(tar.getnames())
 
 
 def test_ddp_arms_compare_with_ddp_adamw_and_count_their_bytes(tiny_recipes, tmp_path):
@@ -114,7 +211,7 @@ def test_ddp_arms_compare_with_ddp_adamw_and_count_their_bytes(tiny_recipes, tmp
     assert arms["zero-one-adam"]["total_bytes_sent"] == 2.5e9 and arms["ddp-baseline"]["total_bytes_sent"] is None
     manifest = {"command": "c", "tokens": {"train": 1, "val": 1}, "input": {"files": 1, "bytes": 1, "sha256": "ab"}}
     md = convergence.markdown(plan, {"device": "cpu", "git": "x"}, manifest, arms, "complete")
-    assert "| zero-one-adam | 20 (partial) | 4.0200 | +0.50% | 12.50x | 2.500 |" in md
+    assert "| zero-one-adam | 2 | 20 (partial) | 4.0200 | +0.50% | 12.50x | 2.500 |" in md
     assert ("0/1 Adam final validation loss within 1% of DDP AdamW: +0.50% (met); bytes sent per rank at least 10x "
             "fewer than DDP's fp32 all-reduce: 12.5x (met)") in md
 

@@ -58,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--c4-val-documents", type=int, default=10_000,
                         help="c4: documents taken from C4's validation split")
     parser.add_argument("--max-documents", type=int, help="stop after this many documents in total")
+    parser.add_argument("--max-train-tokens", type=int,
+                        help="stop once the train split holds this many tokens (a smaller corpus to carry)")
     parser.add_argument("--skip-existing", action="store_true",
                         help="exit successfully, building nothing, when out_dir already holds finished shards")
     return parser
@@ -71,7 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         stats = write_token_shards(_documents(args), args.out_dir, args.seq_len,
-                                   max_documents=args.max_documents, progress=True)
+                                   max_documents=args.max_documents,
+                                   max_train_tokens=args.max_train_tokens, progress=True)
     except (ValueError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -2,18 +2,52 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from streaming import StreamingDataset
 from torch.utils.data import DataLoader
 
 from composer_qsdp.recipes.data.shards import TOKENS_COLUMN, shards_exist
 
-__all__ = ["TokenSamples", "UnreadableShardError", "build_token_dataloader"]
+__all__ = ["TokenSamples", "UnreadableShardError", "build_token_dataloader", "registering_shared_memory"]
+
+#: The host-wide lock that serializes streaming's shared-memory registration between jobs (in the directory where
+#: streaming keeps its own file locks).
+SHM_REGISTRATION_LOCK = os.path.join(tempfile.gettempdir(), "composer_qsdp_streaming_registration.lock")
+
+
+@contextlib.contextmanager
+def registering_shared_memory() -> Iterator[None]:
+    """Build ``StreamingDataset``\ s inside this block so that jobs started together on one host do not collide.
+
+    Every ``StreamingDataset`` registers a shared-memory prefix: its local leader (local rank 0) looks for the
+    first free ``NNNNNN_locals`` in ``/dev/shm`` and then creates it, with nothing held in between, so two jobs
+    that look at the same moment both pick the same number and the later one fails with ``FileExistsError:
+    '/NNNNNN_locals'`` (mosaicml-streaming issues #884, #901). Here the local leader holds an exclusive host-wide
+    file lock from before the look-up until the dataset is built (every shared-memory object of its prefix
+    exists); the other ranks of its job wait on a barrier until the leader holds the lock, so that they look up
+    the same prefix as it does. The lock is released when the process dies, so a killed job blocks no one.
+    """
+    leader = int(os.environ.get("LOCAL_RANK", "0")) == 0
+    grouped = dist.is_available() and dist.is_initialized()
+    with open(SHM_REGISTRATION_LOCK, "a+") as lock:
+        if leader:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if grouped:
+                dist.barrier()
+            yield
+        finally:
+            if leader:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 class UnreadableShardError(ValueError):
@@ -119,8 +153,9 @@ def build_token_dataloader(
     if remote is None and not shards_exist(local, (split,)):
         raise ValueError(f"no MDS shards for split {split!r} in {os.fspath(local)!r} (missing {split}/index.json); "
                          "build them with: python -m composer_qsdp.recipes.data.build")
-    dataset = TokenSamples(max_seq_len=max_seq_len, local=os.fspath(local), remote=remote, split=split,
-                           shuffle=shuffle, shuffle_seed=shuffle_seed, batch_size=device_batch_size)
+    with registering_shared_memory():
+        dataset = TokenSamples(max_seq_len=max_seq_len, local=os.fspath(local), remote=remote, split=split,
+                               shuffle=shuffle, shuffle_seed=shuffle_seed, batch_size=device_batch_size)
     if dataset.num_samples == 0:
         raise ValueError(f"split {split!r} in {os.fspath(local)!r} holds no samples")
     dataset[0]  # fails now, with the length message, if the shards were built for another sequence length

@@ -82,6 +82,7 @@ def write_token_shards(
     seq_len: int,
     *,
     max_documents: int | None = None,
+    max_train_tokens: int | None = None,
     compression: str | None = "zstd",
     size_limit: int | str = "64mb",
     progress: bool = False,
@@ -96,6 +97,8 @@ def write_token_shards(
         out_dir: directory to create; must not exist yet.
         seq_len: tokens per sample (the model's ``max_seq_len``).
         max_documents: stop after this many documents (all splits together); None reads them all.
+        max_train_tokens: stop reading documents once the train split holds this many tokens (in whole samples;
+            the val split keeps the documents read until then); None: no cap.
         compression: MDS shard compression (``"zstd"``, ``None``, or another ``streaming`` codec).
         size_limit: bytes (or a size string like ``"64mb"``) per shard before a new one starts.
         progress: show a progress bar of documents and samples.
@@ -111,6 +114,10 @@ def write_token_shards(
     if max_documents is not None and (isinstance(max_documents, bool) or not isinstance(max_documents, int)
                                       or max_documents < 1):
         raise ValueError(f"max_documents={max_documents!r} is invalid; it must be an integer >= 1 or None")
+    if max_train_tokens is not None and (isinstance(max_train_tokens, bool) or not isinstance(max_train_tokens, int)
+                                         or max_train_tokens < seq_len):
+        raise ValueError(f"max_train_tokens={max_train_tokens!r} is invalid; it must be an integer >= seq_len "
+                         f"({seq_len}) or None")
     out = Path(out_dir)
     if out.exists():
         raise ValueError(f"shard directory {str(out)!r} already exists; remove it or choose another out_dir")
@@ -127,6 +134,8 @@ def write_token_shards(
                 raise ValueError(f"document has split {split!r}; allowed: {', '.join(writers)}")
             writers[split].add(tokenizer.encode_ordinary(text) + [EOT_TOKEN_ID])
             bar.set_postfix({name: w.stats.samples for name, w in writers.items()}, refresh=False)
+            if max_train_tokens is not None and writers[TRAIN_SPLIT].stats.samples * seq_len >= max_train_tokens:
+                break
         stats = {split: writer.finish() for split, writer in writers.items()}
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -70,6 +70,24 @@ def test_shards_round_trip_with_document_level_split(tmp_path):
     assert shards_exist(tmp_path / "shards")
 
 
+def test_train_token_cap_stops_at_the_first_document_that_reaches_it(tmp_path):
+    texts = make_corpus(tmp_path / "text", 60)
+    seq_len, cap = 16, 400
+    stats = write_token_shards(text_directory_documents(tmp_path / "text", 0.25), tmp_path / "shards", seq_len,
+                               max_train_tokens=cap)
+    # The documents read are a prefix of the corpus: the shortest one whose train split reaches the cap.
+    for n in range(1, len(texts) + 1):
+        read = {split: [t for t in texts[:n] if assign_split(t, 0.25) == split] for split in ("train", "val")}
+        if len(expected_samples(read["train"], seq_len)) * seq_len >= cap:
+            break
+    for split in ("train", "val"):
+        np.testing.assert_array_equal(read_split(tmp_path / "shards", split), expected_samples(read[split], seq_len))
+    assert cap <= stats["train"].samples * seq_len < cap + max(len(gpt2_tokenizer().encode_ordinary(t)) + 1
+                                                               for t in texts)
+    with pytest.raises(ValueError, match=r"max_train_tokens=8 is invalid; it must be an integer >= seq_len \(16\)"):
+        write_token_shards(iter([]), tmp_path / "other", seq_len, max_train_tokens=8)
+
+
 def test_split_assignment_is_deterministic_and_proportional():
     texts = [f"text number {i}" for i in range(4000)]
     splits = [assign_split(t, 0.1) for t in texts]

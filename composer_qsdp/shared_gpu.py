@@ -1,0 +1,140 @@
+"""Shared-GPU ranks: more processes than GPUs on one host, each GPU serving several ranks joined by gloo.
+
+NCCL refuses two ranks on one device ("Duplicate GPU detected"); gloo carries CUDA tensors through host memory
+for every collective this package uses (all-gather, reduce-scatter, all-to-all, all-reduce, broadcast), so N
+ranks on fewer GPUs compute exactly what N GPUs would. Their step times say nothing about a network: gloo
+copies each message through the host, and the ranks of one GPU time-share it.
+
+The recipe key ``shared_gpu`` (:func:`gpu_placement`) chooses:
+
+* ``auto`` (the default): shared only when the host has fewer visible GPUs than local ranks; with enough GPUs
+  nothing changes (rank ``r`` on ``cuda:r``, NCCL).
+* ``true``: always gloo, local rank ``r`` on ``cuda:(r % GPUs)``, even with a GPU per rank.
+* ``false``: never; fewer GPUs than ranks is an error.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+__all__ = ["SHARED_GPU_VALUES", "GPUPlacement", "check_shared_gpu", "composer_device", "gpu_placement",
+           "this_process_gpu"]
+
+#: What the ``shared_gpu`` recipe key takes.
+SHARED_GPU_VALUES: tuple[Union[str, bool], ...] = ("auto", True, False)
+
+
+def check_shared_gpu(value: Any) -> Union[str, bool]:
+    """``value`` as one of :data:`SHARED_GPU_VALUES` (the strings ``"true"``/``"false"`` count as booleans).
+
+    Raises:
+        ValueError: any other value, naming it and what is allowed.
+    """
+    if isinstance(value, str) and value.lower() in ("auto", "true", "false"):
+        return {"auto": "auto", "true": True, "false": False}[value.lower()]
+    if isinstance(value, bool):
+        return value
+    raise ValueError(f"shared_gpu = {value!r} is invalid; allowed: auto (share GPUs only when there are fewer than "
+                     "ranks), true (always: gloo, rank r on GPU r % GPUs), false (never: one GPU per rank, NCCL)")
+
+
+@dataclass(frozen=True)
+class GPUPlacement:
+    """Where one local rank trains and which backend joins the ranks.
+
+    Attributes:
+        device_id: the CUDA device index of this rank.
+        backend: ``"nccl"`` (a GPU per rank) or ``"gloo"`` (shared GPUs).
+        shared: whether the ranks share GPUs through gloo.
+        gpus: visible GPUs on this host.
+        local_world_size: ranks on this host.
+    """
+
+    device_id: int
+    backend: str
+    shared: bool
+    gpus: int
+    local_world_size: int
+
+    @property
+    def ranks_per_gpu(self) -> int:
+        """The most ranks any GPU of this host serves."""
+        return math.ceil(self.local_world_size / min(self.gpus, self.local_world_size))
+
+    def describe(self) -> str:
+        """One line for the run's log."""
+        if not self.shared:
+            return f"{self.local_world_size} rank(s) on {self.gpus} GPU(s), one GPU per rank, NCCL"
+        return (f"shared_gpu: {self.local_world_size} rank(s) on {min(self.gpus, self.local_world_size)} GPU(s), up "
+                f"to {self.ranks_per_gpu} per GPU, gloo (rank r on cuda:r % {self.gpus}): the numerics of "
+                f"{self.local_world_size} GPUs; step times are not network measurements")
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """What the run logs as hyperparameters about its placement."""
+        return {"shared_gpu": self.shared, "ranks_per_gpu": self.ranks_per_gpu, "dist_backend": self.backend,
+                "visible_gpus": self.gpus}
+
+
+def gpu_placement(setting: Union[str, bool], local_rank: int, local_world_size: int, gpus: int) -> GPUPlacement:
+    """The device and backend of local rank ``local_rank`` of ``local_world_size`` on a host with ``gpus`` visible
+    GPUs, for the ``shared_gpu`` recipe key's ``setting``.
+
+    Raises:
+        ValueError: ``setting`` is not one of :data:`SHARED_GPU_VALUES`; no GPU is visible; ``setting`` is false
+            and there are fewer GPUs than ranks; ``local_rank`` is outside ``[0, local_world_size)``.
+    """
+    setting = check_shared_gpu(setting)
+    if not 0 <= local_rank < local_world_size:
+        raise ValueError(f"local rank {local_rank} is outside [0, {local_world_size})")
+    if gpus < 1:
+        raise ValueError("device: gpu needs a visible CUDA GPU, found none (check CUDA_VISIBLE_DEVICES and "
+                         "torch.cuda.is_available()); use device: cpu to train on the CPU")
+    shared = setting is True or (setting == "auto" and gpus < local_world_size)
+    if not shared and gpus < local_world_size:
+        raise ValueError(f"shared_gpu = false needs a GPU per rank: {local_world_size} ranks on this host, "
+                         f"{gpus} GPU(s) visible; set shared_gpu=auto to run several ranks per GPU over gloo")
+    return GPUPlacement(device_id=local_rank % gpus if shared else local_rank, backend="gloo" if shared else "nccl",
+                        shared=shared, gpus=gpus, local_world_size=local_world_size)
+
+
+def composer_device(placement: GPUPlacement) -> Any:
+    """Composer's device for ``placement``: ``"gpu"`` (Composer's own choice, unchanged) when a GPU per rank,
+    else a ``DeviceGPU`` on ``placement.device_id`` whose process group is gloo.
+
+    Composer also builds ``DeviceGPU()`` itself, with no argument, where it needs "this rank's device" (FSDP2's
+    preparation, checkpoint loading: ``composer.utils.get_device(None)``), and such a device moves rank ``r`` to
+    ``cuda:r``, which does not exist when ranks share GPUs. So in the shared case ``composer.devices.DeviceGPU``
+    becomes, for this process, a subclass whose default device is ``placement.device_id`` and whose backend is
+    gloo; ``isinstance(device, DeviceGPU)`` holds for it everywhere.
+    """
+    if not placement.shared:
+        return "gpu"
+    import composer.devices
+    from composer.devices.device_gpu import DeviceGPU  # the class itself, never the substitute
+
+    class SharedDeviceGPU(DeviceGPU):
+        """Composer's ``DeviceGPU`` for a rank that shares its GPU: gloo, and this rank's GPU by default."""
+
+        dist_backend = "gloo"
+
+        def __init__(self, device_id: Optional[int] = None, *, allow_tf32: bool = True) -> None:
+            super().__init__(placement.device_id if device_id is None else device_id, allow_tf32=allow_tf32)
+
+    composer.devices.DeviceGPU = SharedDeviceGPU
+    return SharedDeviceGPU()
+
+
+def this_process_gpu(setting: Union[str, bool] = "auto") -> tuple[Any, GPUPlacement]:
+    """Composer's device (for ``Trainer(device=...)`` and ``dist.initialize_dist``) and the placement of this
+    process, from the launcher's local rank and world size and the visible GPUs.
+
+    Raises:
+        ValueError: as :func:`gpu_placement`.
+    """
+    import torch
+    from composer.utils import dist
+
+    placement = gpu_placement(setting, dist.get_local_rank(), dist.get_local_world_size(), torch.cuda.device_count())
+    return composer_device(placement), placement

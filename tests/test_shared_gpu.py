@@ -1,0 +1,104 @@
+"""Shared-GPU ranks: the device and backend each local rank gets for every ``shared_gpu`` setting and GPU count
+(pure functions, a fake GPU count), the recipe key's checks, and on a GPU the Composer device it builds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from composer_qsdp.recipes.loader import RecipeError
+from composer_qsdp.shared_gpu import check_shared_gpu, composer_device, gpu_placement
+from composer_qsdp.recipes.train import load_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+BASELINE = ROOT / "yamls" / "cpu" / "gpt-tiny-baseline.yaml"
+
+
+@pytest.mark.parametrize("setting", ["auto", False, "false"])
+@pytest.mark.parametrize("ranks,gpus", [(1, 1), (2, 2), (4, 4), (2, 8)])
+def test_enough_gpus_change_nothing_unless_forced(setting, ranks, gpus):
+    for rank in range(ranks):
+        placement = gpu_placement(setting, rank, ranks, gpus)
+        assert (placement.device_id, placement.backend, placement.shared) == (rank, "nccl", False)
+        assert placement.ranks_per_gpu == 1
+        assert composer_device(placement) == "gpu"  # Composer's own device choice, as without the key
+
+
+@pytest.mark.parametrize("setting", ["auto", True, "true", "TRUE"])
+@pytest.mark.parametrize("ranks,gpus,per_gpu", [(2, 1, 2), (4, 1, 4), (4, 2, 2), (3, 2, 2), (8, 3, 3)])
+def test_too_few_gpus_share_them_round_robin_over_gloo(setting, ranks, gpus, per_gpu):
+    placements = [gpu_placement(setting, rank, ranks, gpus) for rank in range(ranks)]
+    assert [p.device_id for p in placements] == [rank % gpus for rank in range(ranks)]
+    assert {(p.backend, p.shared, p.ranks_per_gpu) for p in placements} == {("gloo", True, per_gpu)}
+    # Every GPU serves ranks, and no GPU more than ranks_per_gpu.
+    load = [sum(p.device_id == g for p in placements) for g in range(gpus)]
+    assert min(load) >= 1 and max(load) == per_gpu
+    assert placements[0].hyperparameters() == {"shared_gpu": True, "ranks_per_gpu": per_gpu, "dist_backend": "gloo",
+                                               "visible_gpus": gpus}
+    assert "not network measurements" in placements[0].describe()
+
+
+def test_true_shares_even_with_a_gpu_per_rank():
+    placements = [gpu_placement(True, rank, 2, 2) for rank in range(2)]
+    assert [(p.device_id, p.backend, p.ranks_per_gpu) for p in placements] == [(0, "gloo", 1), (1, "gloo", 1)]
+
+
+def test_false_with_too_few_gpus_is_refused_naming_the_switch():
+    with pytest.raises(ValueError, match=r"shared_gpu = false needs a GPU per rank: 4 ranks .* 1 GPU.*shared_gpu=auto"):
+        gpu_placement(False, 0, 4, 1)
+
+
+@pytest.mark.parametrize("setting", ["auto", True, False])
+def test_no_gpu_is_refused(setting):
+    with pytest.raises(ValueError, match="needs a visible CUDA GPU, found none"):
+        gpu_placement(setting, 0, 2, 0)
+
+
+@pytest.mark.parametrize("value", ["yes", "sometimes", 1, 0, None, 2.0])
+def test_bad_settings_are_refused_with_the_allowed_values(value):
+    with pytest.raises(ValueError, match=rf"shared_gpu = {value!r} is invalid; allowed: auto .* true .* false"):
+        check_shared_gpu(value)
+
+
+def test_local_rank_outside_the_host_is_refused():
+    with pytest.raises(ValueError, match=r"local rank 2 is outside \[0, 2\)"):
+        gpu_placement("auto", 2, 2, 1)
+
+
+@pytest.mark.parametrize("value,expected", [("auto", "auto"), ("false", False), ("FALSE", False)])
+def test_recipe_key_takes_its_settings(value, expected):  # true: below (it needs device: gpu)
+    recipe = load_recipe(BASELINE, ["data.local=unused", f"shared_gpu={value}"])
+    assert check_shared_gpu(recipe.cfg.shared_gpu) == expected
+
+
+def test_recipe_key_default_is_auto():
+    assert load_recipe(BASELINE, ["data.local=unused"]).cfg.shared_gpu == "auto"
+
+
+def test_recipe_refuses_a_bad_value_naming_the_key():
+    with pytest.raises(RecipeError, match=r"recipe key 'shared_gpu': shared_gpu = 'sometimes' is invalid; allowed"):
+        load_recipe(BASELINE, ["data.local=unused", "shared_gpu=sometimes"])
+
+
+def test_recipe_refuses_forced_sharing_on_cpu():
+    with pytest.raises(RecipeError, match=r"recipe key 'shared_gpu' = True is invalid; .* needs device: gpu"):
+        load_recipe(BASELINE, ["data.local=unused", "shared_gpu=true"])
+
+
+@pytest.mark.gpu
+def test_shared_device_is_composers_gpu_device_with_a_gloo_group(monkeypatch):
+    import composer.devices
+    from composer.devices import DeviceGPU
+    from composer.utils import get_device
+
+    monkeypatch.setattr(composer.devices, "DeviceGPU", DeviceGPU)  # restored after the test
+    monkeypatch.setenv("LOCAL_RANK", "1")  # rank 1 of 2 on one GPU: Composer's own default would be cuda:1
+    device = composer_device(gpu_placement(True, 1, 2, 1))
+    assert isinstance(device, DeviceGPU) and device.dist_backend == "gloo"
+    assert device._device == torch.device("cuda", 0) and torch.cuda.current_device() == 0
+    # Where Composer builds "this rank's device" itself, it gets the shared one too.
+    again = get_device(None)
+    assert isinstance(again, DeviceGPU) and again.dist_backend == "gloo" and again._device == torch.device("cuda", 0)
+    assert DeviceGPU.dist_backend == "nccl"  # the class itself keeps NCCL
