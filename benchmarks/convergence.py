@@ -54,7 +54,7 @@ finished ones. GPU kernels are not bitwise deterministic, so two runs of one arm
 end at slightly different losses; ``baseline-seed2`` (another seed: other initial weights and data order) measures
 the noise band every gap is read against.
 
-Scheduling: arms start (widest first) while the processes of all running arms fit ``--max-ranks``. With a GPU per
+Scheduling: arms start in ``--arms`` order (the first that fits) while the processes of all running arms fit ``--max-ranks``. With a GPU per
 rank, each arm holds ``nproc`` GPUs of its own (``CUDA_VISIBLE_DEVICES``). With fewer GPUs than an arm's processes
 (or ``--shared-gpu true``), every arm runs with the recipes' ``shared_gpu=true``: its ranks share the GPUs over
 gloo (``composer_qsdp.shared_gpu``), which computes what a GPU per rank would; the step times then say nothing
@@ -162,12 +162,23 @@ ARMS: dict[str, Arm] = {
                        "QSDP's bandwidth-aware policy (policy=auto) picks bits / qWD per unit and side"),
     "sdp4bit-2x2": Arm("sdp4bit.yaml", ("algorithms.qsdp.ranks_per_node=2",),
                        "SDP4Bit on 4 ranks as 2 nodes x 2: the INT4 inter-node hop is taken", nproc=4),
-    "tlq-hs-2x2": Arm("baseline.yaml", ("algorithms.qsdp.recipe=tlq-hs", "algorithms.qsdp.ranks_per_node=2"),
+    "tlq-hs-2x2": Arm("baseline.yaml", ("algorithms.qsdp.preset=tlq-hs", "algorithms.qsdp.ranks_per_node=2"),
                       "SDP4Bit's TLq-HS gradients (INT8 intra, INT4 inter-node), W8 weights; 4 ranks as 2 nodes x 2",
                       nproc=4),
     "zeropp-2x2": Arm("zeropp.yaml", ("algorithms.qsdp.ranks_per_node=2",),
                       "ZeRO++ qwZ (INT8 blocks of 4096) + qgZ (INT4, two hops); 4 ranks as 2 nodes x 2", nproc=4),
+    "qwd-w4g2-loco": Arm("qwd-w4g2-loco.yaml", (), "qWD INT4 weights, 2-bit Hadamard gradients with LoCo error "
+                                                   "feedback (nearest rounding, beta 0.5)"),
+    "qwd-w3g3-loco": Arm("qwd-w3g3-loco.yaml", (), "qWD INT3 weights, 3-bit Hadamard gradients with LoCo error "
+                                                   "feedback"),
+    "qwd-w3g2-loco": Arm("qwd-w3g2-loco.yaml", (), "qWD INT3 weights, 2-bit Hadamard gradients with LoCo error "
+                                                   "feedback"),
+    "qwd-w4g2-nofb": Arm("qwd-w4g4.yaml", ("algorithms.qsdp.grad_bits=2", "algorithms.qsdp.grad_bucket_size=256"),
+                         "qwd-w4g2-loco's bytes without error feedback (2-bit stochastic gradients): the control"),
     "ddp-baseline": Arm("ddp-baseline.yaml", (), "plain Composer DDP, DecoupledAdamW", "ddp-baseline"),
+    "ddp-baseline-4r": Arm("ddp-baseline.yaml", (), "plain Composer DDP, DecoupledAdamW, 4 ranks", "ddp-baseline-4r",
+                           nproc=4),
+    "zero-one-adam-4r": Arm("zero-one-adam.yaml", (), "0/1 Adam under DDP, 4 ranks", "ddp-baseline-4r", nproc=4),
     "zero-one-adam": Arm("zero-one-adam.yaml", (), "0/1 Adam under DDP", "ddp-baseline"),
     "zero-one-adam-1bit": Arm("zero-one-adam.yaml", ("algorithms.zero_one_adam.local_step_clipper=1",),
                               "0/1 Adam without local steps (a 1-bit sync every step)", "ddp-baseline"),
@@ -390,10 +401,9 @@ def _next_segment(arm_dir: Path) -> int:
 
 
 def _queue(plan: Plan) -> list[str]:
-    """The unfinished arms in launch order: the widest first (a 4-rank arm left for last would run alone while
-    the rank budget idles), in ``--arms`` order among equals."""
-    pending = [arm for arm in plan.args.arms if not (plan.arm_dir(arm) / "done.json").is_file()]
-    return sorted(pending, key=lambda arm: -plan.nproc(arm))
+    """The unfinished arms in launch order: ``--arms`` order, which is the priority when the time budget cannot
+    finish every arm (the first queued arm that fits the free ranks starts next)."""
+    return [arm for arm in plan.args.arms if not (plan.arm_dir(arm) / "done.json").is_file()]
 
 
 def run_arms(plan: Plan, budget: common.Budget, on_progress: Callable[[], None] = lambda: None) -> str:
