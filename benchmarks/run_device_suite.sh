@@ -22,7 +22,7 @@ run() {  # run NAME COMMAND...: tee the log into $OUT and remember the exit stat
 for stage in "$@"; do
   case $stage in
     sweep) run bench_kernels_sweep timeout 100 python3 benchmarks/bench_kernels.py --sweep ;;
-    tests) run pytest_gpu timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider \
+    tests) run pytest_gpu timeout ${TESTS_TIMEOUT_S:-540} python3 -m pytest -m gpu -q -p no:cacheprovider \
       tests/quant tests/kernels tests/comm tests/schemes tests/config tests/engine tests/auto tests/optim tests/fsdp2 tests/fsdp1 tests/ddp \
       tests/algorithms tests/recipes/models \
       tests/test_train.py tests/test_shared_gpu.py ;;
