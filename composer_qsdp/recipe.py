@@ -48,6 +48,8 @@ __all__ = [
     "TrainRecipe",
     "ValidatedRecipe",
     "build_algorithm",
+    "component_class",
+    "composer_components",
     "load_class",
     "load_recipe",
     "recipe_help",
@@ -393,23 +395,94 @@ def _check_arguments(section: str, function: Callable[..., Any], kwargs: Mapping
                               f"'{section}' takes: {', '.join(parameters)}")
 
 
-def _component_kwargs(section: str, builders: Mapping[str, Builder], name: str, value: Any) -> dict | None:
+#: The Composer module whose public classes a section's names resolve to, and the base class they must have.
+_COMPOSER_SECTIONS = {"loggers": ("composer.loggers", "LoggerDestination"),
+                      "callbacks": ("composer.callbacks", "Callback")}
+#: The llm-foundry registry of each section, where llm-foundry is installed (its entry points included).
+_LLM_FOUNDRY_REGISTRIES = {"loggers": "loggers", "callbacks": "callbacks"}
+
+
+def _snake(class_name: str) -> str:
+    """``SpeedMonitor`` -> ``speed_monitor``, ``MLFlowLogger`` -> ``mlflow_logger``, ``LRMonitor`` -> ``lr_monitor``."""
+    return re.sub(r"(?<!^)(?=[A-Z][a-z])", "_", class_name).lower()
+
+
+def composer_components(section: str) -> dict[str, str]:
+    """Every public Composer class of ``section`` (``"loggers"`` or ``"callbacks"``) by recipe name -> "module:Class".
+
+    A class answers to its own name (``EarlyStopper``) and its snake-case name (``early_stopper``); a logger also
+    without its ``_logger`` suffix (``tensorboard``, ``wandb``, ``mlflow``, ``in_memory``)."""
+    module_name, base_name = _COMPOSER_SECTIONS[section]
+    module = importlib.import_module(module_name)
+    base = getattr(importlib.import_module("composer.core" if section == "callbacks" else "composer.loggers"),
+                   base_name)
+    names: dict[str, str] = {}
+    for class_name in getattr(module, "__all__", ()):
+        cls = getattr(module, class_name, None)
+        if not (isinstance(cls, type) and issubclass(cls, base)) or cls is base:
+            continue
+        target = f"{module_name}:{class_name}"
+        snake = _snake(class_name)
+        for name in (class_name, snake, snake.removesuffix("_logger") if section == "loggers" else snake):
+            names.setdefault(name, target)
+    return names
+
+
+def _llm_foundry_component(section: str, name: str) -> type | None:
+    """The class llm-foundry's registry holds under ``name``, where llm-foundry is installed."""
+    if importlib.util.find_spec("llmfoundry") is None:
+        return None
+    registry = getattr(importlib.import_module("llmfoundry.registry"), _LLM_FOUNDRY_REGISTRIES[section])
+    return registry.get(name) if name in registry.get_all() else None
+
+
+def component_class(section: str, name: str) -> type:
+    """The class a recipe's ``loggers`` or ``callbacks`` entry ``name`` names.
+
+    Looked up in order: this package's names (:data:`LOGGERS`, :data:`CALLBACKS`), a ``"module:Class"`` path, every
+    public Composer class of the section (:func:`composer_components`), llm-foundry's registry of the section
+    (where llm-foundry is installed; packages register there through ``llmfoundry_loggers`` /
+    ``llmfoundry_callbacks`` entry points).
+
+    Raises:
+        RecipeError: no such name (with a suggestion), an optional package is missing, or a path cannot be imported.
+    """
+    key = f"{section}.{name}"
+    builders = LOGGERS if section == "loggers" else CALLBACKS
+    builder = builders.get(name)
+    if builder is not None:
+        if builder.package is not None and importlib.util.find_spec(builder.package) is None:
+            raise RecipeError(f"recipe key '{key}' needs the {builder.package} package: "
+                              f"pip install 'mosaicml[{builder.package}]'")
+        return load_class(builder.target)
+    if ":" in name:
+        try:
+            return load_class(name)
+        except (ImportError, AttributeError, ValueError) as err:
+            raise RecipeError(f"recipe key '{key}': cannot import {name!r} ('module:Class'): {err}") from None
+    composer = composer_components(section)
+    if name in composer:
+        return load_class(composer[name])
+    found = _llm_foundry_component(section, name)
+    if found is not None:
+        return found
+    known = sorted({*builders, *(n for n in composer if n.islower())})
+    raise RecipeError(f"recipe key '{key}': no {section[:-1]} named {name!r}{did_you_mean(name, known)}; "
+                      f"known: {', '.join(known)}, llm-foundry's registered names where it is installed, or a "
+                      "'module:Class' path")
+
+
+def _component_kwargs(section: str, name: str, value: Any) -> dict | None:
     """The keyword arguments of the logger or callback ``name`` (None: turned off), checked against its class."""
     key = f"{section}.{name}"
-    if name not in builders:
-        raise RecipeError(f"recipe key '{key}': no {section[:-1]} named {name!r}{did_you_mean(name, builders)}; "
-                          f"known: {', '.join(builders)}")
     if value is False:
         return None
     if value is not None and value is not True and not isinstance(value, DictConfig):
         raise RecipeError(f"recipe key '{key}' = {value!r} is invalid; give its keyword arguments as a mapping "
                           "({} for the defaults), or false to turn it off")
-    builder = builders[name]
-    if builder.package is not None and importlib.util.find_spec(builder.package) is None:
-        raise RecipeError(f"recipe key '{key}' needs the {builder.package} package: "
-                          f"pip install 'mosaicml[{builder.package}]'")
+    cls = component_class(section, name)
     kwargs = OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else {}
-    _check_arguments(key, load_class(builder.target), kwargs)
+    _check_arguments(key, cls, kwargs)
     return kwargs
 
 
@@ -489,8 +562,8 @@ def _validate(cfg: DictConfig) -> ValidatedRecipe:
            cfg.autoresume, "autoresume needs save_folder and run_name")
 
     components = {}
-    for section, builders in (("loggers", LOGGERS), ("callbacks", CALLBACKS)):
-        enabled = {name: _component_kwargs(section, builders, name, value) for name, value in cfg[section].items()}
+    for section in ("loggers", "callbacks"):
+        enabled = {name: _component_kwargs(section, name, value) for name, value in cfg[section].items()}
         components[section] = {name: kwargs for name, kwargs in enabled.items() if kwargs is not None}
 
     algorithm_kwargs = {}
@@ -617,6 +690,9 @@ def recipe_help() -> str:
                           f"defaults; false turns off one that a base recipe enabled")
         lines += [f"  {name}: {b.target.replace(':', '.')}" + (f" (needs mosaicml[{b.package}])" if b.package else "")
                   for name, b in builders.items()]
+        lines += _wrapped(f"  and every other public class of {_COMPOSER_SECTIONS[section][0]} by its name or "
+                          "snake-case name (e.g. early_stopper, checkpoint_saver), llm-foundry's registered names "
+                          "where it is installed, or a 'module:Class' path", "  ")
         lines.append("")
     lines += ["algorithms: {name: {keyword arguments of its class}}; null for the defaults"]
     lines += [f"  {name}: {target.replace(':', '.')}" for name, target in ALGORITHMS.items()]

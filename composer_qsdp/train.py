@@ -24,13 +24,11 @@ from typing import Any
 
 from composer_qsdp.recipe import (
     ALGORITHMS,
-    CALLBACKS,
-    LOGGERS,
     RecipeError,
     TrainRecipe,
     ValidatedRecipe,
     build_algorithm,
-    load_class,
+    component_class,
     load_recipe,
     recipe_help,
 )
@@ -208,8 +206,8 @@ def train(recipe: ValidatedRecipe) -> Any:
     if cfg.fsdp is not None:
         # An FSDP2Config (not a dict) selects FSDP2 in composer 0.32.1 without the FSDP_VERSION variable.
         parallelism = {"fsdp": FSDP2Config(**OmegaConf.to_container(cfg.fsdp))}
-    loggers = [load_class(LOGGERS[name].target)(**kwargs) for name, kwargs in recipe.logger_kwargs.items()]
-    callbacks = [load_class(CALLBACKS[name].target)(**kwargs) for name, kwargs in recipe.callback_kwargs.items()]
+    loggers = [component_class("loggers", name)(**kwargs) for name, kwargs in recipe.logger_kwargs.items()]
+    callbacks = [component_class("callbacks", name)(**kwargs) for name, kwargs in recipe.callback_kwargs.items()]
     if cfg.metrics_file is not None:
         loggers.append(MetricsFile(cfg.metrics_file))
 

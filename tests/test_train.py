@@ -210,6 +210,32 @@ def test_bad_recipe_names_the_key(overrides, message):
     assert message in str(err.value)
 
 
+def test_any_composer_logger_or_callback_by_name_or_path(tmp_path):
+    """Names beyond this package's table resolve to Composer's own public classes (class name or snake case), and
+    a 'module:Class' path to any class; the arguments are checked against the class either way."""
+    from composer.callbacks import EarlyStopper, NaNMonitor
+    from composer.loggers import InMemoryLogger
+
+    from composer_qsdp.recipe import component_class
+
+    (tmp_path / "open.yaml").write_text(f"""
+base: {BASELINE}
+loggers: {{InMemoryLogger: {{}}}}
+callbacks: {{early_stopper: {{monitor: LanguageCrossEntropy, dataloader_label: val}}, "composer.callbacks:NaNMonitor": {{}}}}
+""")
+    recipe = load_recipe(tmp_path / "open.yaml")
+    assert recipe.logger_kwargs == {"InMemoryLogger": {}}
+    assert recipe.callback_kwargs["early_stopper"] == {"monitor": "LanguageCrossEntropy", "dataloader_label": "val"}
+    classes = {name: component_class("callbacks", name) for name in recipe.callback_kwargs}
+    assert classes == {"speed_monitor": classes["speed_monitor"], "lr_monitor": classes["lr_monitor"],
+                       "early_stopper": EarlyStopper, "composer.callbacks:NaNMonitor": NaNMonitor}
+    assert component_class("loggers", "InMemoryLogger") is InMemoryLogger
+    with pytest.raises(RecipeError, match="'callbacks.early_stopper.monitr' is unknown; did you mean 'monitor'"):
+        load_recipe(tmp_path / "open.yaml", ["callbacks.early_stopper.monitr=x"])
+    with pytest.raises(RecipeError, match=r"cannot import 'composer.callbacks:NoSuch' \('module:Class'\)"):
+        component_class("callbacks", "composer.callbacks:NoSuch")
+
+
 def test_logger_without_its_package_names_the_extra():
     if importlib.util.find_spec("wandb") is not None:
         pytest.skip("wandb is installed here")
