@@ -103,7 +103,8 @@ LLM_FOUNDRY_HINTS: dict[str, str] = {
     "train_loader": "data: MDS token shards (data.local or data.remote, data.train_split, data.shuffle, "
                     "data.num_workers)",
     "eval_loader": "data.eval_split: a split of the same shards",
-    "tokenizer": "nothing: the shards hold GPT-2 token ids (python -m composer_qsdp.data.build tokenizes)",
+    "tokenizer": "nothing: the shards hold token ids (python -m composer_qsdp.data.build tokenizes, with GPT-2 or "
+                 "--tokenizer DIR, a local Hugging Face tokenizer)",
     "max_seq_len": "model.max_seq_len",
     "global_seed": "seed",
     "device_train_batch_size": "global_train_batch_size (the samples of all processes together)",

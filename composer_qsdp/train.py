@@ -49,7 +49,7 @@ def _dataloader(recipe: ValidatedRecipe, split: str, batch_size: int, training: 
         return build_token_dataloader(cfg.data.local, split, batch_size, recipe.model_config.max_seq_len,
                                       remote=cfg.data.remote, shuffle=training and cfg.data.shuffle,
                                       shuffle_seed=cfg.seed, num_workers=cfg.data.num_workers, drop_last=training,
-                                      collate_fn=collate)
+                                      collate_fn=collate, vocab_size=recipe.model_config.vocab_size)
     except ValueError as err:
         raise RecipeError(f"recipe section 'data': {err}") from None
 

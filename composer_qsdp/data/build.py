@@ -1,4 +1,5 @@
-"""Command line: build GPT-2 token MDS shards (``train`` and ``val``) from a text source.
+"""Command line: build token MDS shards (``train`` and ``val``) from a text source, with GPT-2 BPE (the default) or a
+local Hugging Face tokenizer directory (``--tokenizer DIR``: Llama's, GPT-NeoX's...; ``uint32`` ids past 2**16).
 
 Examples::
 
@@ -58,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--c4-val-documents", type=int, default=10_000,
                         help="c4: documents taken from C4's validation split")
     parser.add_argument("--max-documents", type=int, help="stop after this many documents in total")
+    parser.add_argument("--tokenizer", default="gpt2",
+                        help="'gpt2' (offline GPT-2 BPE) or a local Hugging Face tokenizer directory")
     parser.add_argument("--skip-existing", action="store_true",
                         help="exit successfully, building nothing, when out_dir already holds finished shards")
     return parser
@@ -71,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         stats = write_token_shards(_documents(args), args.out_dir, args.seq_len,
-                                   max_documents=args.max_documents, progress=True)
+                                   max_documents=args.max_documents, progress=True, tokenizer=args.tokenizer)
     except (ValueError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
