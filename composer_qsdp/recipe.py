@@ -222,8 +222,10 @@ class TrainRecipe:
     save_overwrite: bool = _key(False, "overwrite existing checkpoints")
     load_path: Optional[str] = _key(None, "checkpoint to resume from")
     autoresume: bool = _key(False, "resume from the newest checkpoint in save_folder (needs run_name)")
-    progress_bar: bool = _key(True, "show a progress bar")
-    log_to_console: bool = _key(False, "print the logged metrics")
+    progress_bar: Optional[bool] = _key(None, "show Composer's progress bar; null: only when standard output is a "
+                                               "terminal (no ANSI redraws in log files, CI logs and notebooks)")
+    log_to_console: Optional[bool] = _key(None, "print the logged metrics every console_log_interval; null: when no "
+                                                "progress bar is shown")
     console_log_interval: str = _key("1ba", "print metrics every this long (> 0)")
     metrics_file: Optional[str] = _key(None, "process 0 writes the logged metrics, QSDP's byte counters and the "
                                              "peak GPU memory (with the memory_monitor callback) as JSON after "

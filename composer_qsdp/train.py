@@ -33,8 +33,8 @@ from composer_qsdp.recipe import (
     recipe_help,
 )
 
-__all__ = ["ALGORITHMS", "CollectiveTimeoutError", "RecipeError", "TrainRecipe", "ValidatedRecipe", "load_recipe",
-           "main", "set_aside_incomplete_checkpoints", "train"]
+__all__ = ["ALGORITHMS", "CollectiveTimeoutError", "RecipeError", "TrainRecipe", "ValidatedRecipe", "console_output",
+           "load_recipe", "main", "set_aside_incomplete_checkpoints", "train"]
 
 
 def _dataloader(recipe: ValidatedRecipe, split: str, batch_size: int, training: bool) -> Any:
@@ -52,6 +52,13 @@ def _dataloader(recipe: ValidatedRecipe, split: str, batch_size: int, training: 
                                       collate_fn=collate, vocab_size=recipe.model_config.vocab_size)
     except ValueError as err:
         raise RecipeError(f"recipe section 'data': {err}") from None
+
+
+def console_output(progress_bar: bool | None, log_to_console: bool | None, is_terminal: bool) -> tuple[bool, bool]:
+    """The ``(progress_bar, log_to_console)`` Composer gets: a recipe's null means a progress bar only on a terminal
+    (its ANSI redraws are noise in log files and notebooks) and metric lines where there is no bar."""
+    bar = is_terminal if progress_bar is None else progress_bar
+    return bar, (not bar) if log_to_console is None else log_to_console
 
 
 def _model(recipe: ValidatedRecipe) -> Any:
@@ -211,6 +218,7 @@ def train(recipe: ValidatedRecipe) -> Any:
     if cfg.metrics_file is not None:
         loggers.append(MetricsFile(cfg.metrics_file))
 
+    progress_bar, log_to_console = console_output(cfg.progress_bar, cfg.log_to_console, sys.stdout.isatty())
     trainer = Trainer(
         run_name=cfg.run_name,
         model=model,
@@ -233,8 +241,8 @@ def train(recipe: ValidatedRecipe) -> Any:
         save_overwrite=cfg.save_overwrite,
         load_path=cfg.load_path,
         autoresume=cfg.autoresume,
-        progress_bar=cfg.progress_bar,
-        log_to_console=cfg.log_to_console,
+        progress_bar=progress_bar,
+        log_to_console=log_to_console,
         console_log_interval=cfg.console_log_interval,
         loggers=loggers,
         callbacks=callbacks,

@@ -221,7 +221,9 @@ def test_any_composer_logger_or_callback_by_name_or_path(tmp_path):
     (tmp_path / "open.yaml").write_text(f"""
 base: {BASELINE}
 loggers: {{InMemoryLogger: {{}}}}
-callbacks: {{early_stopper: {{monitor: LanguageCrossEntropy, dataloader_label: val}}, "composer.callbacks:NaNMonitor": {{}}}}
+callbacks:
+  early_stopper: {{monitor: LanguageCrossEntropy, dataloader_label: val}}
+  "composer.callbacks:NaNMonitor": {{}}
 """)
     recipe = load_recipe(tmp_path / "open.yaml")
     assert recipe.logger_kwargs == {"InMemoryLogger": {}}
@@ -234,6 +236,20 @@ callbacks: {{early_stopper: {{monitor: LanguageCrossEntropy, dataloader_label: v
         load_recipe(tmp_path / "open.yaml", ["callbacks.early_stopper.monitr=x"])
     with pytest.raises(RecipeError, match=r"cannot import 'composer.callbacks:NoSuch' \('module:Class'\)"):
         component_class("callbacks", "composer.callbacks:NoSuch")
+
+
+@pytest.mark.parametrize("progress_bar,log_to_console,terminal,expected", [
+    (None, None, True, (True, False)),    # the recipe default on a terminal: the bar
+    (None, None, False, (False, True)),   # in a log file or a notebook: metric lines, no ANSI redraws
+    (True, None, False, (True, False)),   # an explicit choice wins
+    (False, False, True, (False, False)),
+])
+def test_progress_bar_only_on_a_terminal_by_default(progress_bar, log_to_console, terminal, expected):
+    from composer_qsdp.train import console_output
+
+    assert console_output(progress_bar, log_to_console, terminal) == expected
+    defaults = load_recipe(BASELINE).cfg
+    assert (defaults.progress_bar, defaults.log_to_console) == (None, None)
 
 
 def test_logger_without_its_package_names_the_extra():

@@ -1,4 +1,5 @@
-"""Training data: text -> tokens (GPT-2 or a local Hugging Face tokenizer) -> fixed-length samples -> MDS shards -> ``StreamingDataset`` batches.
+"""Training data: text -> tokens (GPT-2 or a local Hugging Face tokenizer) -> fixed-length samples -> MDS shards ->
+``StreamingDataset`` batches.
 
 Build shards from the command line with ``python -m composer_qsdp.data.build`` (see :mod:`composer_qsdp.data.build`),
 read them with :func:`build_token_dataloader`.

@@ -69,5 +69,6 @@ def test_one_unit_without_blocks_warns_with_the_fix():
             super().__init__()
             self.net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
 
-    with pytest.warns(UserWarning, match=r"Sequential \('net' of the OneNet\) has no fsdp_wrap_fn.*fsdp_wrap_fn\(module\)"):
+    fix = r"Sequential \('net' of the OneNet\) has no fsdp_wrap_fn.*fsdp_wrap_fn\(module\)"
+    with pytest.warns(UserWarning, match=fix):
         assert per_block_fsdp_units(OneNet()) == []
