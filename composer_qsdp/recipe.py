@@ -116,8 +116,22 @@ DEVICES = ("cpu", "gpu")
 PRECISIONS = ("fp32", "amp_bf16", "amp_fp16")
 FSDP_MIXED_PRECISION = ("DEFAULT", "PURE", "FULL")
 FSDP_STATE_DICT_TYPES = ("sharded", "full")
-OPTIMIZERS = ("decoupled_adamw",)
-SCHEDULERS = ("cosine_with_warmup",)
+#: Optimizers by name: Composer's (llm-foundry's names) and torch's Adam family, all taking the optimizer section's
+#: lr, betas, eps and weight_decay.
+OPTIMIZERS: dict[str, str] = {
+    "decoupled_adamw": "composer.optim:DecoupledAdamW",
+    "adamw": "torch.optim:AdamW",
+    "adam": "torch.optim:Adam",
+    "nadam": "torch.optim:NAdam",
+    "radam": "torch.optim:RAdam",
+    "adamax": "torch.optim:Adamax",
+}
+#: Schedules by name (llm-foundry's names): Composer's warm-up schedules taking t_warmup and alpha_f.
+SCHEDULERS: dict[str, str] = {
+    "cosine_with_warmup": "composer.optim:CosineAnnealingWithWarmupScheduler",
+    "linear_decay_with_warmup": "composer.optim:LinearWithWarmupScheduler",
+    "polynomial_with_warmup": "composer.optim:PolynomialWithWarmupScheduler",
+}
 # Composer's seeds are 32-bit (reproducibility.seed_all); QSDP's own seed is a 64-bit Philox key.
 MAX_SEED = 2**32 - 1
 # max_duration in 'dur' is circular; Composer refuses it.
@@ -151,7 +165,8 @@ class DataSettings:
 class OptimizerSettings:
     """Decoupled AdamW (Composer's ``DecoupledAdamW``)."""
 
-    name: str = _key("decoupled_adamw", "the optimizer; only Composer's DecoupledAdamW (llm-foundry's name)")
+    name: str = _key("decoupled_adamw", f"the optimizer: {', '.join(OPTIMIZERS)} (Composer's DecoupledAdamW by "
+                                        "llm-foundry's name, or torch.optim's class)")
     lr: float = _key(doc="peak learning rate")
     betas: list[float] = _key(doc="Adam's betas", factory=lambda: [0.9, 0.95])
     eps: float = _key(1e-8, "Adam's epsilon")
@@ -162,8 +177,8 @@ class OptimizerSettings:
 class SchedulerSettings:
     """Linear warm-up, then cosine decay to ``alpha_f * lr`` at the end of training."""
 
-    name: str = _key("cosine_with_warmup", "the schedule; only linear warm-up then cosine decay (llm-foundry's "
-                                           "name)")
+    name: str = _key("cosine_with_warmup", f"the schedule after a linear warm-up: {', '.join(SCHEDULERS)} "
+                                           "(llm-foundry's names of Composer's schedulers)")
     t_warmup: str = _key("100ba", "warm-up duration")
     alpha_f: float = _key(0.1, "final learning rate as a fraction of optimizer.lr")
 
@@ -540,13 +555,15 @@ def _validate(cfg: DictConfig) -> ValidatedRecipe:
     _check(cfg.data.num_workers >= 0, "data.num_workers", cfg.data.num_workers, "it must be >= 0")
 
     opt = cfg.optimizer
-    _check(opt.name in OPTIMIZERS, "optimizer.name", opt.name, f"allowed: {', '.join(OPTIMIZERS)}")
+    _check(opt.name in OPTIMIZERS, "optimizer.name", opt.name,
+           f"allowed: {', '.join(OPTIMIZERS)}{did_you_mean(opt.name, OPTIMIZERS)}")
     _check(opt.lr > 0, "optimizer.lr", opt.lr, "it must be > 0")
     _check(len(opt.betas) == 2 and all(0 <= b < 1 for b in opt.betas), "optimizer.betas", list(opt.betas),
            "it must be two numbers in [0, 1)")
     _check(opt.eps > 0, "optimizer.eps", opt.eps, "it must be > 0")
     _check(opt.weight_decay >= 0, "optimizer.weight_decay", opt.weight_decay, "it must be >= 0")
-    _check(cfg.scheduler.name in SCHEDULERS, "scheduler.name", cfg.scheduler.name, f"allowed: {', '.join(SCHEDULERS)}")
+    _check(cfg.scheduler.name in SCHEDULERS, "scheduler.name", cfg.scheduler.name,
+           f"allowed: {', '.join(SCHEDULERS)}{did_you_mean(cfg.scheduler.name, SCHEDULERS)}")
     _check(0 <= cfg.scheduler.alpha_f <= 1, "scheduler.alpha_f", cfg.scheduler.alpha_f, "it must be in [0, 1]")
     _check(cfg.grad_clip_norm is None or cfg.grad_clip_norm > 0, "grad_clip_norm", cfg.grad_clip_norm,
            "it must be > 0, or null to disable clipping")

@@ -24,11 +24,14 @@ from typing import Any
 
 from composer_qsdp.recipe import (
     ALGORITHMS,
+    OPTIMIZERS,
+    SCHEDULERS,
     RecipeError,
     TrainRecipe,
     ValidatedRecipe,
     build_algorithm,
     component_class,
+    load_class,
     load_recipe,
     recipe_help,
 )
@@ -173,7 +176,6 @@ def train(recipe: ValidatedRecipe) -> Any:
     """
     from composer import Evaluator, Trainer
     from composer.algorithms import GradientClipping
-    from composer.optim import CosineAnnealingWithWarmupScheduler, DecoupledAdamW
     from composer.utils import FSDP2Config, dist, reproducibility
     from omegaconf import OmegaConf
 
@@ -204,8 +206,8 @@ def train(recipe: ValidatedRecipe) -> Any:
     reproducibility.seed_all(cfg.seed)
     model = _model(recipe)
     opt = cfg.optimizer
-    optimizer = DecoupledAdamW(model.parameters(), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
-                               weight_decay=opt.weight_decay)
+    optimizer = load_class(OPTIMIZERS[opt.name])(model.parameters(), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
+                                                 weight_decay=opt.weight_decay)
     algorithms = [build_algorithm(name, kwargs) for name, kwargs in recipe.algorithm_kwargs.items()]
     if cfg.grad_clip_norm is not None:
         algorithms.append(GradientClipping(clipping_type="norm", clipping_threshold=cfg.grad_clip_norm))
@@ -227,7 +229,8 @@ def train(recipe: ValidatedRecipe) -> Any:
         eval_interval=cfg.eval_interval,
         max_duration=cfg.max_duration,
         optimizers=optimizer,
-        schedulers=CosineAnnealingWithWarmupScheduler(t_warmup=cfg.scheduler.t_warmup, alpha_f=cfg.scheduler.alpha_f),
+        schedulers=load_class(SCHEDULERS[cfg.scheduler.name])(t_warmup=cfg.scheduler.t_warmup,
+                                                              alpha_f=cfg.scheduler.alpha_f),
         algorithms=algorithms,
         device=cfg.device,
         precision=cfg.precision,

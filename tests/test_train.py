@@ -195,7 +195,8 @@ def test_two_processes_qsdp_resume_reproduces_losses(wiki_shards, tmp_path):
     (["fsdp.sharding_strategy=FULL_SHARD"], "here: fsdp.reshard_after_forward (true: FULL_SHARD"),
     (["algorithms.gradient_clipping.clipping_threshold=1"], "here: grad_clip_norm"),
     (["algorithms.qsdpp.weight_bits=8"], "known algorithms: qsdp, zero_one_adam; did you mean 'qsdp'?"),
-    (["optimizer.name=adam"], "recipe key 'optimizer.name' = 'adam' is invalid; allowed: decoupled_adamw"),
+    (["optimizer.name=sgd"], "recipe key 'optimizer.name' = 'sgd' is invalid; allowed: decoupled_adamw, adamw"),
+    (["scheduler.name=cosine_warmup"], "did you mean 'cosine_with_warmup'?"),
     (["model.name=hf_causl_lm"], "'model.name' = 'hf_causl_lm' is invalid; did you mean 'hf_causal_lm'?"),
     (["model.n_layer=2"], "unknown GPT config field(s) n_layer; did you mean 'n_layers'?"),
     # Loggers and callbacks: Composer's classes by name, their arguments checked against the class.
@@ -250,6 +251,21 @@ def test_progress_bar_only_on_a_terminal_by_default(progress_bar, log_to_console
     assert console_output(progress_bar, log_to_console, terminal) == expected
     defaults = load_recipe(BASELINE).cfg
     assert (defaults.progress_bar, defaults.log_to_console) == (None, None)
+
+
+def test_every_named_optimizer_and_schedule_takes_the_sections_keys():
+    """Each name builds with exactly the keys its section has (no key silently dropped)."""
+    from composer_qsdp.recipe import OPTIMIZERS, SCHEDULERS, load_class
+
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    for name, target in OPTIMIZERS.items():
+        optimizer = load_class(target)(params, lr=0.1, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.01)
+        assert optimizer.defaults["betas"] == (0.8, 0.9) and optimizer.defaults["eps"] == 1e-6, name
+    for name, target in SCHEDULERS.items():
+        schedule = load_class(target)(t_warmup="5ba", alpha_f=0.25)
+        assert (str(schedule.t_warmup), schedule.alpha_f) == ("5ba", 0.25), name
+    recipe = load_recipe(BASELINE, ["optimizer.name=adamw", "scheduler.name=linear_decay_with_warmup"])
+    assert (recipe.cfg.optimizer.name, recipe.cfg.scheduler.name) == ("adamw", "linear_decay_with_warmup")
 
 
 def test_logger_without_its_package_names_the_extra():
