@@ -317,7 +317,8 @@ class Plan(common.DriverPlan):
         return [f"max_duration={sum(self.window(config))}ba",
                 f"global_train_batch_size={self.global_batch(nproc)}", f"device_train_microbatch_size={self.micro}",
                 "data.remote=null", f"data.local={self.data}", "data.eval_split=null", "save_folder=null",
-                "load_path=null", "autoresume=false", "progress_bar=false", f"metrics_file={metrics_file}",
+                "load_path=null", "autoresume=false", "progress_bar=false", "log_to_console=false",
+                f"metrics_file={metrics_file}",
                 *config.overrides, *self._topology(config), *self.args.override,
                 # Last, so no override turns it off: ranks sharing a GPU over gloo measure no network.
                 "shared_gpu=false"]

@@ -324,7 +324,7 @@ class Plan(common.DriverPlan):
                 f"eval_interval={a.eval_interval}ba", f"eval_subset_num_batches={a.eval_batches}",
                 f"device_eval_batch_size={a.eval_batch_size}", f"save_folder={d / 'checkpoints'}",
                 f"save_interval={a.save_interval}ba", "save_num_checkpoints_to_keep=1", "autoresume=true",
-                "load_path=null", "progress_bar=false", f"data.num_workers={a.num_workers}",
+                "load_path=null", "progress_bar=false", "log_to_console=false", f"data.num_workers={a.num_workers}",
                 f"metrics_file={d / f'metrics-{segment:02d}.json'}",
                 *(["shared_gpu=true"] if self.shared else []), *ARMS[arm].overrides, *a.override]
 

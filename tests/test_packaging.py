@@ -16,6 +16,7 @@ from packaging.requirements import Requirement
 
 import composer_qsdp
 from composer_qsdp import QSDP
+from composer_qsdp.recipes.metrics_file import MetricsFile
 
 DIST = distribution("composer_qsdp")
 #: Packages that only the demo and hf extras bring (mosaicml-streaming needs matplotlib and transformers too, but
@@ -31,13 +32,20 @@ def test_install_requires_are_ranges_without_triton():
     assert pinned == [], f"exact pins in install_requires: {pinned} (the exact stack belongs in overrides.txt)"
     # torch brings the triton it was built with; a second requirement could only disagree with it.
     assert "triton" not in {r.name for r in core}
-    assert Requirement(next(r for r in DIST.requires if r.startswith("torch"))).specifier.contains("2.6.0")
+    # The ends CI tests (.ci/run): the foundry stack's torch 2.7.0, streaming 0.12.0, transformers 4.51.3; the
+    # pinned stack's torch 2.11.0, streaming 0.13.0, transformers 5.17.0.
+    ranges = {Requirement(r).name: Requirement(r).specifier for r in DIST.requires or []}
+    for name, ends in {"torch": ("2.7.0", "2.11.0"), "mosaicml-streaming": ("0.12.0", "0.13.0"),
+                       "transformers": ("4.51.3", "5.17.0"), "mosaicml": ("0.32.1",)}.items():
+        assert all(ranges[name].contains(end) for end in ends), (name, ranges[name], ends)
 
 
 def test_registered_for_llm_foundry_and_nowhere_else():
     (entry,) = [e for e in entry_points(group="llmfoundry_algorithms") if e.name == "qsdp"]
     assert entry.load() is QSDP
-    assert [e for e in DIST.entry_points if e.group != "llmfoundry_algorithms"] == []
+    (logger,) = [e for e in entry_points(group="llmfoundry_loggers") if e.name == "metrics_file"]
+    assert logger.load() is MetricsFile
+    assert {e.group for e in DIST.entry_points} == {"llmfoundry_algorithms", "llmfoundry_loggers"}
 
 
 def test_llm_foundry_registry_builds_qsdp():

@@ -196,7 +196,8 @@ def test_two_processes_qsdp_resume_reproduces_losses(wiki_shards, tmp_path):
     (["fsdp.sharding_strategy=FULL_SHARD"], "here: fsdp.reshard_after_forward (true: FULL_SHARD"),
     (["algorithms.gradient_clipping.clipping_threshold=1"], "here: grad_clip_norm"),
     (["algorithms.qsdpp.weight_bits=8"], "known algorithms: qsdp, zero_one_adam; did you mean 'qsdp'?"),
-    (["optimizer.name=adam"], "recipe key 'optimizer.name' = 'adam' is invalid; allowed: decoupled_adamw"),
+    (["optimizer.name=sgd"], "recipe key 'optimizer.name' = 'sgd' is invalid; allowed: decoupled_adamw, adamw"),
+    (["scheduler.name=cosine_warmup"], "did you mean 'cosine_with_warmup'?"),
     (["model.name=hf_causl_lm"], "'model.name' = 'hf_causl_lm' is invalid; did you mean 'hf_causal_lm'?"),
     (["model.n_layer=2"], "unknown GPT config field(s) n_layer; did you mean 'n_layers'?"),
     # Loggers and callbacks: Composer's classes by name, their arguments checked against the class.
@@ -209,6 +210,63 @@ def test_bad_recipe_names_the_key(overrides, message):
     with pytest.raises(RecipeError) as err:
         load_recipe(BASELINE, overrides)
     assert message in str(err.value)
+
+
+def test_any_composer_logger_or_callback_by_name_or_path(tmp_path):
+    """Names beyond this package's table resolve to Composer's own public classes (class name or snake case), and
+    a 'module:Class' path to any class; the arguments are checked against the class either way."""
+    from composer.callbacks import EarlyStopper, NaNMonitor
+    from composer.loggers import InMemoryLogger
+
+    from composer_qsdp.recipes.loader import component_class
+
+    (tmp_path / "open.yaml").write_text(f"""
+base: {BASELINE}
+loggers: {{InMemoryLogger: {{}}}}
+callbacks:
+  early_stopper: {{monitor: LanguageCrossEntropy, dataloader_label: val}}
+  "composer.callbacks:NaNMonitor": {{}}
+""")
+    recipe = load_recipe(tmp_path / "open.yaml")
+    assert recipe.logger_kwargs == {"InMemoryLogger": {}}
+    assert recipe.callback_kwargs["early_stopper"] == {"monitor": "LanguageCrossEntropy", "dataloader_label": "val"}
+    classes = {name: component_class("callbacks", name) for name in recipe.callback_kwargs}
+    assert classes == {"speed_monitor": classes["speed_monitor"], "lr_monitor": classes["lr_monitor"],
+                       "early_stopper": EarlyStopper, "composer.callbacks:NaNMonitor": NaNMonitor}
+    assert component_class("loggers", "InMemoryLogger") is InMemoryLogger
+    with pytest.raises(RecipeError, match="'callbacks.early_stopper.monitr' is unknown; did you mean 'monitor'"):
+        load_recipe(tmp_path / "open.yaml", ["callbacks.early_stopper.monitr=x"])
+    with pytest.raises(RecipeError, match=r"cannot import 'composer.callbacks:NoSuch' \('module:Class'\)"):
+        component_class("callbacks", "composer.callbacks:NoSuch")
+
+
+@pytest.mark.parametrize("progress_bar,log_to_console,terminal,expected", [
+    (None, None, True, (True, False)),    # the recipe default on a terminal: the bar
+    (None, None, False, (False, True)),   # in a log file or a notebook: metric lines, no ANSI redraws
+    (True, None, False, (True, False)),   # an explicit choice wins
+    (False, False, True, (False, False)),
+])
+def test_progress_bar_only_on_a_terminal_by_default(progress_bar, log_to_console, terminal, expected):
+    from composer_qsdp.recipes.train import console_output
+
+    assert console_output(progress_bar, log_to_console, terminal) == expected
+    defaults = load_recipe(BASELINE).cfg
+    assert (defaults.progress_bar, defaults.log_to_console) == (None, None)
+
+
+def test_every_named_optimizer_and_schedule_takes_the_sections_keys():
+    """Each name builds with exactly the keys its section has (no key silently dropped)."""
+    from composer_qsdp.recipes.loader import OPTIMIZERS, SCHEDULERS, load_class
+
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    for name, target in OPTIMIZERS.items():
+        optimizer = load_class(target)(params, lr=0.1, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.01)
+        assert optimizer.defaults["betas"] == (0.8, 0.9) and optimizer.defaults["eps"] == 1e-6, name
+    for name, target in SCHEDULERS.items():
+        schedule = load_class(target)(t_warmup="5ba", alpha_f=0.25)
+        assert (str(schedule.t_warmup), schedule.alpha_f) == ("5ba", 0.25), name
+    recipe = load_recipe(BASELINE, ["optimizer.name=adamw", "scheduler.name=linear_decay_with_warmup"])
+    assert (recipe.cfg.optimizer.name, recipe.cfg.scheduler.name) == ("adamw", "linear_decay_with_warmup")
 
 
 def test_logger_without_its_package_names_the_extra():

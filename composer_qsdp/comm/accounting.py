@@ -10,6 +10,14 @@ Hops: ``inter_node`` is the part of ``sent`` addressed to ranks on other nodes (
 :class:`~composer_qsdp.comm.topology.Topology`), counted point to point: a flat collective whose group has
 ``k`` of its ``W - 1`` peers on other nodes puts ``k`` of its ``W - 1`` chunks on the inter-node network. That
 is what a cluster pays for; the rest (``sent - inter_node``) stays on the node's NVLink/PCIe.
+
+Baselines: ``bf16`` and ``native`` are what the *collectives that ran* would have put on the wire in bf16 and in
+the input's dtype. A gather that a scheme serves from a replica every rank keeps (the difference scheme's second and
+later gathers of a step, e.g. FSDP2's backward re-gather) issues no collective: it is counted in ``calls`` and
+``served_locally`` and in neither ``sent`` nor the baselines. How many such re-gathers FSDP asks for depends on the
+torch release (torch 2.7 never reshards the root module after forward; torch >= 2.9 does when
+``reshard_after_forward`` is set explicitly, as Composer does), so counting them in the baselines would make the same
+traffic report different ratios on different stacks.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ class CallTraffic:
         inter_node: the part of ``sent`` addressed to ranks on other nodes.
         rel_error: when measured, a 0-dim fp32 device tensor ``||decode(encode(x)) - x|| / ||x||`` over this
             rank's input; ``None`` otherwise. Kept on the device so measuring never syncs the host.
+        served_locally: the call issued no collective (served from a replica); then every byte count is 0.
     """
 
     sent: int
@@ -39,6 +48,7 @@ class CallTraffic:
     native: int
     inter_node: int = 0
     rel_error: torch.Tensor | None = None
+    served_locally: bool = False
 
 
 def call_traffic(
@@ -67,11 +77,12 @@ class TrafficCounter:
     """Running totals of :class:`CallTraffic` (bytes, per rank, NCCL convention).
 
     Attributes:
-        calls: collective calls counted.
+        calls: calls of the scheme (FSDP's all-gathers or reduce-scatters), including those served locally.
         sent: bytes sent.
-        bf16: bytes a bf16 collective would have sent.
-        native: bytes the collective in its input dtype would have sent.
+        bf16: bytes bf16 collectives would have sent for the calls that issued one.
+        native: bytes collectives in the input dtype would have sent for the calls that issued one.
         inter_node: the part of ``sent`` addressed to ranks on other nodes.
+        served_locally: calls served from a replica without a collective (none of the byte counts include them).
     """
 
     calls: int = 0
@@ -79,10 +90,12 @@ class TrafficCounter:
     bf16: int = 0
     native: int = 0
     inter_node: int = 0
+    served_locally: int = 0
 
     def add(self, traffic: CallTraffic) -> None:
         """Count one call."""
         self.calls += 1
+        self.served_locally += traffic.served_locally
         self.sent += traffic.sent
         self.bf16 += traffic.bf16
         self.native += traffic.native
@@ -114,7 +127,8 @@ class TrafficCounter:
         return asdict(self)
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restore counts written by :meth:`state_dict` (``inter_node`` is 0 in checkpoints that predate it)."""
+        """Restore counts written by :meth:`state_dict` (``inter_node`` and ``served_locally`` are 0 in checkpoints
+        that predate them)."""
         for f in fields(self):
             setattr(self, f.name, int(state.get(f.name, 0)))
 
@@ -153,6 +167,8 @@ class TrafficReport:
             )
             if c.inter_node:
                 line += f" | inter-node {_size(c.inter_node)}"
+            if c.served_locally:
+                line += f" ({c.served_locally} served from the replica, no collective)"
             lines.append(line)
         return "\n".join(lines)
 

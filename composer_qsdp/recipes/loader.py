@@ -52,6 +52,8 @@ __all__ = [
     "ValidatedRecipe",
     "build_algorithm",
     "check_machine",
+    "component_class",
+    "composer_components",
     "load_class",
     "load_recipe",
     "recipe_help",
@@ -107,7 +109,8 @@ LLM_FOUNDRY_HINTS: dict[str, str] = {
     "train_loader": "data: MDS token shards (data.local or data.remote, data.train_split, data.shuffle, "
                     "data.num_workers)",
     "eval_loader": "data.eval_split: a split of the same shards",
-    "tokenizer": "nothing: the shards hold GPT-2 token ids (python -m composer_qsdp.recipes.data.build tokenizes)",
+    "tokenizer": "nothing: the shards hold token ids (python -m composer_qsdp.recipes.data.build tokenizes, with GPT-2 or "
+                 "--tokenizer DIR, a local Hugging Face tokenizer)",
     "max_seq_len": "model.max_seq_len",
     "global_seed": "seed",
     "device_train_batch_size": "global_train_batch_size (the samples of all processes together)",
@@ -119,8 +122,22 @@ DEVICES = ("cpu", "gpu")
 PRECISIONS = ("fp32", "amp_bf16", "amp_fp16")
 FSDP_MIXED_PRECISION = ("DEFAULT", "PURE", "FULL")
 FSDP_STATE_DICT_TYPES = ("sharded", "full")
-OPTIMIZERS = ("decoupled_adamw",)
-SCHEDULERS = ("cosine_with_warmup",)
+#: Optimizers by name: Composer's (llm-foundry's names) and torch's Adam family, all taking the optimizer section's
+#: lr, betas, eps and weight_decay.
+OPTIMIZERS: dict[str, str] = {
+    "decoupled_adamw": "composer.optim:DecoupledAdamW",
+    "adamw": "torch.optim:AdamW",
+    "adam": "torch.optim:Adam",
+    "nadam": "torch.optim:NAdam",
+    "radam": "torch.optim:RAdam",
+    "adamax": "torch.optim:Adamax",
+}
+#: Schedules by name (llm-foundry's names): Composer's warm-up schedules taking t_warmup and alpha_f.
+SCHEDULERS: dict[str, str] = {
+    "cosine_with_warmup": "composer.optim:CosineAnnealingWithWarmupScheduler",
+    "linear_decay_with_warmup": "composer.optim:LinearWithWarmupScheduler",
+    "polynomial_with_warmup": "composer.optim:PolynomialWithWarmupScheduler",
+}
 # Composer's seeds are 32-bit (reproducibility.seed_all); QSDP's own seed is a 64-bit Philox key.
 MAX_SEED = 2**32 - 1
 # max_duration in 'dur' is circular; Composer refuses it.
@@ -161,7 +178,8 @@ class DataSettings:
 class OptimizerSettings:
     """Decoupled AdamW (Composer's ``DecoupledAdamW``)."""
 
-    name: str = _key("decoupled_adamw", "the optimizer; only Composer's DecoupledAdamW (llm-foundry's name)")
+    name: str = _key("decoupled_adamw", f"the optimizer: {', '.join(OPTIMIZERS)} (Composer's DecoupledAdamW by "
+                                        "llm-foundry's name, or torch.optim's class)")
     lr: float = _key(doc="peak learning rate")
     betas: list[float] = _key(doc="Adam's betas", factory=lambda: [0.9, 0.95])
     eps: float = _key(1e-8, "Adam's epsilon")
@@ -172,8 +190,8 @@ class OptimizerSettings:
 class SchedulerSettings:
     """Linear warm-up, then cosine decay to ``alpha_f * lr`` at the end of training."""
 
-    name: str = _key("cosine_with_warmup", "the schedule; only linear warm-up then cosine decay (llm-foundry's "
-                                           "name)")
+    name: str = _key("cosine_with_warmup", f"the schedule after a linear warm-up: {', '.join(SCHEDULERS)} "
+                                           "(llm-foundry's names of Composer's schedulers)")
     t_warmup: str = _key("100ba", "warm-up duration")
     alpha_f: float = _key(0.1, "final learning rate as a fraction of optimizer.lr")
 
@@ -236,8 +254,10 @@ class TrainRecipe:
     save_overwrite: bool = _key(False, "overwrite existing checkpoints")
     load_path: Optional[str] = _key(None, "checkpoint to resume from")
     autoresume: bool = _key(False, "resume from the newest checkpoint in save_folder (needs run_name)")
-    progress_bar: bool = _key(True, "show a progress bar")
-    log_to_console: bool = _key(False, "print the logged metrics")
+    progress_bar: Optional[bool] = _key(None, "show Composer's progress bar; null: only when standard output is a "
+                                               "terminal (no ANSI redraws in log files, CI logs and notebooks)")
+    log_to_console: Optional[bool] = _key(None, "print the logged metrics every console_log_interval; null: when no "
+                                                "progress bar is shown")
     console_log_interval: str = _key("1ba", "print metrics every this long (> 0)")
     metrics_file: Optional[str] = _key(None, "process 0 writes the logged metrics, QSDP's byte counters and the "
                                              "peak GPU memory (with the memory_monitor callback) as JSON after "
@@ -484,20 +504,90 @@ def _check_entry(key: str, value: Any) -> None:
                           "({} for the defaults), or null (or false) to switch off one that a base recipe enabled")
 
 
-def _component_kwargs(section: str, builders: Mapping[str, Builder], name: str, value: Any) -> dict | None:
+#: The Composer module whose public classes a section's names resolve to, and the base class they must have.
+_COMPOSER_SECTIONS = {"loggers": ("composer.loggers", "LoggerDestination"),
+                      "callbacks": ("composer.callbacks", "Callback")}
+#: The llm-foundry registry of each section, where llm-foundry is installed (its entry points included).
+_LLM_FOUNDRY_REGISTRIES = {"loggers": "loggers", "callbacks": "callbacks"}
+
+
+def _snake(class_name: str) -> str:
+    """``SpeedMonitor`` -> ``speed_monitor``, ``MLFlowLogger`` -> ``mlflow_logger``, ``LRMonitor`` -> ``lr_monitor``."""
+    return re.sub(r"(?<!^)(?=[A-Z][a-z])", "_", class_name).lower()
+
+
+def composer_components(section: str) -> dict[str, str]:
+    """Every public Composer class of ``section`` (``"loggers"`` or ``"callbacks"``) by recipe name -> "module:Class".
+
+    A class answers to its own name (``EarlyStopper``) and its snake-case name (``early_stopper``); a logger also
+    without its ``_logger`` suffix (``tensorboard``, ``wandb``, ``mlflow``, ``in_memory``)."""
+    module_name, base_name = _COMPOSER_SECTIONS[section]
+    module = importlib.import_module(module_name)
+    base = getattr(importlib.import_module("composer.core" if section == "callbacks" else "composer.loggers"),
+                   base_name)
+    names: dict[str, str] = {}
+    for class_name in getattr(module, "__all__", ()):
+        cls = getattr(module, class_name, None)
+        if not (isinstance(cls, type) and issubclass(cls, base)) or cls is base:
+            continue
+        target = f"{module_name}:{class_name}"
+        snake = _snake(class_name)
+        for name in (class_name, snake, snake.removesuffix("_logger") if section == "loggers" else snake):
+            names.setdefault(name, target)
+    return names
+
+
+def _llm_foundry_component(section: str, name: str) -> type | None:
+    """The class llm-foundry's registry holds under ``name``, where llm-foundry is installed."""
+    if importlib.util.find_spec("llmfoundry") is None:
+        return None
+    registry = getattr(importlib.import_module("llmfoundry.registry"), _LLM_FOUNDRY_REGISTRIES[section])
+    return registry.get(name) if name in registry.get_all() else None
+
+
+def component_class(section: str, name: str) -> type:
+    """The class a recipe's ``loggers`` or ``callbacks`` entry ``name`` names.
+
+    Looked up in order: this package's names (:data:`LOGGERS`, :data:`CALLBACKS`), a ``"module:Class"`` path, every
+    public Composer class of the section (:func:`composer_components`), llm-foundry's registry of the section
+    (where llm-foundry is installed; packages register there through ``llmfoundry_loggers`` /
+    ``llmfoundry_callbacks`` entry points).
+
+    Raises:
+        RecipeError: no such name (with a suggestion), an optional package is missing, or a path cannot be imported.
+    """
+    key = f"{section}.{name}"
+    builders = LOGGERS if section == "loggers" else CALLBACKS
+    builder = builders.get(name)
+    if builder is not None:
+        if builder.package is not None and importlib.util.find_spec(builder.package) is None:
+            raise RecipeError(f"recipe key '{key}' needs the {builder.package} package: "
+                              f"pip install 'mosaicml[{builder.package}]'")
+        return load_class(builder.target)
+    if ":" in name:
+        try:
+            return load_class(name)
+        except (ImportError, AttributeError, ValueError) as err:
+            raise RecipeError(f"recipe key '{key}': cannot import {name!r} ('module:Class'): {err}") from None
+    composer = composer_components(section)
+    if name in composer:
+        return load_class(composer[name])
+    found = _llm_foundry_component(section, name)
+    if found is not None:
+        return found
+    known = sorted({*builders, *(n for n in composer if n.islower())})
+    raise RecipeError(f"recipe key '{key}': no {section[:-1]} named {name!r}{did_you_mean(name, known)}; "
+                      f"known: {', '.join(known)}, llm-foundry's registered names where it is installed, or a "
+                      "'module:Class' path")
+
+
+def _component_kwargs(section: str, name: str, value: Any) -> dict | None:
     """The keyword arguments of the logger or callback ``name`` (None: switched off), checked against its class."""
     key = f"{section}.{name}"
-    if name not in builders:
-        raise RecipeError(f"recipe key '{key}': no {section[:-1]} named {name!r}{did_you_mean(name, builders)}; "
-                          f"known: {', '.join(builders)}")
     kwargs = _entry_kwargs(key, value)
     if kwargs is None:
         return None
-    builder = builders[name]
-    if builder.package is not None and importlib.util.find_spec(builder.package) is None:
-        raise RecipeError(f"recipe key '{key}' needs the {builder.package} package: "
-                          f"pip install 'mosaicml[{builder.package}]'")
-    _check_arguments(key, load_class(builder.target), kwargs)
+    _check_arguments(key, component_class(section, name), kwargs)
     return kwargs
 
 
@@ -558,13 +648,15 @@ def _validate(cfg: DictConfig) -> ValidatedRecipe:
     _check(cfg.data.num_workers >= 0, "data.num_workers", cfg.data.num_workers, "it must be >= 0")
 
     opt = cfg.optimizer
-    _check(opt.name in OPTIMIZERS, "optimizer.name", opt.name, f"allowed: {', '.join(OPTIMIZERS)}")
+    _check(opt.name in OPTIMIZERS, "optimizer.name", opt.name,
+           f"allowed: {', '.join(OPTIMIZERS)}{did_you_mean(opt.name, OPTIMIZERS)}")
     _check(0 < opt.lr < math.inf, "optimizer.lr", opt.lr, "it must be a finite number > 0")
     _check(len(opt.betas) == 2 and all(0 <= b < 1 for b in opt.betas), "optimizer.betas", list(opt.betas),
            "it must be two numbers in [0, 1)")
     _check(0 < opt.eps < math.inf, "optimizer.eps", opt.eps, "it must be a finite number > 0")
     _check(opt.weight_decay >= 0, "optimizer.weight_decay", opt.weight_decay, "it must be >= 0")
-    _check(cfg.scheduler.name in SCHEDULERS, "scheduler.name", cfg.scheduler.name, f"allowed: {', '.join(SCHEDULERS)}")
+    _check(cfg.scheduler.name in SCHEDULERS, "scheduler.name", cfg.scheduler.name,
+           f"allowed: {', '.join(SCHEDULERS)}{did_you_mean(cfg.scheduler.name, SCHEDULERS)}")
     _check(0 <= cfg.scheduler.alpha_f <= 1, "scheduler.alpha_f", cfg.scheduler.alpha_f, "it must be in [0, 1]")
     _check(cfg.grad_clip_norm is None or cfg.grad_clip_norm > 0, "grad_clip_norm", cfg.grad_clip_norm,
            "it must be > 0, or null to disable clipping")
@@ -583,8 +675,8 @@ def _validate(cfg: DictConfig) -> ValidatedRecipe:
            cfg.autoresume, "autoresume needs save_folder and run_name")
 
     components = {}
-    for section, builders in (("loggers", LOGGERS), ("callbacks", CALLBACKS)):
-        enabled = {name: _component_kwargs(section, builders, name, value) for name, value in cfg[section].items()}
+    for section in ("loggers", "callbacks"):
+        enabled = {name: _component_kwargs(section, name, value) for name, value in cfg[section].items()}
         components[section] = {name: kwargs for name, kwargs in enabled.items() if kwargs is not None}
 
     algorithm_kwargs = {}
@@ -717,6 +809,9 @@ def recipe_help() -> str:
                           f"null or false switches off one that a base recipe enabled; {section}={{}} none at all")
         lines += [f"  {name}: {b.target.replace(':', '.')}" + (f" (needs mosaicml[{b.package}])" if b.package else "")
                   for name, b in builders.items()]
+        lines += _wrapped(f"  and every other public class of {_COMPOSER_SECTIONS[section][0]} by its name or "
+                          "snake-case name (e.g. early_stopper, checkpoint_saver), llm-foundry's registered names "
+                          "where it is installed, or a 'module:Class' path", "  ")
         lines.append("")
     lines += _wrapped("algorithms: {name: {keyword arguments of its class}}; {} for the defaults; null or false "
                       "switches off one that a base recipe enabled; algorithms={} none at all")

@@ -25,20 +25,22 @@ from typing import Any
 
 from composer_qsdp.recipes.loader import (
     ALGORITHMS,
-    CALLBACKS,
-    LOGGERS,
+    OPTIMIZERS,
+    SCHEDULERS,
     RecipeError,
     TrainRecipe,
     ValidatedRecipe,
     build_algorithm,
     check_machine,
+    component_class,
     load_class,
     load_recipe,
     recipe_help,
 )
 
 __all__ = ["ALGORITHMS", "RECIPE_ERROR_STATUS", "CollectiveTimeoutError", "PeerExitedError", "RecipeError",
-           "TrainRecipe", "ValidatedRecipe", "load_recipe", "main", "set_aside_incomplete_checkpoints", "train"]
+           "TrainRecipe", "ValidatedRecipe", "console_output", "load_recipe", "main", "set_aside_incomplete_checkpoints",
+           "train"]
 
 
 def _dataloader(recipe: ValidatedRecipe, split: str, batch_size: int, training: bool) -> Any:
@@ -53,9 +55,16 @@ def _dataloader(recipe: ValidatedRecipe, split: str, batch_size: int, training: 
         return build_token_dataloader(cfg.data.local, split, batch_size, recipe.model_config.max_seq_len,
                                       remote=cfg.data.remote, shuffle=training and cfg.data.shuffle,
                                       shuffle_seed=cfg.seed, num_workers=cfg.data.num_workers, drop_last=training,
-                                      collate_fn=collate)
+                                      collate_fn=collate, vocab_size=recipe.model_config.vocab_size)
     except ValueError as err:
         raise RecipeError(f"recipe section 'data': {err}") from None
+
+
+def console_output(progress_bar: bool | None, log_to_console: bool | None, is_terminal: bool) -> tuple[bool, bool]:
+    """The ``(progress_bar, log_to_console)`` Composer gets: a recipe's null means a progress bar only on a terminal
+    (its ANSI redraws are noise in log files and notebooks) and metric lines where there is no bar."""
+    bar = is_terminal if progress_bar is None else progress_bar
+    return bar, (not bar) if log_to_console is None else log_to_console
 
 
 def _model(recipe: ValidatedRecipe) -> Any:
@@ -203,7 +212,6 @@ def train(recipe: ValidatedRecipe) -> Any:
     """
     from composer import Evaluator, Trainer
     from composer.algorithms import GradientClipping
-    from composer.optim import CosineAnnealingWithWarmupScheduler, DecoupledAdamW
     from composer.utils import FSDP2Config, dist, reproducibility
     from omegaconf import OmegaConf
 
@@ -238,8 +246,8 @@ def train(recipe: ValidatedRecipe) -> Any:
     reproducibility.seed_all(cfg.seed)
     model = _model(recipe)
     opt = cfg.optimizer
-    optimizer = DecoupledAdamW(model.parameters(), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
-                               weight_decay=opt.weight_decay)
+    optimizer = load_class(OPTIMIZERS[opt.name])(model.parameters(), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
+                                                 weight_decay=opt.weight_decay)
     algorithms = [build_algorithm(name, kwargs) for name, kwargs in recipe.algorithm_kwargs.items()]
     if cfg.grad_clip_norm is not None:
         algorithms.append(GradientClipping(clipping_type="norm", clipping_threshold=cfg.grad_clip_norm))
@@ -247,11 +255,12 @@ def train(recipe: ValidatedRecipe) -> Any:
     if cfg.fsdp is not None:
         # An FSDP2Config (not a dict) selects FSDP2 in composer 0.32.1 without the FSDP_VERSION variable.
         parallelism = {"fsdp": FSDP2Config(**OmegaConf.to_container(cfg.fsdp))}
-    loggers = [load_class(LOGGERS[name].target)(**kwargs) for name, kwargs in recipe.logger_kwargs.items()]
-    callbacks = [load_class(CALLBACKS[name].target)(**kwargs) for name, kwargs in recipe.callback_kwargs.items()]
+    loggers = [component_class("loggers", name)(**kwargs) for name, kwargs in recipe.logger_kwargs.items()]
+    callbacks = [component_class("callbacks", name)(**kwargs) for name, kwargs in recipe.callback_kwargs.items()]
     if cfg.metrics_file is not None:
         loggers.append(MetricsFile(cfg.metrics_file))
 
+    progress_bar, log_to_console = console_output(cfg.progress_bar, cfg.log_to_console, sys.stdout.isatty())
     trainer = Trainer(
         run_name=cfg.run_name,
         model=model,
@@ -260,7 +269,8 @@ def train(recipe: ValidatedRecipe) -> Any:
         eval_interval=cfg.eval_interval,
         max_duration=cfg.max_duration,
         optimizers=optimizer,
-        schedulers=CosineAnnealingWithWarmupScheduler(t_warmup=cfg.scheduler.t_warmup, alpha_f=cfg.scheduler.alpha_f),
+        schedulers=load_class(SCHEDULERS[cfg.scheduler.name])(t_warmup=cfg.scheduler.t_warmup,
+                                                              alpha_f=cfg.scheduler.alpha_f),
         algorithms=algorithms,
         device=device,
         precision=cfg.precision,
@@ -274,8 +284,8 @@ def train(recipe: ValidatedRecipe) -> Any:
         save_overwrite=cfg.save_overwrite,
         load_path=cfg.load_path,
         autoresume=cfg.autoresume,
-        progress_bar=cfg.progress_bar,
-        log_to_console=cfg.log_to_console,
+        progress_bar=progress_bar,
+        log_to_console=log_to_console,
         console_log_interval=cfg.console_log_interval,
         loggers=loggers,
         callbacks=callbacks,

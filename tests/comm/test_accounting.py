@@ -1,6 +1,6 @@
 """Byte accounting: NCCL's (W-1)/W convention, running totals, ratios and the report's text."""
 
-from composer_qsdp.comm import TrafficCounter, TrafficReport, call_traffic
+from composer_qsdp.comm import CallTraffic, TrafficCounter, TrafficReport, call_traffic
 
 
 def test_call_traffic_counts_the_peers_chunks_only():
@@ -24,7 +24,7 @@ def test_counters_accumulate_subtract_and_round_trip():
     restored.load_state_dict(counter.state_dict())
     assert restored == counter
     restored.load_state_dict({"calls": 1, "sent": 2, "bf16": 3, "native": 4})  # a checkpoint without hops
-    assert restored == TrafficCounter(1, 2, 3, 4, 0)
+    assert restored == TrafficCounter(1, 2, 3, 4, 0, 0)
     assert TrafficCounter().ratio_vs_bf16 == 1.0  # nothing sent: no division by zero
 
 
@@ -36,6 +36,15 @@ def test_report_totals_and_summary():
     lines = report.summary().splitlines()
     assert lines[0].startswith("weights (all-gather)") and "1000 B" in lines[0] and "2.00x less" in lines[0]
     assert "3.0 MiB" in lines[1] and "4.00x less" in lines[1] and "1 calls" in lines[1]
+
+
+def test_calls_served_locally_count_no_bytes():
+    counter = TrafficCounter()
+    counter.add(call_traffic(2, 1024, 520, 4))
+    counter.add(CallTraffic(sent=0, bf16=0, native=0, served_locally=True))
+    assert (counter.calls, counter.served_locally, counter.sent, counter.bf16) == (2, 1, 520, 2048)
+    assert counter.ratio_vs_bf16 == 2048 / 520  # the ratio of the collective that ran
+    assert "(1 served from the replica, no collective)" in TrafficReport(counter, TrafficCounter()).summary()
 
 
 def test_summary_names_inter_node_bytes_when_there_are_any():

@@ -465,6 +465,8 @@ def test_weight_differences_train_with_identical_weights_and_free_regathers(run)
         per_rank = [-(-rows // world) * (numel // rows) for rows, numel in zip((HID, ODD, OUT), shards)]
     expected = sum((world - 1) * (4 * n + (STEPS - 1) * codec.wire_bytes(n)) for n in per_rank)
     assert traffic.calls == 2 * 3 * STEPS and traffic.sent == expected
+    # The backward re-gathers issue no collective: outside the baselines, which count the forward gathers only.
+    assert traffic.served_locally == 3 * STEPS and traffic.native == sum((world - 1) * 4 * n * STEPS for n in per_rank)
     assert res["memory"] == 4 * world * sum(per_rank)  # one fp32 replica per rank
     # The layout maps the reference back to the parameters: the last forward's weights, per parameter.
     assert torch.equal(res["split"]["weight"], res["forward"][-1]["l2"])

@@ -16,8 +16,9 @@ from composer_qsdp.auto import AutoOptions
 from composer_qsdp.recipes.train import RecipeError, load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
-# yamls/base/ holds partial settings that recipes extend; they are not recipes themselves.
-RECIPES = sorted(p for p in (ROOT / "yamls").rglob("*.yaml") if p.parent.name != "base")
+# yamls/base/ holds partial settings that recipes extend; they are not recipes themselves. yamls/llm-foundry/ holds
+# llm-foundry's yamls, trained by llm-foundry (tests/integrations/test_llm_foundry.py).
+RECIPES = sorted(p for p in (ROOT / "yamls").rglob("*.yaml") if p.parent.name not in ("base", "llm-foundry"))
 PAPER_C4 = ["data.remote=s3://bucket/c4-gpt2-t2048"]
 # Paper-family recipes that train with DDP (no sharding) instead of FSDP.
 DDP_RECIPES = {"ddp-baseline", "zero-one-adam"}

@@ -52,10 +52,14 @@ def _rank_side(info: RankInfo, walk: float) -> dict:
 def _one_dtype(info: RankInfo, walk: float, dtype: torch.dtype) -> dict:
     scheme = make_weight_scheme("difference", _codec())
     scheme.setup(dist.group.WORLD, Topology(info.world_size))
+    # The same unit where FSDP never re-gathers it in backward (torch 2.7's root module).
+    forward_only = make_weight_scheme("difference", _codec())
+    forward_only.setup(dist.group.WORLD, Topology(info.world_size))
     gathered, regathered, sent = [], [], []
     for step in range(STEPS):
         if step:
             scheme.on_optimizer_step()
+            forward_only.on_optimizer_step()
         shard = _weights(info.world_size, step, walk).to(dtype)[info.rank * N:(info.rank + 1) * N]
         out = torch.empty(info.world_size * N, dtype=dtype)
         out[info.rank * N:(info.rank + 1) * N] = shard  # FSDP2 gathers in place: input aliases the own slot
@@ -63,12 +67,13 @@ def _one_dtype(info: RankInfo, walk: float, dtype: torch.dtype) -> dict:
         scheme.all_gather(out, out[info.rank * N:(info.rank + 1) * N], seed=step)
         sent.append(scheme.traffic.sent - before)
         gathered.append(out.clone())
+        forward_only.all_gather(torch.empty_like(out), shard.clone(), seed=step)
         again = torch.empty_like(out)
         before = scheme.traffic.sent
         scheme.all_gather(again, shard.clone(), seed=step)  # the backward re-gather of the same step
         regathered.append((torch.equal(again, out), scheme.traffic.sent - before))
     return {"gathered": gathered, "regathered": regathered, "sent": sent, "keyframes": scheme.keyframes,
-            "memory": scheme.memory_bytes()}
+            "memory": scheme.memory_bytes(), "traffic": scheme.traffic, "forward_only": forward_only.traffic}
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -76,6 +81,20 @@ def test_reference_follows_algorithm_4_bit_for_bit(world):
     results = run_ranks(_rank_side, world, 1e-3)
     for dtype in (torch.float32, torch.bfloat16):
         _check_against_reference(world, dtype, [res[dtype] for res in results])
+
+
+def test_regathers_served_from_the_reference_stay_out_of_every_byte_count():
+    """Whether FSDP re-gathers a unit in backward depends on the torch release (the root module: never on torch
+    2.7, on torch >= 2.9 when reshard_after_forward is explicit): the same traffic reports the same bytes and
+    ratios either way, the re-gathers only in calls and served_locally."""
+    world = 2
+    for res in run_ranks(_rank_side, world, 1e-3):
+        for dtype, side in res.items():
+            both, once = side["traffic"], side["forward_only"]
+            assert (both.sent, both.bf16, both.native) == (once.sent, once.bf16, once.native), dtype
+            assert (both.calls, both.served_locally) == (2 * STEPS, STEPS) and once.served_locally == 0
+            element = torch.tensor([], dtype=dtype).element_size()
+            assert both.bf16 == STEPS * (world - 1) * N * 2 and both.native == STEPS * (world - 1) * N * element
 
 
 def _check_against_reference(world: int, dtype: torch.dtype, results: list[dict]) -> None:

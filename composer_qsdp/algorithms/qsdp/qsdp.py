@@ -13,6 +13,8 @@ from composer.callbacks import CheckpointSaver
 from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 from composer.utils import dist
+from torch import nn
+from torchmetrics import Metric, MetricCollection
 
 from composer_qsdp.comm import TrafficCounter, TrafficReport
 from composer_qsdp import fsdp1, fsdp2
@@ -20,7 +22,7 @@ from composer_qsdp.auto import AutoOptions, AutoPolicy, POLICIES
 from composer_qsdp.config import QSDPConfig
 from composer_qsdp.engine import NonFiniteWeightError, QSDPHandle, ResumeSettingsWarning
 
-__all__ = ["QSDP", "check_run"]
+__all__ = ["QSDP", "check_run", "per_block_fsdp_units"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,47 @@ def check_run(fsdp_config_version: int, world_size: int) -> str | None:
     return "fsdp1" if fsdp_config_version == 1 else f"fsdp2-{fsdp2.default_comm_path()}"
 
 
+def _chooses_units(network: nn.Module) -> bool:
+    """Whether ``network`` already tells Composer's FSDP wrapping which submodules are units."""
+    return callable(getattr(network, "fsdp_wrap_fn", None)) or any(
+        hasattr(module, "_fsdp_wrap") for module in network.modules())
+
+
+def per_block_fsdp_units(model: nn.Module) -> list[str]:
+    """Make each transformer block of a Hugging Face network in ``model`` its own FSDP unit, as llm-foundry does.
+
+    Composer's FSDP wraps every direct child of a ``ComposerModel`` as one unit, and within it only the submodules
+    its ``fsdp_wrap_fn`` selects. A ``transformers`` model in Composer's ``HuggingFaceModel`` has none, so it would be
+    one unit: the whole model gathered at once, and QSDP's quantized collectives one per step instead of one per
+    block. For each child without its own choice (no ``fsdp_wrap_fn``, no ``_fsdp_wrap`` attribute) that names its
+    block classes in ``_no_split_modules`` (every ``transformers`` ``PreTrainedModel``: GPT-2's ``GPT2Block``, Llama's
+    ``LlamaDecoderLayer``...), this sets an ``fsdp_wrap_fn`` selecting those classes. A single child with parameters
+    and neither gets a warning naming the fix. QSDP calls it at ``Event.INIT``, before the Trainer wraps the model.
+
+    Returns:
+        The block class names now wrapped, per child: ``["model: GPT2Block"]``; empty when nothing was changed.
+    """
+    children = [(name, child) for name, child in model.named_children()
+                if any(True for _ in child.parameters()) and not isinstance(child, (Metric, MetricCollection))]
+    changed = []
+    for name, child in children:
+        if _chooses_units(child):
+            continue
+        blocks = tuple(getattr(child, "_no_split_modules", None) or ())
+        if blocks:
+            child.fsdp_wrap_fn = lambda module, blocks=blocks: type(module).__name__ in blocks
+            changed.append(f"{name}: {', '.join(blocks)}")
+        elif len(children) == 1:
+            warnings.warn(
+                f"QSDP: {type(child).__name__} ('{name}' of the {type(model).__name__}) has no fsdp_wrap_fn, so FSDP "
+                "makes it one unit: the whole model is gathered at once and each step has one quantized all-gather "
+                "and one reduce-scatter. Give it an fsdp_wrap_fn(module) -> bool that selects its blocks (e.g. "
+                "`lambda m: isinstance(m, Block)`), as Composer's FSDP docs describe", stacklevel=2)
+    if changed:
+        log.info("QSDP: one FSDP unit per transformer block (%s)", "; ".join(changed))
+    return changed
+
+
 class QSDP(Algorithm):
     """Quantize FSDP's weight all-gathers and gradient reduce-scatters (QSDP, Markov et al., ICML 2023).
 
@@ -74,6 +117,10 @@ class QSDP(Algorithm):
     :meth:`QSDPConfig.from_preset <composer_qsdp.QSDPConfig.from_preset>`), which is how yaml recipes'
     ``algorithms: {qsdp: {preset: w8g4, grad_bits: 4}}`` build it. The config is recorded in the hyperparameters
     (``qsdp/config``) and in checkpoints.
+
+    At ``Event.INIT``, before the Trainer wraps the model, a Hugging Face network without its own choice of FSDP
+    units gets one unit per transformer block (:func:`per_block_fsdp_units`); otherwise Composer would make it a
+    single unit.
 
     Its checkpoint state (seed schedule, byte counters, scheme state) records the settings it was written under. A
     resume under other settings (bits, codecs, schemes, world size) continues with the new ones and warns with
@@ -174,6 +221,8 @@ class QSDP(Algorithm):
         return f"QSDP({name}weight_bits={self.config.weights.bits}, grad_bits={self.config.grads.bits})"
 
     def match(self, event: Event, state: State) -> bool:
+        if event == Event.INIT:  # before the Trainer wraps the model: the FSDP units can still be chosen
+            return state.fsdp_config is not None
         if event == Event.AFTER_LOAD:
             return self.handle is None
         if self.handle is None:
@@ -183,8 +232,10 @@ class QSDP(Algorithm):
         return event in (Event.BATCH_END, Event.FIT_END)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
-        assert event == Event.AFTER_LOAD or self.handle is not None
-        if event == Event.AFTER_LOAD:
+        assert event in (Event.INIT, Event.AFTER_LOAD) or self.handle is not None
+        if event == Event.INIT:
+            per_block_fsdp_units(state.model)
+        elif event == Event.AFTER_LOAD:
             self._install(state, logger)
         elif event == Event.BATCH_END:
             if self.auto is not None and self.auto.phase != "done":

@@ -1,4 +1,5 @@
-"""Training data: text -> GPT-2 tokens -> fixed-length samples -> MDS shards -> ``StreamingDataset`` batches.
+"""Training data: text -> tokens (GPT-2 or a local Hugging Face tokenizer) -> fixed-length samples -> MDS shards ->
+``StreamingDataset`` batches.
 
 Build shards from the command line with ``python -m composer_qsdp.recipes.data.build`` (see :mod:`composer_qsdp.recipes.data.build`),
 read them with :func:`build_token_dataloader`.
@@ -17,12 +18,19 @@ from composer_qsdp.recipes.data.sources import (
     text_directory_documents,
     wikipedia_sample_documents,
 )
-from composer_qsdp.recipes.data.tokenizer import EOT_TOKEN_ID, gpt2_tokenizer
+from composer_qsdp.recipes.data.tokenizer import (
+    EOT_TOKEN_ID,
+    TextTokenizer,
+    gpt2_tokenizer,
+    load_tokenizer,
+    write_gpt2_tokenizer,
+)
 
 __all__ = [
     "EOT_TOKEN_ID",
     "SplitStats",
     "TRAIN_SPLIT",
+    "TextTokenizer",
     "TokenSamples",
     "UnreadableShardError",
     "VAL_SPLIT",
@@ -31,10 +39,12 @@ __all__ = [
     "c4_documents",
     "default_python_source_roots",
     "gpt2_tokenizer",
+    "load_tokenizer",
     "python_source_documents",
     "python_source_files",
     "shards_exist",
     "text_directory_documents",
     "wikipedia_sample_documents",
+    "write_gpt2_tokenizer",
     "write_token_shards",
 ]

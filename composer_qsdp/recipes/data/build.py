@@ -1,4 +1,5 @@
-"""Command line: build GPT-2 token MDS shards (``train`` and ``val``) from a text source.
+"""Command line: build token MDS shards (``train`` and ``val``) from a text source, with GPT-2 BPE (the default) or a
+local Hugging Face tokenizer directory (``--tokenizer DIR``: Llama's, GPT-NeoX's...; ``uint32`` ids past 2**16).
 
 Examples::
 
@@ -60,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-documents", type=int, help="stop after this many documents in total")
     parser.add_argument("--max-train-tokens", type=int,
                         help="stop once the train split holds this many tokens (a smaller corpus to carry)")
+    parser.add_argument("--tokenizer", default="gpt2",
+                        help="'gpt2' (offline GPT-2 BPE) or a local Hugging Face tokenizer directory")
     parser.add_argument("--skip-existing", action="store_true",
                         help="exit successfully, building nothing, when out_dir already holds finished shards")
     return parser
@@ -74,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         stats = write_token_shards(_documents(args), args.out_dir, args.seq_len,
                                    max_documents=args.max_documents,
-                                   max_train_tokens=args.max_train_tokens, progress=True)
+                                   max_train_tokens=args.max_train_tokens, progress=True, tokenizer=args.tokenizer)
     except (ValueError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

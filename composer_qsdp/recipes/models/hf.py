@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from composer_qsdp._names import did_you_mean
-from composer_qsdp.recipes.models.config import GPT2_VOCAB_SIZE
 
 __all__ = ["HFCausalLMConfig", "build_hf_causal_lm", "causal_lm_batch", "hf_causal_lm_config"]
 
@@ -115,8 +114,8 @@ def hf_causal_lm_config(
 
     Raises:
         ValueError: a missing or doubled source, an unknown model type or config field, a directory without
-            config or weights, a model without a causal-LM head or transformer blocks, a vocabulary smaller
-            than the GPT-2 tokens of the shards, or a bad ``max_seq_len``.
+            config or weights, a model without a causal-LM head or transformer blocks, or a bad ``max_seq_len``
+            (the shards' token ids are checked against the vocabulary when they are read).
         ImportError: ``transformers`` is not installed.
     """
     if (config is None) == (pretrained_model_name_or_path is None):
@@ -146,9 +145,6 @@ def hf_causal_lm_config(
     if not blocks:
         raise ValueError(f"{mapping[type(hf_config)].__name__} names no transformer block class "
                          "(_no_split_modules), so FSDP cannot shard it block by block")
-    if hf_config.vocab_size < GPT2_VOCAB_SIZE:
-        raise ValueError(f"vocab_size={hf_config.vocab_size} is smaller than the {GPT2_VOCAB_SIZE} GPT-2 tokens "
-                         "the shards hold")
     longest = getattr(hf_config, "max_position_embeddings", None)
     if max_seq_len is None:
         max_seq_len = longest

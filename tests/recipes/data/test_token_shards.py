@@ -202,3 +202,48 @@ def test_c4_needs_datasets(monkeypatch):
         next(c4_documents(10))
     with pytest.raises(ValueError, match="val_documents=-1"):
         next(c4_documents(-1))
+
+
+def _large_vocabulary_tokenizer(directory) -> dict[str, int]:
+    """A word-level Hugging Face tokenizer directory whose words have ids above 2**16 (built offline with
+    ``tokenizers``); returns its word -> id map."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+
+    vocab = {f"<filler{i}>": i for i in range(70_000)}
+    for word in ["[UNK]", "[EOS]", *WORDS, "Document", *(f"{i}." for i in range(60))]:
+        vocab[word] = len(vocab)
+    core = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = WhitespaceSplit()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]",
+                                         eos_token="[EOS]").save_pretrained(directory)
+    return vocab
+
+
+def test_a_local_tokenizer_directory_with_ids_past_16_bits_writes_uint32_shards(tmp_path):
+    vocab = _large_vocabulary_tokenizer(tmp_path / "tokenizer")
+    texts = make_corpus(tmp_path / "text", 20)
+    seq_len = 8
+    write_token_shards(text_directory_documents(tmp_path / "text", 0.0), tmp_path / "shards", seq_len,
+                       tokenizer=tmp_path / "tokenizer")
+    stream = [vocab[word] for text in texts for word in [*text.split(), "[EOS]"]]  # the reference packing
+    full = len(stream) // seq_len
+    expected = np.array(stream[: full * seq_len]).reshape(full, seq_len)
+    assert expected.max() >= 2**16  # ids a uint16 column would wrap
+    dataset = StreamingDataset(local=str(tmp_path / "shards"), split="train", shuffle=False)
+    assert dataset[0]["tokens"].dtype == np.uint32
+    np.testing.assert_array_equal(read_split(tmp_path / "shards", "train"), expected)
+    batches = build_token_dataloader(tmp_path / "shards", "train", 2, seq_len, shuffle=False, vocab_size=len(vocab))
+    assert torch.equal(next(iter(batches)), torch.from_numpy(expected[:2]))
+    with pytest.raises(ValueError, match=r"holds token id \d+, but the model's vocabulary has 50257 ids"):
+        build_token_dataloader(tmp_path / "shards", "train", 2, seq_len, shuffle=False, vocab_size=50257)
+
+
+def test_gpt2_shards_stay_uint16_and_bad_tokenizers_are_named(tmp_path):
+    make_corpus(tmp_path / "text", 4)
+    write_token_shards(text_directory_documents(tmp_path / "text", 0.0), tmp_path / "shards", 8)
+    assert StreamingDataset(local=str(tmp_path / "shards"), split="train")[0]["tokens"].dtype == np.uint16
+    with pytest.raises(ValueError, match="tokenizer 'llama' is neither 'gpt2' nor a local tokenizer directory"):
+        write_token_shards([("train", "x")], tmp_path / "e", 8, tokenizer="llama")
