@@ -24,16 +24,14 @@ HARNESS_ONLY = ("streaming", "tiktoken", "tiktoken_ext", "omegaconf", "gpt3_toke
 _WITHOUT_HARNESS = f"""
 import sys
 
-class Blocked:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in {HARNESS_ONLY!r}:
-            raise ImportError(f"{{name}} is blocked: only the harness may need it")
-
-sys.meta_path.insert(0, Blocked())
+# As if not installed: importing them fails, and availability probes (importlib.util.find_spec, which
+# transformers runs under torchmetrics on some stacks) answer None.
+for name in {HARNESS_ONLY!r}:
+    sys.modules[name] = None
 from composer_qsdp import QSDP, QSDPConfig, apply_qsdp
 import composer_qsdp.auto, composer_qsdp.ddp, composer_qsdp.fsdp1, composer_qsdp.fsdp2, composer_qsdp.optim
 qsdp = QSDP(QSDPConfig.from_preset("sdp4bit"))
-print(sorted(m for m in sys.modules if m.split(".")[0] in {HARNESS_ONLY!r}))
+print(sorted(m for m, module in sys.modules.items() if module is not None and m.split(".")[0] in {HARNESS_ONLY!r}))
 """
 
 
