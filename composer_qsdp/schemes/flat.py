@@ -4,6 +4,8 @@ quantizes the ``W`` destination chunks of its gradient, one all-to-all delivers 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -32,5 +34,10 @@ class FlatReduceScatter(GradScheme):
     ) -> CallTraffic:
         return quantized_reduce_scatter(
             output, input, self.codec, group, op, seed, measure_error=measure_error,
-            off_node_peers=self._off_node_peers,
+            off_node_peers=self._off_node_peers, **self._feedback(input),
         )
+
+    def _feedback(self, input: torch.Tensor) -> dict[str, Any]:
+        """Error-feedback arguments of the collective for this call's ``input``: none here (a subclass keeps a
+        residual)."""
+        return {}

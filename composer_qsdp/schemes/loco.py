@@ -43,17 +43,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from composer_qsdp.comm import CallTraffic, quantized_reduce_scatter
 from composer_qsdp.quant import Codec
 from composer_qsdp.validate import check_choice, check_int
-from composer_qsdp.schemes.base import GradScheme
+from composer_qsdp.schemes.flat import FlatReduceScatter
 
 __all__ = ["LoCoReduceScatter"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-class LoCoReduceScatter(GradScheme):
+class LoCoReduceScatter(FlatReduceScatter):
     """Flat quantized reduce-scatter with a per-rank error-feedback residual (see the module docstring).
 
     Args:
@@ -88,20 +87,8 @@ class LoCoReduceScatter(GradScheme):
         self._steps_since_reset = 0
         self._restored: torch.Tensor | None = None
 
-    def _reduce_scatter(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        op: dist.ReduceOp | dist.ReduceOp.RedOpType,
-        seed: int,
-        group: dist.ProcessGroup,
-        measure_error: bool,
-    ) -> CallTraffic:
-        residual = self._residual_for(input)
-        return quantized_reduce_scatter(
-            output, input, self.codec, group, op, seed, measure_error=measure_error,
-            off_node_peers=self._off_node_peers, residual=residual, residual_beta=self.beta,
-        )
+    def _feedback(self, input: torch.Tensor) -> dict[str, Any]:
+        return {"residual": self._residual_for(input), "residual_beta": self.beta}
 
     def _residual_for(self, input: torch.Tensor) -> torch.Tensor:
         if self._restored is not None:
