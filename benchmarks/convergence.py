@@ -55,10 +55,12 @@ end at slightly different losses; ``baseline-seed2`` (another seed: other initia
 the noise band every gap is read against.
 
 Scheduling: arms start in ``--arms`` order (the first that fits) while the processes of all running arms fit ``--max-ranks``. With a GPU per
-rank, each arm holds ``nproc`` GPUs of its own (``CUDA_VISIBLE_DEVICES``). With fewer GPUs than an arm's processes
-(or ``--shared-gpu true``), every arm runs with the recipes' ``shared_gpu=true``: its ranks share the GPUs over
-gloo (``composer_qsdp.shared_gpu``), which computes what a GPU per rank would; the step times then say nothing
-about a network. ``--max-ranks`` is the memory budget: GPT-125M at sequence length 512 takes roughly 6 GB per
+rank, each arm holds ``nproc`` GPUs of its own (``CUDA_VISIBLE_DEVICES``). With fewer GPUs than the widest arm's
+processes, a ``--max-ranks`` above the GPUs, or ``--shared-gpu true``, the arms share every visible GPU: an arm with more processes than GPUs (every
+arm, with ``--shared-gpu true``) runs with the recipes' ``shared_gpu=true``, its ranks sharing the GPUs over gloo
+(``composer_qsdp.shared_gpu``), which computes what a GPU per rank would; an arm with at most one process per GPU
+keeps NCCL, rank ``r`` on GPU ``r``, beside the other arms' processes. Step times of such runs say nothing about a
+network. ``--max-ranks`` is the memory budget: GPT-125M at sequence length 512 takes roughly 6 GB per
 process at ``--micro-batch 8`` (about twice that at 16).
 
 ``--matrix`` runs every seed system once (:data:`MATRIX_ARMS`): FSDP2 with two seeds, DDP, W8G8, W8G4, W4G4,
@@ -184,6 +186,13 @@ ARMS: dict[str, Arm] = {
                               "0/1 Adam without local steps (a 1-bit sync every step)", "ddp-baseline"),
     "zero-one-adam-fp32": Arm("zero-one-adam.yaml", ("algorithms.zero_one_adam.codec=null",),
                               "0/1 Adam without compression (variance freezing and local steps only)", "ddp-baseline"),
+    "zero-one-adam-densev": Arm("zero-one-adam.yaml", ("algorithms.zero_one_adam.var_update_scaler=100000",),
+                                "0/1 Adam with the variance updated (exact fp32 all-reduce) at every step until the "
+                                "freeze", "ddp-baseline"),
+    "zero-one-adam-exact": Arm("zero-one-adam.yaml", ("algorithms.zero_one_adam.var_update_scaler=100000",
+                                                      "algorithms.zero_one_adam.var_freeze_step=1.0dur"),
+                               "0/1 Adam that never freezes: an exact fp32 all-reduce and variance update every step "
+                               "(AdamW with the step bound and the optimizer's clipping)", "ddp-baseline"),
 }
 #: The arms run when ``--arms`` is not given: the FSDP ones.
 DEFAULT_ARMS = ("baseline", "w8g8", "w4g4", "w4g4-learned", "w4g4-hadamard", "w8g4", "qwd-w4g8", "qwd-w4g4",
@@ -316,6 +325,15 @@ class Plan(common.DriverPlan):
     def arm_dir(self, arm: str) -> Path:
         return self.out_dir / arm
 
+    def gloo(self, arm: str) -> bool:
+        """Whether ``arm``'s ranks share GPUs over gloo: in a shared plan, with more processes than GPUs or
+        ``--shared-gpu true``; an arm with a GPU per rank keeps NCCL even while other arms use those GPUs."""
+        return self.shared and (self.args.shared_gpu == "true" or self.nproc(arm) > len(self.gpus))
+
+    def backend(self, arm: str) -> str:
+        """The collective back end of ``arm``'s ranks."""
+        return "gloo" if self.gloo(arm) or not self.gpus else "nccl"
+
     def overrides(self, arm: str, segment: int) -> list[str]:
         a, d = self.args, self.arm_dir(arm)
         return [f"run_name={arm}", "data.remote=null", f"data.local={self.corpus}", "data.train_split=train",
@@ -326,7 +344,8 @@ class Plan(common.DriverPlan):
                 f"save_interval={a.save_interval}ba", "save_num_checkpoints_to_keep=1", "autoresume=true",
                 "load_path=null", "progress_bar=false", "log_to_console=false", f"data.num_workers={a.num_workers}",
                 f"metrics_file={d / f'metrics-{segment:02d}.json'}",
-                *(["shared_gpu=true"] if self.shared else []), *ARMS[arm].overrides, *a.override]
+                *([f"shared_gpu={str(self.gloo(arm)).lower()}"] if self.shared else []), *ARMS[arm].overrides,
+                *a.override]
 
 
 def _visible_gpus() -> list[str]:
@@ -355,14 +374,16 @@ def _plan(args: argparse.Namespace) -> Plan:
                          "pass --eval-batches -1 (the whole val split, the same samples at every world size)")
     gpus = _visible_gpus()
     widest = max(nprocs.values())
-    shared = bool(gpus) and (args.shared_gpu == "true" or (args.shared_gpu == "auto" and len(gpus) < widest))
+    # Arms share the GPUs when one arm is wider than the GPUs or more processes than GPUs may run at once.
+    oversubscribed = len(gpus) < widest or (args.max_ranks or 0) > len(gpus)
+    shared = bool(gpus) and (args.shared_gpu == "true" or (args.shared_gpu == "auto" and oversubscribed))
     if gpus and not shared and len(gpus) < widest:
         raise SystemExit(f"--shared-gpu false: an arm of {widest} processes needs {widest} GPUs, {len(gpus)} visible")
     max_ranks = args.max_ranks or (len(gpus) if gpus and not shared else widest)
     if max_ranks < widest or (gpus and not shared and max_ranks > len(gpus)):
         raise SystemExit(f"--max-ranks {max_ranks} is invalid; it must be >= {widest} (the widest arm's processes)"
-                         + (f" and <= {len(gpus)} (the GPUs; --shared-gpu true to put several ranks on one)"
-                            if gpus and not shared else ""))
+                         + (f" and <= {len(gpus)} (the GPUs, with --shared-gpu false)" if gpus and not shared
+                            else ""))
     # What changes the numbers: two directories (or invocations) of different settings must not be mixed.
     settings = {"recipe_dir": str(recipe_dir), "steps": args.steps, "seq_len": args.seq_len,
                 "global_batch": args.global_batch, "micro_batch": args.micro_batch, "nproc": args.nproc,
@@ -483,8 +504,10 @@ def _start_arm(plan: Plan, arm: str, gpus: list[str]) -> subprocess.Popen:
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     common.write_json(arm_dir / "arm.json", {"arm": arm, **ARMS[arm].__dict__, "nproc": plan.nproc(arm),
-                                             "micro_batch": plan.micro(arm), "settings": plan.settings})
-    where = f"GPUs {','.join(gpus)}" if gpus else ("shared GPUs (gloo)" if plan.shared else "CPU")
+                                             "micro_batch": plan.micro(arm), "backend": plan.backend(arm),
+                                             "settings": plan.settings})
+    where = (f"GPUs {','.join(gpus)}" if gpus else "shared GPUs (gloo)" if plan.gloo(arm) else
+             "shared GPUs, one per rank (nccl)" if plan.shared else "CPU")
     print(f"{arm}: launch {segment}, {plan.nproc(arm)} processes on {where}", flush=True)
     return common.start(command, arm_dir / f"log-{segment:02d}.txt", env)
 
@@ -518,6 +541,7 @@ def summarize(plan: Plan) -> dict[str, Any]:
             "overrides": list(ARMS[arm].overrides),
             "nproc": plan.nproc(arm),
             "micro_batch": plan.micro(arm),
+            "backend": plan.backend(arm),
             "complete": (plan.arm_dir(arm) / "done.json").is_file(),
             "launches": _next_segment(plan.arm_dir(arm)),
             "curve": [[step, loss] for step, loss in curve],
@@ -611,8 +635,10 @@ def _ranks_text(plan: Plan, arms: dict[str, Any]) -> str:
     for arm, r in arms.items():
         by_n.setdefault((r["nproc"], r["micro_batch"]), []).append(arm)
     groups = "; ".join(f"{n} processes, micro-batch {m}: {', '.join(names)}" for (n, m), names in by_n.items())
-    where = (f"ranks sharing {len(plan.gpus)} GPU(s) over gloo (shared_gpu: the numerics of a GPU per rank; step "
-             "times are not network measurements)" if plan.shared else
+    gloo = [arm for arm in arms if plan.gloo(arm)]
+    where = (f"ranks sharing {len(plan.gpus)} GPU(s); over gloo (shared_gpu: the numerics of a GPU per rank): "
+             f"{', '.join(gloo) or 'none'}; the others over NCCL, a GPU per rank; step times are not network "
+             "measurements" if plan.shared else
              "a GPU per rank" if plan.gpus else "CPU processes (gloo)")
     return f"{groups}; {where}, at most {plan.max_ranks} processes at once"
 
@@ -703,7 +729,8 @@ def write_results(plan: Plan, manifest: dict[str, Any], status: str, quiet: bool
     directory (and ``$OUT``, unless ``quiet``: the progress writes while arms run); returns the record."""
     head = common.header(min(len(plan.gpus), plan.max_ranks) if plan.gpus else plan.max_ranks)
     if plan.shared:
-        head["device"] += f"; ranks share the GPU(s) over gloo (shared_gpu), at most {plan.max_ranks} at once"
+        head["device"] += (f"; arms share the GPU(s), at most {plan.max_ranks} processes at once; arms with more "
+                           "processes than GPUs over gloo (shared_gpu)")
     arms = summarize(plan)
     record = {"header": head, "settings": {**plan.settings, "max_ranks": plan.max_ranks}, "status": status,
               "corpus": manifest, "arms": arms, "noise_band_pct": noise_band_pct(arms)}
@@ -921,8 +948,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="processes of all running arms together, at most: arms start while they fit (default: "
                              "the visible GPUs with a GPU per rank, else the widest arm's processes)")
     parser.add_argument("--shared-gpu", choices=("auto", "true", "false"), default="auto",
-                        help="ranks share the GPUs over gloo (the recipes' shared_gpu key): auto (default) when an "
-                             "arm has more processes than there are GPUs")
+                        help="arms share the GPUs: auto (default) when an arm has more processes than there are GPUs "
+                             "or --max-ranks exceeds the GPUs; arms wider than the GPUs (every arm, with true) then "
+                             "run over gloo (the recipes' shared_gpu key), the others over NCCL, a GPU per rank")
     parser.add_argument("--results-interval-s", type=float, default=60.0,
                         help="rewrite the results files from the arms' metrics this often while arms run (default "
                              "60 s; the metrics files themselves are rewritten after every evaluation)")

@@ -120,13 +120,31 @@ def test_shared_gpus_put_every_arm_on_them_over_gloo(tiny_recipes, tmp_path, mon
         plan_for(tiny_recipes, tmp_path, "--matrix", "--shared-gpu", "false", "--eval-batches", "-1", *gpu)
 
 
+def test_arms_with_a_gpu_per_rank_keep_nccl_beside_shared_ones(tiny_recipes, tmp_path, monkeypatch):
+    monkeypatch.setattr(convergence, "_visible_gpus", lambda: ["0", "1"])
+    gpu = ["-o", "device=gpu", "-o", "precision=amp_bf16"]
+    plan = plan_for(tiny_recipes, tmp_path, "--matrix", "--micro-batch", "2", "--eval-batches", "-1",
+                    "--max-ranks", "8", *gpu)
+    assert plan.shared and plan.max_ranks == 8
+    for arm in plan.args.arms:
+        four = arm.endswith("-2x2")
+        assert f"shared_gpu={str(four).lower()}" in plan.overrides(arm, 0)
+        assert plan.backend(arm) == ("gloo" if four else "nccl")
+    forced = plan_for(tiny_recipes, tmp_path, "--matrix", "--micro-batch", "2", "--eval-batches", "-1",
+                      "--shared-gpu", "true", *gpu)
+    assert all("shared_gpu=true" in forced.overrides(arm, 0) for arm in forced.args.arms)
+
+
 def test_a_gpu_per_rank_changes_nothing(tiny_recipes, tmp_path, monkeypatch):
     monkeypatch.setattr(convergence, "_visible_gpus", lambda: [str(i) for i in range(8)])
     plan = plan_for(tiny_recipes, tmp_path, "--matrix", "--eval-batches", "-1")
     assert not plan.shared and plan.max_ranks == 8
     assert not any(o.startswith("shared_gpu") for o in plan.overrides("baseline", 0))
-    with pytest.raises(SystemExit, match=r"--max-ranks 9 is invalid; .* <= 8 \(the GPUs"):
-        plan_for(tiny_recipes, tmp_path, "--matrix", "--max-ranks", "9", "--eval-batches", "-1")
+    with pytest.raises(SystemExit, match=r"--max-ranks 9 is invalid; .* <= 8 \(the GPUs, with --shared-gpu false"):
+        plan_for(tiny_recipes, tmp_path, "--matrix", "--max-ranks", "9", "--eval-batches", "-1", "--shared-gpu",
+                 "false")
+    more = plan_for(tiny_recipes, tmp_path, "--matrix", "--max-ranks", "16", "--eval-batches", "-1")
+    assert more.shared and all(more.backend(arm) == "nccl" for arm in more.args.arms)
 
 
 def test_scheduler_keeps_the_running_ranks_within_the_budget(tiny_recipes, tmp_path, monkeypatch):
