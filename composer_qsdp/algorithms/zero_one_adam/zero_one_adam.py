@@ -16,9 +16,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from composer_qsdp.comm import TrafficCounter, TrafficReport
 from composer_qsdp.ddp import LocalGradients, apply_zero_one_adam
-from composer_qsdp.optim import ZeroOneAdam
+from composer_qsdp.optim import SchedulePlan, ZeroOneAdam
 
-__all__ = ["ZeroOneAdamDDP", "to_zero_one_adam"]
+__all__ = ["ZeroOneAdamDDP", "planned_ratio", "to_zero_one_adam"]
 
 
 def _duration(name: str, value: str) -> Time:
@@ -48,9 +48,17 @@ log = logging.getLogger(__name__)
 
 #: The options of ZeroOneAdam the algorithm sets when it builds the optimizer.
 OPTIONS = ("var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper", "bias_correction",
-           "max_grad_norm", "bound_updates", "codec", "bucket_size", "ranks_per_node")
+           "max_grad_norm", "bound_updates", "codec", "variance_codec", "variance_rescale", "bucket_size",
+           "ranks_per_node")
 #: The options that may be durations of the run (resolved against ``max_duration`` at ``Event.FIT_START``).
 DURATIONS = ("var_freeze_step", "local_step_scaler")
+
+
+def planned_ratio(optimizer: ZeroOneAdam, plan: SchedulePlan) -> float:
+    """DDP's fp32 all-reduce bytes over ``plan``'s run divided by what ``optimizer`` is expected to send (its 1-bit
+    codec, its variance updates' codec and ``variance_rescale``'s statistics)."""
+    return plan.ratio_vs_fp32(optimizer.bits_per_element, optimizer.variance_bits_per_element,
+                              optimizer.stats_bits_per_element)
 
 
 def to_zero_one_adam(optimizer: torch.optim.Optimizer, **options: Any) -> ZeroOneAdam:
@@ -267,9 +275,8 @@ class ZeroOneAdamDDP(Algorithm):
                 duration.value * total)
             setattr(schedule, name, max(1, steps))
         plan = schedule.plan(total)
-        bits = self.optimizer.bits_per_element
         log.info("0/1 Adam over %d steps: %s; about %.1fx fewer bytes than DDP's fp32 all-reduce", total, plan,
-                 plan.ratio_vs_fp32(bits))
+                 planned_ratio(self.optimizer, plan))
         if plan.first_local_step is None:
             warnings.warn(f"0/1 Adam's variance never freezes in this run (var_freeze_step={schedule.var_freeze_step}"
                           f" >= max_duration {total} steps): no local steps; 1-bit and fp32 steps only", stacklevel=2)
