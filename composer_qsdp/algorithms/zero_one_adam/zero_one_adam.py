@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -138,6 +139,10 @@ class ZeroOneAdamDDP(Algorithm):
         bound_updates: bound each element's Adam step (default True; see ZeroOneAdam).
         bias_correction: Adam's bias corrections (default False, DeepSpeed's update; True matches AdamW's).
         codec: the compressor, ``"sign"`` (default) or ``None`` for exact fp32 synchronizations.
+        variance_codec: the codec of the variance updates' all-reduce (default None: fp32), e.g. ``"symmetric"``
+            (8 bits, about a quarter of the bytes); see ZeroOneAdam.
+        variance_rescale: scale the frozen variance per bucket by the change of the synchronized squared gradients
+            since the last variance update (default False); see ZeroOneAdam.
         bucket_size: elements per codec scale (default: at most 256 and a divisor of every matrix's rows).
         ranks_per_node: ranks sharing a node, for the per-hop byte count (default: ``LOCAL_WORLD_SIZE``).
 
@@ -270,10 +275,8 @@ class ZeroOneAdamDDP(Algorithm):
         assert self.optimizer is not None
         schedule = self.optimizer.schedule
         total = _batches(state.max_duration, state, "max_duration")
-        for name, duration in self._durations.items():
-            steps = _batches(duration, state, name) if duration.unit != TimeUnit.DURATION else round(
-                duration.value * total)
-            setattr(schedule, name, max(1, steps))
+        for name, steps in self._steps(total).items():
+            setattr(schedule, name, steps)
         plan = schedule.plan(total)
         log.info("0/1 Adam over %d steps: %s; about %.1fx fewer bytes than DDP's fp32 all-reduce", total, plan,
                  planned_ratio(self.optimizer, plan))
@@ -284,6 +287,24 @@ class ZeroOneAdamDDP(Algorithm):
             warnings.warn("bound_updates=False with a frozen variance: an element whose gradient grows above its "
                           "frozen variance takes a step of hundreds of learning rates (GPT-125M diverged so); keep "
                           "bound_updates=True", stacklevel=2)
+
+    def plan(self, params: Iterable[torch.Tensor], total_steps: int) -> tuple[SchedulePlan, float]:
+        """What a run of ``total_steps`` optimizer steps over ``params`` does with these options (the duration
+        options resolved against it), and about how many times fewer bytes than DDP's fp32 all-reduce it sends:
+        the plan the algorithm logs at ``Event.FIT_START``, before any process group exists.
+
+        Args:
+            params: the model's trainable parameters (only their shapes matter: meta tensors do).
+            total_steps: the run's optimizer steps (``max_duration`` in batches).
+        """
+        optimizer = ZeroOneAdam(params, **{**self.options, **self._steps(total_steps)})
+        plan = optimizer.schedule.plan(total_steps)
+        return plan, planned_ratio(optimizer, plan)
+
+    def _steps(self, total: int) -> dict[str, int]:
+        """The duration options in optimizer steps of a run of ``total`` steps (at least 1)."""
+        return {name: max(1, round(d.value * total) if d.unit == TimeUnit.DURATION else int(d.value))
+                for name, d in self._durations.items()}
 
     def _log_batch(self, logger: Logger) -> None:
         assert self.optimizer is not None
