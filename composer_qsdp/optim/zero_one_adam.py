@@ -7,7 +7,8 @@ Each rank holds a full replica and its *local* gradient; the optimizer does all 
 ``beta1``, ``beta2``, ``eps``, ``wd`` of the parameter's group, ``d = sqrt(v) + eps`` and ``B`` the step bound::
 
     variance phase (t <= var_freeze_step):
-        if t in T_v: g = exact fp32 mean over ranks of the gradient;  v = beta2 * v + (1 - beta2) * g * g
+        if t in T_v: g = mean over ranks of the gradient (exact fp32, or variance_codec's all-reduce without error
+                         feedback);  v = beta2 * v + (1 - beta2) * g * g
         else:        g = d * (1-bit mean over ranks of g_local / d, with error feedback)
         m = beta1 * m + (1 - beta1) * g
         x = x - lr * (clamp(m / d, -B, B) + wd * x)
@@ -19,6 +20,22 @@ Each rank holds a full replica and its *local* gradient; the optimizer does all 
             u = 1-bit mean over ranks of u, with error feedback
             m = -u * d / S                 # the lr-weighted mean momentum of the interval
             x = x_sync + u;   x_sync = x;   S = 0
+
+``variance_rescale=True`` keeps the frozen variance's magnitude current, per bucket ``b`` of the codec's flat
+layout (``bucket_size`` elements of one tensor), from one fp32 per bucket per synchronization::
+
+    every step:            q_b = beta2 * q_b + (1 - beta2) * sum over b of g_rank^2   # this rank's, as the step uses
+                           e_b = beta2 * e_b                                            # it (clipped): local
+    T_v steps, T_u steps:  e_b = e_b + (mean over ranks of q_b);   q_b = 0              # one fp32 all-reduce
+                           c_b = e_b / (1 - beta2^t)                                    # bias-corrected EMA
+    T_v steps:             r_b = c_b                                  # the reference: when v was last written
+    local-step phase:      d = sqrt(v * clamp(c_b / r_b, 1/100, 100)) + eps   (ratio 1 where r_b = 0)
+
+``c_b / r_b`` is how much the ranks' squared gradients in the bucket changed since the variance was last updated;
+the ratio is set at a synchronization and used until the next one, computed from all-reduced values only, so the
+replicas stay bit-identical. ``v`` itself stays frozen (the checkpoints hold it, ``e``, ``r``, the ratio and every
+rank's ``q``). The bounds (:data:`RESCALE_BOUNDS`: a tenfold change of ``sqrt(v)`` either way) keep a bucket whose
+gradient is rarely non-zero (an embedding row of a rare token) from taking a hundredfold step when one comes.
 
 ``B = max(1, sqrt((1 - beta1) / (1 - beta2)))`` (``bound_updates=True``, the default) is a bound that Adam with a
 current variance never exceeds (see ``_update_bound``); with a stale or frozen ``v`` an element whose gradient grew
@@ -39,6 +56,13 @@ What differs from DeepSpeed, on purpose:
   a large gradient and divides it by its small ``d``, while in preconditioned units the elements of a bucket have
   comparable sizes. ``d`` is the same on every rank, so the mean is unchanged; only the compression error moves.
 * Each element's step ``m / d`` is bounded by ``B`` (``bound_updates``); DeepSpeed has no bound.
+* ``variance_codec`` (off by default) sends the variance updates through a codec (8-bit symmetric: about a quarter of
+  an fp32 all-reduce), so that the variance can be updated at every step until the freeze: with ``beta2 = 0.95``
+  Adam's ``v`` averages about 20 steps, and DeepSpeed's doubling ``T_v`` leaves it stale in between. Its error
+  does not feed back: error feedback makes a sum of the sent values exact, not a sum of their squares, and a
+  residue carried into the next update would enter ``v`` twice.
+* ``variance_rescale`` (off by default): the frozen variance follows the gradients' synchronized per-bucket
+  statistics (above); DeepSpeed and the paper freeze ``v`` as it is.
 * ``max_grad_norm`` clips (DeepSpeed accepts it and ignores it; its engine clips before the optimizer, on the
   local gradient).
 
@@ -134,6 +158,13 @@ class ZeroOneAdam(torch.optim.Optimizer):
         amsgrad: must be False (0/1 Adam has no AMSGrad variant).
         codec: the compressor of the synchronizations: a deterministic codec name (``"sign"``: 0/1 Adam's 1-bit
             signs with an L2 scale), or ``None`` for exact fp32 means (an ablation without compression).
+        variance_codec: the compressor of the variance updates' all-reduce (``T_v`` steps): ``None`` (default:
+            exact fp32), a deterministic codec name (``"symmetric"``: 8 bits with one fp32 scale per bucket,
+            ``8 + 32 / bucket_size`` bits per element) or a mapping of :func:`~composer_qsdp.quant.make_codec`
+            options with its ``name`` (``{"name": "symmetric", "bits": 6}``); at ``bucket_size`` unless given.
+        variance_rescale: scale the frozen variance per bucket by the change of the ranks' squared gradients since
+            the last variance update (see the module docstring; default False). Costs one fp32 per bucket on every
+            variance update and local-phase synchronization.
         bucket_size: elements sharing one codec scale. Default: :func:`default_bucket_size`, at most 256 (1.125 bits
             per element) and a divisor of every matrix's rows, so that a scale covers one embedding token's row or
             one unit's weights only: an element whose gradients are far smaller than its bucket's would get the
