@@ -40,8 +40,9 @@ gradient is rarely non-zero (an embedding row of a rare token) from taking a hun
 ``B = max(1, sqrt((1 - beta1) / (1 - beta2)))`` (``bound_updates=True``, the default) is a bound that Adam with a
 current variance never exceeds (see ``_update_bound``); with a stale or frozen ``v`` an element whose gradient grew
 above its last variance update would otherwise step hundreds of learning rates (GPT-125M diverged within 10-30
-steps of every freeze). ``max_grad_norm`` clips the exact mean gradient on ``T_v`` steps (DDP's clipping) and each
-rank's gradient before it is compressed or used locally on the other steps (so the mean is within the bound too).
+steps of every freeze). ``max_grad_norm`` clips the mean gradient on ``T_v`` steps (DDP's clipping; with
+``variance_codec``, the decoded mean) and each rank's gradient before it is compressed or used locally on the other
+steps (so the mean is within the bound too, but a mean below it is scaled down when a rank's gradient is above it).
 
 ``bias_correction=True`` applies Adam's bias corrections: ``m / (1 - beta1^t)`` for ``m`` and
 ``v / (1 - beta2^n)`` for ``v``, ``n`` counting the variance updates so far (frozen with ``v``); a synchronization
