@@ -27,7 +27,15 @@ Plain data parallelism (only when named in ``--arms``), each compared with ``ddp
 ``zero-one-adam``         ``zero-one-adam.yaml``: 0/1 Adam, variance frozen at the end of the warm-up, local steps
 ``zero-one-adam-1bit``    the same without local steps (``local_step_clipper=1``: a 1-bit sync every step)
 ``zero-one-adam-fp32``    the same without compression (``codec=null``): variance freezing and local steps only
+``zero-one-adam-dense8``  the variance updated at every step until 0.25dur, each update an 8-bit all-reduce
+                          (``variance_codec=symmetric``), then local steps whose interval doubles every 0.15dur up
+                          to 4 (reached at 0.55dur)
+``...-dense8-rescale``    the same with ``variance_rescale``: the frozen variance follows the synchronized squared
+                          gradients per bucket (``zero-one-adam-dense8-rescale``; ``-4r``: 4 ranks)
 =======================  ========================================================================================
+
+``--plan`` checks the arms' recipes and prints, for each 0/1 Adam arm, its schedule over ``--steps`` steps and the
+byte ratio against DDP's fp32 all-reduce it is expected to reach, then exits (nothing is built or run).
 
 The table gives each arm's gap to its own baseline and, for the arms that count their bytes, the bytes this rank
 sent over the whole run and how many times fewer than the baseline's collectives would have sent (QSDP: the mean
@@ -193,6 +201,20 @@ ARMS: dict[str, Arm] = {
                                                       "algorithms.zero_one_adam.var_freeze_step=1.0dur"),
                                "0/1 Adam that never freezes: an exact fp32 all-reduce and variance update every step "
                                "(AdamW with the step bound and the optimizer's clipping)", "ddp-baseline"),
+    "zero-one-adam-dense8": Arm("zero-one-adam.yaml", DENSE8 := (
+        "algorithms.zero_one_adam.var_freeze_step=0.25dur", "algorithms.zero_one_adam.var_update_scaler=100000",
+        "algorithms.zero_one_adam.variance_codec=symmetric", "algorithms.zero_one_adam.local_step_scaler=0.15dur",
+        "algorithms.zero_one_adam.local_step_clipper=4"),
+        "0/1 Adam, variance updated every step until 0.25dur with 8-bit all-reduces, local steps up to 4",
+        "ddp-baseline"),
+    "zero-one-adam-dense8-rescale": Arm("zero-one-adam.yaml", (*DENSE8, "algorithms.zero_one_adam.variance_rescale=true"),
+                                        "zero-one-adam-dense8 with the frozen variance rescaled per bucket",
+                                        "ddp-baseline"),
+    "zero-one-adam-dense8-rescale-4r": Arm("zero-one-adam.yaml",
+                                           (*DENSE8, "algorithms.zero_one_adam.variance_rescale=true"),
+                                           "zero-one-adam-dense8-rescale on 4 ranks", "ddp-baseline-4r", nproc=4),
+    "zero-one-adam-dense8-4r": Arm("zero-one-adam.yaml", DENSE8, "zero-one-adam-dense8 on 4 ranks", "ddp-baseline-4r",
+                                   nproc=4),
 }
 #: The arms run when ``--arms`` is not given: the FSDP ones.
 DEFAULT_ARMS = ("baseline", "w8g8", "w4g4", "w4g4-learned", "w4g4-hadamard", "w8g4", "qwd-w4g8", "qwd-w4g4",
@@ -399,6 +421,30 @@ def _plan(args: argparse.Namespace) -> Plan:
         except RecipeError as err:
             raise SystemExit(f"recipe error in arm {arm} ({ARMS[arm].recipe}): {err}") from None
     return plan
+
+
+def print_zero_one_plans(plan: Plan) -> int:
+    """``--plan``: each 0/1 Adam arm's schedule over ``--steps`` and its expected byte ratio against DDP's fp32
+    all-reduce (the plan the algorithm logs at the start of a run), from the model's shapes on the meta device."""
+    from composer_qsdp.recipes.loader import build_algorithm
+    from composer_qsdp.recipes.models import ComposerGPT, HFCausalLMConfig
+    from composer_qsdp.recipes.train import load_recipe
+
+    for arm in plan.args.arms:
+        recipe = load_recipe(plan.recipe_dir / ARMS[arm].recipe, plan.overrides(arm, 0))
+        kwargs = recipe.algorithm_kwargs.get("zero_one_adam")
+        if kwargs is None:
+            print(f"{arm}: no 0/1 Adam")
+            continue
+        if isinstance(recipe.model_config, HFCausalLMConfig):
+            print(f"{arm}: a Hugging Face model: no plan without its weights")
+            continue
+        with torch.device("meta"):
+            params = [p for p in ComposerGPT(recipe.model_config).parameters() if p.requires_grad]
+        schedule, ratio = build_algorithm("zero_one_adam", kwargs).plan(params, plan.args.steps)
+        print(f"{arm} ({plan.nproc(arm)} ranks): {schedule}; {ratio:.2f}x fewer bytes than DDP's fp32 all-reduce"
+              f"{'' if ratio >= ZERO_ONE_BYTES_TARGET else f' (below the {ZERO_ONE_BYTES_TARGET:g}x target)'}")
+    return 0
 
 
 def _check_corpus(plan: Plan, manifest: dict[str, Any]) -> None:
@@ -978,6 +1024,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds between two launches that would overlap (default 10)")
     parser.add_argument("-o", "--override", action="append", default=[],
                         help="extra recipe override key=value for every arm (repeatable)")
+    parser.add_argument("--plan", action="store_true",
+                        help="only check the arms' recipes and print each 0/1 Adam arm's schedule over --steps and "
+                             "its expected byte ratio against DDP's fp32 all-reduce; builds and runs nothing")
     parser.add_argument("--status", action="store_true",
                         help="only print each arm's progress (last evaluation, checkpoint, launches, state) from the "
                              "results directory, and rewrite the results files; with the run's own arguments")
@@ -1021,6 +1070,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid; it must be >= 0")
     budget = common.Budget(args.time_budget)
     plan = _plan(args)
+    if args.plan:
+        return print_zero_one_plans(plan)
     if args.status or args.collect:
         return report_progress(plan, Path(args.collect) if args.collect else None)
     with common.stop_on_signals():

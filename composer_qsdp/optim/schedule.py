@@ -49,7 +49,7 @@ class SchedulePlan:
 
     Attributes:
         steps: optimizer steps of the run.
-        exact_steps: variance updates (fp32 all-reduces of the gradient).
+        exact_steps: variance updates (all-reduces of the gradient: fp32, or with ZeroOneAdam's variance_codec).
         onebit_steps: variance-phase steps synchronized with 1 bit.
         local_syncs: 1-bit synchronizations of the local-step phase.
         local_steps: steps of the local-step phase (synchronized or not).
@@ -67,10 +67,20 @@ class SchedulePlan:
     largest_interval: int
     interval_4_at: int | None
 
-    def ratio_vs_fp32(self, bits_per_element: float) -> float:
-        """DDP's fp32 all-reduce bytes over the run divided by 0/1 Adam's (both in the same ring convention), for
-        a codec sending ``bits_per_element`` (sign with one fp32 scale per 256 elements: 1.125)."""
-        sent = self.exact_steps + (self.onebit_steps + self.local_syncs) * bits_per_element / 32
+    def ratio_vs_fp32(self, bits_per_element: float, variance_bits_per_element: float = 32.0,
+                      stats_bits_per_element: float = 0.0) -> float:
+        """DDP's fp32 all-reduce bytes over the run divided by 0/1 Adam's (both in the same ring convention).
+
+        Args:
+            bits_per_element: what a 1-bit synchronization sends (sign with one fp32 scale per 256 elements: 1.125).
+            variance_bits_per_element: what a variance update sends (32: fp32; 8-bit symmetric with one fp32 scale
+                per 256 elements: 8.125).
+            stats_bits_per_element: what ``variance_rescale`` adds to every variance update and local-phase
+                synchronization (one fp32 per bucket of 256: 0.125).
+        """
+        sent = (self.exact_steps * (variance_bits_per_element + stats_bits_per_element)
+                + (self.onebit_steps + self.local_syncs) * bits_per_element
+                + self.local_syncs * stats_bits_per_element) / 32
         return self.steps / sent
 
 

@@ -7,7 +7,8 @@ Each rank holds a full replica and its *local* gradient; the optimizer does all 
 ``beta1``, ``beta2``, ``eps``, ``wd`` of the parameter's group, ``d = sqrt(v) + eps`` and ``B`` the step bound::
 
     variance phase (t <= var_freeze_step):
-        if t in T_v: g = exact fp32 mean over ranks of the gradient;  v = beta2 * v + (1 - beta2) * g * g
+        if t in T_v: g = mean over ranks of the gradient (exact fp32, or variance_codec's all-reduce without error
+                         feedback);  v = beta2 * v + (1 - beta2) * g * g
         else:        g = d * (1-bit mean over ranks of g_local / d, with error feedback)
         m = beta1 * m + (1 - beta1) * g
         x = x - lr * (clamp(m / d, -B, B) + wd * x)
@@ -20,11 +21,28 @@ Each rank holds a full replica and its *local* gradient; the optimizer does all 
             m = -u * d / S                 # the lr-weighted mean momentum of the interval
             x = x_sync + u;   x_sync = x;   S = 0
 
+``variance_rescale=True`` keeps the frozen variance's magnitude current, per bucket ``b`` of the codec's flat
+layout (``bucket_size`` elements of one tensor), from one fp32 per bucket per synchronization::
+
+    every step:            q_b = beta2 * q_b + (1 - beta2) * sum over b of g_rank^2   # this rank's, as the step uses
+                           e_b = beta2 * e_b                                            # it (clipped): local
+    T_v steps, T_u steps:  e_b = e_b + (mean over ranks of q_b);   q_b = 0              # one fp32 all-reduce
+                           c_b = e_b / (1 - beta2^t)                                    # bias-corrected EMA
+    T_v steps:             r_b = c_b                                  # the reference: when v was last written
+    local-step phase:      d = sqrt(v * clamp(c_b / r_b, 1/100, 100)) + eps   (ratio 1 where r_b = 0)
+
+``c_b / r_b`` is how much the ranks' squared gradients in the bucket changed since the variance was last updated;
+the ratio is set at a synchronization and used until the next one, computed from all-reduced values only, so the
+replicas stay bit-identical. ``v`` itself stays frozen (the checkpoints hold it, ``e``, ``r``, the ratio and every
+rank's ``q``). The bounds (:data:`RESCALE_BOUNDS`: a tenfold change of ``sqrt(v)`` either way) keep a bucket whose
+gradient is rarely non-zero (an embedding row of a rare token) from taking a hundredfold step when one comes.
+
 ``B = max(1, sqrt((1 - beta1) / (1 - beta2)))`` (``bound_updates=True``, the default) is a bound that Adam with a
 current variance never exceeds (see ``_update_bound``); with a stale or frozen ``v`` an element whose gradient grew
 above its last variance update would otherwise step hundreds of learning rates (GPT-125M diverged within 10-30
-steps of every freeze). ``max_grad_norm`` clips the exact mean gradient on ``T_v`` steps (DDP's clipping) and each
-rank's gradient before it is compressed or used locally on the other steps (so the mean is within the bound too).
+steps of every freeze). ``max_grad_norm`` clips the mean gradient on ``T_v`` steps (DDP's clipping; with
+``variance_codec``, the decoded mean) and each rank's gradient before it is compressed or used locally on the other
+steps (so the mean is within the bound too, but a mean below it is scaled down when a rank's gradient is above it).
 
 ``bias_correction=True`` applies Adam's bias corrections: ``m / (1 - beta1^t)`` for ``m`` and
 ``v / (1 - beta2^n)`` for ``v``, ``n`` counting the variance updates so far (frozen with ``v``); a synchronization
@@ -39,6 +57,13 @@ What differs from DeepSpeed, on purpose:
   a large gradient and divides it by its small ``d``, while in preconditioned units the elements of a bucket have
   comparable sizes. ``d`` is the same on every rank, so the mean is unchanged; only the compression error moves.
 * Each element's step ``m / d`` is bounded by ``B`` (``bound_updates``); DeepSpeed has no bound.
+* ``variance_codec`` (off by default) sends the variance updates through a codec (8-bit symmetric: about a quarter of
+  an fp32 all-reduce), so that the variance can be updated at every step until the freeze: with ``beta2 = 0.95``
+  Adam's ``v`` averages about 20 steps, and DeepSpeed's doubling ``T_v`` leaves it stale in between. Its error
+  does not feed back: error feedback makes a sum of the sent values exact, not a sum of their squares, and a
+  residue carried into the next update would enter ``v`` twice.
+* ``variance_rescale`` (off by default): the frozen variance follows the gradients' synchronized per-bucket
+  statistics (above); DeepSpeed and the paper freeze ``v`` as it is.
 * ``max_grad_norm`` clips (DeepSpeed accepts it and ignores it; its engine clips before the optimizer, on the
   local gradient).
 
@@ -82,8 +107,8 @@ import torch.distributed as dist
 
 from composer_qsdp.comm import Topology, TrafficCounter, error_feedback_chunk_numel
 from composer_qsdp.optim.schedule import ScheduledStep, ZeroOneSchedule
-from composer_qsdp.quant import make_codec
-from composer_qsdp.schemes import OneBitAllReduce, make_all_reduce_scheme
+from composer_qsdp.quant import Codec, make_codec
+from composer_qsdp.schemes import AllReduceScheme, OneBitAllReduce, make_all_reduce_scheme
 from composer_qsdp.validate import check_int
 
 __all__ = ["ZeroOneAdam", "default_bucket_size"]
@@ -92,8 +117,18 @@ __all__ = ["ZeroOneAdam", "default_bucket_size"]
 _TENSORS = ("exp_avg", "exp_avg_sq", "synced_param")
 #: Per-parameter tensors that differ between ranks between two synchronizations of the local-step phase.
 _LOCAL = {"param": "local_param", "exp_avg": "local_exp_avg"}
+#: Per-bucket state shared by the ranks (``variance_rescale``), views of one flat fp32 buffer each: the EMA of the
+#: per-bucket sums of squared local gradients, its bias-corrected value at the last variance update, and the ratio
+#: of the two that scales the frozen variance.
+_BUCKET_TENSORS = ("grad_sq_ema", "grad_sq_ref", "grad_sq_ratio")
+#: This rank's per-bucket sums of squared gradients since the last statistics synchronization (differs by rank).
+_BUCKET_LOCAL = "grad_sq_local"
 #: Keys a saved per-parameter entry holds beyond the standard ones.
-_EXTRA = ("worker_error", "server_error", "zero_one", *_LOCAL.values())
+_EXTRA = ("worker_error", "server_error", "zero_one", _BUCKET_LOCAL, *_LOCAL.values())
+#: The bounds of ``variance_rescale``'s ratio: a hundredfold change of a bucket's squared gradients either way (a
+#: tenfold change of ``sqrt(v)``, the step size), beyond which the ratio says more about the noise of a rarely
+#: touched bucket than about the variance.
+RESCALE_BOUNDS = (1e-2, 1e2)
 
 
 class ZeroOneAdam(torch.optim.Optimizer):
@@ -124,6 +159,13 @@ class ZeroOneAdam(torch.optim.Optimizer):
         amsgrad: must be False (0/1 Adam has no AMSGrad variant).
         codec: the compressor of the synchronizations: a deterministic codec name (``"sign"``: 0/1 Adam's 1-bit
             signs with an L2 scale), or ``None`` for exact fp32 means (an ablation without compression).
+        variance_codec: the compressor of the variance updates' all-reduce (``T_v`` steps): ``None`` (default:
+            exact fp32), a deterministic codec name (``"symmetric"``: 8 bits with one fp32 scale per bucket,
+            ``8 + 32 / bucket_size`` bits per element) or a mapping of :func:`~composer_qsdp.quant.make_codec`
+            options with its ``name`` (``{"name": "symmetric", "bits": 6}``); at ``bucket_size`` unless given.
+        variance_rescale: scale the frozen variance per bucket by the change of the ranks' squared gradients since
+            the last variance update (see the module docstring; default False). Costs one fp32 per bucket on every
+            variance update and local-phase synchronization.
         bucket_size: elements sharing one codec scale. Default: :func:`default_bucket_size`, at most 256 (1.125 bits
             per element) and a divisor of every matrix's rows, so that a scale covers one embedding token's row or
             one unit's weights only: an element whose gradients are far smaller than its bucket's would get the
@@ -153,6 +195,8 @@ class ZeroOneAdam(torch.optim.Optimizer):
         bound_updates: bool = True,
         amsgrad: bool = False,
         codec: str | None = "sign",
+        variance_codec: str | Mapping[str, Any] | None = None,
+        variance_rescale: bool = False,
         bucket_size: int | None = None,
         group: dist.ProcessGroup | None = None,
         ranks_per_node: int | None = None,
@@ -160,6 +204,9 @@ class ZeroOneAdam(torch.optim.Optimizer):
         _check_max_grad_norm(max_grad_norm)
         if not isinstance(bound_updates, bool):
             raise ValueError(f"bound_updates={bound_updates!r} is invalid; allowed: True, False")
+        if not isinstance(variance_rescale, bool):
+            raise ValueError(f"variance_rescale={variance_rescale!r} is invalid; allowed: True, False")
+        self._rescale = variance_rescale
         self._max_grad_norm = max_grad_norm
         self._bound_updates = bound_updates
         if amsgrad:
@@ -178,11 +225,13 @@ class ZeroOneAdam(torch.optim.Optimizer):
         if self._codec is not None and self._codec.unbiased:
             raise ValueError(f"codec={codec!r} rounds stochastically; 0/1 Adam's error feedback needs a "
                              "deterministic codec (allowed: 'sign', 'symmetric', or None)")
+        self._variance_codec = _variance_codec(variance_codec, bucket_size)
         self._group = group
         self._ranks_per_node = ranks_per_node
         # The flat layout, filled by add_param_group in group order: every parameter starts on a codec bucket, so
-        # that no bucket (one scale) mixes two tensors' elements; the gaps between them carry no data.
-        self._align = 1 if self._codec is None else self._codec.bucket_size
+        # that no bucket (one scale, one variance statistic) mixes two tensors' elements; the gaps carry no data.
+        bucketed = self._codec is not None or self._variance_codec is not None or variance_rescale
+        self._align = bucket_size if bucketed else 1
         self._params: list[torch.Tensor] = []
         self._offsets: list[int] = []
         self._numel = 0  # the flat layout's length, gaps included
@@ -198,8 +247,13 @@ class ZeroOneAdam(torch.optim.Optimizer):
         for p in self._params:
             self.state[p] = {}
         self._flat: dict[str, torch.Tensor] | None = None
+        self._buckets: dict[str, torch.Tensor] = {}  # variance_rescale's per-bucket state (_BUCKET_TENSORS, local)
         self._valid: torch.Tensor | None = None  # the flat elements that belong to a parameter
         self._scheme: OneBitAllReduce | None = None
+        # The variance updates' all-reduce with variance_codec, and variance_rescale's all-reduce of the per-bucket
+        # statistics (exact): None when unused or with world size 1.
+        self._variance_scheme: AllReduceScheme | None = None
+        self._stats_scheme: AllReduceScheme | None = None
         self._world_size: int | None = None
         self._lrs = [0.0] * len(self.param_groups)  # S: the learning rates summed since the last synchronization
         self._restored_params: dict[torch.Tensor, torch.Tensor] = {}
@@ -250,10 +304,24 @@ class ZeroOneAdam(torch.optim.Optimizer):
     @property
     def bits_per_element(self) -> float:
         """Bits a 1-bit synchronization sends per element, scales included (32 without a codec)."""
-        if self._codec is None:
-            return 32.0
-        numel = self._codec.bucket_size * 1024
-        return self._codec.wire_bytes(numel) * 8 / numel
+        return _bits_per_element(self._codec)
+
+    @property
+    def variance_bits_per_element(self) -> float:
+        """Bits a variance update (a ``T_v`` step) sends per element, scales included: 32 (an fp32 all-reduce)
+        without ``variance_codec``."""
+        return _bits_per_element(self._variance_codec)
+
+    @property
+    def stats_bits_per_element(self) -> float:
+        """Bits per element that ``variance_rescale`` adds to every variance update and local-phase
+        synchronization (one fp32 statistic per bucket: ``32 / bucket_size``); 0 without it."""
+        return 32.0 / self._align if self._rescale else 0.0
+
+    @property
+    def variance_rescale(self) -> bool:
+        """Whether the frozen variance follows the synchronized gradient statistics (see the module docstring)."""
+        return self._rescale
 
     @property
     def world_size(self) -> int:
@@ -269,12 +337,19 @@ class ZeroOneAdam(torch.optim.Optimizer):
         """
         if self._scheme is None:
             return TrafficCounter()
-        counted = self._scheme.traffic
+        counted = self._counted()
         # DDP's all-reduce of the gradients: a reduce-scatter and an all-gather of W chunks each.
         elements = 2 * (self.world_size - 1) * -(-sum(p.numel() for p in self._params) // self.world_size)
         steps = self._schedule.step
         return TrafficCounter(calls=counted.calls, sent=counted.sent, bf16=steps * elements * 2,
                               native=steps * elements * 4, inter_node=counted.inter_node)
+
+    def _counted(self) -> TrafficCounter:
+        """What this optimizer's collectives sent (every scheme's counter; zeros with world size 1)."""
+        return sum((s.traffic for s in self._schemes()), TrafficCounter())
+
+    def _schemes(self) -> list[AllReduceScheme]:
+        return [s for s in (self._scheme, self._variance_scheme, self._stats_scheme) if s is not None]
 
     def restore_local_params(self) -> bool:
         """Put back this rank's own weights loaded by :meth:`load_state_dict` from a checkpoint taken between two
@@ -317,9 +392,13 @@ class ZeroOneAdam(torch.optim.Optimizer):
             # A compressed or local step: each rank clips the gradient it contributes, so the mean is within the
             # bound too. Clipping the decoded 1-bit mean instead would clip the error feedback's residue with it.
             _clip_norm_(grads, clip)
+        # variance_rescale's statistic: this rank's squared gradient per bucket, as the step uses it (clipped).
+        squares = self._bucket_sums_of_squares(grads) if self._rescale else None
         if not plan.local and scheme is not None:
             valid = self._valid if silent is None else ~silent
-            if plan.update_variance:
+            if plan.update_variance and self._variance_scheme is not None:
+                self._variance_scheme.all_reduce(grads, valid=valid)
+            elif plan.update_variance:
                 scheme.all_reduce(grads, exact=True, valid=valid)
             else:
                 # Compressed in Adam's preconditioned coordinates, g / (sqrt(v) + eps), where the elements of a
@@ -332,7 +411,13 @@ class ZeroOneAdam(torch.optim.Optimizer):
                 for (_, part), denom in zip(self._group_slices(), denoms):
                     grads[part].mul_(denom)
         if clip is not None and plan.update_variance:
-            _clip_norm_(grads, clip)  # the exact mean, as DDP's clipping
+            factor = _clip_norm_(grads, clip)  # the exact mean, as DDP's clipping
+            if squares is not None:
+                squares.mul_(factor * factor)
+        if squares is not None:
+            self._accumulate_squares(squares)
+        # A frozen variance follows the gradients' synchronized statistics (variance_rescale): v * ratio per bucket.
+        ratio = self._buckets["grad_sq_ratio"].repeat_interleave(self._align) if self._rescale and plan.local else None
         denoms = []
         for index, (group, part) in enumerate(self._group_slices()):
             beta1, beta2 = group["betas"]
@@ -340,7 +425,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
             if plan.update_variance:
                 v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
             m.mul_(beta1).add_(g, alpha=1 - beta1)
-            denom = self._denominator(group, v)
+            denom = self._denominator(group, v if ratio is None else v * ratio[part])
             update = self._corrected_momentum(group, m, plan.step) / denom
             if self._bound_updates:
                 bound = _update_bound(group)
@@ -353,6 +438,8 @@ class ZeroOneAdam(torch.optim.Optimizer):
             denoms.append(denom)
         if plan.local and plan.sync:
             self._synchronize(plan, denoms)
+        if self._rescale and (plan.update_variance or (plan.local and plan.sync)):
+            self._synchronize_statistics(plan)
         return loss
 
     def _synchronize(self, plan: ScheduledStep, denoms: list[torch.Tensor]) -> None:
@@ -371,6 +458,41 @@ class ZeroOneAdam(torch.optim.Optimizer):
             synced[part].add_(u[part])
             self._lrs[index] = 0.0
         self._copy_to_params(synced)
+
+    # ------------------------------------------------------------------ variance_rescale
+    def _bucket_sums_of_squares(self, grads: torch.Tensor) -> torch.Tensor:
+        """The sum of ``grads ** 2`` over each bucket of the flat layout."""
+        return grads.view(-1, self._align).square().sum(1)
+
+    def _accumulate_squares(self, squares: torch.Tensor) -> None:
+        """Fold this step's per-bucket squares into the local accumulator and age the shared EMA by one step, with
+        each group's beta2: after a synchronization ``ema`` is the per-step EMA of the ranks' mean."""
+        local, ema = self._buckets[_BUCKET_LOCAL], self._buckets["grad_sq_ema"]
+        for group, part in self._group_bucket_slices():
+            beta2 = group["betas"][1]
+            local[part].mul_(beta2).add_(squares[part], alpha=1 - beta2)
+            ema[part].mul_(beta2)
+
+    def _synchronize_statistics(self, plan: ScheduledStep) -> None:
+        """All-reduce the accumulated per-bucket squares into the shared EMA (one fp32 per bucket); on a variance
+        update record its bias-corrected value as the reference of the variance just written; after the freeze set
+        the ratio that scales the frozen variance, bounded to :data:`RESCALE_BOUNDS` (1 where the reference is 0)."""
+        local, b = self._buckets[_BUCKET_LOCAL], self._buckets
+        if self._stats_scheme is not None:
+            self._stats_scheme.all_reduce(local, exact=True)
+        b["grad_sq_ema"].add_(local)
+        local.zero_()
+        for group, part in self._group_bucket_slices():
+            current = b["grad_sq_ema"][part] / (1 - group["betas"][1] ** plan.step)
+            ref = b["grad_sq_ref"][part]
+            if plan.update_variance:
+                ref.copy_(current)
+            ratio = torch.where(ref > 0, current / ref, 1.0).clamp_(*RESCALE_BOUNDS)
+            b["grad_sq_ratio"][part].copy_(ratio)
+
+    def _group_bucket_slices(self) -> Iterable[tuple[dict[str, Any], slice]]:
+        """Each group's part of the per-bucket buffers."""
+        return ((g, slice(part.start // self._align, part.stop // self._align)) for g, part in self._group_slices())
 
     # ------------------------------------------------------------------ math helpers
     def _denominator(self, group: dict[str, Any], v: torch.Tensor) -> torch.Tensor:
@@ -400,6 +522,11 @@ class ZeroOneAdam(torch.optim.Optimizer):
     def _params_in(self, part: slice) -> list[tuple[torch.Tensor, int]]:
         """The trainable parameters inside ``part`` of the flat layout, with their offsets in ``part``."""
         return [(p, o - part.start) for p, o in zip(self._params, self._offsets) if part.start <= o < part.stop]
+
+    def _bucket_views(self, per_bucket: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter's view of a per-bucket tensor of the whole flat layout (its buckets, 1-D)."""
+        return [per_bucket[o // self._align : (o + p.numel() - 1) // self._align + 1]
+                for p, o in zip(self._params, self._offsets)]
 
     def _views(self, part: slice, flat_values: torch.Tensor) -> list[torch.Tensor]:
         """Each parameter's view of ``flat_values``, laid out like ``part`` of the flat layout."""
@@ -434,6 +561,10 @@ class ZeroOneAdam(torch.optim.Optimizer):
         device = self._params[0].device if self._params else torch.device("cpu")
         if self._flat is None:
             self._flat = {k: torch.zeros(self._numel, device=device) for k in _TENSORS}
+            if self._rescale:
+                self._buckets = {k: torch.zeros(self._numel // self._align, device=device)
+                                 for k in (*_BUCKET_TENSORS, _BUCKET_LOCAL)}
+                self._buckets["grad_sq_ratio"].fill_(1)
             self._valid = torch.zeros(self._numel, dtype=torch.bool, device=device)
             for view in self._views(self._whole, self._valid):
                 view.fill_(True)
@@ -446,8 +577,10 @@ class ZeroOneAdam(torch.optim.Optimizer):
 
     def _point_state_at_flat(self) -> None:
         """Make every parameter's state tensors views of the flat buffers, keeping values already there."""
-        for key in _TENSORS:
-            for p, view in zip(self._params, self._views(self._whole, self._flat[key])):
+        views = {key: self._views(self._whole, self._flat[key]) for key in _TENSORS}
+        views.update({key: self._bucket_views(self._buckets[key]) for key in _BUCKET_TENSORS if self._rescale})
+        for key, per_param in views.items():
+            for p, view in zip(self._params, per_param):
                 current = self.state[p].get(key)
                 if current is not None and current is not view:
                     view.copy_(current)
@@ -460,8 +593,15 @@ class ZeroOneAdam(torch.optim.Optimizer):
         group = self._group or dist.group.WORLD
         self._world_size = group.size()
         if self._world_size > 1:
+            topology = Topology.detect(self._ranks_per_node)
             self._scheme = make_all_reduce_scheme("onebit", self._codec)
-            self._scheme.setup(group, Topology.detect(self._ranks_per_node))
+            if self._variance_codec is not None:
+                # Each variance update's squares would not cancel a carried error: every call on its own.
+                self._variance_scheme = make_all_reduce_scheme("onebit", self._variance_codec, error_feedback=False)
+            if self._rescale:
+                self._stats_scheme = make_all_reduce_scheme("onebit", None)
+            for scheme in self._schemes():
+                scheme.setup(group, topology)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -480,7 +620,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
         index_of = {id(group): i for i, group in enumerate(self.param_groups)}
         group_of = {id(p): index_of[id(group)] for group in self.param_groups for p in group["params"]}
         extras = self._gathered_extras(flat)
-        traffic = self._scheme.traffic.state_dict() if self._scheme is not None else TrafficCounter().state_dict()
+        traffic = self._counted().state_dict()
         offset_of = {id(p): o for p, o in zip(self._params, self._offsets)}
         for key, p in zip(keys, (p for g in self.param_groups for p in g["params"])):
             if id(p) not in offset_of:
@@ -492,6 +632,9 @@ class ZeroOneAdam(torch.optim.Optimizer):
             entry["zero_one"] = {**self._schedule.state_dict(), "lrs": self._lrs[group_of[id(p)]],
                                  "world_size": self.world_size, "traffic": traffic}
             for name, (tensor, per_rank) in extras.items():
+                if name == _BUCKET_LOCAL:  # per bucket: [W, buckets of p]
+                    entry[name] = tensor[:, offset // self._align : (offset + p.numel() - 1) // self._align + 1]
+                    continue
                 values = tensor[:, offset : offset + p.numel()] if per_rank else tensor[offset : offset + p.numel()]
                 entry[name] = values.reshape(*values.shape[:-1], *p.shape)
         return saved
@@ -500,8 +643,9 @@ class ZeroOneAdam(torch.optim.Optimizer):
     def _gathered_extras(self, flat: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, bool]]:
         """name -> (flat tensor, whether it has a leading rank dimension) of the state that differs between ranks,
         gathered from every rank."""
+        local_squares = self._buckets.get(_BUCKET_LOCAL)
         if self._scheme is None:
-            return {}
+            return {} if local_squares is None else {_BUCKET_LOCAL: (local_squares.view(1, -1).clone(), True)}
         group, world = self._scheme.group, self.world_size
         worker, server = self._scheme.worker_error, self._scheme.server_error
         if worker is None:  # no synchronization yet: the errors are zeros
@@ -512,6 +656,8 @@ class ZeroOneAdam(torch.optim.Optimizer):
         if self._schedule.between_syncs:
             local = {"param": self._flat_params(self._whole), "exp_avg": flat["exp_avg"]}
             extras.update({_LOCAL[k]: (_all_gather(v, group).view(world, -1), True) for k, v in local.items()})
+        if local_squares is not None:
+            extras[_BUCKET_LOCAL] = (_all_gather(local_squares, group).view(world, -1), True)
         return extras
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -526,12 +672,16 @@ class ZeroOneAdam(torch.optim.Optimizer):
         flat = self._materialize()
         keys = [k for g in state_dict["param_groups"] for k in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
-        cleaned = {key: {k: v for k, v in entry.items() if k not in _EXTRA}
+        # Without variance_rescale its saved statistics are dropped (the run continues without them).
+        dropped = set(_EXTRA) | (set() if self._rescale else set(_BUCKET_TENSORS))
+        cleaned = {key: {k: v for k, v in entry.items() if k not in dropped}
                    for key, entry in state_dict["state"].items()}
         extras = {p: state_dict["state"][key] for key, p in zip(keys, params) if key in state_dict["state"]}
         super().load_state_dict({**state_dict, "state": cleaned})
-        for buffer in flat.values():  # what the checkpoint does not hold starts from zero
+        for buffer in (*flat.values(), *self._buckets.values()):  # what the checkpoint does not hold starts from zero
             buffer.zero_()
+        if self._rescale:
+            self._buckets["grad_sq_ratio"].fill_(1)
         self._point_state_at_flat()
         entries = [extras.get(p, {}) for p in self._params]
         if not any("zero_one" in e for e in entries):
@@ -539,6 +689,9 @@ class ZeroOneAdam(torch.optim.Optimizer):
         if not all("zero_one" in e for e in entries):
             raise ValueError("the checkpoint holds 0/1 Adam's state for some trainable parameters only; it was "
                              "saved over other parameters")
+        if self._rescale and not all(_BUCKET_TENSORS[0] in e for e in entries):
+            raise ValueError("variance_rescale=True, but the checkpoint was saved without it (no grad_sq_ema "
+                             "statistics to scale the frozen variance by); resume with variance_rescale=False")
         run = {k: v for k, v in entries[0]["zero_one"].items() if k != "lrs"}  # lrs: per group
         if any({k: v for k, v in e["zero_one"].items() if k != "lrs"} != run for e in entries):
             raise ValueError("the checkpoint's parameters disagree on the 0/1 Adam schedule (zero_one entries differ)")
@@ -551,6 +704,11 @@ class ZeroOneAdam(torch.optim.Optimizer):
     def _load_rank_state(self, entries: list[dict[str, Any]], saved_world: int, traffic: dict[str, int]) -> None:
         rank = 0 if self._scheme is None else self._scheme.group.rank()
         local = _LOCAL["param"] in entries[0]
+        for scheme in self._schemes():  # the checkpoint's counter holds every scheme's bytes: the main one's now
+            scheme.traffic.load_state_dict(TrafficCounter().state_dict())
+        if self._rescale and saved_world == self.world_size:  # else this rank's squares restart from zero
+            for view, e in zip(self._bucket_views(self._buckets[_BUCKET_LOCAL]), entries):
+                view.copy_(e[_BUCKET_LOCAL][rank])
         if saved_world != self.world_size:
             if local:
                 raise ValueError(f"the checkpoint was taken by {saved_world} ranks between two synchronizations of "
@@ -605,16 +763,48 @@ def _update_bound(group: dict[str, Any]) -> float:
     return max(1.0, math.sqrt((1 - beta1) / (1 - beta2)))
 
 
+def _variance_codec(spec: str | Mapping[str, Any] | None, bucket_size: int) -> Codec | None:
+    """The codec of ``variance_codec``: a codec name (its default bits: ``"symmetric"`` is 8-bit) or a mapping of
+    :func:`~composer_qsdp.quant.make_codec` options with the name, at the optimizer's bucket size unless given."""
+    if spec is None:
+        return None
+    allowed = ("allowed: None (fp32 all-reduces), a deterministic codec name such as 'symmetric' (8 bits), or a "
+               "mapping such as {'name': 'symmetric', 'bits': 8}")
+    options = {"name": spec} if isinstance(spec, str) else dict(spec) if isinstance(spec, Mapping) else None
+    if options is None or not isinstance(options.get("name"), str):
+        raise ValueError(f"variance_codec={spec!r} is invalid; {allowed}")
+    options.setdefault("bucket_size", bucket_size)
+    try:
+        codec = make_codec(**options)
+    except ValueError as err:
+        raise ValueError(f"variance_codec={spec!r}: {err}") from None
+    if codec.unbiased:
+        raise ValueError(f"variance_codec={spec!r} rounds stochastically; {allowed} (minmax needs "
+                         "rounding='nearest')")
+    return codec
+
+
+def _bits_per_element(codec: Codec | None) -> float:
+    """Bits ``codec`` sends per element, scales included (32 without a codec: fp32)."""
+    if codec is None:
+        return 32.0
+    numel = codec.bucket_size * 1024
+    return codec.wire_bytes(numel) * 8 / numel
+
+
 def _check_max_grad_norm(value: Any) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                               or not 0 < value < math.inf):
         raise ValueError(f"max_grad_norm={value!r} is invalid; it must be a finite number > 0, or None (no clipping)")
 
 
-def _clip_norm_(flat: torch.Tensor, max_norm: float) -> None:
-    """Scale ``flat`` in place to an L2 norm of at most ``max_norm`` (torch's ``clip_grad_norm_`` rule)."""
+def _clip_norm_(flat: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Scale ``flat`` in place to an L2 norm of at most ``max_norm`` (torch's ``clip_grad_norm_`` rule); returns
+    the factor (a 0-dim tensor, at most 1)."""
     norm = torch.linalg.vector_norm(flat)
-    flat.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+    factor = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    flat.mul_(factor)
+    return factor
 
 
 def _tensors(item: torch.Tensor | dict[str, Any]) -> list[torch.Tensor]:

@@ -30,19 +30,25 @@ class OneBitAllReduce(AllReduceScheme):
         codec: a deterministic codec (0/1 Adam: ``make_codec("sign")``), or ``None`` for uncompressed fp32
             chunks (exact means; the error buffers stay zero).
         error_sample_interval: must be 0: this scheme does not sample quantization errors.
+        error_feedback: carry the compression errors into the next call (default True). ``False``: every call
+            compresses on its own with zero residues and the scheme keeps no buffers (0/1 Adam's 8-bit variance
+            updates, whose squares would not cancel a carried error).
 
     Attributes:
         worker_error: this rank's worker error, fp32, ``W * c`` elements (``c``:
-            :func:`~composer_qsdp.comm.error_feedback_chunk_numel`); ``None`` before the first call.
-        server_error: this rank's server error, fp32, ``c`` elements; ``None`` before the first call.
+            :func:`~composer_qsdp.comm.error_feedback_chunk_numel`); ``None`` before the first call and without
+            error feedback.
+        server_error: this rank's server error, fp32, ``c`` elements; ``None`` as ``worker_error``.
 
     Raises:
-        ValueError: a stochastic codec, or a non-zero ``error_sample_interval``.
+        ValueError: a stochastic codec, a non-zero ``error_sample_interval``, or a non-bool ``error_feedback``.
     """
 
     name = "onebit"
 
-    def __init__(self, codec: Codec | None, error_sample_interval: int = 0) -> None:
+    def __init__(self, codec: Codec | None, error_sample_interval: int = 0, error_feedback: bool = True) -> None:
+        if not isinstance(error_feedback, bool):
+            raise ValueError(f"error_feedback={error_feedback!r} is invalid; allowed: True, False")
         if error_sample_interval != 0:
             raise ValueError(f"error_sample_interval={error_sample_interval!r} is not supported by the onebit "
                              "scheme; allowed: 0")
@@ -50,8 +56,10 @@ class OneBitAllReduce(AllReduceScheme):
             raise ValueError(f"the onebit scheme needs a deterministic codec, got {codec!r} with stochastic "
                              "rounding (allowed: sign, symmetric, minmax with rounding='nearest', or None)")
         super().__init__(codec, error_sample_interval)
+        self.error_feedback = error_feedback
         self.worker_error: torch.Tensor | None = None
         self.server_error: torch.Tensor | None = None
+        self._chunk: int | None = None  # elements of each rank's chunk, fixed by the first call
 
     def _all_reduce(self, tensor: torch.Tensor, group: dist.ProcessGroup, exact: bool,
                     valid: torch.Tensor | None) -> CallTraffic:
@@ -62,9 +70,12 @@ class OneBitAllReduce(AllReduceScheme):
             if valid is not None:
                 tensor.masked_fill_(~valid, 0)
             # A ring all-reduce is a reduce-scatter then an all-gather: each chunk moves twice.
-            chunk = self.server_error.numel()
-            return call_traffic(group.size(), 2 * chunk, 2 * chunk * 4, 4, self._off_node_peers)
-        return compressed_all_reduce(tensor, self.worker_error, self.server_error, self.codec, group, valid=valid,
+            return call_traffic(group.size(), 2 * self._chunk, 2 * self._chunk * 4, 4, self._off_node_peers)
+        worker, server = self.worker_error, self.server_error
+        if not self.error_feedback:
+            worker = tensor.new_zeros(group.size() * self._chunk)
+            server = tensor.new_zeros(self._chunk)
+        return compressed_all_reduce(tensor, worker, server, self.codec, group, valid=valid,
                                      off_node_peers=self._off_node_peers)
 
     def reset_errors(self) -> None:
@@ -77,12 +88,14 @@ class OneBitAllReduce(AllReduceScheme):
         if self.group is None:
             raise RuntimeError("OneBitAllReduce was used before setup(group, topology)")
         chunk = error_feedback_chunk_numel(numel, self.group.size(), self.codec)
-        if self.worker_error is None:
+        if self._chunk is None:
+            self._chunk = chunk
+        elif self._chunk != chunk:
+            raise ValueError(f"OneBitAllReduce serves one tensor size: it was set up for chunks of "
+                             f"{self._chunk} elements, but a tensor of {numel} elements needs {chunk}")
+        if self.worker_error is None and self.error_feedback:
             self.worker_error = torch.zeros(self.group.size() * chunk, device=device)
             self.server_error = torch.zeros(chunk, device=device)
-        elif self.server_error.numel() != chunk:
-            raise ValueError(f"OneBitAllReduce serves one tensor size: it was set up for chunks of "
-                             f"{self.server_error.numel()} elements, but a tensor of {numel} elements needs {chunk}")
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -100,7 +113,7 @@ class OneBitAllReduce(AllReduceScheme):
             raise RuntimeError("OneBitAllReduce.load_state_dict was called before setup(group, topology)")
         super().load_state_dict(state)
         worker, server = state["worker_error"], state["server_error"]
-        if worker is None:
+        if worker is None or not self.error_feedback:
             self.worker_error = self.server_error = None
             return
         if worker.numel() != self.group.size() * server.numel():
@@ -108,9 +121,11 @@ class OneBitAllReduce(AllReduceScheme):
                              f"not fit a group of {self.group.size()} ranks (a worker error of W x the server's)")
         self.worker_error = worker.detach().to(torch.float32).clone()
         self.server_error = server.detach().to(torch.float32).clone()
+        self._chunk = server.numel()
 
     def memory_bytes(self) -> int:
         return sum(4 * b.numel() for b in (self.worker_error, self.server_error) if b is not None)
 
     def describe(self) -> str:
-        return f"{super().describe()} with worker and server error feedback"
+        feedback = "with worker and server error feedback" if self.error_feedback else "without error feedback"
+        return f"{super().describe()} {feedback}"

@@ -19,9 +19,9 @@ SCRIPT = Path(__file__).with_name("zoa_composer_run.py")
 SYNCS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 14)  # every variance-phase step, then the local-step phase's T_u
 
 
-def _launch(tmp_path: Path, *args: str, gpu: bool = False) -> dict:
+def _launch(tmp_path: Path, *args: str, gpu: bool = False, options: dict | None = None) -> dict:
     out = tmp_path / f"result-{args[0]}.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ZOA_OPTIONS": json.dumps(options or {})}
     if gpu:
         env["QSDP_TEST_DEVICE"] = "gpu"
     proc = subprocess.run([*e2e_common.launcher(2), str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
@@ -55,10 +55,12 @@ def test_composer_ddp_run_trains_with_zero_one_adam(tmp_path):
 
 
 @pytest.mark.slow
-def test_composer_checkpoint_resume_between_syncs_is_exact(tmp_path):
+@pytest.mark.parametrize("options", [{}, {"variance_codec": "symmetric", "variance_rescale": True}],
+                         ids=["default", "variance-options"])
+def test_composer_checkpoint_resume_between_syncs_is_exact(tmp_path, options):
     ckpt = str(tmp_path / "ckpt")
-    saved = _launch(tmp_path, "save", ckpt)
-    resumed = _launch(tmp_path, "resume", ckpt)
+    saved = _launch(tmp_path, "save", ckpt, options=options)
+    resumed = _launch(tmp_path, "resume", ckpt, options=options)
     assert resumed["batches"] == saved["batches"] == 14
     # The checkpoint after batch 12 lies two local steps after a synchronization: each rank resumes its own weights.
     assert saved["params"][11][0] != saved["params"][11][1]

@@ -7,7 +7,8 @@ Composer's ``DecoupledAdamW`` turned into 0/1 Adam by ``ZeroOneAdamDDP``: steps 
 steps 3 and 5 synchronize with 1 bit, and after the variance froze the local-step phase synchronizes at steps 7, 8,
 10 and 14 (intervals 1, 1, 2, 4). ``full`` first checks that ``ddp_sync_strategy='forced_sync'`` is refused, then
 trains 14 batches; ``save`` trains 14 batches with a checkpoint after batch 12 (two local steps after a
-synchronization: the ranks' weights differ); ``resume`` loads it and trains batches 13 and 14. Rank 0 writes JSON:
+synchronization: the ranks' weights differ); ``resume`` loads it and trains batches 13 and 14. ``ZOA_OPTIONS`` (JSON)
+adds options of ZeroOneAdamDDP (e.g. ``{"variance_codec": "symmetric"}``). Rank 0 writes JSON:
 the losses, every rank's parameters after each batch, the traffic report, the optimizer's type and the logged
 metrics.
 """
@@ -54,7 +55,7 @@ def _trainer(mode: str, ckpt_dir: str, callbacks: list, **extra) -> tuple[Traine
     model = Model()
     ds = dataset()
     loader = DataLoader(ds, batch_size=BS, sampler=dist.get_sampler(ds, shuffle=False, drop_last=True))
-    algorithm = ZeroOneAdamDDP(**SCHEDULE)
+    algorithm = ZeroOneAdamDDP(**SCHEDULE, **json.loads(os.environ.get("ZOA_OPTIONS", "{}")))
     checkpointing = {}
     if mode == "save":
         checkpointing = {"save_folder": ckpt_dir, "save_interval": f"{CHECKPOINT}ba", "save_overwrite": True}

@@ -391,3 +391,21 @@ def test_combined_table_without_a_baseline_has_as_many_titles_as_cells():
     assert len(table) == 4  # titles, rule, two arms
     assert len({line.count("|") for line in table}) == 1
     assert "Target" not in convergence.combined_markdown(record)  # no baseline, no gap to judge
+
+
+def test_the_dense_variance_arms_plan_at_least_10x_fewer_bytes_with_interval_4(tmp_path, capsys):
+    arms = ["zero-one-adam", "zero-one-adam-dense8", "zero-one-adam-dense8-rescale", "zero-one-adam-dense8-rescale-4r"]
+    args = convergence._parser().parse_args(["--model", "125m", "--out-dir", str(tmp_path), "--corpus",
+                                             str(tmp_path / "c"), "--eval-batches", "-1", "--steps", "600", "--plan",
+                                             "--arms", *arms])
+    assert convergence.print_zero_one_plans(convergence._plan(args)) == 0
+    lines = dict(line.split(" (", 1) for line in capsys.readouterr().out.splitlines())
+    # The shipped recipe's plan is the ratio its GPU run measured (11.87x, README).
+    assert "11.87x fewer bytes" in lines["zero-one-adam"]
+    for arm in arms[1:]:
+        ratio = float(lines[arm].split("; ")[-1].split("x fewer")[0])
+        assert ratio >= convergence.ZERO_ONE_BYTES_TARGET and "below" not in lines[arm]
+        # Dense variance until 0.25dur (150 8-bit updates), interval 4 before 0.6dur.
+        assert "exact_steps=150, onebit_steps=0" in lines[arm] and "largest_interval=4" in lines[arm]
+        assert int(lines[arm].split("interval_4_at=")[1].split(")")[0]) <= 360
+    assert lines["zero-one-adam-dense8-rescale-4r"].startswith("4 ranks")

@@ -142,4 +142,5 @@ if __name__ == "__main__":
     for name, r in results[0].items():
         curve = " ".join(f"{sum(r['losses'][i:i + 10]) / 10:.3f}" for i in range(0, steps, max(10, steps // 15)))
         extra = f" ratio {r['ratio']:.1f}x interval {r['interval']}" if "ratio" in r else ""
-        print(f"{name:>14}: val {r['val']:.4f}{extra} | {curve}")
+        tail = sum(r["losses"][-50:]) / len(r["losses"][-50:])
+        print(f"{name:>14}: val {r['val']:.4f} tail50 {tail:.4f}{extra} | {curve}")

@@ -67,6 +67,18 @@ def _rank_side(info: RankInfo) -> dict:
     scheme.reset_errors()
     out["reset"] = not scheme.worker_error.any() and not scheme.server_error.any()
     out["memory"] = scheme.memory_bytes()
+
+    # Without error feedback every call is the collective with zero residues, and no buffers are kept.
+    int8 = make_codec("symmetric", bucket_size=64)
+    stateless = make_all_reduce_scheme("onebit", int8, error_feedback=False)
+    stateless.setup(world, Topology(1))
+    same = []
+    for call in range(3):
+        got, expected = _data(info.rank, call), _data(info.rank, call)
+        stateless.all_reduce(got)
+        compressed_all_reduce(expected, torch.zeros(2 * chunk), torch.zeros(chunk), int8, world)
+        same.append(torch.equal(got, expected))
+    out["stateless"] = same, stateless.worker_error, stateless.memory_bytes(), stateless.traffic.calls
     return out
 
 
@@ -85,12 +97,14 @@ def test_onebit_scheme_life_cycle():
         assert out["restored_continues"] and out["restored_calls"] == 4
         assert f"chunks of {chunk} elements" in out["other_size"]
         assert out["reset"] and out["memory"] == 3 * chunk * 4
+        assert out["stateless"] == ([True, True, True], None, 0, 3)
 
 
 @pytest.mark.parametrize("make, match", [
     (lambda: make_all_reduce_scheme("ring", None), "unknown all-reduce scheme 'ring'; allowed: onebit"),
     (lambda: OneBitAllReduce(make_codec("minmax", bits=2)), "deterministic codec"),
     (lambda: OneBitAllReduce(None, error_sample_interval=5), "error_sample_interval=5"),
+    (lambda: make_all_reduce_scheme("onebit", None, error_feedback="no"), "error_feedback='no' is invalid"),
 ])
 def test_bad_construction_is_named(make, match):
     with pytest.raises(ValueError, match=match):

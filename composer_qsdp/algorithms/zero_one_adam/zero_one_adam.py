@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -16,9 +17,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from composer_qsdp.comm import TrafficCounter, TrafficReport
 from composer_qsdp.ddp import LocalGradients, apply_zero_one_adam
-from composer_qsdp.optim import ZeroOneAdam
+from composer_qsdp.optim import SchedulePlan, ZeroOneAdam
 
-__all__ = ["ZeroOneAdamDDP", "to_zero_one_adam"]
+__all__ = ["ZeroOneAdamDDP", "planned_ratio", "to_zero_one_adam"]
 
 
 def _duration(name: str, value: str) -> Time:
@@ -48,9 +49,17 @@ log = logging.getLogger(__name__)
 
 #: The options of ZeroOneAdam the algorithm sets when it builds the optimizer.
 OPTIONS = ("var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper", "bias_correction",
-           "max_grad_norm", "bound_updates", "codec", "bucket_size", "ranks_per_node")
+           "max_grad_norm", "bound_updates", "codec", "variance_codec", "variance_rescale", "bucket_size",
+           "ranks_per_node")
 #: The options that may be durations of the run (resolved against ``max_duration`` at ``Event.FIT_START``).
 DURATIONS = ("var_freeze_step", "local_step_scaler")
+
+
+def planned_ratio(optimizer: ZeroOneAdam, plan: SchedulePlan) -> float:
+    """DDP's fp32 all-reduce bytes over ``plan``'s run divided by what ``optimizer`` is expected to send (its 1-bit
+    codec, its variance updates' codec and ``variance_rescale``'s statistics)."""
+    return plan.ratio_vs_fp32(optimizer.bits_per_element, optimizer.variance_bits_per_element,
+                              optimizer.stats_bits_per_element)
 
 
 def to_zero_one_adam(optimizer: torch.optim.Optimizer, **options: Any) -> ZeroOneAdam:
@@ -130,6 +139,10 @@ class ZeroOneAdamDDP(Algorithm):
         bound_updates: bound each element's Adam step (default True; see ZeroOneAdam).
         bias_correction: Adam's bias corrections (default False, DeepSpeed's update; True matches AdamW's).
         codec: the compressor, ``"sign"`` (default) or ``None`` for exact fp32 synchronizations.
+        variance_codec: the codec of the variance updates' all-reduce (default None: fp32), e.g. ``"symmetric"``
+            (8 bits, about a quarter of the bytes); see ZeroOneAdam.
+        variance_rescale: scale the frozen variance per bucket by the change of the synchronized squared gradients
+            since the last variance update (default False); see ZeroOneAdam.
         bucket_size: elements per codec scale (default: at most 256 and a divisor of every matrix's rows).
         ranks_per_node: ranks sharing a node, for the per-hop byte count (default: ``LOCAL_WORLD_SIZE``).
 
@@ -262,14 +275,11 @@ class ZeroOneAdamDDP(Algorithm):
         assert self.optimizer is not None
         schedule = self.optimizer.schedule
         total = _batches(state.max_duration, state, "max_duration")
-        for name, duration in self._durations.items():
-            steps = _batches(duration, state, name) if duration.unit != TimeUnit.DURATION else round(
-                duration.value * total)
-            setattr(schedule, name, max(1, steps))
+        for name, steps in self._steps(total).items():
+            setattr(schedule, name, steps)
         plan = schedule.plan(total)
-        bits = self.optimizer.bits_per_element
         log.info("0/1 Adam over %d steps: %s; about %.1fx fewer bytes than DDP's fp32 all-reduce", total, plan,
-                 plan.ratio_vs_fp32(bits))
+                 planned_ratio(self.optimizer, plan))
         if plan.first_local_step is None:
             warnings.warn(f"0/1 Adam's variance never freezes in this run (var_freeze_step={schedule.var_freeze_step}"
                           f" >= max_duration {total} steps): no local steps; 1-bit and fp32 steps only", stacklevel=2)
@@ -277,6 +287,24 @@ class ZeroOneAdamDDP(Algorithm):
             warnings.warn("bound_updates=False with a frozen variance: an element whose gradient grows above its "
                           "frozen variance takes a step of hundreds of learning rates (GPT-125M diverged so); keep "
                           "bound_updates=True", stacklevel=2)
+
+    def plan(self, params: Iterable[torch.Tensor], total_steps: int) -> tuple[SchedulePlan, float]:
+        """What a run of ``total_steps`` optimizer steps over ``params`` does with these options (the duration
+        options resolved against it), and about how many times fewer bytes than DDP's fp32 all-reduce it sends:
+        the plan the algorithm logs at ``Event.FIT_START``, before any process group exists.
+
+        Args:
+            params: the model's trainable parameters (only their shapes matter: meta tensors do).
+            total_steps: the run's optimizer steps (``max_duration`` in batches).
+        """
+        optimizer = ZeroOneAdam(params, **{**self.options, **self._steps(total_steps)})
+        plan = optimizer.schedule.plan(total_steps)
+        return plan, planned_ratio(optimizer, plan)
+
+    def _steps(self, total: int) -> dict[str, int]:
+        """The duration options in optimizer steps of a run of ``total`` steps (at least 1)."""
+        return {name: max(1, round(d.value * total) if d.unit == TimeUnit.DURATION else int(d.value))
+                for name, d in self._durations.items()}
 
     def _log_batch(self, logger: Logger) -> None:
         assert self.optimizer is not None
