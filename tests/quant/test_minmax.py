@@ -258,6 +258,10 @@ def test_bad_calls_raise():
         codec.decode_sum(wire.view(1, -1)[:, :-4], 50)
     with pytest.raises(ValueError, match="seed"):
         codec.encode(torch.randn(5), seed=-1)
+    # A codec's seed is a noise key (validate.NOISE_KEY_BITS): the kernels' int64.
+    codec.encode(torch.randn(5), seed=2**63 - 1)
+    with pytest.raises(ValueError, match=r"^seed=9223372036854775808 is invalid; it must be an integer in \[0, 2\*\*63\)$"):
+        codec.encode(torch.randn(5), seed=2**63)
 
 
 def test_registry_and_repr():
