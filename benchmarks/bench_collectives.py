@@ -172,7 +172,7 @@ def _two_level_cases(args: argparse.Namespace, rs_in: torch.Tensor, rs_out: torc
                      world: int) -> list[tuple[str, str, Callable[[int], object], int, int]]:  # fmt: skip
     """bf16 all-to-all, and the two-level reduce-scatter with each preset's gradient codecs."""
     group = dist.group.WORLD
-    layout = node_groups(Topology(args.ranks_per_node or world), group)
+    split = node_groups(Topology(args.ranks_per_node or world), group)
     a2a_out = torch.empty_like(rs_in)
     cases = [("all_to_all", "bf16", lambda i: dist.all_to_all_single(a2a_out, rs_in, group=group),
               (world - 1) * rs_out.numel() * BF16, 0)]
@@ -181,11 +181,11 @@ def _two_level_cases(args: argparse.Namespace, rs_in: torch.Tensor, rs_out: torc
         scheme = config.grad_scheme(config.grads.bits)
 
         def call(i: int, s=scheme):
-            return two_level_reduce_scatter(rs_out, rs_in, s.intra_codec, s.codec, group, layout, dist.ReduceOp.AVG,
+            return two_level_reduce_scatter(rs_out, rs_in, s.intra_codec, s.codec, group, split, dist.ReduceOp.AVG,
                                             i, rotation_block=s.rotation_block)  # fmt: skip
 
         traffic = call(0)
-        cases.append(("reduce_scatter", f"{preset} {layout.nodes}x{layout.ranks_per_node}", call, traffic.sent,
+        cases.append(("reduce_scatter", f"{preset} {split.nodes}x{split.ranks_per_node}", call, traffic.sent,
                       traffic.inter_node))
     return cases
 

@@ -275,7 +275,7 @@ def measure(metrics: dict[str, Any], warmup: int, steps: int, tokens_per_step: i
 
 # ------------------------------------------------------------------------------------------------------ data
 def random_token_shards(out: Path, samples: int, seq_len: int, vocab_size: int) -> Path:
-    """MDS shards (a ``train`` split) of ``samples`` uniformly random token sequences, in the layout of
+    """MDS shards (a ``train`` split) of ``samples`` uniformly random token sequences, in the files of
     :func:`composer_qsdp.recipes.data.write_token_shards`; reused when ``out`` already exists. Seeded: the same
     arguments give the same tokens."""
     from streaming import MDSWriter

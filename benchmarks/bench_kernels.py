@@ -128,7 +128,7 @@ def _sweep(bucket: int) -> str:
              "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for bits in (8, 4):
         codec = MinMaxCodec(bits=bits, bucket_size=bucket)
-        layout = codec.layout(size)
+        fmt = codec.wire_format(size)
         wire = codec.encode_rows(x, seed=1)
         nbytes = wire.numel() + size * 2
         for bpp in (1, 2, 4, 8, 16):
@@ -137,8 +137,8 @@ def _sweep(bucket: int) -> str:
                 if per_thread not in (8, 16, 32, 64):
                     continue
                 launch = {"buckets_per_program": bpp, "num_warps": warps}
-                q = timing.median_ms(lambda: kernels.encode_rows(x, bits, bucket, layout, True, 1, 0, **launch))
-                d = timing.median_ms(lambda: kernels.decode_rows(wire, bits, bucket, layout, dtype, **launch))
+                q = timing.median_ms(lambda: kernels.encode_rows(x, bits, bucket, fmt, True, 1, 0, **launch))
+                d = timing.median_ms(lambda: kernels.decode_rows(wire, bits, bucket, fmt, dtype, **launch))
                 lines.append(f"| {bits} | {bpp} | {warps} | {per_thread} | {timing.gbps(nbytes, q):.0f} | "
                              f"{timing.gbps(nbytes, d):.0f} |")  # fmt: skip
                 print(lines[-1], flush=True)

@@ -75,17 +75,17 @@ def _sweep() -> str:
         x = torch.randn(1, size, device=timing.DEVICE, dtype=dtype)
         copy = timing.copy_gbps(size, dtype)
         for bucket in (128, 2048):
-            layout = make_codec("symmetric", bits=bits, bucket_size=bucket).layout(size)
-            wire = kernels.encode_rows(x, bits, bucket, layout, rotate=True)
+            fmt = make_codec("symmetric", bits=bits, bucket_size=bucket).wire_format(size)
+            wire = kernels.encode_rows(x, bits, bucket, fmt, rotate=True)
             nbytes = wire.numel() + size * x.element_size()
-            _, default_bpp, default_warps = kernels._config(bits, bucket, 1, layout, True, True, None, None)
+            _, default_bpp, default_warps = kernels._config(bits, bucket, 1, fmt, True, True, None, None)
             for bpp in (1, 2, 4, 8, 16):
                 for warps in (1, 2, 4, 8, 16):
                     if bpp * bucket // (32 * warps) not in (4, 8, 16, 32, 64, 128):
                         continue
                     launch = {"buckets_per_program": bpp, "num_warps": warps}
-                    q = timing.median_ms(lambda: kernels.encode_rows(x, bits, bucket, layout, True, **launch))
-                    d = timing.median_ms(lambda: kernels.decode_rows(wire, bits, bucket, layout, dtype, True, **launch))
+                    q = timing.median_ms(lambda: kernels.encode_rows(x, bits, bucket, fmt, True, **launch))
+                    d = timing.median_ms(lambda: kernels.decode_rows(wire, bits, bucket, fmt, dtype, True, **launch))
                     qg, dg = timing.gbps(nbytes, q), timing.gbps(nbytes, d)
                     default = "yes" if (bpp, warps) == (default_bpp, default_warps) else ""
                     lines.append(f"| {timing.DTYPE_NAMES[dtype]} | {bucket} | {bpp} | {warps} | {default} | {qg:.0f} | "

@@ -63,7 +63,7 @@ import torch
 
 from composer_qsdp.recipes.models import GPTConfig, gpt_config
 from composer_qsdp.recipes.models.gpt import GPT
-from composer_qsdp.auto.choice import schedule_step
+from composer_qsdp.auto.choice import fit_link, schedule_step
 from composer_qsdp.quant import Codec, make_codec
 
 from provenance import git_revision
@@ -354,7 +354,7 @@ def predict(units: Sequence[Unit], c: Cluster, s: Setting, one_gpu_step_s: float
 
 # ---------------------------------------------------------------------------------------------- calibration
 @dataclass(frozen=True)
-class LinkFit:
+class NetworkFit:
     """One network's collective parameters, fitted on a ``bench_collectives.py`` record.
 
     Attributes:
@@ -370,14 +370,6 @@ class LinkFit:
     a2a_efficiency: float
 
 
-def _least_squares_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """Intercept and slope of the least-squares line through ``(xs, ys)``."""
-    n, sx, sy = len(xs), sum(xs), sum(ys)
-    sxx, sxy = sum(x * x for x in xs), sum(x * y for x, y in zip(xs, ys))
-    slope = (n * sxy - sx * sy) / (n * sxx - sx * sx)
-    return (sy - slope * sx) / n, slope
-
-
 def _quantized_touched(row: dict, world: int) -> float:
     """Codec kernel bytes of a ``bench_collectives`` quantized row (bf16 messages, per rank)."""
     wire = row["wire_bytes_per_rank"] / (world - 1)
@@ -387,11 +379,12 @@ def _quantized_touched(row: dict, world: int) -> float:
     return 2 * numel + 2 * world * wire + 4 * numel / world
 
 
-def fit_link(rows: Sequence[dict], world: int, hbm_gbs: float = HBM_GBS) -> LinkFit:
-    """Fit :class:`LinkFit` on the rows of one ``bench_collectives.py`` record (one network)."""
+def fit_network(rows: Sequence[dict], world: int, hbm_gbs: float = HBM_GBS) -> NetworkFit:
+    """Fit :class:`NetworkFit` on the rows of one ``bench_collectives.py`` record (one network); its latency and
+    bandwidth are the automatic policy's link fit (:func:`composer_qsdp.auto.choice.fit_link`) of the bf16 rows."""
     plain = [r for r in rows if r["precision"] == "bf16" and r["op"] in ("all_gather", "reduce_scatter")]
-    latency, slope = _least_squares_line([r["wire_bytes_per_rank"] for r in plain], [r["ms"] / 1e3 for r in plain])
-    busbw = 1 / slope / GB
+    link = fit_link([(r["wire_bytes_per_rank"], r["ms"] / 1e3) for r in plain])
+    latency, busbw = link.latency_s, link.bytes_per_s / GB
 
     def rest(row: dict) -> float:  # seconds not explained by the ring's latency and the codec kernels
         return row["ms"] / 1e3 - latency - _quantized_touched(row, world) / (hbm_gbs * GB)
@@ -402,10 +395,10 @@ def fit_link(rows: Sequence[dict], world: int, hbm_gbs: float = HBM_GBS) -> Link
     xs = [r["wire_bytes_per_rank"] / (busbw * GB) for r in reduces]
     ys = [rest(r) - codec_call for r in reduces]
     inverse = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
-    return LinkFit(busbw, latency, codec_call, 1 / inverse)
+    return NetworkFit(busbw, latency, codec_call, 1 / inverse)
 
 
-def collective_row_prediction(row: dict, world: int, fit: LinkFit, hbm_gbs: float = HBM_GBS) -> float:
+def collective_row_prediction(row: dict, world: int, fit: NetworkFit, hbm_gbs: float = HBM_GBS) -> float:
     """Predicted seconds of one ``bench_collectives.py`` row on one node of ``world`` GPUs."""
     c = Cluster(1, world, fit.busbw_gbs, fit.busbw_gbs, fit.a2a_efficiency, fit.a2a_efficiency, fit.latency_s,
                 fit.codec_call_s, hbm_gbs)
@@ -440,20 +433,20 @@ def _read(path: str) -> Any:
         return json.load(archive.extractfile(name))
 
 
-def link_fits() -> dict[str, tuple[LinkFit, int]]:
+def network_fits() -> dict[str, tuple[NetworkFit, int]]:
     """The fitted parameters of each network's 2-GPU collective record, with its GPU count."""
     fits = {}
     for network, path in COLLECTIVE_RECORDS.items():
         record = _read(path)
         world = int(record["header"]["device"].split(" x ")[0])
-        fits[network] = (fit_link(record["rows"], world), world)
+        fits[network] = (fit_network(record["rows"], world), world)
     return fits
 
 
 def validate_collectives() -> list[dict]:
     """Measured vs fitted time of every row of the 2-GPU collective records (the calibration set)."""
     out = []
-    for network, (fit, world) in link_fits().items():
+    for network, (fit, world) in network_fits().items():
         for row in _read(COLLECTIVE_RECORDS[network])["rows"]:
             predicted = collective_row_prediction(row, world, fit)
             out.append({"network": network, "op": row["op"], "size_mb": row["size_mb"],
@@ -474,7 +467,7 @@ def validate_e2e() -> list[dict]:
     none), and the latency, codec and all-to-all parameters fitted on the 2-GPU collective record of the same
     network: nothing is fitted on these runs.
     """
-    fits = link_fits()
+    fits = network_fits()
     out = []
     for path, model, micro, bound_source in E2E_RECORDS:
         record = _read(path)
@@ -529,7 +522,7 @@ def h100_one_gpu_step(units: Sequence[Unit], seq_len: int, tokens: int) -> float
 def prediction_table(models: Sequence[str] = PREDICTED_MODELS, gbps: Sequence[float] = PREDICTED_GBPS,
                      nodes: int = 8, gpus_per_node: int = 8, tokens: int = TOKENS_PER_GPU) -> list[dict]:
     """Predicted step time, speedup over plain FSDP2, TFLOPs per GPU and cross-node GB per node and step."""
-    fit = link_fits()["nvlink"][0]
+    fit = network_fits()["nvlink"][0]
     seq = 2048
     out = []
     for model in models:
@@ -562,7 +555,7 @@ PAPER_CONDITIONS = (
 def paper_table(tokens: int = TOKENS_PER_GPU) -> list[dict]:
     """SDP4Bit's published speedups (Table 2) beside this model's at the same nodes, GPUs per node and network,
     with the compute scaled from our H100-class measurement by the GPUs' bf16 peaks."""
-    fit = link_fits()["nvlink"][0]
+    fit = network_fits()["nvlink"][0]
     out = []
     for model, gpu, per_node, gbps, published in PAPER_CONDITIONS:
         units = model_units(model_shape(model), 2048)
@@ -587,7 +580,7 @@ def markdown_validation() -> str:
     lines = ["Link parameters fitted on the 2x H200 collective records (git 37e8cf4):", "",
              "| network | ring busbw (GB/s) | NCCL call (ms) | quantized call (ms) | all-to-all / ring |",
              "|---|---:|---:|---:|---:|"]
-    for network, (fit, _) in link_fits().items():
+    for network, (fit, _) in network_fits().items():
         lines.append(f"| {network} | {fit.busbw_gbs:.1f} | {fit.latency_s * 1e3:.3f} | {fit.codec_call_s * 1e3:.3f} "
                      f"| {fit.a2a_efficiency:.2f} |")
     lines += ["", "Collectives, 2x H200 (the fit's own data):", "",

@@ -9,10 +9,17 @@ from __future__ import annotations
 
 from composer_qsdp._names import did_you_mean
 
-__all__ = ["MAX_SEED", "check_bool", "check_choice", "check_int", "check_seed"]
+__all__ = ["NOISE_KEY_BITS", "SEED_BITS", "check_bool", "check_choice", "check_int", "check_noise_key", "check_seed"]
 
-#: Largest seed (a 64-bit Philox key) any QSDP option accepts.
-MAX_SEED = 2**64 - 1
+#: A seed a user gives (QSDP's ``seed`` option, a recipe's ``seed``) is an integer in ``[0, 2**SEED_BITS)``:
+#: Composer's range (``reproducibility.seed_all`` seeds numpy, whose seeds are 32-bit), so one number is valid
+#: wherever a seed is asked for.
+SEED_BITS = 32
+#: A noise key (the ``seed`` argument of a codec or of :mod:`composer_qsdp.quant.philox`) is an integer in
+#: ``[0, 2**NOISE_KEY_BITS)``: the non-negative int64 the Triton kernels take as their Philox key.
+#: :func:`composer_qsdp.comm.seeds.mix_seed` derives one from the run's seed, the step, the unit, the side and the
+#: rank.
+NOISE_KEY_BITS = 63
 
 
 def check_int(name: str, value: object, minimum: int = 0) -> int:
@@ -39,9 +46,19 @@ def check_choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def check_seed(seed: object) -> int:
-    """Return ``seed`` if it is a valid Philox key, an int (not a bool) in ``[0, 2**64)``, else raise a
-    ``ValueError`` naming it."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise ValueError(f"seed={seed!r} is invalid; it must be an integer in [0, 2**64)")
-    return seed
+def check_seed(seed: object, name: str = "seed") -> int:
+    """Return ``seed`` if it is a user's seed, an int (not a bool) in ``[0, 2**SEED_BITS)``, else raise a
+    ``ValueError`` naming ``name``, the value and the range."""
+    return _check_below(name, seed, SEED_BITS)
+
+
+def check_noise_key(key: object, name: str = "seed") -> int:
+    """Return ``key`` if it is a noise key, an int (not a bool) in ``[0, 2**NOISE_KEY_BITS)``, else raise a
+    ``ValueError`` naming ``name``, the value and the range."""
+    return _check_below(name, key, NOISE_KEY_BITS)
+
+
+def _check_below(name: str, value: object, bits: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**bits:
+        raise ValueError(f"{name}={value!r} is invalid; it must be an integer in [0, 2**{bits})")
+    return value

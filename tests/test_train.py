@@ -179,7 +179,7 @@ def test_two_processes_qsdp_resume_reproduces_losses(wiki_shards, tmp_path):
     (["max_duration=0.5dur"], "'max_duration' = '0.5dur' is invalid; its unit must be one of ep, iter, ba, sp, tok"),
     (["eval_interval=0ba"], "recipe key 'eval_interval' = '0ba' is invalid; it must be > 0"),
     (["scheduler.t_warmup=-1ba"], "recipe key 'scheduler.t_warmup' = '-1ba' is invalid; it must be >= 0"),
-    # Composer's seed range, in the notation of QSDP's own seed check.
+    # The one seed range (validate.SEED_BITS): Composer's, and QSDP's own seed's.
     (["seed=-1"], "recipe key 'seed' = -1 is invalid; it must be an integer in [0, 2**32)"),
     (["seed=4294967296"], "recipe key 'seed' = 4294967296 is invalid; it must be an integer in [0, 2**32)"),
     # The collectives' timeout (issue 16: a stalled rank must end the run): finite, positive seconds.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-command setup: a virtual environment in .venv with composer_qsdp installed in editable mode, its test
-# extras (which include the demo's and the Hugging Face model's), and the pinned GPU-machine stack of overrides.txt
+# extras (which include the recipes', the demo's and the Hugging Face model's), and the pinned GPU-machine stack of overrides.txt
 # (see there for why Composer's pins are lifted).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

@@ -3,8 +3,8 @@
 The two-level reduce-scatter of ZeRO++ (qgZ) and SDP4Bit (TLq-HS) runs over two subgroups of the group a unit
 communicates over: the group's ranks on this rank's node (the intra-node hop, over NVLink) and the group's ranks
 that have this rank's local index on every node (the inter-node hop, over the network). :func:`node_groups`
-lays a group out on a :class:`~composer_qsdp.comm.topology.Topology`, checks that every rank sees the same
-topology, creates the subgroups once per distinct layout and caches them, so every unit on the same group reuses
+splits a group into the nodes of a :class:`~composer_qsdp.comm.topology.Topology`, checks that every rank sees the same
+topology, creates the subgroups once per distinct split and caches them, so every unit on the same group reuses
 them.
 
 Indices: the group's nodes are numbered ``a = 0..M-1`` in node order and the group's ranks on one node
@@ -94,14 +94,14 @@ def chunk_table(members: Sequence[int], topology: Topology) -> tuple[tuple[int, 
     return tuple(tuple(position[r] for r in ranks) for _, ranks in sorted(by_node.items()))
 
 
-# Per default process group (a new one after destroy/init starts empty): (members, ranks_per_node) -> layout, and
-# subgroup ranks -> the subgroup (shared by layouts that need the same subgroup).
-_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Per default process group (a new one after destroy/init starts empty): (members, ranks_per_node) -> split, and
+# subgroup ranks -> the subgroup (shared by splits that need the same subgroup).
+_SPLITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _SUBGROUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def node_groups(topology: Topology, group: dist.ProcessGroup) -> NodeGroups:
-    """The layout of ``group`` on ``topology``, with its subgroups; built once per group and reused.
+    """``group`` split into the nodes of ``topology``, with its subgroups; built once per group and reused.
 
     The first call for a group is collective over the **default** process group: every rank calls it for its
     own group (HSDP gives ranks different shard groups), in the same order. The ranks exchange their topology
@@ -110,7 +110,7 @@ def node_groups(topology: Topology, group: dist.ProcessGroup) -> NodeGroups:
 
     Args:
         topology: this rank's topology.
-        group: the process group to lay out.
+        group: the process group to split.
 
     Raises:
         ValueError: ranks disagree on ``ranks_per_node``, it does not divide the world size, or the group's nodes
@@ -118,9 +118,9 @@ def node_groups(topology: Topology, group: dist.ProcessGroup) -> NodeGroups:
     """
     default = dist.group.WORLD
     members = tuple(dist.get_process_group_ranks(group))
-    layouts = _LAYOUTS.setdefault(default, {})
+    splits = _SPLITS.setdefault(default, {})
     key = (members, topology.ranks_per_node)
-    if key not in layouts:
+    if key not in splits:
         world = dist.get_world_size()
         gathered: list = [None] * world
         dist.all_gather_object(gathered, (topology.ranks_per_node, members))
@@ -142,8 +142,8 @@ def node_groups(topology: Topology, group: dist.ProcessGroup) -> NodeGroups:
             for ranks in _subgroup_ranks(m, table):
                 if ranks not in subgroups:
                     subgroups[ranks] = dist.new_group(list(ranks))
-        layouts[key] = _layout(members, tables[members], topology, subgroups)
-    return layouts[key]
+        splits[key] = _split(members, tables[members], topology, subgroups)
+    return splits[key]
 
 
 def _subgroup_ranks(members: Sequence[int], table: tuple[tuple[int, ...], ...]) -> list[tuple[int, ...]]:
@@ -155,7 +155,7 @@ def _subgroup_ranks(members: Sequence[int], table: tuple[tuple[int, ...], ...]) 
     return intra + inter
 
 
-def _layout(members: tuple[int, ...], table: tuple[tuple[int, ...], ...], topology: Topology,
+def _split(members: tuple[int, ...], table: tuple[tuple[int, ...], ...], topology: Topology,
             subgroups: dict[tuple[int, ...], dist.ProcessGroup]) -> NodeGroups:  # fmt: skip
     me = members.index(dist.get_rank())
     node, local = next((a, row.index(me)) for a, row in enumerate(table) if me in row)

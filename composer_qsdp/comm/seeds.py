@@ -19,7 +19,8 @@ def _splitmix64(z: int) -> int:
 
 
 def mix_seed(*parts: int) -> int:
-    """Hash integers in ``[0, 2**64)`` into one codec seed in ``[0, 2**63)``.
+    """Hash integers in ``[0, 2**64)`` into one noise key in ``[0, 2**63)`` (a codec's ``seed``,
+    :data:`~composer_qsdp.validate.NOISE_KEY_BITS`).
 
     Order matters: ``mix_seed(a, b) != mix_seed(b, a)`` in general. Used so that every (base seed, step,
     FSDP unit, weights/gradients, rank) combination draws its rounding noise from its own stream.

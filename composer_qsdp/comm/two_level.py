@@ -1,7 +1,7 @@
 """Two-level quantized reduce-scatter (ZeRO++ qgZ, SDP4Bit TLq-HS): an intra-node all-to-all, a local reduction,
 an inter-node all-to-all among the ranks with the same local index, a final reduction.
 
-With ``M`` nodes of ``L`` ranks (a :class:`~composer_qsdp.comm.node_groups.NodeGroups` layout) and chunk
+With ``M`` nodes of ``L`` ranks (a :class:`~composer_qsdp.comm.node_groups.NodeGroups` split) and chunk
 ``chunks[a][l]`` belonging to the rank at ``(node a, local l)``, as in a flat reduce-scatter:
 
 1. every rank encodes its ``W = M * L`` chunks with the intra codec (row ``g`` is chunk ``g``, exactly as the flat
@@ -24,7 +24,7 @@ Hadamard smoothing (SDP4Bit §3.2, TLq-HS): with ``rotation_block=B`` each chunk
 ``B``-element blocks and rotated by the normalized Walsh-Hadamard matrix once before step 1; both hops quantize and
 sum in the rotated domain (``sum_i H g_i = H sum_i g_i``) and one inverse rotation follows step 4.
 
-A layout with one node or one rank per node has a single hop: it runs the flat collective with that hop's codec
+A split with one node or one rank per node has a single hop: it runs the flat collective with that hop's codec
 (the intra codec on one node, the inter codec across single-rank nodes), bit-identical to
 :func:`~composer_qsdp.comm.reduce_scatter.quantized_reduce_scatter` when there is no rotation.
 """
@@ -108,7 +108,7 @@ def two_level_reduce_scatter(
     intra_codec: Codec | None,
     inter_codec: Codec | None,
     group: dist.ProcessGroup,
-    layout: NodeGroups,
+    split: NodeGroups,
     op: dist.ReduceOp | dist.ReduceOp.RedOpType,
     seed: int,
     *,
@@ -126,8 +126,8 @@ def two_level_reduce_scatter(
         input: contiguous tensor of ``W * n`` elements, same dtype/device as ``output``.
         intra_codec: the intra-node hop's codec; ``None`` sends that hop's values in the input dtype.
         inter_codec: the inter-node hop's codec; ``None`` sends the partial sums in the input dtype.
-        group: the process group (NCCL or gloo) that ``layout`` describes.
-        layout: ``node_groups(topology, group)``.
+        group: the process group (NCCL or gloo) that ``split`` describes.
+        split: ``node_groups(topology, group)``, the group's ranks by node.
         op: ``ReduceOp.SUM`` or ``ReduceOp.AVG`` (checked before any communication).
         seed: rounding-noise key of this call: the intra hop uses ``mix_seed(seed, dist.get_rank())``, the inter
             hop ``mix_seed(seed, dist.get_rank(), INTER_HOP)``.
@@ -139,23 +139,23 @@ def two_level_reduce_scatter(
         the flat collective's, as for :func:`~composer_qsdp.comm.reduce_scatter.quantized_reduce_scatter`.
 
     Raises:
-        ValueError: an op other than SUM/AVG, mismatched buffers, a layout of another group size, or a
+        ValueError: an op other than SUM/AVG, mismatched buffers, a split of another group size, or a
             ``rotation_block`` that is not a power of two.
     """
     world = group.size()
     n = check_collective_buffers("two_level_reduce_scatter", output, input, world, gathers=False)
     if rotation_block is not None and not is_power_of_two(rotation_block):
         raise ValueError(f"rotation_block={rotation_block!r} is invalid; allowed: a power of two (elements), or None")
-    if layout.nodes * layout.ranks_per_node != world:
+    if split.nodes * split.ranks_per_node != world:
         raise ValueError(
-            f"two_level_reduce_scatter: the layout has {layout.nodes} nodes x {layout.ranks_per_node} ranks but the "
+            f"two_level_reduce_scatter: the node split has {split.nodes} nodes x {split.ranks_per_node} ranks but the "
             f"group has {world} ranks; pass node_groups(topology, group) of this group"
         )
-    off_node_peers = (layout.nodes - 1) * layout.ranks_per_node
+    off_node_peers = (split.nodes - 1) * split.ranks_per_node
     if input.dtype not in FLOAT_DTYPES or n == 0:  # nothing to quantize: the plain collective with FSDP's op
         return quantized_reduce_scatter(output, input, None, group, op, seed, off_node_peers=off_node_peers)
-    single_hop_codec = intra_codec if layout.nodes == 1 else inter_codec
-    if not layout.two_level and (rotation_block is None or single_hop_codec is None):
+    single_hop_codec = intra_codec if split.nodes == 1 else inter_codec
+    if not split.two_level and (rotation_block is None or single_hop_codec is None):
         return quantized_reduce_scatter(output, input, single_hop_codec, group, op, seed,
                                         measure_error=measure_error, off_node_peers=off_node_peers)  # fmt: skip
     average = is_average(op)
@@ -165,13 +165,13 @@ def two_level_reduce_scatter(
         padded = -(-n // rotation_block) * rotation_block
         rows = hadamard_rows(rows, rotation_block, padded, torch.float32)
     m = rows.shape[1]
-    if layout.two_level:
+    if split.two_level:
         intra, inter = _Hop(intra_codec, input.dtype), _Hop(inter_codec, input.dtype)
-        order = layout.send_index(input.device)
-        partial, wire1 = _exchange(rows, intra, layout.intra, mix_seed(seed, rank), layout.nodes, order)
-        total, wire2 = _exchange(partial, inter, layout.inter, mix_seed(seed, rank, INTER_HOP), 1)
-        intra_bytes = (layout.ranks_per_node - 1) * layout.nodes * intra.wire_bytes(m)
-        inter_bytes = (layout.nodes - 1) * inter.wire_bytes(m)
+        order = split.send_index(input.device)
+        partial, wire1 = _exchange(rows, intra, split.intra, mix_seed(seed, rank), split.nodes, order)
+        total, wire2 = _exchange(partial, inter, split.inter, mix_seed(seed, rank, INTER_HOP), 1)
+        intra_bytes = (split.ranks_per_node - 1) * split.nodes * intra.wire_bytes(m)
+        inter_bytes = (split.nodes - 1) * inter.wire_bytes(m)
         encoded = ((intra, wire1, rows), (inter, wire2, partial))
     else:  # one hop, in the rotated domain
         hop = _Hop(single_hop_codec, input.dtype)

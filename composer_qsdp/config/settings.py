@@ -121,8 +121,9 @@ class QSDPConfig:
             both sides. Applied with ``exclude`` and ``min_numel``.
         min_numel: units managing fewer parameter elements (unsharded) stay unquantized on both sides: their
             traffic is too small to pay for the quantization error.
-        seed: base key of all rounding noise; with the optimizer step, the microbatch, the unit and the rank it
-            determines every random draw, so runs are reproducible and resumable.
+        seed: base key of all rounding noise, an integer in ``[0, 2**32)`` (:data:`~composer_qsdp.validate.SEED_BITS`,
+            Composer's seed range); with the optimizer step, the microbatch, the unit and the rank it determines
+            every random draw, so runs are reproducible and resumable.
         check_finite: detect non-finite all-gathered weights (one fused reduction per all-gather, checked at
             the next forward) and raise :class:`~composer_qsdp.engine.NonFiniteWeightError`.
         error_sample_interval: every this many calls, a unit also measures the relative quantization error of

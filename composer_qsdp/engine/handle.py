@@ -86,7 +86,8 @@ class QSDPHandle:
         adapter: which adapter installed the handle and how it reaches the framework's collectives (for logs; set
             by the adapter, e.g. ``"fsdp2 (custom): ..."``).
         layout_of: ``layout_of(unit_index)``, the unit's :class:`GatherLayout`, for schemes that keep gathered
-            weights and are chosen after setup (:meth:`reconfigure`); set by adapters that have layouts.
+            weights and are chosen after setup (:meth:`reconfigure`); given to :meth:`install` by adapters that have
+            layouts.
         wire_dtypes: the dtype of the latest all-gather (``"weights"``) and reduce-scatter (``"grads"``) input:
             what the framework actually sends, for measurements that must send the same.
         resume_changes: the settings that differ from those of the checkpoint last loaded (``"key: old -> new"``;
@@ -138,22 +139,46 @@ class QSDPHandle:
             raise ValueError(f"QSDP is not applied to this {type(model).__name__}")
         handle.remove()
 
-    def attach_to_model(self) -> None:
-        """Register on the model: a forward pre-hook that marks each microbatch (:meth:`on_forward`), prepended so
-        that it runs before the pre-forward hook of a model that is itself an FSDP root (which gathers weights),
-        and the model attribute :meth:`applied` reads. Adapters call it once their collectives are installed."""
+    def install(
+        self,
+        groups: Sequence[dist.ProcessGroup],
+        layout_of: Callable[[int], GatherLayout] | None = None,
+        optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None = None,
+    ) -> None:
+        """Put the handle to work on its model (collective: every rank, same order). Adapters call it once, right
+        after constructing the handle: it sets up every unit's schemes on the unit's process group, hooks the
+        optimizers' steps, routes the framework's collectives to :meth:`all_gather` and :meth:`reduce_scatter`
+        (the adapter's :meth:`install_collectives`), and registers on the model: a forward pre-hook that marks
+        each microbatch (:meth:`on_forward`), prepended so that it runs before the pre-forward hook of a model that
+        is itself an FSDP root (which gathers weights), and the model attribute :meth:`applied` reads.
+
+        Args:
+            groups: each unit's process group, in unit-index order.
+            layout_of: ``layout_of(unit_index)``, the unit's :class:`GatherLayout`, where the adapter has them:
+                schemes that keep gathered weights need one, at setup and at :meth:`reconfigure`.
+            optimizers: the optimizer(s) whose steps are the step boundary (:meth:`attach_optimizer`); without
+                them, the caller calls :meth:`on_optimizer_step`.
+        """
+        self.layout_of = layout_of
+        for unit, group in zip(self.units, groups, strict=True):
+            needs_layout = unit.weights.needs_layout and layout_of is not None
+            unit.weights.setup(group, self.topology, layout_of(unit.index) if needs_layout else None)
+            unit.grads.setup(group, self.topology)
+        if optimizers is not None:
+            self.attach_optimizer(optimizers)
+        self.install_collectives(groups)
         self._forward_hook = self.model.register_forward_pre_hook(lambda *_: self.on_forward(), prepend=True)
         setattr(self.model, _HANDLE_ATTR, self)
 
-    def setup(
-        self, groups: Sequence[dist.ProcessGroup], layouts: Sequence[GatherLayout | None] | None = None
-    ) -> None:
-        """Set up every unit's schemes on its process group (collective: every rank, same order), with the
-        units' gather layouts where the adapter has them."""
-        layouts = [None] * len(self.units) if layouts is None else layouts
-        for unit, group, layout in zip(self.units, groups, layouts, strict=True):
-            unit.weights.setup(group, self.topology, layout)
-            unit.grads.setup(group, self.topology)
+    def install_collectives(self, groups: Sequence[dist.ProcessGroup]) -> None:
+        """The adapter's part of :meth:`install`: make each unit's framework collectives call :meth:`all_gather`
+        and :meth:`reduce_scatter` with the unit's index. Adapters override it (and :meth:`remove`, to undo it).
+
+        Args:
+            groups: each unit's process group, in unit-index order.
+        """
+        raise NotImplementedError(f"{type(self).__name__} installs no collectives: an adapter's handle overrides "
+                                  "install_collectives")
 
     # ------------------------------------------------------------------ events from the adapter
     def all_gather(

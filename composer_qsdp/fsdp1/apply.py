@@ -8,7 +8,7 @@ communication-hook state (:mod:`composer_qsdp.fsdp1.compat` says how each is rea
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -107,17 +107,21 @@ class FSDP1Handle(QSDPHandle):
     adapter = (f"fsdp1 (gradients: register_comm_hook; weights: FlatParamHandle._all_gather_flat_param), "
                f"torch {torch.__version__}")
 
-    def _install(self, roots: list[FullyShardedDataParallel], groups: list[dist.ProcessGroup]) -> None:
+    def __init__(self, *args: Any, roots: list[FullyShardedDataParallel], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._roots = roots
+
+    def install_collectives(self, groups: Sequence[dist.ProcessGroup]) -> None:
+        """Each unit's flat-parameter all-gather and its reduce-scatter (the roots' communication hook) call the
+        handle."""
         states: dict[nn.Module, FSDP1ReduceScatter] = {}
         for unit, group in zip(self.units, groups):
             fsdp_module: Any = unit.module
             flat = compat.flat_handle(fsdp_module)
             compat.install_all_gather(flat, FSDP1AllGather(self, unit.index, flat, group))
             states[fsdp_module] = FSDP1ReduceScatter(self, unit.index, group, *compat.division_factors(fsdp_module))
-        self._roots = roots
-        for root in roots:
+        for root in self._roots:
             compat.install_reduce_scatter(root, states, reduce_scatter_hook, _not_a_unit)
-        self.attach_to_model()
 
     def remove(self) -> None:
         """Restore FSDP1's all-gathers and reduce-scatters on every unit, drop the forward and optimizer hooks."""
@@ -173,13 +177,11 @@ def apply_qsdp(
         _check_unit(unit.name, unit.module)  # type: ignore[arg-type]
     for unit in units:
         compat.zero_padding(compat.flat_handle(unit.module))
-    handle = FSDP1Handle(model, config, plan_units(units, config), Topology.detect(config.ranks_per_node))
-    groups = [u.module.process_group for u in units]  # type: ignore[union-attr]
-    handle.layout_of = lambda index: FSDP1GatherLayout(compat.flat_pieces(compat.flat_handle(units[index].module)))
-    handle.setup(groups, [handle.layout_of(p.index) if p.weights.needs_layout else None for p in handle.units])
-    if optimizers is not None:
-        handle.attach_optimizer(optimizers)
-    handle._install(roots, groups)
+    handle = FSDP1Handle(model, config, plan_units(units, config), Topology.detect(config.ranks_per_node),
+                         roots=roots)
+    handle.install([u.module.process_group for u in units],  # type: ignore[union-attr]
+                   lambda index: FSDP1GatherLayout(compat.flat_pieces(compat.flat_handle(units[index].module))),
+                   optimizers)
     return handle
 
 

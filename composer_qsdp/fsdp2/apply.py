@@ -4,10 +4,11 @@ supports, :mod:`composer_qsdp.fsdp2.compat`); ``remove_qsdp`` undoes it."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 
@@ -46,11 +47,12 @@ class FSDP2Handle(QSDPHandle):
         self.comm_path = comm_path
         self.adapter = f"fsdp2 ({comm_path}: {COMM_PATHS[comm_path]}), torch {torch.__version__}"
 
-    def _install(self) -> None:
+    def install_collectives(self, groups: Sequence[dist.ProcessGroup]) -> None:
+        """Each unit's all-gather and reduce-scatter become comm objects that call the handle (through
+        ``comm_path``); they run on the groups FSDP2 passes them, the units' shard groups."""
         for unit in self.units:
             install_comms(unit.module, QSDPAllGather(self, unit.index), QSDPReduceScatter(self, unit.index),
                           self.comm_path)
-        self.attach_to_model()
 
     def remove(self) -> None:
         """Restore FSDP's default all-gather and reduce-scatter on every unit, drop the forward and optimizer
@@ -113,11 +115,7 @@ def apply_qsdp(
     if note is not None:
         log.warning(note)
     groups = [shard_group(u.module) for u in units]
-    handle.layout_of = lambda index: FSDP2GatherLayout(units[index].module, groups[index].size())
-    handle.setup(groups, [handle.layout_of(p.index) if p.weights.needs_layout else None for p in handle.units])
-    if optimizers is not None:
-        handle.attach_optimizer(optimizers)
-    handle._install()
+    handle.install(groups, lambda index: FSDP2GatherLayout(units[index].module, groups[index].size()), optimizers)
     return handle
 
 

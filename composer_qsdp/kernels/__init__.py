@@ -1,4 +1,4 @@
-"""Triton kernels for the hot codecs, the wire layout they share with the torch references, and the rule that
+"""Triton kernels for the hot codecs, the wire format they share with the torch references, and the rule that
 decides when they run.
 
 The kernels compute the same numbers as the codecs' torch references (the ``quant`` layer above), bit for bit
@@ -13,9 +13,9 @@ only.
 """
 
 from composer_qsdp.kernels.dispatch import BACKENDS, backend, triton_available, use_triton
-from composer_qsdp.kernels.layout import WireLayout, aligned_rows, bucket_layout, packed_bytes
+from composer_qsdp.kernels.wire_format import WireFormat, aligned_rows, bucket_wire_format, packed_bytes
 
 __all__ = [
-    "BACKENDS", "WireLayout", "aligned_rows", "backend", "bucket_layout", "packed_bytes", "triton_available",
+    "BACKENDS", "WireFormat", "aligned_rows", "backend", "bucket_wire_format", "packed_bytes", "triton_available",
     "use_triton",
 ]

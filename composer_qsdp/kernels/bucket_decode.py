@@ -20,7 +20,7 @@ import triton.language as tl
 
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
 from composer_qsdp.kernels.groups import cdiv, output_buffer, row_stride, rows_aligned, split_tile, vec
-from composer_qsdp.kernels.layout import WireLayout, aligned_rows
+from composer_qsdp.kernels.wire_format import WireFormat, aligned_rows
 
 __all__ = ["BucketDecoder"]
 
@@ -63,7 +63,7 @@ class BucketDecoder:
 
     Args:
         decode_tile: the codec's ``@triton.jit`` tile decoder (module docstring).
-        check: ``check(bits, bucket_size, rows, layout)`` raises ``ValueError`` for a configuration the kernels do
+        check: ``check(bits, bucket_size, rows, fmt)`` raises ``ValueError`` for a configuration the kernels do
             not cover.
         launch_shape: ``launch_shape(bucket_size, num_buckets, on_gpu, aligned_rows, buckets_per_program,
             num_warps)`` -> ``(GROUPS, buckets per program, warps)``; ``aligned_rows``: the output's rows start on
@@ -76,54 +76,54 @@ class BucketDecoder:
         self._check = check
         self._launch_shape = launch_shape
 
-    def decode_rows(self, wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout, dtype: torch.dtype, *,
+    def decode_rows(self, wire: torch.Tensor, bits: int, bucket_size: int, fmt: WireFormat, dtype: torch.dtype, *,
                     out: torch.Tensor | None = None, buckets_per_program: int | None = None,
                     num_warps: int | None = None) -> torch.Tensor:  # fmt: skip
-        """Decode a ``[R, layout.wire_bytes]`` wire into ``[R, layout.numel]`` values of ``dtype``: into ``out`` when
+        """Decode a ``[R, fmt.wire_bytes]`` wire into ``[R, fmt.numel]`` values of ``dtype``: into ``out`` when
         given (that shape and dtype, rows contiguous). ``buckets_per_program`` and ``num_warps`` override the
         launch heuristic for benchmark sweeps; they never change the result."""
-        return self._decode(wire, bits, bucket_size, layout, dtype, False, out, 1, buckets_per_program, num_warps)
+        return self._decode(wire, bits, bucket_size, fmt, dtype, False, out, 1, buckets_per_program, num_warps)
 
-    def decode_sum(self, wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout, *,
+    def decode_sum(self, wire: torch.Tensor, bits: int, bucket_size: int, fmt: WireFormat, *,
                    out: torch.Tensor | None = None, divisor: int = 1, buckets_per_program: int | None = None,
                    num_warps: int | None = None) -> torch.Tensor:  # fmt: skip
-        """Sum of the fp32 decodes of the rows of a ``[R, layout.wire_bytes]`` wire, in row order, divided by
+        """Sum of the fp32 decodes of the rows of a ``[R, fmt.wire_bytes]`` wire, in row order, divided by
         ``divisor`` in fp32: fp32 ``[numel]``, or rounded into ``out`` (``[numel]``, any float dtype) when given."""
         dtype = torch.float32 if out is None else out.dtype
-        return self._decode(wire, bits, bucket_size, layout, dtype, True, out, divisor, buckets_per_program,
+        return self._decode(wire, bits, bucket_size, fmt, dtype, True, out, divisor, buckets_per_program,
                             num_warps)  # fmt: skip
 
-    def _decode(self, wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout, dtype: torch.dtype,
+    def _decode(self, wire: torch.Tensor, bits: int, bucket_size: int, fmt: WireFormat, dtype: torch.dtype,
                 sum_rows: bool, out: torch.Tensor | None, divisor: int, buckets_per_program: int | None,
                 num_warps: int | None) -> torch.Tensor:  # fmt: skip
-        self._check(bits, bucket_size, wire.shape[0], layout)
+        self._check(bits, bucket_size, wire.shape[0], fmt)
         wire = aligned_rows(wire)
-        shape = (layout.numel,) if sum_rows else (wire.shape[0], layout.numel)
+        shape = (fmt.numel,) if sum_rows else (wire.shape[0], fmt.numel)
         out = output_buffer(shape, dtype, wire.device, out)
         # The sum's output is one row, which starts aligned.
-        launch = self._launch_shape(bucket_size, layout.num_buckets, out.is_cuda, sum_rows or rows_aligned(out),
+        launch = self._launch_shape(bucket_size, fmt.num_buckets, out.is_cuda, sum_rows or rows_aligned(out),
                                     buckets_per_program, num_warps)  # fmt: skip
-        return _launch(wire, layout, out, sum_rows, self._decode_tile, bits, bucket_size, launch, divisor)
+        return _launch(wire, fmt, out, sum_rows, self._decode_tile, bits, bucket_size, launch, divisor)
 
 
 
-def _launch(wire: torch.Tensor, layout: WireLayout, out: torch.Tensor, sum_rows: bool, decode_tile: object,
+def _launch(wire: torch.Tensor, fmt: WireFormat, out: torch.Tensor, sum_rows: bool, decode_tile: object,
             bits: int, bucket_size: int, launch: tuple[int, int, int], divisor: int) -> torch.Tensor:  # fmt: skip
     """Decode the ``[R, wire_bytes]`` ``wire`` (rows 4-byte aligned) into ``out`` with ``decode_tile``; ``launch``
     is ``(GROUPS, buckets per program, warps)``; a sum is divided by ``divisor`` in fp32. Returns ``out``."""
     groups, bpp, warps = launch
-    nb = layout.num_buckets
+    nb = fmt.num_buckets
     constants = {"DECODE_TILE": decode_tile, "BITS": bits, "BUCKET": bucket_size, "GROUPS": groups, "BPP": bpp,
                  "VEC": vec(out.dtype), "EMULATE_BF16_RNE": emulate_bf16_rne(), "num_warps": warps,
                  "enable_fp_fusion": False}  # fmt: skip
     meta = wire.view(torch.float32)
     if sum_rows:
         _dequantize_sum_kernel[(cdiv(nb, bpp),)](
-            wire, meta, out, layout.numel, nb, layout.meta_offset, row_stride(wire), float(divisor),
+            wire, meta, out, fmt.numel, nb, fmt.meta_offset, row_stride(wire), float(divisor),
             ROWS=wire.shape[0], DIVIDE=divisor != 1, **constants,
         )  # fmt: skip
     else:
         _dequantize_kernel[(cdiv(nb, bpp), wire.shape[0])](
-            wire, meta, out, layout.numel, nb, layout.meta_offset, row_stride(wire), row_stride(out), **constants,
+            wire, meta, out, fmt.numel, nb, fmt.meta_offset, row_stride(wire), row_stride(out), **constants,
         )  # fmt: skip
     return out

@@ -13,7 +13,7 @@ mostly inside the thread.
 
 Code words: a bucket of a multiple of 8 elements starts at a multiple of ``bits`` bytes, so the 8 codes of a
 group are one naturally aligned ``bits``-byte little-endian word (code ``j`` in bits ``[j * bits, (j + 1) *
-bits)``, the layout of :mod:`composer_qsdp.kernels.layout`), packed and unpacked inside a thread.
+bits)``, the format of :mod:`composer_qsdp.kernels.wire_format`), packed and unpacked inside a thread.
 
 Exact conversions through the fp32 "magic number" ``MAGIC = 1.5 * 2**23`` (bits ``0x4B400000``): fp32 numbers
 in ``[2**23, 2**24)`` are the integers, one unit apart, so

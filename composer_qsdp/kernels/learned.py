@@ -5,7 +5,7 @@ Reference (same math, same wire, same numbers bit for bit): the learned-levels c
 (``quant.learned.LearnedLevelsCodec``), methods ``_encode_rows_reference`` (:func:`encode_rows`),
 ``_decode_rows_fp32`` (:func:`decode_rows`) and ``_decode_sum_reference`` (:func:`decode_sum`). The codec passes
 its levels (``K = 2**bits`` fp32 values on the input's device, 0 first and 1 last, strictly increasing) and its
-wire layout; the launchers take ``[rows, n]`` tensors. They run on CUDA tensors, and on CPU tensors under
+wire format; the launchers take ``[rows, n]`` tensors. They run on CUDA tensors, and on CPU tensors under
 ``TRITON_INTERPRET=1`` (CI).
 
 Tiling, packing and exactness as the min-max kernels (:mod:`composer_qsdp.kernels.minmax`): one program holds
@@ -46,7 +46,7 @@ from composer_qsdp.kernels.bucket_decode import BucketDecoder
 from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, GPU_TILE, INTERPRETER_TILE, MAGIC, MAX_BUCKET,
                                           PACKED_BITS, bucket_lattice, cdiv, check_packed, launch_shape, row_stride,
                                           store_codes, supports_packed, tile, tile_codes, vec)  # fmt: skip
-from composer_qsdp.kernels.layout import WireLayout
+from composer_qsdp.kernels.wire_format import WireFormat
 from composer_qsdp.kernels.noise import complement_noise
 
 __all__ = ["CELLS_PER_LEVEL", "MAX_BUCKET", "SUPPORTED_BITS", "supports", "search_table", "encode_rows", "decode_rows",
@@ -73,7 +73,7 @@ def search_table(levels: torch.Tensor) -> torch.Tensor:
     """The encode kernel's search table for ``K`` valid levels (fp32, strictly increasing from 0 to 1), on their
     device: int64 words (each two 32-bit halves, the low one first), without a host synchronization.
 
-    Layout, for ``M = CELLS_PER_LEVEL * K`` cells:
+    Contents, for ``M = CELLS_PER_LEVEL * K`` cells:
 
     * ``[0, K)`` pairs ``(l_j, g_j)``, ``g_j = l_{j+1} - l_j`` in fp32 (the reference's subtraction), ``j <= K - 2``;
     * ``[K, K + 2M)`` cells ``(j_c, b_c)``: ``j_c = j((c - 1/2) / M)`` (int32), the bracket index at the cell's lower
@@ -187,8 +187,8 @@ def _config(bucket_size: int, num_buckets: int, on_gpu: bool, buckets_per_progra
                         buckets_per_program, num_warps)  # fmt: skip
 
 
-def _check(bits: int, bucket_size: int, rows: int, layout: WireLayout) -> None:
-    check_packed("learned-levels", bits, bucket_size, rows, layout.numel)
+def _check(bits: int, bucket_size: int, rows: int, fmt: WireFormat) -> None:
+    check_packed("learned-levels", bits, bucket_size, rows, fmt.numel)
 
 
 def encode_rows(
@@ -196,7 +196,7 @@ def encode_rows(
     levels: torch.Tensor,
     bits: int,
     bucket_size: int,
-    layout: WireLayout,
+    fmt: WireFormat,
     seed: int,
     offset: int,
     *,
@@ -204,14 +204,14 @@ def encode_rows(
     buckets_per_program: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
-    """Quantize each row of ``x`` ``[R, n]`` onto ``levels``: ``[R, layout.wire_bytes]`` ``uint8``, the codec's wire.
+    """Quantize each row of ``x`` ``[R, n]`` onto ``levels``: ``[R, fmt.wire_bytes]`` ``uint8``, the codec's wire.
 
     Args:
         x: ``[R, n]`` fp32, bf16 or fp16.
         levels: the ``2**bits`` normalized levels, fp32 on ``x``'s device, strictly increasing from 0 to 1 (the
             codec validates them; they are not checked here, which would synchronize with the host).
         bits, bucket_size: the codec's (elements per bucket).
-        layout: the codec's ``LearnedLevelsCodec.layout(n)``.
+        fmt: the codec's ``LearnedLevelsCodec.wire_format(n)``.
         seed, offset: row ``r`` uses noise counters ``offset + r * n + i`` under key ``seed``.
         table: :func:`search_table` of ``levels``, which a caller encoding many times builds once per level set;
             built here when None.
@@ -219,19 +219,19 @@ def encode_rows(
             warps); they never change the result.
     """
     rows, n = x.shape
-    _check(bits, bucket_size, rows, layout)
+    _check(bits, bucket_size, rows, fmt)
     if levels.shape != (1 << bits,) or levels.dtype != torch.float32 or levels.device != x.device:
         raise ValueError(f"levels must be 2**bits = {1 << bits} fp32 values on {x.device}, got {levels.dtype} "
                          f"{tuple(levels.shape)} on {levels.device}")  # fmt: skip
     if x.stride(1) != 1:
         x = x.contiguous()
-    wire = torch.empty(rows, layout.wire_bytes, dtype=torch.uint8, device=x.device)
-    nb = layout.num_buckets
+    wire = torch.empty(rows, fmt.wire_bytes, dtype=torch.uint8, device=x.device)
+    nb = fmt.num_buckets
     groups, bpp, warps = _config(bucket_size, nb, x.is_cuda, buckets_per_program, num_warps, "encode")
     aligned = offset % 8 == 0 and (rows == 1 or n % 8 == 0)
     _quantize_kernel[(cdiv(nb, bpp), rows)](
         x, levels.contiguous(), search_table(levels) if table is None else table, wire, wire.view(torch.float32),
-        n, nb, layout.code_bytes, layout.meta_offset, row_stride(x), row_stride(wire),
+        n, nb, fmt.code_bytes, fmt.meta_offset, row_stride(x), row_stride(wire),
         seed, offset,
         BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=vec(x.dtype), ALIGNED=aligned,
         PARTIAL_GROUPS=bits < 8 and n % 8 != 0, num_warps=warps, enable_fp_fusion=False,

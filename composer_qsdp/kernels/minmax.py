@@ -2,8 +2,8 @@
 
 Reference (same math, same wire, same numbers bit for bit): the min-max codec of the ``quant`` layer
 (``quant.minmax.MinMaxCodec``), methods ``_encode_rows_reference`` (:func:`encode_rows`), ``_decode_rows_fp32``
-(:func:`decode_rows`) and ``_decode_sum_reference`` (:func:`decode_sum`). The codec passes its wire layout
-(``MinMaxCodec.layout``, a :class:`composer_qsdp.kernels.layout.WireLayout`); the launchers take ``[rows, n]``
+(:func:`decode_rows`) and ``_decode_sum_reference`` (:func:`decode_sum`). The codec passes its wire format
+(``MinMaxCodec.wire_format``, a :class:`composer_qsdp.kernels.wire_format.WireFormat`); the launchers take ``[rows, n]``
 tensors, so one launch covers every chunk of a reduce-scatter. They run on CUDA tensors, and on CPU tensors
 under ``TRITON_INTERPRET=1`` (CI).
 
@@ -39,7 +39,7 @@ from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, GPU_TILE, INTERPR
                                           row_stride, rows_aligned, store_codes, supports_packed, tile, tile_codes, vec)
 from composer_qsdp.kernels.fixed_point import fraction_bits
 from composer_qsdp.kernels.noise import noise_bits
-from composer_qsdp.kernels.layout import WireLayout
+from composer_qsdp.kernels.wire_format import WireFormat
 
 __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_rows", "decode_sum"]
 
@@ -128,15 +128,15 @@ def _config(bucket_size: int, num_buckets: int, on_gpu: bool, aligned_rows: bool
 
 
 
-def _check(bits: int, bucket_size: int, rows: int, layout: WireLayout) -> None:
-    check_packed("min-max", bits, bucket_size, rows, layout.numel)
+def _check(bits: int, bucket_size: int, rows: int, fmt: WireFormat) -> None:
+    check_packed("min-max", bits, bucket_size, rows, fmt.numel)
 
 
 def encode_rows(
     x: torch.Tensor,
     bits: int,
     bucket_size: int,
-    layout: WireLayout,
+    fmt: WireFormat,
     stochastic: bool,
     seed: int,
     offset: int,
@@ -144,26 +144,26 @@ def encode_rows(
     buckets_per_program: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
-    """Quantize each row of ``x`` ``[R, n]``: ``[R, layout.wire_bytes]`` ``uint8``, the codec's wire.
+    """Quantize each row of ``x`` ``[R, n]``: ``[R, fmt.wire_bytes]`` ``uint8``, the codec's wire.
 
-    Row ``r`` uses noise counters ``offset + r * n + i`` under key ``seed``; ``layout`` is the codec's
-    ``MinMaxCodec.layout(n)``. ``buckets_per_program`` (a
+    Row ``r`` uses noise counters ``offset + r * n + i`` under key ``seed``; ``fmt`` is the codec's
+    ``MinMaxCodec.wire_format(n)``. ``buckets_per_program`` (a
     power of two) and ``num_warps`` override the launch heuristic for benchmark sweeps; they never change the
     result.
     """
     rows, n = x.shape
-    _check(bits, bucket_size, rows, layout)
+    _check(bits, bucket_size, rows, fmt)
     if x.stride(1) != 1:
         x = x.contiguous()
-    wire = torch.empty(rows, layout.wire_bytes, dtype=torch.uint8, device=x.device)
-    nb = layout.num_buckets
+    wire = torch.empty(rows, fmt.wire_bytes, dtype=torch.uint8, device=x.device)
+    nb = fmt.num_buckets
     wide = stochastic and bits == 8 and x.element_size() == 2
     groups, bpp, warps = _config(bucket_size, nb, x.is_cuda, rows_aligned(x), buckets_per_program, num_warps,
                                  "encode", wide)  # fmt: skip
     aligned = offset % 8 == 0 and (rows == 1 or n % 8 == 0)
     _quantize_kernel[(cdiv(nb, bpp), rows)](
         x, wire, wire.view(torch.float32),
-        n, nb, layout.code_bytes, layout.meta_offset, row_stride(x), row_stride(wire),
+        n, nb, fmt.code_bytes, fmt.meta_offset, row_stride(x), row_stride(wire),
         seed, offset,
         BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=vec(x.dtype), STOCHASTIC=stochastic,
         FRACTION=fraction_bits(bits) if stochastic else 0, ALIGNED=aligned, PARTIAL_GROUPS=bits < 8 and n % 8 != 0,

@@ -7,7 +7,7 @@ encode's codes equal the reference's; its scales may differ from the reference's
 the squares in different orders (every rank decodes the same wire, so ranks never disagree). The decode-and-sum
 adds the rows in order 0..R-1 from +0.0, as :func:`composer_qsdp.quant.codec.sum_rows_in_order`.
 
-The launchers take ``[rows, n]`` tensors and the wire's byte layout as plain integers (this module knows nothing
+The launchers take ``[rows, n]`` tensors and the wire format's sizes as plain integers (this module knows nothing
 of the codec layer); they run on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (CI). A program
 holds whole buckets of one row as a ``[buckets, groups of 8, 8]`` tile: a bucket's sum of squares is one
 in-register reduction and a group's 8 signs one byte.
@@ -111,7 +111,7 @@ def _launch(bucket_size: int, numel: int, rows: int, on_gpu: bool) -> tuple[int,
 def encode_rows(x: torch.Tensor, bucket_size: int, wire_bytes: int, code_bytes: int,
                 meta_offset: int) -> torch.Tensor:
     """The ``[R, wire_bytes]`` uint8 wires of the rows of ``[R, n]`` floating ``x`` (any float dtype; the byte
-    layout: codes in ``[0, code_bytes)``, zeros up to ``meta_offset``, then one fp32 scale per bucket)."""
+    format: codes in ``[0, code_bytes)``, zeros up to ``meta_offset``, then one fp32 scale per bucket)."""
     rows, n = x.shape
     x = x.contiguous()
     wire = torch.empty(rows, wire_bytes, dtype=torch.uint8, device=x.device)

@@ -36,7 +36,7 @@ from composer_qsdp.kernels.groups import ELEMENTS_PER_THREAD, FP32_MAX, GPU_TILE
 from composer_qsdp.kernels.groups import MAX_BUCKET, MAX_ROWS, codes_to_float, launch_fits, launch_shape, load_codes
 from composer_qsdp.kernels.groups import cdiv, output_buffer, row_stride, split_tile, store_codes, tile, vec
 from composer_qsdp.kernels.hadamard import butterflies, rotation_scale
-from composer_qsdp.kernels.layout import WireLayout, aligned_rows
+from composer_qsdp.kernels.wire_format import WireFormat, aligned_rows
 
 __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_rows", "decode_add_rows", "decode_sum"]
 
@@ -172,7 +172,7 @@ def _decode_kernel(
             store_cast(out_ptr + row * out_row_stride + e, val, valid, EMULATE_BF16_RNE)
 
 
-def _config(bits: int, bucket_size: int, rows: int, layout: WireLayout, rotate: bool, on_gpu: bool,
+def _config(bits: int, bucket_size: int, rows: int, fmt: WireFormat, rotate: bool, on_gpu: bool,
             buckets_per_program: int | None, num_warps: int | None) -> tuple[int, int, int]:  # fmt: skip
     """Validate a launch; return (GROUPS, buckets per program, warps)."""
     if not supports(bits, bucket_size, rotate):
@@ -180,12 +180,12 @@ def _config(bits: int, bucket_size: int, rows: int, layout: WireLayout, rotate: 
             f"no symmetric kernel for bits={bits}, bucket_size={bucket_size}, rotate={rotate}; allowed: bits in "
             f"{SUPPORTED_BITS}, bucket_size a multiple of 8 up to {MAX_BUCKET} (a power of two to rotate)"
         )
-    if rows < 1 or not launch_fits(rows, layout.numel):
-        raise ValueError(f"rows={rows} must be in 1..{MAX_ROWS} and n={layout.numel} below 2**31")
+    if rows < 1 or not launch_fits(rows, fmt.numel):
+        raise ValueError(f"rows={rows} must be in 1..{MAX_ROWS} and n={fmt.numel} below 2**31")
     # The rotation's butterflies and tile rearrangement go through shared memory: fewer, fuller warps (64 elements
     # per thread) exchange less of it per element.
     per_thread = ROTATED_ELEMENTS_PER_THREAD if rotate else ELEMENTS_PER_THREAD
-    return launch_shape(bucket_size, layout.num_buckets, on_gpu, GPU_TILE, INTERPRETER_TILE, per_thread,
+    return launch_shape(bucket_size, fmt.num_buckets, on_gpu, GPU_TILE, INTERPRETER_TILE, per_thread,
                         buckets_per_program, num_warps)  # fmt: skip
 
 
@@ -199,15 +199,15 @@ def encode_rows(
     x: torch.Tensor,
     bits: int,
     bucket_size: int,
-    layout: WireLayout,
+    fmt: WireFormat,
     rotate: bool = False,
     buckets_per_program: int | None = None,
     num_warps: int | None = None,
     ref: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Encode each row of a ``[R, n]`` float tensor into ``[R, layout.wire_bytes]`` ``uint8``.
+    """Encode each row of a ``[R, n]`` float tensor into ``[R, fmt.wire_bytes]`` ``uint8``.
 
-    ``layout`` is the codec's ``SymmetricCodec.layout(m)`` of ``m = n`` elements, or with ``rotate`` of ``m = n``
+    ``fmt`` is the codec's ``SymmetricCodec.wire_format(m)`` of ``m = n`` elements, or with ``rotate`` of ``m = n``
     padded to whole buckets, which then encodes each row's zero-padded buckets Hadamard-rotated. With ``ref`` (a
     ``[R, n]`` float tensor; not with ``rotate``) it encodes ``x - ref``, subtracted in fp32 in registers.
     ``buckets_per_program`` (a power of two) and ``num_warps`` override the launch shape, not the result.
@@ -220,29 +220,29 @@ def encode_rows(
             raise ValueError(f"a difference encode needs rotate=False and ref of x's shape {tuple(x.shape)}; got "
                              f"rotate={rotate}, ref of shape {tuple(ref.shape)}")  # fmt: skip
         ref = ref if ref.stride(1) == 1 else ref.contiguous()
-    groups, bpp, warps = _config(bits, bucket_size, rows, layout, rotate, x.is_cuda, buckets_per_program, num_warps)
-    wire = torch.empty(rows, layout.wire_bytes, dtype=torch.uint8, device=x.device)
-    _encode_kernel[(cdiv(layout.num_buckets, bpp), rows)](
-        x, x if ref is None else ref, wire, n, layout.numel, row_stride(x), row_stride(x if ref is None else ref),
-        row_stride(wire), layout.num_buckets, layout.code_bytes, layout.meta_offset, **_rotation(bucket_size, rotate),
+    groups, bpp, warps = _config(bits, bucket_size, rows, fmt, rotate, x.is_cuda, buckets_per_program, num_warps)
+    wire = torch.empty(rows, fmt.wire_bytes, dtype=torch.uint8, device=x.device)
+    _encode_kernel[(cdiv(fmt.num_buckets, bpp), rows)](
+        x, x if ref is None else ref, wire, n, fmt.numel, row_stride(x), row_stride(x if ref is None else ref),
+        row_stride(wire), fmt.num_buckets, fmt.code_bytes, fmt.meta_offset, **_rotation(bucket_size, rotate),
         BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=vec(x.dtype), QMAX=(1 << (bits - 1)) - 1,
-        PARTIAL_GROUPS=bits < 8 and layout.numel % 8 != 0, DIFFERENCE=ref is not None, num_warps=warps,
+        PARTIAL_GROUPS=bits < 8 and fmt.numel % 8 != 0, DIFFERENCE=ref is not None, num_warps=warps,
         enable_fp_fusion=False,
     )  # fmt: skip
     return wire
 
 
-def _decode(wire: torch.Tensor, bits: int, bucket_size: int, layout: WireLayout, out: torch.Tensor, sum_rows: bool,
+def _decode(wire: torch.Tensor, bits: int, bucket_size: int, fmt: WireFormat, out: torch.Tensor, sum_rows: bool,
             rotate: bool, buckets_per_program: int | None, num_warps: int | None,
             add: bool = False) -> torch.Tensor:  # fmt: skip
     wire = aligned_rows(wire)
     rows = wire.shape[0]
-    groups, bpp, warps = _config(bits, bucket_size, rows, layout, rotate, wire.is_cuda, buckets_per_program,
+    groups, bpp, warps = _config(bits, bucket_size, rows, fmt, rotate, wire.is_cuda, buckets_per_program,
                                  num_warps)  # fmt: skip
-    tiles = cdiv(layout.num_buckets, bpp)
+    tiles = cdiv(fmt.num_buckets, bpp)
     _decode_kernel[(tiles,) if sum_rows else (tiles, rows)](
-        wire, out, layout.numel, out.shape[-1], row_stride(wire), row_stride(out), layout.num_buckets,
-        layout.meta_offset, **_rotation(bucket_size, rotate),
+        wire, out, fmt.numel, out.shape[-1], row_stride(wire), row_stride(out), fmt.num_buckets,
+        fmt.meta_offset, **_rotation(bucket_size, rotate),
         BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=vec(out.dtype), QMAX=(1 << (bits - 1)) - 1,
         SUM=sum_rows, ROWS=rows if sum_rows else 1, EMULATE_BF16_RNE=emulate_bf16_rne(), ADD=add,
         num_warps=warps, enable_fp_fusion=False,
@@ -254,7 +254,7 @@ def decode_rows(
     wire: torch.Tensor,
     bits: int,
     bucket_size: int,
-    layout: WireLayout,
+    fmt: WireFormat,
     dtype: torch.dtype,
     rotate: bool = False,
     numel: int | None = None,
@@ -262,44 +262,44 @@ def decode_rows(
     num_warps: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Decode a ``[R, layout.wire_bytes]`` wire into ``[R, numel]`` values of ``dtype``: into ``out`` when given
+    """Decode a ``[R, fmt.wire_bytes]`` wire into ``[R, numel]`` values of ``dtype``: into ``out`` when given
     (that shape and dtype, rows contiguous).
 
-    ``numel`` defaults to ``layout.numel``; with ``rotate`` the decoded buckets are rotated back and the first
-    ``numel <= layout.numel`` columns kept (``HadamardCodec`` drops its padding so).
+    ``numel`` defaults to ``fmt.numel``; with ``rotate`` the decoded buckets are rotated back and the first
+    ``numel <= fmt.numel`` columns kept (``HadamardCodec`` drops its padding so).
     """
-    out = output_buffer((wire.shape[0], layout.numel if numel is None else numel), dtype, wire.device, out)
-    return _decode(wire, bits, bucket_size, layout, out, False, rotate, buckets_per_program, num_warps)
+    out = output_buffer((wire.shape[0], fmt.numel if numel is None else numel), dtype, wire.device, out)
+    return _decode(wire, bits, bucket_size, fmt, out, False, rotate, buckets_per_program, num_warps)
 
 
 def decode_add_rows(
     wire: torch.Tensor,
     bits: int,
     bucket_size: int,
-    layout: WireLayout,
+    fmt: WireFormat,
     out: torch.Tensor,
     buckets_per_program: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
-    """``out += decode_rows(wire)`` for a contiguous ``[R, layout.numel]`` float ``out``, in one pass: each
+    """``out += decode_rows(wire)`` for a contiguous ``[R, fmt.numel]`` float ``out``, in one pass: each
     element's decoded value is added to ``out``'s in fp32 and rounded once to ``out``'s dtype. Returns ``out``."""
-    if out.shape != (wire.shape[0], layout.numel) or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous [{wire.shape[0]}, {layout.numel}] tensor, got "
+    if out.shape != (wire.shape[0], fmt.numel) or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [{wire.shape[0]}, {fmt.numel}] tensor, got "
                          f"{tuple(out.shape)} (contiguous: {out.is_contiguous()})")  # fmt: skip
-    return _decode(wire, bits, bucket_size, layout, out, False, False, buckets_per_program, num_warps, add=True)
+    return _decode(wire, bits, bucket_size, fmt, out, False, False, buckets_per_program, num_warps, add=True)
 
 
 def decode_sum(
     wire: torch.Tensor,
     bits: int,
     bucket_size: int,
-    layout: WireLayout,
+    fmt: WireFormat,
     rotate: bool = False,
     numel: int | None = None,
     buckets_per_program: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
     """Sum, in row order from +0.0, of the fp32 decodes of the rows of a wire: fp32 ``[numel]`` (default
-    ``layout.numel``); with ``rotate`` the sum is rotated back and its first ``numel`` columns kept."""
-    out = torch.empty(layout.numel if numel is None else numel, dtype=torch.float32, device=wire.device)
-    return _decode(wire, bits, bucket_size, layout, out, True, rotate, buckets_per_program, num_warps)
+    ``fmt.numel``); with ``rotate`` the sum is rotated back and its first ``numel`` columns kept."""
+    out = torch.empty(fmt.numel if numel is None else numel, dtype=torch.float32, device=wire.device)
+    return _decode(wire, bits, bucket_size, fmt, out, True, rotate, buckets_per_program, num_warps)

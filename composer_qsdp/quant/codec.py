@@ -21,14 +21,13 @@ from abc import ABC, abstractmethod
 import torch
 
 from composer_qsdp.quant.buckets import ieee_div
-from composer_qsdp.validate import check_int
+from composer_qsdp.validate import check_int, check_noise_key
 
 __all__ = ["Codec", "FLOAT_DTYPES", "MAX_BUCKET_SIZE", "check_bits", "check_bucket_size", "sum_rows_in_order"]
 
 #: Dtypes a codec accepts as input and produces as output.
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
-MAX_SEED = 2**63 - 1
 #: Largest ``bucket_size`` (elements). Metadata costs at most 64 / bucket_size bits per element, so buckets beyond
 #: a few thousand elements save nothing measurable, while a Hadamard-rotated wire pads each row to whole buckets,
 #: whatever the tensor's size; the bound keeps that padding to 2**24 elements (64 MiB of fp32) per row.
@@ -102,7 +101,8 @@ class Codec(ABC):
 
         Args:
             x: floating tensor (fp32, bf16 or fp16), non-empty.
-            seed: key of the random stream (0 <= seed < 2**63); ignored by deterministic codecs.
+            seed: key of the random stream, a noise key in ``[0, 2**63)``
+                (:data:`~composer_qsdp.validate.NOISE_KEY_BITS`); ignored by deterministic codecs.
             offset: counter of the first element in the random stream (>= 0).
         """
         self._check_input(x)
@@ -267,10 +267,8 @@ class Codec(ABC):
 
     @staticmethod
     def _check_seed(seed: int, offset: int) -> None:
-        if not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-            raise ValueError(f"seed={seed!r} is invalid; it must be an integer in [0, 2**63)")
-        if not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"offset={offset!r} is invalid; it must be an integer >= 0")
+        check_noise_key(seed)
+        check_int("offset", offset)
 
     def _check_dtype(self, dtype: torch.dtype) -> None:
         if dtype not in FLOAT_DTYPES:

@@ -13,7 +13,7 @@ __all__ = ["KernelDecodes"]
 
 class KernelDecodes(Codec):
     """Mixin of :class:`~composer_qsdp.quant.codec.Codec` subclasses that provide ``_kernels(t, numel)`` (their
-    kernels module, or None for the torch path), ``layout(numel)``, and the references ``_decode_rows_fp32(wire,
+    kernels module, or None for the torch path), ``wire_format(numel)``, and the references ``_decode_rows_fp32(wire,
     numel)`` and ``_decode_sum_reference(wire, numel)``; their kernels modules' ``decode_rows``/``decode_sum``
     take ``out=`` (and ``divisor=``)."""
 
@@ -21,23 +21,24 @@ class KernelDecodes(Codec):
         kernels = self._kernels(wire, numel)
         if kernels is None:
             return self._decode_rows_fp32(wire, numel).to(dtype)
-        return kernels.decode_rows(wire, self.bits, self.bucket_size, self.layout(numel), dtype)
+        return kernels.decode_rows(wire, self.bits, self.bucket_size, self.wire_format(numel), dtype)
 
     def _decode_rows_into(self, wire: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         kernels = self._kernels(wire, out.shape[1])
         if kernels is None or out.device != wire.device:
             return super()._decode_rows_into(wire, out)
-        return kernels.decode_rows(wire, self.bits, self.bucket_size, self.layout(out.shape[1]), out.dtype, out=out)
+        return kernels.decode_rows(wire, self.bits, self.bucket_size, self.wire_format(out.shape[1]), out.dtype,
+                                   out=out)
 
     def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
         kernels = self._kernels(wire, numel)
         if kernels is None:
             return self._decode_sum_reference(wire, numel)
-        return kernels.decode_sum(wire, self.bits, self.bucket_size, self.layout(numel))
+        return kernels.decode_sum(wire, self.bits, self.bucket_size, self.wire_format(numel))
 
     def _decode_sum_into(self, wire: torch.Tensor, out: torch.Tensor, divisor: int) -> torch.Tensor:
         kernels = self._kernels(wire, out.numel())
         if kernels is None or out.device != wire.device:
             return super()._decode_sum_into(wire, out, divisor)
-        return kernels.decode_sum(wire, self.bits, self.bucket_size, self.layout(out.numel()), out=out,
+        return kernels.decode_sum(wire, self.bits, self.bucket_size, self.wire_format(out.numel()), out=out,
                                   divisor=divisor)  # fmt: skip

@@ -68,7 +68,7 @@ both give the same wire and the same decoded values bit for bit. The levels live
 levels set on another device move there once, on the first encode, never per call; the encode kernel's search
 table (``kernels.learned.search_table``) is built from them once, on the first kernel encode that uses them.
 
-Wire (:mod:`composer_qsdp.kernels.layout`): codes packed bucket by bucket, then ``(lo, hi - lo)`` as fp32 per
+Wire (:mod:`composer_qsdp.kernels.wire_format`): codes packed bucket by bucket, then ``(lo, hi - lo)`` as fp32 per
 bucket, then the ``K`` levels as fp32 (``bits + 64 / bucket_size`` bits per element plus ``32 * K`` bits per
 wire). The decoder needs nothing but the wire.
 
@@ -87,7 +87,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from composer_qsdp.quant.buckets import bucket_lattice, bucket_min_max
-from composer_qsdp.kernels import WireLayout, bucket_layout, use_triton
+from composer_qsdp.kernels import WireFormat, bucket_wire_format, use_triton
 from composer_qsdp.quant.codec import sum_rows_in_order
 from composer_qsdp.validate import check_int
 from composer_qsdp.quant.kernel_decode import KernelDecodes
@@ -356,14 +356,14 @@ class LearnedLevelsCodec(KernelDecodes):
         return levels
 
     # ------------------------------------------------------------------ codec
-    def layout(self, numel: int) -> WireLayout:
-        """Byte layout of the wire of ``numel`` elements."""
+    def wire_format(self, numel: int) -> WireFormat:
+        """Wire format of ``numel`` elements."""
         self._check_numel(numel)
         words = 2 * self.num_buckets(numel) + self.num_levels
-        return bucket_layout(numel, self.bucket_size, self.bits, meta_words=words)
+        return bucket_wire_format(numel, self.bucket_size, self.bits, meta_words=words)
 
     def wire_bytes(self, numel: int) -> int:
-        return self.layout(numel).wire_bytes
+        return self.wire_format(numel).wire_bytes
 
     # ------------------------------------------------------------------ backend choice
     def _kernels(self, t: torch.Tensor, numel: int) -> ModuleType | None:
@@ -385,7 +385,7 @@ class LearnedLevelsCodec(KernelDecodes):
         table = self._tables.get(levels)
         if table is None:
             table = self._tables[levels] = kernels.search_table(levels)
-        return kernels.encode_rows(x, levels, self.bits, self.bucket_size, self.layout(x.shape[1]), seed, offset,
+        return kernels.encode_rows(x, levels, self.bits, self.bucket_size, self.wire_format(x.shape[1]), seed, offset,
                                    table=table)  # fmt: skip
 
     # ------------------------------------------------------------------ torch reference
@@ -393,7 +393,7 @@ class LearnedLevelsCodec(KernelDecodes):
         """Reference of ``encode_rows`` (also the CPU path); the kernels match it bit for bit."""
         levels = self._levels_for(seed, x)
         rows, n = x.shape
-        layout = self.layout(n)
+        fmt = self.wire_format(n)
         # One level step spans the whole range: rng = max - min exactly (a division by 1), with its capped
         # reciprocal, and a NaN or infinity anywhere in a bucket makes its range non-finite.
         xb, lo, rng, inv, nonfinite = bucket_lattice(x, self.bucket_size, 1)
@@ -407,14 +407,14 @@ class LearnedLevelsCodec(KernelDecodes):
 
         per_bucket = torch.stack((lo, rng), dim=2).masked_fill_(nonfinite.unsqueeze(2), float("nan"))
         meta = torch.cat([per_bucket.view(rows, 2 * nb), levels.expand(rows, -1)], dim=1)
-        return assemble_rows(pack_rows(codes, layout, self.bits), meta, layout)
+        return assemble_rows(pack_rows(codes, fmt, self.bits), meta, fmt)
 
     def _decode_rows_fp32(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
         """Reference of ``decode_rows`` in fp32 (the output dtype is one rounding of this)."""
-        layout = self.layout(numel)
-        rows, nb = wire.shape[0], layout.num_buckets
-        codes = unpack_rows(wire, layout, self.bits, self.bucket_size).to(torch.int64)
-        meta = read_meta(wire, layout)
+        fmt = self.wire_format(numel)
+        rows, nb = wire.shape[0], fmt.num_buckets
+        codes = unpack_rows(wire, fmt, self.bits, self.bucket_size).to(torch.int64)
+        meta = read_meta(wire, fmt)
         per_bucket = meta[:, : 2 * nb].view(rows, nb, 2)
         levels = meta[:, 2 * nb :]
         values = torch.gather(levels, 1, codes.view(rows, -1)).view(rows, nb, -1)

@@ -30,12 +30,12 @@ within ``2**-(F + 1)`` steps of ``t`` (``2**-17`` up to 6 bits, ``2**-15`` at 8)
 precision. The kernels compute it with one float add, one integer add and a shift, and round to nearest with the
 same float add for ``F = 0`` (:mod:`composer_qsdp.kernels.groups`), without conversion instructions.
 
-Wire layout of ``encode`` for ``n`` elements in ``nb = ceil(n / bucket_size)`` buckets (the shared bucketed
-layout of :mod:`composer_qsdp.kernels.layout`)::
+Wire format of ``encode`` for ``n`` elements in ``nb = ceil(n / bucket_size)`` buckets (the shared bucketed
+format of :mod:`composer_qsdp.kernels.wire_format`)::
 
     [codes of bucket 0][codes of bucket 1]...[codes of the last bucket][0-3 zero bytes][metadata]
 
-* codes: ``bits``-bit codes packed bucket by bucket as in :mod:`composer_qsdp.kernels.layout`, each bucket
+* codes: ``bits``-bit codes packed bucket by bucket as in :mod:`composer_qsdp.kernels.wire_format`, each bucket
   starting on a byte boundary; full buckets take ``ceil(bucket_size * bits / 8)`` bytes, the last one
   ``ceil(valid * bits / 8)`` bytes.
 * zero padding so the metadata starts at a multiple of 4 bytes.
@@ -54,7 +54,7 @@ from types import ModuleType
 
 import torch
 
-from composer_qsdp.kernels import WireLayout, bucket_layout, use_triton
+from composer_qsdp.kernels import WireFormat, bucket_wire_format, use_triton
 from composer_qsdp.kernels.fixed_point import NOISE_BITS, fraction_bits
 from composer_qsdp.quant.buckets import bucket_lattice
 from composer_qsdp.quant.codec import sum_rows_in_order
@@ -114,13 +114,13 @@ class MinMaxCodec(KernelDecodes):
         """Largest code, ``2**bits - 1``."""
         return (1 << self.bits) - 1
 
-    def layout(self, numel: int) -> WireLayout:
-        """Byte layout of the wire of ``numel`` elements: two fp32 metadata words (min, scale) per bucket."""
+    def wire_format(self, numel: int) -> WireFormat:
+        """Wire format of ``numel`` elements: two fp32 metadata words (min, scale) per bucket."""
         self._check_numel(numel)
-        return bucket_layout(numel, self.bucket_size, self.bits, 2 * self.num_buckets(numel))
+        return bucket_wire_format(numel, self.bucket_size, self.bits, 2 * self.num_buckets(numel))
 
     def wire_bytes(self, numel: int) -> int:
-        return self.layout(numel).wire_bytes
+        return self.wire_format(numel).wire_bytes
 
     # ------------------------------------------------------------------ backend choice
     def _kernels(self, t: torch.Tensor, numel: int) -> ModuleType | None:
@@ -136,14 +136,14 @@ class MinMaxCodec(KernelDecodes):
         kernels = self._kernels(x, x.shape[1])
         if kernels is None:
             return self._encode_rows_reference(x, seed, offset)
-        layout = self.layout(x.shape[1])
-        return kernels.encode_rows(x, self.bits, self.bucket_size, layout, self.stochastic, seed, offset)
+        fmt = self.wire_format(x.shape[1])
+        return kernels.encode_rows(x, self.bits, self.bucket_size, fmt, self.stochastic, seed, offset)
 
     # ------------------------------------------------------------------ torch reference
     def _encode_rows_reference(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
         """Reference of ``encode_rows`` (also the CPU path); the kernels match it bit for bit."""
         rows, n = x.shape
-        lay = self.layout(n)
+        fmt = self.wire_format(n)
         xb, lo, scale, inv, nonfinite = bucket_lattice(x, self.bucket_size, self.levels)
         nb, width = xb.shape[1:]
         t = (xb - lo.unsqueeze(2)) * inv.unsqueeze(2)
@@ -157,11 +157,11 @@ class MinMaxCodec(KernelDecodes):
         codes = codes.masked_fill_(nonfinite.unsqueeze(2), 0).to(torch.uint8).view(rows, nb * width)
         codes[:, n:] = 0
         meta = torch.stack((lo, scale), dim=2).masked_fill_(nonfinite.unsqueeze(2), float("nan"))
-        return assemble_rows(pack_rows(codes, lay, self.bits), meta.view(rows, 2 * nb), lay)
+        return assemble_rows(pack_rows(codes, fmt, self.bits), meta.view(rows, 2 * nb), fmt)
 
     def _decode_rows_fp32(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
         """Reference of ``decode_rows`` in fp32 (the output dtype is one rounding of this)."""
-        return affine_decode(wire, self.layout(numel), self.bits, self.bucket_size)
+        return affine_decode(wire, self.wire_format(numel), self.bits, self.bucket_size)
 
     def _decode_sum_reference(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
         """Reference of ``decode_sum``: the decoded rows summed in order, as the kernel accumulates."""

@@ -1,6 +1,6 @@
 """Dense bit packing of b-bit codes, bucket by bucket (the torch reference the kernels match).
 
-Layout: a bucket of ``B`` codes of ``b`` bits occupies ``packed_bytes(B, b) = ceil(B * b / 8)`` bytes.
+Format: a bucket of ``B`` codes of ``b`` bits occupies ``packed_bytes(B, b) = ceil(B * b / 8)`` bytes.
 Code ``j`` of the bucket occupies bits ``[j*b, (j+1)*b)`` of the bucket's little-endian bit stream, so for
 4 bits byte ``k`` is ``c[2k] | c[2k+1] << 4`` and for 2 bits ``c[4k] | c[4k+1] << 2 | ...``.
 """

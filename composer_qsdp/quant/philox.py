@@ -24,10 +24,10 @@ from __future__ import annotations
 import torch
 
 from composer_qsdp.kernels.philox_constants import KEY_A, KEY_B, N_ROUNDS, NOISE_ROUNDS, ROUND_A, ROUND_B
-from composer_qsdp.validate import check_int, check_seed
+from composer_qsdp.validate import check_int, check_noise_key
 
 __all__ = [
-    "check_seed", "randint4x", "randint", "uniform", "rounding_bits", "rounding_bits_range", "rounding_noise",
+    "randint4x", "randint", "uniform", "rounding_bits", "rounding_bits_range", "rounding_noise",
     "rounding_noise_range",
 ]
 
@@ -61,14 +61,15 @@ def randint4x(
     """Four blocks of random 32-bit words, equal to ``tl.randint4x(seed, offsets)``.
 
     Args:
-        seed: Philox key, an integer in ``[0, 2**64)``.
+        seed: Philox key, a noise key in ``[0, 2**63)`` (:data:`~composer_qsdp.validate.NOISE_KEY_BITS`): the
+            range of the Triton kernels' int64 key.
         offsets: int64 (or int32) counters, any shape and device.
         n_rounds: Philox rounds (Triton's default 10).
 
     Returns:
         Four int64 tensors shaped like ``offsets`` holding the unsigned 32-bit words (values in ``[0, 2**32)``).
     """
-    seed = check_seed(seed)
+    seed = check_noise_key(seed)
     k0, k1 = seed & _MASK32, seed >> 32
     c = _check_offsets(offsets)
     c0 = c & _MASK32

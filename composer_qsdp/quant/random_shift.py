@@ -22,7 +22,7 @@ The shift of bucket ``k`` of ``encode(x, seed, offset)`` is
 :func:`composer_qsdp.quant.philox.rounding_noise` at the counter of the bucket's first element,
 ``offset + k * bucket_size``; its 16-bit resolution keeps the mean error within ``2**-17`` of a step.
 
-Wire (:mod:`composer_qsdp.kernels.layout`): codes packed bucket by bucket, then one ``(origin, scale)`` pair of
+Wire (:mod:`composer_qsdp.kernels.wire_format`): codes packed bucket by bucket, then one ``(origin, scale)`` pair of
 fp32 per bucket (``bits + 64 / bucket_size`` bits per element).
 
 Non-finite input: a bucket holding a NaN or an infinity, or whose range overflows fp32, is stored with
@@ -36,7 +36,7 @@ import torch
 from composer_qsdp.quant.buckets import bucket_lattice
 from composer_qsdp.quant.codec import Codec
 from composer_qsdp.quant.philox import rounding_noise
-from composer_qsdp.kernels import WireLayout, bucket_layout
+from composer_qsdp.kernels import WireFormat, bucket_wire_format
 from composer_qsdp.quant.wire import affine_decode, assemble_rows, pack_rows
 
 __all__ = ["RandomShiftCodec"]
@@ -67,17 +67,17 @@ class RandomShiftCodec(Codec):
         """Largest code, ``2**bits - 1``."""
         return (1 << self.bits) - 1
 
-    def layout(self, numel: int) -> WireLayout:
-        """Byte layout of the wire of ``numel`` elements."""
+    def wire_format(self, numel: int) -> WireFormat:
+        """Wire format of ``numel`` elements."""
         self._check_numel(numel)
-        return bucket_layout(numel, self.bucket_size, self.bits, meta_words=2 * self.num_buckets(numel))
+        return bucket_wire_format(numel, self.bucket_size, self.bits, meta_words=2 * self.num_buckets(numel))
 
     def wire_bytes(self, numel: int) -> int:
-        return self.layout(numel).wire_bytes
+        return self.wire_format(numel).wire_bytes
 
     def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
         rows, n = x.shape
-        layout = self.layout(n)
+        fmt = self.wire_format(n)
         xb, lo, scale, inv, nonfinite = bucket_lattice(x, self.bucket_size, self.levels)
         nb, width = xb.shape[1:]
 
@@ -91,7 +91,7 @@ class RandomShiftCodec(Codec):
 
         origin = lo + (0.5 - shift) * scale
         meta = torch.stack((origin, scale), dim=2).masked_fill_(nonfinite.unsqueeze(2), float("nan"))
-        return assemble_rows(pack_rows(codes, layout, self.bits), meta.view(rows, 2 * nb), layout)
+        return assemble_rows(pack_rows(codes, fmt, self.bits), meta.view(rows, 2 * nb), fmt)
 
     def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        return affine_decode(wire, self.layout(numel), self.bits, self.bucket_size).to(dtype)
+        return affine_decode(wire, self.wire_format(numel), self.bits, self.bucket_size).to(dtype)

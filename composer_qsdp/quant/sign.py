@@ -32,7 +32,7 @@ from types import ModuleType
 
 import torch
 
-from composer_qsdp.kernels import WireLayout, aligned_rows, bucket_layout, use_triton
+from composer_qsdp.kernels import WireFormat, aligned_rows, bucket_wire_format, use_triton
 from composer_qsdp.quant.codec import Codec, check_bits, sum_rows_in_order
 from composer_qsdp.quant.wire import assemble_rows, pack_rows, read_meta, unpack_rows
 
@@ -59,13 +59,13 @@ class SignCodec(Codec):
             raise ValueError(f"bits={bits!r} is not supported: the sign codec sends one bit per element; allowed: 1")
         super().__init__(check_bits(bits, (1,)), bucket_size)
 
-    def layout(self, numel: int) -> WireLayout:
-        """Byte layout of the wire of ``numel`` elements."""
+    def wire_format(self, numel: int) -> WireFormat:
+        """Wire format of ``numel`` elements."""
         self._check_numel(numel)
-        return bucket_layout(numel, self.bucket_size, 1, meta_words=self.num_buckets(numel))
+        return bucket_wire_format(numel, self.bucket_size, 1, meta_words=self.num_buckets(numel))
 
     def wire_bytes(self, numel: int) -> int:
-        return self.layout(numel).wire_bytes
+        return self.wire_format(numel).wire_bytes
 
     def _kernels(self, tensor: torch.Tensor) -> ModuleType | None:
         """The kernel module when ``tensor`` should take the Triton path and a kernel covers this bucket size."""
@@ -76,40 +76,40 @@ class SignCodec(Codec):
         return kernels if kernels.supports(self.bucket_size) else None
 
     def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
-        layout = self.layout(x.shape[1])
+        fmt = self.wire_format(x.shape[1])
         kernels = self._kernels(x)
         if kernels is not None:
-            return kernels.encode_rows(x, self.bucket_size, layout.wire_bytes, layout.code_bytes, layout.meta_offset)
-        return self._encode_rows_reference(x, layout)
+            return kernels.encode_rows(x, self.bucket_size, fmt.wire_bytes, fmt.code_bytes, fmt.meta_offset)
+        return self._encode_rows_reference(x, fmt)
 
-    def _encode_rows_reference(self, x: torch.Tensor, layout: WireLayout) -> torch.Tensor:
+    def _encode_rows_reference(self, x: torch.Tensor, fmt: WireFormat) -> torch.Tensor:
         rows, n = x.shape
-        bsz, nb = self.bucket_size, layout.num_buckets
+        bsz, nb = self.bucket_size, fmt.num_buckets
         # Zero padding adds nothing to a bucket's sum of squares; `d` below counts only real elements.
         xb = torch.nn.functional.pad(x.to(torch.float32), (0, nb * bsz - n)).view(rows, nb, bsz)
         counts = torch.full((nb,), float(bsz), device=x.device)
-        counts[-1] = layout.last_bucket
+        counts[-1] = fmt.last_bucket
         scale = torch.sqrt(xb.square().sum(dim=2) / counts)
         codes = (xb >= 0).view(rows, nb * bsz)
         codes[:, n:] = False  # pack_rows wants zero codes past the row's end
-        return assemble_rows(pack_rows(codes, layout, 1), scale, layout)
+        return assemble_rows(pack_rows(codes, fmt, 1), scale, fmt)
 
     def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        layout = self.layout(numel)
+        fmt = self.wire_format(numel)
         kernels = self._kernels(wire)
         if kernels is not None:
-            return kernels.decode_rows(aligned_rows(wire), self.bucket_size, numel, layout.meta_offset, dtype)
-        return self._decode_rows_fp32(wire, layout).to(dtype)
+            return kernels.decode_rows(aligned_rows(wire), self.bucket_size, numel, fmt.meta_offset, dtype)
+        return self._decode_rows_fp32(wire, fmt).to(dtype)
 
     def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
-        layout = self.layout(numel)
+        fmt = self.wire_format(numel)
         kernels = self._kernels(wire)
         if kernels is not None:
-            return kernels.decode_sum(aligned_rows(wire), self.bucket_size, numel, layout.meta_offset)
-        return sum_rows_in_order(self._decode_rows_fp32(wire, layout))
+            return kernels.decode_sum(aligned_rows(wire), self.bucket_size, numel, fmt.meta_offset)
+        return sum_rows_in_order(self._decode_rows_fp32(wire, fmt))
 
-    def _decode_rows_fp32(self, wire: torch.Tensor, layout: WireLayout) -> torch.Tensor:
+    def _decode_rows_fp32(self, wire: torch.Tensor, fmt: WireFormat) -> torch.Tensor:
         rows = wire.shape[0]
-        signs = unpack_rows(wire, layout, 1, self.bucket_size).to(torch.float32) * 2 - 1  # exactly +-1
-        decoded = signs * read_meta(wire, layout).unsqueeze(2)
-        return decoded.view(rows, -1)[:, : layout.numel]
+        signs = unpack_rows(wire, fmt, 1, self.bucket_size).to(torch.float32) * 2 - 1  # exactly +-1
+        decoded = signs * read_meta(wire, fmt).unsqueeze(2)
+        return decoded.view(rows, -1)[:, : fmt.numel]

@@ -25,7 +25,7 @@ wrapped in :class:`composer_qsdp.quant.hadamard.HadamardCodec`, the kernels also
 buckets; the codec implements :class:`composer_qsdp.quant.hadamard.FusedRotation`), so a rotated encode or decode
 is one pass over memory.
 
-Wire (:mod:`composer_qsdp.kernels.layout`): codes packed bucket by bucket, then one fp32 ``scale`` per bucket
+Wire (:mod:`composer_qsdp.kernels.wire_format`): codes packed bucket by bucket, then one fp32 ``scale`` per bucket
 (``bits + 32 / bucket_size`` bits per element).
 
 Non-finite input: a bucket holding a NaN or an infinity is stored with ``scale = NaN`` and code ``qmax``
@@ -38,7 +38,7 @@ from types import ModuleType
 
 import torch
 
-from composer_qsdp.kernels import WireLayout, bucket_layout, use_triton
+from composer_qsdp.kernels import WireFormat, bucket_wire_format, use_triton
 from composer_qsdp.quant.buckets import FP32_MAX, bucket_width, ieee_div
 from composer_qsdp.quant.codec import Codec, check_bits, sum_rows_in_order
 from composer_qsdp.quant.wire import assemble_rows, pack_rows, read_meta, unpack_rows
@@ -68,13 +68,13 @@ class SymmetricCodec(Codec):
         """Largest level magnitude, ``2**(bits - 1) - 1``."""
         return (1 << (self.bits - 1)) - 1
 
-    def layout(self, numel: int) -> WireLayout:
-        """Byte layout of the wire of ``numel`` elements (shared with the Triton launchers)."""
+    def wire_format(self, numel: int) -> WireFormat:
+        """Wire format of ``numel`` elements (shared with the Triton launchers)."""
         self._check_numel(numel)
-        return bucket_layout(numel, self.bucket_size, self.bits, meta_words=self.num_buckets(numel))
+        return bucket_wire_format(numel, self.bucket_size, self.bits, meta_words=self.num_buckets(numel))
 
     def wire_bytes(self, numel: int) -> int:
-        return self.layout(numel).wire_bytes
+        return self.wire_format(numel).wire_bytes
 
     def _kernels(self, tensor: torch.Tensor, rotate: bool = False) -> ModuleType | None:
         """The kernel module when ``tensor`` should take the Triton path and a kernel covers this codec (and the
@@ -86,43 +86,44 @@ class SymmetricCodec(Codec):
         return kernels if kernels.supports(self.bits, self.bucket_size, rotate) else None
 
     def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
-        layout = self.layout(x.shape[1])
+        fmt = self.wire_format(x.shape[1])
         kernels = self._kernels(x)
         if kernels is not None:
-            return kernels.encode_rows(x, self.bits, self.bucket_size, layout)
-        return self._encode_rows_reference(x, layout)
+            return kernels.encode_rows(x, self.bits, self.bucket_size, fmt)
+        return self._encode_rows_reference(x, fmt)
 
     def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        layout = self.layout(numel)
+        fmt = self.wire_format(numel)
         kernels = self._kernels(wire)
         if kernels is not None:
-            return kernels.decode_rows(wire, self.bits, self.bucket_size, layout, dtype)
-        return self._decode_rows_fp32(wire, layout).to(dtype)
+            return kernels.decode_rows(wire, self.bits, self.bucket_size, fmt, dtype)
+        return self._decode_rows_fp32(wire, fmt).to(dtype)
 
     def _decode_rows_into(self, wire: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         kernels = self._kernels(wire)
         if kernels is None or out.device != wire.device:
             return super()._decode_rows_into(wire, out)
-        return kernels.decode_rows(wire, self.bits, self.bucket_size, self.layout(out.shape[1]), out.dtype, out=out)
+        return kernels.decode_rows(wire, self.bits, self.bucket_size, self.wire_format(out.shape[1]), out.dtype,
+                                   out=out)
 
     def _encode_difference_rows(self, x: torch.Tensor, ref: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
         kernels = self._kernels(x)
         if kernels is not None and ref.device == x.device:
-            return kernels.encode_rows(x, self.bits, self.bucket_size, self.layout(x.shape[1]), ref=ref)
+            return kernels.encode_rows(x, self.bits, self.bucket_size, self.wire_format(x.shape[1]), ref=ref)
         return super()._encode_difference_rows(x, ref, seed, offset)
 
     def _decode_add_rows(self, wire: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         kernels = self._kernels(wire)
         if kernels is not None and out.device == wire.device:
-            return kernels.decode_add_rows(wire, self.bits, self.bucket_size, self.layout(out.shape[1]), out)
+            return kernels.decode_add_rows(wire, self.bits, self.bucket_size, self.wire_format(out.shape[1]), out)
         return super()._decode_add_rows(wire, out)
 
     def _decode_sum(self, wire: torch.Tensor, numel: int) -> torch.Tensor:
-        layout = self.layout(numel)
+        fmt = self.wire_format(numel)
         kernels = self._kernels(wire)
         if kernels is not None:
-            return kernels.decode_sum(wire, self.bits, self.bucket_size, layout)
-        return sum_rows_in_order(self._decode_rows_fp32(wire, layout))
+            return kernels.decode_sum(wire, self.bits, self.bucket_size, fmt)
+        return sum_rows_in_order(self._decode_rows_fp32(wire, fmt))
 
     # ------------------------------------------------------------------ fused Hadamard rotation (FusedRotation)
     def encode_rows_rotated(self, x: torch.Tensor, seed: int = 0, offset: int = 0) -> torch.Tensor | None:
@@ -134,38 +135,38 @@ class SymmetricCodec(Codec):
         kernels = self._kernels(x, rotate=True)
         if kernels is None:
             return None
-        return kernels.encode_rows(x, self.bits, self.bucket_size, self._padded_layout(x.shape[1]), rotate=True)
+        return kernels.encode_rows(x, self.bits, self.bucket_size, self._padded_wire_format(x.shape[1]), rotate=True)
 
     def decode_rows_rotated(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
         """:meth:`decode_rows` of a ``[R, wire_bytes(padded)]`` wire rotated back, its first ``numel`` columns, as
         ``[R, numel]`` of ``dtype``, in one kernel pass; ``None`` where no kernel covers the call."""
-        layout = self._padded_layout(numel)
-        self._check_wire_rows(wire, layout.numel)
+        fmt = self._padded_wire_format(numel)
+        self._check_wire_rows(wire, fmt.numel)
         self._check_dtype(dtype)
         kernels = self._kernels(wire, rotate=True)
         if kernels is None:
             return None
-        return kernels.decode_rows(wire, self.bits, self.bucket_size, layout, dtype, True, numel)
+        return kernels.decode_rows(wire, self.bits, self.bucket_size, fmt, dtype, True, numel)
 
     def decode_sum_rotated(self, wire: torch.Tensor, numel: int) -> torch.Tensor | None:
         """:meth:`decode_sum` of a ``[R, wire_bytes(padded)]`` wire rotated back, its first ``numel`` elements
         (fp32), in one kernel pass; ``None`` where no kernel covers the call."""
-        layout = self._padded_layout(numel)
-        self._check_wire_rows(wire, layout.numel)
+        fmt = self._padded_wire_format(numel)
+        self._check_wire_rows(wire, fmt.numel)
         kernels = self._kernels(wire, rotate=True)
         if kernels is None:
             return None
-        return kernels.decode_sum(wire, self.bits, self.bucket_size, layout, True, numel)
+        return kernels.decode_sum(wire, self.bits, self.bucket_size, fmt, True, numel)
 
-    def _padded_layout(self, numel: int) -> WireLayout:
-        """Layout of ``numel`` elements zero-padded to whole buckets (the rotated wire's)."""
+    def _padded_wire_format(self, numel: int) -> WireFormat:
+        """Wire format of ``numel`` elements zero-padded to whole buckets (the rotated wire's)."""
         self._check_numel(numel)
-        return self.layout(self.num_buckets(numel) * self.bucket_size)
+        return self.wire_format(self.num_buckets(numel) * self.bucket_size)
 
     # ------------------------------------------------------------------ torch reference
-    def _encode_rows_reference(self, x: torch.Tensor, layout: WireLayout) -> torch.Tensor:
+    def _encode_rows_reference(self, x: torch.Tensor, fmt: WireFormat) -> torch.Tensor:
         rows, n = x.shape
-        nb, width = layout.num_buckets, bucket_width(n, self.bucket_size)
+        nb, width = fmt.num_buckets, bucket_width(n, self.bucket_size)
         # Zero padding leaves every bucket's absmax unchanged.
         xb = torch.nn.functional.pad(x.to(torch.float32), (0, nb * width - n)).view(rows, nb, width)
         absmax = xb.abs().amax(dim=2)
@@ -178,10 +179,10 @@ class SymmetricCodec(Codec):
         q = q.masked_fill_(nonfinite.unsqueeze(2), 0)
         codes = (q + self.qmax).to(torch.uint8).view(rows, nb * width)
         codes[:, n:] = 0
-        return assemble_rows(pack_rows(codes, layout, self.bits), scale, layout)
+        return assemble_rows(pack_rows(codes, fmt, self.bits), scale, fmt)
 
-    def _decode_rows_fp32(self, wire: torch.Tensor, layout: WireLayout) -> torch.Tensor:
+    def _decode_rows_fp32(self, wire: torch.Tensor, fmt: WireFormat) -> torch.Tensor:
         rows = wire.shape[0]
-        levels = unpack_rows(wire, layout, self.bits, self.bucket_size).to(torch.int32) - self.qmax
-        decoded = levels.to(torch.float32) * read_meta(wire, layout).unsqueeze(2)
-        return decoded.view(rows, -1)[:, : layout.numel]
+        levels = unpack_rows(wire, fmt, self.bits, self.bucket_size).to(torch.int32) - self.qmax
+        decoded = levels.to(torch.float32) * read_meta(wire, fmt).unsqueeze(2)
+        return decoded.view(rows, -1)[:, : fmt.numel]

@@ -37,6 +37,7 @@ from composer_qsdp._names import did_you_mean
 from composer_qsdp.recipes.models.config import GPT_PRESETS, GPTConfig, gpt_config
 from composer_qsdp.recipes.models.hf import HFCausalLMConfig, hf_causal_lm_config
 from composer_qsdp.shared_gpu import check_shared_gpu
+from composer_qsdp.validate import SEED_BITS
 
 __all__ = [
     "ALGORITHMS",
@@ -138,8 +139,6 @@ SCHEDULERS: dict[str, str] = {
     "linear_decay_with_warmup": "composer.optim:LinearWithWarmupScheduler",
     "polynomial_with_warmup": "composer.optim:PolynomialWithWarmupScheduler",
 }
-# Composer's seeds are 32-bit (reproducibility.seed_all); QSDP's own seed is a 64-bit Philox key.
-MAX_SEED = 2**32 - 1
 # max_duration in 'dur' is circular; Composer refuses it.
 MAX_DURATION_UNITS = ("ep", "iter", "ba", "sp", "tok")
 
@@ -229,7 +228,7 @@ class TrainRecipe:
                                                              "per-process batch")
     device_eval_batch_size: int = _key(8, "evaluation samples per batch and process")
     run_name: Optional[str] = _key(None, "name of the run (checkpoints, loggers)")
-    seed: int = _key(17, "seed of weights, data order and Composer, in [0, 2**32)")
+    seed: int = _key(17, f"seed of weights, data order and Composer, in [0, 2**{SEED_BITS})")
     device: str = _key("cpu", f"one of {', '.join(DEVICES)}")
     # OmegaConf 2.3 has no str | bool: the value is checked in validation.
     shared_gpu: Any = _key("auto", "device: gpu with fewer GPUs than ranks on a host: auto runs several ranks per "
@@ -621,8 +620,7 @@ def _validate(cfg: DictConfig) -> ValidatedRecipe:
            "it shares GPUs between ranks, so it needs device: gpu")
     _check(cfg.device != "cpu" or cfg.precision == "fp32", "precision", cfg.precision,
            "Composer trains on CPU in fp32 only")
-    _check(0 <= cfg.seed <= MAX_SEED, "seed", cfg.seed, "it must be an integer in [0, 2**32) (Composer's seed range; "
-                                                        "QSDP's own seed, algorithms.qsdp.seed, is in [0, 2**64))")
+    _check(0 <= cfg.seed < 2**SEED_BITS, "seed", cfg.seed, f"it must be an integer in [0, 2**{SEED_BITS})")
 
     model_config = _model_config(OmegaConf.to_container(cfg.model, resolve=True))
 

@@ -71,18 +71,19 @@ class TwoLevelReduceScatter(GradScheme):
                 "SDP4Bit uses 32), or None"
             )
         self.rotation_block = rotation_block
-        self.layout: NodeGroups | None = None
+        self.node_split: NodeGroups | None = None
 
     def setup(self, group: dist.ProcessGroup, topology: Topology) -> None:
-        """Bind to ``group`` and lay it out on ``topology``: collective over the default group the first time a
-        group is seen (its subgroups are created then and shared by every unit on it)."""
+        """Bind to ``group`` and split it into the nodes of ``topology``: collective over the default group the
+        first time a group is seen (its subgroups are created then and shared by every unit on it)."""
         super().setup(group, topology)
-        self.layout = node_groups(topology, group)
+        self.node_split = node_groups(topology, group)
 
     def describe(self) -> str:
         hops = f"intra {self.intra_codec!r} | inter {self.codec!r}"
         rotation = f", Hadamard {self.rotation_block}" if self.rotation_block else ""
-        shape = f" on {self.layout.nodes} nodes x {self.layout.ranks_per_node}" if self.layout is not None else ""
+        split = self.node_split
+        shape = f" on {split.nodes} nodes x {split.ranks_per_node}" if split is not None else ""
         return f"two-level{shape}: {hops}{rotation}"
 
     def _reduce_scatter(
@@ -94,9 +95,9 @@ class TwoLevelReduceScatter(GradScheme):
         group: dist.ProcessGroup,
         measure_error: bool,
     ) -> CallTraffic:
-        assert self.layout is not None  # set with the group, which _check_group required
+        assert self.node_split is not None  # set with the group, which _check_group required
         return two_level_reduce_scatter(
-            output, input, self.intra_codec, self.codec, group, self.layout, op, seed,
+            output, input, self.intra_codec, self.codec, group, self.node_split, op, seed,
             rotation_block=self.rotation_block, measure_error=measure_error,
         )  # fmt: skip
 

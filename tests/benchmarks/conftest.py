@@ -1,4 +1,4 @@
-"""A tiny CPU recipe family in the layout the benchmark drivers read (``baseline.yaml``, ``qsdp-w8g8.yaml``,
+"""A tiny CPU recipe family in the files the benchmark drivers read (``baseline.yaml``, ``qsdp-w8g8.yaml``,
 ``qsdp-w4g4.yaml``, ``qsdp-w8g4.yaml``, ``sdp4bit.yaml``, ``qwd-w4g4.yaml``, ``zeropp.yaml``, ``ddp-baseline.yaml``,
 ``zero-one-adam.yaml``), built on the repository's ``yamls/cpu`` recipes. (``tests/conftest.py`` puts
 ``benchmarks/`` on the import path.)"""

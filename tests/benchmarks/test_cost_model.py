@@ -94,7 +94,7 @@ def test_model_units_count_every_parameter():
 
 
 def test_calibration_recovers_the_parameters_it_generated():
-    truth = cm.LinkFit(busbw_gbs=40.0, latency_s=2e-4, codec_call_s=5e-4, a2a_efficiency=0.6)
+    truth = cm.NetworkFit(busbw_gbs=40.0, latency_s=2e-4, codec_call_s=5e-4, a2a_efficiency=0.6)
     rows = []
     for mb in (16, 64, 256):
         for op in ("all_gather", "reduce_scatter"):
@@ -103,8 +103,8 @@ def test_calibration_recovers_the_parameters_it_generated():
                        "wire_bytes_per_rank": 0.5 * mb * 1e6 / 2 * bytes_per_element}  # 2 ranks
                 row["ms"] = cm.collective_row_prediction(row, 2, truth) * 1e3
                 rows.append(row)
-    fit = cm.fit_link(rows, 2)
-    for field in dataclasses.fields(cm.LinkFit):
+    fit = cm.fit_network(rows, 2)
+    for field in dataclasses.fields(cm.NetworkFit):
         assert getattr(fit, field.name) == pytest.approx(getattr(truth, field.name), rel=1e-6), field.name
 
 

@@ -4,9 +4,9 @@ References, all computed here in one process from the definition of the algorith
 codecs and seeds (the collective must reproduce them bit for bit), the same with the Hadamard transform applied
 and undone around every hop (SDP4Bit's unsimplified Algorithm 3: equal within float tolerance), the plain
 ``reduce_scatter_tensor`` (passthrough codecs must give its result and chunk order) and the flat quantized
-collective (a single-hop layout must give it bit for bit). One spawn per (backend, world size): gloo at 4 and (slow)
+collective (a single-hop split must give it bit for bit). One spawn per (backend, world size): gloo at 4 and (slow)
 8 ranks, where world 8 checks 2 nodes x 4, 4 nodes x 2 and per-rank subgroups; NCCL (marked ``gpu``) at 2 ranks,
-which have single-hop layouts only, and at 4 (2 virtual nodes x 2). On CUDA the codecs run their Triton kernels,
+which have single-hop splits only, and at 4 (2 virtual nodes x 2). On CUDA the codecs run their Triton kernels,
 whose results equal the torch reference's bit for bit, so the references are computed on the CPU.
 """
 
@@ -111,18 +111,18 @@ def reference_flat(inputs, codec, average, block=None):
 
 
 # ---------------------------------------------------------------------------------------------- rank side
-def _run_cases(rank: int, world: int, group: dist.ProcessGroup, layout: NodeGroups, prefix: str,
+def _run_cases(rank: int, world: int, group: dist.ProcessGroup, split: NodeGroups, prefix: str,
                dev: torch.device) -> dict:  # fmt: skip
     out = {}
     for name, (intra, inter, block, dtype, op) in CASES.items():
         inp = _input(f"{prefix}/{name}", rank, world * N, dtype).to(dev)
         output = torch.empty(N, dtype=dtype, device=dev)
-        traffic = two_level_reduce_scatter(output, inp, _codec(intra), _codec(inter), group, layout, OPS[op], SEED,
+        traffic = two_level_reduce_scatter(output, inp, _codec(intra), _codec(inter), group, split, OPS[op], SEED,
                                            rotation_block=block, measure_error=True)  # fmt: skip
         out[name] = (output, traffic)
     inp = _int_input(rank, world, N).to(dev)
     passthrough, plain = torch.empty(N, device=dev), torch.empty(N, device=dev)
-    out["passthrough"] = (passthrough, two_level_reduce_scatter(passthrough, inp, None, None, group, layout,
+    out["passthrough"] = (passthrough, two_level_reduce_scatter(passthrough, inp, None, None, group, split,
                                                                 dist.ReduceOp.SUM, SEED))  # fmt: skip
     dist.reduce_scatter_tensor(plain, inp.clone(), group=group)
     out["plain"] = plain
@@ -130,7 +130,7 @@ def _run_cases(rank: int, world: int, group: dist.ProcessGroup, layout: NodeGrou
     if rank == 1:
         inp[3], inp[N + 7] = float("nan"), float("inf")  # chunk 0 and chunk 1
     output = torch.empty(N, device=dev)
-    two_level_reduce_scatter(output, inp, _codec(CASES["qgz_sum"][0]), _codec(CASES["qgz_sum"][1]), group, layout,
+    two_level_reduce_scatter(output, inp, _codec(CASES["qgz_sum"][0]), _codec(CASES["qgz_sum"][1]), group, split,
                              dist.ReduceOp.SUM, SEED, rotation_block=32)  # fmt: skip
     out["nonfinite"] = output
     return out
@@ -143,25 +143,25 @@ def _degenerate(rank: int, world: int, dev: torch.device) -> dict:
     intra, inter = _codec(CASES["mixed_avg"][0]), _codec(CASES["mixed_avg"][1])
     inp = _input("degenerate", rank, world * N, torch.float32).to(dev)
     for label, topology, codec in (("one_node", Topology(world), intra), ("one_rank_per_node", Topology(1), inter)):
-        layout = node_groups(topology, group)
+        split = node_groups(topology, group)
         ours, flat = torch.empty(N, device=dev), torch.empty(N, device=dev)
-        traffic = two_level_reduce_scatter(ours, inp, intra, inter, group, layout, dist.ReduceOp.AVG, SEED)
+        traffic = two_level_reduce_scatter(ours, inp, intra, inter, group, split, dist.ReduceOp.AVG, SEED)
         flat_traffic = quantized_reduce_scatter(flat, inp, codec, group, dist.ReduceOp.AVG, SEED,
                                                 off_node_peers=topology.off_node_peers(group))  # fmt: skip
         rotated = torch.empty(N, device=dev)
-        two_level_reduce_scatter(rotated, inp, intra, inter, group, layout, dist.ReduceOp.AVG, SEED, rotation_block=32)
-        out[label] = (ours, flat, traffic, flat_traffic, rotated, (layout.nodes, layout.ranks_per_node))
+        two_level_reduce_scatter(rotated, inp, intra, inter, group, split, dist.ReduceOp.AVG, SEED, rotation_block=32)
+        out[label] = (ours, flat, traffic, flat_traffic, rotated, (split.nodes, split.ranks_per_node))
     return out
 
 
 def _errors(info: RankInfo) -> dict:
-    """Invalid topologies and layouts: the same ValueError on every rank, nobody left waiting."""
+    """Invalid topologies and splits: the same ValueError on every rank, nobody left waiting."""
     errors = {}
     world, dev = info.world_size, info.device
     calls = {
         "differs": lambda: node_groups(Topology(2 if info.rank == 0 else 1), dist.group.WORLD),
         "not_divisor": lambda: node_groups(Topology(3), dist.group.WORLD),
-        "layout_of_other_group": lambda: two_level_reduce_scatter(
+        "split_of_other_group": lambda: two_level_reduce_scatter(
             torch.empty(N, device=dev), torch.zeros(world * N, device=dev), None, None, dist.group.WORLD,
             NodeGroups(1, world + 1, 0, 0, (tuple(range(world + 1)),), None, None), dist.ReduceOp.SUM, SEED),
         "rotation": lambda: two_level_reduce_scatter(
@@ -191,17 +191,17 @@ def _worker(info: RankInfo) -> dict:
     group = dist.group.WORLD
     for per_node in {2: (), 4: (2,), 8: (4, 2)}[world]:
         topology = Topology(per_node)
-        layout = node_groups(topology, group)
-        assert node_groups(topology, group) is layout  # created once, reused
-        out[f"layout{per_node}"] = (layout.nodes, layout.ranks_per_node, layout.node, layout.local,
-                                    dist.get_process_group_ranks(layout.intra),
-                                    dist.get_process_group_ranks(layout.inter))  # fmt: skip
-        out[f"rpn{per_node}"] = _run_cases(rank, world, group, layout, f"rpn{per_node}", dev)
+        split = node_groups(topology, group)
+        assert node_groups(topology, group) is split  # created once, reused
+        out[f"split{per_node}"] = (split.nodes, split.ranks_per_node, split.node, split.local,
+                                    dist.get_process_group_ranks(split.intra),
+                                    dist.get_process_group_ranks(split.inter))  # fmt: skip
+        out[f"rpn{per_node}"] = _run_cases(rank, world, group, split, f"rpn{per_node}", dev)
     if world == 8:  # HSDP-like: every rank in a group of 2 nodes x 2, ranks differ in their group
         subgroups = [dist.new_group([0, 1, 4, 5]), dist.new_group([2, 3, 6, 7])]
         mine = subgroups[(rank // 2) % 2]
-        layout = node_groups(Topology(4), mine)
-        out["subgroup"] = _run_cases(dist.get_rank(mine), 4, mine, layout, "subgroup", dev)
+        split = node_groups(Topology(4), mine)
+        out["subgroup"] = _run_cases(dist.get_rank(mine), 4, mine, split, "subgroup", dev)
     return out
 
 
@@ -224,7 +224,7 @@ def _runs(world: int) -> list[tuple[str, int, int, list[int]]]:
     """(result key, nodes, ranks per node, global ranks in group order) of every two-level run of a world; skips
     the calling test where there is none."""
     if world == 2:
-        pytest.skip("no layout of 2 ranks has two hops (the single-hop test covers 2 ranks)")
+        pytest.skip("no split of 2 ranks has two hops (the single-hop test covers 2 ranks)")
     return {
         4: [("rpn2", 2, 2, list(range(4)))],
         8: [("rpn4", 2, 4, list(range(8))), ("rpn2", 4, 2, list(range(8))), ("subgroup", 2, 2, [0, 1, 4, 5]),
@@ -234,8 +234,8 @@ def _runs(world: int) -> list[tuple[str, int, int, list[int]]]:
 
 # ---------------------------------------------------------------------------------------------- tests
 def test_send_order_is_zeropp_slice_reordering():
-    layout = NodeGroups(2, 4, 0, 0, ((0, 1, 2, 3), (4, 5, 6, 7)), None, None)
-    assert layout.send_order == (0, 4, 1, 5, 2, 6, 3, 7)  # ZeRO++'s example, 2 nodes x 4 GPUs
+    split = NodeGroups(2, 4, 0, 0, ((0, 1, 2, 3), (4, 5, 6, 7)), None, None)
+    assert split.send_order == (0, 4, 1, 5, 2, 6, 3, 7)  # ZeRO++'s example, 2 nodes x 4 GPUs
     assert NodeGroups(3, 2, 0, 0, ((0, 1), (2, 3), (4, 5)), None, None).send_order == (0, 2, 4, 1, 3, 5)
 
 
@@ -247,7 +247,7 @@ def test_chunk_table_follows_group_ranks_not_global_ranks():
 
 
 @RUNS
-def test_layouts_and_subgroups(run):
+def test_splits_and_subgroups(run):
     world, results = run
     for key, nodes, per_node, members in _runs(world):
         if key == "subgroup":
@@ -256,7 +256,7 @@ def test_layouts_and_subgroups(run):
             a, l = divmod(rank, per_node)
             intra = [a * per_node + j for j in range(per_node)]
             inter = [b * per_node + l for b in range(nodes)]
-            assert results[rank][f"layout{per_node}"] == (nodes, per_node, a, l, intra, inter)
+            assert results[rank][f"split{per_node}"] == (nodes, per_node, a, l, intra, inter)
 
 
 @RUNS
@@ -346,7 +346,7 @@ def test_non_finite_values_stay_non_finite(run):
 
 
 @RUNS
-def test_single_hop_layouts_are_the_flat_collective_bit_for_bit(run):
+def test_single_hop_splits_are_the_flat_collective_bit_for_bit(run):
     world, results = run
     inputs = [_input("degenerate", r, world * N, torch.float32) for r in range(world)]
     for label, codec_spec, shape in (("one_node", CASES["mixed_avg"][0], (1, world)),
@@ -354,8 +354,8 @@ def test_single_hop_layouts_are_the_flat_collective_bit_for_bit(run):
         expected = reference_flat(inputs, _codec(codec_spec), average=True)
         rotated = reference_flat(inputs, _codec(codec_spec), average=True, block=32)
         for rank in range(world):
-            ours, flat, traffic, flat_traffic, ours_rotated, layout_shape = results[rank]["degenerate"][label]
-            assert layout_shape == shape
+            ours, flat, traffic, flat_traffic, ours_rotated, split_shape = results[rank]["degenerate"][label]
+            assert split_shape == shape
             assert torch.equal(ours, flat) and torch.equal(ours, expected[rank])
             assert traffic == flat_traffic
             assert torch.equal(ours_rotated, rotated[rank])  # the one hop in the Hadamard domain
@@ -369,8 +369,8 @@ def test_invalid_topologies_are_clear_errors_on_every_rank(run):
         errors = results[rank]["errors"]
         assert "ranks_per_node differs between ranks ({0: 2, 1: 1" in errors["differs"]
         assert f"ranks_per_node=3 does not divide the world size {world}" in errors["not_divisor"]
-        assert f"the layout has 1 nodes x {world + 1} ranks" in errors["layout_of_other_group"]
+        assert f"the node split has 1 nodes x {world + 1} ranks" in errors["split_of_other_group"]
         assert "rotation_block=48 is invalid; allowed: a power of two" in errors["rotation"]
-        if world >= 4:  # groups of 3 ranks, and a two-hop layout, need 4 ranks
+        if world >= 4:  # groups of 3 ranks, and a two-hop split, need 4 ranks
             assert "equally many ranks of the group" in errors["uneven"]
             assert "supports ReduceOp SUM and AVG, got MAX" in errors["max_op"]

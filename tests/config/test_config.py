@@ -36,6 +36,7 @@ def test_defaults_are_the_paper_headline_setting():
     (lambda: dict(grads=SideConfig(bits_overrides={"head": 12})), r"grads: codec .*bits=12"),
     (lambda: dict(weights=SideConfig(bits_overrides=["head"])), r"bits_overrides=\['head'\] is invalid; it must be a mapping"),
     (lambda: dict(seed=-1), r"seed=-1 is invalid"),
+    (lambda: dict(seed=2**32), r"seed=4294967296 is invalid; it must be an integer in \[0, 2\*\*32\)$"),
     (lambda: dict(check_finite="yes"), r"check_finite='yes' is invalid"),
     (lambda: dict(grads=SideConfig(codec_options={"colour": 1})), r"unknown option 'colour' of codec 'minmax'; allowed: hadamard"),
     (lambda: dict(weights=SideConfig(codec_options={"bits": 4})), r"unknown option 'bits' of codec 'minmax'"),

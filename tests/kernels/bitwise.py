@@ -21,9 +21,9 @@ def assert_same_values(got: torch.Tensor, expected: torch.Tensor) -> None:
 
 
 def assert_same_wire(codec, got: torch.Tensor, expected: torch.Tensor, n: int) -> None:
-    """``[R, wire_bytes]`` wires of ``codec`` (anything with ``layout(n).meta_offset``) for ``n`` elements per row:
+    """``[R, wire_bytes]`` wires of ``codec`` (anything with ``wire_format(n).meta_offset``) for ``n`` elements per row:
     codes and padding bytewise, the fp32 metadata bitwise up to NaN payloads."""
-    meta_offset = codec.layout(n).meta_offset
+    meta_offset = codec.wire_format(n).meta_offset
     assert torch.equal(got[:, :meta_offset], expected[:, :meta_offset])
     assert_same_values(got[:, meta_offset:].contiguous().view(torch.float32),
                        expected[:, meta_offset:].contiguous().view(torch.float32))  # fmt: skip

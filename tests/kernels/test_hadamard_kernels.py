@@ -109,6 +109,6 @@ def test_cuda_hadamard_codec_round_trip_matches_cpu():
     codec = make_codec("symmetric", bits=4, bucket_size=128, hadamard=True)
     x = torch.randn(4, 500_000)
     wire = codec.encode_rows(x.cuda())
-    assert torch.equal(wire.cpu()[:, : codec.inner.layout(500_096).meta_offset],
-                       codec.encode_rows(x)[:, : codec.inner.layout(500_096).meta_offset])  # fmt: skip
+    assert torch.equal(wire.cpu()[:, : codec.inner.wire_format(500_096).meta_offset],
+                       codec.encode_rows(x)[:, : codec.inner.wire_format(500_096).meta_offset])  # fmt: skip
     torch.testing.assert_close(codec.decode_sum(wire, 500_000).cpu(), codec.decode_sum(wire.cpu(), 500_000))

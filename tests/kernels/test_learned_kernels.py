@@ -64,14 +64,14 @@ def _data(rows: int, n: int, dtype: torch.dtype, seed: int, nonfinite: bool) -> 
 
 def _check_codec_kernels(codec: LearnedLevelsCodec, x: torch.Tensor, seed: int, offset: int, **launch) -> None:
     rows, n = x.shape
-    layout = codec.layout(n)
+    fmt = codec.wire_format(n)
     expected = codec._encode_rows_reference(x, seed, offset)
-    wire = kernels.encode_rows(x, codec.levels, codec.bits, codec.bucket_size, layout, seed, offset, **launch)
+    wire = kernels.encode_rows(x, codec.levels, codec.bits, codec.bucket_size, fmt, seed, offset, **launch)
     assert_same_wire(codec, wire, expected, n)
     for dtype in DTYPES:
-        got = kernels.decode_rows(expected, codec.bits, codec.bucket_size, layout, dtype, **launch)
+        got = kernels.decode_rows(expected, codec.bits, codec.bucket_size, fmt, dtype, **launch)
         assert_same_values(got, codec._decode_rows_fp32(expected, n).to(dtype))
-    got_sum = kernels.decode_sum(expected, codec.bits, codec.bucket_size, layout, **launch)
+    got_sum = kernels.decode_sum(expected, codec.bits, codec.bucket_size, fmt, **launch)
     assert_same_values(got_sum, codec._decode_sum_reference(expected, n))
 
 
@@ -175,12 +175,12 @@ def test_kernel_launchers_reject_unsupported_configurations_and_levels():
     x = _data(1, 300, torch.float32, seed=6, nonfinite=False)
     codec = _codec(4, 64)
     with pytest.raises(ValueError, match="bits=3"):
-        kernels.encode_rows(x, _levels(3, 0).to(DEVICE), 3, 64, LearnedLevelsCodec(3, 64).layout(300), 1, 0)
+        kernels.encode_rows(x, _levels(3, 0).to(DEVICE), 3, 64, LearnedLevelsCodec(3, 64).wire_format(300), 1, 0)
     with pytest.raises(ValueError, match="16 fp32 values"):
-        kernels.encode_rows(x, codec.levels.double(), 4, 64, codec.layout(300), 1, 0)
+        kernels.encode_rows(x, codec.levels.double(), 4, 64, codec.wire_format(300), 1, 0)
     with pytest.raises(ValueError, match="bucket_size=16384"):
         wire = torch.zeros(1, 8, dtype=torch.uint8, device=DEVICE)
-        kernels.decode_sum(wire, 8, 16384, LearnedLevelsCodec(8, 16384).layout(3))
+        kernels.decode_sum(wire, 8, 16384, LearnedLevelsCodec(8, 16384).wire_format(3))
 
 
 def _hopper_variant(name: str, kernel: str, types: dict, constants: dict, bucket: int) -> dict:

@@ -33,24 +33,24 @@ def _data(rows: int, n: int, dtype: torch.dtype, seed: int, nonfinite: bool) -> 
 
 def _check_codec_kernels(codec: MinMaxCodec, x: torch.Tensor, seed: int, offset: int, **launch) -> None:
     rows, n = x.shape
-    layout = codec.layout(n)
+    fmt = codec.wire_format(n)
     expected = codec._encode_rows_reference(x, seed, offset)
-    wire = kernels.encode_rows(x, codec.bits, codec.bucket_size, layout, codec.stochastic, seed, offset, **launch)
+    wire = kernels.encode_rows(x, codec.bits, codec.bucket_size, fmt, codec.stochastic, seed, offset, **launch)
     assert_same_wire(codec, wire, expected, n)
     for dtype in DTYPES:
-        got = kernels.decode_rows(expected, codec.bits, codec.bucket_size, layout, dtype, **launch)
+        got = kernels.decode_rows(expected, codec.bits, codec.bucket_size, fmt, dtype, **launch)
         assert_same_values(got, codec._decode_rows_fp32(expected, n).to(dtype))
     # Into the rows of a wider buffer (row stride n + 8): its other columns untouched.
     buffer = torch.full((rows, n + 8), 3.0, device=x.device, dtype=x.dtype)
-    kernels.decode_rows(expected, codec.bits, codec.bucket_size, layout, x.dtype, out=buffer[:, :n], **launch)
+    kernels.decode_rows(expected, codec.bits, codec.bucket_size, fmt, x.dtype, out=buffer[:, :n], **launch)
     assert_same_values(buffer[:, :n], codec._decode_rows_fp32(expected, n).to(x.dtype))
     assert bool((buffer[:, n:] == 3).all())
-    got_sum = kernels.decode_sum(expected, codec.bits, codec.bucket_size, layout, **launch)
+    got_sum = kernels.decode_sum(expected, codec.bits, codec.bucket_size, fmt, **launch)
     assert_same_values(got_sum, codec._decode_sum_reference(expected, n))
     # The reduce-scatter's fused average: fp32 division by the group size, one rounding to the output dtype.
     for dtype in DTYPES:
         out = torch.empty(n, device=x.device, dtype=dtype)
-        kernels.decode_sum(expected, codec.bits, codec.bucket_size, layout, out=out, divisor=rows + 2, **launch)
+        kernels.decode_sum(expected, codec.bits, codec.bucket_size, fmt, out=out, divisor=rows + 2, **launch)
         assert_same_values(out, ieee_div(codec._decode_sum_reference(expected, n), rows + 2).to(dtype))
 
 
@@ -105,10 +105,10 @@ def test_kernel_launchers_reject_unsupported_configurations():
     x = _data(1, 300, torch.float32, seed=6, nonfinite=False)
     codec = MinMaxCodec(bits=3, bucket_size=64)
     with pytest.raises(ValueError, match="bits=3"):
-        kernels.encode_rows(x, 3, 64, codec.layout(300), True, 1, 0)
+        kernels.encode_rows(x, 3, 64, codec.wire_format(300), True, 1, 0)
     with pytest.raises(ValueError, match="bucket_size=16384"):
         wire = torch.zeros(1, 8, dtype=torch.uint8, device=DEVICE)
-        kernels.decode_sum(wire, 8, 16384, MinMaxCodec(8, 16384).layout(3))
+        kernels.decode_sum(wire, 8, 16384, MinMaxCodec(8, 16384).wire_format(3))
 
 
 def test_backend_selection_errors(monkeypatch):

@@ -32,7 +32,7 @@ def _data(rows: int, n: int, dtype: torch.dtype, device: str, nonfinite: bool) -
 
 def _check(rows: int, n: int, bucket: int, dtype: torch.dtype, device: str, nonfinite: bool) -> None:
     codec = SignCodec(bucket_size=bucket)
-    layout = codec.layout(n)
+    fmt = codec.wire_format(n)
     x = _data(rows, n, dtype, device, nonfinite)
     with backend("torch"):
         expected = codec.encode_rows(x)
@@ -42,14 +42,14 @@ def _check(rows: int, n: int, bucket: int, dtype: torch.dtype, device: str, nonf
         assert torch.equal(codec.decode_rows(expected, n).nan_to_num(), reference.nan_to_num())
         # Rounded to the input dtype inside the kernel: the same values as the reference's fp32 cast.
         assert torch.equal(codec.decode_rows(expected, n, dtype).nan_to_num(), reference.to(dtype).nan_to_num())
-    wire = kernels.encode_rows(x, bucket, layout.wire_bytes, layout.code_bytes, layout.meta_offset)
-    assert torch.equal(wire[:, : layout.meta_offset], expected[:, : layout.meta_offset])  # codes and padding
-    scales = [w[:, layout.meta_offset :].contiguous().view(torch.float32) for w in (wire, expected)]
+    wire = kernels.encode_rows(x, bucket, fmt.wire_bytes, fmt.code_bytes, fmt.meta_offset)
+    assert torch.equal(wire[:, : fmt.meta_offset], expected[:, : fmt.meta_offset])  # codes and padding
+    scales = [w[:, fmt.meta_offset :].contiguous().view(torch.float32) for w in (wire, expected)]
     torch.testing.assert_close(scales[0], scales[1], rtol=4e-7, atol=0, equal_nan=True)
-    decoded = kernels.decode_rows(expected, bucket, n, layout.meta_offset)
+    decoded = kernels.decode_rows(expected, bucket, n, fmt.meta_offset)
     assert torch.equal(decoded.isnan(), reference.isnan())
     assert torch.equal(decoded.nan_to_num(), reference.nan_to_num())
-    summed = kernels.decode_sum(expected, bucket, n, layout.meta_offset)
+    summed = kernels.decode_sum(expected, bucket, n, fmt.meta_offset)
     assert torch.equal(summed.isnan(), total.isnan()) and torch.equal(summed.nan_to_num(), total.nan_to_num())
 
 

@@ -31,36 +31,36 @@ def _data(rows: int, n: int, dtype: torch.dtype, seed: int, nonfinite: bool) -> 
 
 def _check_kernels(codec: SymmetricCodec, x: torch.Tensor, **launch) -> None:
     rows, n = x.shape
-    layout = codec.layout(n)
-    expected = codec._encode_rows_reference(x, layout)
-    wire = kernels.encode_rows(x, codec.bits, codec.bucket_size, layout, **launch)
+    fmt = codec.wire_format(n)
+    expected = codec._encode_rows_reference(x, fmt)
+    wire = kernels.encode_rows(x, codec.bits, codec.bucket_size, fmt, **launch)
     assert_same_wire(codec, wire, expected, n)
-    reference = codec._decode_rows_fp32(expected, layout)
+    reference = codec._decode_rows_fp32(expected, fmt)
     for dtype in DTYPES:
-        got = kernels.decode_rows(expected, codec.bits, codec.bucket_size, layout, dtype, **launch)
+        got = kernels.decode_rows(expected, codec.bits, codec.bucket_size, fmt, dtype, **launch)
         assert_same_values(got, reference.to(dtype))
     # Into the rows of a wider buffer (row stride n + 8): its other columns untouched.
     buffer = torch.full((rows, n + 8), 3.0, device=x.device, dtype=x.dtype)
-    kernels.decode_rows(expected, codec.bits, codec.bucket_size, layout, x.dtype, out=buffer[:, :n], **launch)
+    kernels.decode_rows(expected, codec.bits, codec.bucket_size, fmt, x.dtype, out=buffer[:, :n], **launch)
     assert_same_values(buffer[:, :n], reference.to(x.dtype))
     assert bool((buffer[:, n:] == 3).all())
     total = torch.zeros(n, device=x.device)
     for row in reference:
         total += row
-    assert_same_values(kernels.decode_sum(expected, codec.bits, codec.bucket_size, layout, **launch), total)
+    assert_same_values(kernels.decode_sum(expected, codec.bits, codec.bucket_size, fmt, **launch), total)
 
 
 def _check_difference_kernels(codec: SymmetricCodec, x: torch.Tensor, ref: torch.Tensor) -> None:
     """The fused difference encode equals the reference encode of the materialized fp32 difference, and the
     fused decode-and-add equals ``(ref + decoded)`` added in fp32 and rounded once."""
     rows, n = x.shape
-    layout = codec.layout(n)
+    fmt = codec.wire_format(n)
     diff = x.to(torch.float32) - ref.to(torch.float32)
-    expected = codec._encode_rows_reference(diff, layout)
-    assert_same_wire(codec, kernels.encode_rows(x, codec.bits, codec.bucket_size, layout, ref=ref), expected, n)
+    expected = codec._encode_rows_reference(diff, fmt)
+    assert_same_wire(codec, kernels.encode_rows(x, codec.bits, codec.bucket_size, fmt, ref=ref), expected, n)
     out = ref.clone()
-    kernels.decode_add_rows(expected, codec.bits, codec.bucket_size, layout, out)
-    assert_same_values(out, (ref.to(torch.float32) + codec._decode_rows_fp32(expected, layout)).to(ref.dtype))
+    kernels.decode_add_rows(expected, codec.bits, codec.bucket_size, fmt, out)
+    assert_same_values(out, (ref.to(torch.float32) + codec._decode_rows_fp32(expected, fmt)).to(ref.dtype))
 
 
 CASES = [  # rows, n, bucket_size, bits, dtype
@@ -113,11 +113,11 @@ def _check_rotated_kernels(codec: SymmetricCodec, x: torch.Tensor, **launch) -> 
     rows, n = x.shape
     bucket = codec.bucket_size
     padded = -(-n // bucket) * bucket
-    layout = codec.layout(padded)
+    fmt = codec.wire_format(padded)
     with backend("torch"):
-        expected = codec._encode_rows_reference(hadamard_rows(x, bucket, padded, torch.float32), layout)
-    assert_same_wire(codec, kernels.encode_rows(x, codec.bits, bucket, layout, True, **launch), expected, padded)
-    decoded = codec._decode_rows_fp32(expected, layout)
+        expected = codec._encode_rows_reference(hadamard_rows(x, bucket, padded, torch.float32), fmt)
+    assert_same_wire(codec, kernels.encode_rows(x, codec.bits, bucket, fmt, True, **launch), expected, padded)
+    decoded = codec._decode_rows_fp32(expected, fmt)
     total = torch.zeros(padded, device=x.device)
     for row in decoded:
         total += row
@@ -125,9 +125,9 @@ def _check_rotated_kernels(codec: SymmetricCodec, x: torch.Tensor, **launch) -> 
         rotated_sum = hadamard_rows(total.view(1, -1), bucket, n, torch.float32)[0]
         rotated = {dtype: hadamard_rows(decoded, bucket, n, dtype) for dtype in DTYPES}
     for dtype in DTYPES:
-        got = kernels.decode_rows(expected, codec.bits, bucket, layout, dtype, True, n, **launch)
+        got = kernels.decode_rows(expected, codec.bits, bucket, fmt, dtype, True, n, **launch)
         assert_same_values(got, rotated[dtype])
-    assert_same_values(kernels.decode_sum(expected, codec.bits, bucket, layout, True, n, **launch), rotated_sum)
+    assert_same_values(kernels.decode_sum(expected, codec.bits, bucket, fmt, True, n, **launch), rotated_sum)
 
 
 @pytest.mark.parametrize("nonfinite", [False, True])
@@ -207,21 +207,21 @@ def test_unsupported_configurations_fall_back_to_the_reference():
         with backend("triton"):
             assert torch.equal(codec.encode(x[0]), expected)
     with pytest.raises(ValueError, match=r"bits=3.*allowed: bits in \(2, 4, 8\)"):
-        kernels.encode_rows(x, 3, 64, SymmetricCodec(3, 64).layout(300))
+        kernels.encode_rows(x, 3, 64, SymmetricCodec(3, 64).wire_format(300))
     with pytest.raises(ValueError, match="bucket_size=20000"):
-        kernels.decode_sum(torch.zeros(1, 8, dtype=torch.uint8), 8, 20000, SymmetricCodec(8, 20000).layout(3))
+        kernels.decode_sum(torch.zeros(1, 8, dtype=torch.uint8), 8, 20000, SymmetricCodec(8, 20000).wire_format(3))
     with pytest.raises(ValueError, match="buckets_per_program=3"):
-        kernels.encode_rows(x, 8, 64, SymmetricCodec(8, 64).layout(300), buckets_per_program=3)
+        kernels.encode_rows(x, 8, 64, SymmetricCodec(8, 64).wire_format(300), buckets_per_program=3)
     with pytest.raises(ValueError, match="bucket_size=24, rotate=True"):
-        kernels.encode_rows(x, 8, 24, SymmetricCodec(8, 24).layout(312), rotate=True)
+        kernels.encode_rows(x, 8, 24, SymmetricCodec(8, 24).wire_format(312), rotate=True)
 
 
 def test_kernels_compile_for_hopper_without_spills():
     variants = []
     for bits, dtype, bucket, rotate in [(8, "bf16", 2048, False), (4, "fp32", 8192, False), (2, "fp16", 104, False),
                                         (4, "bf16", 16, False), (4, "bf16", 2048, True), (8, "fp32", 128, True)]:
-        layout = SymmetricCodec(bits, bucket).layout(1 << 24)
-        groups, bpp, warps = kernels._config(bits, bucket, 1, layout, rotate, True, None, None)
+        fmt = SymmetricCodec(bits, bucket).wire_format(1 << 24)
+        groups, bpp, warps = kernels._config(bits, bucket, 1, fmt, rotate, True, None, None)
         streamed = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
         constants = {"BUCKET": bucket, "GROUPS": groups, "BPP": bpp, "BITS": bits, "QMAX": (1 << (bits - 1)) - 1,
                      "ROTATE": rotate, "LOG_B": bucket.bit_length() - 1}  # fmt: skip

@@ -30,8 +30,8 @@ def _bucket_stats(x: torch.Tensor, bucket: int, levels: int) -> tuple[torch.Tens
 
 
 def _meta(codec: MinMaxCodec, wire: torch.Tensor, n: int) -> torch.Tensor:
-    lay = codec.layout(n)
-    return wire[lay.meta_offset :].clone().view(torch.float32).view(-1, 2)
+    fmt = codec.wire_format(n)
+    return wire[fmt.meta_offset :].clone().view(torch.float32).view(-1, 2)
 
 
 CASES = [  # (numel, bucket_size, bits)
@@ -148,8 +148,8 @@ def test_noise_is_tied_to_counters(offset):
     codec = MinMaxCodec(bits=2, bucket_size=64)
     x = _rand(640, torch.float32, seed=5)
     whole, part = codec.encode(x, seed=9, offset=offset), codec.encode(x[192:], seed=9, offset=offset + 192)
-    bpb = codec.layout(640).bucket_bytes
-    assert torch.equal(whole[3 * bpb : codec.layout(640).code_bytes], part[: codec.layout(448).code_bytes])
+    bpb = codec.wire_format(640).bucket_bytes
+    assert torch.equal(whole[3 * bpb : codec.wire_format(640).code_bytes], part[: codec.wire_format(448).code_bytes])
 
 
 @pytest.mark.parametrize("numel,bucket,bits", [(1, 1, 1), (1037, 100, 3), (4096, 1024, 4), (10, 1024, 8), (99, 10, 5)])
@@ -160,11 +160,11 @@ def test_wire_size_and_alignment(numel, bucket, bits):
     code_bytes = (nb - 1) * math.ceil(bucket * bits / 8) + math.ceil(last * bits / 8)
     expected = 4 * math.ceil(code_bytes / 4) + 8 * nb
     assert codec.wire_bytes(numel) == expected
-    lay = codec.layout(numel)
-    assert lay.meta_offset % 4 == 0 and lay.wire_bytes % 4 == 0
+    fmt = codec.wire_format(numel)
+    assert fmt.meta_offset % 4 == 0 and fmt.wire_bytes % 4 == 0
     wire = codec.encode(_rand(numel, torch.float16), seed=1)
     assert wire.numel() == expected
-    assert not wire[lay.code_bytes : lay.meta_offset].any()  # padding is zero
+    assert not wire[fmt.code_bytes : fmt.meta_offset].any()  # padding is zero
 
 
 @pytest.mark.parametrize("rounding", ["stochastic", "nearest"])
@@ -258,6 +258,10 @@ def test_bad_calls_raise():
         codec.decode_sum(wire.view(1, -1)[:, :-4], 50)
     with pytest.raises(ValueError, match="seed"):
         codec.encode(torch.randn(5), seed=-1)
+    # A codec's seed is a noise key (validate.NOISE_KEY_BITS): the kernels' int64.
+    codec.encode(torch.randn(5), seed=2**63 - 1)
+    with pytest.raises(ValueError, match=r"^seed=9223372036854775808 is invalid; .* integer in \[0, 2\*\*63\)"):
+        codec.encode(torch.randn(5), seed=2**63)
 
 
 def test_registry_and_repr():

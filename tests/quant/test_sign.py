@@ -1,4 +1,4 @@
-"""The 1-bit sign codec against a float64 reference of its definition, its exact wire size and bit layout, and its
+"""The 1-bit sign codec against a float64 reference of its definition, its exact wire size and bit order, and its
 handling of zeros, partial buckets and non-finite values."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_zeros_map_to_plus_one():
 
 
 @pytest.mark.parametrize("n, bucket", ((1, 64), (63, 64), (64, 64), (65, 64), (1000, 64), (100, 12), (9, 3)))
-def test_wire_size_and_bit_layout(n, bucket):
+def test_wire_size_and_bit_order(n, bucket):
     codec = make_codec("sign", bucket_size=bucket)
     nb = -(-n // bucket)
     last = n - (nb - 1) * bucket

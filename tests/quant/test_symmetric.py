@@ -58,7 +58,7 @@ def test_codes_are_offset_binary_and_never_use_the_top_code(bits):
     codec = SymmetricCodec(bits, 128)
     x = _x(128 * 20, seed=2)
     wire = codec.encode(x)
-    codes = unpack_codes(wire[: codec.layout(x.numel()).code_bytes].view(20, -1), bits, 128)
+    codes = unpack_codes(wire[: codec.wire_format(x.numel()).code_bytes].view(20, -1), bits, 128)
     qmax = 2 ** (bits - 1) - 1
     assert codes.max() == 2 * qmax and codes.min() == 0  # both ±absmax levels are reached
     assert not (codes == 2**bits - 1).any()

@@ -1,7 +1,7 @@
 """Documents -> tokens (GPT-2 or a local Hugging Face tokenizer) -> fixed-length samples -> MDS shards, one directory
 per split.
 
-Layout of ``out_dir``: ``<split>/index.json`` plus ``<split>/shard.*.mds.zstd`` for each split, readable by
+Files in ``out_dir``: ``<split>/index.json`` plus ``<split>/shard.*.mds.zstd`` for each split, readable by
 ``streaming.StreamingDataset(local=out_dir, split=<split>)`` and by llm-foundry's ``text`` dataloader. Each sample is
 one column ``tokens``: an array of exactly ``seq_len`` token ids, ``uint16`` for vocabularies of up to 2**16 ids
 (GPT-2's 50257), ``uint32`` for larger ones.

