@@ -328,12 +328,15 @@ def _merge_sources(base: DictConfig, override: DictConfig) -> DictConfig:
     """``override`` (a recipe, or the command line) merged onto ``base``; a section of :data:`COMPONENT_SECTIONS`
     that ``override`` sets to ``{}``, null or false replaces the base's with an empty one instead of merging."""
     for section in CLASS_SECTIONS:
-        # Another class's keyword arguments mean nothing to this one: a section naming another class replaces the
-        # base's.
+        # A section naming another class than the base's keeps only the base's keys that this class takes too (an
+        # optimizer's lr and weight_decay, not Adam's betas for SGD).
         value, base_value = override.get(section), base.get(section)
-        if isinstance(value, DictConfig) and isinstance(base_value, DictConfig) and "name" in value:
-            if value.get("name") != base_value.get("name", DEFAULT_CLASS_NAMES[section]):
-                base.pop(section)
+        if isinstance(value, DictConfig) and isinstance(base_value, DictConfig) and isinstance(value.get("name"), str):
+            if value.name != base_value.get("name", DEFAULT_CLASS_NAMES[section]):
+                takes = inspect.signature(optim_class(section, value.name)).parameters
+                if not any(p.kind is p.VAR_KEYWORD for p in takes.values()):
+                    for key in [k for k in base_value if k not in takes]:
+                        base_value.pop(key)
     for section in COMPONENT_SECTIONS:
         value = override.get(section, "absent")
         if value is None or value is False or (isinstance(value, DictConfig) and len(value) == 0):
@@ -537,8 +540,9 @@ def _unresolved(err: InterpolationResolutionError, key: str) -> RecipeError:
     where = err.full_key or key
     if key and not where.startswith(key):
         where = f"{key}.{where}"
-    return RecipeError(f"recipe key '{where}' cannot be resolved: {err.msg.splitlines()[0]} (a section naming "
-                       "another class than its base's drops the base's keys; give the value itself)")
+    return RecipeError(f"recipe key '{where}' cannot be resolved: {err.msg.splitlines()[0]} (an optimizer or "
+                       "scheduler section naming another class than its base's keeps only the base's keys that class "
+                       "takes; give the value itself)")
 
 
 def _check_entry(key: str, value: Any) -> None:
@@ -695,9 +699,9 @@ def optim_class(section: str, name: str) -> Callable[..., Any]:
     known = sorted({*table, *(n for n in composer if n.islower() and not (suffix and n.endswith(suffix))),
                     *(registry.get_all() if registry is not None else ())})
     foundry = "" if registry is not None else "llm-foundry's registered names where it is installed, "
-    raise RecipeError(f"recipe key '{key}' = {name!r} is invalid: no {'schedule' if section == 'scheduler' else section} "
-                      f"of that name{did_you_mean(name, known)}; known: {', '.join(known)} (or the class names), "
-                      f"{foundry}or a 'module:Class' path")
+    kind = "schedule" if section == "scheduler" else section
+    raise RecipeError(f"recipe key '{key}' = {name!r} is invalid: no {kind} of that name{did_you_mean(name, known)}; "
+                      f"known: {', '.join(known)} (or the class names), {foundry}or a 'module:Class' path")
 
 
 #: Keys that mean the same to every optimizer or schedule that takes them: the check and what is allowed.
@@ -765,9 +769,13 @@ def _class_section(cfg: DictConfig, section: str) -> tuple[dict[str, Any], Any]:
     options = _resolved(section, cfg[section])
     name = options.pop("name")
     cls = optim_class(section, name)
-    _check(section == "optimizer" or not (isinstance(cls, type) and issubclass(cls, torch.optim.lr_scheduler.LRScheduler)),
-           "scheduler.name", name, "it is a torch LRScheduler, which is built on the optimizer; name a Composer schedule "
-           "(composer.optim: step, multi_step, exponential, ...)")
+    if isinstance(cls, type) and section == "optimizer":
+        _check(issubclass(cls, torch.optim.Optimizer), "optimizer.name", name,
+               f"it names {cls.__name__}, not a torch.optim.Optimizer")
+    elif isinstance(cls, type):
+        _check(not issubclass(cls, torch.optim.lr_scheduler.LRScheduler), "scheduler.name", name,
+               "it is a torch LRScheduler, which is built on the optimizer; name a Composer schedule (composer.optim: "
+               "step, multi_step, exponential, ...)")
     reserved = ("params",) if section == "optimizer" else ()
     _check_arguments(section, cls, options, reserved)
     parameters = inspect.signature(cls).parameters
@@ -798,7 +806,7 @@ def _class_section(cfg: DictConfig, section: str) -> tuple[dict[str, Any], Any]:
         raise RecipeError(f"recipe section '{section}' ({name}) is invalid: {err}") from None
     if section == "optimizer":
         _check(isinstance(built, torch.optim.Optimizer), "optimizer.name", name,
-               f"it builds a {type(built).__name__}, not a torch.optim.Optimizer")
+               f"it names {type(built).__name__}, not a torch.optim.Optimizer")
     else:
         _check(callable(built) and not isinstance(built, torch.optim.lr_scheduler.LRScheduler), "scheduler.name",
                name, f"it builds a {type(built).__name__}, not a Composer schedule (a function of the training state, "
@@ -1012,8 +1020,8 @@ def _optim_lines() -> list[str]:
             ("optimizer", OPTIMIZERS, "optimizer", "composer.optim and torch.optim", "sgd, decoupled_sgdw, rmsprop"),
             ("scheduler", SCHEDULERS, "schedule", "composer.optim", "constant, step, multi_step, linear, "
                                                                      "cosine_annealing, exponential, polynomial")):
-        lines += _wrapped(f"{section}: {{name: NAME, the other keys: keyword arguments of its class}}; "
-                          "a recipe that names another class than its base replaces the base's section")
+        lines += _wrapped(f"{section}: {{name: NAME, the other keys: keyword arguments of its class}}; a recipe "
+                          "that names another class than its base keeps only the base's keys that this class takes")
         lines += _key_lines(f"{section}.name", "str", json.dumps(DEFAULT_CLASS_NAMES[section]),
                             f"the {kind}; with its recipe defaults:")
         lines += [f"      {name}: {b.target.replace(':', '.')}"
