@@ -328,15 +328,15 @@ def _merge_sources(base: DictConfig, override: DictConfig) -> DictConfig:
     """``override`` (a recipe, or the command line) merged onto ``base``; a section of :data:`COMPONENT_SECTIONS`
     that ``override`` sets to ``{}``, null or false replaces the base's with an empty one instead of merging."""
     for section in CLASS_SECTIONS:
-        # A section naming another class than the base's keeps only the base's keys that this class takes too (an
-        # optimizer's lr and weight_decay, not Adam's betas for SGD).
+        # A section naming another class than the base's keeps only the base's keys that this class's signature
+        # names too (an optimizer's lr and weight_decay, not Adam's betas for SGD; none for one taking **kwargs).
         value, base_value = override.get(section), base.get(section)
         if isinstance(value, DictConfig) and isinstance(base_value, DictConfig) and isinstance(value.get("name"), str):
             if value.name != base_value.get("name", DEFAULT_CLASS_NAMES[section]):
                 takes = inspect.signature(optim_class(section, value.name)).parameters
-                if not any(p.kind is p.VAR_KEYWORD for p in takes.values()):
-                    for key in [k for k in base_value if k not in takes]:
-                        base_value.pop(key)
+                for key in [k for k in base_value if k not in takes or takes[k].kind in (takes[k].VAR_POSITIONAL,
+                                                                                          takes[k].VAR_KEYWORD)]:
+                    base_value.pop(key)
     for section in COMPONENT_SECTIONS:
         value = override.get(section, "absent")
         if value is None or value is False or (isinstance(value, DictConfig) and len(value) == 0):
@@ -1032,8 +1032,8 @@ def _optim_lines() -> list[str]:
                           "installed, or a 'module:Class' path", "      ")
         if section == "optimizer":
             lines += _key_lines("optimizer.lr", "float", "required", "peak learning rate (the schedule scales it)")
-        lines += _wrapped(f"  {section}.*: the class's keyword arguments, checked against its signature; durations "
-                          "are Composer time strings (100ba, 0.1dur)", "")
+        lines += [f"  {section}.*", *_wrapped("the class's other keyword arguments, checked against its signature; "
+                                               "durations are Composer time strings (100ba, 0.1dur)", "      ")]
         lines.append("")
     return lines
 
