@@ -43,6 +43,7 @@ from composer_qsdp.shared_gpu import check_shared_gpu
 __all__ = [
     "ALGORITHMS",
     "CALLBACKS",
+    "CLASS_SECTIONS",
     "COMPONENT_SECTIONS",
     "LLM_FOUNDRY_ALIASES",
     "LLM_FOUNDRY_HINTS",
@@ -287,8 +288,8 @@ class ValidatedRecipe:
     algorithm_kwargs: dict[str, dict[str, Any]]
     logger_kwargs: dict[str, dict[str, Any]]
     callback_kwargs: dict[str, dict[str, Any]]
-    optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
-    scheduler_kwargs: dict[str, Any] = field(default_factory=dict)
+    optimizer_kwargs: dict[str, Any]
+    scheduler_kwargs: dict[str, Any]
 
 
 # ------------------------------------------------------------------------------------------------ loading
@@ -504,12 +505,13 @@ def _check_arguments(section: str, function: Callable[..., Any], kwargs: Mapping
                      reserved: Sequence[str] = ()) -> None:
     """``kwargs`` must be keyword arguments ``function`` (a class or function) accepts, none of ``reserved`` (the
     ones the recipe fills in itself); one that takes ``**kwargs`` checks them itself."""
-    parameters = [name for name in inspect.signature(function).parameters if name not in reserved]
+    signature = inspect.signature(function).parameters
+    parameters = [name for name in signature if name not in reserved]
     for key in kwargs:
         if key in reserved:
             raise RecipeError(f"recipe key '{section}.{key}' cannot be set: the recipe passes it; '{section}' takes: "
                               f"{', '.join(parameters)}")
-    if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(function).parameters.values()):
+    if any(p.kind is p.VAR_KEYWORD for p in signature.values()):
         return
     for key in kwargs:
         if key not in parameters:
@@ -540,9 +542,11 @@ def _unresolved(err: InterpolationResolutionError, key: str) -> RecipeError:
     where = err.full_key or key
     if key and not where.startswith(key):
         where = f"{key}.{where}"
-    return RecipeError(f"recipe key '{where}' cannot be resolved: {err.msg.splitlines()[0]} (an optimizer or "
-                       "scheduler section naming another class than its base's keeps only the base's keys that class "
-                       "takes; give the value itself)")
+    message = f"recipe key '{where}' cannot be resolved: {err.msg.splitlines()[0]}"
+    if any(f"'{section}." in err.msg for section in CLASS_SECTIONS):
+        message += (" (an optimizer or scheduler section naming another class than its base's keeps only the base's "
+                    "keys that class takes; give the value itself)")
+    return RecipeError(message)
 
 
 def _check_entry(key: str, value: Any) -> None:
@@ -604,7 +608,7 @@ def composer_components(section: str) -> dict[str, str]:
             if not (isinstance(cls, type) and issubclass(cls, base)) or cls is base:
                 continue
             snake = source.snake(class_name)
-            for name in (class_name, snake, snake.removesuffix(source.suffix) if source.suffix else snake):
+            for name in (class_name, snake, snake.removesuffix(source.suffix)):
                 names.setdefault(name, f"{module_name}:{class_name}")
     return names
 
@@ -790,14 +794,13 @@ def _class_section(cfg: DictConfig, section: str) -> tuple[dict[str, Any], Any]:
                           + ("; an optimizer's lr is always required)" if section == "optimizer" else ")"))
     kwargs = {k: _typed(f"{section}.{k}", parameters.get(k), v) for k, v in options.items()}
     for k, v in kwargs.items():
-        check = _SAME_MEANING.get(f"{section}.{k}")
-        shown = list(v) if isinstance(v, tuple) else v
+        check, allowed = _SAME_MEANING.get(f"{section}.{k}", (None, ""))
         if check is not None:
             try:
-                ok = check[0](v) if _is_number(v) or isinstance(v, tuple) else False
-            except TypeError:
+                ok = (_is_number(v) or isinstance(v, tuple)) and check(v)
+            except TypeError:  # a tuple of other things
                 ok = False
-            _check(ok, f"{section}.{k}", shown, check[1])
+            _check(ok, f"{section}.{k}", list(v) if isinstance(v, tuple) else v, allowed)
     try:
         with warnings.catch_warnings():  # advice on the values (Composer's on weight decay) comes when training
             warnings.simplefilter("ignore")
