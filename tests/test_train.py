@@ -155,7 +155,7 @@ def test_two_processes_qsdp_resume_reproduces_losses(wiki_shards, tmp_path):
 # ------------------------------------------------------------------------------------------- bad recipes
 @pytest.mark.parametrize("overrides, message", [
     (["optimzer.lr=1"], "unknown recipe key 'optimzer'"),
-    (["optimizer.lrr=1"], "unknown recipe key 'optimizer.lrr'"),
+    (["optimizer.lrr=1"], "recipe key 'optimizer.lrr' is unknown; did you mean 'lr'?; 'optimizer' takes: lr, betas"),
     (["global_train_batch_size=lots"], "recipe key 'global_train_batch_size' has the wrong type"),
     (["precision=amp_bf16"], "recipe key 'precision' = 'amp_bf16' is invalid; Composer trains on CPU in fp32"),
     (["device=tpu"], "recipe key 'device' = 'tpu' is invalid; allowed: cpu, gpu"),
@@ -196,7 +196,8 @@ def test_two_processes_qsdp_resume_reproduces_losses(wiki_shards, tmp_path):
     (["fsdp.sharding_strategy=FULL_SHARD"], "here: fsdp.reshard_after_forward (true: FULL_SHARD"),
     (["algorithms.gradient_clipping.clipping_threshold=1"], "here: grad_clip_norm"),
     (["algorithms.qsdpp.weight_bits=8"], "known algorithms: qsdp, zero_one_adam; did you mean 'qsdp'?"),
-    (["optimizer.name=sgd"], "recipe key 'optimizer.name' = 'sgd' is invalid; allowed: decoupled_adamw, adamw"),
+    (["optimizer.name=sgdd"], "recipe key 'optimizer.name' = 'sgdd' is invalid: no optimizer of that name; did you "
+                              "mean 'sgd'?; known: adadelta"),
     (["scheduler.name=cosine_warmup"], "did you mean 'cosine_with_warmup'?"),
     (["model.name=hf_causl_lm"], "'model.name' = 'hf_causl_lm' is invalid; did you mean 'hf_causal_lm'?"),
     (["model.n_layer=2"], "unknown GPT config field(s) n_layer; did you mean 'n_layers'?"),
@@ -254,19 +255,27 @@ def test_progress_bar_only_on_a_terminal_by_default(progress_bar, log_to_console
     assert (defaults.progress_bar, defaults.log_to_console) == (None, None)
 
 
-def test_every_named_optimizer_and_schedule_takes_the_sections_keys():
-    """Each name builds with exactly the keys its section has (no key silently dropped)."""
-    from composer_qsdp.recipes.loader import OPTIMIZERS, SCHEDULERS, load_class
+def test_every_named_optimizer_and_schedule_keeps_the_recipe_defaults(tmp_path):
+    """The recipe's own names build their class with the recipe's defaults for the keys a section leaves out (the
+    paper's Adam settings, a 100-batch warm-up to 0.1 x lr), and with the section's keys where it gives them."""
+    from composer.core import Time
 
-    params = [torch.nn.Parameter(torch.zeros(2))]
-    for name, target in OPTIMIZERS.items():
-        optimizer = load_class(target)(params, lr=0.1, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.01)
-        assert optimizer.defaults["betas"] == (0.8, 0.9) and optimizer.defaults["eps"] == 1e-6, name
-    for name, target in SCHEDULERS.items():
-        schedule = load_class(target)(t_warmup="5ba", alpha_f=0.25)
-        assert (str(schedule.t_warmup), schedule.alpha_f) == ("5ba", 0.25), name
-    recipe = load_recipe(BASELINE, ["optimizer.name=adamw", "scheduler.name=linear_decay_with_warmup"])
-    assert (recipe.cfg.optimizer.name, recipe.cfg.scheduler.name) == ("adamw", "linear_decay_with_warmup")
+    from composer_qsdp.recipes.loader import OPTIMIZERS, SCHEDULERS, build_optimizer, build_scheduler, load_class
+
+    (tmp_path / "bare.yaml").write_text("model: {preset: tiny}\ndata: {local: x}\nmax_duration: 8ba\n"
+                                        "global_train_batch_size: 8\noptimizer: {lr: 0.1}\n")
+    for name, builder in OPTIMIZERS.items():
+        recipe = load_recipe(tmp_path / "bare.yaml", [f"optimizer.name={name}"])
+        optimizer = build_optimizer(recipe, [torch.nn.Parameter(torch.zeros(2))])
+        assert type(optimizer) is load_class(builder.target), name
+        assert (optimizer.defaults["lr"], optimizer.defaults["betas"], optimizer.defaults["eps"],
+                optimizer.defaults["weight_decay"]) == (0.1, (0.9, 0.95), 1e-8, 0.0), name
+        given = load_recipe(tmp_path / "bare.yaml", [f"optimizer.name={name}", "optimizer.betas=[0.8,0.9]"])
+        assert build_optimizer(given, [torch.nn.Parameter(torch.zeros(2))]).defaults["betas"] == (0.8, 0.9), name
+    for name, builder in SCHEDULERS.items():
+        schedule = build_scheduler(load_recipe(tmp_path / "bare.yaml", [f"scheduler.name={name}"]))
+        assert type(schedule) is load_class(builder.target), name
+        assert (schedule.t_warmup, schedule.alpha_f) == (Time(100, "ba"), 0.1), name
 
 
 def test_logger_without_its_package_names_the_extra():
@@ -324,9 +333,12 @@ def test_help_lists_every_key_without_importing_torch():
 
 def test_missing_keys_and_base_loops(tmp_path):
     (tmp_path / "partial.yaml").write_text("model: {preset: tiny}\ndata: {local: x}\n")
-    with pytest.raises(RecipeError, match="missing required key.*global_train_batch_size, max_duration, "
-                                          "optimizer.lr"):
+    with pytest.raises(RecipeError, match="missing required key.*: global_train_batch_size, max_duration$"):
         load_recipe(tmp_path / "partial.yaml")
+    with pytest.raises(RecipeError, match=r"missing required key\(s\): optimizer.lr \(the keyword arguments of "
+                                          "optimizer.name 'decoupled_adamw' without a default; an optimizer's lr is "
+                                          "always required"):
+        load_recipe(tmp_path / "partial.yaml", ["global_train_batch_size=8", "max_duration=8ba"])
     (tmp_path / "a.yaml").write_text("base: b.yaml\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")
     with pytest.raises(RecipeError, match="base chain loops"):

@@ -4,8 +4,8 @@ A recipe is checked against :class:`TrainRecipe` (unknown keys, missing values, 
 semantically (value ranges, model, durations, loggers, callbacks, algorithm arguments, batch size vs world size)
 before anything is built; every problem raises :class:`RecipeError` naming the key and what is allowed.
 
-llm-foundry's spellings are accepted where the meaning is the same (``fsdp_config``, ``optimizer.name:
-decoupled_adamw``, ``model.name: hf_causal_lm`` with its keys, the ``loggers``/``callbacks`` names); the others
+llm-foundry's spellings are accepted where the meaning is the same (``fsdp_config``, the ``optimizer`` and
+``scheduler`` sections, ``model.name: hf_causal_lm`` with its keys, the ``loggers``/``callbacks`` names); the others
 are refused with the key to write instead (:data:`LLM_FOUNDRY_HINTS`).
 
 Importing this module loads only omegaconf, so ``--help`` answers at once; checks that need Composer or
@@ -25,13 +25,15 @@ import re
 import tempfile
 import textwrap
 import typing
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException, ValidationError
 
 from composer_qsdp._names import did_you_mean
 from composer_qsdp.recipes.models.config import GPT_PRESETS, GPTConfig, gpt_config
@@ -42,6 +44,7 @@ from composer_qsdp.validate import SEED_BITS
 __all__ = [
     "ALGORITHMS",
     "CALLBACKS",
+    "CLASS_SECTIONS",
     "COMPONENT_SECTIONS",
     "LLM_FOUNDRY_ALIASES",
     "LLM_FOUNDRY_HINTS",
@@ -49,14 +52,19 @@ __all__ = [
     "MODELS",
     "Builder",
     "RecipeError",
+    "OPTIMIZERS",
+    "SCHEDULERS",
     "TrainRecipe",
     "ValidatedRecipe",
     "build_algorithm",
+    "build_optimizer",
+    "build_scheduler",
     "check_machine",
     "component_class",
     "composer_components",
     "load_class",
     "load_recipe",
+    "optim_class",
     "recipe_help",
 ]
 
@@ -75,11 +83,13 @@ _NEEDS_DDP = frozenset({"zero_one_adam"})
 
 @dataclass(frozen=True)
 class Builder:
-    """A Composer class a recipe section names: ``target`` is "module:Class"; ``package`` the optional package
-    it needs (installed by Composer's extra of the same name), if any."""
+    """A class a recipe section names: ``target`` is "module:Class"; ``package`` the optional package it needs
+    (installed by Composer's extra of the same name), if any; ``defaults`` the recipe's values of keyword arguments
+    the section leaves out, where they differ from the class's own."""
 
     target: str
     package: Optional[str] = None
+    defaults: Mapping[str, Any] = field(default_factory=dict)
 
 
 #: Composer loggers a recipe can enable under ``loggers: {name: {kwargs}}`` (llm-foundry's names, plus ``file``).
@@ -123,26 +133,37 @@ DEVICES = ("cpu", "gpu")
 PRECISIONS = ("fp32", "amp_bf16", "amp_fp16")
 FSDP_MIXED_PRECISION = ("DEFAULT", "PURE", "FULL")
 FSDP_STATE_DICT_TYPES = ("sharded", "full")
-#: Optimizers by name: Composer's (llm-foundry's names) and torch's Adam family, all taking the optimizer section's
-#: lr, betas, eps and weight_decay.
-OPTIMIZERS: dict[str, str] = {
-    "decoupled_adamw": "composer.optim:DecoupledAdamW",
-    "adamw": "torch.optim:AdamW",
-    "adam": "torch.optim:Adam",
-    "nadam": "torch.optim:NAdam",
-    "radam": "torch.optim:RAdam",
-    "adamax": "torch.optim:Adamax",
+# The recipe's defaults for the Adam family are the paper recipes' settings (yamls/base/paper-gpt.yaml); torch's own
+# (AdamW: beta2 0.999, weight decay 0.01) would change a recipe that names AdamW without them.
+_ADAM_DEFAULTS = MappingProxyType({"betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0})
+_WARMUP_DEFAULTS = MappingProxyType({"t_warmup": "100ba", "alpha_f": 0.1})
+#: Optimizers by the recipe's own names (llm-foundry's ``decoupled_adamw``; torch's Adam family), with the recipe's
+#: defaults. ``optimizer.name`` also takes every other optimizer class of composer.optim and torch.optim by its
+#: name or snake-case name, llm-foundry's registered names where it is installed, and "module:Class" paths.
+OPTIMIZERS: dict[str, Builder] = {
+    "decoupled_adamw": Builder("composer.optim:DecoupledAdamW", defaults=_ADAM_DEFAULTS),
+    "adamw": Builder("torch.optim:AdamW", defaults=_ADAM_DEFAULTS),
+    "adam": Builder("torch.optim:Adam", defaults=_ADAM_DEFAULTS),
+    "nadam": Builder("torch.optim:NAdam", defaults=_ADAM_DEFAULTS),
+    "radam": Builder("torch.optim:RAdam", defaults=_ADAM_DEFAULTS),
+    "adamax": Builder("torch.optim:Adamax", defaults=_ADAM_DEFAULTS),
 }
-#: Schedules by name (llm-foundry's names): Composer's warm-up schedules taking t_warmup and alpha_f.
-SCHEDULERS: dict[str, str] = {
-    "cosine_with_warmup": "composer.optim:CosineAnnealingWithWarmupScheduler",
-    "linear_decay_with_warmup": "composer.optim:LinearWithWarmupScheduler",
-    "polynomial_with_warmup": "composer.optim:PolynomialWithWarmupScheduler",
+#: Schedules by llm-foundry's names of Composer's warm-up schedules, with the recipe's defaults. ``scheduler.name``
+#: also takes every other schedule class of composer.optim by its name or snake-case name (``step``,
+#: ``multi_step``, ``constant``, ...), llm-foundry's registered names where it is installed, and "module:Class".
+SCHEDULERS: dict[str, Builder] = {
+    "cosine_with_warmup": Builder("composer.optim:CosineAnnealingWithWarmupScheduler", defaults=_WARMUP_DEFAULTS),
+    "linear_decay_with_warmup": Builder("composer.optim:LinearWithWarmupScheduler", defaults=_WARMUP_DEFAULTS),
+    "polynomial_with_warmup": Builder("composer.optim:PolynomialWithWarmupScheduler", defaults=_WARMUP_DEFAULTS),
 }
+#: ``optimizer.name`` and ``scheduler.name`` where a recipe leaves them out.
+DEFAULT_CLASS_NAMES = {"optimizer": "decoupled_adamw", "scheduler": "cosine_with_warmup"}
 # max_duration in 'dur' is circular; Composer refuses it.
 MAX_DURATION_UNITS = ("ep", "iter", "ba", "sp", "tok")
 
 
+#: The sections that name one class (``name``) and give its keyword arguments (the other keys).
+CLASS_SECTIONS = ("optimizer", "scheduler")
 #: The sections that map a component's name to its keyword arguments. Within one, ``name: {...}`` enables the
 #: component (``{}``: its defaults; a base recipe's arguments are merged with these), ``name: null`` or ``name: false``
 #: switches off one that a base recipe enabled; the section itself set to ``{}`` (or null) in a recipe or on the
@@ -174,28 +195,6 @@ class DataSettings:
 
 
 @dataclass
-class OptimizerSettings:
-    """Decoupled AdamW (Composer's ``DecoupledAdamW``)."""
-
-    name: str = _key("decoupled_adamw", f"the optimizer: {', '.join(OPTIMIZERS)} (Composer's DecoupledAdamW by "
-                                        "llm-foundry's name, or torch.optim's class)")
-    lr: float = _key(doc="peak learning rate")
-    betas: list[float] = _key(doc="Adam's betas", factory=lambda: [0.9, 0.95])
-    eps: float = _key(1e-8, "Adam's epsilon")
-    weight_decay: float = _key(0.0, "decoupled weight decay")
-
-
-@dataclass
-class SchedulerSettings:
-    """Linear warm-up, then cosine decay to ``alpha_f * lr`` at the end of training."""
-
-    name: str = _key("cosine_with_warmup", f"the schedule after a linear warm-up: {', '.join(SCHEDULERS)} "
-                                           "(llm-foundry's names of Composer's schedulers)")
-    t_warmup: str = _key("100ba", "warm-up duration")
-    alpha_f: float = _key(0.1, "final learning rate as a fraction of optimizer.lr")
-
-
-@dataclass
 class FSDPSettings:
     """Composer ``FSDP2Config`` fields (FSDP2 is always used when this section is present)."""
 
@@ -215,13 +214,15 @@ class TrainRecipe:
     """Schema of a training recipe; the YAML's keys and types must match it.
 
     Durations are Composer time strings (``"4800ba"``, ``"1ep"``, ``"2500000000tok"``). ``model`` names a model
-    of :data:`MODELS` and its settings; ``loggers``, ``callbacks`` and ``algorithms`` map a name of
-    :data:`LOGGERS`, :data:`CALLBACKS`, :data:`ALGORITHMS` to the keyword arguments of its class.
+    of :data:`MODELS` and its settings; ``optimizer`` and ``scheduler`` name a class (:func:`optim_class`) and give
+    its keyword arguments; ``loggers``, ``callbacks`` and ``algorithms`` map a name of :data:`LOGGERS`,
+    :data:`CALLBACKS`, :data:`ALGORITHMS` to the keyword arguments of its class.
     """
 
     model: dict[str, Any] = _key(doc="the model: see 'model' below")
     data: DataSettings = _key(factory=DataSettings)
-    optimizer: OptimizerSettings = _key(factory=OptimizerSettings)
+    optimizer: dict[str, Any] = _key(doc="the optimizer: its name and keyword arguments, see 'optimizer' below",
+                                     factory=lambda: {"name": DEFAULT_CLASS_NAMES["optimizer"]})
     max_duration: str = _key(doc="training duration, > 0, in ep, iter, ba, sp or tok")
     global_train_batch_size: int = _key(doc="samples per optimizer step, all processes together")
     device_train_microbatch_size: Optional[int] = _key(None, "samples per forward/backward; null: the whole "
@@ -235,7 +236,9 @@ class TrainRecipe:
                                    "GPU over gloo (numerics of one GPU per rank, timings no network's), only when "
                                    "the GPUs are too few; true always does; false refuses (NCCL, a GPU per rank)")
     precision: str = _key("fp32", f"one of {', '.join(PRECISIONS)} (fp32 only on cpu)")
-    scheduler: SchedulerSettings = _key(factory=SchedulerSettings)
+    scheduler: dict[str, Any] = _key(doc="the learning-rate schedule: its name and keyword arguments, see "
+                                         "'scheduler' below",
+                                     factory=lambda: {"name": DEFAULT_CLASS_NAMES["scheduler"]})
     grad_clip_norm: Optional[float] = _key(1.0, "clip the global gradient L2 norm to this; null: no clipping")
     fsdp: Optional[FSDPSettings] = _key(doc="FSDP2 sharding (llm-foundry: fsdp_config); null: none (DDP or one "
                                             "process)", factory=FSDPSettings)
@@ -273,6 +276,10 @@ class ValidatedRecipe:
         algorithm_kwargs: name -> keyword arguments of each enabled algorithm.
         logger_kwargs: name -> keyword arguments of each enabled logger.
         callback_kwargs: name -> keyword arguments of each enabled callback.
+        optimizer_kwargs: the keyword arguments of the optimizer ``cfg.optimizer.name`` besides its parameters, in
+            the types its signature names (tuples, floats).
+        scheduler_kwargs: the keyword arguments of the schedule ``cfg.scheduler.name``, durations as Composer
+            ``Time``.
     """
 
     cfg: DictConfig
@@ -280,6 +287,8 @@ class ValidatedRecipe:
     algorithm_kwargs: dict[str, dict[str, Any]]
     logger_kwargs: dict[str, dict[str, Any]]
     callback_kwargs: dict[str, dict[str, Any]]
+    optimizer_kwargs: dict[str, Any]
+    scheduler_kwargs: dict[str, Any]
 
 
 # ------------------------------------------------------------------------------------------------ loading
@@ -318,6 +327,16 @@ def _load_yaml(path: Path, chain: tuple[Path, ...] = ()) -> DictConfig:
 def _merge_sources(base: DictConfig, override: DictConfig) -> DictConfig:
     """``override`` (a recipe, or the command line) merged onto ``base``; a section of :data:`COMPONENT_SECTIONS`
     that ``override`` sets to ``{}``, null or false replaces the base's with an empty one instead of merging."""
+    for section in CLASS_SECTIONS:
+        # A section naming another class than the base's keeps only the base's keys that this class's signature
+        # names too (an optimizer's lr and weight_decay, not Adam's betas for SGD; none for one taking **kwargs).
+        value, base_value = override.get(section), base.get(section)
+        if isinstance(value, DictConfig) and isinstance(base_value, DictConfig) and isinstance(value.get("name"), str):
+            if value.name != base_value.get("name", DEFAULT_CLASS_NAMES[section]):
+                takes = inspect.signature(optim_class(section, value.name)).parameters
+                for key in [k for k in base_value if k not in takes or takes[k].kind in (takes[k].VAR_POSITIONAL,
+                                                                                          takes[k].VAR_KEYWORD)]:
+                    base_value.pop(key)
     for section in COMPONENT_SECTIONS:
         value = override.get(section, "absent")
         if value is None or value is False or (isinstance(value, DictConfig) and len(value) == 0):
@@ -382,8 +401,13 @@ def load_recipe(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Valid
     """
     raw = _merge_sources(_load_yaml(Path(path)), _cli_overrides(overrides))
     cfg = _merge_schema(raw)
+    for section in CLASS_SECTIONS:  # before any interpolation (``${scheduler.t_warmup}``) is resolved
+        _add_defaults(cfg, section)
     # Merging never lets '???' replace a schema default, so look for it in the recipe as written too.
-    missing = sorted(OmegaConf.missing_keys(raw) | OmegaConf.missing_keys(cfg))
+    try:
+        missing = sorted(OmegaConf.missing_keys(raw) | OmegaConf.missing_keys(cfg))
+    except InterpolationResolutionError as err:
+        raise _unresolved(err, "") from None
     if missing:
         raise RecipeError(f"recipe is missing required key(s): {', '.join(missing)}")
     return _validate(cfg)
@@ -395,17 +419,19 @@ def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
         raise RecipeError(f"recipe key '{key}' = {value!r} is invalid; {allowed}")
 
 
-def _check_time(key: str, value: str, *, positive: bool, units: Sequence[str] | None = None) -> None:
-    """``value`` must be a Composer duration, > 0 (``positive``) or >= 0, in one of ``units`` when given."""
+def _check_time(key: str, value: Any, *, positive: bool, units: Sequence[str] | None = None) -> Any:
+    """``value`` must be a Composer duration, > 0 (``positive``) or >= 0, in one of ``units`` when given; returns
+    it as Composer's ``Time``."""
     from composer.core import Time
 
     try:
-        time = Time.from_timestring(value)
-    except (ValueError, TypeError):
+        time = value if isinstance(value, Time) else Time.from_timestring(value)
+    except (ValueError, TypeError, AttributeError):
         raise RecipeError(f"recipe key '{key}' = {value!r} is not a duration; use e.g. 4800ba, 1ep, "
                           "2500000000tok") from None
     _check(time.value > 0 if positive else time.value >= 0, key, value, f"it must be {'>' if positive else '>='} 0")
     _check(units is None or time.unit.value in units, key, value, f"its unit must be one of {', '.join(units or ())}")
+    return time
 
 
 def check_machine(recipe: ValidatedRecipe) -> None:
@@ -474,11 +500,17 @@ def build_algorithm(name: str, kwargs: dict[str, Any]) -> Any:
         raise RecipeError(f"recipe section 'algorithms.{name}' is invalid: {err}") from None
 
 
-def _check_arguments(section: str, function: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
-    """``kwargs`` must be keyword arguments ``function`` (a class or function) accepts; one that takes
-    ``**kwargs`` checks them itself."""
-    parameters = inspect.signature(function).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+def _check_arguments(section: str, function: Callable[..., Any], kwargs: Mapping[str, Any],
+                     reserved: Sequence[str] = ()) -> None:
+    """``kwargs`` must be keyword arguments ``function`` (a class or function) accepts, none of ``reserved`` (the
+    ones the recipe fills in itself); one that takes ``**kwargs`` checks them itself."""
+    signature = inspect.signature(function).parameters
+    parameters = [name for name in signature if name not in reserved]
+    for key in kwargs:
+        if key in reserved:
+            raise RecipeError(f"recipe key '{section}.{key}' cannot be set: the recipe passes it; '{section}' takes: "
+                              f"{', '.join(parameters)}")
+    if any(p.kind is p.VAR_KEYWORD for p in signature.values()):
         return
     for key in kwargs:
         if key not in parameters:
@@ -493,7 +525,27 @@ def _entry_kwargs(key: str, value: Any) -> dict | None:
     if value is True:
         return {}
     _check_entry(key, value)
-    return OmegaConf.to_container(value, resolve=True)
+    return _resolved(key, value)
+
+
+def _resolved(key: str, value: DictConfig) -> dict:
+    """``value`` (the recipe's ``key``) as a plain dict with its interpolations resolved."""
+    try:
+        return OmegaConf.to_container(value, resolve=True)
+    except InterpolationResolutionError as err:
+        raise _unresolved(err, key) from None
+
+
+def _unresolved(err: InterpolationResolutionError, key: str) -> RecipeError:
+    """The error of an interpolation in ``key`` (or below it) that cannot be resolved, naming the key that holds it."""
+    where = err.full_key or key
+    if key and not where.startswith(key):
+        where = f"{key}.{where}"
+    message = f"recipe key '{where}' cannot be resolved: {err.msg.splitlines()[0]}"
+    if any(f"'{section}." in err.msg for section in CLASS_SECTIONS):
+        message += (" (an optimizer or scheduler section naming another class than its base's keeps only the base's "
+                    "keys that class takes; give the value itself)")
+    return RecipeError(message)
 
 
 def _check_entry(key: str, value: Any) -> None:
@@ -503,45 +555,75 @@ def _check_entry(key: str, value: Any) -> None:
                           "({} for the defaults), or null (or false) to switch off one that a base recipe enabled")
 
 
-#: The Composer module whose public classes a section's names resolve to, and the base class they must have.
-_COMPOSER_SECTIONS = {"loggers": ("composer.loggers", "LoggerDestination"),
-                      "callbacks": ("composer.callbacks", "Callback")}
-#: The llm-foundry registry of each section, where llm-foundry is installed (its entry points included).
-_LLM_FOUNDRY_REGISTRIES = {"loggers": "loggers", "callbacks": "callbacks"}
-
-
 def _snake(class_name: str) -> str:
     """``SpeedMonitor`` -> ``speed_monitor``, ``MLFlowLogger`` -> ``mlflow_logger``, ``LRMonitor`` -> ``lr_monitor``."""
     return re.sub(r"(?<!^)(?=[A-Z][a-z])", "_", class_name).lower()
 
 
-def composer_components(section: str) -> dict[str, str]:
-    """Every public Composer class of ``section`` (``"loggers"`` or ``"callbacks"``) by recipe name -> "module:Class".
+def _word_snake(class_name: str) -> str:
+    """``DecoupledSGDW`` -> ``decoupled_sgdw``, ``NAdam`` -> ``nadam``, ``MultiStepScheduler`` ->
+    ``multi_step_scheduler``: a word starts only at a capital after a lowercase letter, so that optimizers'
+    acronyms stay whole."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z][a-z])|(?<=[a-z])(?=[A-Z]{2})", "_", class_name).lower()
 
-    A class answers to its own name (``EarlyStopper``) and its snake-case name (``early_stopper``); a logger also
-    without its ``_logger`` suffix (``tensorboard``, ``wandb``, ``mlflow``, ``in_memory``)."""
-    module_name, base_name = _COMPOSER_SECTIONS[section]
-    module = importlib.import_module(module_name)
-    base = getattr(importlib.import_module("composer.core" if section == "callbacks" else "composer.loggers"),
-                   base_name)
+
+@dataclass(frozen=True)
+class _ClassSource:
+    """Where a section's names resolve beyond this package's tables: the public classes of ``modules`` derived from
+    ``base`` ("module:Class"), by their name and ``snake`` name, also without ``suffix``."""
+
+    modules: tuple[str, ...]
+    base: str
+    suffix: str
+    snake: Callable[[str], str]
+
+
+_COMPOSER_SECTIONS = {
+    "loggers": _ClassSource(("composer.loggers",), "composer.loggers:LoggerDestination", "_logger", _snake),
+    "callbacks": _ClassSource(("composer.callbacks",), "composer.core:Callback", "", _snake),
+    "optimizer": _ClassSource(("composer.optim", "torch.optim"), "torch.optim:Optimizer", "", _word_snake),
+    "scheduler": _ClassSource(("composer.optim",), "composer.optim:ComposerScheduler", "_scheduler", _word_snake),
+}
+#: The llm-foundry registry of each section, where llm-foundry is installed (its entry points included).
+_LLM_FOUNDRY_REGISTRIES = {"loggers": "loggers", "callbacks": "callbacks", "optimizer": "optimizers",
+                           "scheduler": "schedulers"}
+
+
+def composer_components(section: str) -> dict[str, str]:
+    """Every public class of ``section`` by recipe name -> "module:Class": Composer's loggers (``"loggers"``) or
+    callbacks (``"callbacks"``), the optimizers of composer.optim and torch.optim (``"optimizer"``), Composer's
+    schedules (``"scheduler"``).
+
+    A class answers to its own name (``EarlyStopper``, ``StepScheduler``) and its snake-case name
+    (``early_stopper``, ``step_scheduler``), also without the section's suffix (``tensorboard``, ``wandb``,
+    ``in_memory``; ``step``, ``multi_step``, ``cosine_annealing_with_warmup``)."""
+    source = _COMPOSER_SECTIONS[section]
+    base = load_class(source.base)
     names: dict[str, str] = {}
-    for class_name in getattr(module, "__all__", ()):
-        cls = getattr(module, class_name, None)
-        if not (isinstance(cls, type) and issubclass(cls, base)) or cls is base:
-            continue
-        target = f"{module_name}:{class_name}"
-        snake = _snake(class_name)
-        for name in (class_name, snake, snake.removesuffix("_logger") if section == "loggers" else snake):
-            names.setdefault(name, target)
+    for module_name in source.modules:
+        module = importlib.import_module(module_name)
+        for class_name in getattr(module, "__all__", ()):
+            cls = getattr(module, class_name, None)
+            if not (isinstance(cls, type) and issubclass(cls, base)) or cls is base:
+                continue
+            snake = source.snake(class_name)
+            for name in (class_name, snake, snake.removesuffix(source.suffix)):
+                names.setdefault(name, f"{module_name}:{class_name}")
     return names
+
+
+def _llm_foundry_registry(section: str) -> Any:
+    """llm-foundry's registry of ``section`` (its entry points included), or None where llm-foundry is not
+    installed."""
+    if importlib.util.find_spec("llmfoundry") is None:
+        return None
+    return getattr(importlib.import_module("llmfoundry.registry"), _LLM_FOUNDRY_REGISTRIES[section])
 
 
 def _llm_foundry_component(section: str, name: str) -> type | None:
     """The class llm-foundry's registry holds under ``name``, where llm-foundry is installed."""
-    if importlib.util.find_spec("llmfoundry") is None:
-        return None
-    registry = getattr(importlib.import_module("llmfoundry.registry"), _LLM_FOUNDRY_REGISTRIES[section])
-    return registry.get(name) if name in registry.get_all() else None
+    registry = _llm_foundry_registry(section)
+    return registry.get(name) if registry is not None and name in registry.get_all() else None
 
 
 def component_class(section: str, name: str) -> type:
@@ -590,6 +672,160 @@ def _component_kwargs(section: str, name: str, value: Any) -> dict | None:
     return kwargs
 
 
+def optim_class(section: str, name: str) -> Callable[..., Any]:
+    """The class (or factory) that the recipe's ``optimizer`` or ``scheduler`` section names with ``name``.
+
+    Looked up in order: this package's names (:data:`OPTIMIZERS`, :data:`SCHEDULERS`), a ``"module:Class"`` path,
+    llm-foundry's ``optimizers`` or ``schedulers`` registry where llm-foundry is installed (packages add to it
+    through ``llmfoundry_optimizers`` / ``llmfoundry_schedulers`` entry points), every public optimizer class of
+    composer.optim and torch.optim or schedule class of composer.optim (:func:`composer_components`).
+
+    Raises:
+        RecipeError: no such name (with a suggestion and the known names), or a path cannot be imported.
+    """
+    key = f"{section}.name"
+    table = OPTIMIZERS if section == "optimizer" else SCHEDULERS
+    if name in table:
+        return load_class(table[name].target)
+    if ":" in name:
+        try:
+            return load_class(name)
+        except (ImportError, AttributeError, ValueError) as err:
+            raise RecipeError(f"recipe key '{key}' = {name!r}: cannot import it ('module:Class'): {err}") from None
+    registry = _llm_foundry_registry(section)
+    if registry is not None and name in registry.get_all():
+        return registry.get(name)
+    composer = composer_components(section)
+    if name in composer:
+        return load_class(composer[name])
+    suffix = _COMPOSER_SECTIONS[section].suffix
+    known = sorted({*table, *(n for n in composer if n.islower() and not (suffix and n.endswith(suffix))),
+                    *(registry.get_all() if registry is not None else ())})
+    foundry = "" if registry is not None else "llm-foundry's registered names where it is installed, "
+    kind = "schedule" if section == "scheduler" else section
+    raise RecipeError(f"recipe key '{key}' = {name!r} is invalid: no {kind} of that name{did_you_mean(name, known)}; "
+                      f"known: {', '.join(known)} (or the class names), {foundry}or a 'module:Class' path")
+
+
+#: Keys that mean the same to every optimizer or schedule that takes them: the check and what is allowed.
+_SAME_MEANING: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "optimizer.lr": (lambda v: 0 < v < math.inf, "it must be a finite number > 0"),
+    "optimizer.eps": (lambda v: 0 < v < math.inf, "it must be a finite number > 0"),
+    "optimizer.weight_decay": (lambda v: 0 <= v < math.inf, "it must be a finite number >= 0"),
+    "optimizer.betas": (lambda v: len(v) == 2 and all(_is_number(b) and 0 <= b < 1 for b in v),
+                        "it must be two numbers in [0, 1)"),
+    "scheduler.alpha_f": (lambda v: 0 <= v <= 1, "it must be in [0, 1]"),
+}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _typed(key: str, parameter: inspect.Parameter | None, value: Any) -> Any:
+    """The recipe value ``value`` of ``key`` in the type that ``parameter``'s annotation names: Composer durations
+    (one or a list) as ``Time``, a list as a tuple, an integer or a number's text as a float; else as it is."""
+    if parameter is None:  # a **kwargs argument: the class checks it
+        return value
+    hint = parameter.annotation
+    text = hint if isinstance(hint, str) else repr(hint)
+    if re.search(r"\bTime\b", text):
+        if isinstance(value, (list, tuple)):
+            return [_check_time(f"{key}[{i}]", v, positive=False) for i, v in enumerate(value)]
+        return _check_time(key, value, positive=False)
+    if isinstance(value, list) and ("tuple" in text.lower() or isinstance(parameter.default, tuple)):
+        return tuple(value)
+    if re.search(r"\bfloat\b", text) and (isinstance(value, int) and not isinstance(value, bool)
+                                          or isinstance(value, str) and not re.search(r"\bstr\b", text)):
+        try:
+            return float(value)
+        except ValueError:
+            raise RecipeError(f"recipe key '{key}' = {value!r} is invalid; it must be a number") from None
+    return value
+
+
+def _add_defaults(cfg: DictConfig, section: str) -> None:
+    """Add to the ``optimizer`` or ``scheduler`` section (``section``) of ``cfg`` its name's recipe defaults
+    (:data:`OPTIMIZERS`, :data:`SCHEDULERS`) for the keys it leaves out."""
+    name = cfg[section].get("name", DEFAULT_CLASS_NAMES[section])
+    _check(isinstance(name, str), f"{section}.name", name, "it must be a name or a 'module:Class' path")
+    optim_class(section, name)  # an unknown name is the error to report, not what interpolating its keys then finds
+    table = OPTIMIZERS if section == "optimizer" else SCHEDULERS
+    cfg[section]["name"] = name
+    for key, value in (table[name].defaults if name in table else {}).items():
+        if key not in cfg[section]:
+            cfg[section][key] = value
+
+
+def _class_section(cfg: DictConfig, section: str) -> tuple[dict[str, Any], Any]:
+    """Check the recipe's ``optimizer`` or ``scheduler`` section (``section``) against the class it names.
+
+    Returns:
+        The class's keyword arguments in its types (an optimizer's besides its parameters), and the optimizer built
+        on a one-element parameter, or the schedule.
+
+    Raises:
+        RecipeError: an unknown name, an argument the class does not take or needs, a value it refuses.
+    """
+    import torch
+
+    options = _resolved(section, cfg[section])
+    name = options.pop("name")
+    cls = optim_class(section, name)
+    if isinstance(cls, type) and section == "optimizer":
+        _check(issubclass(cls, torch.optim.Optimizer), "optimizer.name", name,
+               f"it names {cls.__name__}, not a torch.optim.Optimizer")
+    elif isinstance(cls, type):
+        _check(not issubclass(cls, torch.optim.lr_scheduler.LRScheduler), "scheduler.name", name,
+               "it is a torch LRScheduler, which is built on the optimizer; name a Composer schedule (composer.optim: "
+               "step, multi_step, exponential, ...)")
+    reserved = ("params",) if section == "optimizer" else ()
+    _check_arguments(section, cls, options, reserved)
+    parameters = inspect.signature(cls).parameters
+    required = [p for p in parameters.values() if p.default is p.empty and p.name not in reserved
+                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    missing = [p.name for p in required if p.name not in options]
+    if section == "optimizer" and "lr" in parameters and "lr" not in options:
+        missing.append("lr")
+    if missing:
+        raise RecipeError(f"recipe is missing required key(s): {', '.join(f'{section}.{k}' for k in missing)} (the "
+                          f"keyword arguments of {section}.name {name!r} without a default"
+                          + ("; an optimizer's lr is always required)" if section == "optimizer" else ")"))
+    kwargs = {k: _typed(f"{section}.{k}", parameters.get(k), v) for k, v in options.items()}
+    for k, v in kwargs.items():
+        check, allowed = _SAME_MEANING.get(f"{section}.{k}", (None, ""))
+        if check is not None:
+            try:
+                ok = (_is_number(v) or isinstance(v, tuple)) and check(v)
+            except TypeError:  # a tuple of other things
+                ok = False
+            _check(ok, f"{section}.{k}", list(v) if isinstance(v, tuple) else v, allowed)
+    try:
+        with warnings.catch_warnings():  # advice on the values (Composer's on weight decay) comes when training
+            warnings.simplefilter("ignore")
+            built = cls([torch.nn.Parameter(torch.zeros(1))], **kwargs) if section == "optimizer" else cls(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise RecipeError(f"recipe section '{section}' ({name}) is invalid: {err}") from None
+    if section == "optimizer":
+        _check(isinstance(built, torch.optim.Optimizer), "optimizer.name", name,
+               f"it names {type(built).__name__}, not a torch.optim.Optimizer")
+    else:
+        _check(callable(built) and not isinstance(built, torch.optim.lr_scheduler.LRScheduler), "scheduler.name",
+               name, f"it builds a {type(built).__name__}, not a Composer schedule (a function of the training state, "
+               "e.g. a composer.optim.ComposerScheduler)")
+    return kwargs, built
+
+
+def build_optimizer(recipe: ValidatedRecipe, params: Any) -> Any:
+    """The optimizer of ``recipe``'s ``optimizer`` section over ``params`` (a model's parameters)."""
+    return optim_class("optimizer", recipe.cfg.optimizer.name)(params, **recipe.optimizer_kwargs)
+
+
+def build_scheduler(recipe: ValidatedRecipe) -> Any:
+    """The learning-rate schedule of ``recipe``'s ``scheduler`` section (a Composer schedule)."""
+    return optim_class("scheduler", recipe.cfg.scheduler.name)(**recipe.scheduler_kwargs)
+
+
 def _model_config(options: dict[str, Any]) -> GPTConfig | HFCausalLMConfig:
     name = options.pop("name", "gpt")
     if name not in MODELS:
@@ -627,7 +863,6 @@ def _validate(cfg: DictConfig) -> ValidatedRecipe:
     _check_time("max_duration", cfg.max_duration, positive=True, units=MAX_DURATION_UNITS)
     for key in ("eval_interval", "save_interval", "console_log_interval"):
         _check_time(key, OmegaConf.select(cfg, key), positive=True)
-    _check_time("scheduler.t_warmup", cfg.scheduler.t_warmup, positive=False)
 
     # NaN fails every comparison, so it is refused too; inf would wait forever, which this key exists to prevent.
     _check(math.isfinite(cfg.dist_timeout) and cfg.dist_timeout > 0, "dist_timeout", cfg.dist_timeout,
@@ -645,17 +880,8 @@ def _validate(cfg: DictConfig) -> ValidatedRecipe:
            cfg.eval_subset_num_batches, "it must be -1 (all) or >= 1")
     _check(cfg.data.num_workers >= 0, "data.num_workers", cfg.data.num_workers, "it must be >= 0")
 
-    opt = cfg.optimizer
-    _check(opt.name in OPTIMIZERS, "optimizer.name", opt.name,
-           f"allowed: {', '.join(OPTIMIZERS)}{did_you_mean(opt.name, OPTIMIZERS)}")
-    _check(0 < opt.lr < math.inf, "optimizer.lr", opt.lr, "it must be a finite number > 0")
-    _check(len(opt.betas) == 2 and all(0 <= b < 1 for b in opt.betas), "optimizer.betas", list(opt.betas),
-           "it must be two numbers in [0, 1)")
-    _check(0 < opt.eps < math.inf, "optimizer.eps", opt.eps, "it must be a finite number > 0")
-    _check(opt.weight_decay >= 0, "optimizer.weight_decay", opt.weight_decay, "it must be >= 0")
-    _check(cfg.scheduler.name in SCHEDULERS, "scheduler.name", cfg.scheduler.name,
-           f"allowed: {', '.join(SCHEDULERS)}{did_you_mean(cfg.scheduler.name, SCHEDULERS)}")
-    _check(0 <= cfg.scheduler.alpha_f <= 1, "scheduler.alpha_f", cfg.scheduler.alpha_f, "it must be in [0, 1]")
+    optimizer_kwargs, optimizer = _class_section(cfg, "optimizer")
+    scheduler_kwargs, _ = _class_section(cfg, "scheduler")
     _check(cfg.grad_clip_norm is None or cfg.grad_clip_norm > 0, "grad_clip_norm", cfg.grad_clip_norm,
            "it must be > 0, or null to disable clipping")
 
@@ -692,9 +918,17 @@ def _validate(cfg: DictConfig) -> ValidatedRecipe:
                "it replaces DDP's gradient all-reduce, which FSDP does not do: set 'fsdp: null' in the recipe (fsdp=null "
                "on the command line)")
         algorithm_kwargs[name] = kwargs
-        build_algorithm(name, kwargs)  # argument errors surface now, before anything is built
+        algorithm = build_algorithm(name, kwargs)  # argument errors surface now, before anything is built
+        check_optimizer = getattr(algorithm, "check_optimizer", None)
+        if callable(check_optimizer):  # an algorithm that replaces or inspects the run's optimizer
+            try:
+                check_optimizer(optimizer)
+            except ValueError as err:
+                raise RecipeError(f"recipe key 'optimizer.name' = {cfg.optimizer.name!r} does not work with "
+                                  f"algorithms.{name}: {err}") from None
     return ValidatedRecipe(cfg=cfg, model_config=model_config, algorithm_kwargs=algorithm_kwargs,
-                           logger_kwargs=components["loggers"], callback_kwargs=components["callbacks"])
+                           logger_kwargs=components["loggers"], callback_kwargs=components["callbacks"],
+                           optimizer_kwargs=optimizer_kwargs, scheduler_kwargs=scheduler_kwargs)
 
 
 # ------------------------------------------------------------------------------------------------- --help
@@ -780,6 +1014,31 @@ def _hf_lines() -> list[str]:
     return lines
 
 
+def _optim_lines() -> list[str]:
+    """The ``--help`` text of the ``optimizer`` and ``scheduler`` sections (without importing torch or Composer)."""
+    lines = []
+    for section, table, kind, modules, examples in (
+            ("optimizer", OPTIMIZERS, "optimizer", "composer.optim and torch.optim", "sgd, decoupled_sgdw, rmsprop"),
+            ("scheduler", SCHEDULERS, "schedule", "composer.optim", "constant, step, multi_step, linear, "
+                                                                     "cosine_annealing, exponential, polynomial")):
+        lines += _wrapped(f"{section}: {{name: NAME, the other keys: keyword arguments of its class}}; a recipe "
+                          "that names another class than its base keeps only the base's keys that this class takes")
+        lines += _key_lines(f"{section}.name", "str", json.dumps(DEFAULT_CLASS_NAMES[section]),
+                            f"the {kind}; with its recipe defaults:")
+        lines += [f"      {name}: {b.target.replace(':', '.')}"
+                  + (f" ({', '.join(f'{k}={json.dumps(v)}' for k, v in b.defaults.items())})" if b.defaults else "")
+                  for name, b in table.items()]
+        lines += _wrapped(f"and every other public {kind} class of {modules} by its name or snake-case name "
+                          f"({examples}; with the class's defaults), llm-foundry's registered names where it is "
+                          "installed, or a 'module:Class' path", "      ")
+        if section == "optimizer":
+            lines += _key_lines("optimizer.lr", "float", "required", "peak learning rate (the schedule scales it)")
+        lines += [f"  {section}.*", *_wrapped("the class's other keyword arguments, checked against its signature; "
+                                               "durations are Composer time strings (100ba, 0.1dur)", "      ")]
+        lines.append("")
+    return lines
+
+
 def recipe_help() -> str:
     """The text of ``composer_qsdp.recipes.train --help``: usage, then every recipe key with its type and default."""
     lines = [
@@ -801,13 +1060,14 @@ def recipe_help() -> str:
                   "nothing is downloaded"),
         *_hf_lines(),
         "",
+        *_optim_lines(),
     ]
     for section, builders in (("loggers", LOGGERS), ("callbacks", CALLBACKS)):
         lines += _wrapped(f"{section}: {{name: {{keyword arguments of its Composer class}}}}; {{}} for the defaults; "
                           f"null or false switches off one that a base recipe enabled; {section}={{}} none at all")
         lines += [f"  {name}: {b.target.replace(':', '.')}" + (f" (needs mosaicml[{b.package}])" if b.package else "")
                   for name, b in builders.items()]
-        lines += _wrapped(f"  and every other public class of {_COMPOSER_SECTIONS[section][0]} by its name or "
+        lines += _wrapped(f"  and every other public class of {_COMPOSER_SECTIONS[section].modules[0]} by its name or "
                           "snake-case name (e.g. early_stopper, checkpoint_saver), llm-foundry's registered names "
                           "where it is installed, or a 'module:Class' path", "  ")
         lines.append("")
@@ -816,7 +1076,7 @@ def recipe_help() -> str:
     lines += [f"  {name}: {target.replace(':', '.')}" for name, target in ALGORITHMS.items()]
     lines += ["", *_wrapped(
         "llm-foundry's spellings accepted: " + ", ".join(f"{a} (= {b})" for a, b in LLM_FOUNDRY_ALIASES.items())
-        + ", optimizer.name: decoupled_adamw, scheduler.name: cosine_with_warmup, model.name: hf_causal_lm with "
+        + ", the optimizer and scheduler sections (llm-foundry's names), model.name: hf_causal_lm with "
         "its keys, and the logger and callback names above. Refused, with what to write here instead:")]
     lines += [f"  {theirs} -> {ours}" for theirs, ours in LLM_FOUNDRY_HINTS.items()]
     return "\n".join(lines)

@@ -25,15 +25,14 @@ from typing import Any
 
 from composer_qsdp.recipes.loader import (
     ALGORITHMS,
-    OPTIMIZERS,
-    SCHEDULERS,
     RecipeError,
     TrainRecipe,
     ValidatedRecipe,
     build_algorithm,
+    build_optimizer,
+    build_scheduler,
     check_machine,
     component_class,
-    load_class,
     load_recipe,
     recipe_help,
 )
@@ -245,9 +244,7 @@ def train(recipe: ValidatedRecipe) -> Any:
     # Every rank must start from the same weights; FSDP then shards them.
     reproducibility.seed_all(cfg.seed)
     model = _model(recipe)
-    opt = cfg.optimizer
-    optimizer = load_class(OPTIMIZERS[opt.name])(model.parameters(), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
-                                                 weight_decay=opt.weight_decay)
+    optimizer = build_optimizer(recipe, model.parameters())
     algorithms = [build_algorithm(name, kwargs) for name, kwargs in recipe.algorithm_kwargs.items()]
     if cfg.grad_clip_norm is not None:
         algorithms.append(GradientClipping(clipping_type="norm", clipping_threshold=cfg.grad_clip_norm))
@@ -269,8 +266,7 @@ def train(recipe: ValidatedRecipe) -> Any:
         eval_interval=cfg.eval_interval,
         max_duration=cfg.max_duration,
         optimizers=optimizer,
-        schedulers=load_class(SCHEDULERS[cfg.scheduler.name])(t_warmup=cfg.scheduler.t_warmup,
-                                                              alpha_f=cfg.scheduler.alpha_f),
+        schedulers=build_scheduler(recipe),
         algorithms=algorithms,
         device=device,
         precision=cfg.precision,

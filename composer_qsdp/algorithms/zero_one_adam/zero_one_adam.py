@@ -193,6 +193,22 @@ class ZeroOneAdamDDP(Algorithm):
         else:
             self._log_batch(logger)
 
+    def check_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Raise the ``ValueError`` that ``Event.INIT`` would raise for a run whose optimizer is ``optimizer`` (a
+        fresh one): one 0/1 Adam cannot replace (not Adam-like: SGD, Lion, ...), or a ZeroOneAdam while this
+        algorithm has options. Recipes call it before anything is built."""
+        self._zero_one_adam(optimizer)
+
+    def _zero_one_adam(self, optimizer: torch.optim.Optimizer) -> ZeroOneAdam:
+        """``optimizer`` if it is a ZeroOneAdam, else the ZeroOneAdam that replaces it."""
+        if isinstance(optimizer, ZeroOneAdam):
+            if self.options:
+                raise ValueError(f"the run's optimizer already is a ZeroOneAdam; give the options "
+                                 f"({', '.join(self.options)}) to it instead of to ZeroOneAdamDDP")
+            return optimizer
+        # Durations become steps at FIT_START, once Composer knows max_duration; 1 until then.
+        return to_zero_one_adam(optimizer, **{**self.options, **{k: 1 for k in self._durations}})
+
     def traffic(self) -> TrafficReport:
         """Bytes this rank sent since training began (resumes included): all of 0/1 Adam's communication, under
         ``grads``; its ``bf16``/``native`` are what DDP's gradient all-reduce would have sent over the same steps,
@@ -217,14 +233,8 @@ class ZeroOneAdamDDP(Algorithm):
             warnings.warn("ZeroOneAdamDDP does nothing with world size 1: there is nothing to communicate, so the "
                           f"run keeps its optimizer ({type(optimizers[0]).__name__})", stacklevel=2)
             return
-        optimizer = optimizers[0]
-        if isinstance(optimizer, ZeroOneAdam):
-            if self.options:
-                raise ValueError(f"the run's optimizer already is a ZeroOneAdam; give the options "
-                                 f"({', '.join(self.options)}) to it instead of to ZeroOneAdamDDP")
-        else:
-            # Durations become steps at FIT_START, once Composer knows max_duration; 1 until then.
-            optimizer = to_zero_one_adam(optimizer, **{**self.options, **{k: 1 for k in self._durations}})
+        optimizer = self._zero_one_adam(optimizers[0])
+        if optimizer is not optimizers[0]:
             state.optimizers = (optimizer,)
         self.optimizer = optimizer
         self._take_over_clipping(state)
