@@ -646,10 +646,7 @@ def component_class(section: str, name: str) -> type:
                               f"pip install 'mosaicml[{builder.package}]'")
         return load_class(builder.target)
     if ":" in name:
-        try:
-            return load_class(name)
-        except (ImportError, AttributeError, ValueError) as err:
-            raise RecipeError(f"recipe key '{key}': cannot import {name!r} ('module:Class'): {err}") from None
+        return _load_path(key, name)
     composer = composer_components(section)
     if name in composer:
         return load_class(composer[name])
@@ -660,6 +657,18 @@ def component_class(section: str, name: str) -> type:
     raise RecipeError(f"recipe key '{key}': no {section[:-1]} named {name!r}{did_you_mean(name, known)}; "
                       f"known: {', '.join(known)}, llm-foundry's registered names where it is installed, or a "
                       "'module:Class' path")
+
+
+def _load_path(key: str, path: str) -> Callable[..., Any]:
+    """The class a recipe key names by a ``"module:Class"`` path.
+
+    Raises:
+        RecipeError: the path cannot be imported, naming the key and the import error.
+    """
+    try:
+        return load_class(path)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise RecipeError(f"recipe key '{key}': cannot import {path!r} ('module:Class'): {err}") from None
 
 
 def _component_kwargs(section: str, name: str, value: Any) -> dict | None:
@@ -688,10 +697,7 @@ def optim_class(section: str, name: str) -> Callable[..., Any]:
     if name in table:
         return load_class(table[name].target)
     if ":" in name:
-        try:
-            return load_class(name)
-        except (ImportError, AttributeError, ValueError) as err:
-            raise RecipeError(f"recipe key '{key}' = {name!r}: cannot import it ('module:Class'): {err}") from None
+        return _load_path(key, name)
     registry = _llm_foundry_registry(section)
     if registry is not None and name in registry.get_all():
         return registry.get(name)

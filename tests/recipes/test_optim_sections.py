@@ -154,8 +154,8 @@ def test_a_child_naming_another_class_keeps_only_the_keys_it_takes(tmp_path):
                              "'sgd'?; known: adadelta, adafactor"),
     (["scheduler.name=multistep"], "recipe key 'scheduler.name' = 'multistep' is invalid: no schedule of that name; "
                                    "did you mean 'multi_step'?; known: constant, constant_with_warmup"),
-    (["scheduler.name=composer.optim:NoSuchScheduler"], "recipe key 'scheduler.name' = "
-                                                        "'composer.optim:NoSuchScheduler': cannot import it"),
+    (["scheduler.name=composer.optim:NoSuchScheduler"], "recipe key 'scheduler.name': cannot import "
+                                                        "'composer.optim:NoSuchScheduler' ('module:Class')"),
     # Arguments the class does not take, or needs: the bad key and what the class takes.
     (["optimizer={name: sgd, lr: 0.1, betas: [0.9, 0.99]}"],
      "recipe key 'optimizer.betas' is unknown; 'optimizer' takes: lr, momentum, dampening, weight_decay, nesterov"),
@@ -187,8 +187,8 @@ def test_bad_sections_name_the_key(overrides, message):
 
 def test_zero_one_adam_refuses_an_optimizer_it_cannot_replace():
     """0/1 Adam replaces the run's Adam at Event.INIT: a recipe naming SGD (or Adam with L2 weight decay) is refused
-    before anything is built, and a schedule without t_warmup leaves the recipe's ${scheduler.t_warmup} unresolved,
-    which names the key."""
+    before anything is built, and a schedule without t_warmup leaves a freeze step of ${scheduler.t_warmup}
+    unresolved, which names the key."""
     paper = ["data.remote=s3://bucket/c4"]
     assert load_recipe(ZERO_ONE_ADAM, [*paper, "optimizer.name=adamw"]).optimizer_kwargs["betas"] == (0.9, 0.95)
     with pytest.raises(RecipeError, match="'optimizer.name' = 'sgd' does not work with algorithms.zero_one_adam: "
@@ -199,7 +199,8 @@ def test_zero_one_adam_refuses_an_optimizer_it_cannot_replace():
         load_recipe(ZERO_ONE_ADAM, [*paper, "optimizer.name=adam", "optimizer.weight_decay=0.1"])
     with pytest.raises(RecipeError, match="recipe key 'algorithms.zero_one_adam.var_freeze_step' cannot be resolved: "
                                           "Interpolation key 'scheduler.t_warmup' not found"):
-        load_recipe(ZERO_ONE_ADAM, [*paper, "scheduler.name=constant"])
+        load_recipe(ZERO_ONE_ADAM, [*paper, "scheduler.name=constant",
+                                    "algorithms.zero_one_adam.var_freeze_step=${scheduler.t_warmup}"])
     recipe = load_recipe(ZERO_ONE_ADAM, [*paper, "scheduler.name=constant",
                                          "algorithms.zero_one_adam.var_freeze_step=50ba"])
     assert type(build_scheduler(recipe)) is ConstantScheduler
