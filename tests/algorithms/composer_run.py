@@ -10,7 +10,8 @@ algorithm's traffic report and the metrics QSDP logged. ``save`` checkpoints at 
 ``resume`` loads that checkpoint and trains batches 4-6. ``diverge`` trains at a learning rate of 1e30 and
 checkpoints every batch (QSDP must refuse the first checkpoint of non-finite weights). ``QSDP_TEST_OPTIONS`` (JSON) replaces the algorithm's
 keyword arguments (default: W8G8, buckets of 256, errors sampled every 2 calls); ``QSDP_TEST_FSDP`` (JSON) adds FSDP
-settings (e.g. ``{"reshard_after_forward": 2}``).
+settings (e.g. ``{"reshard_after_forward": 2}``); ``QSDP_TEST_MICROBATCH`` splits each rank's batch of 16 into
+microbatches of that many samples (gradient accumulation: one reduce-scatter per microbatch).
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
         progress_bar=False,
         log_to_console=False,
         seed=0,
+        device_train_microbatch_size=int(os.environ.get("QSDP_TEST_MICROBATCH", BS)),
         **checkpointing,
     )
     trainer.fit()

@@ -25,9 +25,10 @@ AUTO = {"policy": "auto", "auto_options": {"warmup_steps": 2, "recheck_tolerance
 
 
 def _run(tmp_path: Path, out: Path, *args: str, gpu: bool = False, options: dict | None = None, nproc: int = 2,
-         fsdp: dict | None = None, fsdp_version: int = 2) -> subprocess.CompletedProcess:
+         fsdp: dict | None = None, fsdp_version: int = 2, microbatch: int = 16) -> subprocess.CompletedProcess:
     env = {**os.environ, "FSDP_VERSION": str(fsdp_version), "OMP_NUM_THREADS": "1",
-           "QSDP_TEST_OPTIONS": json.dumps(options), "QSDP_TEST_FSDP": json.dumps(fsdp)}
+           "QSDP_TEST_OPTIONS": json.dumps(options), "QSDP_TEST_FSDP": json.dumps(fsdp),
+           "QSDP_TEST_MICROBATCH": str(microbatch)}
     if gpu:
         env["QSDP_TEST_DEVICE"] = "gpu"
     return subprocess.run([*e2e_common.launcher(nproc), str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
@@ -35,9 +36,10 @@ def _run(tmp_path: Path, out: Path, *args: str, gpu: bool = False, options: dict
 
 
 def _launch(tmp_path: Path, *args: str, gpu: bool = False, options: dict | None = None, nproc: int = 2,
-            fsdp: dict | None = None, fsdp_version: int = 2) -> dict:
+            fsdp: dict | None = None, fsdp_version: int = 2, microbatch: int = 16) -> dict:
     out = tmp_path / f"result-{'-'.join(a for a in args if '/' not in a) or 'full'}.json"
-    proc = _run(tmp_path, out, *args, gpu=gpu, options=options, nproc=nproc, fsdp=fsdp, fsdp_version=fsdp_version)
+    proc = _run(tmp_path, out, *args, gpu=gpu, options=options, nproc=nproc, fsdp=fsdp, fsdp_version=fsdp_version,
+                microbatch=microbatch)
     assert proc.returncode == 0, f"launcher failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
     return json.loads(out.read_text())
 
@@ -80,6 +82,50 @@ def test_composer_run_with_weight_differences(tmp_path):
     losses = result["losses"]
     assert sum(losses[-4:]) / 4 < 0.7 * sum(losses[:2]) / 2, losses
     assert max(result["param_rel_error"].values()) < 2e-2, result["param_rel_error"]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _symmetric_bytes(n: int, bits: int, group: int) -> int:
+    """Symmetric codes of ``n`` elements: packed per group (the last one partial), padded to 4 bytes, one fp32 scale
+    per group."""
+    groups = _cdiv(n, group)
+    codes = (groups - 1) * _cdiv(group * bits, 8) + _cdiv((n - (groups - 1) * group) * bits, 8)
+    return _cdiv(codes, 4) * 4 + 4 * groups
+
+
+def _hadamard_minmax_bytes(n: int, bits: int, group: int) -> int:
+    """Hadamard-rotated min-max codes: ``n`` zero-padded to whole groups, then two fp32 words per group."""
+    padded = _cdiv(n, group) * group
+    return _cdiv(padded * bits // 8, 4) * 4 + 8 * (padded // group)
+
+
+@pytest.mark.parametrize("preset,weight_bits,grad_bits", [
+    ("qwd-w4g2-loco", 4, 2), pytest.param("qwd-w3g2-loco", 3, 2, marks=pytest.mark.slow)])
+def test_loco_preset_bytes_with_gradient_accumulation(tmp_path, preset, weight_bits, grad_bits):
+    """The bytes of a LoCo preset, per step, from the units' shapes alone (numel x bits / 8 + scales): with two
+    microbatches, one weight-difference gather per unit and step (the other microbatch's gathers and every backward
+    re-gather come from the reference) and one 2-bit reduce-scatter per microbatch, each counted against the
+    collective that ran; the ratio the presets' documentation gives as a function of the microbatches."""
+    k, world = 2, 2
+    result = _launch(tmp_path, options={"preset": preset}, microbatch=16 // k)
+    # FSDP2's chunk per rank of each Linear unit (dim 0 padded to a multiple of W): 32->128, 128->67, 67->16.
+    chunks = [_cdiv(o, world) * i + _cdiv(o, world) for i, o in ((32, 128), (128, 67), (67, 16))]
+    update = (world - 1) * sum(_symmetric_bytes(n, weight_bits, 2048) for n in chunks)
+    scatter = (world - 1) * sum(_hadamard_minmax_bytes(n, grad_bits, 256) for n in chunks)
+    fp32 = (world - 1) * 4 * sum(chunks)  # the run is fp32: FSDP gathers and reduce-scatters fp32
+    metrics, batches = result["metrics"], result["batches"]
+    assert metrics["qsdp/weights/bytes_sent"] == [fp32] + [update] * (batches - 1)  # the keyframe, then updates
+    assert metrics["qsdp/grads/bytes_sent"] == [k * scatter] * batches
+    weights, grads = result["traffic"]["weights"], result["traffic"]["grads"]
+    assert weights["calls"] == 2 * k * 3 * batches and weights["served_locally"] == (2 * k - 1) * 3 * batches
+    assert grads["calls"] == k * 3 * batches and grads["native"] == k * fp32 * batches
+    assert weights["native"] == fp32 * batches
+    per_step = metrics["qsdp/compression_vs_unquantized"][1:]
+    assert per_step == [pytest.approx((fp32 + k * fp32) / (update + k * scatter), rel=1e-12)] * (batches - 1)
+    assert max(result["param_rel_error"].values()) < 5e-2, result["param_rel_error"]
 
 
 @pytest.mark.slow
