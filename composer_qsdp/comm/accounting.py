@@ -153,6 +153,9 @@ class TrafficReport:
         """Both sides together."""
         return self.weights + self.grads
 
+    def __add__(self, other: TrafficReport) -> TrafficReport:
+        return TrafficReport(self.weights + other.weights, self.grads + other.grads)
+
     def __sub__(self, other: TrafficReport) -> TrafficReport:
         return TrafficReport(self.weights - other.weights, self.grads - other.grads)
 

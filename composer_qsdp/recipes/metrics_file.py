@@ -64,9 +64,11 @@ class MetricsFile(InMemoryLogger):
             return
         metrics = {name: [[int(ts.batch), float(value)] for ts, value in series]
                    for name, series in self.data.items() if series and _is_number(series[0][1])}
-        communication = {type(a).__name__: {side: dataclasses.asdict(getattr(a.traffic(), side))
-                                            for side in ("weights", "grads", "total")}
+        communication = {type(a).__name__: _counts(a.traffic())
                          for a in state.algorithms if callable(getattr(a, "traffic", None))}
+        for a in state.algorithms:  # the part of QSDP's counts sent during evaluation, also in the totals above
+            if callable(getattr(a, "eval_traffic", None)):
+                communication[type(a).__name__]["evaluation"] = _counts(a.eval_traffic())
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps({"metrics": metrics, "communication": communication, "memory": self.peak_memory(),
@@ -80,3 +82,7 @@ class MetricsFile(InMemoryLogger):
 
     def fit_end(self, state: State, logger: Logger) -> None:
         self.write(state)
+
+
+def _counts(report: Any) -> dict[str, dict[str, int]]:
+    return {side: dataclasses.asdict(getattr(report, side)) for side in ("weights", "grads", "total")}

@@ -311,6 +311,8 @@ def train(recipe: ValidatedRecipe) -> Any:
             if callable(getattr(algorithm, "traffic", None)):
                 print(f"\n{type(algorithm).__name__} communication of rank 0 over "
                       f"{int(trainer.state.timestamp.batch)} batches:\n{algorithm.traffic().summary()}")
+                if callable(getattr(algorithm, "eval_traffic", None)) and algorithm.eval_traffic().total.calls:
+                    print(f"of which during evaluation:\n{algorithm.eval_traffic().summary()}")
     return trainer
 
 

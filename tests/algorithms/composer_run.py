@@ -11,7 +11,8 @@ algorithm's traffic report and the metrics QSDP logged. ``save`` checkpoints at 
 checkpoints every batch (QSDP must refuse the first checkpoint of non-finite weights). ``QSDP_TEST_OPTIONS`` (JSON) replaces the algorithm's
 keyword arguments (default: W8G8, buckets of 256, errors sampled every 2 calls); ``QSDP_TEST_FSDP`` (JSON) adds FSDP
 settings (e.g. ``{"reshard_after_forward": 2}``); ``QSDP_TEST_MICROBATCH`` splits each rank's batch of 16 into
-microbatches of that many samples (gradient accumulation: one reduce-scatter per microbatch).
+microbatches of that many samples (gradient accumulation: one reduce-scatter per microbatch);
+``QSDP_TEST_EVAL`` evaluates every that many batches on 2 batches of the training set.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from composer.loggers import InMemoryLogger
 from composer.models import ComposerModel
 from composer.utils import dist
 from torch.utils.data import DataLoader, TensorDataset
+from torchmetrics import MeanSquaredError
 
 from composer_qsdp import QSDP
 from composer_qsdp.shared_gpu import this_process_gpu
@@ -62,6 +64,12 @@ class Model(ComposerModel):
 
     def loss(self, outputs, batch):
         return nn.functional.mse_loss(outputs.float(), batch[1])
+
+    def get_metrics(self, is_train: bool = False):
+        return {} if is_train else {"MeanSquaredError": MeanSquaredError()}
+
+    def update_metric(self, batch, outputs, metric) -> None:
+        metric.update(outputs.float(), batch[1])
 
 
 class LossRecorder(Callback):
@@ -128,6 +136,10 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
         checkpointing = {"save_folder": ckpt_dir, "save_interval": "3ba", "save_overwrite": True}
     elif mode == "resume":
         checkpointing = {"load_path": os.path.join(ckpt_dir, "ep0-ba3")}
+    every = int(os.environ.get("QSDP_TEST_EVAL", 0))
+    if every:
+        checkpointing.update(eval_dataloader=DataLoader(ds, batch_size=BS, sampler=dist.get_sampler(ds, shuffle=False)),
+                             eval_interval=f"{every}ba", eval_subset_num_batches=2)
     trainer = Trainer(
         model=model,
         optimizers=torch.optim.SGD(model.parameters(), lr=lr),
@@ -161,6 +173,7 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
             "losses": recorder.losses,
             "param_rel_error": rel,
             "traffic": {side: dataclasses.asdict(getattr(traffic, side)) for side in ("weights", "grads")},
+            "eval_traffic": {side: dataclasses.asdict(getattr(qsdp.eval_traffic(), side)) for side in ("weights", "grads")},
             "metrics": metrics,
             "seeds": qsdp.handle.seeds.state_dict() if qsdp.handle is not None else None,
             "keyframes": [getattr(u.weights, "keyframes", None) for u in qsdp.handle.units] if qsdp.handle else None,

@@ -25,10 +25,11 @@ AUTO = {"policy": "auto", "auto_options": {"warmup_steps": 2, "recheck_tolerance
 
 
 def _run(tmp_path: Path, out: Path, *args: str, gpu: bool = False, options: dict | None = None, nproc: int = 2,
-         fsdp: dict | None = None, fsdp_version: int = 2, microbatch: int = 16) -> subprocess.CompletedProcess:
+         fsdp: dict | None = None, fsdp_version: int = 2, microbatch: int = 16,
+         eval_every: int = 0) -> subprocess.CompletedProcess:
     env = {**os.environ, "FSDP_VERSION": str(fsdp_version), "OMP_NUM_THREADS": "1",
            "QSDP_TEST_OPTIONS": json.dumps(options), "QSDP_TEST_FSDP": json.dumps(fsdp),
-           "QSDP_TEST_MICROBATCH": str(microbatch)}
+           "QSDP_TEST_MICROBATCH": str(microbatch), "QSDP_TEST_EVAL": str(eval_every)}
     if gpu:
         env["QSDP_TEST_DEVICE"] = "gpu"
     return subprocess.run([*e2e_common.launcher(nproc), str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
@@ -36,10 +37,10 @@ def _run(tmp_path: Path, out: Path, *args: str, gpu: bool = False, options: dict
 
 
 def _launch(tmp_path: Path, *args: str, gpu: bool = False, options: dict | None = None, nproc: int = 2,
-            fsdp: dict | None = None, fsdp_version: int = 2, microbatch: int = 16) -> dict:
+            fsdp: dict | None = None, fsdp_version: int = 2, microbatch: int = 16, eval_every: int = 0) -> dict:
     out = tmp_path / f"result-{'-'.join(a for a in args if '/' not in a) or 'full'}.json"
     proc = _run(tmp_path, out, *args, gpu=gpu, options=options, nproc=nproc, fsdp=fsdp, fsdp_version=fsdp_version,
-                microbatch=microbatch)
+                microbatch=microbatch, eval_every=eval_every)
     assert proc.returncode == 0, f"launcher failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
     return json.loads(out.read_text())
 
@@ -104,27 +105,40 @@ def _hadamard_minmax_bytes(n: int, bits: int, group: int) -> int:
 
 @pytest.mark.parametrize("preset,weight_bits,grad_bits", [
     ("qwd-w4g2-loco", 4, 2), pytest.param("qwd-w3g2-loco", 3, 2, marks=pytest.mark.slow)])
-def test_loco_preset_bytes_with_gradient_accumulation(tmp_path, preset, weight_bits, grad_bits):
-    """The bytes of a LoCo preset, per step, from the units' shapes alone (numel x bits / 8 + scales): with two
-    microbatches, one weight-difference gather per unit and step (the other microbatch's gathers and every backward
-    re-gather come from the reference) and one 2-bit reduce-scatter per microbatch, each counted against the
-    collective that ran; the ratio the presets' documentation gives as a function of the microbatches."""
-    k, world = 2, 2
-    result = _launch(tmp_path, options={"preset": preset}, microbatch=16 // k)
+def test_loco_preset_bytes_with_gradient_accumulation_and_evaluation(tmp_path, preset, weight_bits, grad_bits):
+    """The bytes of a LoCo preset, from the units' shapes alone (numel x bits / 8 + scales), with two microbatches
+    and an evaluation of 2 batches every 4 batches: per training step one weight-difference gather per unit (the
+    other microbatch's gathers and every backward re-gather come from the reference) and one 2-bit reduce-scatter
+    per microbatch, each counted against the collective that ran; each evaluation sends the step's update and is
+    counted apart from the training batches, whose next step then sends no weights."""
+    k, world, every, batches = 2, 2, 4, 16
+    result = _launch(tmp_path, options={"preset": preset}, microbatch=16 // k, eval_every=every)
+    assert result["batches"] == batches
     # FSDP2's chunk per rank of each Linear unit (dim 0 padded to a multiple of W): 32->128, 128->67, 67->16.
     chunks = [_cdiv(o, world) * i + _cdiv(o, world) for i, o in ((32, 128), (128, 67), (67, 16))]
     update = (world - 1) * sum(_symmetric_bytes(n, weight_bits, 2048) for n in chunks)
     scatter = (world - 1) * sum(_hadamard_minmax_bytes(n, grad_bits, 256) for n in chunks)
     fp32 = (world - 1) * 4 * sum(chunks)  # the run is fp32: FSDP gathers and reduce-scatters fp32
-    metrics, batches = result["metrics"], result["batches"]
-    assert metrics["qsdp/weights/bytes_sent"] == [fp32] + [update] * (batches - 1)  # the keyframe, then updates
+    after_eval = set(range(every + 1, batches + 1, every))  # batches 5, 9, 13
+    metrics = result["metrics"]
+    assert metrics["qsdp/weights/bytes_sent"] == [fp32] + [0 if b in after_eval else update
+                                                         for b in range(2, batches + 1)]
     assert metrics["qsdp/grads/bytes_sent"] == [k * scatter] * batches
+    evals = batches // every
+    assert metrics["qsdp/eval/weights/bytes_sent"] == [update] * evals
+    assert metrics["qsdp/eval/weights/bytes_bf16"] == [fp32 // 2] * evals
+    per_step = [r for b, r in enumerate(metrics["qsdp/compression_vs_unquantized"], 1) if b > 1 and b not in after_eval]
+    assert per_step == [pytest.approx((fp32 + k * fp32) / (update + k * scatter), rel=1e-12)] * (batches - 4)
     weights, grads = result["traffic"]["weights"], result["traffic"]["grads"]
-    assert weights["calls"] == 2 * k * 3 * batches and weights["served_locally"] == (2 * k - 1) * 3 * batches
+    assert weights["sent"] == fp32 + (batches - 1 - len(after_eval)) * update + evals * update
+    # Collectives: the keyframe, the updates of the training steps and those of the evaluations, per unit; every
+    # other gather (at least the forward and backward of each microbatch) comes from the reference.
+    assert weights["calls"] >= 2 * k * 3 * batches + 2 * 3 * evals
+    assert weights["served_locally"] == weights["calls"] - 3 * (1 + batches - 1 - len(after_eval) + evals)
     assert grads["calls"] == k * 3 * batches and grads["native"] == k * fp32 * batches
-    assert weights["native"] == fp32 * batches
-    per_step = metrics["qsdp/compression_vs_unquantized"][1:]
-    assert per_step == [pytest.approx((fp32 + k * fp32) / (update + k * scatter), rel=1e-12)] * (batches - 1)
+    evaluation = result["eval_traffic"]
+    assert evaluation["weights"]["sent"] == evals * update and evaluation["weights"]["calls"] == 2 * 3 * evals
+    assert evaluation["weights"]["served_locally"] == 3 * evals and evaluation["grads"]["calls"] == 0
     assert max(result["param_rel_error"].values()) < 5e-2, result["param_rel_error"]
 
 

@@ -51,3 +51,14 @@ def test_summary_names_inter_node_bytes_when_there_are_any():
     report = TrafficReport(TrafficCounter(1, 4096, 8192, 8192, 2048), TrafficCounter())
     assert "inter-node 2.0 KiB" in report.summary().splitlines()[0]
     assert "inter-node" not in report.summary().splitlines()[1]
+
+
+def test_reports_add_per_side_and_undo_a_subtraction():
+    # An evaluation of 2 ranks gathering 1,000 elements in 4-bit codes with 8 fp32 scales: 500 + 32 bytes per chunk.
+    evaluation = TrafficReport(TrafficCounter(), TrafficCounter())
+    evaluation.weights.add(call_traffic(2, 1000, 1000 * 4 // 8 + 8 * 4, 2))
+    training = TrafficReport(TrafficCounter(3, 900, 6000, 6000), TrafficCounter(2, 700, 4000, 8000))
+    both = training + evaluation
+    assert both.weights == TrafficCounter(4, 900 + 532, 6000 + 2000, 6000 + 2000)
+    assert both.grads == training.grads and both.total.sent == 900 + 532 + 700
+    assert (both - evaluation).weights == training.weights and (both - training).weights == evaluation.weights

@@ -213,6 +213,8 @@ class QSDP(Algorithm):
         self._loaded_state: dict[str, Any] | None = None
         self._loaded_auto: dict[str, Any] | None = None
         self._logged = _zero_report()
+        self._eval_traffic = _zero_report()
+        self._eval_start: TrafficReport | None = None
 
     def __repr__(self) -> str:
         if self.policy == "auto":
@@ -229,7 +231,7 @@ class QSDP(Algorithm):
             return False
         if event in _CHECKPOINT_EVENTS:  # only where a checkpoint is about to be written: the check syncs the host
             return self.config.check_finite and any(_saves_now(cb, state, event) for cb in state.callbacks)
-        return event in (Event.BATCH_END, Event.FIT_END)
+        return event in (Event.BATCH_END, Event.FIT_END, Event.EVAL_START, Event.EVAL_END)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         assert event in (Event.INIT, Event.AFTER_LOAD) or self.handle is not None
@@ -243,8 +245,22 @@ class QSDP(Algorithm):
             self._log_batch(logger)
         elif event in _CHECKPOINT_EVENTS:
             self._refuse_nonfinite_checkpoint(state)
+        elif event == Event.EVAL_START:
+            self._eval_start = self.handle.traffic()
+        elif event == Event.EVAL_END:
+            self._log_eval(logger)
         else:  # FIT_END: on CUDA the per-step check lags one step; settle the last one.
             self.handle.check_finite()
+
+    def eval_traffic(self) -> TrafficReport:
+        """The part of :meth:`traffic` sent between Composer's ``EVAL_START`` and ``EVAL_END`` events (every
+        evaluation since training began, resumes included); the per-batch metrics leave it out.
+
+        With the ``difference`` weight scheme an evaluation after an optimizer step sends that step's weight update
+        (the next training step then sends none) and serves every other gather from the reference; direct schemes
+        send each evaluation gather quantized.
+        """
+        return self._eval_traffic
 
     def traffic(self) -> TrafficReport:
         """Cumulative bytes this rank sent through FSDP's collectives since training began (resumes included).
@@ -302,6 +318,19 @@ class QSDP(Algorithm):
         logger.log_hyperparameters({"qsdp/auto/event": record.event, "qsdp/auto/choice": record.choice()})
         logger.log_metrics(record.metrics())
 
+    def _log_eval(self, logger: Logger) -> None:
+        assert self.handle is not None and self._eval_start is not None
+        now = self.handle.traffic()
+        evaluation = now - self._eval_start
+        self._eval_start = None
+        self._eval_traffic = self._eval_traffic + evaluation
+        self._logged = self._logged + evaluation  # the next batch's metrics count training traffic only
+        logger.log_metrics({
+            "qsdp/eval/weights/bytes_sent": evaluation.weights.sent,
+            "qsdp/eval/weights/bytes_bf16": evaluation.weights.bf16,
+            "qsdp/eval/total_bytes_sent": self._eval_traffic.total.sent,
+        })
+
     def _log_batch(self, logger: Logger) -> None:
         assert self.handle is not None
         now = self.handle.traffic()
@@ -345,6 +374,7 @@ class QSDP(Algorithm):
         state["qsdp_config"] = self.config.summary()  # what the run was configured with, for readers of checkpoints
         if self.handle is not None:
             state["qsdp"] = self.handle.state_dict()
+            state["qsdp_eval_traffic"] = {side: getattr(self._eval_traffic, side).state_dict() for side in _SIDES}
         if self.auto is not None:
             state["qsdp_auto"] = self.auto.state_dict()
         return state
@@ -356,6 +386,8 @@ class QSDP(Algorithm):
                 self._loaded_auto = state["qsdp_auto"]
             else:
                 self.auto.load_state_dict(state["qsdp_auto"])
+        if "qsdp_eval_traffic" in state:
+            self._eval_traffic = _report(state["qsdp_eval_traffic"])
         if "qsdp" in state:
             if self.handle is None:
                 self._loaded_state = state["qsdp"]
@@ -388,6 +420,16 @@ def _auto_options(options: Mapping[str, Any] | None) -> AutoOptions:
 
 def _zero_report() -> TrafficReport:
     return TrafficReport(TrafficCounter(), TrafficCounter())
+
+
+_SIDES = ("weights", "grads")
+
+
+def _report(state: Mapping[str, Mapping[str, int]]) -> TrafficReport:
+    counters = {side: TrafficCounter() for side in _SIDES}
+    for side, counter in counters.items():
+        counter.load_state_dict(state[side])
+    return TrafficReport(**counters)
 
 
 def _load_path(saved: str) -> str:
