@@ -38,8 +38,9 @@ Plain data parallelism (only when named in ``--arms``), each compared with ``ddp
 byte ratio against DDP's fp32 all-reduce it is expected to reach, then exits (nothing is built or run).
 
 The table gives each arm's gap to its own baseline and, for the arms that count their bytes, the bytes this rank
-sent over the whole run and how many times fewer than the baseline's collectives would have sent (QSDP: the mean
-per batch against unquantized FSDP; 0/1 Adam: the whole run against DDP's fp32 all-reduce at every step).
+sent over the whole run and how many times fewer than the baseline's collectives would have sent (QSDP: its
+training batches against the same collectives unquantized, evaluations apart; 0/1 Adam: the whole run against
+DDP's fp32 all-reduce at every step).
 
 Every arm runs the recipe with the same shortened schedule: ``--steps`` batches (the cosine decay ends there) of
 ``--global-batch`` samples of ``--seq-len`` tokens, the recipe's seed (so the same initial weights and the same
@@ -573,6 +574,19 @@ def _mean(series: dict[int, float] | None) -> float | None:
     return statistics.fmean(series.values()) if series else None
 
 
+def _training_ratio(metrics: dict[str, dict[int, float]]) -> float | None:
+    """QSDP's bytes over all training batches against the same collectives unquantized: the sum of each batch's
+    unquantized bytes (its ratio times its bytes sent) over the sum of its bytes sent (a ratio of sums, so a batch
+    that sends little, e.g. the one after a qWD evaluation, weighs what its bytes weigh)."""
+    ratios = metrics.get("qsdp/compression_vs_unquantized")
+    if not ratios:
+        return None
+    sides = [metrics.get(f"qsdp/{side}/bytes_sent", {}) for side in ("weights", "grads")]
+    sent = {b: sum(side.get(b, 0.0) for side in sides) for b in ratios}
+    total = sum(sent.values())
+    return sum(ratios[b] * sent[b] for b in ratios) / total if total else None
+
+
 def summarize(plan: Plan) -> dict[str, Any]:
     """Per arm: its validation curve, final loss, gap to its baseline's loss at the same step, the bytes it sent
     and their compression, QSDP's sampled errors, the median step time."""
@@ -593,8 +607,8 @@ def summarize(plan: Plan) -> dict[str, Any]:
             "curve": [[step, loss] for step, loss in curve],
             "final_step": curve[-1][0] if curve else None,
             "final_val_loss": curve[-1][1] if curve else None,
-            # QSDP's is constant per batch; 0/1 Adam logs the run's cumulative ratio, so its last value is the run's.
-            "compression_vs_unquantized": (_mean(metrics.get("qsdp/compression_vs_unquantized"))
+            # QSDP's over its training batches; 0/1 Adam logs the run's cumulative ratio, so its last value is the run's.
+            "compression_vs_unquantized": (_training_ratio(metrics)
                                            or _last(metrics.get("zero_one_adam/compression_vs_fp32_allreduce"))),
             "total_bytes_sent": (_last(metrics.get("qsdp/total_bytes_sent"))
                                  or _last(metrics.get("zero_one_adam/total_bytes_sent"))),

@@ -49,7 +49,8 @@ def test_summary_csv_markdown_png(tiny_recipes, tmp_path, monkeypatch):
     write_segment(out / "baseline" / "metrics-00.json", {10: 5.0, 20: 4.0},
                   time__train={1: 1 / 3600, 2: 3 / 3600, 3: 4 / 3600})
     write_segment(out / "w8g8" / "metrics-00.json", {10: 5.1, 20: 4.05},
-                  qsdp__compression_vs_unquantized={1: 3.9, 2: 4.0}, qsdp__weights__rel_error={1: 0.01},
+                  qsdp__compression_vs_unquantized={1: 3.9, 2: 4.0}, qsdp__weights__bytes_sent={1: 60, 2: 0},
+                  qsdp__grads__bytes_sent={1: 40, 2: 300}, qsdp__weights__rel_error={1: 0.01},
                   qsdp__grads__rel_error={1: 0.02, 2: 0.04})
     write_segment(out / "w4g4" / "metrics-00.json", {10: 5.5})  # still running
     for arm in ("baseline", "w8g8"):
@@ -58,7 +59,8 @@ def test_summary_csv_markdown_png(tiny_recipes, tmp_path, monkeypatch):
     assert arms["w8g8"]["gap_vs_baseline_pct"] == pytest.approx(1.25)
     assert arms["w4g4"]["gap_vs_baseline_pct"] == pytest.approx(10.0)  # at its last step, 10
     assert (arms["w4g4"]["final_step"], arms["w4g4"]["complete"]) == (10, False)
-    assert arms["w8g8"]["compression_vs_unquantized"] == pytest.approx(3.95)
+    # Unquantized bytes 3.9 * 100 + 4.0 * 300 over 400 sent: a ratio of sums, not the mean of the ratios.
+    assert arms["w8g8"]["compression_vs_unquantized"] == pytest.approx((3.9 * 100 + 4.0 * 300) / 400)
     assert arms["w8g8"]["rel_error"] == pytest.approx({"weights": 0.01, "grads": 0.03})
     assert arms["baseline"]["step_time_s_median"] == pytest.approx(1.5)  # median of 2 s and 1 s
 
