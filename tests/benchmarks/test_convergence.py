@@ -199,13 +199,16 @@ def test_status_and_collect_report_each_arm_and_pack_the_results(tiny_recipes, t
 
 
 def test_ddp_arms_compare_with_ddp_adamw_and_count_their_bytes(tiny_recipes, tmp_path):
-    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "ddp-baseline", "zero-one-adam")
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "ddp-baseline", "zero-one-adam",
+                    "zero-one-adam-dense8-rescale")
     out = plan.out_dir
     write_segment(out / "baseline" / "metrics-00.json", {10: 5.0, 20: 3.0})
     write_segment(out / "ddp-baseline" / "metrics-00.json", {10: 5.0, 20: 4.0})
     write_segment(out / "zero-one-adam" / "metrics-00.json", {10: 5.1, 20: 4.02},
                   zero_one_adam__compression_vs_fp32_allreduce={1: 1.0, 19: 12.0, 20: 12.5},
                   zero_one_adam__total_bytes_sent={1: 1e9, 20: 2.5e9})
+    write_segment(out / "zero-one-adam-dense8-rescale" / "metrics-00.json", {10: 5.0, 20: 3.98},
+                  zero_one_adam__compression_vs_fp32_allreduce={20: 9.5}, zero_one_adam__total_bytes_sent={20: 3e9})
     arms = convergence.summarize(plan)
     assert arms["zero-one-adam"]["gap_vs_baseline_pct"] == pytest.approx(0.5)  # against ddp-baseline's 4.0
     assert arms["zero-one-adam"]["compression_vs_unquantized"] == 12.5  # the whole run's, its last value
@@ -215,6 +218,8 @@ def test_ddp_arms_compare_with_ddp_adamw_and_count_their_bytes(tiny_recipes, tmp
     assert "| zero-one-adam | 2 | 20 (partial) | 4.0200 | +0.50% | 12.50x | 2.500 |" in md
     assert ("0/1 Adam final validation loss within 1% of DDP AdamW: +0.50% (met); bytes sent per rank at least 10x "
             "fewer than DDP's fp32 all-reduce: 12.5x (met)") in md
+    assert ("0/1 Adam (zero-one-adam-dense8-rescale) final validation loss within 1% of DDP AdamW: -0.50% (met); "
+            "bytes sent per rank at least 10x fewer than DDP's fp32 all-reduce: 9.5x (NOT met)") in md
 
 
 def test_corpus_manifest_fingerprint_and_checks(tiny_recipes, tmp_path):
