@@ -154,6 +154,14 @@ class Arm:
     nproc: Optional[int] = None
 
 
+#: 0/1 Adam with a dense 8-bit variance phase: every step updates the variance until 0.25 of the run, each update an
+#: 8-bit all-reduce; then local steps whose interval doubles every 0.15 of the run up to 4 (reached at 0.55).
+DENSE8 = ("algorithms.zero_one_adam.var_freeze_step=0.25dur", "algorithms.zero_one_adam.var_update_scaler=100000",
+          "algorithms.zero_one_adam.variance_codec=symmetric", "algorithms.zero_one_adam.local_step_scaler=0.15dur",
+          "algorithms.zero_one_adam.local_step_clipper=4")
+#: ... with the frozen variance rescaled per bucket by the synchronized squared gradients.
+DENSE8_RESCALE = (*DENSE8, "algorithms.zero_one_adam.variance_rescale=true")
+
 ARMS: dict[str, Arm] = {
     "baseline": Arm("baseline.yaml", (), "plain Composer FSDP2"),
     "w8g8": Arm("qsdp-w8g8.yaml", (), "QSDP W8G8, min-max, stochastic rounding"),
@@ -198,17 +206,12 @@ ARMS: dict[str, Arm] = {
                               "0/1 Adam without local steps (a 1-bit sync every step)", "ddp-baseline"),
     "zero-one-adam-fp32": Arm("zero-one-adam.yaml", ("algorithms.zero_one_adam.codec=null",),
                               "0/1 Adam without compression (variance freezing and local steps only)", "ddp-baseline"),
-    "zero-one-adam-dense8": Arm("zero-one-adam.yaml", DENSE8 := (
-        "algorithms.zero_one_adam.var_freeze_step=0.25dur", "algorithms.zero_one_adam.var_update_scaler=100000",
-        "algorithms.zero_one_adam.variance_codec=symmetric", "algorithms.zero_one_adam.local_step_scaler=0.15dur",
-        "algorithms.zero_one_adam.local_step_clipper=4"),
-        "0/1 Adam, variance updated every step until 0.25dur with 8-bit all-reduces, local steps up to 4",
-        "ddp-baseline"),
-    "zero-one-adam-dense8-rescale": Arm("zero-one-adam.yaml", (*DENSE8, "algorithms.zero_one_adam.variance_rescale=true"),
+    "zero-one-adam-dense8": Arm("zero-one-adam.yaml", DENSE8, "0/1 Adam, variance updated every step until 0.25dur "
+                                "with 8-bit all-reduces, local steps up to 4", "ddp-baseline"),
+    "zero-one-adam-dense8-rescale": Arm("zero-one-adam.yaml", DENSE8_RESCALE,
                                         "zero-one-adam-dense8 with the frozen variance rescaled per bucket",
                                         "ddp-baseline"),
-    "zero-one-adam-dense8-rescale-4r": Arm("zero-one-adam.yaml",
-                                           (*DENSE8, "algorithms.zero_one_adam.variance_rescale=true"),
+    "zero-one-adam-dense8-rescale-4r": Arm("zero-one-adam.yaml", DENSE8_RESCALE,
                                            "zero-one-adam-dense8-rescale on 4 ranks", "ddp-baseline-4r", nproc=4),
 }
 #: The arms run when ``--arms`` is not given: the FSDP ones.
