@@ -6,12 +6,13 @@
 #   GIT_REV=<short sha> OUT=<dir> bash benchmarks/run_device_suite.sh tests-kernels     # one stage per device call
 #   GIT_REV=<short sha> OUT=<dir> bash benchmarks/run_device_suite.sh tests kernels     # several in one call
 # Stages (benchmarks/README.md, "The device suite", says how long each takes and how to chain device calls):
-#   tests-kernels tests-comm tests-train   the GPU-marked tests (pytest -m gpu), in three parts; tests = all three
-#   faults-saving faults-other             the launcher fault cases with their ranks on the GPU; faults = both
-#   kernels sign learned sweep             kernel benchmark tables
-#   collectives                            NVLink and emulated-socket collective tables (2+ GPUs)
+#   tests-kernels tests-comm tests-fsdp tests-train   the GPU-marked tests (pytest -m gpu) in four parts; tests = all
+#   faults-saving faults-other                        the launcher fault cases, ranks on the GPU; faults = both
+#   kernels sign learned sweep                        kernel benchmark tables
+#   collectives                                       NVLink and emulated-socket collective tables (2+ GPUs)
 # A pytest stage NAME stops after ${NAME}_TIMEOUT_S seconds (upper case, '-' as '_', e.g. TESTS_COMM_TIMEOUT_S;
-# default 540) with SIGINT, so that pytest still writes its junit xml and its slowest durations.
+# default 520) with SIGINT, so that pytest still writes its junit xml and its slowest durations (SIGKILL 30 s later):
+# with the wheel install and the packing, one stage fits one 600 s device command.
 #
 # Every stage writes its log (and a pytest stage its junit xml and --durations=40 table) into $SUITE_WORK (default
 # /tmp/device_suite-$GIT_REV), which survives between device calls while the machine stays warm. After each stage
@@ -29,10 +30,11 @@ export OUT=$WORK
 
 TESTS_KERNELS=(tests/quant tests/kernels)
 TESTS_COMM=(tests/comm tests/schemes tests/config tests/engine tests/auto tests/optim)
-TESTS_TRAIN=(tests/fsdp2 tests/fsdp1 tests/ddp tests/algorithms tests/recipes/models tests/test_train.py
-             tests/test_shared_gpu.py)
+TESTS_FSDP=(tests/fsdp2 tests/fsdp1 tests/ddp)
+TESTS_TRAIN=(tests/algorithms tests/recipes/models tests/test_train.py tests/test_shared_gpu.py)
 FAULTS=(tests/faults/test_launcher_faults.py tests/faults/test_rank_exception.py)
-STAGES="tests tests-kernels tests-comm tests-train faults faults-saving faults-other kernels sign learned sweep collectives"
+STAGES="tests tests-kernels tests-comm tests-fsdp tests-train faults faults-saving faults-other"
+STAGES+=" kernels sign learned sweep collectives"
 
 timeout_var() { tr '[:lower:]-' '[:upper:]_' <<< "${1}_TIMEOUT_S"; }  # the timeout variable of stage $1
 
@@ -76,7 +78,7 @@ pytest_stage() {  # pytest_stage NAME PYTEST_ARGS...: a pytest run with its juni
   local name=$1; shift
   local var
   var=$(timeout_var "$name")
-  run "$name" timeout -s INT -k 60 "${!var:-540}" python3 -m pytest -q -p no:cacheprovider -rfE \
+  run "$name" timeout -s INT -k 30 "${!var:-520}" python3 -m pytest -q -p no:cacheprovider -rfE \
     --junitxml="$WORK/$name.xml" --durations=40 "$@"
 }
 
@@ -95,7 +97,7 @@ if ((env_rc)); then printf 'environment\t%s\t0\n' "$env_rc" >> "$WORK/stages.tsv
 expanded=()
 for stage in "$@"; do
   case $stage in
-    tests) expanded+=(tests-kernels tests-comm tests-train) ;;
+    tests) expanded+=(tests-kernels tests-comm tests-fsdp tests-train) ;;
     faults) expanded+=(faults-saving faults-other) ;;
     *) expanded+=("$stage") ;;
   esac
@@ -104,6 +106,7 @@ for stage in "${expanded[@]}"; do
   case $stage in
     tests-kernels) pytest_stage "$stage" -m gpu "${TESTS_KERNELS[@]}" ;;
     tests-comm) pytest_stage "$stage" -m gpu "${TESTS_COMM[@]}" ;;
+    tests-fsdp) pytest_stage "$stage" -m gpu "${TESTS_FSDP[@]}" ;;
     tests-train) pytest_stage "$stage" -m gpu "${TESTS_TRAIN[@]}" ;;
     # The launcher fault cases (slow and fast) with their ranks on the GPU: a rank killed while saving (4 schemes,
     # 3 launches each), then the stalled rank, the resumes and the rank exception.
@@ -125,6 +128,6 @@ for stage in "${expanded[@]}"; do
   esac
 done
 echo "stage status: ${status[*]}"
-echo "packed: $DEST/device_suite.tar.xz ($(du -h "$DEST/device_suite.tar.xz" | cut -f1)), $DEST/device_suite_summary.txt"
+echo "packed: $DEST/device_suite.tar.xz ($(du -h "$DEST/device_suite.tar.xz" | cut -f1)), and the summary:"
 cat "$DEST/device_suite_summary.txt"
 [[ " ${status[*]} " != *=[1-9]* ]]  # the exit status: 0 when every stage of this call passed, else 1
