@@ -20,19 +20,22 @@ Arms (``--arms``, the FSDP ones by default), each a recipe of the family (``--mo
 ``sdp4bit``         ``sdp4bit.yaml``: qWD INT4 weights, TLq-HS gradients (INT8 within a node, INT4 across)
 =================  ==============================================================================================
 
-Plain data parallelism (only when named in ``--arms``), each compared with ``ddp-baseline``:
+Plain data parallelism (only when named in ``--arms``), each compared with ``ddp-baseline`` (``-4r``: 4 ranks,
+with ``ddp-baseline-4r``):
 
-=======================  ========================================================================================
-``ddp-baseline``          ``ddp-baseline.yaml``: Composer DDP with DecoupledAdamW (an fp32 all-reduce every step)
-``zero-one-adam``         ``zero-one-adam.yaml``: 0/1 Adam, variance frozen at the end of the warm-up, local steps
-``zero-one-adam-1bit``    the same without local steps (``local_step_clipper=1``: a 1-bit sync every step)
-``zero-one-adam-fp32``    the same without compression (``codec=null``): variance freezing and local steps only
-``zero-one-adam-dense8``  the variance updated at every step until 0.25dur, each update an 8-bit all-reduce
-                          (``variance_codec=symmetric``), then local steps whose interval doubles every 0.15dur up
-                          to 4 (reached at 0.55dur)
-``...-dense8-rescale``    the same with ``variance_rescale``: the frozen variance follows the synchronized squared
-                          gradients per bucket (``zero-one-adam-dense8-rescale``; ``-4r``: 4 ranks)
-=======================  ========================================================================================
+===================================  ==============================================================================
+``ddp-baseline``                      ``ddp-baseline.yaml``: Composer DDP with DecoupledAdamW (an fp32 all-reduce
+                                      every step)
+``zero-one-adam``                     ``zero-one-adam.yaml``: 0/1 Adam, the variance updated at every step until
+                                      0.25dur through 8-bit all-reduces, then frozen; local steps whose interval
+                                      doubles every 0.15dur up to 4 (reached at 0.55dur)
+``zero-one-adam-rescale``             the same with ``variance_rescale``: the frozen variance follows the
+                                      synchronized squared gradients per bucket
+``zero-one-adam-deepspeed``           DeepSpeed's schedule: sparse exact variance updates until the warm-up ends,
+                                      local steps up to 8; ablations of it: ``-1bit`` (no local steps),
+                                      ``-fp32`` (no compression), ``-densev`` (every step until the freeze updates
+                                      the variance), ``-exact`` (never frozen: AdamW through the optimizer)
+===================================  ==============================================================================
 
 ``--plan`` checks the arms' recipes and prints, for each 0/1 Adam arm, its schedule over ``--steps`` steps and the
 byte ratio against DDP's fp32 all-reduce it is expected to reach, then exits (nothing is built or run).
@@ -151,6 +154,15 @@ class Arm:
     nproc: Optional[int] = None
 
 
+#: 0/1 Adam on DeepSpeed's schedule (the recipes' until the dense 8-bit variance phase replaced it): the variance
+#: updated with exact fp32 all-reduces at doubling intervals (16 per interval) until the end of the warm-up, then
+#: local steps whose interval doubles every 0.05 of the run up to 8. The ablation arms below start from it.
+DEEPSPEED = ("algorithms.zero_one_adam.var_freeze_step=${scheduler.t_warmup}",
+             "algorithms.zero_one_adam.var_update_scaler=16", "algorithms.zero_one_adam.variance_codec=null",
+             "algorithms.zero_one_adam.local_step_scaler=0.05dur", "algorithms.zero_one_adam.local_step_clipper=8")
+#: The shipped recipe with the frozen variance rescaled per bucket by the synchronized squared gradients.
+RESCALE = ("algorithms.zero_one_adam.variance_rescale=true",)
+
 ARMS: dict[str, Arm] = {
     "baseline": Arm("baseline.yaml", (), "plain Composer FSDP2"),
     "w8g8": Arm("qsdp-w8g8.yaml", (), "QSDP W8G8, min-max, stochastic rounding"),
@@ -189,33 +201,27 @@ ARMS: dict[str, Arm] = {
     "ddp-baseline": Arm("ddp-baseline.yaml", (), "plain Composer DDP, DecoupledAdamW", "ddp-baseline"),
     "ddp-baseline-4r": Arm("ddp-baseline.yaml", (), "plain Composer DDP, DecoupledAdamW, 4 ranks", "ddp-baseline-4r",
                            nproc=4),
+    "zero-one-adam": Arm("zero-one-adam.yaml", (), "0/1 Adam under DDP (the recipe: dense 8-bit variance phase "
+                         "until 0.25dur, then local steps up to 4)", "ddp-baseline"),
     "zero-one-adam-4r": Arm("zero-one-adam.yaml", (), "0/1 Adam under DDP, 4 ranks", "ddp-baseline-4r", nproc=4),
-    "zero-one-adam": Arm("zero-one-adam.yaml", (), "0/1 Adam under DDP", "ddp-baseline"),
-    "zero-one-adam-1bit": Arm("zero-one-adam.yaml", ("algorithms.zero_one_adam.local_step_clipper=1",),
-                              "0/1 Adam without local steps (a 1-bit sync every step)", "ddp-baseline"),
-    "zero-one-adam-fp32": Arm("zero-one-adam.yaml", ("algorithms.zero_one_adam.codec=null",),
-                              "0/1 Adam without compression (variance freezing and local steps only)", "ddp-baseline"),
-    "zero-one-adam-densev": Arm("zero-one-adam.yaml", ("algorithms.zero_one_adam.var_update_scaler=100000",),
-                                "0/1 Adam with the variance updated (exact fp32 all-reduce) at every step until the "
-                                "freeze", "ddp-baseline"),
-    "zero-one-adam-exact": Arm("zero-one-adam.yaml", ("algorithms.zero_one_adam.var_update_scaler=100000",
+    "zero-one-adam-rescale": Arm("zero-one-adam.yaml", RESCALE, "0/1 Adam with the frozen variance rescaled per "
+                                 "bucket", "ddp-baseline"),
+    "zero-one-adam-rescale-4r": Arm("zero-one-adam.yaml", RESCALE, "0/1 Adam with the frozen variance rescaled per "
+                                    "bucket, 4 ranks", "ddp-baseline-4r", nproc=4),
+    "zero-one-adam-deepspeed": Arm("zero-one-adam.yaml", DEEPSPEED, "0/1 Adam on DeepSpeed's schedule (sparse exact "
+                                   "variance updates, freeze at the warm-up end, local steps up to 8)", "ddp-baseline"),
+    "zero-one-adam-1bit": Arm("zero-one-adam.yaml", (*DEEPSPEED, "algorithms.zero_one_adam.local_step_clipper=1"),
+                              "DeepSpeed's schedule without local steps (a 1-bit sync every step)", "ddp-baseline"),
+    "zero-one-adam-fp32": Arm("zero-one-adam.yaml", (*DEEPSPEED, "algorithms.zero_one_adam.codec=null"),
+                              "DeepSpeed's schedule without compression (variance freezing and local steps only)",
+                              "ddp-baseline"),
+    "zero-one-adam-densev": Arm("zero-one-adam.yaml", (*DEEPSPEED, "algorithms.zero_one_adam.var_update_scaler=100000"),
+                                "DeepSpeed's schedule with the variance updated (exact fp32 all-reduce) at every step "
+                                "until the freeze", "ddp-baseline"),
+    "zero-one-adam-exact": Arm("zero-one-adam.yaml", (*DEEPSPEED, "algorithms.zero_one_adam.var_update_scaler=100000",
                                                       "algorithms.zero_one_adam.var_freeze_step=1.0dur"),
                                "0/1 Adam that never freezes: an exact fp32 all-reduce and variance update every step "
                                "(AdamW with the step bound and the optimizer's clipping)", "ddp-baseline"),
-    "zero-one-adam-dense8": Arm("zero-one-adam.yaml", DENSE8 := (
-        "algorithms.zero_one_adam.var_freeze_step=0.25dur", "algorithms.zero_one_adam.var_update_scaler=100000",
-        "algorithms.zero_one_adam.variance_codec=symmetric", "algorithms.zero_one_adam.local_step_scaler=0.15dur",
-        "algorithms.zero_one_adam.local_step_clipper=4"),
-        "0/1 Adam, variance updated every step until 0.25dur with 8-bit all-reduces, local steps up to 4",
-        "ddp-baseline"),
-    "zero-one-adam-dense8-rescale": Arm("zero-one-adam.yaml", (*DENSE8, "algorithms.zero_one_adam.variance_rescale=true"),
-                                        "zero-one-adam-dense8 with the frozen variance rescaled per bucket",
-                                        "ddp-baseline"),
-    "zero-one-adam-dense8-rescale-4r": Arm("zero-one-adam.yaml",
-                                           (*DENSE8, "algorithms.zero_one_adam.variance_rescale=true"),
-                                           "zero-one-adam-dense8-rescale on 4 ranks", "ddp-baseline-4r", nproc=4),
-    "zero-one-adam-dense8-4r": Arm("zero-one-adam.yaml", DENSE8, "zero-one-adam-dense8 on 4 ranks", "ddp-baseline-4r",
-                                   nproc=4),
 }
 #: The arms run when ``--arms`` is not given: the FSDP ones.
 DEFAULT_ARMS = ("baseline", "w8g8", "w4g4", "w4g4-learned", "w4g4-hadamard", "w8g4", "qwd-w4g8", "qwd-w4g4",
@@ -225,6 +231,8 @@ MATRIX_ARMS = ("baseline", "baseline-seed2", "ddp-baseline", "w8g8", "w8g4", "w4
                "tlq-hs-2x2", "zeropp-2x2", "policy-auto", "zero-one-adam")
 ZERO_ONE_TARGET_PCT = 1.0  # issue 13: 0/1 Adam's final validation loss within 1% of DDP AdamW
 ZERO_ONE_BYTES_TARGET = 10.0  # ... with at least 10x fewer bytes sent per rank than DDP's fp32 all-reduce
+#: The 0/1 Adam arms whose target line the summary prints (the ablations attribute a gap and have none).
+ZERO_ONE_TARGET_ARMS = ("zero-one-adam", "zero-one-adam-4r", "zero-one-adam-rescale", "zero-one-adam-rescale-4r")
 
 
 # ----------------------------------------------------------------------------------------------------- corpus
@@ -685,7 +693,8 @@ def markdown(plan: Plan, head: dict[str, str], manifest: dict[str, Any], arms: d
                       + ", ".join(f"{arm} {gap:+.2f}%" for arm, gap in gaps.items())]
     gap = arms.get("w8g8", {}).get("gap_vs_baseline_pct")
     lines += _w8g8_target({} if gap is None else {"": gap})
-    lines += _zero_one_target(arms.get("zero-one-adam"))
+    for arm in ZERO_ONE_TARGET_ARMS:
+        lines += _zero_one_target(arm, arms.get(arm))
     return "\n".join(lines) + "\n"
 
 
@@ -739,14 +748,15 @@ def _w8g8_target(gaps_pct: dict[str, float]) -> list[str]:
                 f"plain FSDP: {verdicts}"]
 
 
-def _zero_one_target(r: dict[str, Any] | None) -> list[str]:
-    """The 0/1 Adam target's line: its final gap to DDP AdamW and its byte saving over the run."""
+def _zero_one_target(arm: str, r: dict[str, Any] | None) -> list[str]:
+    """The 0/1 Adam target's line of ``arm``: its final gap to DDP AdamW and its byte saving over the run."""
     if not r or r["gap_vs_baseline_pct"] is None:
         return []
     gap, ratio = r["gap_vs_baseline_pct"], r["compression_vs_unquantized"]
     loss = "met" if abs(gap) <= ZERO_ONE_TARGET_PCT else "NOT met"
     saved = "n/a" if ratio is None else f"{ratio:.1f}x ({'met' if ratio >= ZERO_ONE_BYTES_TARGET else 'NOT met'})"
-    return ["", f"Target (measured, never asserted): 0/1 Adam final validation loss within {ZERO_ONE_TARGET_PCT:.0f}% "
+    name = "0/1 Adam" if arm == "zero-one-adam" else f"0/1 Adam ({arm})"
+    return ["", f"Target (measured, never asserted): {name} final validation loss within {ZERO_ONE_TARGET_PCT:.0f}% "
                 f"of DDP AdamW: {gap:+.2f}% ({loss}); bytes sent per rank at least {ZERO_ONE_BYTES_TARGET:.0f}x fewer "
                 f"than DDP's fp32 all-reduce: {saved}"]
 

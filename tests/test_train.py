@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 import typing
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import composer_qsdp.fsdp2
 import composer_qsdp.recipes.models
 import e2e_common  # benchmarks/ (tests/conftest.py): Composer's launcher command
 from composer_qsdp.recipes.data import write_token_shards
-from composer_qsdp.recipes.data.sources import wikipedia_sample_documents
+from composer_qsdp.recipes.data.sources import python_source_documents
 from composer_qsdp.recipes.models import GPTConfig, hf_causal_lm_config
 from composer_qsdp.recipes.loader import ALGORITHMS, CALLBACKS, LOGGERS, TrainRecipe
 from composer_qsdp.recipes.train import RecipeError, load_recipe, main, train
@@ -38,10 +39,12 @@ SEQ_LEN = 32
 
 
 @pytest.fixture(scope="module")
-def wiki_shards(tmp_path_factory) -> Path:
-    """A slice of the bundled Wikipedia sample (15 articles, ~120K tokens) as 32-token samples."""
-    out = tmp_path_factory.mktemp("wiki") / f"wiki-gpt2-t{SEQ_LEN}"
-    write_token_shards(wikipedia_sample_documents(0.3), out, SEQ_LEN, max_documents=15)
+def corpus_shards(tmp_path_factory) -> Path:
+    """The standard library's ``email`` package source (about 30 files, capped at 100K train tokens) as 32-token
+    samples: a real corpus on every machine, the GPU machines included, which lack the demo extra's gensim."""
+    out = tmp_path_factory.mktemp("corpus") / f"email-gpt2-t{SEQ_LEN}"
+    email_package = Path(sysconfig.get_paths()["stdlib"]) / "email"
+    write_token_shards(python_source_documents(0.3, [email_package]), out, SEQ_LEN, max_train_tokens=100_000)
     return out
 
 
@@ -64,10 +67,10 @@ def launch(nproc: int, recipe: Path, overrides: list[str], timeout: int = 400) -
 
 
 # ------------------------------------------------------------------------------------------- one process
-def test_one_process_trains_checkpoints_and_resumes_exactly(wiki_shards, tmp_path):
+def test_one_process_trains_checkpoints_and_resumes_exactly(corpus_shards, tmp_path):
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     common = ["max_duration=16ba", "eval_interval=8ba"]
-    assert main([str(BASELINE), *tiny_overrides(wiki_shards, full, *common, f"save_folder={full / 'ckpt'}",
+    assert main([str(BASELINE), *tiny_overrides(corpus_shards, full, *common, f"save_folder={full / 'ckpt'}",
                                                 "save_interval=8ba")]) == 0
     losses = train_losses(full)
     assert sorted(losses) == list(range(16))
@@ -77,7 +80,7 @@ def test_one_process_trains_checkpoints_and_resumes_exactly(wiki_shards, tmp_pat
     metrics = json.loads((full / "metrics.json").read_text())["metrics"]
     assert "metrics/val/LanguagePerplexity" in metrics
 
-    assert main([str(BASELINE), *tiny_overrides(wiki_shards, resumed, *common,
+    assert main([str(BASELINE), *tiny_overrides(corpus_shards, resumed, *common,
                                                 f"load_path={full / 'ckpt' / 'ep0-ba8'}")]) == 0
     resumed_losses = train_losses(resumed)
     assert sorted(resumed_losses) == list(range(8, 16))
@@ -85,8 +88,8 @@ def test_one_process_trains_checkpoints_and_resumes_exactly(wiki_shards, tmp_pat
 
 
 # ------------------------------------------------------------------------------------------ two processes
-def test_two_processes_through_the_launcher(wiki_shards, tmp_path):
-    result = launch(2, QSDP_RECIPE, tiny_overrides(wiki_shards, tmp_path, "max_duration=12ba", "eval_interval=12ba",
+def test_two_processes_through_the_launcher(corpus_shards, tmp_path):
+    result = launch(2, QSDP_RECIPE, tiny_overrides(corpus_shards, tmp_path, "max_duration=12ba", "eval_interval=12ba",
                                                    f"save_folder={tmp_path / 'ckpt'}", "save_interval=12ba",
                                                    f"loggers.file.filename={tmp_path}/log-rank{{rank}}.txt"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -106,10 +109,10 @@ def test_two_processes_through_the_launcher(wiki_shards, tmp_path):
     assert sum(int(v) for _, v in logged) == summary["grads"]["sent"]
 
 
-def test_hugging_face_gpt2_in_one_process(wiki_shards, tmp_path):
+def test_hugging_face_gpt2_in_one_process(corpus_shards, tmp_path):
     """A transformers GPT-2 (random weights) from the recipe's model section: one FSDP2 unit per GPT2Block plus
     the root, batches with labels, Composer's evaluation."""
-    recipe = load_recipe(HF_RECIPE, tiny_overrides(wiki_shards, tmp_path, "max_duration=4ba", "eval_interval=4ba",
+    recipe = load_recipe(HF_RECIPE, tiny_overrides(corpus_shards, tmp_path, "max_duration=4ba", "eval_interval=4ba",
                                                    "model.config.n_layer=3"))
     # Without QSDP: in one process FSDP2 sends nothing for it to quantize (the next test runs it on two).
     trainer = train(dataclasses.replace(recipe, algorithm_kwargs={}))
@@ -121,9 +124,9 @@ def test_hugging_face_gpt2_in_one_process(wiki_shards, tmp_path):
     assert batch == 4 and 9 < cross_entropy < 11.5  # ~ln(50257) = 10.8 for random weights
 
 
-def test_hugging_face_gpt2_with_qsdp_on_two_processes(wiki_shards, tmp_path):
+def test_hugging_face_gpt2_with_qsdp_on_two_processes(corpus_shards, tmp_path):
     """The Hugging Face recipe as shipped (QSDP W8G8) through Composer's launcher; one FSDP unit per GPT2Block."""
-    result = launch(2, HF_RECIPE, tiny_overrides(wiki_shards, tmp_path, "max_duration=10ba", "eval_interval=10ba",
+    result = launch(2, HF_RECIPE, tiny_overrides(corpus_shards, tmp_path, "max_duration=10ba", "eval_interval=10ba",
                                                  "model.config.n_layer=3",
                                                  f"loggers.file.filename={tmp_path}/log-rank{{rank}}.txt"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -139,13 +142,13 @@ def test_hugging_face_gpt2_with_qsdp_on_two_processes(wiki_shards, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_processes_qsdp_resume_reproduces_losses(wiki_shards, tmp_path):
+def test_two_processes_qsdp_resume_reproduces_losses(corpus_shards, tmp_path):
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     common = ["max_duration=10ba", "eval_interval=10ba"]
-    result = launch(2, QSDP_RECIPE, tiny_overrides(wiki_shards, full, *common, f"save_folder={full / 'ckpt'}",
+    result = launch(2, QSDP_RECIPE, tiny_overrides(corpus_shards, full, *common, f"save_folder={full / 'ckpt'}",
                                                    "save_interval=5ba"))
     assert result.returncode == 0, result.stderr[-3000:]
-    result = launch(2, QSDP_RECIPE, tiny_overrides(wiki_shards, resumed, *common,
+    result = launch(2, QSDP_RECIPE, tiny_overrides(corpus_shards, resumed, *common,
                                                    f"load_path={full / 'ckpt' / 'ep0-ba5'}"))
     assert result.returncode == 0, result.stderr[-3000:]
     losses, resumed_losses = train_losses(full), train_losses(resumed)

@@ -162,7 +162,8 @@ class ZeroOneAdam(torch.optim.Optimizer):
         variance_codec: the compressor of the variance updates' all-reduce (``T_v`` steps): ``None`` (default:
             exact fp32), a deterministic codec name (``"symmetric"``: 8 bits with one fp32 scale per bucket,
             ``8 + 32 / bucket_size`` bits per element) or a mapping of :func:`~composer_qsdp.quant.make_codec`
-            options with its ``name`` (``{"name": "symmetric", "bits": 6}``); at ``bucket_size`` unless given.
+            options with its ``name`` (``{"name": "symmetric", "bits": 6}``); at ``bucket_size`` unless given (a
+            divisor of it).
         variance_rescale: scale the frozen variance per bucket by the change of the ranks' squared gradients since
             the last variance update (see the module docstring; default False). Costs one fp32 per bucket on every
             variance update and local-phase synchronization.
@@ -221,6 +222,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
         params = [{**item, "params": _tensors(item)} if isinstance(item, dict) else item for item in params]
         if bucket_size is None:
             bucket_size = default_bucket_size(t for item in params for t in _tensors(item))
+        bucket_size = check_int("bucket_size", bucket_size, minimum=1)
         self._codec = None if codec is None else make_codec(codec, bucket_size=bucket_size)
         if self._codec is not None and self._codec.unbiased:
             raise ValueError(f"codec={codec!r} rounds stochastically; 0/1 Adam's error feedback needs a "
@@ -774,6 +776,10 @@ def _variance_codec(spec: str | Mapping[str, Any] | None, bucket_size: int) -> C
     if options is None or not isinstance(options.get("name"), str):
         raise ValueError(f"variance_codec={spec!r} is invalid; {allowed}")
     options.setdefault("bucket_size", bucket_size)
+    if isinstance(options["bucket_size"], int) and options["bucket_size"] > 0 and bucket_size % options["bucket_size"]:
+        raise ValueError(f"variance_codec={spec!r} has bucket_size={options['bucket_size']}, which does not divide the "
+                         f"optimizer's bucket_size={bucket_size} (its buckets would span two tensors); allowed: a "
+                         "divisor of it, or no bucket_size (the optimizer's)")
     try:
         codec = make_codec(**options)
     except ValueError as err:

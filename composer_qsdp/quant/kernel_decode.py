@@ -4,18 +4,37 @@ rows, into a caller's buffer, and summing (divided and rounded into a buffer).""
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+from typing import ClassVar
+
 import torch
 
+from composer_qsdp.kernels import use_triton
 from composer_qsdp.quant.codec import Codec
 
 __all__ = ["KernelDecodes"]
 
 
 class KernelDecodes(Codec):
-    """Mixin of :class:`~composer_qsdp.quant.codec.Codec` subclasses that provide ``_kernels(t, numel)`` (their
-    kernels module, or None for the torch path), ``wire_format(numel)``, and the references ``_decode_rows_fp32(wire,
-    numel)`` and ``_decode_sum_reference(wire, numel)``; their kernels modules' ``decode_rows``/``decode_sum``
-    take ``out=`` (and ``divisor=``)."""
+    """Mixin of :class:`~composer_qsdp.quant.codec.Codec` subclasses that name their Triton module in
+    :mod:`composer_qsdp.kernels` (``kernels_module``) and provide ``wire_format(numel)`` and the references
+    ``_decode_rows_fp32(wire, numel)`` and ``_decode_sum_reference(wire, numel)``; their kernels modules'
+    ``supports``, ``decode_rows`` and ``decode_sum`` (with ``out=`` and ``divisor=``) serve every call they cover."""
+
+    #: The codec's module in :mod:`composer_qsdp.kernels` (imported on the first GPU call).
+    kernels_module: ClassVar[str]
+
+    def wire_bytes(self, numel: int) -> int:
+        return self.wire_format(numel).wire_bytes
+
+    def _kernels(self, t: torch.Tensor, numel: int) -> ModuleType | None:
+        """The kernels module when Triton should handle ``t`` (``[rows, ...]``, ``numel`` elements per row) in
+        this configuration, else None (torch reference)."""
+        if not use_triton(t):
+            return None
+        kernels = importlib.import_module(f"composer_qsdp.kernels.{self.kernels_module}")
+        return kernels if kernels.supports(self.bits, self.bucket_size, t.shape[0], numel) else None
 
     def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
         kernels = self._kernels(wire, numel)

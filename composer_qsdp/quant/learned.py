@@ -81,13 +81,12 @@ from __future__ import annotations
 import collections
 import contextlib
 from collections.abc import Iterator
-from types import ModuleType
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from composer_qsdp.quant.buckets import bucket_lattice, bucket_min_max
-from composer_qsdp.kernels import WireFormat, bucket_wire_format, use_triton
+from composer_qsdp.kernels import WireFormat, bucket_wire_format
 from composer_qsdp.quant.codec import sum_rows_in_order
 from composer_qsdp.validate import check_int
 from composer_qsdp.quant.kernel_decode import KernelDecodes
@@ -262,6 +261,7 @@ class LearnedLevelsCodec(KernelDecodes):
     """
 
     name = "learned"
+    kernels_module = "learned"
 
     def __init__(
         self,
@@ -361,19 +361,6 @@ class LearnedLevelsCodec(KernelDecodes):
         self._check_numel(numel)
         words = 2 * self.num_buckets(numel) + self.num_levels
         return bucket_wire_format(numel, self.bucket_size, self.bits, meta_words=words)
-
-    def wire_bytes(self, numel: int) -> int:
-        return self.wire_format(numel).wire_bytes
-
-    # ------------------------------------------------------------------ backend choice
-    def _kernels(self, t: torch.Tensor, numel: int) -> ModuleType | None:
-        """The kernels module when Triton should handle ``t`` (``[rows, ...]``, ``numel`` elements per row) in
-        this configuration, else None (torch reference)."""
-        if not use_triton(t):
-            return None
-        from composer_qsdp.kernels import learned as kernels
-
-        return kernels if kernels.supports(self.bits, self.bucket_size, t.shape[0], numel) else None
 
     def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
         kernels = self._kernels(x, x.shape[1])

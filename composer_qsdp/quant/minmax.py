@@ -50,11 +50,10 @@ are unaffected. A NaN/Inf never turns into finite garbage.
 
 from __future__ import annotations
 
-from types import ModuleType
 
 import torch
 
-from composer_qsdp.kernels import WireFormat, bucket_wire_format, use_triton
+from composer_qsdp.kernels import WireFormat, bucket_wire_format
 from composer_qsdp.kernels.fixed_point import NOISE_BITS, fraction_bits
 from composer_qsdp.quant.buckets import bucket_lattice
 from composer_qsdp.quant.codec import sum_rows_in_order
@@ -95,6 +94,7 @@ class MinMaxCodec(KernelDecodes):
     """
 
     name = "minmax"
+    kernels_module = "minmax"
 
     def __init__(self, bits: int = 8, bucket_size: int = 1024, rounding: str = "stochastic") -> None:
         super().__init__(bits, bucket_size)
@@ -118,19 +118,6 @@ class MinMaxCodec(KernelDecodes):
         """Wire format of ``numel`` elements: two fp32 metadata words (min, scale) per bucket."""
         self._check_numel(numel)
         return bucket_wire_format(numel, self.bucket_size, self.bits, 2 * self.num_buckets(numel))
-
-    def wire_bytes(self, numel: int) -> int:
-        return self.wire_format(numel).wire_bytes
-
-    # ------------------------------------------------------------------ backend choice
-    def _kernels(self, t: torch.Tensor, numel: int) -> ModuleType | None:
-        """The kernels module when Triton should handle ``t`` (``[rows, ...]``, ``numel`` elements per row) in
-        this configuration, else None (torch reference)."""
-        if not use_triton(t):
-            return None
-        from composer_qsdp.kernels import minmax as kernels
-
-        return kernels if kernels.supports(self.bits, self.bucket_size, t.shape[0], numel) else None
 
     def _encode_rows(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
         kernels = self._kernels(x, x.shape[1])

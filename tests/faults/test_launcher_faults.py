@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import e2e_common  # benchmarks/ (tests/conftest.py): Composer's launcher command
-from test_train import BASELINE, QSDP_RECIPE, tiny_overrides, train_losses, wiki_shards  # noqa: F401 (fixture)
+from test_train import BASELINE, QSDP_RECIPE, tiny_overrides, train_losses, corpus_shards  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.requires_custom_comm]
 
@@ -76,17 +76,17 @@ def _log(proc: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_a_rank_killed_while_saving_loses_nothing(wiki_shards, tmp_path, scheme):
+def test_a_rank_killed_while_saving_loses_nothing(corpus_shards, tmp_path, scheme):
     """SIGKILL of a rank in the middle of the batch-6 checkpoint: the job ends at once, 'latest' still names the
     complete batch-3 checkpoint, and autoresume from it reproduces the uninterrupted run exactly."""
     nproc, recipe, extra, victim = SCHEMES[scheme]
     ckpt = tmp_path / "ckpt"
     saving = [f"save_interval={SAVE_EVERY}ba", "run_name=faulty", "autoresume=true", *extra]
-    full = _launch(nproc, recipe, _overrides(wiki_shards, tmp_path / "full", f"save_folder={tmp_path / 'f'}",
+    full = _launch(nproc, recipe, _overrides(corpus_shards, tmp_path / "full", f"save_folder={tmp_path / 'f'}",
                                              *saving), tmp_path / "pids")
     assert full.returncode == 0, _log(full)
 
-    killed = _launch(nproc, recipe, _overrides(wiki_shards, tmp_path / "killed", f"save_folder={ckpt}", *saving),
+    killed = _launch(nproc, recipe, _overrides(corpus_shards, tmp_path / "killed", f"save_folder={ckpt}", *saving),
                      tmp_path / "pids", f"kill-in-save:{victim}:{KILL_AT}")
     after_kill = time.time() - float((tmp_path / "pids" / "killed").read_text())
     assert killed.returncode != 0 and f"Rank {victim} crashed with exit code -9" in killed.stderr, _log(killed)
@@ -99,7 +99,7 @@ def test_a_rank_killed_while_saving_loses_nothing(wiki_shards, tmp_path, scheme)
     if scheme != "zero-one-adam":  # sharded: the rank files are there, the metadata is not
         assert not (ckpt / f"ep0-ba{KILL_AT}" / ".metadata").exists()
 
-    resumed = _launch(nproc, recipe, _overrides(wiki_shards, tmp_path / "resumed", f"save_folder={ckpt}",
+    resumed = _launch(nproc, recipe, _overrides(corpus_shards, tmp_path / "resumed", f"save_folder={ckpt}",
                                                 *saving), tmp_path / "pids")
     assert resumed.returncode == 0, _log(resumed)
     # The remains of the interrupted save are set aside, not in the way of the resumed run's own save at batch 6.
@@ -114,11 +114,11 @@ def test_a_rank_killed_while_saving_loses_nothing(wiki_shards, tmp_path, scheme)
     assert os.readlink(latest).startswith(f"ep0-ba{BATCHES}")
 
 
-def test_a_stalled_rank_ends_the_run_after_dist_timeout_naming_it(wiki_shards, tmp_path):
+def test_a_stalled_rank_ends_the_run_after_dist_timeout_naming_it(corpus_shards, tmp_path):
     """SIGSTOP of rank 1 after batch 3: rank 0 fails after dist_timeout with an error naming rank 1, and the
     launcher ends the job (SIGKILL of the stopped rank after its grace period)."""
     fault_dir = tmp_path / "pids"
-    proc = _launch(2, QSDP_RECIPE, _overrides(wiki_shards, tmp_path), fault_dir, "stop:1:3")
+    proc = _launch(2, QSDP_RECIPE, _overrides(corpus_shards, tmp_path), fault_dir, "stop:1:3")
     stopped_at = float((fault_dir / "stopped").read_text())
     after_stop = time.time() - stopped_at
     log = _log(proc)
@@ -131,20 +131,20 @@ def test_a_stalled_rank_ends_the_run_after_dist_timeout_naming_it(wiki_shards, t
 
 
 @pytest.mark.parametrize("scheme", ["w8g8", "qwd"])
-def test_resume_on_another_world_size(wiki_shards, tmp_path, scheme):
+def test_resume_on_another_world_size(corpus_shards, tmp_path, scheme):
     """2 ranks to batch 3, 4 ranks from its checkpoint to batch 6, 2 ranks from that to the end: each resume warns
     that the world size changed and continues from the same samples with the same weights (the first resumed loss
     matches the uninterrupted 2-rank run's to quantization noise)."""
     _, recipe, extra, _ = SCHEMES[scheme]
     ckpt = tmp_path / "ckpt"
-    full = _launch(2, recipe, _overrides(wiki_shards, tmp_path / "full", *extra), tmp_path / "pids")
+    full = _launch(2, recipe, _overrides(corpus_shards, tmp_path / "full", *extra), tmp_path / "pids")
     assert full.returncode == 0, _log(full)
     expected = train_losses(tmp_path / "full")
     legs = [(2, None, SAVE_EVERY), (4, SAVE_EVERY, 2 * SAVE_EVERY), (2, 2 * SAVE_EVERY, BATCHES)]
     for nproc, start, end in legs:
         run = tmp_path / f"w{nproc}-from{start}"
         load = [] if start is None else [f"load_path={ckpt / f'ep0-ba{start}'}"]
-        proc = _launch(nproc, recipe, _overrides(wiki_shards, run, *extra, f"max_duration={end}ba",
+        proc = _launch(nproc, recipe, _overrides(corpus_shards, run, *extra, f"max_duration={end}ba",
                                                  f"save_folder={ckpt}", f"save_interval={end}ba", *load),
                        tmp_path / "pids")
         assert proc.returncode == 0, _log(proc)
@@ -157,7 +157,7 @@ def test_resume_on_another_world_size(wiki_shards, tmp_path, scheme):
     assert expected[BATCHES - 1] < expected[0] - 0.3 and losses[BATCHES - 1] < expected[0] - 0.3
 
 
-def test_qsdp_switched_off_and_on_again(wiki_shards, tmp_path):
+def test_qsdp_switched_off_and_on_again(corpus_shards, tmp_path):
     """QSDP, then the same run without it (plain FSDP2), then with it again: each resume continues; switching it on
     again warns that its counters start from zero and counts only the new batches."""
     ckpt = tmp_path / "ckpt"
@@ -166,7 +166,7 @@ def test_qsdp_switched_off_and_on_again(wiki_shards, tmp_path):
     for recipe, start, end in legs:
         run = tmp_path / f"{recipe.stem}-from{start}"
         load = [] if start is None else [f"load_path={ckpt / f'ep0-ba{start}'}"]
-        proc = _launch(2, recipe, _overrides(wiki_shards, run, f"max_duration={end}ba", f"save_folder={ckpt}",
+        proc = _launch(2, recipe, _overrides(corpus_shards, run, f"max_duration={end}ba", f"save_folder={ckpt}",
                                              f"save_interval={end}ba", *load), tmp_path / "pids")
         assert proc.returncode == 0, _log(proc)
     first = json.loads((tmp_path / f"{QSDP_RECIPE.stem}-fromNone" / "metrics.json").read_text())["communication"]

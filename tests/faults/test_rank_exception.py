@@ -13,7 +13,7 @@ import time
 import pytest
 
 from test_launcher_faults import _launch, _log, _overrides
-from test_train import BASELINE, QSDP_RECIPE, wiki_shards  # noqa: F401 (fixture)
+from test_train import BASELINE, QSDP_RECIPE, corpus_shards  # noqa: F401 (fixture)
 
 #: Seconds from one rank's exception to the end of the job (launcher included). The other rank notices at once
 #: (the failed process's connections close), so this is start-up-free Python exit time plus slack for a loaded
@@ -23,11 +23,11 @@ DIST_TIMEOUT = 60
 
 
 @pytest.mark.requires_custom_comm
-def test_an_exception_on_one_rank_ends_the_job_within_seconds(wiki_shards, tmp_path):
+def test_an_exception_on_one_rank_ends_the_job_within_seconds(corpus_shards, tmp_path):
     """Rank 1 raises after batch 2 while rank 0 goes on into batch 3's collectives: the job ends within seconds (not
     after dist_timeout), and the first traceback in the launcher's output is rank 1's."""
     fault_dir = tmp_path / "pids"
-    proc = _launch(2, QSDP_RECIPE, _overrides(wiki_shards, tmp_path, f"dist_timeout={DIST_TIMEOUT}"), fault_dir,
+    proc = _launch(2, QSDP_RECIPE, _overrides(corpus_shards, tmp_path, f"dist_timeout={DIST_TIMEOUT}"), fault_dir,
                    "raise:1:2", timeout=DIST_TIMEOUT + 200)
     after_raise = time.time() - float((fault_dir / "raised").read_text())
     log = _log(proc)

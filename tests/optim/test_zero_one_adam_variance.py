@@ -336,6 +336,8 @@ def test_checkpoints_with_both_options_continue_exactly():
     ({"variance_codec": {"bits": 8}}, "variance_codec=.* is invalid"),
     ({"variance_codec": {"name": "symmetric", "bits": 12}}, "variance_codec=.*bits"),
     ({"variance_codec": "symetric"}, "unknown codec 'symetric'"),
+    ({"variance_codec": {"name": "symmetric", "bucket_size": 96}, "bucket_size": 64}, "does not divide"),
+    ({"variance_rescale": True, "codec": None, "bucket_size": 0}, "bucket_size=0 is invalid"),
     ({"variance_rescale": "yes"}, "variance_rescale='yes' is invalid; allowed: True, False"),
 ])
 def test_bad_variance_options_are_named(options, match):
