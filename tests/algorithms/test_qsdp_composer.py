@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import e2e_common  # benchmarks/ (tests/conftest.py): Composer's launcher command
+from wire_bytes import cdiv, hadamard_minmax_bytes, symmetric_bytes  # benchmarks/: the formats' definitions
 
 from composer_qsdp.fsdp2 import HAS_CUSTOM_COMM_API
 
@@ -85,24 +86,6 @@ def test_composer_run_with_weight_differences(tmp_path):
     assert max(result["param_rel_error"].values()) < 2e-2, result["param_rel_error"]
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _symmetric_bytes(n: int, bits: int, group: int) -> int:
-    """Symmetric codes of ``n`` elements: packed per group (the last one partial), padded to 4 bytes, one fp32 scale
-    per group."""
-    groups = _cdiv(n, group)
-    codes = (groups - 1) * _cdiv(group * bits, 8) + _cdiv((n - (groups - 1) * group) * bits, 8)
-    return _cdiv(codes, 4) * 4 + 4 * groups
-
-
-def _hadamard_minmax_bytes(n: int, bits: int, group: int) -> int:
-    """Hadamard-rotated min-max codes: ``n`` zero-padded to whole groups, then two fp32 words per group."""
-    padded = _cdiv(n, group) * group
-    return _cdiv(padded * bits // 8, 4) * 4 + 8 * (padded // group)
-
-
 @pytest.mark.parametrize("preset,weight_bits,grad_bits", [
     ("qwd-w4g2-loco", 4, 2), pytest.param("qwd-w3g2-loco", 3, 2, marks=pytest.mark.slow)])
 def test_loco_preset_bytes_with_gradient_accumulation_and_evaluation(tmp_path, preset, weight_bits, grad_bits):
@@ -115,9 +98,9 @@ def test_loco_preset_bytes_with_gradient_accumulation_and_evaluation(tmp_path, p
     result = _launch(tmp_path, options={"preset": preset}, microbatch=16 // k, eval_every=every)
     assert result["batches"] == batches
     # FSDP2's chunk per rank of each Linear unit (dim 0 padded to a multiple of W): 32->128, 128->67, 67->16.
-    chunks = [_cdiv(o, world) * i + _cdiv(o, world) for i, o in ((32, 128), (128, 67), (67, 16))]
-    update = (world - 1) * sum(_symmetric_bytes(n, weight_bits, 2048) for n in chunks)
-    scatter = (world - 1) * sum(_hadamard_minmax_bytes(n, grad_bits, 256) for n in chunks)
+    chunks = [cdiv(o, world) * i + cdiv(o, world) for i, o in ((32, 128), (128, 67), (67, 16))]
+    update = (world - 1) * sum(symmetric_bytes(n, weight_bits, 2048) for n in chunks)
+    scatter = (world - 1) * sum(hadamard_minmax_bytes(n, grad_bits, 256) for n in chunks)
     fp32 = (world - 1) * 4 * sum(chunks)  # the run is fp32: FSDP gathers and reduce-scatters fp32
     after_eval = set(range(every + 1, batches + 1, every))  # batches 5, 9, 13
     metrics = result["metrics"]

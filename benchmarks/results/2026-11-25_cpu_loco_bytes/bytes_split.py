@@ -21,12 +21,11 @@ import torch
 from composer_qsdp.recipes.models.config import gpt_config
 from composer_qsdp.recipes.models.gpt import GPT
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
+from wire_bytes import cdiv, hadamard_minmax_bytes, symmetric_bytes  # noqa: E402
+
 W = 2
 ARMS = {"qwd-w4g2-loco": (4, 2), "qwd-w3g2-loco": (3, 2), "qwd-w3g3-loco": (3, 3), "qwd-w4g4": (4, 4)}
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def unit_chunks() -> list[int]:
@@ -36,19 +35,6 @@ def unit_chunks() -> list[int]:
     shard = lambda p: cdiv(p.shape[0], W) * (p.numel() // p.shape[0])  # noqa: E731
     root = [p for n, p in model.named_parameters() if not n.startswith("blocks.")]
     return [sum(shard(p) for p in unit) for unit in [root, *(list(b.parameters()) for b in model.blocks)]]
-
-
-def symmetric_bytes(n: int, bits: int, group: int) -> int:
-    """Codes packed per group (the last one partial), padded to 4 bytes, then one fp32 scale per group."""
-    groups = cdiv(n, group)
-    codes = (groups - 1) * cdiv(group * bits, 8) + cdiv((n - (groups - 1) * group) * bits, 8)
-    return cdiv(codes, 4) * 4 + 4 * groups
-
-
-def hadamard_minmax_bytes(n: int, bits: int, group: int) -> int:
-    """The chunk zero-padded to whole groups, codes, then two fp32 words (min, scale) per group."""
-    padded = cdiv(n, group) * group
-    return cdiv(padded * bits // 8, 4) * 4 + 8 * (padded // group)
 
 
 def expected(weight_bits: int, grad_bits: int) -> dict[str, int]:
