@@ -527,8 +527,11 @@ class ZeroOneAdam(torch.optim.Optimizer):
 
     def _bucket_views(self, per_bucket: torch.Tensor) -> list[torch.Tensor]:
         """Each parameter's view of a per-bucket tensor of the whole flat layout (its buckets, 1-D)."""
-        return [per_bucket[o // self._align : (o + p.numel() - 1) // self._align + 1]
-                for p, o in zip(self._params, self._offsets)]
+        return [per_bucket[self._bucket_slice(p, o)] for p, o in zip(self._params, self._offsets)]
+
+    def _bucket_slice(self, p: torch.Tensor, offset: int) -> slice:
+        """The buckets of parameter ``p``, which starts at ``offset`` of the flat layout."""
+        return slice(offset // self._align, (offset + p.numel() - 1) // self._align + 1)
 
     def _views(self, part: slice, flat_values: torch.Tensor) -> list[torch.Tensor]:
         """Each parameter's view of ``flat_values``, laid out like ``part`` of the flat layout."""
@@ -635,7 +638,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
                                  "world_size": self.world_size, "traffic": traffic}
             for name, (tensor, per_rank) in extras.items():
                 if name == _BUCKET_LOCAL:  # per bucket: [W, buckets of p]
-                    entry[name] = tensor[:, offset // self._align : (offset + p.numel() - 1) // self._align + 1]
+                    entry[name] = tensor[:, self._bucket_slice(p, offset)]
                     continue
                 values = tensor[:, offset : offset + p.numel()] if per_rank else tensor[offset : offset + p.numel()]
                 entry[name] = values.reshape(*values.shape[:-1], *p.shape)
