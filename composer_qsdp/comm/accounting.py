@@ -22,6 +22,7 @@ traffic report different ratios on different stacks.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, astuple, dataclass, fields
 
 import torch
@@ -158,6 +159,18 @@ class TrafficReport:
 
     def __sub__(self, other: TrafficReport) -> TrafficReport:
         return TrafficReport(self.weights - other.weights, self.grads - other.grads)
+
+    def state_dict(self) -> dict[str, dict[str, int]]:
+        """Both sides' :meth:`TrafficCounter.state_dict` (what a checkpoint holds)."""
+        return {"weights": self.weights.state_dict(), "grads": self.grads.state_dict()}
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, dict[str, int]]) -> TrafficReport:
+        """The report :meth:`state_dict` wrote."""
+        weights, grads = TrafficCounter(), TrafficCounter()
+        weights.load_state_dict(state["weights"])
+        grads.load_state_dict(state["grads"])
+        return cls(weights, grads)
 
     def summary(self) -> str:
         """Human-readable lines: bytes sent against bf16 and against the dtypes FSDP would have sent."""

@@ -374,7 +374,7 @@ class QSDP(Algorithm):
         state["qsdp_config"] = self.config.summary()  # what the run was configured with, for readers of checkpoints
         if self.handle is not None:
             state["qsdp"] = self.handle.state_dict()
-            state["qsdp_eval_traffic"] = {side: getattr(self._eval_traffic, side).state_dict() for side in _SIDES}
+            state["qsdp_eval_traffic"] = self._eval_traffic.state_dict()
         if self.auto is not None:
             state["qsdp_auto"] = self.auto.state_dict()
         return state
@@ -387,7 +387,7 @@ class QSDP(Algorithm):
             else:
                 self.auto.load_state_dict(state["qsdp_auto"])
         if "qsdp_eval_traffic" in state:
-            self._eval_traffic = _report(state["qsdp_eval_traffic"])
+            self._eval_traffic = TrafficReport.from_state_dict(state["qsdp_eval_traffic"])
         if "qsdp" in state:
             if self.handle is None:
                 self._loaded_state = state["qsdp"]
@@ -421,15 +421,6 @@ def _auto_options(options: Mapping[str, Any] | None) -> AutoOptions:
 def _zero_report() -> TrafficReport:
     return TrafficReport(TrafficCounter(), TrafficCounter())
 
-
-_SIDES = ("weights", "grads")
-
-
-def _report(state: Mapping[str, Mapping[str, int]]) -> TrafficReport:
-    counters = {side: TrafficCounter() for side in _SIDES}
-    for side, counter in counters.items():
-        counter.load_state_dict(state[side])
-    return TrafficReport(**counters)
 
 
 def _load_path(saved: str) -> str:
