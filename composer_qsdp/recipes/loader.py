@@ -698,12 +698,13 @@ def optim_class(section: str, name: str) -> Callable[..., Any]:
         return load_class(table[name].target)
     if ":" in name:
         return _load_path(key, name)
-    registry = _llm_foundry_registry(section)
-    if registry is not None and name in registry.get_all():
-        return registry.get(name)
+    found = _llm_foundry_component(section, name)
+    if found is not None:
+        return found
     composer = composer_components(section)
     if name in composer:
         return load_class(composer[name])
+    registry = _llm_foundry_registry(section)
     suffix = _COMPOSER_SECTIONS[section].suffix
     known = sorted({*table, *(n for n in composer if n.islower() and not (suffix and n.endswith(suffix))),
                     *(registry.get_all() if registry is not None else ())})
