@@ -66,14 +66,14 @@ finished ones. GPU kernels are not bitwise deterministic, so two runs of one arm
 end at slightly different losses; ``baseline-seed2`` (another seed: other initial weights and data order) measures
 the noise band every gap is read against.
 
-Scheduling: arms start in ``--arms`` order (the first that fits) while the processes of all running arms fit ``--max-ranks``. With a GPU per
-rank, each arm holds ``nproc`` GPUs of its own (``CUDA_VISIBLE_DEVICES``). With fewer GPUs than the widest arm's
-processes, a ``--max-ranks`` above the GPUs, or ``--shared-gpu true``, the arms share every visible GPU: an arm with more processes than GPUs (every
-arm, with ``--shared-gpu true``) runs with the recipes' ``shared_gpu=true``, its ranks sharing the GPUs over gloo
-(``composer_qsdp.shared_gpu``), which computes what a GPU per rank would; an arm with at most one process per GPU
-keeps NCCL, rank ``r`` on GPU ``r``, beside the other arms' processes. Step times of such runs say nothing about a
-network. ``--max-ranks`` is the memory budget: GPT-125M at sequence length 512 takes roughly 6 GB per
-process at ``--micro-batch 8`` (about twice that at 16).
+Scheduling: arms start in ``--arms`` order (the first that fits) while the processes of all running arms fit
+``--max-ranks``. With a GPU per rank, each arm holds ``nproc`` GPUs of its own (``CUDA_VISIBLE_DEVICES``). With
+fewer GPUs than the widest arm's processes, a ``--max-ranks`` above the GPUs, or ``--shared-gpu true``, the arms
+share every visible GPU: an arm with more processes than GPUs (every arm, with ``--shared-gpu true``) runs with the
+recipes' ``shared_gpu=true``, its ranks sharing the GPUs over gloo (``composer_qsdp.shared_gpu``), which computes
+what a GPU per rank would; an arm with at most one process per GPU keeps NCCL, rank ``r`` on GPU ``r``, beside the
+other arms' processes. Step times of such runs say nothing about a network. ``--max-ranks`` is the memory budget:
+GPT-125M at sequence length 512 took 6.2-11 GiB per process at ``--micro-batch 8`` on an H100 (2026-11-25).
 
 ``--matrix`` runs every seed system once (:data:`MATRIX_ARMS`): FSDP2 with two seeds, DDP, W8G8, W8G4, W4G4,
 qWD-W4G4, the policy ``auto`` and 0/1 Adam on ``--nproc`` processes, and the two-level schemes (SDP4Bit, TLq-HS,
