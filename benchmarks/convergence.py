@@ -31,6 +31,8 @@ with ``ddp-baseline-4r``):
                                       doubles every 0.15dur up to 4 (reached at 0.55dur)
 ``zero-one-adam-rescale``             the same with ``variance_rescale``: the frozen variance follows the
                                       synchronized squared gradients per bucket
+``zero-one-adam-4r-sync``             the recipe on 4 ranks without local steps (a 1-bit sync every step after
+                                      the freeze); ``-4r-local2``: local steps up to 2
 ``zero-one-adam-deepspeed``           DeepSpeed's schedule: sparse exact variance updates until the warm-up ends,
                                       local steps up to 8; ablations of it: ``-1bit`` (no local steps),
                                       ``-fp32`` (no compression), ``-densev`` (every step until the freeze updates
@@ -208,6 +210,11 @@ ARMS: dict[str, Arm] = {
                                  "bucket", "ddp-baseline"),
     "zero-one-adam-rescale-4r": Arm("zero-one-adam.yaml", RESCALE, "0/1 Adam with the frozen variance rescaled per "
                                     "bucket, 4 ranks", "ddp-baseline-4r", nproc=4),
+    "zero-one-adam-4r-sync": Arm("zero-one-adam.yaml", ("algorithms.zero_one_adam.local_step_clipper=1",),
+                                 "the recipe without local steps (a 1-bit sync every step after the freeze), "
+                                 "4 ranks", "ddp-baseline-4r", nproc=4),
+    "zero-one-adam-4r-local2": Arm("zero-one-adam.yaml", ("algorithms.zero_one_adam.local_step_clipper=2",),
+                                   "the recipe with local steps up to 2, 4 ranks", "ddp-baseline-4r", nproc=4),
     "zero-one-adam-deepspeed": Arm("zero-one-adam.yaml", DEEPSPEED, "0/1 Adam on DeepSpeed's schedule (sparse exact "
                                    "variance updates, freeze at the warm-up end, local steps up to 8)", "ddp-baseline"),
     "zero-one-adam-1bit": Arm("zero-one-adam.yaml", (*DEEPSPEED, "algorithms.zero_one_adam.local_step_clipper=1"),
@@ -232,7 +239,8 @@ MATRIX_ARMS = ("baseline", "baseline-seed2", "ddp-baseline", "w8g8", "w8g4", "w4
 ZERO_ONE_TARGET_PCT = 1.0  # issue 13: 0/1 Adam's final validation loss within 1% of DDP AdamW
 ZERO_ONE_BYTES_TARGET = 10.0  # ... with at least 10x fewer bytes sent per rank than DDP's fp32 all-reduce
 #: The 0/1 Adam arms whose target line the summary prints (the ablations attribute a gap and have none).
-ZERO_ONE_TARGET_ARMS = ("zero-one-adam", "zero-one-adam-4r", "zero-one-adam-rescale", "zero-one-adam-rescale-4r")
+ZERO_ONE_TARGET_ARMS = ("zero-one-adam", "zero-one-adam-4r", "zero-one-adam-rescale", "zero-one-adam-rescale-4r",
+                        "zero-one-adam-4r-sync", "zero-one-adam-4r-local2")
 
 
 # ----------------------------------------------------------------------------------------------------- corpus

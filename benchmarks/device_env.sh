@@ -2,8 +2,13 @@
 # Source this first on a GPU machine (no internet): installs the carried wheels (tools/gpu_wheels.sh makes them
 # in .whl/) and sets the environment every GPU run here uses. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || { echo "wheel install failed: run tools/gpu_wheels.sh on a machine with PyPI access first"; return 1; }
+# Installed once per machine and wheel set (a stamp of their names): later calls of a warm lease skip it.
+wheel_stamp=$(ls .whl 2>/dev/null | md5sum | cut -c1-16)
+if [[ $(cat /tmp/site/.wheel_stamp 2>/dev/null) != "$wheel_stamp" ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl || { echo "wheel install failed: run tools/gpu_wheels.sh on a machine with PyPI access first"; return 1; }
+  echo "$wheel_stamp" > /tmp/site/.wheel_stamp
+fi
 export PYTHONPATH=/tmp/site:$PWD
 mkdir -p "${OUT:-/tmp/out}"
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# One device lease kept busy from its first call: GPU-suite chains and the convergence driver start in the
+# background, later calls wait and report, the last packs everything into $OUT as three files (a device call
+# returns at most eight). The machine is given back 30 s after a call returns, so make the calls back to back:
+#
+#   GIT_REV=<sha> bash benchmarks/device_lease.sh start 0:tests-kernels,tests-comm 1:tests-fsdp \
+#       -- --arms baseline w8g8 --steps 600 ...      # suite chains (GPU:stage,...), then convergence.py arguments
+#   bash benchmarks/device_lease.sh wait 540         # sleep (at most 570 s), then the status; packs too
+#   bash benchmarks/device_lease.sh collect          # the status, packed into $OUT
+#
+# Each suite chain sees only its GPU (CUDA_VISIBLE_DEVICES), so its multi-rank cases share one GPU over gloo, as on
+# a one-GPU machine; several chains may name the same GPU. The convergence driver sees every GPU and writes under
+# /tmp/lease/conv. What comes back: $OUT/lease_status.txt (both progress reports), $OUT/suite.tar.xz (every chain's
+# work folder: logs, junit xml, durations, summaries) and $OUT/conv.tar.xz (the driver's collected results).
+set -uo pipefail
+LEASE=${LEASE_DIR:-/tmp/lease}
+DEST=${OUT:-/tmp/out}
+mkdir -p "$LEASE" "$DEST"
+
+conv_args() { [[ -f $LEASE/conv.args ]] && mapfile -t args < "$LEASE/conv.args" && ((${#args[@]})); }
+
+report() {  # both progress reports: each suite chain's stage summary, the driver's arm table
+  echo "lease status, $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=index,utilization.gpu,memory.used,memory.total --format=csv,noheader
+  for summary in "$LEASE"/suite-out-*/device_suite_summary.txt; do
+    [[ -f $summary ]] && { echo "--- ${summary%/device_suite_summary.txt}"; cat "$summary"; }
+  done
+  for log in "$LEASE"/suite-*.out; do
+    [[ -f $log ]] && { echo "--- $log (last lines)"; tail -3 "$log"; }
+  done
+  if conv_args; then
+    echo "--- convergence"
+    python3 benchmarks/convergence.py "${args[@]}" --out-dir "$LEASE/conv" --collect "$LEASE/conv-collected" 2>&1 \
+      | tail -40
+  fi
+}
+
+pack() {  # three files into $OUT, each written aside and renamed: never half an archive
+  report > "$LEASE/lease_status.txt" 2>&1
+  cp "$LEASE/lease_status.txt" "$DEST/lease_status.txt"
+  compgen -G "$LEASE/suite-*" > /dev/null && (cd "$LEASE" && tar -cJf "$DEST/.suite.tar.xz" suite-* environment.log) \
+    && mv "$DEST/.suite.tar.xz" "$DEST/suite.tar.xz"
+  touch "$LEASE/conv.log"
+  [[ -d $LEASE/conv-collected ]] && tar -C "$LEASE" -cJf "$DEST/.conv.tar.xz" conv-collected conv.log \
+    && mv "$DEST/.conv.tar.xz" "$DEST/conv.tar.xz"
+  cat "$LEASE/lease_status.txt"
+}
+
+case ${1:-} in
+  start)
+    shift
+    : "${GIT_REV:?set GIT_REV to the commit under test}"
+    # The wheels once, before the chains start (each chain's suite would otherwise install them concurrently).
+    source benchmarks/device_env.sh > "$LEASE/environment.log" 2>&1 || { cat "$LEASE/environment.log"; exit 1; }
+    cat "$LEASE/environment.log"
+    export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    chain=0
+    while (($#)) && [[ $1 != -- ]]; do
+      [[ $1 =~ ^[0-9]+:[a-z,-]+$ ]] || { echo "bad chain '$1': want GPU:stage[,stage...], e.g. 0:tests-kernels"; exit 2; }
+      stages=${1#*:}
+      CUDA_VISIBLE_DEVICES=${1%%:*} SUITE_WORK=$LEASE/suite-$chain OUT=$LEASE/suite-out-$chain \
+        setsid nohup bash benchmarks/run_device_suite.sh ${stages//,/ } > "$LEASE/suite-$chain.out" 2>&1 < /dev/null &
+      chain=$((chain + 1))
+      shift
+    done
+    (($#)) && shift  # the --
+    : > "$LEASE/conv.args"
+    (($#)) && printf '%s\n' "$@" > "$LEASE/conv.args"
+    if conv_args; then
+      setsid nohup python3 benchmarks/convergence.py "$@" --out-dir "$LEASE/conv" > "$LEASE/conv.log" 2>&1 \
+        < /dev/null &
+    fi
+    sleep 45
+    pack
+    ;;
+  wait)
+    seconds=${2:-540}
+    ((seconds <= 570)) || { echo "wait at most 570 s (one device command is 600 s)"; exit 2; }
+    source benchmarks/device_env.sh > /dev/null 2>&1
+    sleep "$seconds"
+    pack
+    ;;
+  collect)
+    source benchmarks/device_env.sh > /dev/null 2>&1
+    pack
+    ;;
+  *) echo "usage: device_lease.sh start GPU:stage,... [-- CONVERGENCE_ARGS] | wait SECONDS | collect"; exit 2 ;;
+esac
