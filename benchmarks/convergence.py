@@ -28,11 +28,12 @@ with ``ddp-baseline-4r``):
                                       every step)
 ``zero-one-adam``                     ``zero-one-adam.yaml``: 0/1 Adam, the variance updated at every step until
                                       0.25dur through 8-bit all-reduces, then frozen; local steps whose interval
-                                      doubles every 0.15dur up to 4 (reached at 0.55dur)
-``zero-one-adam-rescale``             the same with ``variance_rescale``: the frozen variance follows the
-                                      synchronized squared gradients per bucket
+                                      doubles every 0.15dur up to 2 (reached at 0.4dur); ``-4r``: on 4 ranks
 ``zero-one-adam-4r-sync``             the recipe on 4 ranks without local steps (a 1-bit sync every step after
-                                      the freeze); ``-4r-local2``: local steps up to 2
+                                      the freeze)
+``zero-one-adam-local4``              the recipe with local steps up to 4 (reached at 0.55dur); ``-rescale``: that
+                                      with ``variance_rescale`` (the frozen variance follows the synchronized
+                                      squared gradients per bucket); ``-4r`` after either: on 4 ranks
 ``zero-one-adam-deepspeed``           DeepSpeed's schedule: sparse exact variance updates until the warm-up ends,
                                       local steps up to 8; ablations of it: ``-1bit`` (no local steps),
                                       ``-fp32`` (no compression), ``-densev`` (every step until the freeze updates
@@ -162,8 +163,10 @@ class Arm:
 DEEPSPEED = ("algorithms.zero_one_adam.var_freeze_step=${scheduler.t_warmup}",
              "algorithms.zero_one_adam.var_update_scaler=16", "algorithms.zero_one_adam.variance_codec=null",
              "algorithms.zero_one_adam.local_step_scaler=0.05dur", "algorithms.zero_one_adam.local_step_clipper=8")
-#: The shipped recipe with the frozen variance rescaled per bucket by the synchronized squared gradients.
-RESCALE = ("algorithms.zero_one_adam.variance_rescale=true",)
+#: The recipe with local steps up to 4 (what it shipped before the 4-rank runs: 13.28x).
+LOCAL4 = ("algorithms.zero_one_adam.local_step_clipper=4",)
+#: That with the frozen variance rescaled per bucket by the synchronized squared gradients.
+RESCALE = (*LOCAL4, "algorithms.zero_one_adam.variance_rescale=true")
 
 ARMS: dict[str, Arm] = {
     "baseline": Arm("baseline.yaml", (), "plain Composer FSDP2"),
@@ -204,17 +207,19 @@ ARMS: dict[str, Arm] = {
     "ddp-baseline-4r": Arm("ddp-baseline.yaml", (), "plain Composer DDP, DecoupledAdamW, 4 ranks", "ddp-baseline-4r",
                            nproc=4),
     "zero-one-adam": Arm("zero-one-adam.yaml", (), "0/1 Adam under DDP (the recipe: dense 8-bit variance phase "
-                         "until 0.25dur, then local steps up to 4)", "ddp-baseline"),
+                         "until 0.25dur, then local steps up to 2)", "ddp-baseline"),
     "zero-one-adam-4r": Arm("zero-one-adam.yaml", (), "0/1 Adam under DDP, 4 ranks", "ddp-baseline-4r", nproc=4),
-    "zero-one-adam-rescale": Arm("zero-one-adam.yaml", RESCALE, "0/1 Adam with the frozen variance rescaled per "
-                                 "bucket", "ddp-baseline"),
-    "zero-one-adam-rescale-4r": Arm("zero-one-adam.yaml", RESCALE, "0/1 Adam with the frozen variance rescaled per "
-                                    "bucket, 4 ranks", "ddp-baseline-4r", nproc=4),
+    "zero-one-adam-local4": Arm("zero-one-adam.yaml", LOCAL4, "0/1 Adam, the recipe with local steps up to 4",
+                                "ddp-baseline"),
+    "zero-one-adam-local4-4r": Arm("zero-one-adam.yaml", LOCAL4, "0/1 Adam, the recipe with local steps up to 4, "
+                                   "4 ranks", "ddp-baseline-4r", nproc=4),
+    "zero-one-adam-rescale": Arm("zero-one-adam.yaml", RESCALE, "0/1 Adam, local steps up to 4, the frozen variance "
+                                 "rescaled per bucket", "ddp-baseline"),
+    "zero-one-adam-rescale-4r": Arm("zero-one-adam.yaml", RESCALE, "0/1 Adam, local steps up to 4, the frozen "
+                                    "variance rescaled per bucket, 4 ranks", "ddp-baseline-4r", nproc=4),
     "zero-one-adam-4r-sync": Arm("zero-one-adam.yaml", ("algorithms.zero_one_adam.local_step_clipper=1",),
                                  "the recipe without local steps (a 1-bit sync every step after the freeze), "
                                  "4 ranks", "ddp-baseline-4r", nproc=4),
-    "zero-one-adam-4r-local2": Arm("zero-one-adam.yaml", ("algorithms.zero_one_adam.local_step_clipper=2",),
-                                   "the recipe with local steps up to 2, 4 ranks", "ddp-baseline-4r", nproc=4),
     "zero-one-adam-deepspeed": Arm("zero-one-adam.yaml", DEEPSPEED, "0/1 Adam on DeepSpeed's schedule (sparse exact "
                                    "variance updates, freeze at the warm-up end, local steps up to 8)", "ddp-baseline"),
     "zero-one-adam-1bit": Arm("zero-one-adam.yaml", (*DEEPSPEED, "algorithms.zero_one_adam.local_step_clipper=1"),
@@ -230,6 +235,8 @@ ARMS: dict[str, Arm] = {
                                "0/1 Adam that never freezes: an exact fp32 all-reduce and variance update every step "
                                "(AdamW with the step bound and the optimizer's clipping)", "ddp-baseline"),
 }
+#: The plain FSDP2 runs (two seeds): a combined record gives every arm's gap to each of them.
+FSDP_BASELINES = ("baseline", "baseline-seed2")
 #: The arms run when ``--arms`` is not given: the FSDP ones.
 DEFAULT_ARMS = ("baseline", "w8g8", "w4g4", "w4g4-learned", "w4g4-hadamard", "w8g4", "qwd-w4g8", "qwd-w4g4",
                 "sdp4bit")
@@ -239,8 +246,8 @@ MATRIX_ARMS = ("baseline", "baseline-seed2", "ddp-baseline", "w8g8", "w8g4", "w4
 ZERO_ONE_TARGET_PCT = 1.0  # issue 13: 0/1 Adam's final validation loss within 1% of DDP AdamW
 ZERO_ONE_BYTES_TARGET = 10.0  # ... with at least 10x fewer bytes sent per rank than DDP's fp32 all-reduce
 #: The 0/1 Adam arms whose target line the summary prints (the ablations attribute a gap and have none).
-ZERO_ONE_TARGET_ARMS = ("zero-one-adam", "zero-one-adam-4r", "zero-one-adam-rescale", "zero-one-adam-rescale-4r",
-                        "zero-one-adam-4r-sync", "zero-one-adam-4r-local2")
+ZERO_ONE_TARGET_ARMS = ("zero-one-adam", "zero-one-adam-4r", "zero-one-adam-4r-sync", "zero-one-adam-local4",
+                        "zero-one-adam-local4-4r", "zero-one-adam-rescale", "zero-one-adam-rescale-4r")
 
 
 # ----------------------------------------------------------------------------------------------------- corpus
@@ -941,7 +948,8 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         raise ValueError(f"combining needs at least 2 records, got {len(records)}")
     first = records[0]
     for i, record in enumerate(records[1:], start=2):
-        differ = common.differing_keys(first["settings"], record["settings"])
+        # How many processes ran at once changes the step times, not an arm's numerics.
+        differ = [k for k in common.differing_keys(first["settings"], record["settings"]) if k != "max_ranks"]
         if differ:
             key = differ[0]
             raise ValueError(f"run {i} differs from run 1 in setting {key!r}: "
@@ -954,7 +962,7 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     for i, record in enumerate(records, start=1):
         for arm, r in record["arms"].items():
             arms[arm if counts[arm] == 1 else f"{arm}@run{i}"] = {**r, "arm": arm, "run": i}
-    baselines = {label: dict(r["curve"]) for label, r in arms.items() if r["arm"] == "baseline"}
+    baselines = {label: dict(r["curve"]) for label, r in arms.items() if r["arm"] in FSDP_BASELINES}
     for r in arms.values():
         gaps = {label: _gap_pct(r, curve) for label, curve in baselines.items()}
         r["gap_vs_baselines_pct"] = {label: gap for label, gap in gaps.items() if gap is not None}
@@ -967,7 +975,7 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
 def combined_markdown(record: dict[str, Any]) -> str:
     """The summary table of a combined record: the runs, each arm with its run and its gap to every baseline."""
     s = record["settings"]
-    labels = [label for label, r in record["arms"].items() if r["arm"] == "baseline"]
+    labels = [label for label, r in record["arms"].items() if r["arm"] in FSDP_BASELINES]
     lines = [f"### convergence: {Path(s['recipe_dir']).name}, {len(record['runs'])} runs combined", ""]
     lines += [f"- run {i}: {h['date']}, git `{h['git']}`, {h['device']}: `{h['command']}`"
               for i, h in enumerate(record["runs"], start=1)]

@@ -14,6 +14,8 @@
 # work folder: logs, junit xml, durations, summaries) and $OUT/conv.tar.xz (the driver's collected results).
 set -uo pipefail
 LEASE=${LEASE_DIR:-/tmp/lease}
+# The environment (wheels, PYTHONPATH): device_env.sh, or the script $SUITE_ENV names, as for run_device_suite.sh.
+ENV_SCRIPT=${SUITE_ENV:-benchmarks/device_env.sh}
 DEST=${OUT:-/tmp/out}
 mkdir -p "$LEASE" "$DEST"
 
@@ -51,7 +53,7 @@ case ${1:-} in
     shift
     : "${GIT_REV:?set GIT_REV to the commit under test}"
     # The wheels once, before the chains start (each chain's suite would otherwise install them concurrently).
-    source benchmarks/device_env.sh > "$LEASE/environment.log" 2>&1 || { cat "$LEASE/environment.log"; exit 1; }
+    source "$ENV_SCRIPT" > "$LEASE/environment.log" 2>&1 || { cat "$LEASE/environment.log"; exit 1; }
     cat "$LEASE/environment.log"
     export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     chain=0
@@ -70,18 +72,18 @@ case ${1:-} in
       setsid nohup python3 benchmarks/convergence.py "$@" --out-dir "$LEASE/conv" > "$LEASE/conv.log" 2>&1 \
         < /dev/null &
     fi
-    sleep 45
+    sleep "${LEASE_SETTLE_S:-45}"  # long enough for the first launches to show in the report
     pack
     ;;
   wait)
     seconds=${2:-540}
     ((seconds <= 570)) || { echo "wait at most 570 s (one device command is 600 s)"; exit 2; }
-    source benchmarks/device_env.sh > /dev/null 2>&1
+    source "$ENV_SCRIPT" > /dev/null 2>&1
     sleep "$seconds"
     pack
     ;;
   collect)
-    source benchmarks/device_env.sh > /dev/null 2>&1
+    source "$ENV_SCRIPT" > /dev/null 2>&1
     pack
     ;;
   *) echo "usage: device_lease.sh start GPU:stage,... [-- CONVERGENCE_ARGS] | wait SECONDS | collect"; exit 2 ;;

@@ -1,0 +1,57 @@
+"""``benchmarks/device_lease.sh`` on CPU: ``start`` runs a chain of suite stages in the background with only its GPU
+visible and packs the chain's work into ``$OUT``; ``collect`` packs again once the chain is done; a malformed chain
+is refused. The environment script is replaced by one that makes ``python3`` this interpreter (as in
+test_run_device_suite.py); the GPU-marked tests all skip here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "device_lease.sh"
+
+
+def _lease(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    bin_dir = tmp_path / "bin"
+    if not bin_dir.exists():
+        bin_dir.mkdir()
+        (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+        (bin_dir / "python3").chmod(0o755)
+        (bin_dir / "nvidia-smi").write_text('#!/bin/sh\necho "0, 0 %, 1 MiB, 80000 MiB"\n')
+        (bin_dir / "nvidia-smi").chmod(0o755)
+        # The chain's visible GPUs, as the chain's environment saw them.
+        (tmp_path / "env.sh").write_text(f'export PATH={bin_dir}:$PATH PYTHONPATH={ROOT}\n'
+                                         'echo "visible: ${CUDA_VISIBLE_DEVICES-all}"\n')
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GIT_REV": "abc1234",
+           "OUT": str(tmp_path / "out"), "LEASE_DIR": str(tmp_path / "lease"), "SUITE_ENV": str(tmp_path / "env.sh"),
+           "LEASE_SETTLE_S": "1"}
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_malformed_chain_is_refused(tmp_path):
+    proc = _lease(tmp_path, "start", "tests-kernels")
+    assert proc.returncode == 2
+    assert "bad chain 'tests-kernels': want GPU:stage[,stage...]" in proc.stdout
+
+
+def test_a_chain_sees_its_gpu_and_its_work_comes_back_packed(tmp_path):
+    assert _lease(tmp_path, "start", "1:tests-kernels").returncode == 0
+    summary = tmp_path / "lease" / "suite-out-0" / "device_suite_summary.txt"
+    deadline = time.monotonic() + 240
+    while not (summary.exists() and "tests-kernels" in summary.read_text()) and time.monotonic() < deadline:
+        time.sleep(1)
+    proc = _lease(tmp_path, "collect")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["lease_status.txt", "suite.tar.xz"]  # no driver: no conv.tar.xz
+    status = (out / "lease_status.txt").read_text()
+    assert "tests-kernels" in status and "skipped" in status
+    with tarfile.open(out / "suite.tar.xz") as tar:
+        names = set(tar.getnames())
+        assert {"suite-0/tests-kernels.log", "suite-0/tests-kernels.xml", "suite-out-0/device_suite.tar.xz"} <= names
+        assert "visible: 1" in tar.extractfile("suite-0/environment.log").read().decode()
