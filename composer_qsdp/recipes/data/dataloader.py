@@ -108,6 +108,10 @@ class TokenSamples(StreamingDataset):
             if self._unreadable is not None:
                 raise self._unreadable from err
             raise
+        # When its background thread fails, streaming's iterator stops yielding without an error: an epoch cut short
+        # on this rank alone, while the others wait for it in their next collective.
+        if self._unreadable is not None:
+            raise self._unreadable
 
     def __getitem__(self, idx: int) -> torch.Tensor:
         tokens = super().__getitem__(idx)[TOKENS_COLUMN]

@@ -39,3 +39,26 @@ def test_a_damaged_shard_is_named_with_how_to_rebuild(tmp_path, compression, dam
     with pytest.raises(ValueError, match=re.escape(f"shard {victim} of split 'train' cannot be read") + ".*rebuild"):
         for _ in loader:
             pass
+
+
+def test_a_shard_that_fails_in_the_background_ends_the_epoch_with_its_error(tmp_path, monkeypatch):
+    """streaming prepares shards in a background thread; when that thread fails, its iterator stops yielding and
+    the epoch ends early without an error (on 2 GPU ranks: one rank left the evaluation, the other waited in a
+    collective until the 300 s timeout). The epoch must end with the shard's error instead."""
+    import streaming
+
+    _shards(tmp_path / "shards", "zstd")
+    prepare = streaming.StreamingDataset.prepare_shard
+
+    def fail_after_the_first(self, shard_id, blocking=True):
+        if shard_id > 0:  # as a shard the job cannot write or decompress (FileNotFoundError on its .tmp)
+            raise FileNotFoundError(f"No such file or directory: 'shard.{shard_id:05d}.mds.tmp'")
+        return prepare(self, shard_id, blocking)
+
+    monkeypatch.setattr(streaming.StreamingDataset, "prepare_shard", fail_after_the_first)
+    loader = build_token_dataloader(tmp_path / "shards", "train", 4, SEQ_LEN, shuffle=False)
+    batches = 0
+    with pytest.raises(ValueError, match=r"shard .*shard\.0000[1-9]\.mds\.zstd of split 'train' cannot be read"):
+        for _ in loader:
+            batches += 1
+    assert batches < len(loader)
