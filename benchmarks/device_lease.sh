@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# One device lease kept busy from its first call: GPU-suite chains and the convergence driver start in the
-# background, later calls wait and report, the last packs everything into $OUT as three files (a device call
-# returns at most eight). The machine is given back 30 s after a call returns, so make the calls back to back:
+# One device lease kept busy from its first call: GPU-suite chains and convergence drivers start in the background,
+# later calls wait and report, the last packs everything into $OUT as three files (a device call returns at most
+# eight). The machine is given back 30 s after a call returns, so make the calls back to back:
 #
 #   GIT_REV=<sha> bash benchmarks/device_lease.sh start 0:tests-kernels,tests-comm 1:tests-fsdp \
-#       -- --arms baseline w8g8 --steps 600 ...      # suite chains (GPU:stage,...), then convergence.py arguments
+#       -- --arms baseline w8g8 --steps 600 ... -- --model 350m --arms baseline ...
+#                                                    # suite chains (GPU:stage,...), then each driver's arguments
 #   bash benchmarks/device_lease.sh wait 540         # sleep (at most 570 s), then the status; packs too
 #   bash benchmarks/device_lease.sh collect          # the status, packed into $OUT
 #
 # Each suite chain sees only its GPU (CUDA_VISIBLE_DEVICES), so its multi-rank cases share one GPU over gloo, as on
-# a one-GPU machine; several chains may name the same GPU. The convergence driver sees every GPU and writes under
-# /tmp/lease/conv. What comes back: $OUT/lease_status.txt (both progress reports), $OUT/suite.tar.xz (every chain's
-# work folder: logs, junit xml, durations, summaries) and $OUT/conv.tar.xz (the driver's collected results).
+# a one-GPU machine; several chains may name the same GPU. Each convergence driver (one per group of arguments
+# after a --; its --max-ranks counts its own processes only) sees every GPU and writes under /tmp/lease/conv-N.
+# What comes back: $OUT/lease_status.txt (every progress report), $OUT/suite.tar.xz (every chain's work folder:
+# logs, junit xml, durations, summaries) and $OUT/conv.tar.xz (each driver's collected results and log).
 set -uo pipefail
 LEASE=${LEASE_DIR:-/tmp/lease}
 # The environment (wheels, PYTHONPATH): device_env.sh, or the script $SUITE_ENV names, as for run_device_suite.sh.
@@ -19,7 +21,7 @@ ENV_SCRIPT=${SUITE_ENV:-benchmarks/device_env.sh}
 DEST=${OUT:-/tmp/out}
 mkdir -p "$LEASE" "$DEST"
 
-conv_args() { [[ -f $LEASE/conv.args ]] && mapfile -t args < "$LEASE/conv.args" && ((${#args[@]})); }
+drivers() { compgen -G "$LEASE/conv-*.args" | sed 's|.*/conv-\([0-9]*\)\.args|\1|' | sort -n; }
 
 report() {  # both progress reports: each suite chain's stage summary, the driver's arm table
   echo "lease status, $(date -u +%FT%TZ)"
@@ -30,11 +32,12 @@ report() {  # both progress reports: each suite chain's stage summary, the drive
   for log in "$LEASE"/suite-*.out; do
     [[ -f $log ]] && { echo "--- $log (last lines)"; tail -3 "$log"; }
   done
-  if conv_args; then
-    echo "--- convergence"
-    python3 benchmarks/convergence.py "${args[@]}" --out-dir "$LEASE/conv" --collect "$LEASE/conv-collected" 2>&1 \
-      | tail -40
-  fi
+  for driver in $(drivers); do
+    mapfile -t args < "$LEASE/conv-$driver.args"
+    echo "--- convergence driver $driver"
+    python3 benchmarks/convergence.py "${args[@]}" --out-dir "$LEASE/conv-$driver" \
+      --collect "$LEASE/conv-$driver-collected" 2>&1 | tail -40
+  done
 }
 
 pack() {  # three files into $OUT, each written aside and renamed: never half an archive
@@ -42,8 +45,8 @@ pack() {  # three files into $OUT, each written aside and renamed: never half an
   cp "$LEASE/lease_status.txt" "$DEST/lease_status.txt"
   compgen -G "$LEASE/suite-*" > /dev/null && (cd "$LEASE" && tar -cJf "$DEST/.suite.tar.xz" suite-* environment.log) \
     && mv "$DEST/.suite.tar.xz" "$DEST/suite.tar.xz"
-  touch "$LEASE/conv.log"
-  [[ -d $LEASE/conv-collected ]] && tar -C "$LEASE" -cJf "$DEST/.conv.tar.xz" conv-collected conv.log \
+  compgen -G "$LEASE/conv-*-collected" > /dev/null \
+    && (cd "$LEASE" && tar -cJf "$DEST/.conv.tar.xz" conv-*-collected conv-*.log) \
     && mv "$DEST/.conv.tar.xz" "$DEST/conv.tar.xz"
   cat "$LEASE/lease_status.txt"
 }
@@ -65,13 +68,17 @@ case ${1:-} in
       chain=$((chain + 1))
       shift
     done
-    (($#)) && shift  # the --
-    : > "$LEASE/conv.args"
-    (($#)) && printf '%s\n' "$@" > "$LEASE/conv.args"
-    if conv_args; then
-      setsid nohup python3 benchmarks/convergence.py "$@" --out-dir "$LEASE/conv" > "$LEASE/conv.log" 2>&1 \
-        < /dev/null &
-    fi
+    driver=0
+    while (($#)); do  # at a --: one driver's arguments follow, up to the next --
+      shift
+      args=()
+      while (($#)) && [[ $1 != -- ]]; do args+=("$1"); shift; done
+      ((${#args[@]})) || continue
+      printf '%s\n' "${args[@]}" > "$LEASE/conv-$driver.args"
+      setsid nohup python3 benchmarks/convergence.py "${args[@]}" --out-dir "$LEASE/conv-$driver" \
+        > "$LEASE/conv-$driver.log" 2>&1 < /dev/null &
+      driver=$((driver + 1))
+    done
     sleep "${LEASE_SETTLE_S:-45}"  # long enough for the first launches to show in the report
     pack
     ;;
@@ -86,5 +93,5 @@ case ${1:-} in
     source "$ENV_SCRIPT" > /dev/null 2>&1
     pack
     ;;
-  *) echo "usage: device_lease.sh start GPU:stage,... [-- CONVERGENCE_ARGS] | wait SECONDS | collect"; exit 2 ;;
+  *) echo "usage: device_lease.sh start [GPU:stage,...] [-- DRIVER_ARGS]... | wait SECONDS | collect"; exit 2 ;;
 esac

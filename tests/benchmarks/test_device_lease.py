@@ -55,3 +55,18 @@ def test_a_chain_sees_its_gpu_and_its_work_comes_back_packed(tmp_path):
         names = set(tar.getnames())
         assert {"suite-0/tests-kernels.log", "suite-0/tests-kernels.xml", "suite-out-0/device_suite.tar.xz"} <= names
         assert "visible: 1" in tar.extractfile("suite-0/environment.log").read().decode()
+
+
+def test_each_group_of_driver_arguments_starts_its_own_driver(tmp_path):
+    corpus = str(tmp_path / "corpus")  # --plan builds nothing
+    plan = ["--plan", "--steps", "600", "--eval-batches", "-1", "--corpus", corpus, "--arms"]
+    assert _lease(tmp_path, "start", "--", *plan, "zero-one-adam", "--", *plan, "zero-one-adam-4r-sync").returncode == 0
+    lease = tmp_path / "lease"
+    assert (lease / "conv-0.args").read_text().split() == [*plan, "zero-one-adam"]
+    assert (lease / "conv-1.args").read_text().split() == [*plan, "zero-one-adam-4r-sync"]
+    deadline = time.monotonic() + 120
+    logs = [lease / "conv-0.log", lease / "conv-1.log"]
+    while not all(log.exists() and "fewer bytes" in log.read_text() for log in logs) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert "zero-one-adam (2 ranks)" in logs[0].read_text() and "4r-sync" not in logs[0].read_text()
+    assert "zero-one-adam-4r-sync (4 ranks)" in logs[1].read_text()
