@@ -11,6 +11,8 @@ The recipe key ``shared_gpu`` (:func:`gpu_placement`) chooses:
   nothing changes (rank ``r`` on ``cuda:r``, NCCL).
 * ``true``: always gloo, local rank ``r`` on ``cuda:(r % GPUs)``, even with a GPU per rank.
 * ``false``: never; fewer GPUs than ranks is an error.
+
+Full (unsharded) FSDP2 checkpoints cannot be written by shared ranks (:func:`check_state_dict_type`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-__all__ = ["SHARED_GPU_VALUES", "GPUPlacement", "check_shared_gpu", "composer_device", "gpu_placement",
-           "this_process_gpu"]
+__all__ = ["SHARED_GPU_VALUES", "GPUPlacement", "check_shared_gpu", "check_state_dict_type", "composer_device",
+           "gpu_placement", "this_process_gpu"]
 
 #: What the ``shared_gpu`` recipe key takes.
 SHARED_GPU_VALUES: tuple[Union[str, bool], ...] = ("auto", True, False)
@@ -99,6 +101,26 @@ def gpu_placement(setting: Union[str, bool], local_rank: int, local_world_size: 
                         shared=shared, gpus=gpus, local_world_size=local_world_size)
 
 
+def check_state_dict_type(shared: bool, state_dict_type: Optional[str]) -> None:
+    """Refuse full FSDP2 checkpoints (``state_dict_type`` ``"full"``) when the ranks share GPUs (``shared``).
+
+    A full checkpoint gathers every FSDP2 parameter with ``DTensor.full_tensor()`` (Composer calls
+    ``torch.distributed.checkpoint.state_dict.get_model_state_dict(full_state_dict=True)``), i.e. torch's functional
+    all-gather, which reaches gloo's coalesced all-gather; that reads CUDA tensors as host memory and every rank
+    dies with SIGSEGV at the first checkpoint (pytorch/pytorch#152645). Sharded checkpoints gather nothing.
+
+    Raises:
+        ValueError: ``shared`` and ``state_dict_type == "full"``, naming both keys and what works.
+    """
+    if shared and state_dict_type == "full":
+        raise ValueError(
+            "fsdp.state_dict_type = 'full' cannot be saved with shared_gpu (ranks sharing a GPU over gloo): a full "
+            "checkpoint gathers each FSDP2 parameter with torch's functional all-gather (DTensor.full_tensor()), "
+            "which gloo cannot run on CUDA tensors (every rank segfaults at the first checkpoint, "
+            "pytorch/pytorch#152645); use fsdp.state_dict_type=sharded (a file per rank), or a GPU per rank "
+            "(shared_gpu=false, NCCL)")
+
+
 def composer_device(placement: GPUPlacement) -> Any:
     """Composer's device for ``placement``: ``"gpu"`` (Composer's own choice, unchanged) when a GPU per rank,
     else a ``DeviceGPU`` on ``placement.device_id`` whose process group is gloo.
@@ -126,15 +148,22 @@ def composer_device(placement: GPUPlacement) -> Any:
     return SharedDeviceGPU()
 
 
-def this_process_gpu(setting: Union[str, bool] = "auto") -> tuple[Any, GPUPlacement]:
+def this_process_gpu(setting: Union[str, bool] = "auto", state_dict_type: Optional[str] = None
+                     ) -> tuple[Any, GPUPlacement]:
     """Composer's device (for ``Trainer(device=...)`` and ``dist.initialize_dist``) and the placement of this
     process, from the launcher's local rank and world size and the visible GPUs.
 
+    Args:
+        setting: the ``shared_gpu`` recipe key's value.
+        state_dict_type: the run's FSDP2 checkpoint format (Composer's ``fsdp`` ``state_dict_type``), checked by
+            :func:`check_state_dict_type` against the placement before anything is built; None: not checked.
+
     Raises:
-        ValueError: as :func:`gpu_placement`.
+        ValueError: as :func:`gpu_placement` and :func:`check_state_dict_type`.
     """
     import torch
     from composer.utils import dist
 
     placement = gpu_placement(setting, dist.get_local_rank(), dist.get_local_world_size(), torch.cuda.device_count())
+    check_state_dict_type(placement.shared, state_dict_type)
     return composer_device(placement), placement

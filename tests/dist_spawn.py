@@ -16,7 +16,9 @@ import io
 import multiprocessing as mp
 import os
 import queue
+import signal
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +27,8 @@ from typing import Any
 import pytest
 import torch
 
+#: How often (seconds) :func:`run_ranks` looks for a rank that died without reporting while it waits for results.
+_POLL_S = 0.2
 
 
 def spawn_params(world_sizes: tuple[int, ...], slow_sizes: tuple[int, ...] = ()) -> list:
@@ -107,11 +111,26 @@ def _entry(rank: int, world_size: int, backend: str, init_file: str, fn: Callabl
             dist.destroy_process_group()
 
 
+def _death(rank: int, exitcode: int) -> str:
+    """Why rank ``rank`` ended with ``exitcode`` (a negative code is the signal that killed it)."""
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = "unknown signal"
+        return f"rank {rank} died with signal {-exitcode} ({name}) without reporting"
+    return f"rank {rank} died with exit code {exitcode} without reporting"
+
+
 def run_ranks(fn: Callable, world_size: int, *args: Any, backend: str = "gloo", timeout_s: float = 300) -> list:
     """Run ``fn(RankInfo, *args)`` on ``world_size`` spawned ranks and return their results by rank.
 
+    A rank whose process ends without reporting (a segfault in a collective, ``os._exit``) fails the call at once,
+    naming the rank and its exit code or signal; ``timeout_s`` bounds the wait for ranks that hang.
+
     Raises:
-        RuntimeError: a rank raised (its traceback is in the message) or the ranks did not finish in time.
+        RuntimeError: a rank raised (its traceback is in the message), died without reporting, or the ranks did
+            not finish within ``timeout_s`` seconds.
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -125,9 +144,25 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, backend: str = "gloo", 
             p.start()
         outputs: dict[int, Any] = {}
         failure: str | None = None
+        deadline = time.monotonic() + timeout_s
         try:
             while len(outputs) < world_size and failure is None:
-                rank, ok, payload = results.get(timeout=timeout_s)
+                try:
+                    rank, ok, payload = results.get(timeout=_POLL_S)
+                except queue.Empty:
+                    # A rank puts its report before it exits, so a rank that has ended and has not reported (after
+                    # one more look at the queue, which its last put may just have reached) never will.
+                    dead = [r for r, p in enumerate(procs) if r not in outputs and p.exitcode is not None]
+                    if dead:
+                        try:
+                            rank, ok, payload = results.get(timeout=_POLL_S)
+                        except queue.Empty:
+                            failure = "; ".join(_death(r, procs[r].exitcode) for r in dead)
+                            break
+                    elif time.monotonic() > deadline:
+                        raise
+                    else:
+                        continue
                 if ok:
                     outputs[rank] = torch.load(io.BytesIO(payload), weights_only=False)
                 else:

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from dist_spawn import RankInfo
+from full_dtensor import gather_full
 
 IN, HID, ODD, OUT = 32, 128, 67, 16
 STEPS, LR, BATCH = 8, 0.1, 16
@@ -68,13 +69,15 @@ def full_tensors(model: nn.Module, grads: bool = False) -> dict[str, torch.Tenso
     """Every parameter (``grads``: its gradient), unsharded, by its name in the unwrapped model (collective).
 
     FSDP1 gathers them with ``summon_full_params``, which QSDP leaves exact; gradients need ``use_orig_params``.
+    FSDP2's DTensors are gathered by :func:`full_dtensor.gather_full` (not ``full_tensor()``, which segfaults on CUDA
+    tensors over gloo, as ranks sharing a GPU run).
     """
     if _is_fsdp1(model):
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         with FullyShardedDataParallel.summon_full_params(model, writeback=False, with_grads=grads):
             return {n: (p.grad if grads else p).detach().clone() for n, p in model.named_parameters()}
-    return {n: (p.grad if grads else p).full_tensor() for n, p in model.named_parameters()}
+    return {n: gather_full(p.grad if grads else p) for n, p in model.named_parameters()}
 
 
 def local_shard(param: torch.Tensor) -> torch.Tensor:

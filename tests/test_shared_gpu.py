@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from composer_qsdp.recipes.loader import RecipeError
-from composer_qsdp.shared_gpu import check_shared_gpu, composer_device, gpu_placement
-from composer_qsdp.recipes.train import load_recipe
+from composer_qsdp.recipes.train import _device, load_recipe
+from composer_qsdp.shared_gpu import (check_shared_gpu, check_state_dict_type, composer_device, gpu_placement,
+                                      this_process_gpu)
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = ROOT / "yamls" / "cpu" / "gpt-tiny-baseline.yaml"
@@ -85,6 +86,46 @@ def test_recipe_refuses_a_bad_value_naming_the_key():
 def test_recipe_refuses_forced_sharing_on_cpu():
     with pytest.raises(RecipeError, match=r"recipe key 'shared_gpu' = True is invalid; .* needs device: gpu"):
         load_recipe(BASELINE, ["data.local=unused", "shared_gpu=true"])
+
+
+#: What the refusal of full FSDP2 checkpoints on shared GPUs says: both keys, why, and what works.
+FULL_REFUSED = (r"fsdp.state_dict_type = 'full' cannot be saved with shared_gpu .* functional all-gather .* gloo "
+                r"cannot run on CUDA tensors .*pytorch/pytorch#152645.* use fsdp.state_dict_type=sharded")
+
+
+def test_full_checkpoints_are_refused_only_when_ranks_share_gpus():
+    with pytest.raises(ValueError, match=FULL_REFUSED):
+        check_state_dict_type(True, "full")
+    for shared, kind in [(True, "sharded"), (True, None), (False, "full"), (False, "sharded")]:
+        check_state_dict_type(shared, kind)  # nothing to refuse
+
+
+def _one_gpu_two_ranks(monkeypatch):
+    """This process as local rank 1 of 2 on a host that shows one GPU (shared_gpu=auto shares it)."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+
+
+def test_this_process_gpu_refuses_full_checkpoints_before_building_a_device(monkeypatch):
+    _one_gpu_two_ranks(monkeypatch)  # no CUDA needed: the refusal comes before any device exists
+    with pytest.raises(ValueError, match=FULL_REFUSED):
+        this_process_gpu("auto", "full")
+
+
+def test_recipe_with_forced_sharing_refuses_full_checkpoints_when_loaded():
+    with pytest.raises(RecipeError, match=FULL_REFUSED):
+        load_recipe(BASELINE, ["data.local=unused", "device=gpu", "precision=amp_bf16", "shared_gpu=true",
+                               "fsdp.state_dict_type=full"])
+
+
+def test_recipe_refuses_full_checkpoints_where_auto_shares_the_gpus(monkeypatch):
+    # shared_gpu=auto cannot know at load time whether the GPUs are too few: the recipe loads, the run refuses.
+    recipe = load_recipe(BASELINE, ["data.local=unused", "device=gpu", "precision=amp_bf16",
+                                    "fsdp.state_dict_type=full"])
+    _one_gpu_two_ranks(monkeypatch)
+    with pytest.raises(RecipeError, match="recipe key 'device' = 'gpu': " + FULL_REFUSED):
+        _device(recipe)
 
 
 @pytest.mark.gpu

@@ -38,7 +38,7 @@ from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, Omega
 from composer_qsdp._names import did_you_mean
 from composer_qsdp.recipes.models.config import GPT_PRESETS, GPTConfig, gpt_config
 from composer_qsdp.recipes.models.hf import HFCausalLMConfig, hf_causal_lm_config
-from composer_qsdp.shared_gpu import check_shared_gpu
+from composer_qsdp.shared_gpu import check_shared_gpu, check_state_dict_type
 from composer_qsdp.validate import SEED_BITS
 
 __all__ = [
@@ -205,7 +205,8 @@ class FSDPSettings:
                                             "backward (ZeRO++'s hpZ, k = GPUs per node)")
     mixed_precision: str = _key("DEFAULT", "DEFAULT: parameters in the run precision, fp32 gradient reduction; "
                                            "PURE: both in the run precision; FULL: fp32")
-    state_dict_type: str = _key("sharded", "checkpoints: sharded (a file per process) or full")
+    state_dict_type: str = _key("sharded", "checkpoints: sharded (a file per process) or full (not with ranks "
+                                           "sharing GPUs: see shared_gpu)")
     activation_checkpointing: bool = _key(False, "recompute each FSDP unit's activations in the backward")
 
 
@@ -897,6 +898,10 @@ def _validate(cfg: DictConfig) -> ValidatedRecipe:
                f"allowed: {', '.join(FSDP_MIXED_PRECISION)}")
         _check(cfg.fsdp.state_dict_type in FSDP_STATE_DICT_TYPES, "fsdp.state_dict_type", cfg.fsdp.state_dict_type,
                f"allowed: {', '.join(FSDP_STATE_DICT_TYPES)}")
+        try:  # certain only with shared_gpu=true; auto is decided by the GPUs a run finds (recipes.train)
+            check_state_dict_type(cfg.device == "gpu" and shared_gpu is True, cfg.fsdp.state_dict_type)
+        except ValueError as err:
+            raise RecipeError(str(err)) from None
         # Whether the group size divides the shard mesh is fully_shard's own check, at wrapping time.
         reshard = cfg.fsdp.reshard_after_forward
         _check(isinstance(reshard, bool) or (isinstance(reshard, int) and reshard >= 2), "fsdp.reshard_after_forward",

@@ -80,8 +80,9 @@ def _device(recipe: ValidatedRecipe) -> tuple[Any, Any]:
         return recipe.cfg.device, None
     from composer_qsdp.shared_gpu import this_process_gpu
 
-    try:
-        return this_process_gpu(recipe.cfg.shared_gpu)
+    fsdp = recipe.cfg.fsdp
+    try:  # shared_gpu=auto is decided only here, by the GPUs this host shows, so is a full checkpoint's refusal
+        return this_process_gpu(recipe.cfg.shared_gpu, fsdp.state_dict_type if fsdp is not None else None)
     except ValueError as err:
         raise RecipeError(f"recipe key 'device' = 'gpu': {err}") from None
 

@@ -35,6 +35,9 @@ from torchmetrics import MeanSquaredError
 from composer_qsdp import QSDP
 from composer_qsdp.shared_gpu import this_process_gpu
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for its helpers
+from full_dtensor import gather_full  # noqa: E402
+
 N, BS, IN, HID, OUT, LR = 512, 16, 32, 128, 16, 0.05
 DEFAULT_OPTIONS = {"weight_bits": 8, "grad_bits": 8, "bucket_size": 256, "error_sample_interval": 2}
 
@@ -107,14 +110,15 @@ def reference(batches: int, world: int) -> dict[str, torch.Tensor]:
 
 
 def full_params(state) -> dict[str, torch.Tensor]:
-    """The trained parameters, unsharded, on the CPU (FSDP1: ``summon_full_params``, which QSDP leaves exact)."""
+    """The trained parameters, unsharded, on the CPU (FSDP1: ``summon_full_params``, which QSDP leaves exact; FSDP2:
+    :func:`full_dtensor.gather_full`, as ``full_tensor()`` segfaults on CUDA tensors over gloo, pytorch#152645)."""
     net = state.model.net
     if state.fsdp_config_version == 1:
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         with FullyShardedDataParallel.summon_full_params(net, writeback=False):
             return {n: p.detach().cpu().clone() for n, p in net.named_parameters()}
-    return {n: p.full_tensor().cpu() for n, p in net.named_parameters()}
+    return {n: gather_full(p).cpu() for n, p in net.named_parameters()}
 
 
 def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
