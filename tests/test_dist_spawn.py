@@ -40,7 +40,8 @@ def _hang(info: RankInfo) -> None:
 
 
 def test_a_rank_that_hangs_still_times_out():
-    with pytest.raises(RuntimeError, match=r"ranks \[1\] did not finish within 3 s"):
+    # Rank 0 reports at once, unless starting a process takes longer than the timeout on a loaded machine.
+    with pytest.raises(RuntimeError, match=r"ranks \[(0, )?1\] did not finish within 3 s"):
         run_ranks(_hang, 2, timeout_s=3)
 
 
