@@ -172,7 +172,8 @@ class LoCoReduceScatter(FlatReduceScatter):
         if piece is None:
             self._pending = (f"the loco gradient scheme's error-feedback residual restarts from zero: the state it "
                              f"resumed from names one of {numel} elements, but this rank's piece was never loaded "
-                             "(a full, non-sharded checkpoint holds none)")
+                             "(a full, non-sharded checkpoint holds none; under Composer they are read "
+                             "from a local sharded checkpoint folder)")
             return
         local = piece.to_local() if hasattr(piece, "to_local") else piece
         if tuple(local.shape) != (1, numel):
