@@ -215,3 +215,15 @@ def test_loco_full_checkpoint_holds_no_residual(tmp_path):
     (qsdp,) = [s for name, s in state["algorithms"] if name == "QSDP"]
     grads = [unit["grads"] for unit in qsdp["qsdp"]["units"]]
     assert all(g["residual_numel"] > 0 and g["residual_ranks"] == 2 and "residual" not in g for g in grads), grads
+
+
+@pytest.mark.slow
+def test_loco_resume_on_another_number_of_ranks_restarts_the_residuals_with_a_warning(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _launch(tmp_path, "save", str(ckpt), options=LOCO)
+    out = tmp_path / "result-resume.json"
+    proc = _run(tmp_path, out, "resume", str(ckpt), options=LOCO, nproc=3)
+    assert proc.returncode == 0, f"launcher failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
+    logs = proc.stdout + proc.stderr
+    assert "LoCoResidualWarning" in logs and "saved by 2 ranks and this run has 3" in logs, logs[-5000:]
+    assert json.loads(out.read_text())["batches"] == 6
