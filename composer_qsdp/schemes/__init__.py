@@ -12,7 +12,7 @@ from composer_qsdp.schemes.base import AllReduceScheme, GatherLayout, GradScheme
 from composer_qsdp.schemes.difference import DifferenceAllGather
 from composer_qsdp.schemes.direct import DirectAllGather
 from composer_qsdp.schemes.flat import FlatReduceScatter
-from composer_qsdp.schemes.loco import LoCoReduceScatter
+from composer_qsdp.schemes.loco import LoCoReduceScatter, LoCoResidualWarning
 from composer_qsdp.schemes.onebit import OneBitAllReduce
 from composer_qsdp.schemes.registry import (ALL_REDUCE_SCHEMES, GRAD_SCHEMES, WEIGHT_SCHEMES, make_all_reduce_scheme,
                                             make_grad_scheme, make_weight_scheme)
@@ -28,6 +28,7 @@ __all__ = [
     "GatherLayout",
     "GradScheme",
     "LoCoReduceScatter",
+    "LoCoResidualWarning",
     "OneBitAllReduce",
     "Scheme",
     "TwoLevelReduceScatter",

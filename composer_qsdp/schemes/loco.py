@@ -30,26 +30,35 @@ What the residual is, and what it costs:
   entries are reset to zero (DeepSpeed drops the whole buffer on overflow).
 * ``reset_every``: the residual is zeroed every this many optimizer steps (DeepSpeed's ``reset_T``; 0: never).
 
-Checkpoints: :meth:`state_dict` gathers every rank's residual (a collective: every rank calls it, as Composer
-does) so that any one rank's copy restores them all; a resumed run compensates exactly as an uninterrupted one.
-A resume on another number of ranks starts the residuals from zero.
+Checkpoints: :meth:`state_dict` holds this rank's residual as its own piece, with no communication: a ``DTensor``
+over a 1-D mesh of the scheme's group, ``Shard(0)``, local shape ``(1, W * n)``, global ``(W, W * n)``, so
+``torch.distributed.checkpoint`` writes each rank's piece from that rank and reads it back into the same rank. A
+fresh scheme cannot know the residual's size before its first call: loading takes two passes (load the state,
+:meth:`load_state_dict`, whose ``residual_numel`` makes :meth:`state_dict` hold a zero piece of the saved size, then
+load that piece in place and :meth:`load_state_dict` again). A resume on another number of ranks, or from a state
+without the piece (a full, non-sharded checkpoint), starts the residuals from zero with a
+:class:`LoCoResidualWarning` naming why: a residual is the error of one rank's chunks of one partition and means
+nothing on another.
 """
 
 from __future__ import annotations
 
-import io
+import warnings
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from composer_qsdp.quant import Codec
 from composer_qsdp.validate import check_choice, check_int
 from composer_qsdp.schemes.flat import FlatReduceScatter
 
-__all__ = ["LoCoReduceScatter"]
+__all__ = ["LoCoReduceScatter", "LoCoResidualWarning"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class LoCoResidualWarning(UserWarning):
+    """LoCo's error-feedback residuals restart from zero on a resume (another number of ranks, or no saved piece)."""
 
 
 class LoCoReduceScatter(FlatReduceScatter):
@@ -86,12 +95,17 @@ class LoCoReduceScatter(FlatReduceScatter):
         self.residual: torch.Tensor | None = None
         self._steps_since_reset = 0
         self._restored: torch.Tensor | None = None
+        self._pending = ""  # why a restored residual is still the zero template ("" once its piece is loaded)
+        self._meshes: dict[str, Any] = {}
 
     def _feedback(self, input: torch.Tensor) -> dict[str, Any]:
         return {"residual": self._residual_for(input), "residual_beta": self.beta}
 
     def _residual_for(self, input: torch.Tensor) -> torch.Tensor:
         if self._restored is not None:
+            if self._pending:
+                warnings.warn(self._pending, LoCoResidualWarning, stacklevel=4)
+                self._pending = ""
             self.residual, self._restored = self._restored.to(input.device), None
         if self.residual is None:
             self.residual = torch.zeros(input.numel(), dtype=self.residual_dtype, device=input.device)
@@ -109,41 +123,77 @@ class LoCoReduceScatter(FlatReduceScatter):
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """Byte counters, the reset clock and every rank's residual.
+        """Byte counters, the reset clock and this rank's residual, without communication.
 
-        Collective over the scheme's group (every rank calls it, in the same order): the residuals differ per rank
-        and are gathered, so any one rank's state restores them all. They are stored as one serialized ``[W, W *
-        n]`` CPU tensor (``None`` before the first call), an opaque object for ``torch.distributed.checkpoint``,
-        whose size a fresh scheme cannot know in advance.
+        ``residual_ranks`` and ``residual_numel`` (0 before the first call) are the same on every rank;
+        ``residual`` (absent before the first call) is this rank's piece: a ``DTensor`` over a 1-D mesh of the
+        scheme's group, ``Shard(0)``, local ``(1, residual_numel)`` viewing the residual itself, so a checkpoint
+        loader that fills it in place restores the residual.
         """
+        if self.group is None:
+            raise RuntimeError("LoCoReduceScatter.state_dict was called before setup(group, topology)")
         state = super().state_dict()
         state["steps_since_reset"] = self._steps_since_reset
         local = self.residual if self.residual is not None else self._restored
-        state["residuals"] = None if local is None else _to_bytes(self._gather(local))
+        state["residual_ranks"] = self.group.size()
+        state["residual_numel"] = 0 if local is None else local.numel()
+        if local is not None:
+            state["residual"] = self._piece(local)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output (after :meth:`setup`); this rank takes its own residual. A state without
-        residuals (a fresh run's, another scheme's) or with residuals of a group of another size (a resume on
-        another number of ranks, which the handle reports as a settings change) starts from zero."""
+        """Restore :meth:`state_dict` output (after :meth:`setup`).
+
+        A state of a group of this size with ``residual_numel`` elements makes the residual a zero template of that
+        size (what :meth:`state_dict` then offers a checkpoint loader); its ``residual`` piece, when present, is
+        copied in. A state of another group size starts from zero with a :class:`LoCoResidualWarning`; a template
+        whose piece never arrives warns the same way at the first reduce-scatter.
+
+        Raises:
+            ValueError: a ``residual`` piece of another shape than ``(1, residual_numel)``.
+            RuntimeError: called before :meth:`setup`.
+        """
         if self.group is None:
             raise RuntimeError("LoCoReduceScatter.load_state_dict was called before setup(group, topology)")
         super().load_state_dict(state)
         self._steps_since_reset = int(state.get("steps_since_reset", 0))
         self.residual = self._restored = None
-        blob = state.get("residuals")
-        if blob is None:
+        self._pending = ""
+        numel, ranks, world = int(state.get("residual_numel", 0)), state.get("residual_ranks"), self.group.size()
+        if numel == 0:
             return
-        residuals = torch.load(io.BytesIO(blob), weights_only=True)
-        if residuals.dim() != 2 or residuals.shape[0] != self.group.size():
-            return  # each rank's residual belongs to its chunks of this group size: nothing carries over
-        self._restored = residuals[self.group.rank()].to(self.residual_dtype).clone()
+        if ranks != world:
+            warnings.warn(f"the loco gradient scheme's error-feedback residuals restart from zero: they were saved by "
+                          f"{ranks} ranks and this run has {world}; each is the error of one rank's chunks of that "
+                          "partition and means nothing on another", LoCoResidualWarning, stacklevel=2)
+            return
+        self._restored = torch.zeros(numel, dtype=self.residual_dtype)
+        piece = state.get("residual")
+        if piece is None:
+            self._pending = (f"the loco gradient scheme's error-feedback residual restarts from zero: the state it "
+                             f"resumed from names one of {numel} elements, but this rank's piece was never loaded "
+                             "(a full, non-sharded checkpoint holds none; under Composer they are read "
+                             "from a local sharded checkpoint folder)")
+            return
+        local = piece.to_local() if hasattr(piece, "to_local") else piece
+        if tuple(local.shape) != (1, numel):
+            raise ValueError(f"the loco gradient scheme's saved residual piece has shape {tuple(local.shape)}; this "
+                             f"state needs (1, {numel}) (one row of {numel} elements per rank)")
+        if local.data_ptr() != self._restored.data_ptr():
+            self._restored.copy_(local.view(-1))
 
-    def _gather(self, local: torch.Tensor) -> torch.Tensor:
+    def _piece(self, local: torch.Tensor) -> Any:
+        # Imported here: torch.distributed.tensor costs seconds to import and only checkpoints need it.
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.tensor import DTensor, Shard
+
         assert self.group is not None
-        out = torch.empty(self.group.size() * local.numel(), dtype=local.dtype, device=local.device)
-        dist.all_gather_into_tensor(out, local.contiguous(), group=self.group)
-        return out.view(self.group.size(), -1).cpu()
+        kind = local.device.type
+        if kind not in self._meshes:
+            self._meshes[kind] = DeviceMesh.from_group(self.group, kind)
+        world, numel = self.group.size(), local.numel()
+        return DTensor.from_local(local.view(1, numel), self._meshes[kind], [Shard(0)], run_check=False,
+                                  shape=torch.Size([world, numel]), stride=(numel, 1))
 
     def memory_bytes(self) -> int:
         return 0 if self.residual is None else self.residual.numel() * self.residual.element_size()
@@ -153,8 +203,3 @@ class LoCoReduceScatter(FlatReduceScatter):
         dtype = str(self.residual_dtype).removeprefix("torch.")
         return f"{super().describe()} with LoCo error feedback (beta {self.beta:g}, {dtype} residual{reset})"
 
-
-def _to_bytes(t: torch.Tensor) -> bytes:
-    buf = io.BytesIO()
-    torch.save(t, buf)
-    return buf.getvalue()

@@ -174,3 +174,56 @@ def test_a_diverged_run_never_checkpoints_non_finite_weights(tmp_path):
 @pytest.mark.parametrize("fsdp_version", [2, 1], ids=["fsdp2", "fsdp1"])
 def test_composer_launcher_run_on_two_gpu_ranks(tmp_path, fsdp_version):
     _check_quantized_training(_launch(tmp_path, gpu=True, fsdp_version=fsdp_version), fsdp_version)
+
+
+LOCO = {"preset": "qwd-w4g2-loco"}
+
+
+def _residual_files(ckpt: Path) -> dict[tuple[int, ...], str]:
+    """The file each residual piece of the sharded checkpoint ``ckpt`` went into, by the piece's offset."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    storage = FileSystemReader(str(ckpt)).read_metadata().storage_data
+    return {tuple(index.offset): info.relative_path for index, info in storage.items()
+            if index.fqn.startswith("state.callbacks.QSDPResiduals.units.")}
+
+
+@pytest.mark.slow
+def test_loco_sharded_composer_resume_restores_each_ranks_residual(tmp_path):
+    """A LoCo run's sharded checkpoint holds each rank's residual, written by that rank; a resume on the same
+    number of ranks continues exactly as the uninterrupted run (2-bit gradients: a residual reset changes the
+    losses, as the full checkpoint's resume below shows)."""
+    ckpt = tmp_path / "ckpt"
+    saved = _launch(tmp_path, "save", str(ckpt), options=LOCO)
+    files = _residual_files(ckpt / "ep0-ba3")
+    assert files == {(0, 0): "__0_0.distcp", (1, 0): "__1_0.distcp"}, files
+    resumed = _launch(tmp_path, "resume", str(ckpt), options=LOCO)
+    assert resumed["losses"] == saved["losses"][3:]
+    assert resumed["traffic"] == saved["traffic"]
+
+
+@pytest.mark.slow
+def test_loco_full_checkpoint_holds_no_residual(tmp_path):
+    """A full checkpoint is written by rank 0 alone: it holds the residuals' sizes but no rank's residual (a resume
+    from it restarts them from zero with a warning: tests/schemes/test_loco_scheme.py)."""
+    import torch
+
+    ckpt = tmp_path / "ckpt"
+    _launch(tmp_path, "save", str(ckpt), options=LOCO, fsdp={"state_dict_type": "full"})
+    state = torch.load(ckpt / "ep0-ba3-rank0.pt", weights_only=False)["state"]
+    assert state["callbacks"]["QSDPResiduals"] == {}
+    (qsdp,) = [s for name, s in state["algorithms"] if name == "QSDP"]
+    grads = [unit["grads"] for unit in qsdp["qsdp"]["units"]]
+    assert all(g["residual_numel"] > 0 and g["residual_ranks"] == 2 and "residual" not in g for g in grads), grads
+
+
+@pytest.mark.slow
+def test_loco_resume_on_another_number_of_ranks_restarts_the_residuals_with_a_warning(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _launch(tmp_path, "save", str(ckpt), options=LOCO)
+    out = tmp_path / "result-resume.json"
+    proc = _run(tmp_path, out, "resume", str(ckpt), options=LOCO, nproc=3)
+    assert proc.returncode == 0, f"launcher failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
+    logs = proc.stdout + proc.stderr
+    assert "LoCoResidualWarning" in logs and "saved by 2 ranks and this run has 3" in logs, logs[-5000:]
+    assert json.loads(out.read_text())["batches"] == 6

@@ -8,8 +8,9 @@
 * Classic error feedback (``beta = 0``) telescopes: the outputs summed over calls equal the gradients summed over
   calls less the ranks' final residuals (an identity of exact arithmetic, checked here in fp64 from the scheme's own
   outputs).
-* Its state survives a save -> load into a new scheme bit for bit (residuals of another group size start from
-  zero); ``reset_every`` zeroes the residual; a NaN
+* Its state survives a save -> load into a new scheme bit for bit; saving makes no collective call (each rank's
+  residual is its own ``Shard(0)`` piece); residuals of another group size, or a state without this rank's piece,
+  start from zero with one warning naming why; a piece of the wrong shape raises; ``reset_every`` zeroes the residual; a NaN
   gradient stays NaN in the output but leaves the residual finite; misuse raises naming the bad value.
 * On an FSDP2 model with an uneven layer, with gradient accumulation, a ``torch.distributed.checkpoint`` resume
   continues exactly as the uninterrupted run.
@@ -17,8 +18,8 @@
 
 from __future__ import annotations
 
-import io
 import os
+import warnings
 
 import pytest
 import torch
@@ -29,7 +30,7 @@ from sharded_mlp import LR, Adapter, _train
 from composer_qsdp.config import from_preset
 from composer_qsdp.comm import Topology, mix_seed, quantized_reduce_scatter
 from composer_qsdp.quant import make_codec
-from composer_qsdp.schemes import LoCoReduceScatter, make_grad_scheme
+from composer_qsdp.schemes import LoCoReduceScatter, LoCoResidualWarning, make_grad_scheme
 
 N = 37  # elements per rank's chunk: no bucket size here divides it
 CALLS, PER_STEP = 6, 2  # reduce-scatter calls, and calls per optimizer step
@@ -68,10 +69,29 @@ def _reference(world: int, codec, beta: float, dtype: torch.dtype) -> tuple[list
     return outputs, residuals
 
 
-def _as_bytes(t: torch.Tensor) -> bytes:
-    buf = io.BytesIO()
-    torch.save(t, buf)
-    return buf.getvalue()
+_COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_object", "gather", "gather_object", "broadcast",
+                "broadcast_object_list", "all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor",
+                "all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv", "barrier")
+
+
+def _count_collectives(fn):
+    """``fn()`` with every torch.distributed collective counted: (its result, the names of the calls made)."""
+    calls: list[str] = []
+    saved = {name: getattr(dist, name) for name in _COLLECTIVES}
+
+    def counting(name):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return saved[name](*args, **kwargs)
+        return call
+
+    try:
+        for name in _COLLECTIVES:
+            setattr(dist, name, counting(name))
+        return fn(), calls
+    finally:
+        for name, original in saved.items():
+            setattr(dist, name, original)
 
 
 def _rank_side(info: RankInfo) -> dict:
@@ -96,7 +116,10 @@ def _rank_side(info: RankInfo) -> dict:
     first.setup(group, Topology(1))
     for call in range(3):
         first.reduce_scatter(torch.empty(N), _grad(info.rank, call, world), dist.ReduceOp.SUM, SEED + call)
-    saved = first.state_dict()
+    saved, out["save_collectives"] = _count_collectives(first.state_dict)
+    piece = saved["residual"]
+    out["piece"] = (type(piece).__name__, tuple(piece.shape), tuple(piece.to_local().shape),
+                    torch.equal(piece.to_local().view(-1), first.residual))
     second = LoCoReduceScatter(_codec(spec), beta=beta)
     second.setup(group, Topology(1))
     second.load_state_dict(saved)
@@ -108,15 +131,26 @@ def _rank_side(info: RankInfo) -> dict:
         same.append(torch.equal(a, b))
     out["resume_equal"] = same and all(same) and torch.equal(first.residual, second.residual)
     out["resume_calls"] = second.traffic.calls
-    other_world = dict(saved, residuals=_as_bytes(torch.ones(world + 1, (world + 1) * N)))
-    third = LoCoReduceScatter(_codec(spec), beta=beta)
-    third.setup(group, Topology(1))
-    third.load_state_dict(other_world)
-    third.reduce_scatter(torch.empty(N), _grad(info.rank, 0, world), dist.ReduceOp.SUM, SEED)
     fresh = LoCoReduceScatter(_codec(spec), beta=beta)
     fresh.setup(group, Topology(1))
     fresh.reduce_scatter(torch.empty(N), _grad(info.rank, 0, world), dist.ReduceOp.SUM, SEED)
-    out["other_world_starts_at_zero"] = torch.equal(third.residual, fresh.residual)
+    other_world = dict(saved, residual_ranks=world + 1)  # what a resume on another number of ranks sees
+    no_piece = {k: v for k, v in saved.items() if k != "residual"}  # a full checkpoint's state: no rank's piece
+    for key, state in (("other_world", other_world), ("no_piece", no_piece)):
+        third = LoCoReduceScatter(_codec(spec), beta=beta)
+        third.setup(group, Topology(1))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            third.load_state_dict(state)
+            third.reduce_scatter(torch.empty(N), _grad(info.rank, 0, world), dist.ReduceOp.SUM, SEED)
+        out[f"{key}_warnings"] = [str(w.message) for w in caught if issubclass(w.category, LoCoResidualWarning)]
+        out[f"{key}_starts_at_zero"] = torch.equal(third.residual, fresh.residual)
+    wrong = LoCoReduceScatter(_codec(spec), beta=beta)
+    wrong.setup(group, Topology(1))
+    try:
+        wrong.load_state_dict(dict(saved, residual=torch.zeros(2, saved["residual_numel"])))
+    except ValueError as err:
+        out["wrong_piece"] = str(err)
 
     # reset_every counts optimizer steps
     resetting = LoCoReduceScatter(_codec(spec), beta=beta, reset_every=2)
@@ -178,7 +212,13 @@ def test_loco_state_resets_nan_and_misuse(results):
     world, outs = results
     for rank, out in enumerate(outs):
         assert out["resume_equal"] is True and out["resume_calls"] == 3 + (CALLS - 3)
-        assert out["other_world_starts_at_zero"]
+        assert out["save_collectives"] == []  # each rank's piece is its own: saving communicates nothing
+        assert out["piece"] == ("DTensor", (world, world * N), (1, world * N), True)
+        assert out["other_world_starts_at_zero"] and out["no_piece_starts_at_zero"]
+        assert len(out["other_world_warnings"]) == 1
+        assert f"saved by {world + 1} ranks and this run has {world}" in out["other_world_warnings"][0]
+        assert len(out["no_piece_warnings"]) == 1 and "piece was never loaded" in out["no_piece_warnings"][0]
+        assert f"shape (2, {world * N}); this state needs (1, {world * N})" in out["wrong_piece"]
         assert out["kept_after_one"] and out["zero_after_two"]
         assert out["residual_finite"]
         assert "one gradient size per unit" in out["other_size"]
@@ -250,12 +290,15 @@ def _fsdp2_resume(info: RankInfo, ckpt_dir: str) -> dict:
     residuals = [u.grads.residual.clone() for u in handle.units if u.grads.name == "loco"]
     continued = _train(info, model, 3, opt, first_step=3, microbatches=2, grads=False)
 
-    model, opt, handle = fresh()  # a fresh scheme has no residual yet: its state is the template dcp loads into
+    model, opt, handle = fresh()  # a fresh scheme has no residual yet: its size comes with the first load
     msd, osd = get_state_dict(model, opt)
     state = {"model": msd, "optim": osd, "qsdp": handle.state_dict()}
     dcp.load(state, checkpoint_id=ckpt_dir)
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    handle.load_state_dict(state["qsdp"])
+    handle.load_state_dict(state["qsdp"])  # the residuals' sizes: the handle's state now holds zero pieces of them
+    pieces = {"qsdp": handle.state_dict()}
+    dcp.load(pieces, checkpoint_id=ckpt_dir)  # each rank reads its own piece, in place
+    handle.load_state_dict(pieces["qsdp"])
     resumed = _train(info, model, 3, opt, first_step=3, microbatches=2, grads=False)
     return {"continued": continued["losses"], "resumed": resumed["losses"], "params": continued["params"],
             "params_resumed": resumed["params"], "residuals": len(residuals),

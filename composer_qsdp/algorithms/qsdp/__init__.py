@@ -6,6 +6,6 @@ model sharded by FSDP2 or FSDP1 (picked from the model). Both take a ``QSDPConfi
 """
 
 from composer_qsdp.algorithms.qsdp.functional import apply_qsdp, remove_qsdp
-from composer_qsdp.algorithms.qsdp.qsdp import QSDP, check_run, per_block_fsdp_units
+from composer_qsdp.algorithms.qsdp.qsdp import QSDP, QSDPResiduals, check_run, per_block_fsdp_units
 
-__all__ = ["QSDP", "apply_qsdp", "check_run", "per_block_fsdp_units", "remove_qsdp"]
+__all__ = ["QSDP", "QSDPResiduals", "apply_qsdp", "check_run", "per_block_fsdp_units", "remove_qsdp"]

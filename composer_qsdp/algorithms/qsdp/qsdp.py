@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from composer.callbacks import CheckpointSaver
-from composer.core import Algorithm, Event, State
+from composer.core import Algorithm, Callback, Event, State
 from composer.loggers import Logger
 from composer.utils import dist
 from torch import nn
@@ -22,7 +23,7 @@ from composer_qsdp.auto import AutoOptions, AutoPolicy, POLICIES
 from composer_qsdp.config import QSDPConfig
 from composer_qsdp.engine import NonFiniteWeightError, QSDPHandle, ResumeSettingsWarning
 
-__all__ = ["QSDP", "check_run", "per_block_fsdp_units"]
+__all__ = ["QSDP", "QSDPResiduals", "check_run", "per_block_fsdp_units"]
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,13 @@ class QSDP(Algorithm):
     :class:`~composer_qsdp.engine.ResumeSettingsWarning` naming each change (hyperparameter
     ``qsdp/resume_changes``); the byte counters keep their totals. A resume from a checkpoint without QSDP state
     warns too, and the counters start from zero.
+
+    Per-rank scheme state (LoCo's error-feedback residuals) stays out of the algorithm's state, which Composer
+    writes from rank 0 only; at ``Event.INIT`` QSDP adds a :class:`QSDPResiduals` callback whose state holds each
+    rank's piece, and which a sharded checkpoint (``fsdp.state_dict_type: sharded``) writes from every rank with no
+    collective. A resume on the same number of ranks from a local sharded checkpoint folder reads them back
+    exactly; a full checkpoint holds none, and another number of ranks cannot use them: the residuals then restart
+    from zero with a :class:`~composer_qsdp.schemes.LoCoResidualWarning` naming why.
 
     Example::
 
@@ -237,6 +245,8 @@ class QSDP(Algorithm):
         assert event in (Event.INIT, Event.AFTER_LOAD) or self.handle is not None
         if event == Event.INIT:
             per_block_fsdp_units(state.model)
+            if not any(isinstance(cb, QSDPResiduals) for cb in state.callbacks):
+                state.callbacks.append(QSDPResiduals(self, state))
         elif event == Event.AFTER_LOAD:
             self._install(state, logger)
         elif event == Event.BATCH_END:
@@ -289,6 +299,7 @@ class QSDP(Algorithm):
                 self._loaded_auto = None
         if self._loaded_state is not None:
             self.handle.load_state_dict(self._loaded_state)
+            _load_residuals(self.handle, self._loaded_state, state)
             self._loaded_state = None
         elif int(state.timestamp.batch) > 0:
             # Resumed (Composer loaded a checkpoint before AFTER_LOAD) from a checkpoint of a run without QSDP.
@@ -374,6 +385,8 @@ class QSDP(Algorithm):
         state["qsdp_config"] = self.config.summary()  # what the run was configured with, for readers of checkpoints
         if self.handle is not None:
             state["qsdp"] = self.handle.state_dict()
+            for unit in state["qsdp"]["units"]:  # each rank's own: QSDPResiduals saves them from every rank
+                unit["grads"].pop("residual", None)
             state["qsdp_eval_traffic"] = self._eval_traffic.state_dict()
         if self.auto is not None:
             state["qsdp_auto"] = self.auto.state_dict()
@@ -393,6 +406,60 @@ class QSDP(Algorithm):
                 self._loaded_state = state["qsdp"]
             else:
                 self.handle.load_state_dict(state["qsdp"])
+
+
+class QSDPResiduals(Callback):
+    """Carries each rank's scheme state that differs per rank (LoCo's residual pieces) into sharded checkpoints.
+
+    Composer writes algorithm state as one object from rank 0; a callback's state dict is a mapping that
+    ``torch.distributed.checkpoint`` walks, so the ``Shard(0)`` pieces in it are written by their own ranks, with no
+    collective. Full checkpoints, written by rank 0 alone, get an empty state. QSDP adds this callback itself.
+    """
+
+    def __init__(self, algorithm: QSDP, state: State) -> None:
+        self.algorithm, self.state = algorithm, state
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"units": {unit index: this rank's piece}}`` for a sharded checkpoint of an installed QSDP, else ``{}``
+        (also while Composer builds the template it loads into: the pieces are read at install, once their sizes
+        are known)."""
+        handle = self.algorithm.handle
+        if handle is None or not self.state.fsdp_sharded_state_dict_enabled:
+            return {}
+        return {"units": _pieces(handle)}
+
+
+def _pieces(handle: QSDPHandle) -> dict[str, Any]:
+    """Each unit's per-rank residual piece (gradient side), by unit index."""
+    pieces = {}
+    for i, unit in enumerate(handle.units):
+        piece = unit.grads.state_dict().get("residual")
+        if piece is not None:
+            pieces[str(i)] = piece
+    return pieces
+
+
+def _load_residuals(handle: QSDPHandle, saved: dict[str, Any], state: State) -> None:
+    """Read this rank's residual pieces from the local sharded checkpoint Composer resumed from, in place.
+
+    ``handle`` has loaded ``saved``, so its schemes hold zero pieces of the saved sizes (none where the number of
+    ranks changed). Where the checkpoint is not a local sharded folder or holds no pieces (a full checkpoint, one
+    written before pieces existed), nothing is read and each scheme warns at its first reduce-scatter.
+    """
+    pieces = _pieces(handle)
+    path = state.load_path
+    if not pieces or not state.fsdp_sharded_state_dict_enabled or not path or not os.path.isdir(path):
+        return
+    import torch.distributed.checkpoint as dist_cp  # imported here: it costs seconds and only resumes need it
+
+    reader = dist_cp.FileSystemReader(path)
+    prefix = f"state.callbacks.{QSDPResiduals.__qualname__}.units."
+    stored = reader.read_metadata().state_dict_metadata
+    if any(prefix + i not in stored for i in pieces):
+        return
+    dist_cp.load({"state": {"callbacks": {QSDPResiduals.__qualname__: {"units": pieces}}}}, storage_reader=reader)
+    for i, piece in pieces.items():
+        handle.units[int(i)].grads.load_state_dict({**saved["units"][int(i)]["grads"], "residual": piece})
 
 
 _CHECKPOINT_EVENTS = (Event.BATCH_CHECKPOINT, Event.EPOCH_CHECKPOINT, Event.ITERATION_CHECKPOINT)
