@@ -597,7 +597,8 @@ def _mean(series: dict[int, float] | None) -> float | None:
     return statistics.fmean(series.values()) if series else None
 
 
-def _training_ratio(metrics: dict[str, dict[int, float]], name: str = "qsdp/compression_vs_unquantized") -> float | None:
+def _training_ratio(metrics: dict[str, dict[int, float]],
+                    name: str = "qsdp/compression_vs_unquantized") -> float | None:
     """QSDP's bytes over all training batches against a baseline, from the per-batch ratio ``name`` (the same
     collectives unquantized, or ``qsdp/compression_vs_plain_fsdp``: plain FSDP2): the sum of each batch's baseline
     bytes (its ratio times its bytes sent) over the sum of its bytes sent (a ratio of sums, so a batch that sends
