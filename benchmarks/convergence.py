@@ -605,11 +605,13 @@ def _mean(series: dict[int, float] | None) -> float | None:
     return statistics.fmean(series.values()) if series else None
 
 
-def _training_ratio(metrics: dict[str, dict[int, float]]) -> float | None:
-    """QSDP's bytes over all training batches against the same collectives unquantized: the sum of each batch's
-    unquantized bytes (its ratio times its bytes sent) over the sum of its bytes sent (a ratio of sums, so a batch
-    that sends little, e.g. the one after a qWD evaluation, weighs what its bytes weigh)."""
-    ratios = metrics.get("qsdp/compression_vs_unquantized")
+def _training_ratio(metrics: dict[str, dict[int, float]],
+                    name: str = "qsdp/compression_vs_unquantized") -> float | None:
+    """QSDP's bytes over all training batches against a baseline, from the per-batch ratio ``name`` (the same
+    collectives unquantized, or ``qsdp/compression_vs_plain_fsdp``: plain FSDP2): the sum of each batch's baseline
+    bytes (its ratio times its bytes sent) over the sum of its bytes sent (a ratio of sums, so a batch that sends
+    little, e.g. the one after a qWD evaluation, weighs what its bytes weigh). None where the run did not log it."""
+    ratios = metrics.get(name)
     if not ratios:
         return None
     sides = [metrics.get(f"qsdp/{side}/bytes_sent", {}) for side in ("weights", "grads")]
@@ -641,6 +643,8 @@ def summarize(plan: Plan) -> dict[str, Any]:
             # QSDP's over its training batches; 0/1 Adam logs the run's cumulative ratio, so its last value is the run's.
             "compression_vs_unquantized": (_training_ratio(metrics)
                                            or _last(metrics.get("zero_one_adam/compression_vs_fp32_allreduce"))),
+            # Against plain FSDP2 on the same stack (every microbatch's gathers, the backward re-gather included).
+            "compression_vs_plain_fsdp": _training_ratio(metrics, "qsdp/compression_vs_plain_fsdp"),
             "total_bytes_sent": (_last(metrics.get("qsdp/total_bytes_sent"))
                                  or _last(metrics.get("zero_one_adam/total_bytes_sent"))),
             "rel_error": {side: _mean(metrics.get(f"qsdp/{side}/rel_error")) for side in ("weights", "grads")},
@@ -737,7 +741,8 @@ def _ranks_text(plan: Plan, arms: dict[str, Any]) -> str:
 
 def _arm_columns(gap: str = "vs baseline") -> list[str]:
     """The titles of ``_arm_row``'s columns after its leading cells; ``gap`` titles the gap to the baseline."""
-    return ["final step", "final val loss", gap, "compression vs unquantized", "GB sent per rank", "rel. error w / g",
+    return ["final step", "final val loss", gap, "compression vs unquantized", "compression vs plain FSDP2",
+            "GB sent per rank", "rel. error w / g",
             "step time (ms, median; arms may share GPUs)", "description"]
 
 
@@ -755,6 +760,7 @@ def _arm_row(label: str, r: dict[str, Any], *extra: str) -> str:
     return (f"| {' | '.join([label, *extra])} | {step} | {fmt(r['final_val_loss'], '.4f')} "
             f"| {fmt(r['gap_vs_baseline_pct'], '+.2f', '%')} "
             f"| {fmt(r['compression_vs_unquantized'], '.2f', 'x')} "
+            f"| {fmt(r.get('compression_vs_plain_fsdp'), '.2f', 'x')} "
             f"| {fmt(None if r.get('total_bytes_sent') is None else r['total_bytes_sent'] / 1e9, '.3f')} "
             f"| {fmt(err['weights'], '.3f')} / "
             f"{fmt(err['grads'], '.3f')} | {fmt(step_ms, '.0f')} | {r['description']} |")

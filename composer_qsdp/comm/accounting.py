@@ -18,6 +18,13 @@ later gathers of a step, e.g. FSDP2's backward re-gather) issues no collective: 
 torch release (torch 2.7 never reshards the root module after forward; torch >= 2.9 does when
 ``reshard_after_forward`` is set explicitly, as Composer does), so counting them in the baselines would make the same
 traffic report different ratios on different stacks.
+
+Plain FSDP2: a served call still records what it would have cost, ``served_native`` (the bytes the collective would
+have sent in the input's dtype, by the same convention). ``native + served_native`` is then what plain FSDP2 on the
+same stack puts on the wire for the same calls (its weight gathers in the gather dtype, bf16 under mixed precision,
+including the backward re-gather and every microbatch's gathers; its reduce-scatters in the gradients' dtype), and
+``ratio_vs_plain_fsdp`` is that against ``sent``. This ratio depends on the torch release as said above; the
+``bf16``/``native`` ratios do not.
 """
 
 from __future__ import annotations
@@ -41,7 +48,10 @@ class CallTraffic:
         inter_node: the part of ``sent`` addressed to ranks on other nodes.
         rel_error: when measured, a 0-dim fp32 device tensor ``||decode(encode(x)) - x|| / ||x||`` over this
             rank's input; ``None`` otherwise. Kept on the device so measuring never syncs the host.
-        served_locally: the call issued no collective (served from a replica); then every byte count is 0.
+        served_locally: the call issued no collective (served from a replica); then ``sent``, ``bf16``, ``native``
+            and ``inter_node`` are 0.
+        served_native: for a call served locally, the bytes its collective would have sent in the input's dtype
+            (what plain FSDP sends for it); 0 for a call that issued its collective.
     """
 
     sent: int
@@ -50,6 +60,7 @@ class CallTraffic:
     inter_node: int = 0
     rel_error: torch.Tensor | None = None
     served_locally: bool = False
+    served_native: int = 0
 
 
 def call_traffic(
@@ -83,7 +94,9 @@ class TrafficCounter:
         bf16: bytes bf16 collectives would have sent for the calls that issued one.
         native: bytes collectives in the input dtype would have sent for the calls that issued one.
         inter_node: the part of ``sent`` addressed to ranks on other nodes.
-        served_locally: calls served from a replica without a collective (none of the byte counts include them).
+        served_locally: calls served from a replica without a collective (none of the counts above include them).
+        served_native: bytes the calls served locally would have sent in their input dtype, had they issued their
+            collective: ``native + served_native`` is what plain FSDP sends for the same calls.
     """
 
     calls: int = 0
@@ -92,6 +105,7 @@ class TrafficCounter:
     native: int = 0
     inter_node: int = 0
     served_locally: int = 0
+    served_native: int = 0
 
     def add(self, traffic: CallTraffic) -> None:
         """Count one call."""
@@ -101,6 +115,7 @@ class TrafficCounter:
         self.bf16 += traffic.bf16
         self.native += traffic.native
         self.inter_node += traffic.inter_node
+        self.served_native += traffic.served_native
 
     def __add__(self, other: TrafficCounter) -> TrafficCounter:
         return TrafficCounter(*(a + b for a, b in zip(astuple(self), astuple(other))))
@@ -123,13 +138,24 @@ class TrafficCounter:
         """Compression factor against the input dtype: ``native / sent`` (1.0 when nothing was sent)."""
         return self.native / self.sent if self.sent else 1.0
 
+    @property
+    def plain_fsdp(self) -> int:
+        """Bytes plain FSDP sends for the same calls, every one issuing its collective in the input dtype:
+        ``native + served_native``."""
+        return self.native + self.served_native
+
+    @property
+    def ratio_vs_plain_fsdp(self) -> float:
+        """Compression factor against plain FSDP: ``(native + served_native) / sent`` (1.0 when nothing was sent)."""
+        return self.plain_fsdp / self.sent if self.sent else 1.0
+
     def state_dict(self) -> dict[str, int]:
         """The counts, for checkpoints."""
         return asdict(self)
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restore counts written by :meth:`state_dict` (``inter_node`` and ``served_locally`` are 0 in checkpoints
-        that predate them)."""
+        """Restore counts written by :meth:`state_dict` (``inter_node``, ``served_locally`` and ``served_native``
+        are 0 in checkpoints that predate them)."""
         for f in fields(self):
             setattr(self, f.name, int(state.get(f.name, 0)))
 
@@ -173,13 +199,15 @@ class TrafficReport:
         return cls(weights, grads)
 
     def summary(self) -> str:
-        """Human-readable lines: bytes sent against bf16 and against the dtypes FSDP would have sent."""
+        """Human-readable lines: bytes sent against bf16, against the dtypes of the collectives that ran, and against
+        plain FSDP (every call, those served locally included, as a collective in its input dtype)."""
         lines = []
         for label, c in (("weights (all-gather)", self.weights), ("grads (reduce-scatter)", self.grads),
                          ("total", self.total)):
             line = (
                 f"{label:<24} sent {_size(c.sent):>10} | bf16 {_size(c.bf16):>10} ({_factor(c.ratio_vs_bf16)}) | "
-                f"unquantized {_size(c.native):>10} ({_factor(c.ratio_vs_native)}) | {c.calls} calls"
+                f"unquantized {_size(c.native):>10} ({_factor(c.ratio_vs_native)}) | "
+                f"plain FSDP {_size(c.plain_fsdp):>10} ({_factor(c.ratio_vs_plain_fsdp)}) | {c.calls} calls"
             )
             if c.inter_node:
                 line += f" | inter-node {_size(c.inter_node)}"

@@ -19,7 +19,8 @@ When each kind of call happens:
 * the first gather after an optimizer step sends the codes of the difference (an *update*);
 * every other gather of the step (FSDP2's backward re-gather after ``reshard_after_forward``, later
   microbatches of a gradient accumulation, evaluation) is served from ``w_ref`` and sends nothing; it counts as
-  ``served_locally``, outside the bf16 baseline (:mod:`composer_qsdp.comm.accounting`);
+  ``served_locally``, outside the bf16 baseline, with what plain FSDP would have sent for it as
+  ``served_native`` (:mod:`composer_qsdp.comm.accounting`);
 * a *keyframe*, a full-precision gather that sets ``w_ref`` to the weights exactly, runs where there is no
   reference or it may be stale: the first gather, after ``on_weights_changed`` (a load, an edit outside the
   optimizer), and every ``keyframe_every`` optimizer steps if set.
@@ -128,7 +129,7 @@ class DifferenceAllGather(WeightScheme):
         assert ref is not None
         if self._next is _Next.CURRENT:
             output.copy_(ref)
-            return CallTraffic(sent=0, bf16=0, native=0, served_locally=True)
+            return CallTraffic(sent=0, bf16=0, native=0, served_locally=True, served_native=plain.native)
         own = ref.view(world, n)[rank]
         # Encoded before `output` (which `input` may alias) is written.
         wire = self.codec.encode_difference_rows(input.reshape(1, n), own.view(1, n), seed=mix_seed(seed, rank))[0]

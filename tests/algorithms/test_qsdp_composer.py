@@ -80,6 +80,7 @@ def test_composer_run_with_weight_differences(tmp_path):
     assert weights["calls"] == 2 * 3 * batches and weights["sent"] < weights["native"] / 4  # 4-bit, once a step
     # The backward re-gathers come from the reference: no collective, so in neither the bytes nor the baselines.
     assert weights["served_locally"] == 3 * batches and weights["native"] == 2 * weights["bf16"]
+    assert weights["served_native"] == weights["native"]  # plain FSDP sends each re-gather's bytes again
     assert all(0 < e < 0.05 for e in result["metrics"]["qsdp/weights/rel_error"])
     losses = result["losses"]
     assert sum(losses[-4:]) / 4 < 0.7 * sum(losses[:2]) / 2, losses
@@ -122,6 +123,10 @@ def test_loco_preset_bytes_with_gradient_accumulation_and_evaluation(tmp_path, p
     evaluation = result["eval_traffic"]
     assert evaluation["weights"]["sent"] == evals * update and evaluation["weights"]["calls"] == 2 * 3 * evals
     assert evaluation["weights"]["served_locally"] == 3 * evals and evaluation["grads"]["calls"] == 0
+    # Against plain FSDP2 on this stack: every gather in fp32, the served ones included (the forward and backward
+    # of each microbatch in a training step), and every microbatch's reduce-scatter.
+    plain = [r for b, r in enumerate(metrics["qsdp/compression_vs_plain_fsdp"], 1) if b > 1 and b not in after_eval]
+    assert plain == [pytest.approx((2 * k * fp32 + k * fp32) / (update + k * scatter), rel=1e-12)] * (batches - 4)
     assert max(result["param_rel_error"].values()) < 5e-2, result["param_rel_error"]
 
 

@@ -49,7 +49,8 @@ def test_summary_csv_markdown_png(tiny_recipes, tmp_path, monkeypatch):
     write_segment(out / "baseline" / "metrics-00.json", {10: 5.0, 20: 4.0},
                   time__train={1: 1 / 3600, 2: 3 / 3600, 3: 4 / 3600})
     write_segment(out / "w8g8" / "metrics-00.json", {10: 5.1, 20: 4.05},
-                  qsdp__compression_vs_unquantized={1: 3.9, 2: 4.0}, qsdp__weights__bytes_sent={1: 60, 2: 0},
+                  qsdp__compression_vs_unquantized={1: 3.9, 2: 4.0}, qsdp__compression_vs_plain_fsdp={1: 5.0, 2: 6.0},
+                  qsdp__weights__bytes_sent={1: 60, 2: 0},
                   qsdp__grads__bytes_sent={1: 40, 2: 300}, qsdp__weights__rel_error={1: 0.01},
                   qsdp__grads__rel_error={1: 0.02, 2: 0.04})
     write_segment(out / "w4g4" / "metrics-00.json", {10: 5.5})  # still running
@@ -61,6 +62,8 @@ def test_summary_csv_markdown_png(tiny_recipes, tmp_path, monkeypatch):
     assert (arms["w4g4"]["final_step"], arms["w4g4"]["complete"]) == (10, False)
     # Unquantized bytes 3.9 * 100 + 4.0 * 300 over 400 sent: a ratio of sums, not the mean of the ratios.
     assert arms["w8g8"]["compression_vs_unquantized"] == pytest.approx((3.9 * 100 + 4.0 * 300) / 400)
+    assert arms["w8g8"]["compression_vs_plain_fsdp"] == pytest.approx((5.0 * 100 + 6.0 * 300) / 400)
+    assert arms["w4g4"]["compression_vs_plain_fsdp"] is None  # not logged
     assert arms["w8g8"]["rel_error"] == pytest.approx({"weights": 0.01, "grads": 0.03})
     assert arms["baseline"]["step_time_s_median"] == pytest.approx(1.5)  # median of 2 s and 1 s
 
@@ -75,7 +78,9 @@ def test_summary_csv_markdown_png(tiny_recipes, tmp_path, monkeypatch):
     record = convergence.write_results(plan, manifest, "incomplete")
     stem = f"convergence-{plan.name}"
     md = (tmp_path / "OUT" / f"{stem}.md").read_text()
-    assert "| w4g4 | 2 | 10 (partial) | 5.5000 | +10.00% |" in md
+    assert "| w4g4 | 2 | 10 (partial) | 5.5000 | +10.00% | n/a | n/a |" in md
+    plain_column = _cells(md, "| arm ").index("compression vs plain FSDP2")
+    assert _cells(md, "| w8g8 ")[plain_column] == "5.75x"
     assert "within 1% of plain FSDP: +1.25% (NOT met; W8G8 ended above the baseline)" in md
     for target in (out, tmp_path / "OUT"):
         assert (target / f"{stem}.png").read_bytes().startswith(PNG_MAGIC)
@@ -235,7 +240,7 @@ def test_ddp_arms_compare_with_ddp_adamw_and_count_their_bytes(tiny_recipes, tmp
     assert arms["zero-one-adam"]["total_bytes_sent"] == 2.5e9 and arms["ddp-baseline"]["total_bytes_sent"] is None
     manifest = {"command": "c", "tokens": {"train": 1, "val": 1}, "input": {"files": 1, "bytes": 1, "sha256": "ab"}}
     md = convergence.markdown(plan, {"device": "cpu", "git": "x"}, manifest, arms, "complete")
-    assert "| zero-one-adam | 2 | 20 (partial) | 4.0200 | +0.50% | 12.50x | 2.500 |" in md
+    assert "| zero-one-adam | 2 | 20 (partial) | 4.0200 | +0.50% | 12.50x | n/a | 2.500 |" in md
     assert ("0/1 Adam final validation loss within 1% of DDP AdamW: +0.50% (met); bytes sent per rank at least 10x "
             "fewer than DDP's fp32 all-reduce: 12.5x (met)") in md
     assert ("0/1 Adam (zero-one-adam-rescale) final validation loss within 1% of DDP AdamW: -0.50% (met); "
@@ -306,6 +311,9 @@ def test_cpu_arms_resume_after_a_kill_and_skip_finished_ones(tiny_recipes, tmp_p
     for arm in ("baseline", "w4g4-hadamard"):
         assert record["arms"][arm]["complete"]
         assert [step for step, _ in record["arms"][arm]["curve"]] == list(range(5, 45, 5))
+    # No gather is served from a replica in w4g4: plain FSDP2 sends what the same collectives unquantized send.
+    hadamard = record["arms"]["w4g4-hadamard"]
+    assert hadamard["compression_vs_plain_fsdp"] == pytest.approx(hadamard["compression_vs_unquantized"])
     # Two launches, or more when a start-up failure was retried: the first and the one that finished count.
     segments = sorted((out / "baseline").glob("metrics-*.json"))
     assert record["arms"]["baseline"]["launches"] >= 2 and segments[0].name == "metrics-00.json"
@@ -327,6 +335,12 @@ def test_cpu_arms_resume_after_a_kill_and_skip_finished_ones(tiny_recipes, tmp_p
     third = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert third.returncode == 0 and ": launch " not in third.stdout
     assert sorted(out.glob("*/log-*.txt")) == logs
+
+
+def _cells(md: str, start: str) -> list[str]:
+    """The cells of the markdown table row of ``md`` that starts with ``start``."""
+    row = next(line for line in md.splitlines() if line.startswith(start))
+    return [cell.strip() for cell in row.strip("|").split("|")]
 
 
 def fake_record(git: str, arms: dict[str, dict[int, float]], steps: int = 20, sha: str = "ab" * 32) -> dict:
@@ -374,6 +388,8 @@ def test_combine_labels_repeated_arms_and_gaps_to_every_baseline(tmp_path):
     assert "vs baseline@run2: -5.48% (NOT met; W8G8 ended below the baseline)" in md
     header, rule = md.splitlines()[7:9]
     assert header.count("|") == rule.count("|")
+    # Records written before the plain-FSDP2 ratio was logged show it as n/a.
+    assert _cells(md, "| w8g8 ")[_cells(md, "| arm ").index("compression vs plain FSDP2")] == "n/a"
     assert stem.with_suffix(".png").read_bytes().startswith(PNG_MAGIC)
 
 

@@ -47,6 +47,37 @@ def test_calls_served_locally_count_no_bytes():
     assert "(1 served from the replica, no collective)" in TrafficReport(counter, TrafficCounter()).summary()
 
 
+def test_served_calls_count_what_plain_fsdp_would_have_sent():
+    # 2 ranks gathering 1,024 fp32 elements: one 4-bit update (512 + 8 bytes), then 3 calls served from the replica.
+    counter = TrafficCounter()
+    counter.add(call_traffic(2, 1024, 520, 4))
+    for _ in range(3):
+        counter.add(CallTraffic(sent=0, bf16=0, native=0, served_locally=True, served_native=4096))
+    assert (counter.sent, counter.bf16, counter.native, counter.served_native) == (520, 2048, 4096, 3 * 4096)
+    assert counter.ratio_vs_native == 4096 / 520  # unchanged: the collective that ran
+    assert counter.plain_fsdp == 4 * 4096 and counter.ratio_vs_plain_fsdp == 4 * 4096 / 520
+    assert TrafficCounter().ratio_vs_plain_fsdp == 1.0  # nothing sent: no division by zero
+    assert (counter - counter).served_native == 0 and (counter + counter).served_native == 6 * 4096
+    line = TrafficReport(counter, TrafficCounter()).summary().splitlines()[0]
+    assert "plain FSDP   16.0 KiB (31.51x less)" in line
+
+
+def test_state_dicts_round_trip_with_and_without_served_native():
+    counter = TrafficCounter(calls=4, sent=520, bf16=2048, native=4096, served_locally=3, served_native=12288)
+    restored = TrafficCounter()
+    restored.load_state_dict(counter.state_dict())
+    assert restored == counter and restored.state_dict()["served_native"] == 12288
+    old = {k: v for k, v in counter.state_dict().items() if k != "served_native"}  # a checkpoint before the field
+    restored.load_state_dict(old)
+    assert restored.served_native == 0 and restored.served_locally == 3 and restored.ratio_vs_plain_fsdp == 4096 / 520
+    report = TrafficReport(counter, TrafficCounter(2, 100, 400, 800))
+    assert TrafficReport.from_state_dict(report.state_dict()) == report
+    old_report = {side: {k: v for k, v in state.items() if k != "served_native"}
+                  for side, state in report.state_dict().items()}
+    loaded = TrafficReport.from_state_dict(old_report)
+    assert loaded.weights.served_native == 0 and loaded.total.plain_fsdp == 4096 + 800
+
+
 def test_summary_names_inter_node_bytes_when_there_are_any():
     report = TrafficReport(TrafficCounter(1, 4096, 8192, 8192, 2048), TrafficCounter())
     assert "inter-node 2.0 KiB" in report.summary().splitlines()[0]

@@ -467,6 +467,7 @@ def test_weight_differences_train_with_identical_weights_and_free_regathers(run)
     assert traffic.calls == 2 * 3 * STEPS and traffic.sent == expected
     # The backward re-gathers issue no collective: outside the baselines, which count the forward gathers only.
     assert traffic.served_locally == 3 * STEPS and traffic.native == sum((world - 1) * 4 * n * STEPS for n in per_rank)
+    assert traffic.served_native == traffic.native  # each re-gather would have cost plain FSDP its forward's bytes
     assert res["memory"] == 4 * world * sum(per_rank)  # one fp32 replica per rank
     # The layout maps the reference back to the parameters: the last forward's weights, per parameter.
     assert torch.equal(res["split"]["weight"], res["forward"][-1]["l2"])

@@ -95,6 +95,8 @@ def test_regathers_served_from_the_reference_stay_out_of_every_byte_count():
             assert (both.calls, both.served_locally) == (2 * STEPS, STEPS) and once.served_locally == 0
             element = torch.tensor([], dtype=dtype).element_size()
             assert both.bf16 == STEPS * (world - 1) * N * 2 and both.native == STEPS * (world - 1) * N * element
+            # What plain FSDP would have sent for the re-gathers is kept apart, in served_native.
+            assert both.served_native == both.native and once.served_native == 0, dtype
 
 
 def _check_against_reference(world: int, dtype: torch.dtype, results: list[dict]) -> None:

@@ -110,8 +110,8 @@ class QSDP(Algorithm):
     (its shard is encoded, the bytes gathered, every rank decodes all shards, so all ranks compute with identical
     weights) and a quantized reduce-scatter (gradient chunks encoded, exchanged all-to-all, decoded and summed in
     fp32). The sharded full-precision weights, the optimizer and checkpoints are untouched. The optimizer's steps
-    are QSDP's step boundary. Logs bytes sent, the compression against bf16 and sampled quantization errors at
-    every ``BATCH_END``.
+    are QSDP's step boundary. Logs bytes sent, the compression against bf16, against the same collectives
+    unquantized and against plain FSDP, and sampled quantization errors at every ``BATCH_END``.
 
     Configure it with a :class:`~composer_qsdp.QSDPConfig` (``QSDP(QSDPConfig.from_preset("sdp4bit"))``) or a
     preset name (``QSDP("w8g4")``); keyword options change the preset (the flat options of
@@ -276,9 +276,11 @@ class QSDP(Algorithm):
         """Cumulative bytes this rank sent through FSDP's collectives since training began (resumes included).
 
         Per side (``.weights``: all-gathers, ``.grads``: reduce-scatters) and ``.total``, each with ``sent``,
-        ``bf16`` (what bf16 collectives would have sent), ``native`` (what unquantized FSDP would have sent),
-        ``ratio_vs_bf16`` and ``calls``; ``.summary()`` formats them. Counted per rank with NCCL's convention:
-        (W-1)/W of each collective's volume. All zero when QSDP is not installed (e.g. world size 1).
+        ``bf16`` (what bf16 collectives would have sent), ``native`` (what the collectives that ran would have sent
+        unquantized), ``served_native`` (what the calls a scheme served from its replica would have sent),
+        ``ratio_vs_bf16``, ``ratio_vs_native``, ``ratio_vs_plain_fsdp`` (``(native + served_native) / sent``:
+        against plain FSDP on the same stack) and ``calls``; ``.summary()`` formats them. Counted per rank with
+        NCCL's convention: (W-1)/W of each collective's volume. All zero when QSDP is not installed (e.g. world size 1).
         """
         return _zero_report() if self.handle is None else self.handle.traffic()
 
@@ -354,6 +356,7 @@ class QSDP(Algorithm):
             "qsdp/grads/bytes_bf16": batch.grads.bf16,
             "qsdp/compression_vs_bf16": batch.total.ratio_vs_bf16,
             "qsdp/compression_vs_unquantized": batch.total.ratio_vs_native,
+            "qsdp/compression_vs_plain_fsdp": batch.total.ratio_vs_plain_fsdp,
             "qsdp/total_bytes_sent": now.total.sent,
             "qsdp/weights/bytes_inter_node": batch.weights.inter_node,
             "qsdp/grads/bytes_inter_node": batch.grads.inter_node,
