@@ -5,6 +5,7 @@ convention applied to each); and the ratios of the collectives that ran stay wha
 
 from __future__ import annotations
 
+import inspect
 from unittest import mock
 
 import pytest
@@ -34,21 +35,22 @@ def _train(info: RankInfo, model: nn.Module) -> None:
 def _plain_bytes(info: RankInfo, mixed_precision: bool) -> dict[str, int]:
     """Per-rank bytes plain FSDP2's own collectives put on the wire: (W-1)/W of each collective's full volume."""
     world, counts = info.world_size, {"gathers": 0, "gather_bytes": 0, "scatters": 0, "scatter_bytes": 0}
-    gather, scatter = dist.all_gather_into_tensor, dist.reduce_scatter_tensor
 
-    def counted_gather(output, input, *args, **kwargs):
-        counts["gathers"] += 1
-        counts["gather_bytes"] += (world - 1) * output.numel() * output.element_size() // world
-        return gather(output, input, *args, **kwargs)
+    def counting(fn, kind: str, tensor: str):
+        # Bound by torch's own parameter names: FSDP2 passes them by keyword on some releases, by position on others.
+        signature = inspect.signature(fn)
 
-    def counted_scatter(output, input, *args, **kwargs):
-        counts["scatters"] += 1
-        counts["scatter_bytes"] += (world - 1) * input.numel() * input.element_size() // world
-        return scatter(output, input, *args, **kwargs)
+        def counted(*args, **kwargs):
+            full = signature.bind(*args, **kwargs).arguments[tensor]
+            counts[kind + "s"] += 1
+            counts[kind + "_bytes"] += (world - 1) * full.numel() * full.element_size() // world
+            return fn(*args, **kwargs)
+        return counted
 
     model = Adapter("fsdp2").shard(info, mixed_precision=mixed_precision)
-    with mock.patch.object(dist, "all_gather_into_tensor", counted_gather), \
-            mock.patch.object(dist, "reduce_scatter_tensor", counted_scatter):
+    with mock.patch.object(dist, "all_gather_into_tensor",
+                           counting(dist.all_gather_into_tensor, "gather", "output_tensor")), \
+            mock.patch.object(dist, "reduce_scatter_tensor", counting(dist.reduce_scatter_tensor, "scatter", "input")):
         _train(info, model)
     return counts
 
