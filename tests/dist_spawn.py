@@ -107,6 +107,10 @@ def _entry(rank: int, world_size: int, backend: str, init_file: str, fn: Callabl
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
     finally:
+        # The queue's feeder thread sends the report: flush it before tearing the group down, which can block
+        # this process (holding the interpreter) long enough that the parent times out with the report unsent.
+        results.close()
+        results.join_thread()
         if dist.is_initialized():
             dist.destroy_process_group()
 
