@@ -23,7 +23,7 @@ mkdir -p "$LEASE" "$DEST"
 
 drivers() { compgen -G "$LEASE/conv-*.args" | sed 's|.*/conv-\([0-9]*\)\.args|\1|' | sort -n; }
 
-report() {  # both progress reports: each suite chain's stage summary, the driver's arm table
+report() {  # every progress report: each suite chain's stage summary, each driver's arm table
   echo "lease status, $(date -u +%FT%TZ)"
   nvidia-smi --query-gpu=index,utilization.gpu,memory.used,memory.total --format=csv,noheader
   for summary in "$LEASE"/suite-out-*/device_suite_summary.txt; do

@@ -179,8 +179,7 @@ class LoCoReduceScatter(FlatReduceScatter):
         if tuple(local.shape) != (1, numel):
             raise ValueError(f"the loco gradient scheme's saved residual piece has shape {tuple(local.shape)}; this "
                              f"state needs (1, {numel}) (one row of {numel} elements per rank)")
-        if local.data_ptr() != self._restored.data_ptr():
-            self._restored.copy_(local.view(-1))
+        self._restored.copy_(local.view(-1))
 
     def _piece(self, local: torch.Tensor) -> Any:
         # Imported here: torch.distributed.tensor costs seconds to import and only checkpoints need it.
