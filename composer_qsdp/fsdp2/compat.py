@@ -48,6 +48,7 @@ __all__ = [
     "check_proxy_support",
     "default_comm_path",
     "install_comms",
+    "param_group",
     "restore_comms",
 ]
 
@@ -130,7 +131,7 @@ def install_comms(module: nn.Module, all_gather: Callable[..., Any], reduce_scat
         fsdp_module.set_custom_all_gather(all_gather)
         fsdp_module.set_custom_reduce_scatter(reduce_scatter)
         return
-    group = _param_group(module)
+    group = param_group(module)
     comms = _UnitComms(all_gather, reduce_scatter)
     for name in _WRAPPED:
         setattr(group, name, _marking(getattr(type(group), name), group, comms))
@@ -146,7 +147,7 @@ def restore_comms(module: nn.Module, path: str) -> None:
         fsdp_module.set_custom_all_gather(DefaultAllGather())
         fsdp_module.set_custom_reduce_scatter(DefaultReduceScatter())
         return
-    group = _param_group(module)
+    group = param_group(module)
     for name in _WRAPPED:
         delattr(group, name)  # the instance attribute: the class's method shows through again
     _Proxy.release()
@@ -222,8 +223,15 @@ class _Proxy:
             collectives.dist = collectives.dist._real
 
 
-def _param_group(module: nn.Module) -> Any:
-    """FSDP2's parameter group of a unit (private; its presence is part of :func:`check_proxy_support`)."""
+def param_group(module: nn.Module) -> Any:
+    """FSDP2's parameter group of a unit (an FSDP2 internal: its ``fsdp_params`` and ``mesh_info`` are what FSDP2
+    communicates, and over which group; its presence is part of :func:`check_proxy_support`).
+
+    Raises:
+        ValueError: ``module`` was not given to ``fully_shard``, or it manages no parameters.
+    """
+    if not isinstance(module, FSDPModule):
+        raise ValueError(f"{type(module).__name__} is not an FSDP2 module; was fully_shard applied?")
     group = module._get_fsdp_state()._fsdp_param_group  # type: ignore[operator,union-attr]
     if group is None:
         raise ValueError(f"{type(module).__name__} manages no parameters; FSDP2 sends no collective for it")

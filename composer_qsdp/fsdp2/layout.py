@@ -14,6 +14,7 @@ import math
 import torch
 import torch.nn as nn
 
+from composer_qsdp.fsdp2.compat import param_group
 from composer_qsdp.schemes import GatherLayout
 
 __all__ = ["FSDP2GatherLayout"]
@@ -33,7 +34,7 @@ class FSDP2GatherLayout(GatherLayout):
 
     def __init__(self, unit: nn.Module, world_size: int) -> None:
         try:
-            fsdp_params = unit._get_fsdp_state()._fsdp_param_group.fsdp_params  # type: ignore[operator,union-attr]
+            fsdp_params = param_group(unit).fsdp_params
         except AttributeError as err:
             raise RuntimeError(
                 f"cannot read FSDP2's parameter group of {type(unit).__name__} on torch {torch.__version__} ({err}); "

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 
 from composer_qsdp.engine import Unit
+from composer_qsdp.fsdp2.compat import param_group
 
 __all__ = ["find_units", "managed_parameters", "shard_group"]
 
@@ -37,21 +37,16 @@ def find_units(model: nn.Module) -> list[Unit]:
 
 
 def shard_group(unit: nn.Module) -> dist.ProcessGroup:
-    """The process group FSDP2 all-gathers and reduce-scatters ``unit`` over: the last dimension of its
-    parameters' device mesh (the only one of a 1-D mesh; the shard dimension of an HSDP mesh).
+    """The process group FSDP2 all-gathers and reduce-scatters ``unit`` over: the shard group of the mesh given
+    to ``fully_shard`` (the only dimension of a 1-D mesh, the shard dimension of an HSDP mesh).
 
-    A unit left unsharded by a forward pass (the root keeps its parameters gathered after the forward) is
-    resharded first (``FSDPModule.reshard``), which puts its sharded DTensor parameters back.
+    Read from FSDP2's own parameter group, not from the parameters' ``device_mesh``: DTensor hands out one
+    cached mesh for every mesh of the same shape, so a model sharded over a second mesh (a second
+    ``init_device_mesh``, which on a CUDA host with a gloo default group creates a new group each time) has
+    parameters naming the first mesh's group while FSDP2 communicates over its own.
 
     Raises:
-        ValueError: the unit's parameters are not sharded DTensors (the module was not given to
-            ``fully_shard``).
+        ValueError: ``unit`` was not given to ``fully_shard``, or it manages no parameters (FSDP2 sends no
+            collective for it).
     """
-    param = managed_parameters(unit)[0]
-    if not isinstance(param, DTensor) and isinstance(unit, FSDPModule):
-        unit.reshard()
-        param = managed_parameters(unit)[0]
-    if not isinstance(param, DTensor):
-        raise ValueError(f"{type(unit).__name__} manages a parameter that is not a DTensor; was fully_shard applied?")
-    mesh = param.device_mesh
-    return mesh.get_group(mesh.ndim - 1)
+    return param_group(unit).mesh_info.shard_process_group

@@ -1,5 +1,5 @@
-"""The per-unit plan on real FSDP2 units, apply_qsdp / remove_qsdp, the step boundary and the handle's state, in one
-process (a 1-rank gloo group)."""
+"""The per-unit plan on real FSDP2 units, apply_qsdp / remove_qsdp, the step boundary and the handle's state, mostly in one
+process (a 1-rank gloo group); a second mesh on two spawned ranks."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from dist_spawn import RankInfo, run_ranks
 from torch.distributed.fsdp import fully_shard
 
 from composer_qsdp.fsdp2 import compat, find_units, shard_group
@@ -103,6 +104,32 @@ def test_shard_group_is_the_group_fsdp_uses(one_rank):
     net = _sharded()
     for unit in find_units(net):
         assert shard_group(unit.module) is unit.module._get_fsdp_state()._fsdp_param_group.mesh_info.shard_process_group
+
+
+def _second_mesh_worker(info: RankInfo) -> tuple[bool, int, int]:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    groups = [dist.new_group(list(range(info.world_size))) for _ in range(2)]
+    nets = []
+    for group in groups:
+        net, mesh = Net(), DeviceMesh.from_group(group, "cpu")
+        for module in (net.embed, *net.blocks, net.head):
+            fully_shard(module, mesh=mesh)
+        fully_shard(net, mesh=mesh)
+        nets.append(net)
+    bound = all(shard_group(u.module) is groups[1] for u in find_units(nets[1]))
+    handle = apply_qsdp(nets[1])
+    nets[1](torch.randint(0, 100, (2, 4))).sum().backward()
+    traffic = handle.traffic()
+    return bound, traffic.weights.calls, traffic.grads.calls
+
+
+def test_a_second_mesh_of_the_same_shape_keeps_its_own_group():
+    """DTensor gives the second model's parameters the first mesh (equal shape): QSDP must still bind the
+    group FSDP2 passes, or the first all-gather fails the scheme's group check (as on a GPU host, where each
+    ``init_device_mesh`` over a gloo group makes a new group)."""
+    for bound, gathers, reduces in run_ranks(_second_mesh_worker, 2):
+        assert bound and gathers > 0 and reduces > 0
 
 
 @pytest.mark.requires_custom_comm
