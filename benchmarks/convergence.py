@@ -954,8 +954,9 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     """One record from several runs of the same settings and corpus, e.g. an arm finished on a later machine, or
     a second baseline run that measures the run-to-run spread (GPU kernels are not bitwise deterministic).
 
-    An arm name found in one run keeps its name; one found in several becomes ``<arm>@run<i>`` (1-based, in the
-    order given). Each arm keeps its gap to its own run's baseline (``gap_vs_baseline_pct``) and gains
+    An arm that stopped early in one run and finished in another is taken from the finished one (a later run
+    that completed it supersedes the partial one). An arm name then found in one run keeps its name; one found in
+    several becomes ``<arm>@run<i>`` (1-based, in the order given). Each arm keeps its gap to its own run's baseline (``gap_vs_baseline_pct``) and gains
     ``gap_vs_baselines_pct``: its gap to every run's baseline at its final step, by baseline label. Raises
     ``ValueError`` naming the first setting or corpus fingerprint that differs between runs."""
     if len(records) < 2:
@@ -971,10 +972,13 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         if record["corpus"]["input"]["sha256"] != first["corpus"]["input"]["sha256"]:
             raise ValueError(f"run {i} used another corpus (input sha256 {record['corpus']['input']['sha256'][:16]}"
                              f" != {first['corpus']['input']['sha256'][:16]})")
-    counts = collections.Counter(arm for record in records for arm in record["arms"])
+    finished = {arm for record in records for arm, r in record["arms"].items() if r["complete"]}
+    kept = [{arm: r for arm, r in record["arms"].items() if r["complete"] or arm not in finished}
+            for record in records]
+    counts = collections.Counter(arm for record_arms in kept for arm in record_arms)
     arms: dict[str, Any] = {}
-    for i, record in enumerate(records, start=1):
-        for arm, r in record["arms"].items():
+    for i, record_arms in enumerate(kept, start=1):
+        for arm, r in record_arms.items():
             arms[arm if counts[arm] == 1 else f"{arm}@run{i}"] = {**r, "arm": arm, "run": i}
     baselines = {label: dict(r["curve"]) for label, r in arms.items() if r["arm"] in FSDP_BASELINES}
     for r in arms.values():

@@ -359,7 +359,7 @@ def fake_record(git: str, arms: dict[str, dict[int, float]], steps: int = 20, sh
 
 
 def test_combine_labels_repeated_arms_and_gaps_to_every_baseline(tmp_path):
-    first = fake_record("aaa1111", {"baseline": {10: 5.0, 20: 4.0}, "w8g8": {10: 5.0, 20: 3.97},
+    first = fake_record("aaa1111", {"baseline": {10: 5.0, 20: 4.0}, "w8g8": {10: 5.0, 20: 3.97}, "w4g4": {10: 5.5},
                                     "w4g4-learned": {10: 5.5}})
     second = fake_record("bbb2222", {"baseline": {10: 4.8, 20: 4.2}, "w4g4-learned": {10: 5.4, 20: 4.41}})
     paths = [tmp_path / "run1" / "convergence-x.json", tmp_path / "run2" / "convergence-x.json"]
@@ -370,14 +370,15 @@ def test_combine_labels_repeated_arms_and_gaps_to_every_baseline(tmp_path):
     stem = tmp_path / "run1" / "convergence-x-combined"
     combined = json.loads(stem.with_suffix(".json").read_text())
     arms = combined["arms"]
-    assert list(arms) == ["baseline@run1", "w8g8", "w4g4-learned@run1", "baseline@run2", "w4g4-learned@run2"]
+    # w4g4-learned stopped at step 10 in run 1 and finished in run 2: run 2's supersedes it
+    assert list(arms) == ["baseline@run1", "w8g8", "w4g4", "baseline@run2", "w4g4-learned"]
     assert (arms["w8g8"]["run"], arms["baseline@run2"]["run"]) == (1, 2)
     assert arms["w8g8"]["gap_vs_baselines_pct"] == pytest.approx({"baseline@run1": -0.75,
                                                                    "baseline@run2": 3.97 / 4.2 * 100 - 100})
     # a partial arm is compared with each baseline at its own last step (10)
-    assert arms["w4g4-learned@run1"]["gap_vs_baselines_pct"] == pytest.approx({"baseline@run1": 10.0,
-                                                                                "baseline@run2": 5.5 / 4.8 * 100 - 100})
-    assert arms["w4g4-learned@run2"]["gap_vs_baselines_pct"]["baseline@run1"] == pytest.approx(10.25)
+    assert arms["w4g4"]["gap_vs_baselines_pct"] == pytest.approx({"baseline@run1": 10.0,
+                                                                  "baseline@run2": 5.5 / 4.8 * 100 - 100})
+    assert arms["w4g4-learned"]["gap_vs_baselines_pct"]["baseline@run1"] == pytest.approx(10.25)
     assert combined["header"]["git"] == "aaa1111 + bbb2222"
     rows = list(csv.reader(io.StringIO(stem.with_suffix(".csv").read_text())))
     assert rows[0] == ["step", "tokens", *arms]
