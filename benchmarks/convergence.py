@@ -28,13 +28,14 @@ with ``ddp-baseline-4r``):
                                       every step)
 ``zero-one-adam``                     ``zero-one-adam.yaml``: 0/1 Adam, the variance updated at every step until
                                       0.25dur through 8-bit all-reduces, then frozen; local steps whose interval
-                                      doubles every 0.15dur up to 2 (reached at 0.4dur); ``-4r``: on 4 ranks
+                                      doubles every 0.25dur up to 4 (2 from 0.5dur, 4 from 0.75dur); ``-4r``: on
+                                      4 ranks
 ``zero-one-adam-4r-sync``             the recipe on 4 ranks without local steps (a 1-bit sync every step after
                                       the freeze)
-``zero-one-adam-local4``              the recipe with local steps up to 4 (reached at 0.55dur); ``-rescale``: that
-                                      with ``variance_rescale`` (the frozen variance follows the synchronized
-                                      squared gradients per bucket); ``-late4``: up to 4 with the interval
-                                      doubling every 0.25dur (4 from 0.75dur); ``-4r`` after any: on 4 ranks
+``zero-one-adam-local2``              the interval doubling every 0.15dur up to 2 (from 0.4dur); ``-local4``: up
+                                      to 4 (from 0.55dur); ``-rescale``: ``-local4`` with ``variance_rescale``
+                                      (the frozen variance follows the synchronized squared gradients per
+                                      bucket); ``-4r`` after any: on 4 ranks
 ``zero-one-adam-deepspeed``           DeepSpeed's schedule: sparse exact variance updates until the warm-up ends,
                                       local steps up to 8; ablations of it: ``-1bit`` (no local steps),
                                       ``-fp32`` (no compression), ``-densev`` (every step until the freeze updates
@@ -164,10 +165,10 @@ class Arm:
 DEEPSPEED = ("algorithms.zero_one_adam.var_freeze_step=${scheduler.t_warmup}",
              "algorithms.zero_one_adam.var_update_scaler=16", "algorithms.zero_one_adam.variance_codec=null",
              "algorithms.zero_one_adam.local_step_scaler=0.05dur", "algorithms.zero_one_adam.local_step_clipper=8")
-#: The recipe with local steps up to 4 (what it shipped before the 4-rank runs: 13.28x).
-LOCAL4 = ("algorithms.zero_one_adam.local_step_clipper=4",)
-#: Local steps up to 4, the interval doubling every 0.25dur instead of 0.15dur (4 from 0.75dur: 12.69x).
-LATE4 = (*LOCAL4, "algorithms.zero_one_adam.local_step_scaler=0.25dur")
+#: The recipes' local steps until the 4-rank runs: up to 2, the interval doubling every 0.15dur (2 from 0.4dur).
+LOCAL2 = ("algorithms.zero_one_adam.local_step_clipper=2", "algorithms.zero_one_adam.local_step_scaler=0.15dur")
+#: Up to 4, the interval doubling every 0.15dur (4 from 0.55dur: 13.28x).
+LOCAL4 = ("algorithms.zero_one_adam.local_step_clipper=4", "algorithms.zero_one_adam.local_step_scaler=0.15dur")
 #: That with the frozen variance rescaled per bucket by the synchronized squared gradients.
 RESCALE = (*LOCAL4, "algorithms.zero_one_adam.variance_rescale=true")
 
@@ -204,22 +205,26 @@ ARMS: dict[str, Arm] = {
                                                    "feedback"),
     "qwd-w3g2-loco": Arm("qwd-w3g2-loco.yaml", (), "qWD INT3 weights, 2-bit Hadamard gradients with LoCo error "
                                                    "feedback"),
+    "qwd-w4g3-loco": Arm("qwd-w3g3-loco.yaml", ("algorithms.qsdp.weight_bits=4",),
+                         "qwd-w3g3-loco with INT4 weight differences: which side the 3 bits cost"),
+    "qwd-w3g4-loco": Arm("qwd-w3g3-loco.yaml", ("algorithms.qsdp.grad_bits=4",),
+                         "qwd-w3g3-loco with 4-bit gradients (LoCo error feedback): which side the 3 bits cost"),
     "qwd-w4g2-nofb": Arm("qwd-w4g4.yaml", ("algorithms.qsdp.grad_bits=2", "algorithms.qsdp.grad_bucket_size=256"),
                          "qwd-w4g2-loco's bytes without error feedback (2-bit stochastic gradients): the control"),
     "ddp-baseline": Arm("ddp-baseline.yaml", (), "plain Composer DDP, DecoupledAdamW", "ddp-baseline"),
     "ddp-baseline-4r": Arm("ddp-baseline.yaml", (), "plain Composer DDP, DecoupledAdamW, 4 ranks", "ddp-baseline-4r",
                            nproc=4),
     "zero-one-adam": Arm("zero-one-adam.yaml", (), "0/1 Adam under DDP (the recipe: dense 8-bit variance phase "
-                         "until 0.25dur, then local steps up to 2)", "ddp-baseline"),
+                         "until 0.25dur, then local steps up to 4, reached at 0.75dur)", "ddp-baseline"),
     "zero-one-adam-4r": Arm("zero-one-adam.yaml", (), "0/1 Adam under DDP, 4 ranks", "ddp-baseline-4r", nproc=4),
-    "zero-one-adam-local4": Arm("zero-one-adam.yaml", LOCAL4, "0/1 Adam, the recipe with local steps up to 4",
+    "zero-one-adam-local2": Arm("zero-one-adam.yaml", LOCAL2, "0/1 Adam, local steps up to 2 (from 0.4dur)",
                                 "ddp-baseline"),
-    "zero-one-adam-local4-4r": Arm("zero-one-adam.yaml", LOCAL4, "0/1 Adam, the recipe with local steps up to 4, "
+    "zero-one-adam-local2-4r": Arm("zero-one-adam.yaml", LOCAL2, "0/1 Adam, local steps up to 2 (from 0.4dur), "
                                    "4 ranks", "ddp-baseline-4r", nproc=4),
-    "zero-one-adam-late4": Arm("zero-one-adam.yaml", LATE4, "0/1 Adam, local steps up to 4 from 0.75dur",
-                               "ddp-baseline"),
-    "zero-one-adam-late4-4r": Arm("zero-one-adam.yaml", LATE4, "0/1 Adam, local steps up to 4 from 0.75dur, 4 ranks",
-                                  "ddp-baseline-4r", nproc=4),
+    "zero-one-adam-local4": Arm("zero-one-adam.yaml", LOCAL4, "0/1 Adam, local steps up to 4 from 0.55dur",
+                                "ddp-baseline"),
+    "zero-one-adam-local4-4r": Arm("zero-one-adam.yaml", LOCAL4, "0/1 Adam, local steps up to 4 from 0.55dur, "
+                                   "4 ranks", "ddp-baseline-4r", nproc=4),
     "zero-one-adam-rescale": Arm("zero-one-adam.yaml", RESCALE, "0/1 Adam, local steps up to 4, the frozen variance "
                                  "rescaled per bucket", "ddp-baseline"),
     "zero-one-adam-rescale-4r": Arm("zero-one-adam.yaml", RESCALE, "0/1 Adam, local steps up to 4, the frozen "
@@ -253,8 +258,8 @@ MATRIX_ARMS = ("baseline", "baseline-seed2", "ddp-baseline", "w8g8", "w8g4", "w4
 ZERO_ONE_TARGET_PCT = 1.0  # issue 13: 0/1 Adam's final validation loss within 1% of DDP AdamW
 ZERO_ONE_BYTES_TARGET = 10.0  # ... with at least 10x fewer bytes sent per rank than DDP's fp32 all-reduce
 #: The 0/1 Adam arms whose target line the summary prints (the ablations attribute a gap and have none).
-ZERO_ONE_TARGET_ARMS = ("zero-one-adam", "zero-one-adam-4r", "zero-one-adam-4r-sync", "zero-one-adam-local4",
-                        "zero-one-adam-local4-4r", "zero-one-adam-late4", "zero-one-adam-late4-4r",
+ZERO_ONE_TARGET_ARMS = ("zero-one-adam", "zero-one-adam-4r", "zero-one-adam-4r-sync", "zero-one-adam-local2",
+                        "zero-one-adam-local2-4r", "zero-one-adam-local4", "zero-one-adam-local4-4r",
                         "zero-one-adam-rescale", "zero-one-adam-rescale-4r")
 
 
