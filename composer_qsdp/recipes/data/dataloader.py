@@ -26,7 +26,7 @@ SHM_REGISTRATION_LOCK = os.path.join(tempfile.gettempdir(), "composer_qsdp_strea
 
 @contextlib.contextmanager
 def registering_shared_memory() -> Iterator[None]:
-    """Build ``StreamingDataset``\ s inside this block so that jobs started together on one host do not collide.
+    """Build each ``StreamingDataset`` inside this block so that jobs started together on one host do not collide.
 
     Every ``StreamingDataset`` registers a shared-memory prefix: its local leader (local rank 0) looks for the
     first free ``NNNNNN_locals`` in ``/dev/shm`` and then creates it, with nothing held in between, so two jobs
