@@ -35,7 +35,7 @@ report() {  # every progress report: each suite chain's stage summary, each driv
   for driver in $(drivers); do
     mapfile -t args < "$LEASE/conv-$driver.args"
     echo "--- convergence driver $driver"
-    python3 benchmarks/convergence.py "${args[@]}" --out-dir "$LEASE/conv-$driver" \
+    env -u OUT python3 benchmarks/convergence.py "${args[@]}" --out-dir "$LEASE/conv-$driver" \
       --collect "$LEASE/conv-$driver-collected" 2>&1 | tail -40
   done
 }
@@ -75,7 +75,9 @@ case ${1:-} in
       while (($#)) && [[ $1 != -- ]]; do args+=("$1"); shift; done
       ((${#args[@]})) || continue
       printf '%s\n' "${args[@]}" > "$LEASE/conv-$driver.args"
-      setsid nohup python3 benchmarks/convergence.py "${args[@]}" --out-dir "$LEASE/conv-$driver" \
+      # Without $OUT (here and in report): a driver that finishes would write its record into whichever call's $OUT
+      # is current, beside the three packed files, and a call returns at most eight (the rest are left out).
+      env -u OUT setsid nohup python3 benchmarks/convergence.py "${args[@]}" --out-dir "$LEASE/conv-$driver" \
         > "$LEASE/conv-$driver.log" 2>&1 < /dev/null &
       driver=$((driver + 1))
     done

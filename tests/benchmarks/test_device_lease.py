@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import json
 import tarfile
 import time
 from pathlib import Path
@@ -70,3 +71,28 @@ def test_each_group_of_driver_arguments_starts_its_own_driver(tmp_path):
         time.sleep(1)
     assert "zero-one-adam (2 ranks)" in logs[0].read_text() and "4r-sync" not in logs[0].read_text()
     assert "zero-one-adam-4r-sync (4 ranks)" in logs[1].read_text()
+
+
+def test_a_driver_writes_nothing_into_the_calls_out(tmp_path):
+    """A finished driver's record stays in the lease folder: written into a later call's $OUT it crowded out the
+    packed files (a call returns at most eight)."""
+    records = []
+    for name, loss in (("a", 4.0), ("b", 4.1)):
+        arm = {"description": "", "complete": True, "curve": [[20, loss]], "final_step": 20, "final_val_loss": loss,
+               "compression_vs_unquantized": None, "rel_error": {"weights": None, "grads": None},
+               "step_time_s_median": None, "gap_vs_baseline_pct": None}
+        record = {"header": {"device": "cpu", "date": "2026-11-26 00:00 UTC", "git": name, "command": "c"},
+                  "settings": {"recipe_dir": "/r/gpt-125m", "steps": 20, "seq_len": 32, "global_batch": 8,
+                               "micro_batch": 4},
+                  "status": "complete", "corpus": {"input": {"sha256": "ab" * 32}}, "arms": {"baseline": arm}}
+        path = tmp_path / name / "convergence-x.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps(record))
+        records.append(str(path))
+    assert _lease(tmp_path, "start", "--", "--combine", *records).returncode == 0
+    combined = tmp_path / "lease" / "conv-0" / "convergence-x-combined.md"
+    deadline = time.monotonic() + 120
+    while not combined.exists() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert combined.exists()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["lease_status.txt"]
