@@ -961,9 +961,10 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
 
     An arm that stopped early in one run and finished in another is taken from the finished one (a later run
     that completed it supersedes the partial one). An arm name then found in one run keeps its name; one found in
-    several becomes ``<arm>@run<i>`` (1-based, in the order given). Each arm keeps its gap to its own run's baseline (``gap_vs_baseline_pct``) and gains
-    ``gap_vs_baselines_pct``: its gap to every run's baseline at its final step, by baseline label. Raises
-    ``ValueError`` naming the first setting or corpus fingerprint that differs between runs."""
+    several becomes ``<arm>@run<i>`` (1-based, in the order given). Each arm keeps its gap to its own run's
+    baseline (``gap_vs_baseline_pct``) and gains ``gap_vs_baselines_pct``: its gap to every run's baseline at its
+    final step, by baseline label. Raises ``ValueError`` naming the first setting or corpus fingerprint that
+    differs between runs."""
     if len(records) < 2:
         raise ValueError(f"combining needs at least 2 records, got {len(records)}")
     first = records[0]

@@ -27,10 +27,11 @@
   differences once (``w + 32/2048`` bits), the gradients ``k`` times (``g + 64/256``; ``qwd-w4g4``: ``4 + 64/128``).
   The run's counters (``qsdp/compression_vs_unquantized``) compare them with the same collectives unquantized, one
   bf16 gather and ``k`` fp32 reduce-scatters (``16 + 32k`` bits); plain FSDP2 also gathers for every microbatch's
-  forward and backward (``64k`` bits), which the counters report as ``qsdp/compression_vs_plain_fsdp``. With ``k`` = 2 (the GPT-125M recipe) the counters give ``qwd-w4g2-loco``
-  9.4x, ``qwd-w3g3-loco`` 8.4x, ``qwd-w3g2-loco`` 10.6x (measured, GPT-125M on 2 ranks), and plain FSDP2 sends
-  15.0x, 13.5x, 17.0x their bytes; the QSDP README's "Past 7.5x" section tabulates ``k`` = 1, 2, 4 and what else
-  (first step, evaluation, the ``loco`` residuals in checkpoints) moves a run's figure.
+  forward and backward (``64k`` bits), which the counters report as ``qsdp/compression_vs_plain_fsdp``. With
+  ``k`` = 2 (the GPT-125M recipe) the counters give ``qwd-w4g2-loco`` 9.4x, ``qwd-w3g3-loco`` 8.4x,
+  ``qwd-w3g2-loco`` 10.6x (measured, GPT-125M on 2 ranks), and plain FSDP2 sends 15.0x, 13.5x, 17.0x their bytes;
+  the QSDP README's "Past 7.5x" section tabulates ``k`` = 1, 2, 4 and what else (first step, evaluation) moves a
+  run's figure.
 * ``zeropp``: ZeRO++'s qwZ + qgZ. Weights: symmetric INT8 blocks of 4096 elements, round to nearest (DeepSpeed's
   qwZ quantizer aims at groups of 4k-8k elements). Gradients: the two-level reduce-scatter with symmetric INT4 on
   both hops, blocks of 2048 (DeepSpeed's qgZ uses one group per row of each gradient matrix: the hidden size,

@@ -5,13 +5,15 @@ test_run_device_suite.py); the GPU-marked tests all skip here."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
-import json
 import tarfile
 import time
 from pathlib import Path
+
+from test_convergence import fake_record
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "device_lease.sh"
@@ -78,16 +80,9 @@ def test_a_driver_writes_nothing_into_the_calls_out(tmp_path):
     packed files (a call returns at most eight)."""
     records = []
     for name, loss in (("a", 4.0), ("b", 4.1)):
-        arm = {"description": "", "complete": True, "curve": [[20, loss]], "final_step": 20, "final_val_loss": loss,
-               "compression_vs_unquantized": None, "rel_error": {"weights": None, "grads": None},
-               "step_time_s_median": None, "gap_vs_baseline_pct": None}
-        record = {"header": {"device": "cpu", "date": "2026-11-26 00:00 UTC", "git": name, "command": "c"},
-                  "settings": {"recipe_dir": "/r/gpt-125m", "steps": 20, "seq_len": 32, "global_batch": 8,
-                               "micro_batch": 4},
-                  "status": "complete", "corpus": {"input": {"sha256": "ab" * 32}}, "arms": {"baseline": arm}}
         path = tmp_path / name / "convergence-x.json"
         path.parent.mkdir()
-        path.write_text(json.dumps(record))
+        path.write_text(json.dumps(fake_record(name, {"baseline": {20: loss}})))
         records.append(str(path))
     assert _lease(tmp_path, "start", "--", "--combine", *records).returncode == 0
     combined = tmp_path / "lease" / "conv-0" / "convergence-x-combined.md"

@@ -1,5 +1,5 @@
-"""The per-unit plan on real FSDP2 units, apply_qsdp / remove_qsdp, the step boundary and the handle's state, mostly in one
-process (a 1-rank gloo group); a second mesh on two spawned ranks."""
+"""The per-unit plan on real FSDP2 units, apply_qsdp / remove_qsdp, the step boundary and the handle's state, mostly
+in one process (a 1-rank gloo group); a second mesh on two spawned ranks."""
 
 from __future__ import annotations
 

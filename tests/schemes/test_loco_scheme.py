@@ -10,8 +10,9 @@
   outputs).
 * Its state survives a save -> load into a new scheme bit for bit; saving makes no collective call (each rank's
   residual is its own ``Shard(0)`` piece); residuals of another group size, or a state without this rank's piece,
-  start from zero with one warning naming why; a piece of the wrong shape raises; ``reset_every`` zeroes the residual; a NaN
-  gradient stays NaN in the output but leaves the residual finite; misuse raises naming the bad value.
+  start from zero with one warning naming why; a piece of the wrong shape raises; ``reset_every`` zeroes the
+  residual; a NaN gradient stays NaN in the output but leaves the residual finite; misuse raises naming the bad
+  value.
 * On an FSDP2 model with an uneven layer, with gradient accumulation, a ``torch.distributed.checkpoint`` resume
   continues exactly as the uninterrupted run.
 """
