@@ -4,14 +4,16 @@
 # eight). The machine is given back 30 s after a call returns, so make the calls back to back:
 #
 #   GIT_REV=<sha> bash benchmarks/device_lease.sh start 0:tests-kernels,tests-comm 1:tests-fsdp \
-#       -- --arms baseline w8g8 --steps 600 ... -- --model 350m --arms baseline ...
+#       -- --arms baseline w8g8 --steps 600 ... -- gpus=2,3 --model 350m --arms baseline ...
 #                                                    # suite chains (GPU:stage,...), then each driver's arguments
+#                                                    # (a leading gpus=LIST: that driver sees only those GPUs)
 #   bash benchmarks/device_lease.sh wait 540         # sleep (at most 570 s), then the status; packs too
 #   bash benchmarks/device_lease.sh collect          # the status, packed into $OUT
 #
 # Each suite chain sees only its GPU (CUDA_VISIBLE_DEVICES), so its multi-rank cases share one GPU over gloo, as on
 # a one-GPU machine; several chains may name the same GPU. Each convergence driver (one per group of arguments
-# after a --; its --max-ranks counts its own processes only) sees every GPU and writes under /tmp/lease/conv-N.
+# after a --; its --max-ranks counts its own processes only) sees every GPU, or those of a leading
+# gpus=LIST, and writes under /tmp/lease/conv-N.
 # What comes back: $OUT/lease_status.txt (every progress report), $OUT/suite.tar.xz (every chain's work folder:
 # logs, junit xml, durations, summaries) and $OUT/conv.tar.xz (each driver's collected results and log).
 set -uo pipefail
@@ -22,6 +24,13 @@ DEST=${OUT:-/tmp/out}
 mkdir -p "$LEASE" "$DEST"
 
 drivers() { compgen -G "$LEASE/conv-*.args" | sed 's|.*/conv-\([0-9]*\)\.args|\1|' | sort -n; }
+
+visible_gpus() {  # run the rest of the line with driver $1's GPUs (its gpus=LIST), or every GPU
+  local gpus
+  gpus=$(cat "$LEASE/conv-$1.gpus" 2>/dev/null || echo all)
+  shift
+  if [[ $gpus == all ]]; then "$@"; else CUDA_VISIBLE_DEVICES=$gpus "$@"; fi
+}
 
 report() {  # every progress report: each suite chain's stage summary, each driver's arm table
   echo "lease status, $(date -u +%FT%TZ)"
@@ -34,8 +43,8 @@ report() {  # every progress report: each suite chain's stage summary, each driv
   done
   for driver in $(drivers); do
     mapfile -t args < "$LEASE/conv-$driver.args"
-    echo "--- convergence driver $driver"
-    env -u OUT python3 benchmarks/convergence.py "${args[@]}" --out-dir "$LEASE/conv-$driver" \
+    echo "--- convergence driver $driver (GPUs: $(cat "$LEASE/conv-$driver.gpus" 2>/dev/null || echo all))"
+    visible_gpus "$driver" env -u OUT python3 benchmarks/convergence.py "${args[@]}" --out-dir "$LEASE/conv-$driver" \
       --collect "$LEASE/conv-$driver-collected" 2>&1 | tail -40
   done
 }
@@ -74,11 +83,20 @@ case ${1:-} in
       args=()
       while (($#)) && [[ $1 != -- ]]; do args+=("$1"); shift; done
       ((${#args[@]})) || continue
+      # A leading gpus=LIST gives the driver only those GPUs: its 2-rank arms put rank r on its r-th GPU, so two
+      # drivers on a 4-GPU machine each take a pair instead of both crowding GPUs 0 and 1.
+      gpus=all
+      if [[ ${args[0]} == gpus=* ]]; then
+        gpus=${args[0]#gpus=}
+        [[ $gpus =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "bad '${args[0]}': want gpus=ID[,ID...], e.g. gpus=2,3"; exit 2; }
+        args=("${args[@]:1}")
+      fi
       printf '%s\n' "${args[@]}" > "$LEASE/conv-$driver.args"
+      echo "$gpus" > "$LEASE/conv-$driver.gpus"
       # Without $OUT (here and in report): a driver that finishes would write its record into whichever call's $OUT
       # is current, beside the three packed files, and a call returns at most eight (the rest are left out).
-      env -u OUT setsid nohup python3 benchmarks/convergence.py "${args[@]}" --out-dir "$LEASE/conv-$driver" \
-        > "$LEASE/conv-$driver.log" 2>&1 < /dev/null &
+      visible_gpus "$driver" env -u OUT setsid nohup python3 benchmarks/convergence.py "${args[@]}" \
+        --out-dir "$LEASE/conv-$driver" > "$LEASE/conv-$driver.log" 2>&1 < /dev/null &
       driver=$((driver + 1))
     done
     sleep "${LEASE_SETTLE_S:-45}"  # long enough for the first launches to show in the report

@@ -63,16 +63,25 @@ def test_a_chain_sees_its_gpu_and_its_work_comes_back_packed(tmp_path):
 def test_each_group_of_driver_arguments_starts_its_own_driver(tmp_path):
     corpus = str(tmp_path / "corpus")  # --plan builds nothing
     plan = ["--plan", "--steps", "600", "--eval-batches", "-1", "--corpus", corpus, "--arms"]
-    assert _lease(tmp_path, "start", "--", *plan, "zero-one-adam", "--", *plan, "zero-one-adam-4r-sync").returncode == 0
+    proc = _lease(tmp_path, "start", "--", *plan, "zero-one-adam", "--", "gpus=2,3", *plan, "zero-one-adam-4r-sync")
+    assert proc.returncode == 0
     lease = tmp_path / "lease"
     assert (lease / "conv-0.args").read_text().split() == [*plan, "zero-one-adam"]
     assert (lease / "conv-1.args").read_text().split() == [*plan, "zero-one-adam-4r-sync"]
+    assert [(lease / f"conv-{i}.gpus").read_text().strip() for i in (0, 1)] == ["all", "2,3"]
+    assert "convergence driver 1 (GPUs: 2,3)" in proc.stdout
     deadline = time.monotonic() + 120
     logs = [lease / "conv-0.log", lease / "conv-1.log"]
     while not all(log.exists() and "fewer bytes" in log.read_text() for log in logs) and time.monotonic() < deadline:
         time.sleep(1)
     assert "zero-one-adam (2 ranks)" in logs[0].read_text() and "4r-sync" not in logs[0].read_text()
     assert "zero-one-adam-4r-sync (4 ranks)" in logs[1].read_text()
+
+
+def test_a_malformed_gpu_list_is_refused(tmp_path):
+    proc = _lease(tmp_path, "start", "--", "gpus=2;3", "--plan")
+    assert proc.returncode == 2
+    assert "bad 'gpus=2;3': want gpus=ID[,ID...]" in proc.stdout
 
 
 def test_a_driver_writes_nothing_into_the_calls_out(tmp_path):
