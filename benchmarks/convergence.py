@@ -205,8 +205,8 @@ ARMS: dict[str, Arm] = {
                                                    "feedback"),
     "qwd-w3g2-loco": Arm("qwd-w3g2-loco.yaml", (), "qWD INT3 weights, 2-bit Hadamard gradients with LoCo error "
                                                    "feedback"),
-    "qwd-w4g3-loco": Arm("qwd-w3g3-loco.yaml", ("algorithms.qsdp.weight_bits=4",),
-                         "qwd-w3g3-loco with INT4 weight differences: which side the 3 bits cost"),
+    "qwd-w4g3-loco": Arm("qwd-w4g3-loco.yaml", (), "qWD INT4 weights, 3-bit Hadamard gradients with LoCo error "
+                                                   "feedback"),
     "qwd-w3g3-loco-seed2": Arm("qwd-w3g3-loco.yaml", ("seed=18",),
                                "qwd-w3g3-loco with seed 18, baseline-seed2's initial weights and data order"),
     "qwd-w3g4-loco": Arm("qwd-w3g3-loco.yaml", ("algorithms.qsdp.grad_bits=4",),

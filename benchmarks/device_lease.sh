@@ -50,6 +50,7 @@ report() {  # every progress report: each suite chain's stage summary, each driv
 }
 
 pack() {  # three files into $OUT, each written aside and renamed: never half an archive
+  local started=$SECONDS
   report > "$LEASE/lease_status.txt" 2>&1
   cp "$LEASE/lease_status.txt" "$DEST/lease_status.txt"
   compgen -G "$LEASE/suite-*" > /dev/null && (cd "$LEASE" && tar -cJf "$DEST/.suite.tar.xz" suite-* environment.log) \
@@ -57,6 +58,7 @@ pack() {  # three files into $OUT, each written aside and renamed: never half an
   compgen -G "$LEASE/conv-*-collected" > /dev/null \
     && (cd "$LEASE" && tar -cJf "$DEST/.conv.tar.xz" conv-*-collected conv-*.log) \
     && mv "$DEST/.conv.tar.xz" "$DEST/conv.tar.xz"
+  echo $((SECONDS - started)) > "$LEASE/pack_s"
   cat "$LEASE/lease_status.txt"
 }
 
@@ -64,6 +66,8 @@ case ${1:-} in
   start)
     shift
     : "${GIT_REV:?set GIT_REV to the commit under test}"
+    export GIT_REV
+    echo "$GIT_REV" > "$LEASE/git_rev"  # later calls' reports re-collect the records: the same revision
     # The wheels once, before the chains start (each chain's suite would otherwise install them concurrently).
     source "$ENV_SCRIPT" > "$LEASE/environment.log" 2>&1 || { cat "$LEASE/environment.log"; exit 1; }
     cat "$LEASE/environment.log"
@@ -106,11 +110,17 @@ case ${1:-} in
     seconds=${2:-540}
     ((seconds <= 570)) || { echo "wait at most 570 s (one device command is 600 s)"; exit 2; }
     source "$ENV_SCRIPT" > /dev/null 2>&1
-    sleep "$seconds"
+    GIT_REV=$(cat "$LEASE/git_rev" 2>/dev/null || echo "${GIT_REV:-}") && export GIT_REV
+    # The pack after the sleep takes as long as the last one (about 100 s with four drivers): sleep less, so that
+    # the call ends within the device's 600 s.
+    packing=$(cat "$LEASE/pack_s" 2>/dev/null || echo 0)
+    ((seconds + packing + 20 <= 590)) || { seconds=$((570 - packing)); echo "sleeping ${seconds} s: a pack takes ${packing} s"; }
+    sleep "$((seconds > 0 ? seconds : 0))"
     pack
     ;;
   collect)
     source "$ENV_SCRIPT" > /dev/null 2>&1
+    GIT_REV=$(cat "$LEASE/git_rev" 2>/dev/null || echo "${GIT_REV:-}") && export GIT_REV
     pack
     ;;
   *) echo "usage: device_lease.sh start [GPU:stage,...] [-- DRIVER_ARGS]... | wait SECONDS | collect"; exit 2 ;;

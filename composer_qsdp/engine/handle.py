@@ -3,13 +3,18 @@
 An adapter (FSDP2's comm objects, later FSDP1's hooks or a DDP comm hook) finds the units, builds the handle
 and forwards three kinds of events to it: each unit's collectives (:meth:`QSDPHandle.all_gather`,
 :meth:`QSDPHandle.reduce_scatter`), the start of every forward pass (:meth:`QSDPHandle.on_forward`) and the
-optimizer step (:meth:`QSDPHandle.on_optimizer_step`, wired by :meth:`QSDPHandle.attach_optimizer`). The handle
-owns the seed schedule, the non-finite weight monitor, error sampling, byte counts and checkpoint state.
+optimizer step (:meth:`QSDPHandle.on_optimizer_step`, wired by :meth:`QSDPHandle.attach_optimizer`, or, where no
+optimizer was named, by a global step hook on every ``torch.optim.Optimizer`` that holds one of the model's
+parameters). The handle owns the seed schedule, the non-finite weight monitor, error sampling, byte counts and
+checkpoint state.
 
-Weights that change outside an optimizer step (a checkpoint loaded into the model, an in-place edit) would
-leave schemes that keep gathered weights (``keeps_weights``) stale: the handle compares the parameters' version
-counters at every forward with those after the last step and tells such schemes (``on_weights_changed``). A
-change that bypasses version counters (``param.data.copy_(...)``) needs :meth:`QSDPHandle.refresh`.
+The step boundary cannot be inferred from the parameters: a ``foreach`` update (torch's default optimizer
+implementation on CUDA) of FSDP2's DTensor parameters bumps neither their version counters nor their local
+tensors'. Weights that change outside an optimizer step (a checkpoint loaded into the model, an in-place edit)
+would leave schemes that keep gathered weights (``keeps_weights``) stale: the handle compares the parameters'
+version counters at every forward with those after the last step and tells such schemes
+(``on_weights_changed``). A change that bypasses version counters (``param.data.copy_(...)``, a ``foreach`` op)
+needs :meth:`QSDPHandle.refresh`.
 
 A checkpoint holds the settings it was written under (the configuration and the world's shape); a handle that
 loads one written under other settings (W8G8 -> W4G4, another scheme, another world size) continues with its own
@@ -27,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from composer_qsdp.comm import StepSeeds, Topology, TrafficCounter, TrafficReport
 from composer_qsdp.config.settings import QSDPConfig
@@ -105,6 +111,7 @@ class QSDPHandle:
         self.seeds = StepSeeds(config.seed)
         self._monitor = WeightFiniteMonitor([u.name for u in units]) if config.check_finite else None
         self._optimizer_hooks: list[torch.utils.hooks.RemovableHandle] = []
+        self._any_step_hook: torch.utils.hooks.RemovableHandle | None = None
         self._watched = [u for u in self.units if u.weights.keeps_weights]
         self._versions = self._current_versions()
         self.wire_dtypes: dict[str, torch.dtype] = {}
@@ -156,8 +163,10 @@ class QSDPHandle:
             groups: each unit's process group, in unit-index order.
             layout_of: ``layout_of(unit_index)``, the unit's :class:`GatherLayout`, where the adapter has them:
                 schemes that keep gathered weights need one, at setup and at :meth:`reconfigure`.
-            optimizers: the optimizer(s) whose steps are the step boundary (:meth:`attach_optimizer`); without
-                them, the caller calls :meth:`on_optimizer_step`.
+            optimizers: the optimizer(s) whose steps are the step boundary (:meth:`attach_optimizer`); ``None``:
+                the step of any ``torch.optim.Optimizer`` holding one of the model's parameters (a global step
+                hook, until :meth:`attach_optimizer` names the optimizers). Updates that are no optimizer's
+                ``step()`` call :meth:`on_optimizer_step` themselves.
         """
         self.layout_of = layout_of
         for unit, group in zip(self.units, groups, strict=True):
@@ -166,6 +175,8 @@ class QSDPHandle:
             unit.grads.setup(group, self.topology)
         if optimizers is not None:
             self.attach_optimizer(optimizers)
+        else:
+            self._any_step_hook = register_optimizer_step_post_hook(self._on_any_step)
         self.install_collectives(groups)
         self._forward_hook = self.model.register_forward_pre_hook(lambda *_: self.on_forward(), prepend=True)
         setattr(self.model, _HANDLE_ATTR, self)
@@ -280,13 +291,27 @@ class QSDPHandle:
         Raises:
             ValueError: something that is not a ``torch.optim.Optimizer``.
         """
-        for optimizer in [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers):
+        optimizers = [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers)
+        for optimizer in optimizers:
             if not isinstance(optimizer, torch.optim.Optimizer):
                 raise ValueError(f"optimizers must be torch.optim.Optimizer objects, got {type(optimizer).__name__}")
+        self._remove_any_step_hook()
+        for optimizer in optimizers:
             self._optimizer_hooks.append(optimizer.register_step_post_hook(lambda *_: self.on_optimizer_step()))
+
+    def _on_any_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        model_params = {id(p) for p in self.model.parameters()}
+        if any(id(p) in model_params for group in optimizer.param_groups for p in group["params"]):
+            self.on_optimizer_step()
+
+    def _remove_any_step_hook(self) -> None:
+        if self._any_step_hook is not None:
+            self._any_step_hook.remove()
+            self._any_step_hook = None
 
     def remove(self) -> None:
         """Detach from the optimizers and the model; adapters also restore their framework's collectives."""
+        self._remove_any_step_hook()
         for hook in self._optimizer_hooks:
             hook.remove()
         self._optimizer_hooks.clear()

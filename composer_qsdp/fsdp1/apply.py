@@ -150,7 +150,8 @@ def apply_qsdp(
         model: an FSDP1 model: a ``FullyShardedDataParallel`` root, or a module whose children are roots (Composer's
             ``ComposerModel``).
         config: the quantization settings; ``QSDPConfig()`` (W8G8, stochastic) when ``None``.
-        optimizers: the optimizer(s) that update ``model``: their steps are QSDP's step boundary.
+        optimizers: the optimizer(s) that update ``model``: their steps are QSDP's step boundary. ``None``: the
+            step of any ``torch.optim.Optimizer`` that holds one of ``model``'s parameters.
 
     Returns:
         The :class:`FSDP1Handle`: traffic counters, ``state_dict`` for resuming, ``remove()``.

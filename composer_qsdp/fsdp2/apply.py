@@ -82,8 +82,9 @@ def apply_qsdp(
             With Composer, the ``ComposerModel`` (``state.model``).
         config: the quantization settings; ``QSDPConfig()`` (W8G8, stochastic) when ``None``.
         optimizers: the optimizer(s) that update ``model``: their steps are QSDP's step boundary (seeds, and
-            the state of stateful schemes). Without them, call ``handle.on_optimizer_step()`` after each step;
-            stateless schemes then work without it.
+            the state of stateful schemes). ``None``: the step of any ``torch.optim.Optimizer`` that holds one of
+            ``model``'s parameters; an update that is no optimizer's ``step()`` calls
+            ``handle.on_optimizer_step()`` itself.
         comm_path: how FSDP2's collectives reach QSDP: ``"custom"`` (FSDP2's custom-collective API, torch >= 2.9)
             or ``"proxy"`` (FSDP2's internal collective calls, for torch 2.6-2.8); ``None`` picks ``"custom"``
             where this torch has the API (see :mod:`composer_qsdp.fsdp2.compat`).

@@ -43,7 +43,7 @@ def _trainer(**kwargs) -> Trainer:
     (dict(bucket_size=-1), r"bucket_size=-1"),
     (dict(exclude="model.wte"), r"must be a list of fnmatch patterns"),
     (dict(min_numel="big"), r"min_numel='big' is invalid"),
-    (dict(preset="w3g3"), r"unknown QSDP preset .w3g3.; allowed: w8g8, w8g4, w4g4, zeropp, tlq-hs, sdp4bit, qwd-w4g4, qwd-w4g2-loco, qwd-w3g3-loco, qwd-w3g2-loco"),
+    (dict(preset="w3g3"), r"unknown QSDP preset .w3g3.; allowed: w8g8, w8g4, w4g4, zeropp, tlq-hs, sdp4bit, qwd-w4g4, qwd-w4g2-loco, qwd-w4g3-loco, qwd-w3g3-loco, qwd-w3g2-loco"),
 ])
 def test_out_of_range_options_fail_at_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):

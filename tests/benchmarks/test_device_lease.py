@@ -100,3 +100,14 @@ def test_a_driver_writes_nothing_into_the_calls_out(tmp_path):
         time.sleep(1)
     assert combined.exists()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["lease_status.txt"]
+
+
+def test_wait_leaves_time_for_its_pack(tmp_path):
+    """A ``wait 540`` whose pack took 100 s ran past the device's 600 s and came back empty."""
+    lease = tmp_path / "lease"
+    lease.mkdir()
+    (lease / "pack_s").write_text("565\n")
+    proc = _lease(tmp_path, "wait", "30")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "sleeping 5 s: a pack takes 565 s" in proc.stdout
+    assert int((lease / "pack_s").read_text()) < 565  # this call's own pack, measured

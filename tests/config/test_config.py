@@ -83,7 +83,7 @@ def test_yaml_containers_are_normalized():
 
 def test_presets_and_flat_options():
     assert preset_names() == ("w8g8", "w8g4", "w4g4", "zeropp", "tlq-hs", "sdp4bit", "qwd-w4g4", "qwd-w4g2-loco",
-                              "qwd-w3g3-loco", "qwd-w3g2-loco")
+                              "qwd-w4g3-loco", "qwd-w3g3-loco", "qwd-w3g2-loco")
     w8g4 = from_preset("w8g4")
     assert (w8g4.weights.bits, w8g4.grads.bits) == (8, 4)
     w4g4 = from_preset("w4g4", grad_bits=8, bucket_size=256, weight_bucket_size=2048, exclude=["head"],
@@ -96,7 +96,7 @@ def test_presets_and_flat_options():
 
 
 @pytest.mark.parametrize("call,message", [
-    (lambda: from_preset("w2g2"), r"unknown QSDP preset .w2g2.; allowed: w8g8, w8g4, w4g4, zeropp, tlq-hs, sdp4bit, qwd-w4g4, qwd-w4g2-loco, qwd-w3g3-loco, qwd-w3g2-loco"),
+    (lambda: from_preset("w2g2"), r"unknown QSDP preset .w2g2.; allowed: w8g8, w8g4, w4g4, zeropp, tlq-hs, sdp4bit, qwd-w4g4, qwd-w4g2-loco, qwd-w4g3-loco, qwd-w3g3-loco, qwd-w3g2-loco"),
     (lambda: from_preset(["w8g8"]), r"unknown QSDP preset \['w8g8'\]"),
     (lambda: from_preset("w8g8", weight_bitz=4), r"unknown QSDP option 'weight_bitz'; did you mean 'weight_bits'\?; allowed: weight_bits"),
     (lambda: from_preset("w8g8", weights=SideConfig()), r"unknown QSDP option 'weights'"),

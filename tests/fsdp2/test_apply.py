@@ -201,6 +201,36 @@ def test_optimizer_steps_are_the_step_boundary(one_rank):
         apply_qsdp(_sharded(), optimizers=["sgd"])
 
 
+def test_without_named_optimizers_the_models_optimizer_steps_are_the_boundary(one_rank):
+    """A ``foreach`` step (torch's default on CUDA) of FSDP2's DTensor parameters bumps no version counter, so
+    qWD served its first reference for ever when no optimizer was named (found on GPU): the global step hook
+    makes any optimizer holding the model's parameters the step boundary, and only such optimizers."""
+    net = _sharded()
+    handle = apply_qsdp(net, QSDPConfig.from_preset("qwd-w4g4"))
+    opt = torch.optim.SGD(net.parameters(), lr=0.5, foreach=True)
+    unrelated = torch.optim.SGD([nn.Parameter(torch.zeros(3))], lr=0.1)
+    seen: list[torch.Tensor] = []
+    net.blocks[0].register_forward_pre_hook(lambda module, _: seen.append(module.weight.detach().clone()))
+    initial = net.blocks[0].weight.full_tensor().detach().clone()
+    for step in range(3):
+        net(torch.tensor([[1, 2, 3]])).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        unrelated.step()
+        assert handle.seeds.optimizer_step == step + 1
+    net(torch.tensor([[1, 2, 3]]))
+    exact = net.blocks[0].weight.full_tensor().detach()
+    moved = (exact - initial).norm()
+    assert moved > 0.05 * initial.norm()
+    assert (seen[-1] - exact).norm() < 0.05 * moved  # the forward computes with this step's weights
+    handle.attach_optimizer(opt)  # named later: its own hook replaces the global one, one boundary per step
+    opt.step()
+    assert handle.seeds.optimizer_step == 4
+    remove_qsdp(net)
+    opt.step()
+    assert handle.seeds.optimizer_step == 4
+
+
 def test_state_dict_round_trips_and_rejects_other_models(one_rank):
     handle = apply_qsdp(_sharded())
     handle.seeds.optimizer_step, handle.seeds.microbatch = 41, 3

@@ -74,7 +74,8 @@ def test_recipe_validates_and_builds_its_model(path):
         assert (qsdp["weight_bits"], qsdp["grad_bits"]) == (int(bits[1]), int(bits[2]))
     elif path.stem.endswith("qsdp"):
         assert recipe.algorithm_kwargs["qsdp"]["weight_bits"] == 8
-    elif path.stem in ("sdp4bit", "qwd-w4g4", "qwd-w4g2-loco", "qwd-w3g3-loco", "qwd-w3g2-loco", "zeropp"):
+    elif path.stem in ("sdp4bit", "qwd-w4g4", "qwd-w4g2-loco", "qwd-w4g3-loco", "qwd-w3g3-loco", "qwd-w3g2-loco",
+                       "zeropp"):
         assert recipe.algorithm_kwargs == {"qsdp": {"preset": path.stem}}
         assert QSDP(**recipe.algorithm_kwargs["qsdp"]).config == from_preset(path.stem)
     elif path.stem == "qsdp-auto":  # the policy's recipe value, built into the algorithm at validation

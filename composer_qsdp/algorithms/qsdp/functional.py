@@ -53,7 +53,8 @@ def apply_qsdp(
         model: the sharded model.
         config: a :class:`~composer_qsdp.QSDPConfig` or a preset name.
         optimizers: the optimizers stepping ``model``'s parameters: their steps are QSDP's step boundary
-            (schemes with per-step state need them).
+            (schemes with per-step state need it). ``None``: the step of any ``torch.optim.Optimizer`` that holds
+            one of ``model``'s parameters.
 
     Returns:
         The handle: ``traffic()``, ``state_dict()`` / ``load_state_dict()`` for checkpoints, ``remove()``.
