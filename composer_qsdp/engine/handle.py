@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -78,6 +79,18 @@ def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
+
+
+def _weak_step_hook(handle: weakref.ref[QSDPHandle]) -> Callable[..., None]:
+    """A global optimizer step hook for ``handle``, through a weak reference: the global hooks must not keep a
+    dropped model and its handle alive."""
+
+    def hook(optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        alive = handle()
+        if alive is not None:
+            alive._on_any_step(optimizer)
+
+    return hook
 
 
 class QSDPHandle:
@@ -176,7 +189,7 @@ class QSDPHandle:
         if optimizers is not None:
             self.attach_optimizer(optimizers)
         else:
-            self._any_step_hook = register_optimizer_step_post_hook(self._on_any_step)
+            self._any_step_hook = register_optimizer_step_post_hook(_weak_step_hook(weakref.ref(self)))
         self.install_collectives(groups)
         self._forward_hook = self.model.register_forward_pre_hook(lambda *_: self.on_forward(), prepend=True)
         setattr(self.model, _HANDLE_ATTR, self)
@@ -299,7 +312,7 @@ class QSDPHandle:
         for optimizer in optimizers:
             self._optimizer_hooks.append(optimizer.register_step_post_hook(lambda *_: self.on_optimizer_step()))
 
-    def _on_any_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+    def _on_any_step(self, optimizer: torch.optim.Optimizer) -> None:
         model_params = {id(p) for p in self.model.parameters()}
         if any(id(p) in model_params for group in optimizer.param_groups for p in group["params"]):
             self.on_optimizer_step()

@@ -3,6 +3,9 @@ in one process (a 1-rank gloo group); a second mesh on two spawned ranks."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -229,6 +232,12 @@ def test_without_named_optimizers_the_models_optimizer_steps_are_the_boundary(on
     remove_qsdp(net)
     opt.step()
     assert handle.seeds.optimizer_step == 4
+    dropped = apply_qsdp(_sharded())  # never removed: the global hook must not keep it alive
+    alive = weakref.ref(dropped)
+    del dropped
+    gc.collect()
+    assert alive() is None
+    opt.step()
 
 
 def test_state_dict_round_trips_and_rejects_other_models(one_rank):
