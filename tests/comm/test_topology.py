@@ -32,6 +32,9 @@ def _off_node_peers(info: RankInfo) -> list[int]:
     evens = dist.new_group([0, 2])
     odds = dist.new_group([1, 3])
     mine = evens if info.rank % 2 == 0 else odds
+    # Nothing travels on the new groups: without this barrier a rank could tear its group down while its peer was
+    # still connecting to it (gloo's connectFullMesh: "Connection closed by peer", seen once in CI).
+    dist.barrier()
     return [Topology(2).off_node_peers(dist.group.WORLD), Topology(2).off_node_peers(mine),
             Topology(4).off_node_peers(dist.group.WORLD)]
 
