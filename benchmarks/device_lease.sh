@@ -25,9 +25,11 @@ mkdir -p "$LEASE" "$DEST"
 
 drivers() { compgen -G "$LEASE/conv-*.args" | sed 's|.*/conv-\([0-9]*\)\.args|\1|' | sort -n; }
 
-visible_gpus() {  # run the rest of the line with driver $1's GPUs (its gpus=LIST), or every GPU
+driver_gpus() { cat "$LEASE/conv-$1.gpus" 2>/dev/null || echo all; }  # driver $1's gpus=LIST, or "all"
+
+visible_gpus() {  # run the rest of the line with driver $1's GPUs, or every GPU
   local gpus
-  gpus=$(cat "$LEASE/conv-$1.gpus" 2>/dev/null || echo all)
+  gpus=$(driver_gpus "$1")
   shift
   if [[ $gpus == all ]]; then "$@"; else CUDA_VISIBLE_DEVICES=$gpus "$@"; fi
 }
@@ -43,10 +45,15 @@ report() {  # every progress report: each suite chain's stage summary, each driv
   done
   for driver in $(drivers); do
     mapfile -t args < "$LEASE/conv-$driver.args"
-    echo "--- convergence driver $driver (GPUs: $(cat "$LEASE/conv-$driver.gpus" 2>/dev/null || echo all))"
+    echo "--- convergence driver $driver (GPUs: $(driver_gpus "$driver"))"
     visible_gpus "$driver" env -u OUT python3 benchmarks/convergence.py "${args[@]}" --out-dir "$LEASE/conv-$driver" \
       --collect "$LEASE/conv-$driver-collected" 2>&1 | tail -40
   done
+}
+
+later_call_env() {  # the wheels' environment, and the revision given to start (the reports re-collect records)
+  source "$ENV_SCRIPT" > /dev/null 2>&1
+  GIT_REV=$(cat "$LEASE/git_rev" 2>/dev/null || echo "${GIT_REV:-}") && export GIT_REV
 }
 
 pack() {  # three files into $OUT, each written aside and renamed: never half an archive
@@ -109,18 +116,16 @@ case ${1:-} in
   wait)
     seconds=${2:-540}
     ((seconds <= 570)) || { echo "wait at most 570 s (one device command is 600 s)"; exit 2; }
-    source "$ENV_SCRIPT" > /dev/null 2>&1
-    GIT_REV=$(cat "$LEASE/git_rev" 2>/dev/null || echo "${GIT_REV:-}") && export GIT_REV
+    later_call_env
     # The pack after the sleep takes as long as the last one (about 100 s with four drivers): sleep less, so that
     # the call ends within the device's 600 s.
     packing=$(cat "$LEASE/pack_s" 2>/dev/null || echo 0)
-    ((seconds + packing + 20 <= 590)) || { seconds=$((570 - packing)); echo "sleeping ${seconds} s: a pack takes ${packing} s"; }
+    ((seconds + packing <= 570)) || { seconds=$((570 - packing)); echo "sleeping ${seconds} s: a pack takes ${packing} s"; }
     sleep "$((seconds > 0 ? seconds : 0))"
     pack
     ;;
   collect)
-    source "$ENV_SCRIPT" > /dev/null 2>&1
-    GIT_REV=$(cat "$LEASE/git_rev" 2>/dev/null || echo "${GIT_REV:-}") && export GIT_REV
+    later_call_env
     pack
     ;;
   *) echo "usage: device_lease.sh start [GPU:stage,...] [-- DRIVER_ARGS]... | wait SECONDS | collect"; exit 2 ;;
