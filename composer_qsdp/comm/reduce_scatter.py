@@ -71,11 +71,11 @@ def quantized_reduce_scatter(
         off_node_peers: peers of this rank in ``group`` on other nodes, for the per-hop count (0: one node).
         measure_error: also return the relative quantization error of this rank's ``W`` encoded chunks.
         residual: this rank's error-feedback residual (LoCo), a contiguous float32 or bfloat16 tensor of ``W * n``
-            elements on ``input``'s device, owned by the caller and updated in place. The chunks sent are those of
-            ``c = input + residual`` (in fp32), and then ``residual <- beta * residual + (1 - beta) * (c -
-            decode(encode(c)))``; entries that come out non-finite (a NaN/Inf gradient) are reset to zero, so
-            one overflowing step does not poison later ones. Ignored on the unquantized path (no error to feed
-            back). ``None``: no feedback.
+            elements on ``input``'s device, owned by the caller and updated in place by the codec's
+            :meth:`~composer_qsdp.quant.Codec.encode_rows_feedback`: the chunks sent are those of ``c = input +
+            residual`` (in fp32), and then ``residual <- beta * residual + (1 - beta) * (c - decode(encode(c)))``;
+            entries that come out non-finite (a NaN/Inf gradient) are reset to zero, so one overflowing step does not
+            poison later ones. Ignored on the unquantized path (no error to feed back). ``None``: no feedback.
         residual_beta: ``beta`` of the residual's moving average, in ``[0, 1)`` (0: classic error feedback).
 
     Returns:
@@ -91,43 +91,30 @@ def quantized_reduce_scatter(
         dist.reduce_scatter_tensor(output, input, op=op, group=group)
         return call_traffic(world_size, n, n * input.element_size(), input.element_size(), off_node_peers)
     average = is_average(op)
+    if residual is not None and (isinstance(residual_beta, bool) or not isinstance(residual_beta, (int, float))
+                                 or not 0.0 <= residual_beta < 1.0):  # fmt: skip
+        raise ValueError(f"quantized_reduce_scatter: residual_beta={residual_beta!r} is invalid; allowed: a number in "
+                         "[0, 1)")
     rows = input.view(world_size, n)
-    if residual is not None:
-        _check_residual(residual, input, residual_beta)
-        # fp32 whatever the gradient's dtype: the residual carries errors far below a bf16 gradient's resolution.
-        rows = rows.to(torch.float32) + residual.view(world_size, n)
-    send = codec.encode_rows(rows, seed=mix_seed(seed, dist.get_rank()))
+    key = mix_seed(seed, dist.get_rank())
+    error = None
+    if residual is None:
+        send = codec.encode_rows(rows, seed=key)
+        if measure_error:  # before `output` is written, in case it aliases a chunk of `input`
+            error = relative_error(codec.decode_rows(send, n, torch.float32), rows)
+    else:
+        # The compensated chunks are encoded and the residual updated in one pass where the codec has a fused kernel
+        # (no fp32 copy of the W * n compensated values, of their decode or of the error in memory).
+        before = residual.clone() if measure_error else None  # sampled calls only
+        send = codec.encode_rows_feedback(rows, residual, residual_beta, seed=key)
+        if before is not None:
+            compensated = rows.to(torch.float32) + before.view(world_size, n)
+            error = relative_error(codec.decode_rows(send, n, torch.float32), compensated)
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)
-    error = None
-    if measure_error or residual is not None:  # before `output` is written, in case it aliases a chunk of `input`
-        decoded = codec.decode_rows(send, n, torch.float32)
-        if measure_error:
-            error = relative_error(decoded, rows)
-        if residual is not None:
-            # One elementwise pass over W * n fp32 values (plus the local decode above): the memory-bound price of
-            # the feedback, not fused into the encode kernel.
-            fresh = rows.sub_(decoded).view(-1)
-            # beta * residual + (1 - beta) * fresh, computed in fp32 and rounded once into the residual's dtype.
-            if residual.dtype == torch.float32:
-                residual.lerp_(fresh, 1.0 - residual_beta)
-            else:
-                residual.copy_(fresh.lerp_(residual.to(torch.float32), residual_beta))
-            residual.masked_fill_(~torch.isfinite(residual), 0.0)
     # The fp32 sum, the average's division and the rounding to the output dtype in one pass where the codec has a
     # fused kernel (no fp32 intermediate of n elements written, divided and copied).
     codec.decode_sum(recv, n, out=output.view(-1), divisor=world_size if average else 1)
     traffic = call_traffic(world_size, n, send.shape[1], input.element_size(), off_node_peers)
     return replace(traffic, rel_error=error) if measure_error else traffic
 
-
-def _check_residual(residual: torch.Tensor, input: torch.Tensor, beta: float) -> None:
-    if not isinstance(residual, torch.Tensor) or residual.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"quantized_reduce_scatter: residual must be a float32 or bfloat16 tensor, got "
-                         f"{getattr(residual, 'dtype', type(residual).__name__)}")
-    if residual.numel() != input.numel() or not residual.is_contiguous() or residual.device != input.device:
-        raise ValueError(f"quantized_reduce_scatter: residual must be a contiguous tensor of {input.numel()} elements "
-                         f"on {input.device} (the input's), got {residual.numel()} elements on {residual.device}, "
-                         f"contiguous={residual.is_contiguous()}")
-    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta < 1.0:
-        raise ValueError(f"quantized_reduce_scatter: residual_beta={beta!r} is invalid; allowed: a number in [0, 1)")

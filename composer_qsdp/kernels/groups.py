@@ -12,8 +12,11 @@ warps than ``G / 32``, each thread holds several groups of the same bucket, and 
 mostly inside the thread.
 
 Code words: a bucket of a multiple of 8 elements starts at a multiple of ``bits`` bytes, so the 8 codes of a
-group are one naturally aligned ``bits``-byte little-endian word (code ``j`` in bits ``[j * bits, (j + 1) *
-bits)``, the format of :mod:`composer_qsdp.kernels.wire_format`), packed and unpacked inside a thread.
+group are one ``bits``-byte little-endian word (code ``j`` in bits ``[j * bits, (j + 1) * bits)``, the format of
+:mod:`composer_qsdp.kernels.wire_format`), packed and unpacked inside a thread. Widths 1, 2, 4 and 8 make that word
+a naturally aligned integer, stored with one access; the other widths (3, 5, 6, 7) store and load it byte by byte,
+each byte masked to the row's code bytes, since a 3-, 5-, 6- or 7-byte word has no integer type and its last group
+may end short of the metadata's 4-byte boundary.
 
 Exact conversions through the fp32 "magic number" ``MAGIC = 1.5 * 2**23`` (bits ``0x4B400000``): fp32 numbers
 in ``[2**23, 2**24)`` are the integers, one unit apart, so
@@ -37,7 +40,7 @@ import triton.language as tl
 
 __all__ = [
     "FP32_MAX", "MAGIC", "MAGIC_BITS", "MAX_ROWS", "MAX_BUCKET", "GPU_TILE", "ELEMENTS_PER_THREAD", "INTERPRETER_TILE",
-    "tile", "split_tile", "bucket_lattice", "bucket_pair", "group_words", "pack_words", "unpack_words", "store_codes",
+    "KERNEL_BITS", "PACKED_BITS", "tile", "split_tile", "bucket_lattice", "bucket_pair", "group_words", "pack_words", "unpack_words", "store_codes",
     "load_codes", "codes_to_float", "launch_fits", "launch_shape", "row_stride", "vec",
 ]
 
@@ -140,20 +143,29 @@ def bucket_pair(meta_ptr, row, wire_row_stride, meta_offset, num_buckets, BPP: t
 
 @triton.jit
 def group_words(row_wire, b, g, BITS: tl.constexpr, BUCKET: tl.constexpr):
-    """Pointers ``[G, BPP, 1, 1]`` to the ``BITS``-byte word holding the 8 codes of each group (``BITS`` < 8)."""
+    """Pointers ``[G, BPP, 1, 1]`` to the ``BITS``-byte word holding the 8 codes of each group (``BITS`` in 1, 2,
+    4), or to its first byte (the byte-wise widths 3, 5, 6, 7)."""
     if BITS == 1:
         words = row_wire
     elif BITS == 2:
         words = row_wire.to(tl.pointer_type(tl.int16))
-    else:
+    elif BITS == 4:
         words = row_wire.to(tl.pointer_type(tl.int32))
+    else:
+        return row_wire + group_byte(b, g, BITS, BUCKET)
     return words + b * (BUCKET // 8) + g
 
 
 @triton.jit
+def group_byte(b, g, BITS: tl.constexpr, BUCKET: tl.constexpr):
+    """Offset in bytes of each group's word from the start of its wire row, ``[G, BPP, 1, 1]``."""
+    return b * (BUCKET // 8 * BITS) + g * BITS
+
+
+@triton.jit
 def pack_words(codes, lane, BITS: tl.constexpr):
-    """int32 codes (each in ``[0, 2**BITS)``) on a tile with lanes ``lane`` -> the groups' packed words
-    ``[G, BPP, 1, 1]`` (int32)."""
+    """Integer codes (each in ``[0, 2**BITS)``) on a tile with lanes ``lane`` -> the groups' packed words
+    ``[G, BPP, 1, 1]``, of the codes' integer type (int64 where 8 codes exceed 32 bits)."""
     return tl.sum(tl.sum(codes << (lane * BITS), 3, keep_dims=True), 2, keep_dims=True)
 
 
@@ -179,7 +191,15 @@ def store_codes(row_wire, codes, pid, b, g, lane, e, valid, n, num_buckets, code
             codes = tl.where(valid, codes, 0)  # lanes past the row's end in its last word are zero
         group_ok = (g * 8 < BUCKET) & (b * BUCKET + g * 8 < n)
         words = group_words(row_wire, b, g, BITS, BUCKET)
-        tl.store(words, pack_words(codes, lane, BITS).to(words.dtype.element_ty), mask=group_ok)
+        # 8 codes of 5-7 bits span 40-56 bits: pack them in 64-bit words.
+        packed = pack_words(codes.to(tl.int64) if BITS > 4 else codes, lane, BITS)
+        if (BITS & (BITS - 1)) == 0:  # 1, 2, 4: an aligned integer word
+            tl.store(words, packed.to(words.dtype.element_ty), mask=group_ok)
+        else:
+            for k in tl.static_range(BITS):
+                # The row's last word may end past its code bytes, where the padding and metadata start.
+                ok = group_ok & (group_byte(b, g, BITS, BUCKET) + k < code_bytes)
+                tl.store(words + k, ((packed >> (8 * k)) & 0xFF).to(tl.uint8), mask=ok)
     # The program holding the last bucket zeroes the padding; a tail group's word may already have written zeros
     # there.
     pad = code_bytes + tl.arange(0, 4)
@@ -194,8 +214,18 @@ def load_codes(row_wire, b, g, lane, e, valid, n, BITS: tl.constexpr, BUCKET: tl
         codes = tl.load(row_wire + e, mask=valid, other=0).to(tl.int32)
     else:
         group_ok = (g * 8 < BUCKET) & (b * BUCKET + g * 8 < n)
-        words = tl.load(group_words(row_wire, b, g, BITS, BUCKET), mask=group_ok, other=0).to(tl.int32)
-        codes = unpack_words(words, lane, BITS)
+        words = group_words(row_wire, b, g, BITS, BUCKET)
+        if (BITS & (BITS - 1)) == 0:  # 1, 2, 4: an aligned integer word
+            packed = tl.load(words, mask=group_ok, other=0).to(tl.int32)
+        else:
+            # Bytes of the row's last word past its code bytes belong to the padding or the metadata: read as 0.
+            code_bytes = (BUCKET // 8 * BITS) * (n // BUCKET) + ((n % BUCKET) * BITS + 7) // 8
+            first = group_byte(b, g, BITS, BUCKET)
+            packed = tl.zeros(first.shape, tl.int64 if BITS > 4 else tl.int32)
+            for k in tl.static_range(BITS):
+                byte = tl.load(words + k, mask=group_ok & (first + k < code_bytes), other=0).to(packed.dtype)
+                packed = packed | (byte << (8 * k))
+        codes = unpack_words(packed, lane, BITS).to(tl.int32)
     return codes
 
 
@@ -227,23 +257,28 @@ def launch_fits(rows: int, n: int) -> bool:
     return rows <= MAX_ROWS and n < 2**31
 
 
-#: Code widths whose 8 codes of a group fill exactly ``bits`` bytes (one packed word per group).
+#: Code widths whose packed word of 8 codes is one naturally aligned integer, stored with a single access (the
+#: other widths go byte by byte).
 PACKED_BITS = (1, 2, 4, 8)
+#: Code widths the packed-word kernels cover: every width, since 8 codes of ``bits`` bits fill ``bits`` bytes.
+KERNEL_BITS = (1, 2, 3, 4, 5, 6, 7, 8)
 
 
-def supports_packed(bits: int, bucket_size: int, rows: int = 1, n: int = 1) -> bool:
-    """True when the packed-word kernels (min-max, learned levels) cover ``bits`` (in :data:`PACKED_BITS`),
-    ``bucket_size`` (elements; a multiple of 8 up to :data:`MAX_BUCKET`), ``rows`` and ``n`` elements per row
-    (:func:`launch_fits`)."""
-    return bits in PACKED_BITS and 8 <= bucket_size <= MAX_BUCKET and bucket_size % 8 == 0 and launch_fits(rows, n)
+def supports_packed(bits: int, bucket_size: int, rows: int = 1, n: int = 1,
+                    widths: tuple[int, ...] = KERNEL_BITS) -> bool:  # fmt: skip
+    """True when the packed-word kernels (min-max, learned levels) cover ``bits`` (in ``widths``, the code widths
+    of the calling codec's kernel), ``bucket_size`` (elements; a multiple of 8 up to :data:`MAX_BUCKET`), ``rows``
+    and ``n`` elements per row (:func:`launch_fits`)."""
+    return bits in widths and 8 <= bucket_size <= MAX_BUCKET and bucket_size % 8 == 0 and launch_fits(rows, n)
 
 
-def check_packed(codec: str, bits: int, bucket_size: int, rows: int, n: int) -> None:
+def check_packed(codec: str, bits: int, bucket_size: int, rows: int, n: int,
+                 widths: tuple[int, ...] = KERNEL_BITS) -> None:  # fmt: skip
     """Raise a ``ValueError`` naming ``codec``'s kernel and what is allowed where :func:`supports_packed` is False."""
-    if not supports_packed(bits, bucket_size, rows, n):
+    if not supports_packed(bits, bucket_size, rows, n, widths):
         raise ValueError(
             f"no {codec} kernel for bits={bits}, bucket_size={bucket_size}, rows={rows}, n={n}; allowed: bits in "
-            f"{PACKED_BITS}, bucket_size a multiple of 8 up to {MAX_BUCKET}, rows up to {MAX_ROWS}, n below 2**31"
+            f"{widths}, bucket_size a multiple of 8 up to {MAX_BUCKET}, rows up to {MAX_ROWS}, n below 2**31"
         )
 
 

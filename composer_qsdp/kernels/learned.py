@@ -52,7 +52,7 @@ from composer_qsdp.kernels.noise import complement_noise
 __all__ = ["CELLS_PER_LEVEL", "MAX_BUCKET", "SUPPORTED_BITS", "supports", "search_table", "encode_rows", "decode_rows",
            "decode_sum"]
 
-#: Code widths with a kernel (a group of 8 codes is exactly ``bits`` bytes).
+#: Code widths with a kernel: those whose 8 codes pack into one aligned integer word.
 SUPPORTED_BITS = PACKED_BITS
 # Elements per thread on a GPU. The encoder's per-element work is now close to the min-max kernel's, whose
 # per-thread fixed work (bucket reductions, divisions, addresses) 32 spreads without spills; the decoders, at parity with min-max, keep 16 (one level gather per element).
@@ -63,9 +63,10 @@ CELLS_PER_LEVEL = 4
 _CELLS_PER_LEVEL = tl.constexpr(CELLS_PER_LEVEL)  # jit code reads only constexpr globals
 
 
-#: True when a kernel covers ``bits``, ``bucket_size``, ``rows`` and ``n``
-#: (:func:`composer_qsdp.kernels.groups.supports_packed`).
-supports = supports_packed
+def supports(bits: int, bucket_size: int, rows: int = 1, n: int = 1) -> bool:
+    """True when a kernel covers ``bits`` (in :data:`SUPPORTED_BITS`), ``bucket_size``, ``rows`` and ``n``
+    (:func:`composer_qsdp.kernels.groups.supports_packed`)."""
+    return supports_packed(bits, bucket_size, rows, n, SUPPORTED_BITS)
 
 
 # --------------------------------------------------------------------------------------------- search table
@@ -188,7 +189,7 @@ def _config(bucket_size: int, num_buckets: int, on_gpu: bool, buckets_per_progra
 
 
 def _check(bits: int, bucket_size: int, rows: int, fmt: WireFormat) -> None:
-    check_packed("learned-levels", bits, bucket_size, rows, fmt.numel)
+    check_packed("learned-levels", bits, bucket_size, rows, fmt.numel, SUPPORTED_BITS)
 
 
 def encode_rows(

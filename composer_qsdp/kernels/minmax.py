@@ -23,7 +23,7 @@ are stored through :func:`composer_qsdp.kernels.cast.store_cast` (round to neare
 interpreter, whose own bf16 cast truncates). The only difference left is the payload of NaN outputs (GPUs
 produce the canonical NaN).
 
-Coverage: ``bits`` in (1, 2, 4, 8) and ``bucket_size`` a multiple of 8 up to :data:`MAX_BUCKET`; the codec
+Coverage: ``bits`` 1..8 and ``bucket_size`` a multiple of 8 up to :data:`MAX_BUCKET`; the codec
 uses its torch reference for other configurations.
 """
 
@@ -33,18 +33,22 @@ import torch
 import triton
 import triton.language as tl
 
+from composer_qsdp.kernels import hadamard
 from composer_qsdp.kernels.bucket_decode import BucketDecoder
+from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
 from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, GPU_TILE, INTERPRETER_TILE, MAGIC_BITS, MAX_BUCKET,
-                                          PACKED_BITS, bucket_lattice, cdiv, check_packed, codes_to_float, launch_shape,
+                                          KERNEL_BITS, bucket_lattice, cdiv, check_packed, codes_to_float, launch_shape,
                                           row_stride, rows_aligned, store_codes, supports_packed, tile, tile_codes, vec)
 from composer_qsdp.kernels.fixed_point import fraction_bits
+from composer_qsdp.kernels.hadamard import butterflies
 from composer_qsdp.kernels.noise import noise_bits
 from composer_qsdp.kernels.wire_format import WireFormat
 
-__all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_rows", "decode_sum"]
+__all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "encode_rows_feedback", "decode_rows",
+           "decode_sum"]
 
-#: Code widths with a kernel (a group of 8 codes is exactly ``bits`` bytes).
-SUPPORTED_BITS = PACKED_BITS
+#: Code widths with a kernel (a group of 8 codes is exactly ``bits`` bytes): all of them.
+SUPPORTED_BITS = KERNEL_BITS
 # Launch targets: those of :mod:`composer_qsdp.kernels.groups`, except when the rows of the streamed input or
 # output do not start on 16-element boundaries: the accesses cannot be vectorized, 32 elements per thread spill
 # registers, and the stochastic quantize with noise counters not multiples of 8 (two Philox calls per group) needed
@@ -54,6 +58,9 @@ _ELEMENTS_PER_THREAD_UNALIGNED_ROWS = {"decode": 16, "encode": 8}
 # thread spreads the per-thread fixed work further. At 4 bits the same change adds register pressure without that
 # gain, so 4 bits keeps 32.
 _ELEMENTS_PER_THREAD_8BIT_STOCHASTIC_HALF = 64
+# The rotated feedback quantize exchanges a bucket's values between threads in its butterflies (shared memory, as the
+# symmetric codec's rotated kernels): fuller threads exchange less per element.
+ROTATED_ELEMENTS_PER_THREAD = 64
 
 
 #: True when a kernel covers ``bits``, ``bucket_size``, ``rows`` and ``n``
@@ -64,20 +71,15 @@ supports = supports_packed
 # --------------------------------------------------------------------------------------------- kernels
 # Seeds and counter offsets change every step: specializing on their values (Triton compiles an integer equal to 1
 # as a constant and one divisible by 16 apart) would compile new variants during training.
-@triton.jit(do_not_specialize=["seed", "offset"])
-def _quantize_kernel(
-    x_ptr, wire_ptr, meta_ptr,
-    n, num_buckets, code_bytes, meta_offset, x_row_stride, wire_row_stride,
-    seed, offset,
-    BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, VEC: tl.constexpr,
-    STOCHASTIC: tl.constexpr, FRACTION: tl.constexpr, ALIGNED: tl.constexpr, PARTIAL_GROUPS: tl.constexpr,
-):  # fmt: skip
+@triton.jit
+def _quantize_tile(x, valid, row_wire, meta_ptr, row, pid, b, g, lane, e, n, num_buckets, code_bytes, meta_offset,
+                   wire_row_stride, counter, seed,
+                   BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr, STOCHASTIC: tl.constexpr,
+                   FRACTION: tl.constexpr, ALIGNED: tl.constexpr, PARTIAL_GROUPS: tl.constexpr):  # fmt: skip
+    """Quantize the fp32 tile ``x`` into wire row ``row`` (codes at ``row_wire``, the buckets' min and step in the
+    fp32 words of ``meta_ptr``); ``counter``: the noise counter of each group's first element. Returns the codes
+    (int32) and the buckets' ``(min, step)`` as the wire holds them (NaN for a non-finite bucket)."""
     LEVELS: tl.constexpr = (1 << BITS) - 1
-    pid = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
-    b, g, lane, e, valid = tile(pid, n, BUCKET, GROUPS, BPP, VEC)
-    x = tl.load(x_ptr + row * x_row_stride + e, mask=valid, other=0.0).to(tl.float32)
-
     lo, scale, inv, bad = bucket_lattice(x, valid, LEVELS)
 
     t = (x - lo) * inv
@@ -89,17 +91,82 @@ def _quantize_kernel(
     base: tl.constexpr = MAGIC_BITS - (F << 23)  # bits of 1.5 * 2**(23 - F)
     y = (t + (1.5 * (1 << (23 - F)))).to(tl.uint32, bitcast=True)
     if STOCHASTIC:
-        y = y + noise_bits(seed, offset + row * n + b * BUCKET + g * 8, lane, ALIGNED, F)
+        y = y + noise_bits(seed, counter, lane, ALIGNED, F)
     cap = tl.where(bad, base, base + ((LEVELS << F) | ((1 << F) - 1))).to(tl.uint32)
     codes = ((tl.minimum(y, cap) >> F) - (base >> F)).to(tl.int32)
 
-    row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)  # wire rows are whole fp32 words
     store_codes(row_wire, codes, pid, b, g, lane, e, valid, n, num_buckets, code_bytes, meta_offset,
                 BITS, BUCKET, BPP, PARTIAL_GROUPS)  # fmt: skip
     row_meta = meta_ptr + row * (wire_row_stride // 4) + meta_offset // 4 + 2 * b
     on = b < num_buckets
-    tl.store(row_meta, tl.where(bad, float("nan"), lo), mask=on)
-    tl.store(row_meta + 1, tl.where(bad, float("nan"), scale), mask=on)
+    lo = tl.where(bad, float("nan"), lo)
+    scale = tl.where(bad, float("nan"), scale)
+    tl.store(row_meta, lo, mask=on)
+    tl.store(row_meta + 1, scale, mask=on)
+    return codes, lo, scale
+
+
+@triton.jit(do_not_specialize=["seed", "offset"])
+def _quantize_kernel(
+    x_ptr, wire_ptr, meta_ptr,
+    n, num_buckets, code_bytes, meta_offset, x_row_stride, wire_row_stride,
+    seed, offset,
+    BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, VEC: tl.constexpr,
+    STOCHASTIC: tl.constexpr, FRACTION: tl.constexpr, ALIGNED: tl.constexpr, PARTIAL_GROUPS: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    b, g, lane, e, valid = tile(pid, n, BUCKET, GROUPS, BPP, VEC)
+    x = tl.load(x_ptr + row * x_row_stride + e, mask=valid, other=0.0).to(tl.float32)
+    row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)  # wire rows are whole fp32 words
+    _quantize_tile(x, valid, row_wire, meta_ptr, row, pid, b, g, lane, e, n, num_buckets, code_bytes, meta_offset,
+                   wire_row_stride, offset + row * n + b * BUCKET + g * 8, seed,
+                   BITS, BUCKET, BPP, STOCHASTIC, FRACTION, ALIGNED, PARTIAL_GROUPS)  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["seed", "offset"])
+def _quantize_feedback_kernel(
+    x_ptr, r_ptr, wire_ptr, meta_ptr,
+    n_in, n, num_buckets, code_bytes, meta_offset, x_row_stride, r_row_stride, wire_row_stride,
+    seed, offset, beta, scale_rot,
+    BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, VEC: tl.constexpr,
+    STOCHASTIC: tl.constexpr, FRACTION: tl.constexpr, ALIGNED: tl.constexpr, PARTIAL_GROUPS: tl.constexpr,
+    ROTATE: tl.constexpr, LOG_B: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
+):  # fmt: skip
+    """Error feedback in one pass: quantize ``c = x + r`` (Hadamard-rotated per bucket with ``ROTATE``; ``n`` is then
+    the padded row length) and write ``r <- fresh - beta * (fresh - r)``, ``fresh = c - decode(encode(c))`` (rotated
+    back), non-finite entries reset to 0. ``c``, its rotation and its decode never go through memory."""
+    pid = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    b, g, lane, e, valid = tile(pid, n, BUCKET, GROUPS, BPP, VEC)
+    x_row, r_row = x_ptr + row * x_row_stride, r_ptr + row * r_row_stride
+    if ROTATE:  # bucket-major [BPP, BUCKET], as the rotation kernel loads; columns n_in..n are the zero padding
+        col = (pid * BPP + tl.arange(0, BPP))[:, None] * BUCKET + tl.arange(0, BUCKET)[None, :]
+        on = col < n_in
+        r = tl.load(r_row + col, mask=on, other=0.0).to(tl.float32)
+        c = tl.load(x_row + col, mask=on, other=0.0).to(tl.float32) + r
+        v = tl.reshape(butterflies(tl.reshape(c, (BPP * BUCKET,)), BUCKET, LOG_B), (BPP, BUCKET)) * scale_rot
+        xt = tl.permute(tl.reshape(v, (BPP, GROUPS, 8 // VEC, VEC)), (1, 0, 2, 3))
+    else:
+        r = tl.load(r_row + e, mask=valid, other=0.0).to(tl.float32)
+        c = tl.load(x_row + e, mask=valid, other=0.0).to(tl.float32) + r
+        xt = c
+    row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)
+    codes, lo, scale = _quantize_tile(xt, valid, row_wire, meta_ptr, row, pid, b, g, lane, e, n, num_buckets,
+                                      code_bytes, meta_offset, wire_row_stride,
+                                      offset + row * n_in + b * BUCKET + g * 8, seed,
+                                      BITS, BUCKET, BPP, STOCHASTIC, FRACTION, ALIGNED, PARTIAL_GROUPS)  # fmt: skip
+    decoded = lo + scale * codes_to_float(codes, 0)  # the decoder's arithmetic (no FMA: enable_fp_fusion=False)
+    if ROTATE:
+        flat = butterflies(tl.reshape(tl.permute(decoded, (1, 0, 2, 3)), (BPP * BUCKET,)), BUCKET, LOG_B)
+        decoded = tl.reshape(flat, (BPP, BUCKET)) * scale_rot
+    fresh = c - decoded
+    r = fresh - (fresh - r) * beta
+    r = tl.where(tl.abs(r) < float("inf"), r, 0.0)  # NaN compares false: reset with the infinities
+    if ROTATE:
+        store_cast(r_row + col, r, on, EMULATE_BF16_RNE)
+    else:
+        store_cast(r_row + e, r, valid, EMULATE_BF16_RNE)
 
 
 @triton.jit
@@ -168,6 +235,52 @@ def encode_rows(
         BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=vec(x.dtype), STOCHASTIC=stochastic,
         FRACTION=fraction_bits(bits) if stochastic else 0, ALIGNED=aligned, PARTIAL_GROUPS=bits < 8 and n % 8 != 0,
         num_warps=warps, enable_fp_fusion=False,
+    )  # fmt: skip
+    return wire
+
+
+def encode_rows_feedback(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    beta: float,
+    bits: int,
+    bucket_size: int,
+    fmt: WireFormat,
+    stochastic: bool,
+    seed: int,
+    offset: int,
+    rotate: bool = False,
+) -> torch.Tensor:
+    """Error-feedback quantize of ``x`` ``[R, n]`` with ``residual`` (``R * n`` contiguous fp32 or bf16 elements,
+    updated in place) in one pass: ``[R, fmt.wire_bytes]`` ``uint8``, the wire of ``x + residual``.
+
+    Reference: ``MinMaxCodec``'s ``Codec._encode_rows_feedback`` (with ``rotate``, ``HadamardCodec``'s over it,
+    ``fmt`` then describing the rows zero-padded to whole buckets). Row ``r`` uses noise counters ``offset + r * n +
+    i`` (``i`` indexing the padded row) under key ``seed``.
+    """
+    rows, n = x.shape
+    _check(bits, bucket_size, rows, fmt)
+    if rotate and not hadamard.supports(bucket_size):
+        raise ValueError(f"no rotated min-max kernel for bucket_size={bucket_size}; allowed: powers of two")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    r = residual.view(rows, n)
+    wire = torch.empty(rows, fmt.wire_bytes, dtype=torch.uint8, device=x.device)
+    nb = fmt.num_buckets
+    if rotate:  # the butterflies exchange values between threads: the symmetric codec's rotated launch shape
+        groups, bpp, warps = launch_shape(bucket_size, nb, x.is_cuda, GPU_TILE, INTERPRETER_TILE,
+                                          ROTATED_ELEMENTS_PER_THREAD, None, None)  # fmt: skip
+    else:
+        groups, bpp, warps = _config(bucket_size, nb, x.is_cuda, rows_aligned(x) and rows_aligned(r), None, None,
+                                     "encode")  # fmt: skip
+    _quantize_feedback_kernel[(cdiv(nb, bpp), rows)](
+        x, r, wire, wire.view(torch.float32),
+        n, fmt.numel, nb, fmt.code_bytes, fmt.meta_offset, row_stride(x), row_stride(r), row_stride(wire),
+        seed, offset, float(beta), hadamard.rotation_scale(bucket_size) if rotate else 1.0,
+        BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=vec(x.dtype), STOCHASTIC=stochastic,
+        FRACTION=fraction_bits(bits) if stochastic else 0, ALIGNED=offset % 8 == 0 and (rows == 1 or n % 8 == 0),
+        PARTIAL_GROUPS=bits < 8 and fmt.numel % 8 != 0, ROTATE=rotate, LOG_B=bucket_size.bit_length() - 1,
+        EMULATE_BF16_RNE=emulate_bf16_rne(), num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
     return wire
 

@@ -40,8 +40,8 @@ from composer_qsdp.kernels.wire_format import WireFormat, aligned_rows
 
 __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_rows", "decode_add_rows", "decode_sum"]
 
-#: Code widths with a kernel (a group of 8 codes is exactly ``bits`` bytes).
-SUPPORTED_BITS = (2, 4, 8)
+#: Code widths with a kernel (a group of 8 codes is exactly ``bits`` bytes): every width the codec takes.
+SUPPORTED_BITS = (2, 3, 4, 5, 6, 7, 8)
 #: Elements per thread of the launches that fuse the Hadamard rotation (the others use ``ELEMENTS_PER_THREAD``).
 ROTATED_ELEMENTS_PER_THREAD = 64
 

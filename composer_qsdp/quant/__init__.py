@@ -9,7 +9,7 @@ is the bit-width check the codecs apply; the general argument checks are in :mod
 """
 
 from composer_qsdp.quant.codec import FLOAT_DTYPES, MAX_BUCKET_SIZE, Codec, check_bits
-from composer_qsdp.quant.hadamard import FusedRotation, HadamardCodec, hadamard_rows
+from composer_qsdp.quant.hadamard import FusedRotatedFeedback, FusedRotation, HadamardCodec, hadamard_rows
 from composer_qsdp.quant.learned import LearnedLevelsCodec
 from composer_qsdp.quant.minmax import ROUNDINGS, MinMaxCodec
 from composer_qsdp.quant.random_shift import RandomShiftCodec
@@ -18,6 +18,6 @@ from composer_qsdp.quant.sign import SignCodec
 from composer_qsdp.quant.symmetric import SymmetricCodec
 
 __all__ = [
-    "FLOAT_DTYPES", "MAX_BUCKET_SIZE", "ROUNDINGS", "Codec", "FusedRotation", "HadamardCodec", "LearnedLevelsCodec",
+    "FLOAT_DTYPES", "MAX_BUCKET_SIZE", "ROUNDINGS", "Codec", "FusedRotatedFeedback", "FusedRotation", "HadamardCodec", "LearnedLevelsCodec",
     "MinMaxCodec", "RandomShiftCodec", "SignCodec", "SymmetricCodec", "check_bits", "codec_names", "hadamard_rows", "make_codec",
 ]

@@ -162,6 +162,38 @@ class Codec(ABC):
             raise ValueError(f"ref has shape {tuple(ref.shape)} but x has {tuple(x.shape)}; they must match")
         return self._encode_difference_rows(x, ref, seed, offset)
 
+    def encode_rows_feedback(
+        self, x: torch.Tensor, residual: torch.Tensor, beta: float, seed: int = 0, offset: int = 0
+    ) -> torch.Tensor:
+        """:meth:`encode_rows` of ``c = x + residual`` with error feedback: what LoCo's reduce-scatter sends.
+
+        ``residual`` is updated in place to ``fresh - beta * (fresh - residual)`` (``beta * residual + (1 - beta) *
+        fresh``), where ``fresh = c - decode_rows(wire)`` is this call's quantization error; all of it is computed in
+        fp32, each operation rounded once in this order, and rounded once into the residual's dtype. Entries that come
+        out non-finite (a NaN/Inf gradient) are reset to zero, so one overflowing step does not poison later ones.
+        Codecs with a fused kernel never write ``c``, its encode's decode or the error to memory.
+
+        Args:
+            x: ``[R, n]`` floating tensor.
+            residual: contiguous float32 or bfloat16 tensor of ``R * n`` elements on ``x``'s device.
+            beta: the residual's moving-average coefficient, in ``[0, 1)``.
+            seed, offset: as :meth:`encode_rows`.
+
+        Raises:
+            ValueError: a residual of another dtype, size or device, or ``beta`` outside ``[0, 1)``.
+        """
+        self._check_rows_input(x, seed, offset)
+        if not isinstance(residual, torch.Tensor) or residual.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"residual must be a float32 or bfloat16 tensor, got "
+                             f"{getattr(residual, 'dtype', type(residual).__name__)}")
+        if residual.numel() != x.numel() or not residual.is_contiguous() or residual.device != x.device:
+            raise ValueError(f"residual must be a contiguous tensor of {x.numel()} elements on {x.device} (the "
+                             f"input's), got {residual.numel()} elements on {residual.device}, "
+                             f"contiguous={residual.is_contiguous()}")
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta < 1.0:
+            raise ValueError(f"beta={beta!r} is invalid for error feedback; allowed: a number in [0, 1)")
+        return self._encode_rows_feedback(x, residual, float(beta), seed, offset)
+
     def decode_add_rows(self, wire: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``out += decode_rows(wire)``: each decoded value added to ``out``'s in fp32 and rounded once to
         ``out``'s dtype (a weight-difference scheme's reference update). Returns ``out``.
@@ -225,6 +257,19 @@ class Codec(ABC):
     def _encode_difference_rows(self, x: torch.Tensor, ref: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
         """Encode ``x - ref`` of validated ``[R, n]`` tensors; this default materializes the fp32 difference."""
         return self._encode_rows(x.to(torch.float32) - ref.to(torch.float32), seed, offset)
+
+    def _encode_rows_feedback(self, x: torch.Tensor, residual: torch.Tensor, beta: float, seed: int,
+                              offset: int) -> torch.Tensor:  # fmt: skip
+        """:meth:`encode_rows_feedback` of validated arguments; this default is the reference: it materializes ``c``,
+        the decode and the error in fp32."""
+        rows, n = x.shape
+        r = residual.view(rows, n)
+        c = x.to(torch.float32) + r
+        wire = self.encode_rows(c, seed, offset)
+        fresh = c.sub_(self.decode_rows(wire, n, torch.float32))
+        fresh.sub_((fresh - r).mul_(beta))
+        r.copy_(fresh.masked_fill_(~torch.isfinite(fresh), 0.0))
+        return wire
 
     def _decode_rows_into(self, wire: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Decode a validated wire into the validated ``out``; this default decodes, then copies."""

@@ -38,7 +38,7 @@ import torch
 from composer_qsdp.kernels import use_triton
 from composer_qsdp.quant.codec import Codec
 
-__all__ = ["FusedRotation", "HadamardCodec", "hadamard_rows"]
+__all__ = ["FusedRotatedFeedback", "FusedRotation", "HadamardCodec", "hadamard_rows"]
 
 
 def _check_power_of_two(bucket_size: int) -> int:
@@ -121,6 +121,19 @@ class FusedRotation(Protocol):
         ...
 
 
+@runtime_checkable
+class FusedRotatedFeedback(Protocol):
+    """A codec whose kernels can run :meth:`~composer_qsdp.quant.codec.Codec.encode_rows_feedback` of
+    ``HadamardCodec(codec)`` in one pass: rotate ``x + residual``, quantize, decode, rotate back and update the
+    residual without writing the intermediates to memory."""
+
+    def encode_rows_feedback_rotated(self, x: torch.Tensor, residual: torch.Tensor, beta: float, seed: int,
+                                     offset: int) -> torch.Tensor | None:  # fmt: skip
+        """``HadamardCodec(self).encode_rows_feedback(x, residual, beta, seed, offset)`` bit for bit (validated
+        arguments), or ``None`` where the codec cannot fuse that call."""
+        ...
+
+
 class HadamardCodec(Codec):
     """``inner`` applied to Hadamard-rotated buckets (see the module docstring).
 
@@ -163,6 +176,14 @@ class HadamardCodec(Codec):
         if padded == n:  # row r starts at counter offset + r * n in both codecs: one batched call
             return self.inner.encode_rows(rotated, seed, offset)
         return torch.stack([self.inner.encode(rotated[r], seed, offset + r * n) for r in range(rows)])
+
+    def _encode_rows_feedback(self, x: torch.Tensor, residual: torch.Tensor, beta: float, seed: int,
+                              offset: int) -> torch.Tensor:  # fmt: skip
+        if isinstance(self.inner, FusedRotatedFeedback):
+            fused = self.inner.encode_rows_feedback_rotated(x, residual, beta, seed, offset)
+            if fused is not None:
+                return fused
+        return super()._encode_rows_feedback(x, residual, beta, seed, offset)
 
     def _decode_rows(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
         fused = None if self._fused is None else self._fused.decode_rows_rotated(wire, numel, dtype)

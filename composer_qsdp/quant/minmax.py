@@ -13,7 +13,7 @@ valid elements)::
 
 On CUDA tensors (see :mod:`composer_qsdp.kernels.dispatch`) ``encode``/``decode``/``encode_rows``/
 ``decode_rows``/``decode_sum`` run the Triton kernels of :mod:`composer_qsdp.kernels.minmax` when they cover
-the configuration (``bits`` in 1, 2, 4, 8; ``bucket_size`` a multiple of 8 up to 8192), else this torch
+the configuration (any ``bits``; ``bucket_size`` a multiple of 8 up to 8192), else this torch
 reference.
 
 Every step is one IEEE fp32 operation in exactly this order, evaluated the same way by the torch reference
@@ -125,6 +125,27 @@ class MinMaxCodec(KernelDecodes):
             return self._encode_rows_reference(x, seed, offset)
         fmt = self.wire_format(x.shape[1])
         return kernels.encode_rows(x, self.bits, self.bucket_size, fmt, self.stochastic, seed, offset)
+
+    def _encode_rows_feedback(self, x: torch.Tensor, residual: torch.Tensor, beta: float, seed: int,
+                              offset: int) -> torch.Tensor:  # fmt: skip
+        kernels = self._kernels(x, x.shape[1])
+        if kernels is None or residual.device != x.device:
+            return super()._encode_rows_feedback(x, residual, beta, seed, offset)
+        return kernels.encode_rows_feedback(x, residual, beta, self.bits, self.bucket_size,
+                                            self.wire_format(x.shape[1]), self.stochastic, seed, offset)
+
+    def encode_rows_feedback_rotated(self, x: torch.Tensor, residual: torch.Tensor, beta: float, seed: int,
+                                     offset: int) -> torch.Tensor | None:  # fmt: skip
+        """:class:`~composer_qsdp.quant.hadamard.FusedRotatedFeedback`: ``HadamardCodec(self)``'s
+        :meth:`encode_rows_feedback` of validated arguments in one kernel pass, or ``None`` where no kernel covers
+        the call (a CPU tensor, ``bucket_size`` not a power of two from 8 to 8192)."""
+        rows, n = x.shape
+        padded = self.num_buckets(n) * self.bucket_size
+        kernels = self._kernels(x, padded)
+        if kernels is None or self.bucket_size & (self.bucket_size - 1):
+            return None
+        return kernels.encode_rows_feedback(x, residual, beta, self.bits, self.bucket_size,
+                                            self.wire_format(padded), self.stochastic, seed, offset, rotate=True)
 
     # ------------------------------------------------------------------ torch reference
     def _encode_rows_reference(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:

@@ -20,7 +20,7 @@ Every step is one IEEE fp32 operation in this order, done the same way by this t
 Triton kernels of :mod:`composer_qsdp.kernels.symmetric` (which round half to even with the same result and
 disable FMA contraction), so both give the same wire and the same decoded values bit for bit. On CUDA tensors
 (see :mod:`composer_qsdp.kernels.dispatch`) every encode/decode path runs those kernels when they cover the
-configuration (``bits`` in 2, 4, 8; ``bucket_size`` a multiple of 8 up to 8192), else this torch reference;
+configuration (any ``bits``; ``bucket_size`` a multiple of 8 up to 8192), else this torch reference;
 wrapped in :class:`composer_qsdp.quant.hadamard.HadamardCodec`, the kernels also apply the rotation (power-of-two
 buckets; the codec implements :class:`composer_qsdp.quant.hadamard.FusedRotation`), so a rotated encode or decode
 is one pass over memory.
@@ -129,7 +129,7 @@ class SymmetricCodec(Codec):
     def encode_rows_rotated(self, x: torch.Tensor, seed: int = 0, offset: int = 0) -> torch.Tensor | None:
         """:meth:`encode_rows` of the rows of ``[R, n]`` ``x`` zero-padded to whole buckets and Hadamard-rotated,
         in one kernel pass: ``[R, wire_bytes(padded)]`` ``uint8``, or ``None`` where no kernel covers the call (a
-        CPU tensor, ``bits`` not in 2/4/8, ``bucket_size`` not a power of two from 8 to 8192 elements).
+        CPU tensor, ``bucket_size`` not a power of two from 8 to 8192 elements).
         ``seed`` and ``offset`` are validated and unused (round to nearest)."""
         self._check_rows_input(x, seed, offset)
         kernels = self._kernels(x, rotate=True)

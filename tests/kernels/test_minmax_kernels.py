@@ -65,6 +65,11 @@ CASES = [  # rows, n, bucket_size, bits, rounding, dtype, offset, seed
     (2, 1500, 256, 4, "nearest", torch.bfloat16, 1, 0),
     (1, 5, 1024, 8, "nearest", torch.float16, 0, 0),  # one partial bucket
     (5, 64, 16, 1, "nearest", torch.float32, 0, 0),
+    (2, 1000, 256, 3, "nearest", torch.bfloat16, 0, 0),  # byte-wise words; tail word short of the metadata
+    (3, 203, 64, 3, "stochastic", torch.float32, 5, 3),  # odd width, partial tail group, unaligned counters
+    (2, 517, 40, 5, "stochastic", torch.float16, 8, 1),
+    (1, 261, 128, 6, "nearest", torch.float32, 0, 0),
+    (2, 300, 32, 7, "stochastic", torch.bfloat16, 0, 2),
 ]
 
 
@@ -95,7 +100,7 @@ def test_codec_dispatch_to_triton_matches_torch(rounding):
     assert_dispatch_matches_torch(codec, x)
 
 
-@pytest.mark.parametrize("bits,bucket", [(3, 64), (4, 100)])
+@pytest.mark.parametrize("bits,bucket", [(3, 60), (4, 100)])
 def test_unsupported_configuration_falls_back_to_reference(bits, bucket):
     x = _data(1, 300, torch.float32, seed=6, nonfinite=False)
     assert_falls_back_to_torch(MinMaxCodec(bits=bits, bucket_size=bucket), kernels, x)
@@ -103,9 +108,9 @@ def test_unsupported_configuration_falls_back_to_reference(bits, bucket):
 
 def test_kernel_launchers_reject_unsupported_configurations():
     x = _data(1, 300, torch.float32, seed=6, nonfinite=False)
-    codec = MinMaxCodec(bits=3, bucket_size=64)
-    with pytest.raises(ValueError, match="bits=3"):
-        kernels.encode_rows(x, 3, 64, codec.wire_format(300), True, 1, 0)
+    codec = MinMaxCodec(bits=3, bucket_size=60)
+    with pytest.raises(ValueError, match="bucket_size=60"):
+        kernels.encode_rows(x, 3, 60, codec.wire_format(300), True, 1, 0)
     with pytest.raises(ValueError, match="bucket_size=16384"):
         wire = torch.zeros(1, 8, dtype=torch.uint8, device=DEVICE)
         kernels.decode_sum(wire, 8, 16384, MinMaxCodec(8, 16384).wire_format(3))
@@ -207,3 +212,55 @@ def test_cuda_decode_sum_many_rows():
     x = _data(16, 1 << 18, torch.float32, seed=1, nonfinite=False)
     wire = codec.encode_rows(x, seed=1)
     assert_same_values(codec.decode_sum(wire, x.shape[1]), codec._decode_sum_reference(wire, x.shape[1]))
+
+
+FEEDBACK_CASES = [  # rows, n, bucket_size, bits, rounding, dtype, residual dtype, rotate
+    (4, 1000, 256, 3, "nearest", torch.bfloat16, torch.float32, True),  # the qwd-w4g3-loco gradients; padded rows
+    (2, 512, 64, 2, "nearest", torch.float32, torch.bfloat16, True),
+    (3, 203, 64, 4, "stochastic", torch.bfloat16, torch.float32, True),  # unaligned counters, padded rows
+    (2, 300, 40, 3, "stochastic", torch.float16, torch.float32, False),
+    (3, 96, 32, 8, "nearest", torch.bfloat16, torch.bfloat16, False),
+]
+
+
+@pytest.mark.parametrize("nonfinite", [False, True])
+@pytest.mark.parametrize("rows,n,bucket,bits,rounding,dtype,rdtype,rotate", FEEDBACK_CASES)
+def test_feedback_kernel_matches_reference(rows, n, bucket, bits, rounding, dtype, rdtype, rotate, nonfinite):
+    """The fused error-feedback quantize (one pass) gives the reference's wire and residual bit for bit: the encode
+    of ``x + residual`` (rotated when asked), then ``fresh - beta * (fresh - residual)`` from the decode."""
+    from composer_qsdp.quant import HadamardCodec
+
+    inner = MinMaxCodec(bits=bits, bucket_size=bucket, rounding=rounding)
+    codec = HadamardCodec(inner) if rotate else inner
+    x = _data(rows, n, dtype, seed=n + bits, nonfinite=nonfinite)
+    residual = (0.1 * _data(rows, n, torch.float32, seed=7, nonfinite=False)).to(rdtype).view(-1)
+    with backend("torch"):
+        expected_residual = residual.clone()
+        expected = codec.encode_rows_feedback(x, expected_residual, 0.5, seed=9, offset=3)
+    with backend("triton"):
+        got_residual = residual.clone()
+        got = codec.encode_rows_feedback(x, got_residual, 0.5, seed=9, offset=3)
+    padded = codec.padded(n) if rotate else n
+    assert_same_wire(inner, got, expected, padded)
+    assert_same_values(got_residual, expected_residual)
+    assert bool(torch.isfinite(got_residual).all())  # a non-finite bucket resets its residual
+
+
+def test_feedback_reference_is_the_loco_recursion():
+    """The reference update, against float64: ``beta * r + (1 - beta) * (c - decode(encode(c)))`` to fp32 rounding;
+    its wire is the plain encode of ``c``."""
+    codec = MinMaxCodec(bits=3, bucket_size=64, rounding="nearest")
+    x = _data(2, 300, torch.float32, seed=1, nonfinite=False)
+    residual = 0.1 * _data(2, 300, torch.float32, seed=2, nonfinite=False).view(-1)
+    c = x.double() + residual.double().view(2, 300)
+    with backend("torch"):
+        new = residual.clone()
+        wire = codec.encode_rows_feedback(x, new, 0.8, seed=1)
+        assert torch.equal(wire, codec.encode_rows(c.float(), seed=1))
+        fresh = c - codec.decode_rows(wire, 300).double()
+    torch.testing.assert_close(new.double().view(2, 300), 0.8 * residual.double().view(2, 300) + 0.2 * fresh,
+                               rtol=0, atol=1e-6 * float(c.abs().max()))
+    with pytest.raises(ValueError, match="beta=1.0 is invalid"):
+        codec.encode_rows_feedback(x, residual.clone(), 1.0)
+    with pytest.raises(ValueError, match="contiguous tensor of 600 elements"):
+        codec.encode_rows_feedback(x, residual[:10].clone(), 0.5)

@@ -71,6 +71,9 @@ CASES = [  # rows, n, bucket_size, bits, dtype
     (3, 99, 8, 8, torch.float16),  # one group per bucket
     (1, 5, 2048, 4, torch.float32),  # one partial bucket
     (5, 64, 8, 2, torch.float32),
+    (2, 1000, 256, 3, torch.bfloat16),  # byte-wise words; tail word short of the metadata
+    (3, 203, 40, 5, torch.float32),  # 40-bit words, partial tail group
+    (2, 300, 32, 7, torch.float16),
 ]
 
 
@@ -133,6 +136,7 @@ def _check_rotated_kernels(codec: SymmetricCodec, x: torch.Tensor, **launch) -> 
 @pytest.mark.parametrize("nonfinite", [False, True])
 @pytest.mark.parametrize("rows,n,bucket,bits,dtype", [
     (3, 1000, 128, 4, torch.bfloat16), (2, 2048, 1024, 8, torch.float32), (2, 70, 64, 2, torch.float16),
+    (2, 700, 256, 3, torch.bfloat16),
     (1, 20, 8, 4, torch.float32),
 ])  # fmt: skip
 def test_fused_rotation_matches_rotation_then_reference(rows, n, bucket, bits, dtype, nonfinite):
@@ -195,19 +199,19 @@ def test_fused_rotation_methods_equal_the_two_pass_hadamard_codec():
         assert torch.equal(codec.encode_rows_rotated(x), wire)
         assert_same_values(codec.decode_rows_rotated(wire, 300, torch.float16), decoded)
         assert_same_values(codec.decode_sum_rotated(wire, 300), total)
-        assert SymmetricCodec(bits=3, bucket_size=64).encode_rows_rotated(x) is None  # no 3-bit kernel
+        assert SymmetricCodec(bits=3, bucket_size=48).encode_rows_rotated(x) is None  # not a power of two
 
 
 def test_unsupported_configurations_fall_back_to_the_reference():
     x = _data(1, 300, torch.float32, seed=6, nonfinite=False)
-    for codec in (SymmetricCodec(bits=3, bucket_size=64), SymmetricCodec(bits=8, bucket_size=20000),
+    for codec in (SymmetricCodec(bits=3, bucket_size=60), SymmetricCodec(bits=8, bucket_size=20000),
                   SymmetricCodec(bits=4, bucket_size=100)):  # fmt: skip
         with backend("torch"):
             expected = codec.encode(x[0])
         with backend("triton"):
             assert torch.equal(codec.encode(x[0]), expected)
-    with pytest.raises(ValueError, match=r"bits=3.*allowed: bits in \(2, 4, 8\)"):
-        kernels.encode_rows(x, 3, 64, SymmetricCodec(3, 64).wire_format(300))
+    with pytest.raises(ValueError, match=r"bucket_size=60.*allowed: bits in \(2, 3, 4, 5, 6, 7, 8\)"):
+        kernels.encode_rows(x, 3, 60, SymmetricCodec(3, 60).wire_format(300))
     with pytest.raises(ValueError, match="bucket_size=20000"):
         kernels.decode_sum(torch.zeros(1, 8, dtype=torch.uint8), 8, 20000, SymmetricCodec(8, 20000).wire_format(3))
     with pytest.raises(ValueError, match="buckets_per_program=3"):
