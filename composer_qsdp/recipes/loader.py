@@ -106,6 +106,7 @@ CALLBACKS: dict[str, Builder] = {
     "optimizer_monitor": Builder("composer.callbacks:OptimizerMonitor"),
     "runtime_estimator": Builder("composer.callbacks:RuntimeEstimator"),
     "speed_monitor": Builder("composer.callbacks:SpeedMonitor"),
+    "step_profile": Builder("composer_qsdp.recipes.step_profile:StepProfile"),
 }
 #: Models a recipe can name with ``model.name``: name -> the function that checks the section's other keys.
 MODELS: dict[str, Callable[..., GPTConfig | HFCausalLMConfig]] = {

@@ -53,12 +53,13 @@ def test_rows_ratios_bound_and_targets():
     network = {"results": {"baseline": result(4, 100.0, None), "qsdp-w8g8": result(4, 200.0, wire),
                            "qsdp-w4g4": result(4, 300.0, {"total": {**wire["total"], "sent": 5e9}}),
                            "baseline-pure": result(4, 0.0, None, status="failed")}}
-    rows = {r["config"]: r for r in bench_e2e.rows(network, {"compute-bound": result(1, 90.0, None)}, nproc=4)}
+    rows = {r["config"]: r for r in bench_e2e.rows(network, {"compute-bound": result(1, 90.0, None)}, nproc=4,
+                                                   plain_bytes_per_step=40e9)}
     assert rows["qsdp-w8g8"]["vs_baseline"] == pytest.approx(2.0)
     assert rows["qsdp-w4g4"]["vs_baseline"] == pytest.approx(3.0)
     assert rows["compute-bound"]["tokens_per_s"] == pytest.approx(360.0)  # 4 GPUs x the one-GPU run
     assert rows["qsdp-w4g4"]["of_bound"] == pytest.approx(300 / 360)
-    assert rows["baseline"]["wire_gb_per_step"] == pytest.approx(40.0)  # the QSDP runs' native bytes
+    assert rows["baseline"]["wire_gb_per_step"] == pytest.approx(40.0)  # plain FSDP2's, from the model
     assert rows["qsdp-w8g8"]["wire_vs_baseline"] == pytest.approx(0.25)
     assert rows["compute-bound"]["wire_gb_per_step"] == 0.0
     assert rows["qsdp-w8g8"]["peak_allocated_gib"] == pytest.approx(1.0)
@@ -67,10 +68,12 @@ def test_rows_ratios_bound_and_targets():
     socket = bench_e2e.targets("socket", list(rows.values()))
     assert socket == ["qsdp-w8g8 tokens/s = 2.00x baseline (target >= 1.8x): met",
                       "qsdp-w4g4 tokens/s = 3.00x baseline (target >= 3.0x): met",
-                      "best QSDP (qsdp-w4g4) = 83% of the compute-only bound (target >= 85%): NOT met"]
+                      "best QSDP (qsdp-w4g4) = 83% of the compute-only bound (target >= 85%): NOT met",
+                      "peak memory <= 1.10x plain FSDP2's for every preset: met"]
     assert bench_e2e.targets("nvlink", list(rows.values())) == [
-        "qsdp-w8g8 tokens/s = 2.00x baseline (target >= 0.95x): met",
-        "qsdp-w4g4 tokens/s = 3.00x baseline (target >= 0.95x): met"]
+        "qsdp-w8g8 tokens/s = 2.00x baseline (target >= 0.97x): met",
+        "qsdp-w4g4 tokens/s = 3.00x baseline (target >= 0.97x): met",
+        "peak memory <= 1.10x plain FSDP2's for every preset: met"]
 
 
 def test_ddp_rows_compare_with_the_ddp_baseline_and_bound():
@@ -78,12 +81,12 @@ def test_ddp_rows_compare_with_the_ddp_baseline_and_bound():
     network = {"results": {"baseline": result(2, 50.0, None), "ddp-baseline": result(2, 100.0, None),
                            "zero-one-adam": result(2, 250.0, zoa_wire)}}
     bounds = {"compute-bound": result(1, 60.0, None), "ddp-compute-bound": result(1, 150.0, None)}
-    rows = {r["config"]: r for r in bench_e2e.rows(network, bounds, nproc=2)}
+    rows = {r["config"]: r for r in bench_e2e.rows(network, bounds, nproc=2, plain_bytes_per_step=1e9)}
     assert rows["zero-one-adam"]["vs_baseline"] == pytest.approx(2.5)  # against ddp-baseline, not FSDP's
     assert rows["zero-one-adam"]["of_bound"] == pytest.approx(250 / 300)  # against 2 x the DDP one-GPU run
     assert rows["ddp-baseline"]["wire_gb_per_step"] == pytest.approx(16.0)  # DDP's fp32 all-reduce
     assert rows["zero-one-adam"]["wire_vs_baseline"] == pytest.approx(1 / 16)
-    assert rows["baseline"]["of_bound"] == pytest.approx(50 / 120) and rows["baseline"]["wire_gb_per_step"] is None
+    assert rows["baseline"]["of_bound"] == pytest.approx(50 / 120) and rows["baseline"]["wire_gb_per_step"] == 1.0
     assert bench_e2e.targets("socket", list(rows.values())) == [
         "zero-one-adam tokens/s = 2.50x ddp-baseline (target >= 2.0x): met"]
 
@@ -232,7 +235,9 @@ def test_cpu_sweep_measures_every_config_and_skips_finished_ones(tiny_recipes, t
     finished = {p: p.stat().st_mtime_ns for p in (out / "nvlink").glob("*.log")}
     assert {p.name for p in finished} == {"nccl_probe.log", "baseline.log", "qsdp-w8g8.log"}
 
-    second = sweep(tiny_recipes, out, out_env)  # the default configs: only the missing ones run
+    # The configs named again: only the missing ones run.
+    second = sweep(tiny_recipes, out, out_env, "--configs", "baseline", "qsdp-w8g8", "qsdp-w4g4", "qsdp-auto",
+                   "compute-bound")
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert {p: p.stat().st_mtime_ns for p in finished} == finished
     assert "[nvlink] qsdp-w4g4" in second.stdout and "[nvlink] baseline on" not in second.stdout
@@ -250,8 +255,9 @@ def test_cpu_sweep_measures_every_config_and_skips_finished_ones(tiny_recipes, t
     bound = record["compute_bounds"]["compute-bound"]
     assert bound["nproc"] == 1 and bound["global_batch"] == 4 and bound["tokens_per_step"] == 4 * 64
     assert rows["compute-bound"]["tokens_per_s"] == pytest.approx(2 * bound["tokens_per_s"])
-    # Bytes: the same collectives in every FSDP run; fp32 on CPU, so 8-bit codes (+64 bits per 1024-element
-    # bucket) are 32 / 8.06 = 3.97x fewer bytes, 4-bit codes 32 / 4.06 = 7.9x.
+    # Bytes: the same collectives in every FSDP run, whose counted unquantized bytes equal plain FSDP2's as the
+    # benchmark computes them from the model; fp32 on CPU, so 8-bit codes (+64 bits per 1024-element bucket) are
+    # 32 / 8.06 = 3.97x fewer bytes, 4-bit codes 32 / 4.06 = 7.9x.
     native = {n: results[n]["wire_per_step"]["total"]["native"] for n in ("qsdp-w8g8", "qsdp-w4g4")}
     assert native["qsdp-w8g8"] == native["qsdp-w4g4"] == rows["baseline"]["wire_gb_per_step"] * 1e9
     assert 3.9 < 1 / rows["qsdp-w8g8"]["wire_vs_baseline"] < 4.0
@@ -276,3 +282,22 @@ def test_every_launch_refuses_shared_gpus(tmp_path, tiny_recipes):
                                                            "--out-dir", str(tmp_path), "-o", "shared_gpu=true"]))
     overrides = plan.overrides(bench_e2e.CONFIGS["baseline"], 2, tmp_path / "m.json")
     assert overrides[-1] == "shared_gpu=false"  # after the user's overrides: the last value wins
+
+
+def test_every_preset_has_a_configuration_on_the_baseline_recipe():
+    from composer_qsdp.config import QSDPConfig
+
+    for preset in QSDPConfig.preset_names():
+        config = bench_e2e.CONFIGS[f"qsdp-{preset}"]
+        assert config.recipe == "baseline.yaml" and f"algorithms.qsdp.preset={preset}" in config.overrides
+        assert f"qsdp-{preset}" in bench_e2e.DEFAULT_CONFIGS
+
+
+def test_plain_fsdp2_bytes_pad_each_parameter_to_the_ranks():
+    import torch.nn as nn
+
+    model = nn.Sequential(nn.Linear(5, 7), nn.LayerNorm(6))  # weights [7, 5] and [6]; biases [7] and [6]
+    # Padded to 4 ranks: 8 x 5 + 8 + 8 + 8 = 64 elements; per micro-batch 3/4 of two bf16 gathers and one fp32
+    # reduce-scatter of them.
+    assert bench_e2e.plain_fsdp2_bytes(model, 4, gather_bytes=2) == 3 * 64 * (2 + 2 + 4) // 4
+    assert bench_e2e.plain_fsdp2_bytes(model, 1, gather_bytes=2) == 0

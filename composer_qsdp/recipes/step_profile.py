@@ -1,0 +1,214 @@
+"""``StepProfile``: where a training step's time goes on the GPU, as a small JSON summary per rank.
+
+A Composer callback for the recipes (``callbacks: {step_profile: {start: 5, batches: 2, out_dir: DIR}}``) and the
+benchmarks: it records batches ``start .. start + batches - 1`` with ``torch.profiler`` (CUDA kernels only) and
+writes ``DIR/step_profile-rank<r>.json``: per batch, the wall time and the GPU time of each kernel category, the
+time communication kernels run while no other kernel does (exposed communication) and the time they overlap
+compute, and the device memory QSDP's schemes keep (weight-difference replicas, error-feedback residuals).
+
+Kernel categories (:data:`CATEGORIES`, the first pattern that matches a kernel's name, lower case):
+
+=================  ==============================================================================================
+``communication``  NCCL's kernels (all-gather, reduce-scatter, all-to-all, all-reduce, send/receive)
+``encode``         QSDP's quantize kernels (min-max, symmetric, learned levels, sign; with error feedback or a
+                   weight difference fused)
+``decode``         QSDP's dequantize, dequantize-and-sum and dequantize-and-add kernels
+``hadamard``       the stand-alone Walsh-Hadamard rotation kernel (fused rotations count with their codec)
+``matmul``         cuBLAS / CUTLASS matrix products
+``attention``      fused attention kernels (flash / memory-efficient)
+``copy``           device copies and fills (``Memcpy``, ``Memset``, ``copy_``/``fill_`` kernels, casts)
+``other``          every other kernel: elementwise and reduction work of the model, the loss, the optimizer, and
+                   any torch fallback of a codec
+=================  ==============================================================================================
+
+Exposed communication is the length of the union of communication-kernel intervals less its intersection with the
+union of every other kernel's intervals, over all streams of the rank's GPU: the time the GPU does nothing but wait
+for the network. With ranks sharing a GPU (gloo) no NCCL kernel runs and the column is 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from composer.core import Callback, Event, State
+from composer.loggers import Logger
+
+__all__ = ["CATEGORIES", "StepProfile", "categorize", "summarize_kernels"]
+
+#: ``(category, regular expression)`` in match order; see the module docstring.
+CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("communication", r"nccl"),
+    ("encode", r"_quantize|_encode|sign_pack|_sign_encode"),
+    ("decode", r"_decode|_sum_kernel|_add_kernel"),
+    ("hadamard", r"_hadamard"),
+    ("matmul", r"gemm|cutlass|nvjet|sm90_xmma|cublas|wgmma"),
+    ("attention", r"flash|fmha|attention|efficient_attention"),
+    ("copy", r"memcpy|memset|copy|fill_|cast"),
+)
+_COMPILED = tuple((name, re.compile(pattern)) for name, pattern in CATEGORIES)
+
+
+def categorize(kernel: str) -> str:
+    """The category (:data:`CATEGORIES`) of a kernel's name, ``"other"`` when none matches."""
+    lower = kernel.lower()
+    return next((name for name, pattern in _COMPILED if pattern.search(lower)), "other")
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(end - start for start, end in intervals)
+
+
+def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Total length of the intersection of two sorted, disjoint interval lists."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        low, high = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0.0, high - low)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def summarize_kernels(kernels: list[tuple[str, float, float]]) -> dict[str, Any]:
+    """Per-category GPU time and the communication overlap of ``(name, start, end)`` kernel intervals (any time
+    unit; the result is in the same unit).
+
+    Returns:
+        ``{"by_category": {category: busy time summed over kernels}, "kernels": {category: count},
+        "communication_busy": union length of communication kernels, "compute_busy": union length of the others,
+        "exposed_communication": communication busy while nothing else runs, "overlapped_communication": the rest,
+        "top": the 10 kernel names with the most time, as [name, category, time]}``.
+    """
+    by_category: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    per_name: dict[str, float] = {}
+    comm, compute = [], []
+    for name, start, end in kernels:
+        category = categorize(name)
+        by_category[category] = by_category.get(category, 0.0) + (end - start)
+        counts[category] = counts.get(category, 0) + 1
+        per_name[name] = per_name.get(name, 0.0) + (end - start)
+        (comm if category == "communication" else compute).append((start, end))
+    comm_union, compute_union = _union(comm), _union(compute)
+    comm_busy = _length(comm_union)
+    overlapped = _intersection(comm_union, compute_union)
+    top = sorted(per_name.items(), key=lambda kv: -kv[1])[:10]
+    return {"by_category": by_category, "kernels": counts, "communication_busy": comm_busy,
+            "compute_busy": _length(compute_union), "exposed_communication": comm_busy - overlapped,
+            "overlapped_communication": overlapped,
+            "top": [[name[:120], categorize(name), t] for name, t in top]}
+
+
+def _scheme_memory(state: State) -> dict[str, int]:
+    """Device bytes QSDP's schemes keep between steps on this rank, by side (0 without QSDP)."""
+    memory = {"weights": 0, "grads": 0}
+    for algorithm in state.algorithms:
+        handle = getattr(algorithm, "handle", None)
+        for unit in getattr(handle, "units", ()):
+            for side in memory:
+                scheme = getattr(unit, side, None)
+                memory[side] += scheme.memory_bytes() if scheme is not None else 0
+    return memory
+
+
+class StepProfile(Callback):
+    """Profile batches ``start .. start + batches - 1`` (1-based, as Composer counts them) and write a summary.
+
+    Args:
+        out_dir: folder of ``step_profile-rank<r>.json`` (created).
+        start: first profiled batch (>= 2: the first batch compiles kernels and sets up communicators).
+        batches: number of profiled batches (>= 1).
+        trace: also write the Chrome trace of the window (``step_profile-rank<r>.trace.json``; tens of MB).
+
+    Raises:
+        ValueError: ``start`` below 2 or ``batches`` below 1, naming the value.
+    """
+
+    def __init__(self, out_dir: str, start: int = 5, batches: int = 2, trace: bool = False) -> None:
+        if isinstance(start, bool) or not isinstance(start, int) or start < 2:
+            raise ValueError(f"step_profile start={start!r} is invalid; allowed: an integer >= 2 (batch 1 compiles)")
+        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
+            raise ValueError(f"step_profile batches={batches!r} is invalid; allowed: an integer >= 1")
+        self.out_dir, self.start, self.batches, self.trace = Path(out_dir), start, batches, trace
+        self._profiler: Any = None
+        self._range: Any = None
+
+    def run_event(self, event: Event, state: State, logger: Logger) -> None:
+        import torch
+
+        if event not in (Event.BATCH_START, Event.BATCH_END) or not torch.cuda.is_available():
+            return
+        batch = int(state.timestamp.batch) + (1 if event == Event.BATCH_START else 0)
+        if event == Event.BATCH_START and batch == self.start:
+            from torch.profiler import ProfilerActivity, profile
+
+            torch.cuda.synchronize()
+            self._profiler = profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU])
+            self._profiler.__enter__()
+        if self._profiler is None:
+            return
+        # Synchronized at both ends, a batch's range on the trace's clock holds exactly its kernels.
+        torch.cuda.synchronize()
+        if event == Event.BATCH_START:
+            self._range = torch.profiler.record_function(f"{_RANGE}{batch}")
+            self._range.__enter__()
+            return
+        self._range.__exit__(None, None, None)
+        if batch == self.start + self.batches - 1:
+            self._profiler.__exit__(None, None, None)
+            self._write(state)
+            self._profiler = None
+
+    def _write(self, state: State) -> None:
+        import torch
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        trace = self.out_dir / f"step_profile-rank{rank}.trace.json"
+        self._profiler.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text()).get("traceEvents", [])
+        if not self.trace:
+            trace.unlink()
+        complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
+        kernels = [(e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in complete
+                   if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+        ranges = {int(e["name"][len(_RANGE):]): (float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in complete
+                  if e.get("cat") == "user_annotation" and e["name"].startswith(_RANGE)}
+        per_batch = []
+        for batch, (lo, hi) in sorted(ranges.items()):
+            inside = [(n, max(s, lo), min(t, hi)) for n, s, t in kernels if t > lo and s < hi]
+            summary = summarize_kernels(inside)
+            per_batch.append({"batch": batch, "wall_ms": (hi - lo) / 1e3,
+                              **{k: _ms(v) for k, v in summary.items() if k != "top"},
+                              "top": [[n, c, t / 1e3] for n, c, t in summary["top"]]})
+        record = {"rank": rank, "start": self.start, "batches": self.batches, "device": torch.cuda.get_device_name(),
+                  "scheme_memory_bytes": _scheme_memory(state),
+                  "peak_allocated_bytes": torch.cuda.max_memory_allocated(), "per_batch": per_batch}
+        (self.out_dir / f"step_profile-rank{rank}.json").write_text(json.dumps(record, indent=1))
+
+
+_RANGE = "qsdp_step_profile_batch_"
+
+
+def _ms(value: Any) -> Any:
+    """Microseconds (a number or a dict of numbers) in milliseconds; counts (ints) pass through."""
+    if isinstance(value, dict):
+        return {k: _ms(v) for k, v in value.items()}
+    return value / 1e3 if isinstance(value, float) else value
