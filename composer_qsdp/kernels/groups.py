@@ -146,14 +146,14 @@ def group_words(row_wire, b, g, BITS: tl.constexpr, BUCKET: tl.constexpr):
     """Pointers ``[G, BPP, 1, 1]`` to the ``BITS``-byte word holding the 8 codes of each group (``BITS`` in 1, 2,
     4), or to its first byte (the byte-wise widths 3, 5, 6, 7)."""
     if BITS == 1:
-        words = row_wire
+        words = row_wire + b * (BUCKET // 8) + g
     elif BITS == 2:
-        words = row_wire.to(tl.pointer_type(tl.int16))
+        words = row_wire.to(tl.pointer_type(tl.int16)) + b * (BUCKET // 8) + g
     elif BITS == 4:
-        words = row_wire.to(tl.pointer_type(tl.int32))
+        words = row_wire.to(tl.pointer_type(tl.int32)) + b * (BUCKET // 8) + g
     else:
-        return row_wire + group_byte(b, g, BITS, BUCKET)
-    return words + b * (BUCKET // 8) + g
+        words = row_wire + group_byte(b, g, BITS, BUCKET)
+    return words
 
 
 @triton.jit

@@ -58,9 +58,9 @@ _ELEMENTS_PER_THREAD_UNALIGNED_ROWS = {"decode": 16, "encode": 8}
 # thread spreads the per-thread fixed work further. At 4 bits the same change adds register pressure without that
 # gain, so 4 bits keeps 32.
 _ELEMENTS_PER_THREAD_8BIT_STOCHASTIC_HALF = 64
-# The rotated feedback quantize exchanges a bucket's values between threads in its butterflies (shared memory, as the
-# symmetric codec's rotated kernels): fuller threads exchange less per element.
-ROTATED_ELEMENTS_PER_THREAD = 64
+# The rotated feedback quantize holds the compensated values, their rotation, codes and decode at once: at 32 elements
+# per thread it needs all 255 registers (sm_90 compile, 256-element buckets), at 4 (8 warps per 1024 elements) 128.
+ROTATED_ELEMENTS_PER_THREAD = 4
 
 
 #: True when a kernel covers ``bits``, ``bucket_size``, ``rows`` and ``n``
@@ -73,11 +73,11 @@ supports = supports_packed
 # as a constant and one divisible by 16 apart) would compile new variants during training.
 @triton.jit
 def _quantize_tile(x, valid, row_wire, meta_ptr, row, pid, b, g, lane, e, n, num_buckets, code_bytes, meta_offset,
-                   wire_row_stride, counter, seed,
+                   wire_row_stride, row_counter, seed,
                    BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr, STOCHASTIC: tl.constexpr,
                    FRACTION: tl.constexpr, ALIGNED: tl.constexpr, PARTIAL_GROUPS: tl.constexpr):  # fmt: skip
     """Quantize the fp32 tile ``x`` into wire row ``row`` (codes at ``row_wire``, the buckets' min and step in the
-    fp32 words of ``meta_ptr``); ``counter``: the noise counter of each group's first element. Returns the codes
+    fp32 words of ``meta_ptr``); ``row_counter``: the noise counter of the row's first element. Returns the codes
     (int32) and the buckets' ``(min, step)`` as the wire holds them (NaN for a non-finite bucket)."""
     LEVELS: tl.constexpr = (1 << BITS) - 1
     lo, scale, inv, bad = bucket_lattice(x, valid, LEVELS)
@@ -91,7 +91,7 @@ def _quantize_tile(x, valid, row_wire, meta_ptr, row, pid, b, g, lane, e, n, num
     base: tl.constexpr = MAGIC_BITS - (F << 23)  # bits of 1.5 * 2**(23 - F)
     y = (t + (1.5 * (1 << (23 - F)))).to(tl.uint32, bitcast=True)
     if STOCHASTIC:
-        y = y + noise_bits(seed, counter, lane, ALIGNED, F)
+        y = y + noise_bits(seed, row_counter + b * BUCKET + g * 8, lane, ALIGNED, F)
     cap = tl.where(bad, base, base + ((LEVELS << F) | ((1 << F) - 1))).to(tl.uint32)
     codes = ((tl.minimum(y, cap) >> F) - (base >> F)).to(tl.int32)
 
@@ -120,7 +120,7 @@ def _quantize_kernel(
     x = tl.load(x_ptr + row * x_row_stride + e, mask=valid, other=0.0).to(tl.float32)
     row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)  # wire rows are whole fp32 words
     _quantize_tile(x, valid, row_wire, meta_ptr, row, pid, b, g, lane, e, n, num_buckets, code_bytes, meta_offset,
-                   wire_row_stride, offset + row * n + b * BUCKET + g * 8, seed,
+                   wire_row_stride, offset + row * n, seed,
                    BITS, BUCKET, BPP, STOCHASTIC, FRACTION, ALIGNED, PARTIAL_GROUPS)  # fmt: skip
 
 
@@ -154,7 +154,7 @@ def _quantize_feedback_kernel(
     row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)
     codes, lo, scale = _quantize_tile(xt, valid, row_wire, meta_ptr, row, pid, b, g, lane, e, n, num_buckets,
                                       code_bytes, meta_offset, wire_row_stride,
-                                      offset + row * n_in + b * BUCKET + g * 8, seed,
+                                      offset + row * n_in, seed,
                                       BITS, BUCKET, BPP, STOCHASTIC, FRACTION, ALIGNED, PARTIAL_GROUPS)  # fmt: skip
     decoded = lo + scale * codes_to_float(codes, 0)  # the decoder's arithmetic (no FMA: enable_fp_fusion=False)
     if ROTATE:

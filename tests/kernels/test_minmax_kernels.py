@@ -165,8 +165,24 @@ def test_kernels_compile_for_hopper_without_spills(aligned_rows):
         for bits, dtype, stochastic, aligned, bucket in [
             (8, "bf16", True, True, 1024), (4, "bf16", True, False, 1024), (2, "fp16", True, False, 64),
             (1, "fp32", True, True, 200), (4, "fp32", True, False, 8192), (2, "bf16", False, True, 2048),
+            (3, "bf16", False, True, 256), (5, "fp32", True, False, 40), (7, "fp16", True, True, 1024),
         ]
     ]
+    # The error-feedback quantize in the launch shapes encode_rows_feedback picks (qwd-*-loco: rotated, 256).
+    for bits, rotate, stochastic in [(3, True, False), (2, True, False), (4, False, True)]:
+        groups, bpp, warps = kernels.launch_shape(256, 1 << 16, True, kernels.GPU_TILE, kernels.INTERPRETER_TILE,
+                                                  kernels.ROTATED_ELEMENTS_PER_THREAD, None, None) if rotate else \
+            kernels._config(256, 1 << 16, True, aligned_rows, None, None, "encode")
+        variants.append({
+            "name": f"feedback {bits}b rotate={rotate} stochastic={stochastic}", "module": "composer_qsdp.kernels.minmax",
+            "kernel": "_quantize_feedback_kernel",
+            "types": {"x_ptr": "*bf16", "r_ptr": "*fp32", "wire_ptr": "*u8", "meta_ptr": "*fp32", "seed": "i64",
+                      "offset": "i64", "beta": "fp32", "scale_rot": "fp32"},
+            "constants": {"BITS": bits, "BUCKET": 256, "GROUPS": groups, "BPP": bpp, "VEC": 8, "STOCHASTIC": stochastic,
+                          "FRACTION": fraction_bits(bits) if stochastic else 0, "ALIGNED": True,
+                          "PARTIAL_GROUPS": False, "ROTATE": rotate, "LOG_B": 8, "EMULATE_BF16_RNE": False},
+            "num_warps": warps,
+            "divisible": ["x_row_stride", "r_row_stride", "wire_row_stride"] if aligned_rows else []})
     variants += [
         _hopper_variant(f"dequantize {bits}b {dtype} bucket {bucket}", "_dequantize_kernel", {"out_ptr": "*" + dtype},
                         {"BITS": bits, "EMULATE_BF16_RNE": False}, bucket, aligned_rows)  # fmt: skip

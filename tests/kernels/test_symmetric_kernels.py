@@ -223,7 +223,8 @@ def test_unsupported_configurations_fall_back_to_the_reference():
 def test_kernels_compile_for_hopper_without_spills():
     variants = []
     for bits, dtype, bucket, rotate in [(8, "bf16", 2048, False), (4, "fp32", 8192, False), (2, "fp16", 104, False),
-                                        (4, "bf16", 16, False), (4, "bf16", 2048, True), (8, "fp32", 128, True)]:
+                                        (4, "bf16", 16, False), (4, "bf16", 2048, True), (8, "fp32", 128, True),
+                                        (3, "bf16", 2048, False), (3, "bf16", 256, True)]:
         fmt = SymmetricCodec(bits, bucket).wire_format(1 << 24)
         groups, bpp, warps = kernels._config(bits, bucket, 1, fmt, rotate, True, None, None)
         streamed = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
