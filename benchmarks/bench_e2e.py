@@ -61,8 +61,8 @@ after forward), 4 the fp32 reduce-scatter, and ``k`` the micro-batches per optim
 configuration's bytes over that. 0/1 Adam's are those of its timed window (they change with its schedule),
 against DDP's fp32 all-reduce (the ``native`` bytes of the 0/1 Adam run: ``ddp-baseline``'s).
 
-Profile (``--profile``): each multi-GPU launch also records two warm-up batches (the last two before the timed
-ones, so the timing is unaffected) with ``torch.profiler`` through the recipes' ``step_profile`` callback
+Profile (``--profile``): each multi-GPU launch also records its last warm-up batch (untimed, so the timing is
+unaffected) with ``torch.profiler`` through the recipes' ``step_profile`` callback
 (:mod:`composer_qsdp.recipes.step_profile`), and the table gets, per configuration, rank 0's GPU time per step by
 kernel category (matrix products, attention, QSDP's encode / decode / Hadamard kernels, copies, the rest), the
 time NCCL kernels run (busy), the part of it no other kernel overlaps (exposed), and the device memory of QSDP's
@@ -421,13 +421,13 @@ class Plan(common.DriverPlan):
                 "shared_gpu=false"]
 
     def _profile(self, config: Config, metrics_file: Path) -> list[str]:
-        """The ``step_profile`` callback on the last two warm-up batches (``--profile``, multi-GPU launches)."""
+        """The ``step_profile`` callback on the last warm-up batch (``--profile``, multi-GPU launches): untimed, and
+        past the first batch's compilation."""
         warmup = self.window(config)[0]
         if not self.args.profile or config.single_gpu or warmup < 2:
             return []
-        start = max(2, warmup - 1)
-        return [f"callbacks.step_profile.out_dir={profile_dir(metrics_file)}", f"callbacks.step_profile.start={start}",
-                f"callbacks.step_profile.batches={warmup - start + 1}"]
+        return [f"callbacks.step_profile.out_dir={profile_dir(metrics_file)}", f"callbacks.step_profile.start={warmup}",
+                "callbacks.step_profile.batches=1"]
 
     def _topology(self, config: Config) -> list[str]:
         """Virtual nodes for the QSDP configurations, and hpZ's reshard group."""
@@ -738,7 +738,7 @@ def profile_lines(table: list[dict[str, Any]]) -> list[str]:
     profiled = [r for r in table if r.get("profile")]
     if not profiled:
         return []
-    lines = ["", "Where the step goes (rank 0, mean of the profiled warm-up batches; GPU time per step in ms by kernel "
+    lines = ["", "Where the step goes (rank 0, the last warm-up batch; GPU time per step in ms by kernel "
              "category, NCCL busy / exposed (no other kernel running) / overlapped, QSDP's scheme memory):", "",
              "| config | step (ms) | " + " | ".join(_PROFILE_COLUMNS) + " | NCCL busy | exposed | overlapped "
              "| replicas (GiB) | residuals (GiB) |", "|---" * (len(_PROFILE_COLUMNS) + 7) + "|"]
@@ -835,7 +835,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="NCCL probe message sizes in MB (default 64 256)")
     parser.add_argument("-o", "--override", action="append", default=[],
                         help="extra recipe override key=value for every launch (repeatable)")
-    parser.add_argument("--profile", action="store_true", help="profile the last two warm-up batches of each "
+    parser.add_argument("--profile", action="store_true", help="profile the last warm-up batch of each "
                         "multi-GPU launch (torch.profiler) and add where the step goes to the table")
     parser.add_argument("--probe-worker", help=argparse.SUPPRESS)  # one rank of the probe (internal)
     parser.add_argument("--layer-bound-worker", help=argparse.SUPPRESS)  # compute-bound-layer's process (internal)
