@@ -39,9 +39,9 @@ decode, copies, launches), e.g. its fixed cost per call at small sizes::
     python benchmarks/bench_collectives.py --nproc 1 --sizes 0.25 1 16 64 256 --bits 8 4 --profile 200
 
 ``--profile N`` also runs N 8-bit calls of each op at the first size under ``cProfile`` on rank 0 and writes the
-functions with the most own time to ``$OUT/bench_collectives-<tag>-profile.txt``.
+functions with the most own time to ``DIR/bench_collectives-<tag>-profile.txt`` (with ``--out-dir DIR``).
 
-Prints the markdown table; with ``$OUT`` set also writes ``$OUT/bench_collectives-<tag>.md`` and ``.json``.
+Prints the markdown table; with ``--out-dir DIR`` also writes ``DIR/bench_collectives-<tag>.md`` and ``.json``.
 """
 
 from __future__ import annotations
@@ -259,8 +259,8 @@ def _worker(local_rank: int, args: argparse.Namespace, world: int, command: str)
             _finish_rows(rows, world)
             table = _table(header, rows)
             print(table, flush=True)
-            if os.environ.get("OUT"):
-                out = Path(os.environ["OUT"])
+            if args.out_dir is not None:
+                out = args.out_dir
                 out.mkdir(parents=True, exist_ok=True)
                 name = f"bench_collectives-{args.tag}"
                 (out / f"{name}.md").write_text(table)
@@ -287,6 +287,7 @@ def main() -> int:
                         help="also bf16 all_to_all and the two-level reduce-scatter of the tlq-hs and zeropp presets")
     parser.add_argument("--ranks-per-node", type=int,
                         help="ranks per (virtual) node of the two-level rows (default: all ranks on one node)")
+    parser.add_argument("--out-dir", type=Path, help="also write bench_collectives-<tag>.md/.json (and the profile) here")
     args = parser.parse_args()
     if args.quick:
         args.sizes, args.bits = [16, 64], [8, 4]

@@ -10,7 +10,7 @@ W a rank encodes ``1/W`` of what it decodes, so these 1-rank times bound the enc
 
 Each call is timed with ``triton.testing.do_bench`` (median), bf16 weights, the codecs of the recipes (W8G8 and
 W4G4: min-max stochastic, bucket 1024; qWD: symmetric INT4, bucket 2048), beside a device copy of the same
-tensor, after one discarded pass. Writes ``$OUT/bench_difference.{md,json}`` when ``$OUT`` is set.
+tensor, after one discarded pass. With ``--out-dir DIR`` also writes ``DIR/bench_difference.{md,json}``.
 
 Usage::
 
@@ -94,6 +94,7 @@ def _profile() -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", action="store_true", help="only the host profile of the direct gather")
+    timing.add_out_dir(parser)
     args = parser.parse_args()
     if timing.cuda_missing():
         return 2
@@ -116,7 +117,7 @@ def main() -> int:
     text = timing.header_text(header) + "One bf16 weight all-gather at world size 1 (codec work only).\n\n"
     text += "\n".join(lines)
     print("\n" + text)
-    timing.write_out("bench_difference", text, {"header": header, "rows": rows})
+    timing.write_out(args.out_dir, "bench_difference", text, {"header": header, "rows": rows})
     return 0
 
 

@@ -13,12 +13,12 @@ clears the L2 cache before every timed call, so even the 16M inputs come from HB
 Bandwidth counts the bytes each call must read plus write (input, wire, output). Each Triton call is timed
 twice; the table shows the faster median and the two medians' difference ("spread", % of the faster). The
 markdown table goes to
-stdout and, when ``$OUT`` is set, to ``$OUT/bench_kernels.md`` with the raw rows in ``$OUT/bench_kernels.json``.
+stdout and, with ``--out-dir DIR``, to ``DIR/bench_kernels.md`` with the raw rows in ``DIR/bench_kernels.json``.
 
 With ``--learned`` it times instead the learned-levels codec's kernels against the min-max codec's in the same
 run, at the same bits (8 and 4, stochastic rounding) and bucket size, for 16M and 64M elements of bf16 and fp32:
 quantize, dequantize and decode_sum of each, the learned codec's levels fitted to the input beforehand. Its table
-(``$OUT/bench_kernels_learned.{md,json}``) puts the two side by side with the ratio learned / min-max, and the
+(``DIR/bench_kernels_learned.{md,json}``) puts the two side by side with the ratio learned / min-max, and the
 eager PyTorch learned codec at 4 bits.
 
 Usage::
@@ -172,7 +172,7 @@ def main() -> int:
         text += f"Min-max codec, bucket {args.bucket_size}, fp32 metadata.\n\n" + timing.table(rows, copies)
     print("\n" + text)
     name = "bench_kernels_sweep" if args.sweep else "bench_kernels_learned" if args.learned else "bench_kernels"
-    timing.write_out(name, text, {"header": header, "copy_gbps": copies, "rows": rows})
+    timing.write_out(args.out_dir, name, text, {"header": header, "copy_gbps": copies, "rows": rows})
     return 0
 
 

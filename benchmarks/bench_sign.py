@@ -2,7 +2,7 @@
 device-to-device copy and eager PyTorch.
 
 Same harness, timing, table and output conventions as ``bench_kernels.py`` (``kernel_timing.py``: header,
-``do_bench`` median, copy roof; ``$OUT/bench_sign.{md,json}`` when ``$OUT`` is set). For 16M, 64M and 256M
+``do_bench`` median, copy roof; ``--out-dir DIR``: ``DIR/bench_sign.{md,json}``). For 16M, 64M and 256M
 elements of bf16 and fp32: quantize (``SignCodec.encode_rows`` on one row), dequantize (``decode_rows`` to the
 input dtype) and decode_sum of 8 rows of ``n / 8`` elements into fp32, each beside its eager PyTorch reference.
 
@@ -52,7 +52,7 @@ def main() -> int:
     text = timing.header_text(header)
     text += f"Sign codec, bucket {args.bucket_size}, fp32 scale per bucket.\n\n" + timing.table(rows, copies)
     print("\n" + text)
-    timing.write_out("bench_sign", text, {"header": header, "copy_gbps": copies, "rows": rows})
+    timing.write_out(args.out_dir, "bench_sign", text, {"header": header, "copy_gbps": copies, "rows": rows})
     return 0
 
 

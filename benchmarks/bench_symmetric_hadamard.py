@@ -2,7 +2,7 @@
 device-to-device copy and eager PyTorch.
 
 Same harness, timing, table and output conventions as ``bench_kernels.py`` (both use ``kernel_timing.py``:
-header, ``do_bench`` median, copy roof; ``$OUT/bench_symmetric_hadamard.{md,json}`` when ``$OUT`` is set). For
+header, ``do_bench`` median, copy roof; ``--out-dir DIR``: ``DIR/bench_symmetric_hadamard.{md,json}``). For
 16M, 64M and 256M elements of bf16 and fp32:
 
 * quantize (``SymmetricCodec.encode_rows`` on one row), dequantize (``decode_rows`` to the input dtype) and
@@ -106,14 +106,14 @@ def main() -> int:
     if args.sweep:
         text = timing.header_text(header) + _sweep()
         print("\n" + text)
-        timing.write_out("bench_symmetric_hadamard_sweep", text, {"header": header})
+        timing.write_out(args.out_dir, "bench_symmetric_hadamard_sweep", text, {"header": header})
         return 0
     rows, copies = timing.measure_grid(
         args.quick, lambda record, bits_list: _measure(record, bits_list, args.bucket_size))
     text = timing.header_text(header)
     text += f"Symmetric codec, bucket {args.bucket_size}, fp32 scale per bucket.\n\n" + timing.table(rows, copies)
     print("\n" + text)
-    timing.write_out("bench_symmetric_hadamard", text, {"header": header, "copy_gbps": copies, "rows": rows})
+    timing.write_out(args.out_dir, "bench_symmetric_hadamard", text, {"header": header, "copy_gbps": copies, "rows": rows})
     return 0
 
 

@@ -94,7 +94,7 @@ also copies the results and one ``arms-logs.tar.gz`` of the arms' logs and metri
 Corpus built elsewhere: ``--build-only --corpus DIR --max-train-tokens N`` builds a capped corpus (e.g. on a CPU
 machine), and ``--data DIR`` runs on it (its ``manifest.json`` is recorded; it is never rebuilt).
 
-Outputs, in ``--out-dir`` and (at the end of a run) in ``$OUT`` when set, as ``convergence-<name>.csv`` (step, tokens, one validation-loss
+Outputs, in ``--out-dir``, as ``convergence-<name>.csv`` (step, tokens, one validation-loss
 column per arm), ``.json`` (curves, final losses, gaps to the baseline, QSDP compression and sampled errors,
 settings, corpus manifest), ``.md`` (the summary table) and ``.png`` (all curves, and the second half zoomed).
 ``--replot RECORD.json`` redraws the PNG from a record (e.g. where matplotlib is missing on the GPU machine).
@@ -832,7 +832,7 @@ def png_bytes(record: dict[str, Any]) -> bytes | None:
 
 def write_results(plan: Plan, manifest: dict[str, Any], status: str, quiet: bool = False) -> dict[str, Any]:
     """Summarize every arm's metrics files into ``convergence-<name>`` .csv/.json/.md/.png in the results
-    directory (and ``$OUT``, unless ``quiet``: the progress writes while arms run); returns the record."""
+    directory (printing the table unless ``quiet``: the progress writes while arms run); returns the record."""
     head = common.header(min(len(plan.gpus), plan.max_ranks) if plan.gpus else plan.max_ranks)
     if plan.shared:
         head["device"] += (f"; arms share the GPU(s), at most {plan.max_ranks} processes at once; arms with more "
@@ -841,37 +841,19 @@ def write_results(plan: Plan, manifest: dict[str, Any], status: str, quiet: bool
     record = {"header": head, "settings": {**plan.settings, "max_ranks": plan.max_ranks}, "status": status,
               "corpus": manifest, "arms": arms, "noise_band_pct": noise_band_pct(arms)}
     md = markdown(plan, head, manifest, arms, status)
-    _write_record(f"convergence-{plan.name}", plan.out_dir, record, csv_text(plan.tokens_per_step, arms), md,
-                  to_out=not quiet)
+    _write_record(f"convergence-{plan.name}", plan.out_dir, record, csv_text(plan.tokens_per_step, arms), md)
     if not quiet:
         print(md)
     return record
 
 
-def _write_record(stem: str, out_dir: Path, record: dict[str, Any], csv_body: str, md: str,
-                  to_out: bool = True) -> list[Path]:
-    """``stem`` .csv, .json, .md and (with matplotlib) .png into ``out_dir`` and (``to_out``) ``$OUT``; the paths
-    written."""
+def _write_record(stem: str, out_dir: Path, record: dict[str, Any], csv_body: str, md: str) -> list[Path]:
+    """``stem`` .csv, .json, .md and (with matplotlib) .png into ``out_dir``; the paths written."""
     files: dict[str, str | bytes] = {".csv": csv_body, ".json": json.dumps(record, indent=1), ".md": md}
     png = png_bytes(record)
     if png is not None:
         files[".png"] = png
-    if not to_out:
-        return _write_files(stem, out_dir, files)
     return common.write_outputs(stem, out_dir, files)
-
-
-def _write_files(stem: str, out_dir: Path, files: dict[str, str | bytes]) -> list[Path]:
-    """``stem + suffix`` for each file into ``out_dir`` only, each written whole then renamed (a reader never sees
-    half a file)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for suffix, content in files.items():
-        path, tmp = out_dir / f"{stem}{suffix}", out_dir / f".{stem}{suffix}.tmp"
-        tmp.write_bytes(content if isinstance(content, bytes) else content.encode())
-        tmp.replace(path)
-        written.append(path)
-    return written
 
 
 # ----------------------------------------------------------------------------------------------- status, collect

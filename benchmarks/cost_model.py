@@ -53,7 +53,6 @@ import functools
 import json
 import os
 import sys
-import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -427,10 +426,8 @@ E2E_SETTINGS = {"baseline": SETTINGS["plain FSDP2"], "qsdp-w8g8": SETTINGS["QSDP
 
 
 def _read(path: str) -> Any:
-    """The JSON record ``path`` (``<results folder>/<file>``) from its folder's ``raw.tar.xz``."""
-    folder, _, name = path.partition("/")
-    with tarfile.open(RESULTS / folder / "raw.tar.xz") as archive:
-        return json.load(archive.extractfile(name))
+    """The JSON record ``path`` (``<results folder>/<file>``)."""
+    return json.loads((RESULTS / path).read_text())
 
 
 def network_fits() -> dict[str, tuple[NetworkFit, int]]:

@@ -95,19 +95,15 @@ def header_lines(head: Mapping[str, str]) -> list[str]:
 
 
 def write_outputs(stem: str, out_dir: Path, files: Mapping[str, str | bytes]) -> list[Path]:
-    """Write ``{stem}{suffix}`` for each ``suffix -> content`` into ``out_dir`` and, when ``$OUT`` is set, into
-    ``$OUT`` too (what comes back from a device machine). Returns the paths written."""
-    targets = [out_dir] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else [])
+    """Write ``{stem}{suffix}`` for each ``suffix -> content`` into ``out_dir``, each whole then renamed (a reader
+    polling the folder never sees half a file). Returns the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for target in targets:
-        target.mkdir(parents=True, exist_ok=True)
-        for suffix, content in files.items():
-            path = target / f"{stem}{suffix}"
-            if isinstance(content, bytes):
-                path.write_bytes(content)
-            else:
-                path.write_text(content)
-            written.append(path)
+    for suffix, content in files.items():
+        path, tmp = out_dir / f"{stem}{suffix}", out_dir / f".{stem}{suffix}.tmp"
+        tmp.write_bytes(content if isinstance(content, bytes) else content.encode())
+        tmp.replace(path)
+        written.append(path)
     return written
 
 

@@ -1,6 +1,6 @@
 """Shared timing harness of the kernel benchmarks (``bench_kernels.py``, ``bench_symmetric_hadamard.py``):
 ``triton.testing.do_bench`` medians, the device-to-device copy roof, one row per timed codec call, the grid of
-sizes and dtypes, the markdown table and the ``$OUT`` files.
+sizes and dtypes, the markdown table and the ``--out-dir`` files.
 
 Not a benchmark itself; the benchmarks import it from this directory.
 """
@@ -41,7 +41,13 @@ def arg_parser(doc: str, bucket_size: int) -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="smoke check: 16M bf16, 8 and 4 bits")
     parser.add_argument("--bucket-size", type=int, default=bucket_size,
                         help=f"elements per bucket (default {bucket_size})")  # fmt: skip
+    add_out_dir(parser)
     return parser
+
+
+def add_out_dir(parser: argparse.ArgumentParser) -> None:
+    """``--out-dir DIR``: the folder that receives the table (``.md``) and the raw rows (``.json``)."""
+    parser.add_argument("--out-dir", type=Path, help="also write <name>.md and <name>.json into this folder")
 
 
 def cuda_missing() -> bool:
@@ -174,11 +180,10 @@ def header_text(head: dict[str, str]) -> str:
     return "\n".join(f"- {k}: {v}" for k, v in head.items()) + "\n\n"
 
 
-def write_out(name: str, text: str, record: Mapping[str, Any]) -> None:
-    """When ``$OUT`` is set (a device run), write ``text`` to ``$OUT/{name}.md`` and ``record`` to
-    ``$OUT/{name}.json``."""
-    if os.environ.get("OUT"):
-        out = Path(os.environ["OUT"])
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{name}.md").write_text(text + "\n")
-        (out / f"{name}.json").write_text(json.dumps(record, indent=1))
+def write_out(out_dir: Path | None, name: str, text: str, record: Mapping[str, Any]) -> None:
+    """With an ``out_dir`` (``--out-dir``), write ``text`` to ``{out_dir}/{name}.md`` and ``record`` to
+    ``{out_dir}/{name}.json``."""
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / f"{name}.md").write_text(text + "\n")
+        (out_dir / f"{name}.json").write_text(json.dumps(record, indent=1))

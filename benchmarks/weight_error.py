@@ -12,7 +12,7 @@ scale 0.02, and the gains set the quantization step for both. This measures, on 
     python benchmarks/weight_error.py --model 125m --bits 4 [--bucket-size 1024] [--codec minmax]
 
 Weights are the model's initialization (seeded): LayerNorm gains 1, biases 0, weights N(0, 0.02).
-Prints a markdown table (and writes weight_error.{md,json} into $OUT when set).
+Prints a markdown table (and writes weight_error.{md,json} into ``--out-dir DIR`` when given).
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bucket-size", type=int, default=1024)
     parser.add_argument("--codec", default="minmax")
     parser.add_argument("--world", type=int, default=2, help="gloo ranks (default 2)")
+    parser.add_argument("--out-dir", type=Path, help="also write weight_error.md and weight_error.json here")
     args = parser.parse_args(argv)
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"weight_error_{os.getpid()}.json"
     mp.spawn(_rank, args=(args.world, 29600 + os.getpid() % 1000, args, out), nprocs=args.world)
@@ -98,9 +99,11 @@ def main(argv: list[str] | None = None) -> int:
                      f"{row['wire_bytes']:,} |")
     text = "\n".join(lines)
     print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "weight_error.md").write_text(text + "\n")
-        Path(os.environ["OUT"], "weight_error.json").write_text(json.dumps({"args": vars(args), "rows": rows}))
+    if args.out_dir is not None:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        (args.out_dir / "weight_error.md").write_text(text + "\n")
+        record = {"args": {**vars(args), "out_dir": str(args.out_dir)}, "rows": rows}
+        (args.out_dir / "weight_error.json").write_text(json.dumps(record))
     return 0
 
 

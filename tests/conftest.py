@@ -59,7 +59,7 @@ def triton_too_old() -> str | None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     reasons = {
-        "gpu": None if torch.cuda.is_available() else "needs a CUDA GPU (run on the device machine)",
+        "gpu": None if torch.cuda.is_available() else "needs a CUDA GPU (run on a CUDA host)",
         "requires_custom_comm": missing_custom_comm(),
         "requires_triton_kernels": triton_too_old(),
     }

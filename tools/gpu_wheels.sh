@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Prepare the pure-Python wheels the GPU machines lack (they have torch 2.11, triton 3.6, numpy, transformers,
-# tiktoken... but no internet and no composer/streaming/omegaconf), as cp312 manylinux wheels in .whl/.
-# On the GPU machine, one line installs them:
+# Prepare, on a machine with PyPI access, the pure-Python wheels an offline GPU host lacks (one that has torch 2.11,
+# triton 3.6, numpy, transformers, tiktoken... but no composer/streaming/omegaconf), as cp312 manylinux wheels in
+# .whl/ (or the folder given as the first argument). Copy .whl/ with the checkout; on the GPU host
+# `source benchmarks/device_env.sh` installs them, or one line does:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

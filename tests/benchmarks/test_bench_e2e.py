@@ -200,22 +200,22 @@ def test_bad_arguments_are_named(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------------- slow
-def sweep(tiny_recipes, out, out_env, *extra):
+def sweep(tiny_recipes, out, *extra):
     command = [sys.executable, str(ROOT / "benchmarks" / "bench_e2e.py"), "--recipe-dir", str(tiny_recipes),
                "--nproc", "2", "--network", "nvlink", "--probe-mb", "1", "--warmup", "1", "--steps", "3",
                "--out-dir", str(out), "--min-launch-s", "0", *extra]
-    return subprocess.run(command, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "OUT": str(out_env)},
+    return subprocess.run(command, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
                           capture_output=True, text=True, timeout=900)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_cpu_sweep_of_the_ddp_configs(tiny_recipes, tmp_path):
-    out, out_env = tmp_path / "e2e", tmp_path / "OUT"
+    out = tmp_path / "e2e"
     configs = ("ddp-baseline", "zero-one-adam", "zero-one-adam-1bit", "ddp-compute-bound")
-    run = sweep(tiny_recipes, out, out_env, "--configs", *configs)
+    run = sweep(tiny_recipes, out, "--configs", *configs)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    record = json.loads((out_env / f"bench_e2e-{tiny_recipes.name}-2x.json").read_text())
+    record = json.loads((out / f"bench_e2e-{tiny_recipes.name}-2x.json").read_text())
     rows = {r["config"]: r for r in record["tables"]["nvlink"]}
     assert set(rows) == set(configs) and all("failed" not in r for r in rows.values())
     assert rows["ddp-compute-bound"]["gpus"] == 1 and rows["zero-one-adam"]["of_bound"] is not None
@@ -229,20 +229,19 @@ def test_cpu_sweep_of_the_ddp_configs(tiny_recipes, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_cpu_sweep_measures_every_config_and_skips_finished_ones(tiny_recipes, tmp_path):
-    out, out_env = tmp_path / "e2e", tmp_path / "OUT"
-    first = sweep(tiny_recipes, out, out_env, "--configs", "baseline", "qsdp-w8g8")
+    out = tmp_path / "e2e"
+    first = sweep(tiny_recipes, out, "--configs", "baseline", "qsdp-w8g8")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     finished = {p: p.stat().st_mtime_ns for p in (out / "nvlink").glob("*.log")}
     assert {p.name for p in finished} == {"nccl_probe.log", "baseline.log", "qsdp-w8g8.log"}
 
     # The configs named again: only the missing ones run.
-    second = sweep(tiny_recipes, out, out_env, "--configs", "baseline", "qsdp-w8g8", "qsdp-w4g4", "qsdp-auto",
-                   "compute-bound")
+    second = sweep(tiny_recipes, out, "--configs", "baseline", "qsdp-w8g8", "qsdp-w4g4", "qsdp-auto", "compute-bound")
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert {p: p.stat().st_mtime_ns for p in finished} == finished
     assert "[nvlink] qsdp-w4g4" in second.stdout and "[nvlink] baseline on" not in second.stdout
 
-    record = json.loads((out_env / f"bench_e2e-{tiny_recipes.name}-2x.json").read_text())
+    record = json.loads((out / f"bench_e2e-{tiny_recipes.name}-2x.json").read_text())
     rows = {r["config"]: r for r in record["tables"]["nvlink"]}
     assert list(rows) == ["baseline", "qsdp-w8g8", "qsdp-w4g4", "qsdp-auto", "compute-bound"]
     results = record["networks"]["nvlink"]["results"]
@@ -265,7 +264,7 @@ def test_cpu_sweep_measures_every_config_and_skips_finished_ones(tiny_recipes, t
     probe = record["networks"]["nvlink"]["probe"]
     assert [r["op"] for r in probe["rows"]] == ["all_reduce", "all_gather"] and all(
         r["busbw_gbps"] > 0 for r in probe["rows"])
-    md = (out_env / f"bench_e2e-{tiny_recipes.name}-2x.md").read_text()
+    md = (out / f"bench_e2e-{tiny_recipes.name}-2x.md").read_text()
     assert "| compute-bound | 1 (x2) |" in md and "- git: `" in md and "- command: `" in md
     assert "status: complete" in md
 

@@ -43,7 +43,7 @@ def test_merged_metrics_later_launch_wins(tmp_path):
     assert convergence.merged_metrics(tmp_path)[convergence.VAL_LOSS] == {5: 3.0, 10: 2.5, 15: 2.3, 20: 2.0}
 
 
-def test_summary_csv_markdown_png(tiny_recipes, tmp_path, monkeypatch):
+def test_summary_csv_markdown_png(tiny_recipes, tmp_path):
     plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", "w4g4")
     out = plan.out_dir
     write_segment(out / "baseline" / "metrics-00.json", {10: 5.0, 20: 4.0},
@@ -74,17 +74,15 @@ def test_summary_csv_markdown_png(tiny_recipes, tmp_path, monkeypatch):
 
     manifest = {"command": "python -m composer_qsdp.recipes.data.build pysource X", "tokens": {"train": 1000, "val": 100},
                 "input": {"files": 3, "bytes": 4000, "sha256": "ab" * 32}}
-    monkeypatch.setenv("OUT", str(tmp_path / "OUT"))
     record = convergence.write_results(plan, manifest, "incomplete")
     stem = f"convergence-{plan.name}"
-    md = (tmp_path / "OUT" / f"{stem}.md").read_text()
+    md = (out / f"{stem}.md").read_text()
     assert "| w4g4 | 2 | 10 (partial) | 5.5000 | +10.00% | n/a | n/a |" in md
     plain_column = _cells(md, "| arm ").index("compression vs plain FSDP2")
     assert _cells(md, "| w8g8 ")[plain_column] == "5.75x"
     assert "within 1% of plain FSDP: +1.25% (NOT met; W8G8 ended above the baseline)" in md
-    for target in (out, tmp_path / "OUT"):
-        assert (target / f"{stem}.png").read_bytes().startswith(PNG_MAGIC)
-        assert json.loads((target / f"{stem}.json").read_text())["arms"]["w8g8"]["final_val_loss"] == 4.05
+    assert (out / f"{stem}.png").read_bytes().startswith(PNG_MAGIC)
+    assert json.loads((out / f"{stem}.json").read_text())["arms"]["w8g8"]["final_val_loss"] == 4.05
     assert record["arms"]["w8g8"]["micro_batch"] == 4 and record["arms"]["w8g8"]["nproc"] == 2
 
     (out / f"{stem}.png").unlink()
@@ -279,13 +277,13 @@ def test_corpus_manifest_fingerprint_and_checks(tiny_recipes, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_cpu_arms_resume_after_a_kill_and_skip_finished_ones(tiny_recipes, tmp_path):
-    out, out_env = tmp_path / "runs", tmp_path / "OUT"
+    out = tmp_path / "runs"
     command = [sys.executable, str(ROOT / "benchmarks" / "convergence.py"), "--recipe-dir", str(tiny_recipes),
                "--arms", "baseline", "w4g4-hadamard", "--steps", "40", "--seq-len", "32", "--global-batch", "8",
                "--eval-interval", "5", "--eval-batches", "2", "--eval-batch-size", "4", "--save-interval", "10",
                "--corpus", str(tmp_path / "corpus"), "--corpus-input", str(ROOT / "composer_qsdp"),
                "--val-fraction", "0.2", "--out-dir", str(out), "--min-launch-s", "0", "--stagger-s", "0"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OUT": str(out_env)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     stem = f"convergence-{tiny_recipes.name}-t32-b8-s40"
 
     # 1. Stop the driver (as an outer time limit would) once the first arm has its first checkpoint.
@@ -299,7 +297,7 @@ def test_cpu_arms_resume_after_a_kill_and_skip_finished_ones(tiny_recipes, tmp_p
     assert driver.returncode == 3, log[-3000:]
     checkpoint = int(os.readlink(latest).rsplit("ba", 1)[1])
     assert 0 < checkpoint < 40
-    partial = json.loads((out_env / f"{stem}.json").read_text())
+    partial = json.loads((out / f"{stem}.json").read_text())
     assert partial["status"] == "incomplete" and not partial["arms"]["baseline"]["complete"]
     kept = dict(map(tuple, partial["arms"]["baseline"]["curve"]))
     assert checkpoint in kept  # the evaluation before the checkpoint survived the kill
@@ -307,7 +305,7 @@ def test_cpu_arms_resume_after_a_kill_and_skip_finished_ones(tiny_recipes, tmp_p
     # 2. Rerun: the baseline continues from its checkpoint, the second arm runs, all evaluations are there.
     second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    record = json.loads((out_env / f"{stem}.json").read_text())
+    record = json.loads((out / f"{stem}.json").read_text())
     for arm in ("baseline", "w4g4-hadamard"):
         assert record["arms"][arm]["complete"]
         assert [step for step, _ in record["arms"][arm]["curve"]] == list(range(5, 45, 5))
@@ -324,9 +322,9 @@ def test_cpu_arms_resume_after_a_kill_and_skip_finished_ones(tiny_recipes, tmp_p
     assert {b: resumed_losses[b] for b in overlap} == {b: first_losses[b] for b in overlap}  # exact resume
     merged = dict(map(tuple, record["arms"]["baseline"]["curve"]))
     assert all(merged[s] == v for s, v in kept.items() if s <= checkpoint)
-    rows = list(csv.reader((out_env / f"{stem}.csv").read_text().splitlines()))
+    rows = list(csv.reader((out / f"{stem}.csv").read_text().splitlines()))
     assert rows[0] == ["step", "tokens", "baseline", "w4g4-hadamard"] and len(rows) == 9
-    assert (out_env / f"{stem}.png").read_bytes().startswith(PNG_MAGIC)
+    assert (out / f"{stem}.png").read_bytes().startswith(PNG_MAGIC)
     manifest = json.loads((tmp_path / "corpus" / "manifest.json").read_text())
     assert manifest["samples"]["train"] >= 40 * 8
 

@@ -1,11 +1,12 @@
-"""``e2e_common.kill``: every launch gets SIGTERM at once, and a launch that ignores it is SIGKILLed after one
-shared grace period."""
+"""``e2e_common``: ``kill`` (every launch gets SIGTERM at once, and a launch that ignores it is SIGKILLed after one
+shared grace period) and ``write_outputs`` (the records go into the folder named, whole)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import e2e_common
 
@@ -39,3 +40,11 @@ def test_kill_terminates_all_groups_at_once_then_sigkills_the_stubborn(tmp_path,
     # One after another, the SIGTERMs would be a grace period apart.
     assert max(received) - min(received) < grace / 2
     e2e_common.kill()  # nothing to stop is fine
+
+
+def test_write_outputs_writes_whole_files_into_the_folder_named(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("OUT", str(tmp_path / "env"))  # an environment variable names no output folder
+    written = e2e_common.write_outputs("rec", tmp_path / "dir", {".md": "| a |", ".png": b"\x89PNG"})
+    assert written == [tmp_path / "dir" / "rec.md", tmp_path / "dir" / "rec.png"]
+    assert sorted(p.name for p in (tmp_path / "dir").iterdir()) == ["rec.md", "rec.png"]  # no temporary left
+    assert (tmp_path / "dir" / "rec.png").read_bytes() == b"\x89PNG" and not (tmp_path / "env").exists()

@@ -69,3 +69,14 @@ def test_bench_symmetric_hadamard_measure_on_cpu(cpu_timing: list[int]) -> None:
     size = 16 * 1024
     assert rows[ops.index("hadamard order 128")]["bytes"] == 2 * size + 4 * size
     assert rows[ops.index("hadamard order 128")]["eager_ms"] is not None
+
+
+def test_tables_go_to_the_out_dir_named_on_the_command_line(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("OUT", str(tmp_path / "env"))  # an environment variable names no output folder
+    args = timing.arg_parser("doc", bucket_size=1024).parse_args(["--out-dir", str(tmp_path / "dir")])
+    timing.write_out(args.out_dir, "bench_x", "| table |", {"rows": [1]})
+    assert sorted(p.name for p in (tmp_path / "dir").iterdir()) == ["bench_x.json", "bench_x.md"]
+    assert (tmp_path / "dir" / "bench_x.md").read_text() == "| table |\n"
+    assert not (tmp_path / "env").exists()
+    timing.write_out(timing.arg_parser("doc", bucket_size=1024).parse_args([]).out_dir, "bench_y", "t", {})
+    assert not list(tmp_path.glob("**/bench_y*"))
