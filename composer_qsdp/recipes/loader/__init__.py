@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from composer_qsdp.recipes.loader.arguments import build_algorithm, build_optimizer, build_scheduler
+from composer_qsdp.recipes.loader.arguments import build_algorithm, build_components, build_optimizer, build_scheduler
 from composer_qsdp.recipes.loader.components import (
     ALGORITHMS,
     CALLBACKS,
@@ -65,6 +65,7 @@ __all__ = [
     "TrainRecipe",
     "ValidatedRecipe",
     "build_algorithm",
+    "build_components",
     "build_optimizer",
     "build_scheduler",
     "check_machine",

@@ -24,8 +24,9 @@ from composer_qsdp.recipes.loader.components import (
 from composer_qsdp.recipes.loader.errors import RecipeError, check, check_time
 from composer_qsdp.recipes.loader.schema import CLASS_SECTIONS, DEFAULT_CLASS_NAMES, ValidatedRecipe
 
-__all__ = ["add_defaults", "build_algorithm", "build_optimizer", "build_scheduler", "check_arguments", "check_entry",
-           "class_section", "component_kwargs", "entry_kwargs", "resolved", "unresolved"]
+__all__ = ["add_defaults", "build_algorithm", "build_components", "build_optimizer", "build_scheduler",
+           "check_arguments", "check_entry", "class_section", "component_kwargs", "entry_kwargs", "resolved",
+           "unresolved"]
 
 
 def build_algorithm(name: str, kwargs: dict[str, Any]) -> Any:
@@ -41,21 +42,36 @@ def build_algorithm(name: str, kwargs: dict[str, Any]) -> Any:
 
 
 def check_arguments(section: str, function: Callable[..., Any], kwargs: Mapping[str, Any],
-                     reserved: Sequence[str] = ()) -> None:
+                    reserved: Sequence[str] = (), *, owner: str = "", required: Sequence[str] = (),
+                    why: str = "") -> None:
     """``kwargs`` must be keyword arguments ``function`` (a class or function) accepts, none of ``reserved`` (the
-    ones the recipe fills in itself); one that takes ``**kwargs`` checks them itself."""
+    ones the recipe fills in itself), and give every one it needs: those without a default and the ``required``
+    ones it takes; one that takes ``**kwargs`` checks the others itself.
+
+    Args:
+        section: the recipe key of ``kwargs`` (``"callbacks.early_stopper"``).
+        owner: what a missing key's message names as the function (default: its name).
+        why: the reason for ``required``, which the message gives where one of them is missing.
+    """
     signature = inspect.signature(function).parameters
     parameters = [name for name in signature if name not in reserved]
     for key in kwargs:
         if key in reserved:
             raise RecipeError(f"recipe key '{section}.{key}' cannot be set: the recipe passes it; '{section}' takes: "
                               f"{', '.join(parameters)}")
-    if any(p.kind is p.VAR_KEYWORD for p in signature.values()):
-        return
-    for key in kwargs:
-        if key not in parameters:
-            raise RecipeError(f"recipe key '{section}.{key}' is unknown{did_you_mean(key, parameters)}; "
-                              f"'{section}' takes: {', '.join(parameters)}")
+    if not any(p.kind is p.VAR_KEYWORD for p in signature.values()):
+        for key in kwargs:
+            if key not in parameters:
+                raise RecipeError(f"recipe key '{section}.{key}' is unknown{did_you_mean(key, parameters)}; "
+                                  f"'{section}' takes: {', '.join(parameters)}")
+    needed = [p.name for p in signature.values() if p.name not in reserved and (
+        p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) or p.name in required)]
+    missing = [name for name in needed if name not in kwargs]
+    if missing:
+        because = f"; {why}" if why and any(name in required for name in missing) else ""
+        raise RecipeError(f"recipe is missing required key(s): {', '.join(f'{section}.{k}' for k in missing)} (the "
+                          f"keyword arguments of {owner or getattr(function, '__name__', section)} without a default"
+                          f"{because})")
 
 
 def entry_kwargs(key: str, value: Any) -> dict | None:
@@ -95,14 +111,21 @@ def check_entry(key: str, value: Any) -> None:
                           "({} for the defaults), or null (or false) to switch off one that a base recipe enabled")
 
 
-def component_kwargs(section: str, name: str, value: Any) -> dict | None:
-    """The keyword arguments of the logger or callback ``name`` (None: switched off), checked against its class."""
+def component_kwargs(section: str, name: str, value: Any, allow_imports: Sequence[str] = ()) -> dict | None:
+    """The keyword arguments of the logger or callback ``name`` (None: switched off), checked against its class:
+    those it does not take and those it needs are refused, before anything builds it."""
     key = f"{section}.{name}"
     kwargs = entry_kwargs(key, value)
     if kwargs is None:
         return None
-    check_arguments(key, component_class(section, name), kwargs)
+    check_arguments(key, component_class(section, name, allow_imports), kwargs)
     return kwargs
+
+
+def build_components(recipe: ValidatedRecipe, section: str) -> list[Any]:
+    """The loggers (``section="loggers"``) or callbacks (``"callbacks"``) that ``recipe`` enables, built."""
+    kwargs = recipe.logger_kwargs if section == "loggers" else recipe.callback_kwargs
+    return [component_class(section, name, recipe.cfg.allow_imports)(**options) for name, options in kwargs.items()]
 
 
 
@@ -148,7 +171,8 @@ def add_defaults(cfg: DictConfig, section: str) -> None:
     (:data:`OPTIMIZERS`, :data:`SCHEDULERS`) for the keys it leaves out."""
     name = cfg[section].get("name", DEFAULT_CLASS_NAMES[section])
     check(isinstance(name, str), f"{section}.name", name, "it must be a name or a 'module:Class' path")
-    optim_class(section, name)  # an unknown name is the error to report, not what interpolating its keys then finds
+    # An unknown name is the error to report, not what interpolating its keys then finds.
+    optim_class(section, name, cfg.allow_imports)
     table = OPTIMIZERS if section == "optimizer" else SCHEDULERS
     cfg[section]["name"] = name
     for key, value in (table[name].defaults if name in table else {}).items():
@@ -170,26 +194,11 @@ def class_section(cfg: DictConfig, section: str) -> tuple[dict[str, Any], Any]:
 
     options = resolved(section, cfg[section])
     name = options.pop("name")
-    cls = optim_class(section, name)
-    if isinstance(cls, type) and section == "optimizer":
-        check(issubclass(cls, torch.optim.Optimizer), "optimizer.name", name,
-               f"it names {cls.__name__}, not a torch.optim.Optimizer")
-    elif isinstance(cls, type):
-        check(not issubclass(cls, torch.optim.lr_scheduler.LRScheduler), "scheduler.name", name,
-               "it is a torch LRScheduler, which is built on the optimizer; name a Composer schedule (composer.optim: "
-               "step, multi_step, exponential, ...)")
-    reserved = ("params",) if section == "optimizer" else ()
-    check_arguments(section, cls, options, reserved)
+    cls = optim_class(section, name, cfg.allow_imports)
+    optimizer = section == "optimizer"
+    check_arguments(section, cls, options, ("params",) if optimizer else (), owner=f"{section}.name {name!r}",
+                    required=("lr",) if optimizer else (), why="an optimizer's lr is always required")
     parameters = inspect.signature(cls).parameters
-    required = [p for p in parameters.values() if p.default is p.empty and p.name not in reserved
-                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    missing = [p.name for p in required if p.name not in options]
-    if section == "optimizer" and "lr" in parameters and "lr" not in options:
-        missing.append("lr")
-    if missing:
-        raise RecipeError(f"recipe is missing required key(s): {', '.join(f'{section}.{k}' for k in missing)} (the "
-                          f"keyword arguments of {section}.name {name!r} without a default"
-                          + ("; an optimizer's lr is always required)" if section == "optimizer" else ")"))
     kwargs = {k: _typed(f"{section}.{k}", parameters.get(k), v) for k, v in options.items()}
     for k, v in kwargs.items():
         rule, allowed = _SAME_MEANING.get(f"{section}.{k}", (None, ""))
@@ -202,25 +211,19 @@ def class_section(cfg: DictConfig, section: str) -> tuple[dict[str, Any], Any]:
     try:
         with warnings.catch_warnings():  # advice on the values (Composer's on weight decay) comes when training
             warnings.simplefilter("ignore")
-            built = cls([torch.nn.Parameter(torch.zeros(1))], **kwargs) if section == "optimizer" else cls(**kwargs)
+            built = cls([torch.nn.Parameter(torch.zeros(1))], **kwargs) if optimizer else cls(**kwargs)
     except (TypeError, ValueError) as err:
         raise RecipeError(f"recipe section '{section}' ({name}) is invalid: {err}") from None
-    if section == "optimizer":
-        check(isinstance(built, torch.optim.Optimizer), "optimizer.name", name,
-               f"it names {type(built).__name__}, not a torch.optim.Optimizer")
-    else:
-        check(callable(built) and not isinstance(built, torch.optim.lr_scheduler.LRScheduler), "scheduler.name",
-               name, f"it builds a {type(built).__name__}, not a Composer schedule (a function of the training state, "
-               "e.g. a composer.optim.ComposerScheduler)")
     return kwargs, built
 
 
 def build_optimizer(recipe: ValidatedRecipe, params: Any) -> Any:
     """The optimizer of ``recipe``'s ``optimizer`` section over ``params`` (a model's parameters)."""
-    return optim_class("optimizer", recipe.cfg.optimizer.name)(params, **recipe.optimizer_kwargs)
+    return optim_class("optimizer", recipe.cfg.optimizer.name, recipe.cfg.allow_imports)(params,
+                                                                                         **recipe.optimizer_kwargs)
 
 
 def build_scheduler(recipe: ValidatedRecipe) -> Any:
     """The learning-rate schedule of ``recipe``'s ``scheduler`` section (a Composer schedule)."""
-    return optim_class("scheduler", recipe.cfg.scheduler.name)(**recipe.scheduler_kwargs)
+    return optim_class("scheduler", recipe.cfg.scheduler.name, recipe.cfg.allow_imports)(**recipe.scheduler_kwargs)
 

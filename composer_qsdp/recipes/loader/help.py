@@ -17,10 +17,12 @@ from composer_qsdp.recipes.loader.components import (
     ALGORITHMS,
     CALLBACKS,
     CLASS_SOURCES,
+    KNOWN_MODULES,
     LOGGERS,
     MODELS,
     OPTIMIZERS,
     SCHEDULERS,
+    SECTION_BASES,
 )
 from composer_qsdp.recipes.loader.schema import (
     DEFAULT_CLASS_NAMES,
@@ -133,11 +135,13 @@ def _optim_lines() -> list[str]:
                   for name, b in table.items()]
         lines += _wrapped(f"and every other public {kind} class of {modules} by its name or snake-case name "
                           f"({examples}; with the class's defaults), llm-foundry's registered names where it is "
-                          "installed, or a 'module:Class' path", "      ")
+                          f"installed, or a 'module:Class' path (see 'Components and imports'); it must be a "
+                          f"{SECTION_BASES[section].replace(':', '.')} subclass", "      ")
         if section == "optimizer":
             lines += _key_lines("optimizer.lr", "float", "required", "peak learning rate (the schedule scales it)")
-        lines += [f"  {section}.*", *_wrapped("the class's other keyword arguments, checked against its signature; "
-                                               "durations are Composer time strings (100ba, 0.1dur)", "      ")]
+        lines += [f"  {section}.*", *_wrapped("the class's other keyword arguments, checked against its signature "
+                                               "(unknown and missing ones are refused); durations are Composer time "
+                                               "strings (100ba, 0.1dur)", "      ")]
         lines.append("")
     return lines
 
@@ -165,18 +169,35 @@ def recipe_help() -> str:
         "",
         *_optim_lines(),
     ]
-    for section, builders in (("loggers", LOGGERS), ("callbacks", CALLBACKS)):
-        lines += _wrapped(f"{section}: {{name: {{keyword arguments of its Composer class}}}}; {{}} for the defaults; "
-                          f"null or false switches off one that a base recipe enabled; {section}={{}} none at all")
+    for section, builders, examples in (("loggers", LOGGERS, "in_memory, console"),
+                                        ("callbacks", CALLBACKS, "early_stopper, checkpoint_saver")):
+        lines += _wrapped(f"{section}: {{name: {{keyword arguments of its Composer class}}}}; {{}} for the defaults "
+                          "(the arguments without one are required); null or false switches off one that a base "
+                          f"recipe enabled; {section}={{}} none at all")
         lines += [f"  {name}: {b.target.replace(':', '.')}" + (f" (needs mosaicml[{b.package}])" if b.package else "")
                   for name, b in builders.items()]
-        lines += _wrapped(f"  and every other public class of {CLASS_SOURCES[section].modules[0]} by its name or "
-                          "snake-case name (e.g. early_stopper, checkpoint_saver), llm-foundry's registered names "
-                          "where it is installed, or a 'module:Class' path", "  ")
+        lines += _wrapped(f"and every other public class of {CLASS_SOURCES[section].modules[0]} by its name or "
+                          f"snake-case name (e.g. {examples}), llm-foundry's registered names "
+                          "where it is installed, or a 'module:Class' path (see 'Components and imports'); it must be a "
+                          f"{SECTION_BASES[section].replace(':', '.')} subclass", "  ")
         lines.append("")
     lines += _wrapped("algorithms: {name: {keyword arguments of its class}}; {} for the defaults; null or false "
                       "switches off one that a base recipe enabled; algorithms={} none at all")
     lines += [f"  {name}: {target.replace(':', '.')}" for name, target in ALGORITHMS.items()]
+    lines += _wrapped("algorithms.qsdp.preset names a QSDP preset (sdp4bit, zeropp, w8g4, ...); the other keys change "
+                      "it. A recipe or override that names another preset than the section it inherits gets that "
+                      "preset: the inherited per-side options (weight_*, grad_*, bucket_size) are dropped, the "
+                      "inherited run options (exclude, seed, ranks_per_node, ...) and the options given with the new "
+                      "preset kept: algorithms.qsdp={preset: sdp4bit} and algorithms.qsdp.preset=sdp4bit both "
+                      "give exactly sdp4bit. ranks_per_node must divide the world size.", "  ")
+    lines += ["", *_wrapped(
+        "Components and imports: every optimizer, scheduler, logger, callback and algorithm a recipe names is "
+        "resolved to a class and checked (a subclass of its section's base, given every argument without a "
+        "default) before anything calls or builds it; a function or a class of another base is refused. "
+        "A 'module:Class' path imports its module (which runs the module's code) only from "
+        f"{', '.join(KNOWN_MODULES)}; any other module must be opted in with allow_imports: [PREFIX, ...] (a module "
+        "or package name; its submodules included), e.g. allow_imports: [my_package] for "
+        "callbacks: {'my_package.callbacks:MyCallback': {}}.")]
     lines += ["", *_wrapped(
         "llm-foundry's spellings accepted: " + ", ".join(f"{a} (= {b})" for a, b in LLM_FOUNDRY_ALIASES.items())
         + ", the optimizer and scheduler sections (llm-foundry's names), model.name: hf_causal_lm with "

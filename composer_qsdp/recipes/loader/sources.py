@@ -8,12 +8,12 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException, ValidationError
 
 from composer_qsdp._names import did_you_mean
 from composer_qsdp.recipes.loader.arguments import add_defaults, check_entry, unresolved
-from composer_qsdp.recipes.loader.components import optim_class
+from composer_qsdp.recipes.loader.components import PRESET_DEFAULTS, optim_class, preset_options
 from composer_qsdp.recipes.loader.errors import RecipeError
 from composer_qsdp.recipes.loader.schema import (
     CLASS_SECTIONS,
@@ -61,14 +61,16 @@ def _load_yaml(path: Path, chain: tuple[Path, ...] = ()) -> DictConfig:
 
 def _merge_sources(base: DictConfig, override: DictConfig) -> DictConfig:
     """``override`` (a recipe, or the command line) merged onto ``base``; a section of :data:`COMPONENT_SECTIONS`
-    that ``override`` sets to ``{}``, null or false replaces the base's with an empty one instead of merging."""
+    that ``override`` sets to ``{}``, null or false replaces the base's with an empty one instead of merging; an
+    algorithm entry that names another preset than the base's gets that preset (:func:`_switch_preset`)."""
     for section in CLASS_SECTIONS:
         # A section naming another class than the base's keeps only the base's keys that this class's signature
         # names too (an optimizer's lr and weight_decay, not Adam's betas for SGD; none for one taking **kwargs).
         value, base_value = override.get(section), base.get(section)
         if isinstance(value, DictConfig) and isinstance(base_value, DictConfig) and isinstance(value.get("name"), str):
             if value.name != base_value.get("name", DEFAULT_CLASS_NAMES[section]):
-                takes = inspect.signature(optim_class(section, value.name)).parameters
+                cls = optim_class(section, value.name, _allow_imports(base, override))
+                takes = inspect.signature(cls).parameters
                 for key in [k for k in base_value if k not in takes or takes[k].kind in (takes[k].VAR_POSITIONAL,
                                                                                           takes[k].VAR_KEYWORD)]:
                     base_value.pop(key)
@@ -82,7 +84,37 @@ def _merge_sources(base: DictConfig, override: DictConfig) -> DictConfig:
             # that only the merged recipe has (``${scheduler.t_warmup}`` from a base).
             for name, entry in value.items_ex(resolve=False):
                 check_entry(f"{section}.{name}", entry)
+                base_value = base.get(section)
+                if section == "algorithms" and name in PRESET_DEFAULTS and isinstance(base_value, DictConfig):
+                    _switch_preset(name, base_value.get(name), entry)
     return OmegaConf.merge(base, override)
+
+
+def _allow_imports(base: DictConfig, override: DictConfig) -> list[str]:
+    """The ``allow_imports`` of ``override`` merged onto ``base``, as the recipe writes them (a list replaces)."""
+    value = override.get("allow_imports", base.get("allow_imports"))
+    if value is None:
+        return []
+    if not isinstance(value, ListConfig) or not all(isinstance(v, str) for v in value):
+        raise RecipeError(f"recipe key 'allow_imports' = {value!r} is invalid; it must be a list of module names, "
+                          "e.g. [my_package]")
+    return list(value)
+
+
+def _switch_preset(name: str, base_entry: object, entry: object) -> None:
+    """Where a source's entry of the algorithm ``name`` names another ``preset`` than the entry it inherits
+    (``base_entry``; none named: :data:`PRESET_DEFAULTS`), drop the inherited options that a preset sets
+    (:func:`preset_options`), so that the merged entry is that preset with the source's own options: the base's
+    8-bit settings must not silently override an ``sdp4bit`` that the user switched to. The inherited run options
+    (``exclude``, ``seed``, ...) stay."""
+    if not (isinstance(base_entry, DictConfig) and isinstance(entry, DictConfig)):
+        return
+    preset = entry.get("preset")
+    inherited = base_entry.get("preset", base_entry.get("recipe", PRESET_DEFAULTS[name]))  # recipe: the old key
+    if isinstance(preset, str) and preset != inherited:
+        dropped = preset_options(name) | {"preset", "recipe"}
+        for key in [k for k in base_entry if k in dropped]:
+            base_entry.pop(key)
 
 
 def unknown_key_message(key: str) -> str:

@@ -4,6 +4,7 @@ components' arguments), and of the machine that runs it."""
 from __future__ import annotations
 
 import math
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -160,9 +161,13 @@ def validate(cfg: DictConfig) -> ValidatedRecipe:
     check(not cfg.autoresume or (cfg.save_folder is not None and cfg.run_name is not None), "autoresume",
            cfg.autoresume, "autoresume needs save_folder and run_name")
 
+    for i, prefix in enumerate(cfg.allow_imports):
+        check(re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", prefix) is not None, f"allow_imports[{i}]", prefix,
+              "it must be a module or package name (my_package, my_package.callbacks)")
     components = {}
     for section in ("loggers", "callbacks"):
-        enabled = {name: component_kwargs(section, name, value) for name, value in cfg[section].items()}
+        enabled = {name: component_kwargs(section, name, value, cfg.allow_imports)
+                   for name, value in cfg[section].items()}
         components[section] = {name: kwargs for name, kwargs in enabled.items() if kwargs is not None}
 
     algorithm_kwargs = {}
@@ -181,6 +186,12 @@ def validate(cfg: DictConfig) -> ValidatedRecipe:
                "on the command line)")
         algorithm_kwargs[name] = kwargs
         algorithm = build_algorithm(name, kwargs)  # argument errors surface now, before anything is built
+        ranks_per_node = kwargs.get("ranks_per_node")
+        if isinstance(ranks_per_node, int) and ranks_per_node >= 1:  # the class refuses other values itself
+            divisors = ", ".join(str(d) for d in range(1, world + 1) if world % d == 0)
+            check(world % ranks_per_node == 0, f"algorithms.{name}.ranks_per_node", ranks_per_node,
+                  f"it must divide the world size ({world} processes): every node holds equally many ranks; "
+                  f"allowed: {divisors}")
         check_optimizer = getattr(algorithm, "check_optimizer", None)
         if callable(check_optimizer):  # an algorithm that replaces or inspects the run's optimizer
             try:
