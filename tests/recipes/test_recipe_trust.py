@@ -150,6 +150,9 @@ def test_ranks_per_node_must_divide_the_world_size(monkeypatch, recipe, override
         load_recipe(recipe, ["global_train_batch_size=8", *overrides])
     fits = load_recipe(recipe, ["global_train_batch_size=8", overrides[-1].replace("=3", "=2"), *overrides[:-1]])
     assert fits.algorithm_kwargs[algorithm]["ranks_per_node"] == 2
+    with pytest.raises(RecipeError, match=f"'algorithms.{algorithm}(.ranks_per_node' = 0|' is invalid: .*"
+                                          "ranks_per_node=0) is invalid"):
+        load_recipe(recipe, ["global_train_batch_size=8", overrides[-1].replace("=3", "=0"), *overrides[:-1]])
 
 
 # ---------------------------------------------------------------------- a preset over an inherited section

@@ -186,12 +186,12 @@ def validate(cfg: DictConfig) -> ValidatedRecipe:
                "on the command line)")
         algorithm_kwargs[name] = kwargs
         algorithm = build_algorithm(name, kwargs)  # argument errors surface now, before anything is built
-        ranks_per_node = kwargs.get("ranks_per_node")
-        if isinstance(ranks_per_node, int) and ranks_per_node >= 1:  # the class refuses other values itself
-            divisors = ", ".join(str(d) for d in range(1, world + 1) if world % d == 0)
-            check(world % ranks_per_node == 0, f"algorithms.{name}.ranks_per_node", ranks_per_node,
-                  f"it must divide the world size ({world} processes): every node holds equally many ranks; "
-                  f"allowed: {divisors}")
+        ranks_per_node = kwargs.get("ranks_per_node")  # both algorithms' topology of the run; null: the launcher's
+        if ranks_per_node is not None:
+            divisors = [d for d in range(1, world + 1) if world % d == 0]
+            check(type(ranks_per_node) is int and ranks_per_node in divisors, f"algorithms.{name}.ranks_per_node",
+                  ranks_per_node, f"it must divide the world size ({world} processes): every node holds equally "
+                  f"many ranks; allowed: {', '.join(map(str, divisors))}")
         check_optimizer = getattr(algorithm, "check_optimizer", None)
         if callable(check_optimizer):  # an algorithm that replaces or inspects the run's optimizer
             try:
