@@ -29,10 +29,10 @@ from composer_qsdp.recipes.loader import (
     TrainRecipe,
     ValidatedRecipe,
     build_algorithm,
+    build_components,
     build_optimizer,
     build_scheduler,
     check_machine,
-    component_class,
     load_recipe,
     recipe_help,
 )
@@ -253,8 +253,8 @@ def train(recipe: ValidatedRecipe) -> Any:
     if cfg.fsdp is not None:
         # An FSDP2Config (not a dict) selects FSDP2 in composer 0.32.1 without the FSDP_VERSION variable.
         parallelism = {"fsdp": FSDP2Config(**OmegaConf.to_container(cfg.fsdp))}
-    loggers = [component_class("loggers", name)(**kwargs) for name, kwargs in recipe.logger_kwargs.items()]
-    callbacks = [component_class("callbacks", name)(**kwargs) for name, kwargs in recipe.callback_kwargs.items()]
+    loggers = build_components(recipe, "loggers")
+    callbacks = build_components(recipe, "callbacks")
     if cfg.metrics_file is not None:
         loggers.append(MetricsFile(cfg.metrics_file))
 

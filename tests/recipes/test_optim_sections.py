@@ -174,7 +174,8 @@ def test_a_child_naming_another_class_keeps_only_the_keys_it_takes(tmp_path):
     (["optimizer={name: sgd, lr: 0.1, nesterov: true}"],
      "recipe section 'optimizer' (sgd) is invalid: Nesterov momentum requires a momentum and zero dampening"),
     (["scheduler={name: 'torch.optim.lr_scheduler:StepLR', step_size: 2}"],
-     "recipe key 'scheduler.name' = 'torch.optim.lr_scheduler:StepLR' is invalid; it is a torch LRScheduler"),
+     "recipe key 'scheduler.name' = 'torch.optim.lr_scheduler:StepLR' is invalid; it names StepLR, not a "
+     "composer.optim.ComposerScheduler subclass; it is a torch LRScheduler"),
     (["optimizer.name=composer.optim:StepScheduler"],
      "'optimizer.name' = 'composer.optim:StepScheduler' is invalid; it names StepScheduler, not a "
      "torch.optim.Optimizer"),

@@ -1,0 +1,87 @@
+"""Training recipes for :mod:`composer_qsdp.recipes.train`: the YAML schema, loading, validation and the key listing.
+
+A recipe is checked against :class:`TrainRecipe` (unknown keys, missing values, wrong types) and then
+semantically (value ranges, model, durations, loggers, callbacks, algorithm arguments, batch size vs world size)
+before anything is built; every problem raises :class:`RecipeError` naming the key and what is allowed.
+
+llm-foundry's spellings are accepted where the meaning is the same (``fsdp_config``, the ``optimizer`` and
+``scheduler`` sections, ``model.name: hf_causal_lm`` with its keys, the ``loggers``/``callbacks`` names); the others
+are refused with the key to write instead (:data:`LLM_FOUNDRY_HINTS`).
+
+The modules, each importing only those before it: :mod:`.errors` (:class:`RecipeError`), :mod:`.schema` (the
+keys), :mod:`.components` (names -> classes), :mod:`.arguments` (a class's keyword arguments, the builders),
+:mod:`.sources` (YAML files, ``base:`` chains, overrides, merging), :mod:`.validate` (the semantic checks),
+:mod:`.help` (``--help``).
+
+Importing this package loads only omegaconf, so ``--help`` answers at once; checks that need Composer or
+``transformers`` import them when they run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from composer_qsdp.recipes.loader.arguments import build_algorithm, build_components, build_optimizer, build_scheduler
+from composer_qsdp.recipes.loader.components import (
+    ALGORITHMS,
+    CALLBACKS,
+    LOGGERS,
+    MODELS,
+    OPTIMIZERS,
+    SCHEDULERS,
+    Builder,
+    component_class,
+    composer_components,
+    load_class,
+    optim_class,
+)
+from composer_qsdp.recipes.loader.errors import RecipeError
+from composer_qsdp.recipes.loader.help import recipe_help
+from composer_qsdp.recipes.loader.schema import (
+    CLASS_SECTIONS,
+    COMPONENT_SECTIONS,
+    LLM_FOUNDRY_ALIASES,
+    LLM_FOUNDRY_HINTS,
+    TrainRecipe,
+    ValidatedRecipe,
+)
+from composer_qsdp.recipes.loader.sources import merged_recipe
+from composer_qsdp.recipes.loader.validate import check_machine, validate
+
+__all__ = [
+    "ALGORITHMS",
+    "CALLBACKS",
+    "CLASS_SECTIONS",
+    "COMPONENT_SECTIONS",
+    "LLM_FOUNDRY_ALIASES",
+    "LLM_FOUNDRY_HINTS",
+    "LOGGERS",
+    "MODELS",
+    "Builder",
+    "RecipeError",
+    "OPTIMIZERS",
+    "SCHEDULERS",
+    "TrainRecipe",
+    "ValidatedRecipe",
+    "build_algorithm",
+    "build_components",
+    "build_optimizer",
+    "build_scheduler",
+    "check_machine",
+    "component_class",
+    "composer_components",
+    "load_class",
+    "load_recipe",
+    "optim_class",
+    "recipe_help",
+]
+
+
+def load_recipe(path: str | os.PathLike, overrides: Sequence[str] = ()) -> ValidatedRecipe:
+    """Load a YAML recipe, apply ``key=value`` overrides, and validate all of it; builds nothing heavy.
+
+    Raises:
+        RecipeError: a YAML, schema or value problem; the message names the key.
+    """
+    return validate(merged_recipe(path, overrides))

@@ -1,0 +1,176 @@
+"""A recipe's sources, read and merged: the YAML file and its ``base:`` chain, the command line's ``key=value``
+overrides, llm-foundry's same-meaning spellings, all merged onto the :class:`~.schema.TrainRecipe` schema."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException, ValidationError
+
+from composer_qsdp._names import did_you_mean
+from composer_qsdp.recipes.loader.arguments import add_defaults, check_entry, unresolved
+from composer_qsdp.recipes.loader.components import PRESET_DEFAULTS, optim_class, preset_options
+from composer_qsdp.recipes.loader.errors import RecipeError
+from composer_qsdp.recipes.loader.schema import (
+    CLASS_SECTIONS,
+    COMPONENT_SECTIONS,
+    DEFAULT_CLASS_NAMES,
+    LLM_FOUNDRY_ALIASES,
+    LLM_FOUNDRY_HINTS,
+    TrainRecipe,
+)
+
+__all__ = ["merged_recipe", "unknown_key_message"]
+
+
+def _accept_llm_foundry_spellings(cfg: DictConfig, source: str) -> DictConfig:
+    """Rename the llm-foundry keys of one recipe source (a file, or the command line) to ours."""
+    for theirs, ours in LLM_FOUNDRY_ALIASES.items():
+        if theirs in cfg:
+            if ours in cfg:
+                raise RecipeError(f"{source} sets both '{theirs}' (llm-foundry's spelling) and '{ours}'; keep one")
+            cfg[ours] = cfg.pop(theirs)
+    return cfg
+
+
+def _load_yaml(path: Path, chain: tuple[Path, ...] = ()) -> DictConfig:
+    """Load ``path``, first merging the recipe named by its ``base:`` key (recursively)."""
+    path = path.resolve()
+    if path in chain:
+        raise RecipeError(f"recipe base chain loops: {' -> '.join(map(str, chain + (path,)))}")
+    if not path.is_file():
+        raise RecipeError(f"recipe file {str(path)!r} does not exist")
+    try:
+        cfg = OmegaConf.load(path)
+    except Exception as err:  # yaml.YAMLError and friends: report the file, not a parser stack
+        raise RecipeError(f"recipe {str(path)!r} is not valid YAML: {err}") from None
+    if not isinstance(cfg, DictConfig):
+        raise RecipeError(f"recipe {str(path)!r} must be a mapping of keys, not a {type(cfg).__name__}")
+    cfg = _accept_llm_foundry_spellings(cfg, f"recipe {str(path)!r}")
+    base = cfg.pop("base", None)
+    if base is None:
+        return _merge_sources(OmegaConf.create(), cfg)
+    if not isinstance(base, str):
+        raise RecipeError(f"'base' in {str(path)!r} must be a path string, got {base!r}")
+    return _merge_sources(_load_yaml(path.parent / base, chain + (path,)), cfg)
+
+
+def _merge_sources(base: DictConfig, override: DictConfig) -> DictConfig:
+    """``override`` (a recipe, or the command line) merged onto ``base``; a section of :data:`COMPONENT_SECTIONS`
+    that ``override`` sets to ``{}``, null or false replaces the base's with an empty one instead of merging; an
+    algorithm entry that names another preset than the base's gets that preset (:func:`_switch_preset`)."""
+    for section in CLASS_SECTIONS:
+        # A section naming another class than the base's keeps only the base's keys that this class's signature
+        # names too (an optimizer's lr and weight_decay, not Adam's betas for SGD; none for one taking **kwargs).
+        value, base_value = override.get(section), base.get(section)
+        if isinstance(value, DictConfig) and isinstance(base_value, DictConfig) and isinstance(value.get("name"), str):
+            if value.name != base_value.get("name", DEFAULT_CLASS_NAMES[section]):
+                cls = optim_class(section, value.name, _allow_imports(base, override))
+                takes = inspect.signature(cls).parameters
+                for key in [k for k in base_value if k not in takes or takes[k].kind in (takes[k].VAR_POSITIONAL,
+                                                                                          takes[k].VAR_KEYWORD)]:
+                    base_value.pop(key)
+    for section in COMPONENT_SECTIONS:
+        value = override.get(section, "absent")
+        if value is None or value is False or (isinstance(value, DictConfig) and len(value) == 0):
+            base.pop(section, None)
+            override[section] = {}
+        elif isinstance(value, DictConfig):
+            # A list or a number cannot merge with a base's mapping. Unresolved: an entry may interpolate keys
+            # that only the merged recipe has (``${scheduler.t_warmup}`` from a base).
+            for name, entry in value.items_ex(resolve=False):
+                check_entry(f"{section}.{name}", entry)
+                base_value = base.get(section)
+                if section == "algorithms" and name in PRESET_DEFAULTS and isinstance(base_value, DictConfig):
+                    _switch_preset(name, base_value.get(name), entry)
+    return OmegaConf.merge(base, override)
+
+
+def _allow_imports(base: DictConfig, override: DictConfig) -> list[str]:
+    """The ``allow_imports`` of ``override`` merged onto ``base``, as the recipe writes them (a list replaces)."""
+    value = override.get("allow_imports", base.get("allow_imports"))
+    if value is None:
+        return []
+    if not isinstance(value, ListConfig) or not all(isinstance(v, str) for v in value):
+        raise RecipeError(f"recipe key 'allow_imports' = {value!r} is invalid; it must be a list of module names, "
+                          "e.g. [my_package]")
+    return list(value)
+
+
+def _switch_preset(name: str, base_entry: object, entry: object) -> None:
+    """Where a source's entry of the algorithm ``name`` names another ``preset`` than the entry it inherits
+    (``base_entry``; none named: :data:`PRESET_DEFAULTS`), drop the inherited options that a preset sets
+    (:func:`preset_options`), so that the merged entry is that preset with the source's own options: the base's
+    8-bit settings must not silently override an ``sdp4bit`` that the user switched to. The inherited run options
+    (``exclude``, ``seed``, ...) stay."""
+    if not (isinstance(base_entry, DictConfig) and isinstance(entry, DictConfig)):
+        return
+    preset = entry.get("preset")
+    inherited = base_entry.get("preset", base_entry.get("recipe", PRESET_DEFAULTS[name]))  # recipe: the old key
+    if isinstance(preset, str) and preset != inherited:
+        dropped = preset_options(name) | {"preset", "recipe"}
+        for key in [k for k in base_entry if k in dropped]:
+            base_entry.pop(key)
+
+
+def unknown_key_message(key: str) -> str:
+    """The error text of the unknown recipe key ``key`` (dotted): llm-foundry's key to write instead, or the keys
+    its section takes, with the closest."""
+    parent, _, name = key.rpartition(".")
+    hint = LLM_FOUNDRY_HINTS.get(key)
+    if hint is not None:
+        return f"unknown recipe key '{key}' (llm-foundry's spelling); here: {hint}"
+    schema = OmegaConf.structured(TrainRecipe)
+    section = OmegaConf.select(schema, parent) if parent else schema
+    allowed = list(section) if isinstance(section, DictConfig) else []
+    where = f"; '{parent}' takes: {', '.join(allowed)}" if parent else " (composer_qsdp.recipes.train --help lists every key)"
+    return f"unknown recipe key '{key}'{did_you_mean(name, allowed)}{where}"
+
+
+def _merge_schema(*configs: DictConfig) -> DictConfig:
+    """Merge ``configs`` onto the :class:`TrainRecipe` schema, turning omegaconf errors into RecipeErrors."""
+    try:
+        return OmegaConf.merge(OmegaConf.structured(TrainRecipe), *configs)
+    except ConfigKeyError as err:
+        raise RecipeError(unknown_key_message(err.full_key)) from None
+    except ValidationError as err:
+        raise RecipeError(f"recipe key '{err.full_key}' has the wrong type: {err.msg.splitlines()[0]}") from None
+    except OmegaConfBaseException as err:
+        raise RecipeError(f"recipe key '{getattr(err, 'full_key', '?')}': {err.msg.splitlines()[0]}") from None
+
+
+def _cli_overrides(overrides: Sequence[str]) -> DictConfig:
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise RecipeError(f"command-line override(s) {', '.join(map(repr, bad))} must have the form key=value")
+    try:
+        cfg = OmegaConf.from_dotlist(list(overrides))
+    except OmegaConfBaseException as err:
+        raise RecipeError(f"cannot parse command-line overrides {list(overrides)}: {err}") from None
+    return _accept_llm_foundry_spellings(cfg, "the command line")
+
+
+def merged_recipe(path: str | os.PathLike, overrides: Sequence[str] = ()) -> DictConfig:
+    """The recipe at ``path`` (with its ``base:`` chain) and the ``key=value`` ``overrides`` merged onto the
+    :class:`~.schema.TrainRecipe` schema, the optimizer's and schedule's recipe defaults added; every required key
+    is set.
+
+    Raises:
+        RecipeError: a YAML or schema problem (an unknown key, a wrong type, a missing key), naming the key.
+    """
+    raw = _merge_sources(_load_yaml(Path(path)), _cli_overrides(overrides))
+    cfg = _merge_schema(raw)
+    for section in CLASS_SECTIONS:  # before any interpolation (``${scheduler.t_warmup}``) is resolved
+        add_defaults(cfg, section)
+    # Merging never lets '???' replace a schema default, so look for it in the recipe as written too.
+    try:
+        missing = sorted(OmegaConf.missing_keys(raw) | OmegaConf.missing_keys(cfg))
+    except InterpolationResolutionError as err:
+        raise unresolved(err, "") from None
+    if missing:
+        raise RecipeError(f"recipe is missing required key(s): {', '.join(missing)}")
+    return cfg

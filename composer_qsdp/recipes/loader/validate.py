@@ -1,0 +1,206 @@
+"""The semantic checks of a schema-merged recipe (value ranges, the model, durations, batch size vs world size, the
+components' arguments), and of the machine that runs it."""
+
+from __future__ import annotations
+
+import math
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from composer_qsdp._names import did_you_mean
+from composer_qsdp.recipes.loader.arguments import (
+    build_algorithm,
+    check_arguments,
+    class_section,
+    component_kwargs,
+    entry_kwargs,
+)
+from composer_qsdp.recipes.loader.components import ALGORITHMS, MODELS
+from composer_qsdp.recipes.loader.errors import RecipeError, check, check_time
+from composer_qsdp.recipes.loader.schema import (
+    DEVICES,
+    FSDP_MIXED_PRECISION,
+    FSDP_STATE_DICT_TYPES,
+    LLM_FOUNDRY_HINTS,
+    MAX_DURATION_UNITS,
+    PRECISIONS,
+    ValidatedRecipe,
+)
+from composer_qsdp.recipes.loader.sources import unknown_key_message
+from composer_qsdp.recipes.models.config import GPTConfig
+from composer_qsdp.recipes.models.hf import HFCausalLMConfig
+from composer_qsdp.shared_gpu import check_shared_gpu, check_state_dict_type
+from composer_qsdp.validate import SEED_BITS
+
+__all__ = ["check_machine", "validate"]
+
+# Algorithms that act on FSDP's collectives and are meaningless without it.
+_NEEDS_FSDP = frozenset({"qsdp"})
+# Algorithms that replace DDP's gradient all-reduce, which FSDP does not do.
+_NEEDS_DDP = frozenset({"zero_one_adam"})
+
+def check_machine(recipe: ValidatedRecipe) -> None:
+    """Check what ``recipe`` needs of the machine that runs it, before any process group starts (:func:`load_recipe`
+    checks the recipe itself, on any machine): a visible CUDA device for ``device: gpu``, and a ``save_folder`` this
+    process can write in or create.
+
+    Raises:
+        RecipeError: naming the key.
+    """
+    cfg = recipe.cfg
+    if cfg.device == "gpu":
+        import torch
+
+        check(torch.cuda.is_available(), "device", cfg.device, "no CUDA device is visible to this process "
+               "(torch.cuda.is_available() is False); use device=cpu, or check the driver and CUDA_VISIBLE_DEVICES")
+    _check_save_folder(cfg.save_folder)
+
+
+def _check_save_folder(folder: str | None) -> None:
+    """A local ``save_folder`` must be a folder this process can write in, or one it can create (its nearest existing
+    parent must be a writable folder); found now rather than at Trainer init or at the first checkpoint.
+
+    Nothing is created: the check writes and removes an anonymous temporary file. A remote folder (``s3://...``) is
+    Composer's object store's to check. Composer's placeholders (``{run_name}``) are part of a folder that does not
+    exist yet, so only its existing parent is checked.
+    """
+    if folder is None or "://" in folder:
+        return
+    path = Path(folder).expanduser().absolute()
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    where = "it" if existing == path else f"its nearest existing parent {str(existing)!r}"
+    check(existing.is_dir(), "save_folder", folder, f"{where}: {str(existing)!r} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise RecipeError(f"recipe key 'save_folder' = {folder!r} is invalid; {where}: {str(existing)!r} cannot be "
+                          f"written by this process ({err.strerror or err}); choose a folder it can write") from None
+
+
+
+def _model_config(options: dict[str, Any]) -> GPTConfig | HFCausalLMConfig:
+    name = options.pop("name", "gpt")
+    if name not in MODELS:
+        raise RecipeError(f"recipe key 'model.name' = {name!r} is invalid{did_you_mean(str(name), MODELS)}; "
+                          f"allowed: {', '.join(MODELS)}")
+    check_arguments("model", MODELS[name], options)
+    try:
+        return MODELS[name](**options)
+    except (ValueError, ImportError) as err:
+        raise RecipeError(f"recipe section 'model' is invalid: {err}") from None
+
+
+def validate(cfg: DictConfig) -> ValidatedRecipe:
+    """Check a complete schema-merged recipe's values; returns it with the model and the components' arguments.
+
+    Raises:
+        RecipeError: the first problem found, naming its key.
+    """
+    from composer.utils import dist
+
+    check(cfg.device in DEVICES, "device", cfg.device, f"allowed: {', '.join(DEVICES)}")
+    check(cfg.precision in PRECISIONS, "precision", cfg.precision, f"allowed: {', '.join(PRECISIONS)}")
+    try:
+        shared_gpu = check_shared_gpu(cfg.shared_gpu)
+    except ValueError as err:
+        raise RecipeError(f"recipe key 'shared_gpu': {err}") from None
+    check(cfg.device == "gpu" or shared_gpu is not True, "shared_gpu", cfg.shared_gpu,
+           "it shares GPUs between ranks, so it needs device: gpu")
+    check(cfg.device != "cpu" or cfg.precision == "fp32", "precision", cfg.precision,
+           "Composer trains on CPU in fp32 only")
+    check(0 <= cfg.seed < 2**SEED_BITS, "seed", cfg.seed, f"it must be an integer in [0, 2**{SEED_BITS})")
+
+    model_config = _model_config(OmegaConf.to_container(cfg.model, resolve=True))
+
+    check_time("max_duration", cfg.max_duration, positive=True, units=MAX_DURATION_UNITS)
+    for key in ("eval_interval", "save_interval", "console_log_interval"):
+        check_time(key, OmegaConf.select(cfg, key), positive=True)
+
+    # NaN fails every comparison, so it is refused too; inf would wait forever, which this key exists to prevent.
+    check(math.isfinite(cfg.dist_timeout) and cfg.dist_timeout > 0, "dist_timeout", cfg.dist_timeout,
+           "it must be a finite number of seconds > 0 (e.g. 600 for steps that take minutes)")
+
+    world = dist.get_world_size()
+    batch = cfg.global_train_batch_size
+    check(batch >= 1 and batch % world == 0, "global_train_batch_size", batch,
+           f"it must be a positive multiple of the world size ({world} processes)")
+    micro = cfg.device_train_microbatch_size
+    check(micro is None or (micro >= 1 and (batch // world) % micro == 0), "device_train_microbatch_size", micro,
+           f"it must divide the per-device batch of {batch // world} samples")
+    check(cfg.device_eval_batch_size >= 1, "device_eval_batch_size", cfg.device_eval_batch_size, "it must be >= 1")
+    check(cfg.eval_subset_num_batches == -1 or cfg.eval_subset_num_batches >= 1, "eval_subset_num_batches",
+           cfg.eval_subset_num_batches, "it must be -1 (all) or >= 1")
+    check(cfg.data.num_workers >= 0, "data.num_workers", cfg.data.num_workers, "it must be >= 0")
+
+    optimizer_kwargs, optimizer = class_section(cfg, "optimizer")
+    scheduler_kwargs, _ = class_section(cfg, "scheduler")
+    check(cfg.grad_clip_norm is None or cfg.grad_clip_norm > 0, "grad_clip_norm", cfg.grad_clip_norm,
+           "it must be > 0, or null to disable clipping")
+
+    if cfg.fsdp is not None:
+        check(cfg.fsdp.mixed_precision in FSDP_MIXED_PRECISION, "fsdp.mixed_precision", cfg.fsdp.mixed_precision,
+               f"allowed: {', '.join(FSDP_MIXED_PRECISION)}")
+        check(cfg.fsdp.state_dict_type in FSDP_STATE_DICT_TYPES, "fsdp.state_dict_type", cfg.fsdp.state_dict_type,
+               f"allowed: {', '.join(FSDP_STATE_DICT_TYPES)}")
+        try:  # certain only with shared_gpu=true; auto is decided by the GPUs a run finds (recipes.train)
+            check_state_dict_type(cfg.device == "gpu" and shared_gpu is True, cfg.fsdp.state_dict_type)
+        except ValueError as err:
+            raise RecipeError(str(err)) from None
+        # Whether the group size divides the shard mesh is fully_shard's own check, at wrapping time.
+        reshard = cfg.fsdp.reshard_after_forward
+        check(isinstance(reshard, bool) or (isinstance(reshard, int) and reshard >= 2), "fsdp.reshard_after_forward",
+               reshard, "allowed: true, false, or an integer >= 2 (ranks of the secondary shard group, e.g. the GPUs "
+               "per node)")
+    check(not cfg.autoresume or (cfg.save_folder is not None and cfg.run_name is not None), "autoresume",
+           cfg.autoresume, "autoresume needs save_folder and run_name")
+
+    for i, prefix in enumerate(cfg.allow_imports):
+        check(re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", prefix) is not None, f"allow_imports[{i}]", prefix,
+              "it must be a module or package name (my_package, my_package.callbacks)")
+    components = {}
+    for section in ("loggers", "callbacks"):
+        enabled = {name: component_kwargs(section, name, value, cfg.allow_imports)
+                   for name, value in cfg[section].items()}
+        components[section] = {name: kwargs for name, kwargs in enabled.items() if kwargs is not None}
+
+    algorithm_kwargs = {}
+    for name, value in cfg.algorithms.items():
+        if f"algorithms.{name}" in LLM_FOUNDRY_HINTS:
+            raise RecipeError(unknown_key_message(f"algorithms.{name}"))
+        check(name in ALGORITHMS, f"algorithms.{name}", name,
+               f"known algorithms: {', '.join(ALGORITHMS)}{did_you_mean(name, ALGORITHMS)}")
+        kwargs = entry_kwargs(f"algorithms.{name}", value)
+        if kwargs is None:
+            continue
+        check(name not in _NEEDS_FSDP or cfg.fsdp is not None, f"algorithms.{name}", name,
+               "it quantizes FSDP's collectives, so the recipe needs an 'fsdp' section (not null)")
+        check(name not in _NEEDS_DDP or cfg.fsdp is None, f"algorithms.{name}", name,
+               "it replaces DDP's gradient all-reduce, which FSDP does not do: set 'fsdp: null' in the recipe (fsdp=null "
+               "on the command line)")
+        algorithm_kwargs[name] = kwargs
+        algorithm = build_algorithm(name, kwargs)  # argument errors surface now, before anything is built
+        ranks_per_node = kwargs.get("ranks_per_node")  # both algorithms' topology of the run; null: the launcher's
+        if ranks_per_node is not None:
+            divisors = [d for d in range(1, world + 1) if world % d == 0]
+            check(type(ranks_per_node) is int and ranks_per_node in divisors, f"algorithms.{name}.ranks_per_node",
+                  ranks_per_node, f"it must divide the world size ({world} processes): every node holds equally "
+                  f"many ranks; allowed: {', '.join(map(str, divisors))}")
+        check_optimizer = getattr(algorithm, "check_optimizer", None)
+        if callable(check_optimizer):  # an algorithm that replaces or inspects the run's optimizer
+            try:
+                check_optimizer(optimizer)
+            except ValueError as err:
+                raise RecipeError(f"recipe key 'optimizer.name' = {cfg.optimizer.name!r} does not work with "
+                                  f"algorithms.{name}: {err}") from None
+    return ValidatedRecipe(cfg=cfg, model_config=model_config, algorithm_kwargs=algorithm_kwargs,
+                           logger_kwargs=components["loggers"], callback_kwargs=components["callbacks"],
+                           optimizer_kwargs=optimizer_kwargs, scheduler_kwargs=scheduler_kwargs)
+
+

@@ -1,0 +1,186 @@
+"""What a recipe can make the trainer run, and settings that passed the recipe check but could not run (issue 35):
+every component a recipe names is a class of its section's base, checked before anything calls it; modules outside
+the known packages are imported only where the recipe opts in (allow_imports); a component's required arguments,
+QSDP's ranks_per_node against the world size, and a QSDP preset switched over an inherited section are settled at
+load, before any process group."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import composer_qsdp.recipes.loader.components
+import composer_qsdp.recipes.train
+from composer_qsdp import QSDP
+from composer_qsdp.config import from_preset
+from composer_qsdp.recipes.loader import build_components, build_optimizer
+from composer_qsdp.recipes.train import RecipeError, load_recipe, main
+from test_train import BASELINE, QSDP_RECIPE
+
+
+# --------------------------------------------------------------------- what a recipe's names may call
+@pytest.mark.parametrize("section, entry, required", [
+    ("callbacks", "callbacks={{'subprocess:Popen': {{args: [touch, {marker}]}}}}",
+     "it names Popen, not a composer.core.Callback subclass"),
+    ("loggers", "loggers={{'os:system': {{command: 'touch {marker}'}}}}",
+     "it names system (builtin_function_or_method), not a class: a logger must be a "
+     "composer.loggers.LoggerDestination subclass"),
+    ("scheduler", "scheduler={{name: 'os:system', command: 'touch {marker}'}}",
+     "not a class: a schedule must be a composer.optim.ComposerScheduler subclass"),
+    ("optimizer", "optimizer={{name: 'subprocess:run', args: [touch, {marker}], lr: 1}}",
+     "not a class: an optimizer must be a torch.optim.Optimizer subclass"),
+])
+def test_a_function_or_a_class_of_another_base_is_refused_before_it_is_called(tmp_path, section, entry, required):
+    """Even with its module opted in, what a section names must derive from the section's base: the command it
+    would run never runs."""
+    marker = tmp_path / "ran"
+    overrides = ["allow_imports=[os, subprocess]", entry.format(marker=marker)]
+    with pytest.raises(RecipeError) as err:
+        load_recipe(BASELINE, overrides)
+    assert re.match(rf"recipe key '{section}\.[^']+' = '\w+:\w+' is invalid; ", str(err.value)), str(err.value)
+    assert required in str(err.value)
+    assert not marker.exists()
+
+
+def test_an_algorithm_class_of_another_base_is_refused(monkeypatch):
+    monkeypatch.setitem(composer_qsdp.recipes.loader.components.ALGORITHMS, "qsdp", "composer.callbacks:SpeedMonitor")
+    with pytest.raises(RecipeError, match=re.escape("recipe key 'algorithms.qsdp' = 'qsdp' is invalid; it names "
+                                                    "SpeedMonitor, not a composer.core.Algorithm subclass")):
+        load_recipe(QSDP_RECIPE)
+
+
+def test_the_entrypoint_refuses_a_popen_callback_with_the_recipe_status(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(composer_qsdp.recipes.train, "train", lambda *a: pytest.fail("training started"))
+    marker = tmp_path / "ran"
+    assert main([str(BASELINE), f"callbacks={{'subprocess:Popen': {{args: [touch, {marker}]}}}}"]) == 2
+    assert "recipe error: recipe key 'callbacks.subprocess:Popen'" in capsys.readouterr().err
+    assert not marker.exists()
+
+
+@pytest.fixture
+def side_effect_module(tmp_path, monkeypatch):
+    """A module on sys.path that writes a file when it is imported, and holds a callback, an optimizer and a
+    schedule; yields (its name, the file)."""
+    name = f"recipe_side_effect_{tmp_path.name}"
+    marker = tmp_path / "imported"
+    (tmp_path / f"{name}.py").write_text(f"""
+from pathlib import Path
+
+import torch
+from composer.core import Callback
+from composer.optim import ConstantScheduler
+
+Path({str(marker)!r}).write_text("imported")
+
+
+class Marker(Callback):
+    pass
+
+
+class Sgd(torch.optim.SGD):
+    pass
+
+
+class Constant(ConstantScheduler):
+    pass
+""")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name, marker
+    sys.modules.pop(name, None)
+
+
+def test_a_module_outside_the_known_packages_is_not_imported_without_opting_in(side_effect_module, tmp_path):
+    name, marker = side_effect_module
+    for overrides in ([f"callbacks={{'{name}:Marker': {{}}}}"], [f"optimizer={{name: '{name}:Sgd', lr: 0.1}}"],
+                      [f"scheduler={{name: '{name}:Constant'}}"]):
+        with pytest.raises(RecipeError, match=re.escape(f"'{name}:") + ".* is invalid; a recipe imports only the "
+                                              "modules of composer, torch.optim, llmfoundry, composer_qsdp .*"
+                                              + re.escape(f"allow_imports: [{name}]")):
+            load_recipe(BASELINE, overrides)
+    # A recipe file that switches its base's optimizer class: the class is looked up while the files merge.
+    (tmp_path / "child.yaml").write_text(f"base: {BASELINE}\noptimizer: {{name: '{name}:Sgd', lr: 0.1}}\n")
+    with pytest.raises(RecipeError, match="a recipe imports only the modules of"):
+        load_recipe(tmp_path / "child.yaml")
+    assert not marker.exists() and name not in sys.modules
+
+    (tmp_path / "child.yaml").write_text(f"base: {BASELINE}\nallow_imports: [{name}]\n"
+                                         f"optimizer: {{name: '{name}:Sgd', lr: 0.1}}\n"
+                                         f"callbacks: {{'{name}:Marker': {{}}}}\n")
+    recipe = load_recipe(tmp_path / "child.yaml")
+    module = sys.modules[name]
+    assert marker.exists()
+    assert any(type(c) is module.Marker for c in build_components(recipe, "callbacks"))
+    import torch
+
+    assert type(build_optimizer(recipe, [torch.nn.Parameter(torch.zeros(2))])) is module.Sgd
+
+
+def test_allow_imports_must_name_modules():
+    with pytest.raises(RecipeError, match=re.escape("recipe key 'allow_imports[0]' = 'my pkg' is invalid; it must "
+                                                    "be a module or package name")):
+        load_recipe(BASELINE, ["allow_imports=[my pkg]"])
+
+
+# ------------------------------------------------------------------------- settled at load, not at set-up
+@pytest.mark.parametrize("entry, missing", [
+    ("early_stopper", "callbacks.early_stopper.monitor, callbacks.early_stopper.dataloader_label (the keyword "
+                      "arguments of EarlyStopper without a default)"),
+    ("generate", "callbacks.generate.prompts, callbacks.generate.interval (the keyword arguments of Generate "
+                 "without a default)"),
+])
+def test_a_callback_missing_required_arguments_stops_the_entrypoint(entry, missing, monkeypatch, capsys):
+    monkeypatch.setattr(composer_qsdp.recipes.train, "train", lambda *a: pytest.fail("training started"))
+    assert main([str(BASELINE), f"callbacks.{entry}={{}}"]) == 2
+    assert f"recipe error: recipe is missing required key(s): {missing}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recipe, overrides", [
+    (QSDP_RECIPE, ["algorithms.qsdp.ranks_per_node=3"]),
+    (BASELINE, ["fsdp=null", "algorithms.zero_one_adam.ranks_per_node=3"]),
+])
+def test_ranks_per_node_must_divide_the_world_size(monkeypatch, recipe, overrides):
+    monkeypatch.setenv("WORLD_SIZE", "4")  # what the launcher sets: the world size the recipe check sees
+    algorithm = overrides[-1].split(".")[1]
+    with pytest.raises(RecipeError, match=re.escape(f"recipe key 'algorithms.{algorithm}.ranks_per_node' = 3 is "
+                                                    "invalid; it must divide the world size (4 processes): every node "
+                                                    "holds equally many ranks; allowed: 1, 2, 4")):
+        load_recipe(recipe, ["global_train_batch_size=8", *overrides])
+    fits = load_recipe(recipe, ["global_train_batch_size=8", overrides[-1].replace("=3", "=2"), *overrides[:-1]])
+    assert fits.algorithm_kwargs[algorithm]["ranks_per_node"] == 2
+    with pytest.raises(RecipeError, match=f"'algorithms.{algorithm}(.ranks_per_node' = 0|' is invalid: .*"
+                                          "ranks_per_node=0) is invalid"):
+        load_recipe(recipe, ["global_train_batch_size=8", overrides[-1].replace("=3", "=0"), *overrides[:-1]])
+
+
+# ---------------------------------------------------------------------- a preset over an inherited section
+def preset_child(tmp_path: Path, qsdp: str, base: Path = QSDP_RECIPE) -> Path:
+    (tmp_path / "child.yaml").write_text(f"base: {base}\nalgorithms:\n  qsdp: {qsdp}\n")
+    return tmp_path / "child.yaml"
+
+
+@pytest.mark.parametrize("spelling", ["replace", "dotted", "yaml"])
+def test_a_preset_switch_over_the_base_qsdp_section_gives_exactly_that_preset(tmp_path, spelling):
+    """gpt-tiny-qsdp.yaml sets weight_bits: 8, grad_bits: 8, codecs and bucket_size; switching its preset to
+    sdp4bit must not keep them (they would override the preset's qWD weights and TLq-HS gradients)."""
+    recipe = {"replace": lambda: load_recipe(QSDP_RECIPE, ["algorithms.qsdp={preset: sdp4bit}"]),
+              "dotted": lambda: load_recipe(QSDP_RECIPE, ["algorithms.qsdp.preset=sdp4bit"]),
+              "yaml": lambda: load_recipe(preset_child(tmp_path, "{preset: sdp4bit}"))}[spelling]()
+    assert recipe.algorithm_kwargs["qsdp"] == {"preset": "sdp4bit"}
+    assert QSDP(**recipe.algorithm_kwargs["qsdp"]).config == from_preset("sdp4bit")
+
+
+def test_a_preset_switch_keeps_the_options_given_with_it_and_the_base_run_options(tmp_path):
+    recipe = load_recipe(QSDP_RECIPE, ["algorithms.qsdp.preset=sdp4bit", "algorithms.qsdp.grad_bits=8"])
+    assert recipe.algorithm_kwargs["qsdp"] == {"preset": "sdp4bit", "grad_bits": 8}
+    assert QSDP(**recipe.algorithm_kwargs["qsdp"]).config == from_preset("sdp4bit", grad_bits=8)
+    (tmp_path / "base.yaml").write_text(f"base: {QSDP_RECIPE}\nalgorithms:\n"
+                                        "  qsdp: {preset: w8g4, grad_bits: 2, exclude: [model.wte], seed: 5}\n")
+    switched = load_recipe(preset_child(tmp_path, "{preset: zeropp}", base=tmp_path / "base.yaml"))
+    assert switched.algorithm_kwargs["qsdp"] == {"preset": "zeropp", "exclude": ["model.wte"], "seed": 5}
+    # Without a switch, the section merges as every other does.
+    same = load_recipe(preset_child(tmp_path, "{preset: w8g4, weight_bits: 6}", base=tmp_path / "base.yaml"))
+    assert same.algorithm_kwargs["qsdp"] == {"preset": "w8g4", "grad_bits": 2, "exclude": ["model.wte"], "seed": 5,
+                                             "weight_bits": 6}
