@@ -14,10 +14,12 @@ torch and Composer only when it trains, so ``--help`` answers at once.
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import signal
 import sys
+import traceback
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -323,8 +325,11 @@ RECIPE_ERROR_STATUS = 2
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m composer_qsdp.recipes.train RECIPE.yaml [key=value ...]``; returns the exit status: 0, or
-    :data:`RECIPE_ERROR_STATUS` for a recipe error (stderr says which key). A process whose peer ended in a
-    collective prints one line instead of a traceback and returns 1: the peer's own traceback is the one to read."""
+    :data:`RECIPE_ERROR_STATUS` for a recipe error (stderr says which key), 1 for any other failure. A process whose
+    peer ended in a collective prints one line instead of a traceback: the peer's own traceback is the one to read.
+    A process of a launched job (``WORLD_SIZE`` > 1) that fails ends at once with its status, after its error and
+    the ``atexit`` callbacks, without waiting for library background threads, so its peers' collectives fail
+    within seconds and the launcher's SIGTERM and SIGKILL are not needed."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(recipe_help())
@@ -339,21 +344,56 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_machine(recipe)
     except RecipeError as err:
         print(f"recipe error: {err}", file=sys.stderr, flush=True)
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a launched process: no exit-time SIGTERM either
-            sys.stdout.flush()
-            os._exit(RECIPE_ERROR_STATUS)
-        return RECIPE_ERROR_STATUS
+        return _end_launched(RECIPE_ERROR_STATUS)  # a launched process: no exit-time SIGTERM either
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
     try:
         train(recipe)
-    except RecipeError as err:
-        print(f"recipe error: {err}", file=sys.stderr)
-        return RECIPE_ERROR_STATUS
-    except PeerExitedError as err:
-        print(f"{type(err).__name__}: {err}", file=sys.stderr)
-        return 1
+    except (Exception, SystemExit) as err:
+        launched = _launched()
+        if launched:  # the launcher's SIGTERM (Composer's handler: sys.exit) must not cut the report short
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        if isinstance(err, RecipeError):
+            print(f"recipe error: {err}", file=sys.stderr)
+            status = RECIPE_ERROR_STATUS
+        elif isinstance(err, PeerExitedError):
+            print(f"{type(err).__name__}: {err}", file=sys.stderr)
+            status = 1
+        elif not launched:
+            raise
+        elif isinstance(err, SystemExit):  # the launcher ends this process: another one failed
+            status = err.code if isinstance(err.code, int) else 1
+        else:
+            traceback.print_exc()
+            status = 1
+        return _end_launched(status)
     return 0
+
+
+def _launched() -> bool:
+    """Whether this process is one of several that a launcher started (``WORLD_SIZE`` > 1)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def _end_launched(status: int) -> int:
+    """End a launched process that failed with ``status`` now, without waiting for background threads; elsewhere
+    return ``status``.
+
+    Interpreter exit joins every non-daemon thread before it runs the ``atexit`` callbacks, and those of
+    mosaicml-streaming's ``StreamingDataset`` thread pool (``_prepare_thread``, ``_ready_thread``) end only with their
+    epoch or the dataset's own error flag: after a failure in the middle of an epoch a process waited for them until
+    the launcher's SIGKILL (Composer turns the launcher's SIGTERM into ``sys.exit`` in the blocked join), and a failed
+    process whose sockets stay open makes its peers wait for ``dist_timeout``. The ``atexit`` callbacks (Composer's
+    loggers, streaming's shared memory) still run; only the thread joins are skipped.
+    """
+    if not _launched():
+        return status
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()  # what interpreter exit runs after the joins; os._exit runs none of it
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":

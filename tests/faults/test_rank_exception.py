@@ -24,8 +24,9 @@ DIST_TIMEOUT = 60
 
 @pytest.mark.requires_custom_comm
 def test_an_exception_on_one_rank_ends_the_job_within_seconds(corpus_shards, tmp_path):
-    """Rank 1 raises after batch 2 while rank 0 goes on into batch 3's collectives: the job ends within seconds (not
-    after dist_timeout), and the first traceback in the launcher's output is rank 1's."""
+    """Rank 1 raises after batch 2 while rank 0 goes on into batch 3's collectives, each holding a thread-pool task
+    that never ends: the job ends within seconds (not after dist_timeout, nor at the launcher's SIGKILL 30 s after
+    the first process ends), and the first traceback in the launcher's output is rank 1's."""
     fault_dir = tmp_path / "pids"
     proc = _launch(2, QSDP_RECIPE, _overrides(corpus_shards, tmp_path, f"dist_timeout={DIST_TIMEOUT}"), fault_dir,
                    "raise:1:2", timeout=DIST_TIMEOUT + 200)
