@@ -17,7 +17,7 @@ from composer_qsdp import (QSDP, CodecOptions, DifferenceOptions, LearnedOptions
                            TwoLevelOptions, apply_qsdp)
 from composer_qsdp.config import from_preset, from_recipe, preset_names
 from composer_qsdp.config.options import CODEC_OPTIONS, SCHEME_OPTIONS
-from composer_qsdp.config.presets import _PRESETS
+from composer_qsdp.config.presets import PRESETS
 from composer_qsdp.quant import make_codec
 from composer_qsdp.quant.registry import _CODECS
 from composer_qsdp.recipes.loader import RecipeError, load_recipe
@@ -70,7 +70,7 @@ def test_old_and_new_spellings_build_the_same_config():
     assert QSDP(**OLD_SPELLING).config == QSDP(NEW_SPELLING).config == NEW_SPELLING
     assert QSDP("sdp4bit").config == QSDP(preset="sdp4bit").config == QSDPConfig.from_preset("sdp4bit")
     with pytest.warns(DeprecationWarning, match=r"QSDP\(recipe=\.\.\.\) is now QSDP\(preset=\.\.\.\)"):
-        assert QSDP(recipe="w8g4", grad_bits=2).config == QSDPConfig.from_preset("w8g4", grad_bits=2)
+        assert QSDP(recipe="w8g4", grad_bits=3).config == QSDPConfig.from_preset("w8g4", grad_bits=3)
     with pytest.warns(DeprecationWarning, match=r"from_recipe\(\.\.\.\) is now QSDPConfig.from_preset"):
         assert from_recipe("zeropp") == from_preset("zeropp")
     with pytest.raises(ValueError, match=r"takes a complete QSDPConfig; \['grad_bits'\] cannot be given with it"):
@@ -105,7 +105,7 @@ def test_option_classes_mirror_their_constructors(name, cls):
 @pytest.mark.parametrize("preset", preset_names())
 def test_presets_encode_the_same_bytes_as_their_raw_options(preset):
     """A preset's typed codec encodes exactly as ``make_codec`` with the preset's raw option mapping."""
-    raw = _PRESETS[preset]
+    raw = PRESETS[preset]
     config = QSDPConfig.from_preset(preset)
     x = torch.randn(3000, generator=torch.Generator().manual_seed(0))
     for prefix, side in (("weight_", config.weights), ("grad_", config.grads)):
