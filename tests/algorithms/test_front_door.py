@@ -44,8 +44,10 @@ NEW_SPELLING = QSDPConfig(
 
 def test_a_typo_names_the_allowed_options_and_the_closest():
     with pytest.raises(ValueError, match=r"unknown QSDP option 'weight_bit'; did you mean 'weight_bits'\?; "
-                                         r"allowed: weight_bits, weight_codec, "):
+                                         r"allowed: config, preset, policy, auto_options, weight_bits, weight_codec, "):
         QSDP(weight_bit=4)
+    with pytest.raises(ValueError, match=r"unknown QSDP option 'polcy'; did you mean 'policy'\?"):
+        QSDP(polcy="auto")
     with pytest.raises(ValueError, match=r"unknown QSDP preset 'sdp4bits'; did you mean 'sdp4bit'\?"):
         QSDPConfig.from_preset("sdp4bits")
     with pytest.raises(ValueError, match=r"unknown option 'hadamrd' of codec 'minmax'; did you mean 'hadamard'\?"):
@@ -146,3 +148,16 @@ def test_old_spelling_and_typed_config_train_identically():
         new_losses, new_traffic = rank["new"]
         assert old_losses == new_losses
         assert old_traffic.summary() == new_traffic.summary() and old_traffic.total.sent > 0
+
+
+@pytest.mark.parametrize("make,label", [
+    (lambda: QSDP(QSDPConfig.from_preset("w8g8")), "w8g8"),
+    (lambda: QSDP(QSDPConfig.from_preset("qwd-w4g2-loco")), "qwd-w4g2-loco"),
+    (lambda: QSDP(QSDPConfig()), "w8g8"),
+    (lambda: QSDP("w8g4", grad_bits=4), "w8g4"),  # the preset's own value: still exactly the preset
+    (lambda: QSDP("w8g4", seed=3), "w8g4+custom"),
+    (lambda: QSDP(QSDPConfig.from_preset("w8g4", seed=3)), "custom"),
+    (lambda: QSDP(policy="auto"), "auto"),
+])
+def test_the_logged_preset_names_the_preset_the_config_equals(make, label):
+    assert make().preset_label() == label
