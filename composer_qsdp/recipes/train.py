@@ -15,13 +15,14 @@ torch and Composer only when it trains, so ``--help`` answers at once.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
-import re
+import pickle
 import signal
 import sys
 import traceback
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -164,10 +165,6 @@ def _collective_timeout(err: BaseException, timeout_s: float) -> CollectiveTimeo
         "dist_timeout.")
 
 
-#: Composer's default checkpoint names, which the recipe keeps: ``ep0-ba6`` (sharded: a folder), ``ep0-ba6-rank0.pt``.
-_CHECKPOINT_NAME = re.compile(r"ep(\d+)-ba(\d+)(-rank\d+)?(\.pt)?")
-
-
 def set_aside_incomplete_checkpoints(save_folder: str | os.PathLike) -> list[Path]:
     """Rename the checkpoints of ``save_folder`` that are newer than the one ``latest-rank0.pt`` names (all of them
     when there is no such link) to ``NAME.incomplete``; returns the new paths.
@@ -177,18 +174,20 @@ def set_aside_incomplete_checkpoints(save_folder: str | os.PathLike) -> list[Pat
     names, but Composer refuses to start while such remains might be overwritten by the resumed run; set aside,
     nothing is deleted.
     """
+    from composer_qsdp.recipes.checksums import checkpoint_batch
+
     folder = Path(save_folder)
     latest = folder / "latest-rank0.pt"
     newest = -1
     if latest.is_symlink():
-        match = _CHECKPOINT_NAME.fullmatch(Path(os.readlink(latest)).name)
-        if match is None:
+        linked = checkpoint_batch(Path(os.readlink(latest)).name)
+        if linked is None:
             return []  # not a name this recipe writes: leave the folder alone
-        newest = int(match[2])
+        newest = linked
     moved = []
     for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
-        match = _CHECKPOINT_NAME.fullmatch(entry.name)
-        if match is not None and int(match[2]) > newest:
+        batch = checkpoint_batch(entry.name)
+        if batch is not None and batch > newest:
             target = entry.with_name(entry.name + ".incomplete")
             suffix = 1
             while target.exists():
@@ -196,6 +195,67 @@ def set_aside_incomplete_checkpoints(save_folder: str | os.PathLike) -> list[Pat
             entry.rename(target)
             moved.append(target)
     return moved
+
+
+def _resume_checkpoint(cfg: Any) -> Path | None:
+    """The local checkpoint the Trainer will load, as Composer picks it: with ``autoresume``, the one that
+    ``save_folder/latest-rank0.pt`` names, if any; else ``load_path``. None when it loads none or a remote one."""
+    if cfg.autoresume and cfg.save_folder is not None and "://" not in cfg.save_folder:
+        latest = Path(cfg.save_folder, "latest-rank0.pt")
+        if latest.exists():
+            return latest.resolve()
+    if cfg.load_path is not None and "://" not in cfg.load_path:
+        return Path(cfg.load_path)
+    return None
+
+
+def _resume_key(cfg: Any) -> str:
+    """The recipe key that chose the checkpoint to load, for error messages."""
+    if cfg.autoresume and cfg.save_folder is not None and Path(cfg.save_folder, "latest-rank0.pt").exists():
+        return "recipe key 'autoresume' (the checkpoint save_folder/latest-rank0.pt names)"
+    return f"recipe key 'load_path' = {cfg.load_path!r}"
+
+
+#: What reading a truncated or corrupt checkpoint raises, by the first line of its message: torch.load's zip reader,
+#: pickle, and torch.distributed.checkpoint's reads.
+_UNREADABLE_MESSAGES = ("pytorchstreamreader", "unpickling", "ran out of input", "unexpected eof", "truncated",
+                        "invalid load key", "corrupt")
+
+
+def _unreadable(err: BaseException | None) -> str | None:
+    """The first line of ``err`` (or of an exception it was raised from, or of a rank's failure inside a
+    ``torch.distributed.checkpoint`` ``CheckpointException``) if it says a checkpoint file could not be read, else
+    None."""
+    while err is not None:
+        for failure, _trace in getattr(err, "failures", {}).values():
+            why = _unreadable(failure)
+            if why is not None:
+                return why
+        first = (str(err).strip().splitlines() or [""])[0]
+        if isinstance(err, (EOFError, pickle.UnpicklingError)) or any(m in first.lower() for m in _UNREADABLE_MESSAGES):
+            return f"{type(err).__name__}: {first}"
+        err = err.__cause__ or err.__context__
+    return None
+
+
+@contextlib.contextmanager
+def _reading_checkpoint(cfg: Any, checkpoint: Path | None) -> Iterator[None]:
+    """Turn a failure to read ``checkpoint`` inside the block into a :class:`RecipeError` naming the file and the
+    fix."""
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+    try:
+        yield
+    except (Exception, CheckpointException) as err:
+        why = _unreadable(err) if checkpoint is not None else None
+        if why is None:
+            raise
+        from composer_qsdp.recipes.checksums import remedy, short_file
+
+        found = short_file(checkpoint)
+        what = f"checkpoint file {found[0]}" if found else f"checkpoint {checkpoint}"
+        raise RecipeError(f"{_resume_key(cfg)}: {what} is truncated or corrupt ({found[1] if found else why}); "
+                          f"{remedy(checkpoint)}") from err
 
 
 def train(recipe: ValidatedRecipe) -> Any:
@@ -217,6 +277,7 @@ def train(recipe: ValidatedRecipe) -> Any:
     from composer.utils import FSDP2Config, dist, reproducibility
     from omegaconf import OmegaConf
 
+    from composer_qsdp.recipes.checksums import CheckpointChecksums, CorruptCheckpointError, verify_checkpoint
     from composer_qsdp.recipes.metrics_file import MetricsFile
 
     cfg = recipe.cfg
@@ -235,6 +296,12 @@ def train(recipe: ValidatedRecipe) -> Any:
                               "complete one (latest-rank0.pt), left by a save that never finished; set aside so "
                               "that the run resumes from the last complete checkpoint", stacklevel=2)
         dist.barrier()
+    resume = _resume_checkpoint(cfg)
+    if resume is not None:
+        try:
+            verify_checkpoint(resume)
+        except CorruptCheckpointError as err:
+            raise RecipeError(f"{_resume_key(cfg)}: {err}") from None
     world = dist.get_world_size()
     train_dl = _dataloader(recipe, cfg.data.train_split, cfg.global_train_batch_size // world, training=True)
     eval_dl = None
@@ -261,34 +328,41 @@ def train(recipe: ValidatedRecipe) -> Any:
         loggers.append(MetricsFile(cfg.metrics_file))
 
     progress_bar, log_to_console = console_output(cfg.progress_bar, cfg.log_to_console, sys.stdout.isatty())
-    trainer = Trainer(
-        run_name=cfg.run_name,
-        model=model,
-        train_dataloader=train_dl,
-        eval_dataloader=eval_dl,
-        eval_interval=cfg.eval_interval,
-        max_duration=cfg.max_duration,
-        optimizers=optimizer,
-        schedulers=build_scheduler(recipe),
-        algorithms=algorithms,
-        device=device,
-        precision=cfg.precision,
-        parallelism_config=parallelism,
-        device_train_microbatch_size=cfg.device_train_microbatch_size,
-        seed=cfg.seed,
-        dist_timeout=cfg.dist_timeout,
-        save_folder=cfg.save_folder,
-        save_interval=cfg.save_interval,
-        save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
-        save_overwrite=cfg.save_overwrite,
-        load_path=cfg.load_path,
-        autoresume=cfg.autoresume,
-        progress_bar=progress_bar,
-        log_to_console=log_to_console,
-        console_log_interval=cfg.console_log_interval,
-        loggers=loggers,
-        callbacks=callbacks,
-    )
+    with _reading_checkpoint(cfg, resume):  # the Trainer loads it
+        trainer = Trainer(
+            run_name=cfg.run_name,
+            model=model,
+            train_dataloader=train_dl,
+            eval_dataloader=eval_dl,
+            eval_interval=cfg.eval_interval,
+            max_duration=cfg.max_duration,
+            optimizers=optimizer,
+            schedulers=build_scheduler(recipe),
+            algorithms=algorithms,
+            device=device,
+            precision=cfg.precision,
+            parallelism_config=parallelism,
+            device_train_microbatch_size=cfg.device_train_microbatch_size,
+            seed=cfg.seed,
+            dist_timeout=cfg.dist_timeout,
+            save_folder=cfg.save_folder,
+            save_interval=cfg.save_interval,
+            save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
+            save_overwrite=cfg.save_overwrite,
+            load_path=cfg.load_path,
+            autoresume=cfg.autoresume,
+            progress_bar=progress_bar,
+            log_to_console=log_to_console,
+            console_log_interval=cfg.console_log_interval,
+            loggers=loggers,
+            callbacks=callbacks,
+        )
+    if cfg.save_folder is not None and "://" not in cfg.save_folder:
+        from composer.callbacks import CheckpointSaver
+
+        # After the saver in the callback order: each checkpoint's manifest is written at the event that saved it.
+        saver = next(cb for cb in trainer.state.callbacks if isinstance(cb, CheckpointSaver))
+        trainer.state.callbacks.append(CheckpointChecksums(saver))
     if placement is not None:
         trainer.logger.log_hyperparameters(placement.hyperparameters())
     try:
