@@ -453,12 +453,13 @@ def _end_launched(status: int) -> int:
     """End a launched process that failed with ``status`` now, without waiting for background threads; elsewhere
     return ``status``.
 
-    Interpreter exit joins every non-daemon thread before it runs the ``atexit`` callbacks, and those of
-    mosaicml-streaming's ``StreamingDataset`` thread pool (``_prepare_thread``, ``_ready_thread``) end only with their
-    epoch or the dataset's own error flag: after a failure in the middle of an epoch a process waited for them until
-    the launcher's SIGKILL (Composer turns the launcher's SIGTERM into ``sys.exit`` in the blocked join), and a failed
-    process whose sockets stay open makes its peers wait for ``dist_timeout``. The ``atexit`` callbacks (Composer's
-    loggers, streaming's shared memory) still run; only the thread joins are skipped.
+    Interpreter exit joins every non-daemon thread before it runs the ``atexit`` callbacks. On the recipe's path the
+    only thread pool is mosaicml-streaming's (``StreamingDataset``'s ``_prepare_thread`` and ``_ready_thread``): its
+    exit hook asks them to stop, but the ready thread's wait for a shard that is being prepared checks only the
+    dataset's own error flag, so a process could wait there until the launcher's SIGKILL (Composer turns the
+    launcher's SIGTERM into ``sys.exit``, which ends up in the same join), and a failed process whose sockets stay
+    open makes its peers wait for ``dist_timeout``. The ``atexit`` callbacks (Composer's loggers, streaming's shared
+    memory) still run; only the thread joins are skipped.
     """
     if not _launched():
         return status
