@@ -267,8 +267,9 @@ def train(recipe: ValidatedRecipe) -> Any:
 
     Raises:
         RecipeError: the machine cannot run the recipe (:func:`~composer_qsdp.recipes.loader.check_machine`), the shards
-            named in ``data`` are missing or do not fit the model, or an algorithm cannot run
-            on the installed torch.
+            named in ``data`` are missing or do not fit the model, an algorithm cannot run
+            on the installed torch, or the checkpoint to resume from is truncated or corrupt (naming the file:
+            :mod:`~composer_qsdp.recipes.checksums`).
         CollectiveTimeoutError: a collective waited ``dist_timeout`` seconds for the other processes (a stalled or
             dead process), naming the ranks that did not answer where it can.
     """
@@ -435,8 +436,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             status = 1
         elif not launched:
             raise
-        elif isinstance(err, SystemExit):  # the launcher ends this process: another one failed
+        elif isinstance(err, SystemExit):  # Composer's SIGTERM handler: the launcher ends this process
             status = err.code if isinstance(err.code, int) else 1
+            print(f"rank {os.environ.get('RANK', '?')}: stopped by the launcher (status {status}) because another "
+                  "process of the job ended; the launcher prints that process's error", file=sys.stderr)
         else:
             traceback.print_exc()
             status = 1

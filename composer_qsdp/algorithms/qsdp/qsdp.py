@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
