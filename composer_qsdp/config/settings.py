@@ -150,6 +150,10 @@ class QSDPConfig:
 
     Raises:
         ValueError: at construction, for any option out of range, naming the option and what is allowed.
+
+    Warns:
+        LowBitGradientWarning: at construction, once, when gradients of 1 or 2 bits (default or override) move
+            through a scheme without error feedback (:data:`FEEDBACK_GRAD_SCHEMES`), naming the fix.
     """
 
     weights: SideConfig = field(default_factory=SideConfig)
