@@ -98,6 +98,9 @@ def test_two_processes_through_the_launcher(corpus_shards, tmp_path):
     # FSDP2 sharded checkpoint: one DCP file per rank.
     assert sorted(p.name for p in (tmp_path / "ckpt" / "ep0-ba12").glob("*.distcp")) == ["__0_0.distcp",
                                                                                          "__1_0.distcp"]
+    # Its checksum manifest, the ranks hashing in turn: every file of the folder.
+    manifest = json.loads((tmp_path / "ckpt" / "ep0-ba12" / "checksums.json").read_text())["files"]
+    assert sorted(manifest) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     summary = json.loads((tmp_path / "metrics.json").read_text())["communication"]["QSDP"]
     assert 0 < summary["total"]["sent"] < summary["total"]["bf16"]
     assert "QSDP communication" in result.stdout

@@ -57,8 +57,7 @@ from dataclasses import dataclass
 import torch
 
 from composer_qsdp.comm import call_traffic
-from composer_qsdp.config.settings import SideConfig, build_scheme
-from composer_qsdp.config.presets import from_preset
+from composer_qsdp.config.settings import SideConfig, build_scheme, from_preset
 from composer_qsdp.quant import Codec
 from composer_qsdp.schemes import GradScheme, WeightScheme
 

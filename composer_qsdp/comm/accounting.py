@@ -205,9 +205,9 @@ class TrafficReport:
         for label, c in (("weights (all-gather)", self.weights), ("grads (reduce-scatter)", self.grads),
                          ("total", self.total)):
             line = (
-                f"{label:<24} sent {_size(c.sent):>10} | bf16 {_size(c.bf16):>10} ({_factor(c.ratio_vs_bf16)}) | "
-                f"unquantized {_size(c.native):>10} ({_factor(c.ratio_vs_native)}) | "
-                f"plain FSDP {_size(c.plain_fsdp):>10} ({_factor(c.ratio_vs_plain_fsdp)}) | {c.calls} calls"
+                f"{label:<24} sent {_size(c.sent):>10} | bf16 {_size(c.bf16):>10} ({_factor(c.sent, c.ratio_vs_bf16)}) | "
+                f"unquantized {_size(c.native):>10} ({_factor(c.sent, c.ratio_vs_native)}) | "
+                f"plain FSDP {_size(c.plain_fsdp):>10} ({_factor(c.sent, c.ratio_vs_plain_fsdp)}) | {c.calls} calls"
             )
             if c.inter_node:
                 line += f" | inter-node {_size(c.inter_node)}"
@@ -217,8 +217,11 @@ class TrafficReport:
         return "\n".join(lines)
 
 
-def _factor(ratio: float) -> str:
-    """A compression factor as readers say it: ``2.00x less``, or ``1.80x more`` when more was sent."""
+def _factor(sent: int, ratio: float) -> str:
+    """A compression factor as readers say it: ``2.00x less``, or ``1.80x more`` when more was sent; ``no bytes
+    sent`` when ``sent`` is 0, where a ratio means nothing."""
+    if not sent:
+        return "no bytes sent"
     return f"{ratio:.2f}x less" if ratio >= 1 else f"{1 / ratio:.2f}x more"
 
 

@@ -6,12 +6,13 @@ Pure settings, validated at construction; nothing here installs anything or know
 
 from composer_qsdp.config.options import (CodecOptions, DifferenceOptions, DirectOptions, FlatOptions,
                                           LearnedOptions, LoCoOptions, TwoLevelOptions)
-from composer_qsdp.config.presets import from_preset, from_recipe, option_names, preset_names, recipe_names
-from composer_qsdp.config.settings import ModuleFilter, QSDPConfig, SideConfig
+from composer_qsdp.config.presets import preset_names
+from composer_qsdp.config.settings import (LowBitGradientWarning, ModuleFilter, QSDPConfig, SideConfig, from_preset,
+                                           from_recipe, option_names, recipe_names)
 
 __all__ = [
     "CodecOptions", "DifferenceOptions", "DirectOptions", "FlatOptions", "LearnedOptions", "LoCoOptions",
-    "ModuleFilter",
+    "LowBitGradientWarning", "ModuleFilter",
     "QSDPConfig", "SideConfig", "TwoLevelOptions", "from_preset", "from_recipe", "option_names", "preset_names",
     "recipe_names",
 ]

@@ -1,5 +1,6 @@
-"""Named presets: a ``QSDPConfig`` by name, with flat keyword changes
-(``QSDPConfig.from_preset("w8g4", exclude=[...])``).
+"""Named presets: the flat options of each ``QSDPConfig`` preset, which ``QSDPConfig.from_preset("w8g4",
+exclude=[...])`` builds with flat keyword changes (:mod:`composer_qsdp.config.settings`). Plain data: this module
+imports nothing of the package.
 
 * ``w8g8``: QSDP's headline setting (8-bit weights and gradients, min-max, stochastic rounding, buckets of 1024).
   The default everywhere.
@@ -53,14 +54,9 @@ field of :class:`~composer_qsdp.config.QSDPConfig` (``exclude``, ``module_filter
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import fields
 from typing import Any
 
-from composer_qsdp._names import did_you_mean
-from composer_qsdp.config.settings import QSDPConfig, SideConfig
-
-__all__ = ["from_preset", "from_recipe", "option_names", "preset_names", "recipe_names"]
+__all__ = ["PRESETS", "preset_names"]
 
 # SDP4Bit's two halves (§3.1 qWD weights, §3.2 TLq-HS gradients), shared by the presets that use them.
 _QWD_W4: dict[str, Any] = {
@@ -75,8 +71,9 @@ _LOCO: dict[str, Any] = {
     "grad_scheme": "loco", "grad_rounding": "nearest", "grad_bucket_size": 256,
     "grad_codec_options": {"hadamard": True}, "grad_scheme_options": {"beta": 0.5},
 }
-#: Each preset as flat options over the defaults (``QSDPConfig()``).
-_PRESETS: dict[str, dict[str, Any]] = {
+#: Each preset as flat options over the defaults (``QSDPConfig()``); :meth:`QSDPConfig.from_preset
+#: <composer_qsdp.config.QSDPConfig.from_preset>` builds them.
+PRESETS: dict[str, dict[str, Any]] = {
     "w8g8": {},
     "w8g4": {"grad_bits": 4},
     "w4g4": {"weight_bits": 4, "grad_bits": 4},
@@ -92,62 +89,8 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "qwd-w3g3-loco": {**_QWD_W4, "weight_bits": 3, **_LOCO, "grad_bits": 3},
     "qwd-w3g2-loco": {**_QWD_W4, "weight_bits": 3, **_LOCO, "grad_bits": 2},
 }
-_SIDES = {"weight_": "weights", "grad_": "grads"}
-_SIDE_FIELDS = tuple(f.name for f in fields(SideConfig))
-_RUN_FIELDS = tuple(f.name for f in fields(QSDPConfig) if f.init and f.name not in _SIDES.values())
 
 
 def preset_names() -> tuple[str, ...]:
-    """Names accepted by :meth:`QSDPConfig.from_preset`."""
-    return tuple(_PRESETS)
-
-
-def option_names() -> tuple[str, ...]:
-    """The flat options :meth:`QSDPConfig.from_preset` accepts (see the module docstring)."""
-    return (*(prefix + f for prefix in _SIDES for f in _SIDE_FIELDS), "bucket_size", *_RUN_FIELDS)
-
-
-def from_preset(name: str = "w8g8", **options: Any) -> QSDPConfig:
-    """The preset ``name`` (:func:`preset_names`) with flat ``options`` changed (see the module docstring);
-    :meth:`QSDPConfig.from_preset` is this function.
-
-    Example: ``QSDPConfig.from_preset("w8g4", weight_bucket_size=2048, exclude=["model.wte"])``.
-
-    Raises:
-        ValueError: an unknown preset or option (naming the allowed ones and the closest), or an option out of
-            range, naming the flat options it came from.
-    """
-    if not isinstance(name, str) or name not in _PRESETS:
-        hint = did_you_mean(name, _PRESETS) if isinstance(name, str) else ""
-        raise ValueError(f"unknown QSDP preset {name!r}{hint}; allowed: {', '.join(_PRESETS)}")
-    allowed = option_names()
-    for key in options:
-        if key not in allowed:
-            raise ValueError(f"unknown QSDP option {key!r}{did_you_mean(key, allowed)}; allowed: {', '.join(allowed)}")
-    given = options
-    options = {**_PRESETS[name], **options}
-    sides: dict[str, dict[str, Any]] = {side: {} for side in _SIDES.values()}
-    if "bucket_size" in options:
-        for changes in sides.values():
-            changes["bucket_size"] = options["bucket_size"]
-    for prefix, side in _SIDES.items():
-        sides[side].update({f: options[prefix + f] for f in _SIDE_FIELDS if prefix + f in options})
-    run = {f: options[f] for f in _RUN_FIELDS if f in options}
-    try:
-        return QSDPConfig(**{side: SideConfig(**changes) for side, changes in sides.items()}, **run)
-    except ValueError as err:
-        # The config names its own fields (weights.bits); say which of the user's flat options set them.
-        named = ", ".join(f"{k}={v!r}" for k, v in given.items()) or "none"
-        raise ValueError(f"QSDP preset {name!r} with options {named}: {err}") from None
-
-
-def from_recipe(name: str = "w8g8", **options: Any) -> QSDPConfig:
-    """Deprecated spelling of :meth:`QSDPConfig.from_preset` (a "recipe" is a yaml file)."""
-    warnings.warn("from_recipe(...) is now QSDPConfig.from_preset(...)", DeprecationWarning, stacklevel=2)
-    return from_preset(name, **options)
-
-
-def recipe_names() -> tuple[str, ...]:
-    """Deprecated spelling of :meth:`QSDPConfig.preset_names`."""
-    warnings.warn("recipe_names() is now QSDPConfig.preset_names()", DeprecationWarning, stacklevel=2)
-    return preset_names()
+    """Names accepted by :meth:`QSDPConfig.from_preset <composer_qsdp.config.QSDPConfig.from_preset>`."""
+    return tuple(PRESETS)

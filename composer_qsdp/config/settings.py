@@ -1,28 +1,45 @@
 """``SideConfig`` (how one side's traffic is quantized and moved) and ``QSDPConfig`` (both sides, which units,
-seeds and checks): frozen, validated at construction, with named presets (:mod:`composer_qsdp.config.presets`)."""
+seeds and checks): frozen, validated at construction, built by name from the presets of
+:mod:`composer_qsdp.config.presets` (:func:`from_preset`, whose flat options the module docstring there lists)."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch.nn as nn
 
+from composer_qsdp._names import did_you_mean
 from composer_qsdp.config.options import (CODEC_OPTIONS, SCHEME_OPTIONS, CodecOptions, option_kwargs,
                                           typed_options)
+from composer_qsdp.config.presets import PRESETS, preset_names
 from composer_qsdp.quant import Codec, make_codec
 from composer_qsdp.registry import Registry
 from composer_qsdp.schemes import (GRAD_SCHEMES, WEIGHT_SCHEMES, GradScheme, WeightScheme, make_grad_scheme,
                                    make_weight_scheme)
 from composer_qsdp.validate import check_int, check_seed
 
-__all__ = ["ModuleFilter", "QSDPConfig", "SideConfig", "build_scheme"]
+__all__ = [
+    "FEEDBACK_GRAD_SCHEMES", "LowBitGradientWarning", "ModuleFilter", "QSDPConfig", "SideConfig", "build_scheme",
+    "from_preset", "from_recipe", "option_names", "recipe_names",
+]
 
 #: ``filter(module, name) -> bool``: True keeps a unit quantized (torchao float8's ``module_filter_fn`` order).
 ModuleFilter = Callable[[nn.Module, str], bool]
+#: Gradient schemes with error feedback, which carry each call's compression error into the next call.
+FEEDBACK_GRAD_SCHEMES = ("loco",)
+#: Gradient bit widths at or below which a scheme without error feedback costs loss.
+LOW_GRAD_BITS = 2
+
+
+class LowBitGradientWarning(UserWarning):
+    """Gradients of 1 or 2 bits without error feedback: the compression error of every step is lost, which costs
+    loss (the QSDP README's "Past 7.5x" section); the ``loco`` gradient scheme carries it over."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +150,10 @@ class QSDPConfig:
 
     Raises:
         ValueError: at construction, for any option out of range, naming the option and what is allowed.
+
+    Warns:
+        LowBitGradientWarning: at construction, once, when gradients of 1 or 2 bits (default or override) move
+            through a scheme without error feedback (:data:`FEEDBACK_GRAD_SCHEMES`), naming the fix.
     """
 
     weights: SideConfig = field(default_factory=SideConfig)
@@ -164,6 +185,17 @@ class QSDPConfig:
             check_int("ranks_per_node", self.ranks_per_node, minimum=1)
         set_(self, "_weight_prototypes", self._prototypes("weights", WEIGHT_SCHEMES, make_weight_scheme))
         set_(self, "_grad_prototypes", self._prototypes("grads", GRAD_SCHEMES, make_grad_scheme))
+        self._warn_low_bit_grads()
+
+    def _warn_low_bit_grads(self) -> None:
+        lossy = sorted(f"{scheme} at {bits} bit(s)" for scheme, bits in self._grad_prototypes
+                       if bits is not None and bits <= LOW_GRAD_BITS and scheme not in FEEDBACK_GRAD_SCHEMES)
+        if lossy:
+            warnings.warn(
+                f"QSDPConfig: gradients of {', '.join(lossy)} without error feedback lose each step's compression "
+                f"error, which costs loss; use the gradient scheme {' or '.join(map(repr, FEEDBACK_GRAD_SCHEMES))} "
+                "(grad_scheme='loco', or a preset with it, e.g. QSDPConfig.from_preset('qwd-w4g2-loco')) or 3 or "
+                "more gradient bits", LowBitGradientWarning, stacklevel=4)
 
     def _prototypes(self, name: str, table: Registry[Any], make: Callable[..., Any]) -> dict[tuple[str, int | None], Any]:
         side: SideConfig = getattr(self, name)
@@ -178,8 +210,8 @@ class QSDPConfig:
     @classmethod
     def from_preset(cls, name: str = "w8g8", **options: Any) -> QSDPConfig:
         """The named preset (:meth:`preset_names`: ``"w8g8"``, ``"w8g4"``, ``"w4g4"``, ``"zeropp"``,
-        ``"tlq-hs"``, ``"sdp4bit"``, ``"qwd-w4g4"``) with flat ``options`` changed (:meth:`option_names`:
-        ``weight_bits``, ``grad_codec_options``, ``bucket_size``, ``exclude``, ...; see
+        ``"tlq-hs"``, ``"sdp4bit"``, ``"qwd-w4g4"``, ``"qwd-w4g2-loco"``...) with flat ``options`` changed
+        (:meth:`option_names`: ``weight_bits``, ``grad_codec_options``, ``bucket_size``, ``exclude``, ...; see
         :mod:`composer_qsdp.config.presets`).
 
         Example: ``QSDPConfig.from_preset("w8g4", weight_bucket_size=2048, exclude=["model.wte"])``.
@@ -188,23 +220,22 @@ class QSDPConfig:
             ValueError: an unknown preset or option, naming the allowed ones and the closest, or a value out of
                 range, naming the option.
         """
-        from composer_qsdp.config.presets import from_preset  # the presets module builds on this class
-
         return from_preset(name, **options)
 
     @staticmethod
     def preset_names() -> tuple[str, ...]:
         """The names :meth:`from_preset` accepts."""
-        from composer_qsdp.config.presets import preset_names
-
         return preset_names()
 
     @staticmethod
     def option_names() -> tuple[str, ...]:
         """The flat options :meth:`from_preset` accepts."""
-        from composer_qsdp.config.presets import option_names
-
         return option_names()
+
+    def matching_preset(self) -> str | None:
+        """The name of the preset this configuration equals (``from_preset(name)`` with no options), else ``None``
+        (a preset with changed options, or a configuration built field by field that no preset matches)."""
+        return next((name for name in PRESETS if _preset_config(name) == self), None)
 
     def weight_scheme(self, bits: int | None, scheme: str | None = None) -> WeightScheme:
         """A new weight scheme for one unit: ``scheme`` (``None``: ``weights.scheme``) at ``bits`` bits
@@ -265,6 +296,68 @@ def build_scheme(
         return make(name, side.make_codec(bits), error_sample_interval, **option_kwargs(options))
     except ValueError as err:
         raise ValueError(f"QSDPConfig {side_name}: {err}") from None
+
+
+_SIDES = {"weight_": "weights", "grad_": "grads"}
+_SIDE_FIELDS = tuple(f.name for f in fields(SideConfig))
+_RUN_FIELDS = tuple(f.name for f in fields(QSDPConfig) if f.init and f.name not in _SIDES.values())
+
+
+def option_names() -> tuple[str, ...]:
+    """The flat options :meth:`QSDPConfig.from_preset` accepts (see :mod:`composer_qsdp.config.presets`)."""
+    return (*(prefix + f for prefix in _SIDES for f in _SIDE_FIELDS), "bucket_size", *_RUN_FIELDS)
+
+
+def from_preset(name: str = "w8g8", **options: Any) -> QSDPConfig:
+    """The preset ``name`` (:func:`~composer_qsdp.config.presets.preset_names`) with flat ``options`` changed (see
+    :mod:`composer_qsdp.config.presets`); :meth:`QSDPConfig.from_preset` is this function.
+
+    Example: ``QSDPConfig.from_preset("w8g4", weight_bucket_size=2048, exclude=["model.wte"])``.
+
+    Raises:
+        ValueError: an unknown preset or option (naming the allowed ones and the closest), or an option out of
+            range, naming the flat options it came from.
+    """
+    if not isinstance(name, str) or name not in PRESETS:
+        hint = did_you_mean(name, PRESETS) if isinstance(name, str) else ""
+        raise ValueError(f"unknown QSDP preset {name!r}{hint}; allowed: {', '.join(PRESETS)}")
+    allowed = option_names()
+    for key in options:
+        if key not in allowed:
+            raise ValueError(f"unknown QSDP option {key!r}{did_you_mean(key, allowed)}; allowed: {', '.join(allowed)}")
+    given = options
+    options = {**PRESETS[name], **options}
+    sides: dict[str, dict[str, Any]] = {side: {} for side in _SIDES.values()}
+    if "bucket_size" in options:
+        for changes in sides.values():
+            changes["bucket_size"] = options["bucket_size"]
+    for prefix, side in _SIDES.items():
+        sides[side].update({f: options[prefix + f] for f in _SIDE_FIELDS if prefix + f in options})
+    run = {f: options[f] for f in _RUN_FIELDS if f in options}
+    try:
+        return QSDPConfig(**{side: SideConfig(**changes) for side, changes in sides.items()}, **run)
+    except ValueError as err:
+        # The config names its own fields (weights.bits); say which of the user's flat options set them.
+        named = ", ".join(f"{k}={v!r}" for k, v in given.items()) or "none"
+        raise ValueError(f"QSDP preset {name!r} with options {named}: {err}") from None
+
+
+def from_recipe(name: str = "w8g8", **options: Any) -> QSDPConfig:
+    """Deprecated spelling of :meth:`QSDPConfig.from_preset` (a "recipe" is a yaml file)."""
+    warnings.warn("from_recipe(...) is now QSDPConfig.from_preset(...)", DeprecationWarning, stacklevel=2)
+    return from_preset(name, **options)
+
+
+def recipe_names() -> tuple[str, ...]:
+    """Deprecated spelling of :meth:`QSDPConfig.preset_names`."""
+    warnings.warn("recipe_names() is now QSDPConfig.preset_names()", DeprecationWarning, stacklevel=2)
+    return preset_names()
+
+
+@functools.cache
+def _preset_config(name: str) -> QSDPConfig:
+    """The preset ``name`` unchanged, built once (configurations are frozen)."""
+    return from_preset(name)
 
 
 def _copy_of(

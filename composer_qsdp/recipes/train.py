@@ -14,12 +14,15 @@ torch and Composer only when it trains, so ``--help`` answers at once.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
-import re
+import pickle
 import signal
 import sys
+import traceback
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -162,10 +165,6 @@ def _collective_timeout(err: BaseException, timeout_s: float) -> CollectiveTimeo
         "dist_timeout.")
 
 
-#: Composer's default checkpoint names, which the recipe keeps: ``ep0-ba6`` (sharded: a folder), ``ep0-ba6-rank0.pt``.
-_CHECKPOINT_NAME = re.compile(r"ep(\d+)-ba(\d+)(-rank\d+)?(\.pt)?")
-
-
 def set_aside_incomplete_checkpoints(save_folder: str | os.PathLike) -> list[Path]:
     """Rename the checkpoints of ``save_folder`` that are newer than the one ``latest-rank0.pt`` names (all of them
     when there is no such link) to ``NAME.incomplete``; returns the new paths.
@@ -175,18 +174,20 @@ def set_aside_incomplete_checkpoints(save_folder: str | os.PathLike) -> list[Pat
     names, but Composer refuses to start while such remains might be overwritten by the resumed run; set aside,
     nothing is deleted.
     """
+    from composer_qsdp.recipes.checksums import checkpoint_batch
+
     folder = Path(save_folder)
     latest = folder / "latest-rank0.pt"
     newest = -1
     if latest.is_symlink():
-        match = _CHECKPOINT_NAME.fullmatch(Path(os.readlink(latest)).name)
-        if match is None:
+        linked = checkpoint_batch(Path(os.readlink(latest)).name)
+        if linked is None:
             return []  # not a name this recipe writes: leave the folder alone
-        newest = int(match[2])
+        newest = linked
     moved = []
     for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
-        match = _CHECKPOINT_NAME.fullmatch(entry.name)
-        if match is not None and int(match[2]) > newest:
+        batch = checkpoint_batch(entry.name)
+        if batch is not None and batch > newest:
             target = entry.with_name(entry.name + ".incomplete")
             suffix = 1
             while target.exists():
@@ -194,6 +195,67 @@ def set_aside_incomplete_checkpoints(save_folder: str | os.PathLike) -> list[Pat
             entry.rename(target)
             moved.append(target)
     return moved
+
+
+def _resume_checkpoint(cfg: Any) -> Path | None:
+    """The local checkpoint the Trainer will load, as Composer picks it: with ``autoresume``, the one that
+    ``save_folder/latest-rank0.pt`` names, if any; else ``load_path``. None when it loads none or a remote one."""
+    if cfg.autoresume and cfg.save_folder is not None and "://" not in cfg.save_folder:
+        latest = Path(cfg.save_folder, "latest-rank0.pt")
+        if latest.exists():
+            return latest.resolve()
+    if cfg.load_path is not None and "://" not in cfg.load_path:
+        return Path(cfg.load_path)
+    return None
+
+
+def _resume_key(cfg: Any) -> str:
+    """The recipe key that chose the checkpoint to load, for error messages."""
+    if cfg.autoresume and cfg.save_folder is not None and Path(cfg.save_folder, "latest-rank0.pt").exists():
+        return "recipe key 'autoresume' (the checkpoint save_folder/latest-rank0.pt names)"
+    return f"recipe key 'load_path' = {cfg.load_path!r}"
+
+
+#: What reading a truncated or corrupt checkpoint raises, by the first line of its message: torch.load's zip reader,
+#: pickle, and torch.distributed.checkpoint's reads.
+_UNREADABLE_MESSAGES = ("pytorchstreamreader", "unpickling", "ran out of input", "unexpected eof", "truncated",
+                        "invalid load key", "corrupt")
+
+
+def _unreadable(err: BaseException | None) -> str | None:
+    """The first line of ``err`` (or of an exception it was raised from, or of a rank's failure inside a
+    ``torch.distributed.checkpoint`` ``CheckpointException``) if it says a checkpoint file could not be read, else
+    None."""
+    while err is not None:
+        for failure, _trace in getattr(err, "failures", {}).values():
+            why = _unreadable(failure)
+            if why is not None:
+                return why
+        first = (str(err).strip().splitlines() or [""])[0]
+        if isinstance(err, (EOFError, pickle.UnpicklingError)) or any(m in first.lower() for m in _UNREADABLE_MESSAGES):
+            return f"{type(err).__name__}: {first}"
+        err = err.__cause__ or err.__context__
+    return None
+
+
+@contextlib.contextmanager
+def _reading_checkpoint(cfg: Any, checkpoint: Path | None) -> Iterator[None]:
+    """Turn a failure to read ``checkpoint`` inside the block into a :class:`RecipeError` naming the file and the
+    fix."""
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+    try:
+        yield
+    except (Exception, CheckpointException) as err:
+        why = _unreadable(err) if checkpoint is not None else None
+        if why is None:
+            raise
+        from composer_qsdp.recipes.checksums import remedy, short_file
+
+        found = short_file(checkpoint)
+        what = f"checkpoint file {found[0]}" if found else f"checkpoint {checkpoint}"
+        raise RecipeError(f"{_resume_key(cfg)}: {what} is truncated or corrupt ({found[1] if found else why}); "
+                          f"{remedy(checkpoint)}") from err
 
 
 def train(recipe: ValidatedRecipe) -> Any:
@@ -205,8 +267,9 @@ def train(recipe: ValidatedRecipe) -> Any:
 
     Raises:
         RecipeError: the machine cannot run the recipe (:func:`~composer_qsdp.recipes.loader.check_machine`), the shards
-            named in ``data`` are missing or do not fit the model, or an algorithm cannot run
-            on the installed torch.
+            named in ``data`` are missing or do not fit the model, an algorithm cannot run
+            on the installed torch, or the checkpoint to resume from is truncated or corrupt (naming the file:
+            :mod:`~composer_qsdp.recipes.checksums`).
         CollectiveTimeoutError: a collective waited ``dist_timeout`` seconds for the other processes (a stalled or
             dead process), naming the ranks that did not answer where it can.
     """
@@ -215,6 +278,7 @@ def train(recipe: ValidatedRecipe) -> Any:
     from composer.utils import FSDP2Config, dist, reproducibility
     from omegaconf import OmegaConf
 
+    from composer_qsdp.recipes.checksums import CheckpointChecksums, CorruptCheckpointError, verify_checkpoint
     from composer_qsdp.recipes.metrics_file import MetricsFile
 
     cfg = recipe.cfg
@@ -233,6 +297,12 @@ def train(recipe: ValidatedRecipe) -> Any:
                               "complete one (latest-rank0.pt), left by a save that never finished; set aside so "
                               "that the run resumes from the last complete checkpoint", stacklevel=2)
         dist.barrier()
+    resume = _resume_checkpoint(cfg)
+    if resume is not None:
+        try:
+            verify_checkpoint(resume)
+        except CorruptCheckpointError as err:
+            raise RecipeError(f"{_resume_key(cfg)}: {err}") from None
     world = dist.get_world_size()
     train_dl = _dataloader(recipe, cfg.data.train_split, cfg.global_train_batch_size // world, training=True)
     eval_dl = None
@@ -259,34 +329,41 @@ def train(recipe: ValidatedRecipe) -> Any:
         loggers.append(MetricsFile(cfg.metrics_file))
 
     progress_bar, log_to_console = console_output(cfg.progress_bar, cfg.log_to_console, sys.stdout.isatty())
-    trainer = Trainer(
-        run_name=cfg.run_name,
-        model=model,
-        train_dataloader=train_dl,
-        eval_dataloader=eval_dl,
-        eval_interval=cfg.eval_interval,
-        max_duration=cfg.max_duration,
-        optimizers=optimizer,
-        schedulers=build_scheduler(recipe),
-        algorithms=algorithms,
-        device=device,
-        precision=cfg.precision,
-        parallelism_config=parallelism,
-        device_train_microbatch_size=cfg.device_train_microbatch_size,
-        seed=cfg.seed,
-        dist_timeout=cfg.dist_timeout,
-        save_folder=cfg.save_folder,
-        save_interval=cfg.save_interval,
-        save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
-        save_overwrite=cfg.save_overwrite,
-        load_path=cfg.load_path,
-        autoresume=cfg.autoresume,
-        progress_bar=progress_bar,
-        log_to_console=log_to_console,
-        console_log_interval=cfg.console_log_interval,
-        loggers=loggers,
-        callbacks=callbacks,
-    )
+    with _reading_checkpoint(cfg, resume):  # the Trainer loads it
+        trainer = Trainer(
+            run_name=cfg.run_name,
+            model=model,
+            train_dataloader=train_dl,
+            eval_dataloader=eval_dl,
+            eval_interval=cfg.eval_interval,
+            max_duration=cfg.max_duration,
+            optimizers=optimizer,
+            schedulers=build_scheduler(recipe),
+            algorithms=algorithms,
+            device=device,
+            precision=cfg.precision,
+            parallelism_config=parallelism,
+            device_train_microbatch_size=cfg.device_train_microbatch_size,
+            seed=cfg.seed,
+            dist_timeout=cfg.dist_timeout,
+            save_folder=cfg.save_folder,
+            save_interval=cfg.save_interval,
+            save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
+            save_overwrite=cfg.save_overwrite,
+            load_path=cfg.load_path,
+            autoresume=cfg.autoresume,
+            progress_bar=progress_bar,
+            log_to_console=log_to_console,
+            console_log_interval=cfg.console_log_interval,
+            loggers=loggers,
+            callbacks=callbacks,
+        )
+    if cfg.save_folder is not None and "://" not in cfg.save_folder:
+        from composer.callbacks import CheckpointSaver
+
+        # After the saver in the callback order: each checkpoint's manifest is written at the event that saved it.
+        saver = next(cb for cb in trainer.state.callbacks if isinstance(cb, CheckpointSaver))
+        trainer.state.callbacks.append(CheckpointChecksums(saver))
     if placement is not None:
         trainer.logger.log_hyperparameters(placement.hyperparameters())
     try:
@@ -323,8 +400,11 @@ RECIPE_ERROR_STATUS = 2
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m composer_qsdp.recipes.train RECIPE.yaml [key=value ...]``; returns the exit status: 0, or
-    :data:`RECIPE_ERROR_STATUS` for a recipe error (stderr says which key). A process whose peer ended in a
-    collective prints one line instead of a traceback and returns 1: the peer's own traceback is the one to read."""
+    :data:`RECIPE_ERROR_STATUS` for a recipe error (stderr says which key), 1 for any other failure. A process whose
+    peer ended in a collective prints one line instead of a traceback: the peer's own traceback is the one to read.
+    A process of a launched job (``WORLD_SIZE`` > 1) that fails ends at once with its status, after its error and
+    the ``atexit`` callbacks, without waiting for library background threads, so its peers' collectives fail
+    within seconds and the launcher's SIGTERM and SIGKILL are not needed."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(recipe_help())
@@ -339,21 +419,59 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_machine(recipe)
     except RecipeError as err:
         print(f"recipe error: {err}", file=sys.stderr, flush=True)
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a launched process: no exit-time SIGTERM either
-            sys.stdout.flush()
-            os._exit(RECIPE_ERROR_STATUS)
-        return RECIPE_ERROR_STATUS
+        return _end_launched(RECIPE_ERROR_STATUS)  # a launched process: no exit-time SIGTERM either
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
     try:
         train(recipe)
-    except RecipeError as err:
-        print(f"recipe error: {err}", file=sys.stderr)
-        return RECIPE_ERROR_STATUS
-    except PeerExitedError as err:
-        print(f"{type(err).__name__}: {err}", file=sys.stderr)
-        return 1
+    except (Exception, SystemExit) as err:
+        launched = _launched()
+        if launched:  # the launcher's SIGTERM (Composer's handler: sys.exit) must not cut the report short
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        if isinstance(err, RecipeError):
+            print(f"recipe error: {err}", file=sys.stderr)
+            status = RECIPE_ERROR_STATUS
+        elif isinstance(err, PeerExitedError):
+            print(f"{type(err).__name__}: {err}", file=sys.stderr)
+            status = 1
+        elif not launched:
+            raise
+        elif isinstance(err, SystemExit):  # Composer's SIGTERM handler: the launcher ends this process
+            status = err.code if isinstance(err.code, int) else 1
+            print(f"rank {os.environ.get('RANK', '?')}: stopped by the launcher (status {status}) because another "
+                  "process of the job ended; the launcher prints that process's error", file=sys.stderr)
+        else:
+            traceback.print_exc()
+            status = 1
+        return _end_launched(status)
     return 0
+
+
+def _launched() -> bool:
+    """Whether this process is one of several that a launcher started (``WORLD_SIZE`` > 1)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def _end_launched(status: int) -> int:
+    """End a launched process that failed with ``status`` now, without waiting for background threads; elsewhere
+    return ``status``.
+
+    Interpreter exit joins every non-daemon thread before it runs the ``atexit`` callbacks. On the recipe's path the
+    only thread pool is mosaicml-streaming's (``StreamingDataset``'s ``_prepare_thread`` and ``_ready_thread``): its
+    exit hook asks them to stop, but the ready thread's wait for a shard that is being prepared checks only the
+    dataset's own error flag, so a process could wait there until the launcher's SIGKILL (Composer turns the
+    launcher's SIGTERM into ``sys.exit``, which ends up in the same join), and a failed process whose sockets stay
+    open makes its peers wait for ``dist_timeout``. The ``atexit`` callbacks (Composer's loggers, streaming's shared
+    memory) still run; only the thread joins are skipped.
+    """
+    if not _launched():
+        return status
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()  # what interpreter exit runs after the joins; os._exit runs none of it
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":

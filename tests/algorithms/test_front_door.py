@@ -17,7 +17,7 @@ from composer_qsdp import (QSDP, CodecOptions, DifferenceOptions, LearnedOptions
                            TwoLevelOptions, apply_qsdp)
 from composer_qsdp.config import from_preset, from_recipe, preset_names
 from composer_qsdp.config.options import CODEC_OPTIONS, SCHEME_OPTIONS
-from composer_qsdp.config.presets import _PRESETS
+from composer_qsdp.config.presets import PRESETS
 from composer_qsdp.quant import make_codec
 from composer_qsdp.quant.registry import _CODECS
 from composer_qsdp.recipes.loader import RecipeError, load_recipe
@@ -44,8 +44,10 @@ NEW_SPELLING = QSDPConfig(
 
 def test_a_typo_names_the_allowed_options_and_the_closest():
     with pytest.raises(ValueError, match=r"unknown QSDP option 'weight_bit'; did you mean 'weight_bits'\?; "
-                                         r"allowed: weight_bits, weight_codec, "):
+                                         r"allowed: config, preset, policy, auto_options, weight_bits, weight_codec, "):
         QSDP(weight_bit=4)
+    with pytest.raises(ValueError, match=r"unknown QSDP option 'polcy'; did you mean 'policy'\?"):
+        QSDP(polcy="auto")
     with pytest.raises(ValueError, match=r"unknown QSDP preset 'sdp4bits'; did you mean 'sdp4bit'\?"):
         QSDPConfig.from_preset("sdp4bits")
     with pytest.raises(ValueError, match=r"unknown option 'hadamrd' of codec 'minmax'; did you mean 'hadamard'\?"):
@@ -70,7 +72,7 @@ def test_old_and_new_spellings_build_the_same_config():
     assert QSDP(**OLD_SPELLING).config == QSDP(NEW_SPELLING).config == NEW_SPELLING
     assert QSDP("sdp4bit").config == QSDP(preset="sdp4bit").config == QSDPConfig.from_preset("sdp4bit")
     with pytest.warns(DeprecationWarning, match=r"QSDP\(recipe=\.\.\.\) is now QSDP\(preset=\.\.\.\)"):
-        assert QSDP(recipe="w8g4", grad_bits=2).config == QSDPConfig.from_preset("w8g4", grad_bits=2)
+        assert QSDP(recipe="w8g4", grad_bits=3).config == QSDPConfig.from_preset("w8g4", grad_bits=3)
     with pytest.warns(DeprecationWarning, match=r"from_recipe\(\.\.\.\) is now QSDPConfig.from_preset"):
         assert from_recipe("zeropp") == from_preset("zeropp")
     with pytest.raises(ValueError, match=r"takes a complete QSDPConfig; \['grad_bits'\] cannot be given with it"):
@@ -105,7 +107,7 @@ def test_option_classes_mirror_their_constructors(name, cls):
 @pytest.mark.parametrize("preset", preset_names())
 def test_presets_encode_the_same_bytes_as_their_raw_options(preset):
     """A preset's typed codec encodes exactly as ``make_codec`` with the preset's raw option mapping."""
-    raw = _PRESETS[preset]
+    raw = PRESETS[preset]
     config = QSDPConfig.from_preset(preset)
     x = torch.randn(3000, generator=torch.Generator().manual_seed(0))
     for prefix, side in (("weight_", config.weights), ("grad_", config.grads)):
@@ -146,3 +148,16 @@ def test_old_spelling_and_typed_config_train_identically():
         new_losses, new_traffic = rank["new"]
         assert old_losses == new_losses
         assert old_traffic.summary() == new_traffic.summary() and old_traffic.total.sent > 0
+
+
+@pytest.mark.parametrize("make,label", [
+    (lambda: QSDP(QSDPConfig.from_preset("w8g8")), "w8g8"),
+    (lambda: QSDP(QSDPConfig.from_preset("qwd-w4g2-loco")), "qwd-w4g2-loco"),
+    (lambda: QSDP(QSDPConfig()), "w8g8"),
+    (lambda: QSDP("w8g4", grad_bits=4), "w8g4"),  # the preset's own value: still exactly the preset
+    (lambda: QSDP("w8g4", seed=3), "w8g4+custom"),
+    (lambda: QSDP(QSDPConfig.from_preset("w8g4", seed=3)), "custom"),
+    (lambda: QSDP(policy="auto"), "auto"),
+])
+def test_the_logged_preset_names_the_preset_the_config_equals(make, label):
+    assert make().preset_label() == label

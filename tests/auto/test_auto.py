@@ -6,7 +6,6 @@ law, and the options' errors."""
 from __future__ import annotations
 
 import itertools
-import time
 import random
 
 import pytest
@@ -286,28 +285,45 @@ def test_options_errors_name_the_value_and_what_is_allowed():
 
 
 # ---------------------------------------------------------------------------------------------- forward timer
-class _Sleeps(nn.Module):
-    """A module whose forward takes ``seconds`` on the host, around an optional child."""
+class _Clock:
+    """A host clock that moves only when told (``perf_counter`` of ``composer_qsdp.auto.runtime`` in a test)."""
 
-    def __init__(self, seconds: float, child: nn.Module | None = None) -> None:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class _Sleeps(nn.Module):
+    """A module whose forward takes ``seconds`` of ``clock``, around an optional child."""
+
+    def __init__(self, clock: _Clock, seconds: float, child: nn.Module | None = None) -> None:
         super().__init__()
-        self.seconds, self.child, self.lin = seconds, child, nn.Linear(2, 2)
+        self.clock, self.seconds, self.child, self.lin = clock, seconds, child, nn.Linear(2, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(self.seconds)
+        self.clock.sleep(self.seconds)
         return self.child(x) if self.child is not None else x
 
 
-def test_forward_timer_excludes_nested_units_and_the_wait_for_weights():
+def test_forward_timer_excludes_nested_units_and_the_wait_for_weights(monkeypatch):
+    from composer_qsdp.auto import runtime
     from composer_qsdp.comm import Topology
     from composer_qsdp.config import from_preset
     from composer_qsdp.engine import QSDPHandle, Unit, plan_units
     from composer_qsdp.auto.runtime import ForwardTimer
 
-    child = _Sleeps(0.020)
-    parent = _Sleeps(0.040, child)
+    # The timer reads this clock, which moves only by the modelled times: the result is exact on any host.
+    clock = _Clock()
+    monkeypatch.setattr(runtime, "time", clock)
+    child = _Sleeps(clock, 0.020)
+    parent = _Sleeps(clock, 0.040, child)
     # Like FSDP's pre-forward hook (registered at wrapping, before the timer's): waiting for the gathered weights.
-    child.register_forward_pre_hook(lambda *_: time.sleep(0.060), prepend=True)
+    child.register_forward_pre_hook(lambda *_: clock.sleep(0.060), prepend=True)
     config = from_preset("w8g8", weight_bits=None, grad_bits=None, check_finite=False)
     units = [Unit("", parent, 6, tuple(parent.lin.parameters())), Unit("child", child, 6, tuple(child.lin.parameters()))]
     handle = QSDPHandle(parent, config, plan_units(units, config), Topology(1))
@@ -321,9 +337,9 @@ def test_forward_timer_excludes_nested_units_and_the_wait_for_weights():
         parent(torch.zeros(2))  # evaluation: not counted
     forward, gathers, micro = timer.stop()
     assert micro == 3 and gathers == [0.0, 0.0]  # no collectives in this process
-    # A sleep lasts at least its time (longer on a busy host): the bounds exclude what must not be counted.
-    assert 0.040 <= forward[0] < 0.060  # its own sleep: not the child's 20 ms, not the child's 60 ms wait
-    assert 0.020 <= forward[1] < 0.080  # without the 60 ms wait before it
+    # Its own 40 ms per forward: not the child's 20 ms, nor the 60 ms the child waits for its weights.
+    assert forward[0] == pytest.approx(0.040, abs=1e-9)
+    assert forward[1] == pytest.approx(0.020, abs=1e-9)  # without the 60 ms wait before it
     timer.remove()  # only the wait hook is left
     assert (len(child._forward_pre_hooks), len(child._forward_hooks), len(parent._forward_pre_hooks)) == (1, 0, 0)
 

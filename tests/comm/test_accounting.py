@@ -93,3 +93,10 @@ def test_reports_add_per_side_and_undo_a_subtraction():
     assert both.weights == TrafficCounter(4, 900 + 532, 6000 + 2000, 6000 + 2000)
     assert both.grads == training.grads and both.total.sent == 900 + 532 + 700
     assert (both - evaluation).weights == training.weights and (both - training).weights == evaluation.weights
+
+
+def test_a_summary_of_no_traffic_claims_no_compression():
+    """Nothing sent (world size 1, every unit excluded): no ratio is printed, which would read "1.00x less"."""
+    summary = TrafficReport(TrafficCounter(), TrafficCounter()).summary()
+    assert "x less" not in summary and "x more" not in summary, summary
+    assert summary.count("no bytes sent") == 9, summary

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import ast
 import copy
+import warnings
+from pathlib import Path
 
 import pytest
 
-from composer_qsdp.config import QSDPConfig, SideConfig, from_preset, option_names, preset_names
+from composer_qsdp.config import (LowBitGradientWarning, QSDPConfig, SideConfig, from_preset, option_names,
+                                  preset_names)
+from composer_qsdp.config import presets
 from composer_qsdp.config.options import CodecOptions
 from composer_qsdp.schemes import DirectAllGather, FlatReduceScatter
 
@@ -122,3 +127,45 @@ def test_sdp4bit_presets_are_qwd_int4_weights_with_tlq_hs_or_one_hop_4bit_gradie
     grads = one_hop.grad_scheme(4)
     assert grads.name == "flat" and grads.codec.name == "hadamard" and grads.codec.inner.bits == 4
     assert grads.codec.bucket_size == 128 and grads.codec.unbiased
+
+
+@pytest.mark.parametrize("make,lossy", [
+    (lambda: from_preset("w8g8", grad_bits=2), "flat at 2 bit(s)"),
+    (lambda: QSDPConfig(grads=SideConfig(bits=1, codec="sign")), "flat at 1 bit(s)"),
+    (lambda: from_preset("tlq-hs", grad_bits=2), "two_level at 2 bit(s)"),
+    (lambda: from_preset("w8g4", grad_bits_overrides={"head": 2}), "flat at 2 bit(s)"),
+])
+def test_one_or_two_bit_gradients_without_error_feedback_warn_once_with_the_fix(make, lossy):
+    with pytest.warns(LowBitGradientWarning) as caught:
+        make()
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert lossy in message and "without error feedback" in message and "qwd-w4g2-loco" in message
+
+
+@pytest.mark.parametrize("make", [
+    *(lambda name=name: from_preset(name) for name in preset_names()),
+    lambda: from_preset("qwd-w4g4", grad_scheme="loco", grad_bits=1, grad_rounding="nearest"),
+    lambda: from_preset("w8g8", grad_bits=3),
+    lambda: from_preset("w8g8", weight_bits=2),  # weights: no feedback to give
+])
+def test_error_feedback_or_three_bits_or_more_do_not_warn(make):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LowBitGradientWarning)
+        make()
+
+
+def test_a_config_names_the_preset_it_equals():
+    assert [from_preset(name).matching_preset() for name in preset_names()] == list(preset_names())
+    assert QSDPConfig().matching_preset() == "w8g8"  # built field by field, equal to the preset
+    assert from_preset("w8g4", seed=1).matching_preset() is None
+    assert QSDPConfig(grads=SideConfig(bits=6)).matching_preset() is None
+
+
+def test_the_preset_table_imports_nothing_of_the_package():
+    """settings builds on presets, never the reverse (no import cycle): presets is plain data."""
+    tree = ast.parse(Path(presets.__file__).read_text())
+    imported = [node.module if isinstance(node, ast.ImportFrom) else alias.name
+                for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                for alias in node.names]
+    assert not [name for name in imported if name and name.startswith("composer_qsdp")], imported

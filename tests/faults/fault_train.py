@@ -11,7 +11,9 @@ tests)::
   checkpoint (written by rank 0 alone), then writes the time to ``QSDP_FAULT_DIR/killed`` and kills itself with
   SIGKILL before the checkpoint is complete (no metadata, no ``latest`` link);
 * ``raise``: writes the time to ``QSDP_FAULT_DIR/raised`` and raises a ``RuntimeError`` (an ordinary exception,
-  e.g. a bug in a callback) while the other ranks go on into the next step's collectives;
+  e.g. a bug in a callback) while the other ranks go on into the next step's collectives; every process also holds
+  a thread-pool task that never ends, as mosaicml-streaming's ``_ready_thread`` waiting for a shard that a dead
+  peer was preparing, which interpreter exit would wait for forever;
 * ``slow-check``: (the third field is seconds, not a batch) takes that much longer over the recipe check, so that
   the other ranks reach a recipe error first.
 
@@ -25,6 +27,7 @@ import io
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -107,6 +110,13 @@ def _arm(kind: str, rank: int, batch: int) -> None:
     composer.Trainer.__init__ = with_fault
 
 
+def _hold_a_pool_thread() -> None:
+    """Start a non-daemon thread-pool task that never ends (see ``raise`` in the module docstring)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ThreadPoolExecutor(1, thread_name_prefix="never-ends").submit(threading.Event().wait)
+
+
 def main() -> int:
     from composer_qsdp.recipes.train import main as train_main
 
@@ -116,6 +126,8 @@ def main() -> int:
     fault = os.environ.get("QSDP_FAULT")
     if fault:
         kind, rank, batch = fault.split(":")
+        if kind == "raise":
+            _hold_a_pool_thread()
         _arm(kind, int(rank), int(batch))
     return train_main(sys.argv[1:])
 

@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from composer.utils import dist
 from torch import nn
 from torchmetrics import Metric, MetricCollection
 
+from composer_qsdp._names import did_you_mean
 from composer_qsdp.comm import TrafficCounter, TrafficReport
 from composer_qsdp import fsdp1, fsdp2
 from composer_qsdp.auto import AutoOptions, AutoPolicy, POLICIES
@@ -117,7 +118,7 @@ class QSDP(Algorithm):
     preset name (``QSDP("w8g4")``); keyword options change the preset (the flat options of
     :meth:`QSDPConfig.from_preset <composer_qsdp.QSDPConfig.from_preset>`), which is how yaml recipes'
     ``algorithms: {qsdp: {preset: w8g4, grad_bits: 4}}`` build it. The config is recorded in the hyperparameters
-    (``qsdp/config``) and in checkpoints.
+    (``qsdp/config``; ``qsdp/preset`` names its preset, :meth:`preset_label`) and in checkpoints.
 
     At ``Event.INIT``, before the Trainer wraps the model, a Hugging Face network without its own choice of FSDP
     units gets one unit per transformer block (:func:`per_block_fsdp_units`); otherwise Composer would make it a
@@ -184,6 +185,11 @@ class QSDP(Algorithm):
             if preset is not None:
                 raise ValueError("give the preset once: 'preset' (or its old spelling 'recipe'), not both")
             preset = options.pop("recipe")
+        unknown = [key for key in options if key not in QSDPConfig.option_names()]
+        if unknown:
+            allowed = ("config", "preset", "policy", "auto_options", *QSDPConfig.option_names())
+            raise ValueError(f"unknown QSDP option {unknown[0]!r}{did_you_mean(unknown[0], allowed)}; allowed: "
+                             f"{', '.join(allowed)}")
         if isinstance(config, QSDPConfig):
             if preset is not None or options:
                 raise ValueError(f"QSDP(config) takes a complete QSDPConfig; {sorted(options) or ['preset']} cannot "
@@ -212,8 +218,9 @@ class QSDP(Algorithm):
             options.update(weight_bits=None, grad_bits=None)  # the safe start: unquantized while measuring
         elif auto_options is not None:
             raise ValueError(f"auto_options={dict(auto_options)!r} needs policy='auto' (policy={policy!r})")
-        #: The preset the config was built from; ``None`` when a ``QSDPConfig`` was given.
-        self.preset = None if isinstance(config, QSDPConfig) else (preset or "w8g8")
+        #: The preset the config was built from (with ``options`` changed) or, for a ``QSDPConfig``, the preset it
+        #: equals; ``None`` for a ``QSDPConfig`` that no preset equals.
+        self.preset = config.matching_preset() if isinstance(config, QSDPConfig) else (preset or "w8g8")
         self.config: QSDPConfig = config if isinstance(config, QSDPConfig) else QSDPConfig.from_preset(
             self.preset, **options)
         self.handle: QSDPHandle | None = None
@@ -229,6 +236,17 @@ class QSDP(Algorithm):
             return "QSDP(policy='auto')"
         name = f"{self.preset!r}, " if self.preset else ""
         return f"QSDP({name}weight_bits={self.config.weights.bits}, grad_bits={self.config.grads.bits})"
+
+    def preset_label(self) -> str:
+        """What the hyperparameter ``qsdp/preset`` records: the preset's name when the config equals it exactly,
+        ``"NAME+custom"`` for the preset ``NAME`` with changed options, ``"custom"`` for a ``QSDPConfig`` that no
+        preset equals, ``"auto"`` under ``policy="auto"`` (the policy chooses the settings)."""
+        if self.policy == "auto":
+            return "auto"
+        exact = self.config.matching_preset()
+        if exact is not None:
+            return exact
+        return f"{self.preset}+custom" if self.preset else "custom"
 
     def match(self, event: Event, state: State) -> bool:
         if event == Event.INIT:  # before the Trainer wraps the model: the FSDP units can still be chosen
@@ -314,7 +332,7 @@ class QSDP(Algorithm):
         log.info("QSDP installed on %d FSDP units through %s", len(self.handle.units), self.handle.describe())
         logger.log_hyperparameters({
             "qsdp/adapter": self.handle.adapter,
-            "qsdp/preset": self.preset or "config",
+            "qsdp/preset": self.preset_label(),
             "qsdp/policy": self.policy,
             "qsdp/config": self.config.summary(),
             "qsdp/fsdp_units": len(self.handle.units),
