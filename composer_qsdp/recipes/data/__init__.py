@@ -1,8 +1,11 @@
-"""Training data: text -> tokens (GPT-2 or a local Hugging Face tokenizer) -> fixed-length samples -> MDS shards ->
-``StreamingDataset`` batches.
+"""Training data: text -> tokens (GPT-2, or any local Hugging Face tokenizer directory with the ``hf`` extra) ->
+fixed-length samples -> MDS shards -> ``StreamingDataset`` batches.
 
-Build shards from the command line with ``python -m composer_qsdp.recipes.data.build`` (see :mod:`composer_qsdp.recipes.data.build`),
-read them with :func:`build_token_dataloader`.
+Build shards from the command line with ``python -m composer_qsdp.recipes.data.build`` (see
+:mod:`composer_qsdp.recipes.data.build`), read them with :func:`build_token_dataloader`. Reading refuses shards
+whose sample length differs from the model's ``max_seq_len`` (:func:`check_sample_length`, from ``index.json``)
+and shard files that fail the hash their ``index.json`` records (:mod:`composer_qsdp.recipes.data.integrity`);
+``docs/data.md`` describes both.
 """
 
 from composer_qsdp.recipes.data.dataloader import TokenSamples, build_token_dataloader
