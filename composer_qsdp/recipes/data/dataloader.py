@@ -76,7 +76,9 @@ class TokenSamples(StreamingDataset):
         # streaming prepares shards in a background thread whose error reaches __iter__ only as "Background thread
         # failed": kept here to be raised there instead.
         self._unreadable: UnreadableShardError | None = None
-        self._verified: set[int] = set()  # shards whose every file this process has checked
+        # Checked by this process: shards whose files are all on disk and were checked, and the files' versions.
+        self._verified: set[int] = set()
+        self._verified_files: set[tuple[str, int, int]] = set()
         unhashed = sorted({self._folder(i) for i, shard in enumerate(self.shards) if not shard.hashes})
         if unhashed:
             warnings.warn(f"the shards in {', '.join(unhashed)} were built without hashes (index.json records none), "
@@ -88,21 +90,30 @@ class TokenSamples(StreamingDataset):
         stream = self.streams[self.stream_per_shard[shard_id]]
         return os.path.join(stream.local, stream.split or "")
 
+    def _verify_file(self, path: str, hashes: dict[str, str], split: str | None) -> bool:
+        """Check one shard file against index.json unless this process has checked this version of it (a file
+        written again, as after an eviction and a new download, has a new modification time); False when the file
+        is not on disk."""
+        try:
+            stat = os.stat(path)
+        except FileNotFoundError:
+            return False
+        version = (path, stat.st_mtime_ns, stat.st_size)
+        if version not in self._verified_files:
+            verify_shard_file(path, hashes, split)
+            self._verified_files.add(version)
+        return True
+
     def _verify_shard(self, shard_id: int) -> None:
-        """Check each of the shard's files that is on disk against index.json, once per process: the compressed
-        file before it is decompressed, the decompressed file (what samples are read from) once it exists."""
-        if shard_id in self._verified:
-            return
+        """Check the shard's files that are on disk: the decompressed one, which samples are read from, or else
+        the compressed one, before it is decompressed (so that its damage is reported under its own name)."""
         shard, folder = self.shards[shard_id], self._folder(shard_id)
         complete = True
         for raw, zipped in shard.file_pairs:
-            raw_path = os.path.join(folder, raw.basename)
-            if os.path.isfile(raw_path):
-                verify_shard_file(raw_path, raw.hashes, shard.split)
-                continue
-            complete = False
-            if zipped is not None and os.path.isfile(os.path.join(folder, zipped.basename)):
-                verify_shard_file(os.path.join(folder, zipped.basename), zipped.hashes, shard.split)
+            if not self._verify_file(os.path.join(folder, raw.basename), raw.hashes, shard.split):
+                complete = False
+                if zipped is not None:
+                    self._verify_file(os.path.join(folder, zipped.basename), zipped.hashes, shard.split)
         if complete:
             self._verified.add(shard_id)
 
@@ -131,7 +142,8 @@ class TokenSamples(StreamingDataset):
     def get_item(self, sample_id: int, retry: int = 7) -> Any:
         shard_id = self.spanner[sample_id][0]
         try:
-            self._verify_shard(shard_id)  # its files not on disk yet: super() prepares them, verifying them
+            if shard_id not in self._verified:  # files not on disk yet: super() prepares them, checking them
+                self._verify_shard(shard_id)
             return super().get_item(sample_id, retry)
         except UnreadableShardError as err:
             raise self._unreadable_shard(shard_id, err, decompressing=False) from None
