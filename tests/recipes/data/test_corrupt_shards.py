@@ -114,3 +114,18 @@ def test_shards_built_without_hashes_load_after_one_warning(tmp_path, legacy_sha
                         "damaged shard file cannot be detected; rebuild them (python -m "
                         "composer_qsdp.recipes.data.build ...) to have every file verified"]
     torch.testing.assert_close(torch.cat(batches), torch.from_numpy(samples))
+
+
+def test_a_damaged_decompressed_file_is_named_not_its_compressed_source(tmp_path, legacy_shards):
+    """Without hashes the damage shows only when the file is decoded; the error names the file that was read
+    (the .mds decompressed from a .mds.zstd on the first read), not the intact .mds.zstd beside it."""
+    out = legacy_shards(tmp_path / "old", np.arange(200 * SEQ_LEN).reshape(200, SEQ_LEN) % 50257)
+    with pytest.warns(UserWarning, match="without hashes"):
+        list(build_token_dataloader(out, "train", 4, SEQ_LEN, shuffle=False))
+    victim = out / "train" / json.loads((out / "train" / "index.json").read_text())["shards"][1]["raw_data"]["basename"]
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    with pytest.warns(UserWarning, match="without hashes"):
+        loader = build_token_dataloader(out, "train", 4, SEQ_LEN, shuffle=False)
+    with pytest.raises(UnreadableShardError, match=re.escape(f"shard {victim} of split 'train' cannot be read (")):
+        for _ in loader:
+            pass
