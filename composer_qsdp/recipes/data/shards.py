@@ -68,9 +68,14 @@ def sample_length(out_dir: str | os.PathLike, split: str) -> int | None:
 
     Raises:
         FileNotFoundError: ``out_dir`` has no ``<split>/index.json``.
+        ValueError: the index is not JSON (damaged); names it.
     """
-    with open(Path(out_dir) / split / "index.json", encoding="utf-8") as f:
-        shards = json.load(f).get("shards", [])
+    index = Path(out_dir) / split / "index.json"
+    try:
+        shards = json.loads(index.read_text(encoding="utf-8")).get("shards", [])
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{index} is damaged ({err}); rebuild the split (python -m "
+                         "composer_qsdp.recipes.data.build ...)") from err
     lengths = set()
     for shard in shards:
         encodings = dict(zip(shard.get("column_names", []), shard.get("column_encodings", [])))

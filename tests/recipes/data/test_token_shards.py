@@ -133,6 +133,9 @@ def test_dataloader_rejects_missing_or_mismatched_shards(tmp_path, monkeypatch, 
     with pytest.raises(ValueError, match=mismatch):
         check_sample_length(tmp_path / "shards", "train", 16)
     check_sample_length(tmp_path / "shards", "train", 8)
+    (tmp_path / "shards" / "val" / "index.json").write_text('{"shards": [')
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'shards' / 'val' / 'index.json'} is damaged")):
+        check_sample_length(tmp_path / "shards", "val", 8)
     # The dataloader refuses the shards from their index.json, before streaming opens anything.
     monkeypatch.setattr(TokenSamples, "__init__", lambda *args, **kwargs: pytest.fail("dataset built"))
     with pytest.raises(ValueError, match=mismatch):
