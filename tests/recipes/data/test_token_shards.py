@@ -15,10 +15,13 @@ from streaming import StreamingDataset
 
 from composer_qsdp.recipes.data import (
     EOT_TOKEN_ID,
+    TokenSamples,
     assign_split,
     build_token_dataloader,
     c4_documents,
+    check_sample_length,
     gpt2_tokenizer,
+    sample_length,
     shards_exist,
     text_directory_documents,
     wikipedia_sample_documents,
@@ -118,13 +121,34 @@ def test_dataloader_batches_and_remote_cache(tmp_path):
     assert shuffled != rows[: len(shuffled)]
 
 
-def test_dataloader_rejects_missing_or_mismatched_shards(tmp_path):
+def test_dataloader_rejects_missing_or_mismatched_shards(tmp_path, monkeypatch, legacy_shards):
     with pytest.raises(ValueError, match="no MDS shards for split 'train'"):
         build_token_dataloader(tmp_path / "nothing", "train", 2, 8)
+    check_sample_length(tmp_path / "nothing", "train", 8)  # nothing built (or downloaded) yet: nothing to compare
     make_corpus(tmp_path / "text", 10)
     write_token_shards(text_directory_documents(tmp_path / "text", 0.0), tmp_path / "shards", 8)
-    with pytest.raises(ValueError, match="has 8 tokens but the model expects max_seq_len=16"):
+    assert sample_length(tmp_path / "shards", "train") == 8
+    mismatch = re.escape(f"the shards in {tmp_path / 'shards' / 'train'} hold samples of 8 tokens") + r".*" + \
+        re.escape("model.max_seq_len=16; set model.max_seq_len=8, or rebuild the shards with --seq-len 16")
+    with pytest.raises(ValueError, match=mismatch):
+        check_sample_length(tmp_path / "shards", "train", 16)
+    check_sample_length(tmp_path / "shards", "train", 8)
+    (tmp_path / "shards" / "val" / "index.json").write_text('{"shards": [')
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'shards' / 'val' / 'index.json'} is damaged")):
+        check_sample_length(tmp_path / "shards", "val", 8)
+    # The dataloader refuses the shards from their index.json, before streaming opens anything.
+    monkeypatch.setattr(TokenSamples, "__init__", lambda *args, **kwargs: pytest.fail("dataset built"))
+    with pytest.raises(ValueError, match=mismatch):
         build_token_dataloader(tmp_path / "shards", "train", 2, 16)
+    monkeypatch.undo()
+
+    # Shards whose index does not state the length: refused at their first sample, with the same message.
+    legacy = legacy_shards(tmp_path / "legacy", np.zeros((200, 8), np.uint16))
+    assert sample_length(legacy, "train") is None
+    check_sample_length(legacy, "train", 16)
+    with pytest.warns(UserWarning, match="without hashes"), pytest.raises(ValueError, match=re.escape(
+            f"the shards in {legacy / 'train'} hold samples of 8 tokens (sample 0), but model.max_seq_len=16")):
+        build_token_dataloader(legacy, "train", 2, 16)
 
 
 def test_writer_rejects_bad_input_and_leaves_nothing_half_written(tmp_path):
