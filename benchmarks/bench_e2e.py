@@ -375,6 +375,7 @@ def random_token_shards(out: Path, samples: int, seq_len: int, vocab_size: int) 
     arguments give the same tokens."""
     from streaming import MDSWriter
 
+    from composer_qsdp.recipes.data.integrity import SHARD_HASHES
     from composer_qsdp.recipes.data.shards import TOKENS_COLUMN, TRAIN_SPLIT, shards_exist
 
     if shards_exist(out, (TRAIN_SPLIT,)):
@@ -382,7 +383,8 @@ def random_token_shards(out: Path, samples: int, seq_len: int, vocab_size: int) 
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     rng = np.random.default_rng(0)
-    with MDSWriter(out=str(tmp / "train"), columns={TOKENS_COLUMN: "ndarray:uint16"}, size_limit="64mb") as writer:
+    with MDSWriter(out=str(tmp / "train"), columns={TOKENS_COLUMN: f"ndarray:uint16:{seq_len}"},
+                   hashes=list(SHARD_HASHES), size_limit="64mb") as writer:
         for _ in range(samples):
             writer.write({TOKENS_COLUMN: rng.integers(0, vocab_size, seq_len, dtype=np.uint16)})
     tmp.rename(out)

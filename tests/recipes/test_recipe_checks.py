@@ -115,3 +115,14 @@ def test_the_sign_codec_says_it_takes_one_bit():
         load_recipe(QSDP_RECIPE, ["algorithms.qsdp.weight_codec=sign"])
     assert "algorithms.qsdp" in str(err.value) and "(1,)" not in str(err.value)
     assert "bits=8 is not supported: the sign codec sends one bit per element; allowed: 1" in str(err.value)
+
+
+def test_local_shards_of_another_sample_length_are_refused_when_the_recipe_loads(tmp_path):
+    from composer_qsdp.recipes.data import write_token_shards
+
+    shards = tmp_path / "shards"
+    docs = [("train", "the quick brown fox jumps over the lazy dog " * 40), ("val", "a lazy dog " * 40)]
+    write_token_shards(docs, shards, seq_len=32)
+    with pytest.raises(RecipeError, match=r"model.max_seq_len.*samples of 32 tokens, but model.max_seq_len=64"):
+        load_recipe(BASELINE, ["data.remote=null", f"data.local={shards}"])
+    load_recipe(BASELINE, ["data.remote=null", f"data.local={shards}", "model.max_seq_len=32"])

@@ -85,6 +85,17 @@ def _check_save_folder(folder: str | None) -> None:
 
 
 
+def _check_shard_sample_length(cfg: DictConfig, max_seq_len: int) -> None:
+    """Refuse local shards (already built or downloaded) whose samples are not ``max_seq_len`` tokens long."""
+    from composer_qsdp.recipes.data import check_sample_length  # imports streaming: only when a recipe is checked
+
+    for split in filter(None, (cfg.data.train_split, cfg.data.eval_split)):
+        try:
+            check_sample_length(cfg.data.local, split, max_seq_len)
+        except ValueError as err:
+            raise RecipeError(f"recipe key 'model.max_seq_len': {err}") from None
+
+
 def _model_config(options: dict[str, Any]) -> GPTConfig | HFCausalLMConfig:
     name = options.pop("name", "gpt")
     if name not in MODELS:
@@ -118,6 +129,7 @@ def validate(cfg: DictConfig) -> ValidatedRecipe:
     check(0 <= cfg.seed < 2**SEED_BITS, "seed", cfg.seed, f"it must be an integer in [0, 2**{SEED_BITS})")
 
     model_config = _model_config(OmegaConf.to_container(cfg.model, resolve=True))
+    _check_shard_sample_length(cfg, model_config.max_seq_len)
 
     check_time("max_duration", cfg.max_duration, positive=True, units=MAX_DURATION_UNITS)
     for key in ("eval_interval", "save_interval", "console_log_interval"):
