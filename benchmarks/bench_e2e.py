@@ -61,8 +61,8 @@ after forward), 4 the fp32 reduce-scatter, and ``k`` the micro-batches per optim
 configuration's bytes over that. 0/1 Adam's are those of its timed window (they change with its schedule),
 against DDP's fp32 all-reduce (the ``native`` bytes of the 0/1 Adam run: ``ddp-baseline``'s).
 
-Profile (``--profile``): each multi-GPU launch also records its last warm-up batch (untimed, so the timing is
-unaffected) with ``torch.profiler`` through the recipes' ``step_profile`` callback
+Profile (``--profile``, which needs ``--warmup`` 3 or more): each multi-GPU launch also records its second-to-last
+warm-up batch (the last warm-up batch absorbs the profiler's shutdown, so the timing is unaffected) with ``torch.profiler`` through the recipes' ``step_profile`` callback
 (:mod:`composer_qsdp.recipes.step_profile`), and the table gets, per configuration, rank 0's GPU time per step by
 kernel category (matrix products, attention, QSDP's encode / decode / Hadamard kernels, copies, the rest), the
 time NCCL kernels run (busy), the part of it no other kernel overlaps (exposed), and the device memory of QSDP's
@@ -423,13 +423,15 @@ class Plan(common.DriverPlan):
                 "shared_gpu=false"]
 
     def _profile(self, config: Config, metrics_file: Path) -> list[str]:
-        """The ``step_profile`` callback on the last warm-up batch (``--profile``, multi-GPU launches): untimed, and
-        past the first batch's compilation."""
+        """The ``step_profile`` callback on the second-to-last warm-up batch (``--profile``, multi-GPU launches): past
+        the first batch's compilation, and followed by an untimed batch, whose wall clock then holds the profiler's
+        shutdown and summary (they took 0.6-1 s at GPT-1.3B, which a profiled last warm-up batch put into the first
+        timed step)."""
         warmup = self.window(config)[0]
-        if not self.args.profile or config.single_gpu or warmup < 2:
+        if not self.args.profile or config.single_gpu:
             return []
-        return [f"callbacks.step_profile.out_dir={profile_dir(metrics_file)}", f"callbacks.step_profile.start={warmup}",
-                "callbacks.step_profile.batches=1"]
+        return [f"callbacks.step_profile.out_dir={profile_dir(metrics_file)}",
+                f"callbacks.step_profile.start={warmup - 1}", "callbacks.step_profile.batches=1"]
 
     def _topology(self, config: Config) -> list[str]:
         """Virtual nodes for the QSDP configurations, and hpZ's reshard group."""
@@ -740,7 +742,7 @@ def profile_lines(table: list[dict[str, Any]]) -> list[str]:
     profiled = [r for r in table if r.get("profile")]
     if not profiled:
         return []
-    lines = ["", "Where the step goes (rank 0, the last warm-up batch; GPU time per step in ms by kernel "
+    lines = ["", "Where the step goes (rank 0, the second-to-last warm-up batch; GPU time per step in ms by kernel "
              "category, NCCL busy / exposed (no other kernel running) / overlapped, QSDP's scheme memory):", "",
              "| config | step (ms) | " + " | ".join(_PROFILE_COLUMNS) + " | NCCL busy | exposed | overlapped "
              "| replicas (GiB) | residuals (GiB) |", "|---" * (len(_PROFILE_COLUMNS) + 7) + "|"]
@@ -837,7 +839,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="NCCL probe message sizes in MB (default 64 256)")
     parser.add_argument("-o", "--override", action="append", default=[],
                         help="extra recipe override key=value for every launch (repeatable)")
-    parser.add_argument("--profile", action="store_true", help="profile the last warm-up batch of each "
+    parser.add_argument("--profile", action="store_true", help="profile the second-to-last warm-up batch of each "
                         "multi-GPU launch (torch.profiler) and add where the step goes to the table")
     parser.add_argument("--probe-worker", help=argparse.SUPPRESS)  # one rank of the probe (internal)
     parser.add_argument("--layer-bound-worker", help=argparse.SUPPRESS)  # compute-bound-layer's process (internal)
@@ -861,6 +863,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.warmup < 1:
         raise SystemExit(f"--warmup {args.warmup} is invalid; it must be >= 1 (the first step compiles kernels "
                          "and sets up NCCL)")
+    if args.profile and args.warmup < 3:
+        raise SystemExit(f"--profile needs --warmup 3 or more (got {args.warmup}): it records the second-to-last "
+                         "warm-up batch, after the first one, and the last one absorbs the profiler's shutdown")
     if args.micro_batch is not None and args.micro_batch < 1:
         raise SystemExit(f"--micro-batch {args.micro_batch} is invalid; it must be >= 1")
     args.configs = list(dict.fromkeys(args.configs))

@@ -197,6 +197,17 @@ def test_bad_arguments_are_named(tmp_path):
         bench_e2e.main(["--recipe-dir", str(tmp_path / "nothing"), "--nproc", "2"])
     with pytest.raises(SystemExit, match="holds no train/index.json"):
         bench_e2e.main(["--model", "125m", "--nproc", "2", "--data", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--profile needs --warmup 3 or more"):
+        bench_e2e.main(["--nproc", "2", "--warmup", "2", "--profile"])
+
+
+def test_profile_records_a_warm_up_batch_an_untimed_one_follows(tmp_path):
+    plan = bench_e2e._plan(bench_e2e._parser().parse_args(
+        ["--model", "1.3b", "--nproc", "4", "--warmup", "4", "--profile", "--out-dir", str(tmp_path)]))
+    overrides = plan.overrides(bench_e2e.CONFIGS["qsdp-w8g8"], 4, tmp_path / "socket" / "qsdp-w8g8.metrics.json")
+    assert "callbacks.step_profile.start=3" in overrides and "callbacks.step_profile.batches=1" in overrides
+    assert f"callbacks.step_profile.out_dir={tmp_path / 'socket' / 'qsdp-w8g8.profile'}" in overrides
+    assert not any("step_profile" in o for o in plan.overrides(bench_e2e.CONFIGS["compute-bound"], 1, tmp_path / "b"))
 
 
 # ------------------------------------------------------------------------------------------------------- slow
