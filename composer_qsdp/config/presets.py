@@ -21,8 +21,9 @@ imports nothing of the package.
   compression errors; ``beta`` 0.5, where DeepSpeed's ``err_beta`` default is 0.8), for one fp32 residual of each
   unit's unsharded gradient per rank. Error feedback corrects a biased compressor, so the gradients round to
   nearest (less error per call than stochastic rounding).
-* ``qwd-w4g3-loco``: 3-bit gradients, otherwise as ``qwd-w4g2-loco``: 12x fewer bytes than plain FSDP2 at its
-  loss (GPT-125M and GPT-350M, 600 steps; the QSDP README's "Past 7.5x" section).
+* ``qwd-w4g3-loco``: 3-bit gradients, otherwise as ``qwd-w4g2-loco``: 12x fewer bytes than plain FSDP2 at 2
+  micro-batches per step (8.8x at one) at its loss (GPT-125M and GPT-350M, 600 steps; the QSDP README's "Past 7.5x"
+  section).
 * ``qwd-w3g3-loco``: 3-bit weight differences and 3-bit gradients, otherwise as ``qwd-w4g2-loco``.
 * ``qwd-w3g2-loco``: 3-bit weight differences and 2-bit gradients.
 
