@@ -100,6 +100,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
@@ -495,11 +496,13 @@ def _plan(args: argparse.Namespace) -> Plan:
                 "grad_accum": args.grad_accum, "seq_len": seq_len, "warmup": args.warmup, "steps": args.steps,
                 "data": str(data), "overrides": list(args.override), "ranks_per_node": args.ranks_per_node}
     plan = Plan(args, recipe_dir, name, out_dir, seq_len, vocab, micro, data, samples, settings, plain)
-    # Every launch's recipe must load with its overrides before any GPU time is spent.
+    # Every launch's recipe must load with its overrides before any GPU time is spent, checked at the world size its
+    # launch will have (the recipe check reads WORLD_SIZE as the launcher sets it).
     for config in map(CONFIGS.get, args.configs):
         nproc = 1 if config.single_gpu else args.nproc
         try:
-            load_recipe(recipe_dir / config.recipe, plan.overrides(config, nproc, out_dir / "check.json"))
+            with mock.patch.dict(os.environ, {"WORLD_SIZE": str(nproc)}):
+                load_recipe(recipe_dir / config.recipe, plan.overrides(config, nproc, out_dir / "check.json"))
         except RecipeError as err:
             raise SystemExit(f"recipe error in {config.name} ({config.recipe}): {err}") from None
     return plan
