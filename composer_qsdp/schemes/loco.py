@@ -24,8 +24,10 @@ What the residual is, and what it costs:
   microbatch's gradient is compensated and updates the residual in turn.
 * FSDP's padding of uneven shards is part of the ``W * n`` elements like any other: its gradient is zero, its
   residual carries only the codec's error there, and FSDP never reads the padding of a reduce-scatter's output.
-* extra work per call: one local decode of the ``W`` encoded chunks and one elementwise pass over ``W * n`` fp32
-  values (torch, memory-bound; not fused into the encode kernel).
+* extra work per call: the residual read and written once more by the encode. On CUDA the min-max codec (rotated or
+  not) compensates, encodes, decodes and updates the residual in one kernel pass
+  (:meth:`~composer_qsdp.quant.Codec.encode_rows_feedback`); other codecs, and CPU tensors, take the reference's
+  separate passes (a local decode of the ``W`` encoded chunks and elementwise fp32 passes over ``W * n`` values).
 * a NaN/Inf gradient still reaches the output (a grad scaler skips the step), but the residual's non-finite
   entries are reset to zero (DeepSpeed drops the whole buffer on overflow).
 * ``reset_every``: the residual is zeroed every this many optimizer steps (DeepSpeed's ``reset_T``; 0: never).

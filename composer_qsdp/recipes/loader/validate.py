@@ -89,6 +89,8 @@ def _check_shard_sample_length(cfg: DictConfig, max_seq_len: int) -> None:
     """Refuse local shards (already built or downloaded) whose samples are not ``max_seq_len`` tokens long."""
     from composer_qsdp.recipes.data import check_sample_length  # imports streaming: only when a recipe is checked
 
+    if not cfg.data.local:
+        return
     for split in filter(None, (cfg.data.train_split, cfg.data.eval_split)):
         try:
             check_sample_length(cfg.data.local, split, max_seq_len)
