@@ -100,7 +100,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import torch
@@ -496,13 +495,12 @@ def _plan(args: argparse.Namespace) -> Plan:
                 "grad_accum": args.grad_accum, "seq_len": seq_len, "warmup": args.warmup, "steps": args.steps,
                 "data": str(data), "overrides": list(args.override), "ranks_per_node": args.ranks_per_node}
     plan = Plan(args, recipe_dir, name, out_dir, seq_len, vocab, micro, data, samples, settings, plain)
-    # Every launch's recipe must load with its overrides before any GPU time is spent, checked at the world size its
-    # launch will have (the recipe check reads WORLD_SIZE as the launcher sets it).
+    # Every launch's recipe must load with its overrides, at its launch's world size, before any GPU time is spent.
     for config in map(CONFIGS.get, args.configs):
         nproc = 1 if config.single_gpu else args.nproc
         try:
-            with mock.patch.dict(os.environ, {"WORLD_SIZE": str(nproc)}):
-                load_recipe(recipe_dir / config.recipe, plan.overrides(config, nproc, out_dir / "check.json"))
+            load_recipe(recipe_dir / config.recipe, plan.overrides(config, nproc, out_dir / "check.json"),
+                        world_size=nproc)
         except RecipeError as err:
             raise SystemExit(f"recipe error in {config.name} ({config.recipe}): {err}") from None
     return plan

@@ -452,11 +452,10 @@ def _plan(args: argparse.Namespace) -> Plan:
                 "eval_batch_size": args.eval_batch_size, "corpus": str(corpus), "overrides": list(args.override),
                 "shared_gpu": shared}
     plan = Plan(args, recipe_dir, name, out_dir, corpus, gpus, shared, max_ranks, settings)
-    # Every arm's recipe must load with its overrides before any GPU time is spent (the driver is world size 1,
-    # so the per-device batch is checked against the full batch here; train.py checks it again per rank).
+    # Every arm's recipe must load with its overrides, at its world size, before any GPU time is spent.
     for arm in args.arms:
         try:
-            load_recipe(recipe_dir / ARMS[arm].recipe, plan.overrides(arm, 0))
+            load_recipe(recipe_dir / ARMS[arm].recipe, plan.overrides(arm, 0), world_size=plan.nproc(arm))
         except RecipeError as err:
             raise SystemExit(f"recipe error in arm {arm} ({ARMS[arm].recipe}): {err}") from None
     return plan
@@ -470,7 +469,7 @@ def print_zero_one_plans(plan: Plan) -> int:
     from composer_qsdp.recipes.train import load_recipe
 
     for arm in plan.args.arms:
-        recipe = load_recipe(plan.recipe_dir / ARMS[arm].recipe, plan.overrides(arm, 0))
+        recipe = load_recipe(plan.recipe_dir / ARMS[arm].recipe, plan.overrides(arm, 0), world_size=plan.nproc(arm))
         kwargs = recipe.algorithm_kwargs.get("zero_one_adam")
         if kwargs is None:
             print(f"{arm}: no 0/1 Adam")

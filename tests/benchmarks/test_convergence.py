@@ -268,7 +268,7 @@ def test_corpus_manifest_fingerprint_and_checks(tiny_recipes, tmp_path):
     (copy / "pkg0" / "m0.py").write_text("changed = True\n")
     assert convergence.source_fingerprint([str(copy)])["sha256"] != manifest["input"]["sha256"]
 
-    plan = plan_for(tiny_recipes, tmp_path, "--steps", "1000")
+    plan = plan_for(tiny_recipes, tmp_path, "--steps", "1000", "--seq-len", "16")  # the corpus above
     with pytest.raises(SystemExit, match="train samples but 1000 steps x 8 = 8000 are needed"):
         convergence._check_corpus(plan, manifest)
 

@@ -141,18 +141,19 @@ def test_a_callback_missing_required_arguments_stops_the_entrypoint(entry, missi
     (QSDP_RECIPE, ["algorithms.qsdp.ranks_per_node=3"]),
     (BASELINE, ["fsdp=null", "algorithms.zero_one_adam.ranks_per_node=3"]),
 ])
-def test_ranks_per_node_must_divide_the_world_size(monkeypatch, recipe, overrides):
-    monkeypatch.setenv("WORLD_SIZE", "4")  # what the launcher sets: the world size the recipe check sees
+def test_ranks_per_node_must_divide_the_world_size(recipe, overrides):
     algorithm = overrides[-1].split(".")[1]
     with pytest.raises(RecipeError, match=re.escape(f"recipe key 'algorithms.{algorithm}.ranks_per_node' = 3 is "
                                                     "invalid; it must divide the world size (4 processes): every node "
                                                     "holds equally many ranks; allowed: 1, 2, 4")):
-        load_recipe(recipe, ["global_train_batch_size=8", *overrides])
-    fits = load_recipe(recipe, ["global_train_batch_size=8", overrides[-1].replace("=3", "=2"), *overrides[:-1]])
+        load_recipe(recipe, ["global_train_batch_size=8", *overrides], world_size=4)
+    fits = load_recipe(recipe, ["global_train_batch_size=8", overrides[-1].replace("=3", "=2"), *overrides[:-1]],
+                       world_size=4)
     assert fits.algorithm_kwargs[algorithm]["ranks_per_node"] == 2
     with pytest.raises(RecipeError, match=f"'algorithms.{algorithm}(.ranks_per_node' = 0|' is invalid: .*"
                                           "ranks_per_node=0) is invalid"):
-        load_recipe(recipe, ["global_train_batch_size=8", overrides[-1].replace("=3", "=0"), *overrides[:-1]])
+        load_recipe(recipe, ["global_train_batch_size=8", overrides[-1].replace("=3", "=0"), *overrides[:-1]],
+                    world_size=4)
 
 
 # ---------------------------------------------------------------------- a preset over an inherited section

@@ -78,10 +78,17 @@ __all__ = [
 ]
 
 
-def load_recipe(path: str | os.PathLike, overrides: Sequence[str] = ()) -> ValidatedRecipe:
+def load_recipe(path: str | os.PathLike, overrides: Sequence[str] = (), *,
+                world_size: int | None = None) -> ValidatedRecipe:  # fmt: skip
     """Load a YAML recipe, apply ``key=value`` overrides, and validate all of it; builds nothing heavy.
+
+    Args:
+        path: the recipe.
+        overrides: ``key=value`` strings.
+        world_size: the processes the run will have, for a driver that checks launches it has not started yet;
+            None: this process's world.
 
     Raises:
         RecipeError: a YAML, schema or value problem; the message names the key.
     """
-    return validate(merged_recipe(path, overrides))
+    return validate(merged_recipe(path, overrides), world_size)

@@ -110,8 +110,13 @@ def _model_config(options: dict[str, Any]) -> GPTConfig | HFCausalLMConfig:
         raise RecipeError(f"recipe section 'model' is invalid: {err}") from None
 
 
-def validate(cfg: DictConfig) -> ValidatedRecipe:
+def validate(cfg: DictConfig, world_size: int | None = None) -> ValidatedRecipe:
     """Check a complete schema-merged recipe's values; returns it with the model and the components' arguments.
+
+    Args:
+        cfg: the merged recipe.
+        world_size: the processes the run will have (the batch sizes and ``ranks_per_node`` must fit them); None:
+            this process's world (``WORLD_SIZE`` under a launcher, else 1).
 
     Raises:
         RecipeError: the first problem found, naming its key.
@@ -141,7 +146,7 @@ def validate(cfg: DictConfig) -> ValidatedRecipe:
     check(math.isfinite(cfg.dist_timeout) and cfg.dist_timeout > 0, "dist_timeout", cfg.dist_timeout,
            "it must be a finite number of seconds > 0 (e.g. 600 for steps that take minutes)")
 
-    world = dist.get_world_size()
+    world = dist.get_world_size() if world_size is None else world_size
     batch = cfg.global_train_batch_size
     check(batch >= 1 and batch % world == 0, "global_train_batch_size", batch,
            f"it must be a positive multiple of the world size ({world} processes)")
