@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from composer_qsdp._names import did_you_mean
 
-__all__ = ["NOISE_KEY_BITS", "SEED_BITS", "check_bool", "check_choice", "check_int", "check_noise_key", "check_seed"]
+__all__ = ["NOISE_KEY_BITS", "SEED_BITS", "check_bool", "check_choice", "check_int", "check_noise_key", "check_seed",
+           "is_fraction"]
 
 #: A seed a user gives (QSDP's ``seed`` option, a recipe's ``seed``) is an integer in ``[0, 2**SEED_BITS)``:
 #: Composer's range (``reproducibility.seed_all`` seeds numpy, whose seeds are 32-bit), so one number is valid
@@ -27,6 +28,11 @@ def check_int(name: str, value: object, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name}={value!r} is invalid; it must be an integer >= {minimum}")
     return value
+
+
+def is_fraction(value: object) -> bool:
+    """True when ``value`` is a real number (not a bool) in ``[0, 1)``: an error-feedback moving-average coefficient."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0.0 <= value < 1.0
 
 
 def check_bool(name: str, value: object) -> bool:

@@ -12,6 +12,7 @@ from composer_qsdp.comm.quality import relative_error
 from composer_qsdp.comm.seeds import mix_seed
 from composer_qsdp.comm.validation import check_collective_buffers
 from composer_qsdp.quant.codec import FLOAT_DTYPES, Codec
+from composer_qsdp.validate import is_fraction
 
 __all__ = ["quantized_reduce_scatter", "is_average"]
 
@@ -91,8 +92,7 @@ def quantized_reduce_scatter(
         dist.reduce_scatter_tensor(output, input, op=op, group=group)
         return call_traffic(world_size, n, n * input.element_size(), input.element_size(), off_node_peers)
     average = is_average(op)
-    if residual is not None and (isinstance(residual_beta, bool) or not isinstance(residual_beta, (int, float))
-                                 or not 0.0 <= residual_beta < 1.0):  # fmt: skip
+    if residual is not None and not is_fraction(residual_beta):
         raise ValueError(f"quantized_reduce_scatter: residual_beta={residual_beta!r} is invalid; allowed: a number in "
                          "[0, 1)")
     rows = input.view(world_size, n)

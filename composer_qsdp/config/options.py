@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from composer_qsdp._names import did_you_mean
-from composer_qsdp.validate import check_bool, check_int
+from composer_qsdp.validate import check_bool, check_int, is_fraction
 
 __all__ = [
     "CODEC_OPTIONS", "SCHEME_OPTIONS", "CodecOptions", "DifferenceOptions", "DirectOptions", "FlatOptions",
@@ -119,7 +119,7 @@ class LoCoOptions:
     residual_dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) or not 0.0 <= self.beta < 1.0:
+        if not is_fraction(self.beta):
             raise ValueError(f"beta={self.beta!r} is invalid for the loco gradient scheme; allowed: a number in [0, 1)")
         check_int("reset_every", self.reset_every)
 

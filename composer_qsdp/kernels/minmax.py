@@ -267,7 +267,7 @@ def encode_rows_feedback(
     r = residual.view(rows, n)
     wire = torch.empty(rows, fmt.wire_bytes, dtype=torch.uint8, device=x.device)
     nb = fmt.num_buckets
-    if rotate:  # the butterflies exchange values between threads: the symmetric codec's rotated launch shape
+    if rotate:  # few elements per thread: see ROTATED_ELEMENTS_PER_THREAD
         groups, bpp, warps = launch_shape(bucket_size, nb, x.is_cuda, GPU_TILE, INTERPRETER_TILE,
                                           ROTATED_ELEMENTS_PER_THREAD, None, None)  # fmt: skip
     else:

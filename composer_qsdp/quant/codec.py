@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from composer_qsdp.quant.buckets import ieee_div
-from composer_qsdp.validate import check_int, check_noise_key
+from composer_qsdp.validate import check_int, check_noise_key, is_fraction
 
 __all__ = ["Codec", "FLOAT_DTYPES", "MAX_BUCKET_SIZE", "check_bits", "check_bucket_size", "sum_rows_in_order"]
 
@@ -190,7 +190,7 @@ class Codec(ABC):
             raise ValueError(f"residual must be a contiguous tensor of {x.numel()} elements on {x.device} (the "
                              f"input's), got {residual.numel()} elements on {residual.device}, "
                              f"contiguous={residual.is_contiguous()}")
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta < 1.0:
+        if not is_fraction(beta):
             raise ValueError(f"beta={beta!r} is invalid for error feedback; allowed: a number in [0, 1)")
         return self._encode_rows_feedback(x, residual, float(beta), seed, offset)
 

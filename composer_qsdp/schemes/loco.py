@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from composer_qsdp.quant import Codec
-from composer_qsdp.validate import check_choice, check_int
+from composer_qsdp.validate import check_choice, check_int, is_fraction
 from composer_qsdp.schemes.flat import FlatReduceScatter
 
 __all__ = ["LoCoReduceScatter", "LoCoResidualWarning"]
@@ -88,7 +88,7 @@ class LoCoReduceScatter(FlatReduceScatter):
                  reset_every: int = 0, residual_dtype: str = "float32") -> None:
         if codec is None:
             raise ValueError("the loco gradient scheme feeds back quantization errors and needs a codec (grad bits)")
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta < 1.0:
+        if not is_fraction(beta):
             raise ValueError(f"beta={beta!r} is invalid for the loco gradient scheme; allowed: a number in [0, 1)")
         super().__init__(codec, error_sample_interval)
         self.beta = float(beta)
