@@ -65,8 +65,9 @@ Profile (``--profile``, which needs ``--warmup`` 3 or more): each multi-GPU laun
 warm-up batch (the last warm-up batch absorbs the profiler's shutdown, so the timing is unaffected) with ``torch.profiler`` through the recipes' ``step_profile`` callback
 (:mod:`composer_qsdp.recipes.step_profile`), and the table gets, per configuration, rank 0's GPU time per step by
 kernel category (matrix products, attention, QSDP's encode / decode / Hadamard kernels, copies, the rest), the
-time NCCL kernels run (busy), the part of it no other kernel overlaps (exposed), and the device memory of QSDP's
-weight replicas and error-feedback residuals.
+time NCCL kernels run (busy), the part of it no other kernel overlaps (exposed), the time no kernel runs (GPU idle)
+with the host ranges it falls in and the host's blocking syncs, and the device memory of QSDP's weight replicas and
+error-feedback residuals. The one-GPU bound is profiled the same way.
 
 Networks (``--network``, both by default), applied to every launch and to a quick NCCL bandwidth probe
 (all-reduce and all-gather bus bandwidth, nccl-tests' formulas) run first under the same environment:
@@ -423,12 +424,12 @@ class Plan(common.DriverPlan):
                 "shared_gpu=false"]
 
     def _profile(self, config: Config, metrics_file: Path) -> list[str]:
-        """The ``step_profile`` callback on the second-to-last warm-up batch (``--profile``, multi-GPU launches): past
+        """The ``step_profile`` callback on the second-to-last warm-up batch (``--profile``, recipe launches): past
         the first batch's compilation, and followed by an untimed batch, whose wall clock then holds the profiler's
         shutdown and summary (they took 0.6-1 s at GPT-1.3B, which a profiled last warm-up batch put into the first
         timed step)."""
         warmup = self.window(config)[0]
-        if not self.args.profile or config.single_gpu:
+        if not self.args.profile or config.name == "compute-bound-layer":  # no recipe launch: a timing worker
             return []
         return [f"callbacks.step_profile.out_dir={profile_dir(metrics_file)}",
                 f"callbacks.step_profile.start={warmup - 1}", "callbacks.step_profile.batches=1"]
@@ -617,9 +618,14 @@ def profile_summary(record: dict[str, Any]) -> dict[str, Any]:
     batches = record["per_batch"]
     categories = sorted({c for b in batches for c in b["by_category"]})
     mean = {c: statistics.fmean(b["by_category"].get(c, 0.0) for b in batches) for c in categories}
-    keys = ("wall_ms", "communication_busy", "compute_busy", "exposed_communication", "overlapped_communication")
+    keys = ("wall_ms", "communication_busy", "compute_busy", "exposed_communication", "overlapped_communication",
+            "gpu_idle")
+    ranges = sorted({r for b in batches for r in b["idle_by_range"]})
+    idle = {r: statistics.fmean(b["idle_by_range"].get(r, 0.0) for b in batches) for r in ranges}
     return {"batches": [b["batch"] for b in batches], "by_category_ms": mean,
             **{k: statistics.fmean(b[k] for b in batches) for k in keys},
+            "idle_by_range_ms": dict(sorted(idle.items(), key=lambda kv: -kv[1])),
+            "host_syncs": batches[-1]["host_syncs"],
             "scheme_memory_bytes": record["scheme_memory_bytes"], "top": batches[-1]["top"]}
 
 
@@ -744,17 +750,21 @@ def profile_lines(table: list[dict[str, Any]]) -> list[str]:
     if not profiled:
         return []
     lines = ["", "Where the step goes (rank 0, the second-to-last warm-up batch; GPU time per step in ms by kernel "
-             "category, NCCL busy / exposed (no other kernel running) / overlapped, QSDP's scheme memory):", "",
+             "category, NCCL busy / exposed (no other kernel running) / overlapped, GPU idle (no kernel running) "
+             "with the host ranges that hold most of it, QSDP's scheme memory):", "",
              "| config | step (ms) | " + " | ".join(_PROFILE_COLUMNS) + " | NCCL busy | exposed | overlapped "
-             "| replicas (GiB) | residuals (GiB) |", "|---" * (len(_PROFILE_COLUMNS) + 7) + "|"]
+             "| GPU idle | idle, by host range (ms) | host syncs | replicas (GiB) | residuals (GiB) |",
+             "|---" * (len(_PROFILE_COLUMNS) + 10) + "|"]
     for r in profiled:
         p = r["profile"]
         cells = [f"{p['by_category_ms'].get(c, 0.0):.0f}" for c in _PROFILE_COLUMNS]
         memory = p["scheme_memory_bytes"]
+        top_idle = ", ".join(f"{name} {ms:.0f}" for name, ms in list(p.get("idle_by_range_ms", {}).items())[:3])
+        syncs = sum(n for n, _ in p.get("host_syncs", {}).values())
         lines.append(f"| {r['config']} | {p['wall_ms']:.0f} | " + " | ".join(cells)
                      + f" | {p['communication_busy']:.0f} | {p['exposed_communication']:.0f} "
-                       f"| {p['overlapped_communication']:.0f} | {memory['weights'] / GIB:.2f} "
-                       f"| {memory['grads'] / GIB:.2f} |")
+                       f"| {p['overlapped_communication']:.0f} | {p.get('gpu_idle', 0.0):.0f} | {top_idle} | {syncs} "
+                       f"| {memory['weights'] / GIB:.2f} | {memory['grads'] / GIB:.2f} |")
     return lines
 
 

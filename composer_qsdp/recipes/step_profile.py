@@ -24,10 +24,19 @@ Kernel categories (:data:`CATEGORIES`, the first pattern that matches a kernel's
 Exposed communication is the length of the union of communication-kernel intervals less its intersection with the
 union of every other kernel's intervals, over all streams of the rank's GPU: the time the GPU does nothing but wait
 for the network. With ranks sharing a GPU (gloo) no NCCL kernel runs and the column is 0.
+
+GPU idle time is the batch's wall time that no kernel covers: the GPU waits for the host. The summary attributes each
+idle gap of at least :data:`MIN_GAP_US` to the shortest host range covering it, which names what the host was doing
+instead of launching work: FSDP2's ranges (``FSDP::pre_forward``, ``FSDP::post_backward_reduce``...), the optimizer's
+(``Optimizer.step#AdamW.step``), and the callback's own ``composer::<event>`` ranges, each running from one Composer
+event of the batch to the next (``composer::after_train_batch``: from gradient clipping's end through the optimizer
+step). Shorter gaps, the launch latency between dependent kernels, are summed apart. Host synchronizations (CUDA
+runtime calls that block the host until the device catches up) are counted with the time the host spent in them.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from pathlib import Path
@@ -36,7 +45,7 @@ from typing import Any
 from composer.core import Callback, Event, State
 from composer.loggers import Logger
 
-__all__ = ["CATEGORIES", "StepProfile", "categorize", "summarize_kernels"]
+__all__ = ["CATEGORIES", "MIN_GAP_US", "StepProfile", "attribute_idle", "categorize", "host_syncs", "summarize_kernels"]
 
 #: ``(category, regular expression)`` in match order; see the module docstring.
 CATEGORIES: tuple[tuple[str, str], ...] = (
@@ -115,6 +124,59 @@ def summarize_kernels(kernels: list[tuple[str, float, float]]) -> dict[str, Any]
             "top": [[name[:120], categorize(name), t] for name, t in top]}
 
 
+#: Idle gaps shorter than this (microseconds) are launch latency between dependent kernels, summed apart.
+MIN_GAP_US = 20.0
+#: CUDA runtime calls that block the host until the device (or a stream, or an event) has caught up.
+_SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+_SHORT = f"(gaps < {MIN_GAP_US:g} us)"
+_UNCOVERED = "(no range)"
+
+
+def attribute_idle(kernels: list[tuple[float, float]], ranges: list[tuple[str, float, float]], lo: float,
+                   hi: float) -> dict[str, Any]:
+    """The time of ``[lo, hi]`` that no kernel interval covers, by the host range that covers it.
+
+    Each idle gap of at least :data:`MIN_GAP_US` is split at the boundaries of the ``(name, start, end)`` ranges
+    overlapping it, and each piece goes to the shortest range covering it (``"(no range)"`` where none does); shorter
+    gaps go to ``"(gaps < 20 us)"``. Times in the unit of the arguments (the trace's microseconds).
+
+    Returns:
+        ``{"gpu_idle": total idle time, "idle_by_range": {name: time}}``, ranges in decreasing time.
+    """
+    gaps, cursor = [], lo
+    for start, end in _union([(max(s, lo), min(e, hi)) for s, e in kernels if e > lo and s < hi]):
+        if start > cursor:
+            gaps.append((cursor, start))
+        cursor = max(cursor, end)
+    if hi > cursor:
+        gaps.append((cursor, hi))
+    by_range: dict[str, float] = {}
+    for a, b in gaps:
+        if b - a < MIN_GAP_US:
+            by_range[_SHORT] = by_range.get(_SHORT, 0.0) + (b - a)
+            continue
+        covering = [(e - s, name, s, e) for name, s, e in ranges if s < b and e > a]
+        cuts = sorted({a, b, *(t for _, _, s, e in covering for t in (s, e) if a < t < b)})
+        for x, y in zip(cuts, cuts[1:]):
+            inside = [c for c in covering if c[2] <= x and c[3] >= y]
+            name = min(inside)[1] if inside else _UNCOVERED
+            by_range[name] = by_range.get(name, 0.0) + (y - x)
+    return {"gpu_idle": sum(b - a for a, b in gaps),
+            "idle_by_range": dict(sorted(by_range.items(), key=lambda kv: -kv[1]))}
+
+
+def host_syncs(calls: list[tuple[str, float, float]]) -> dict[str, list[float]]:
+    """``{call: [count, host time]}`` of the blocking CUDA runtime calls among ``(name, start, end)`` runtime
+    events (``cudaMemcpy`` without ``Async``: a device-to-host read such as ``.item()``)."""
+    syncs: dict[str, list[float]] = {}
+    for name, start, end in calls:
+        if name in _SYNC_CALLS:
+            entry = syncs.setdefault(name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += end - start
+    return syncs
+
+
 def _scheme_memory(state: State) -> dict[str, int]:
     """Device bytes QSDP's schemes keep between steps on this rank, by side (0 without QSDP)."""
     memory = {"weights": 0, "grads": 0}
@@ -134,7 +196,7 @@ class StepProfile(Callback):
         out_dir: folder of ``step_profile-rank<r>.json`` (created).
         start: first profiled batch (>= 2: the first batch compiles kernels and sets up communicators).
         batches: number of profiled batches (>= 1).
-        trace: also write the Chrome trace of the window (``step_profile-rank<r>.trace.json``; tens of MB).
+        trace: also keep the Chrome trace of the window (``step_profile-rank<r>.trace.json.gz``; a few MB).
 
     Raises:
         ValueError: ``start`` below 2 or ``batches`` below 1, naming the value.
@@ -148,11 +210,16 @@ class StepProfile(Callback):
         self.out_dir, self.start, self.batches, self.trace = Path(out_dir), start, batches, trace
         self._profiler: Any = None
         self._range: Any = None
+        self._phase: Any = None
 
     def run_event(self, event: Event, state: State, logger: Logger) -> None:
         import torch
 
-        if event not in (Event.BATCH_START, Event.BATCH_END) or not torch.cuda.is_available():
+        if not torch.cuda.is_available():
+            return
+        if event not in (Event.BATCH_START, Event.BATCH_END):
+            if self._profiler is not None and self._range is not None:
+                self._enter_phase(event)
             return
         batch = int(state.timestamp.batch) + (1 if event == Event.BATCH_START else 0)
         if event == Event.BATCH_START and batch == self.start:
@@ -168,12 +235,28 @@ class StepProfile(Callback):
         if event == Event.BATCH_START:
             self._range = torch.profiler.record_function(f"{_RANGE}{batch}")
             self._range.__enter__()
+            self._enter_phase(event)
             return
+        self._exit_phase()
         self._range.__exit__(None, None, None)
+        self._range = None
         if batch == self.start + self.batches - 1:
             self._profiler.__exit__(None, None, None)
             self._write(state)
             self._profiler = None
+
+    def _enter_phase(self, event: Event) -> None:
+        """Close the range of the previous Composer event, open ``composer::<event>``."""
+        import torch
+
+        self._exit_phase()
+        self._phase = torch.profiler.record_function(f"composer::{event.value}")
+        self._phase.__enter__()
+
+    def _exit_phase(self) -> None:
+        if self._phase is not None:
+            self._phase.__exit__(None, None, None)
+            self._phase = None
 
     def _write(self, state: State) -> None:
         import torch
@@ -181,22 +264,30 @@ class StepProfile(Callback):
 
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        trace = self.out_dir / f"step_profile-rank{rank}.trace.json"
+        # gzip: torch writes a compressed trace for a .gz name (tens of MB otherwise)
+        trace = self.out_dir / f"step_profile-rank{rank}.trace.json.gz"
         self._profiler.export_chrome_trace(str(trace))
-        events = json.loads(trace.read_text()).get("traceEvents", [])
+        with gzip.open(trace, "rt") as f:
+            events = json.load(f).get("traceEvents", [])
         if not self.trace:
             trace.unlink()
-        complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
-        kernels = [(e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in complete
-                   if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-        ranges = {int(e["name"][len(_RANGE):]): (float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in complete
-                  if e.get("cat") == "user_annotation" and e["name"].startswith(_RANGE)}
+        complete = [(e, float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+                    if e.get("ph") == "X" and "dur" in e]
+        kernels = [(e["name"], s, t) for e, s, t in complete if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+        annotations = [(e["name"], s, t) for e, s, t in complete if e.get("cat") == "user_annotation"]
+        runtime = [(e["name"], s, t) for e, s, t in complete if e.get("cat") == "cuda_runtime"]
+        batches = {int(n[len(_RANGE):]): (s, t) for n, s, t in annotations if n.startswith(_RANGE)}
+        host_ranges = [a for a in annotations if not a[0].startswith(_RANGE)]
         per_batch = []
-        for batch, (lo, hi) in sorted(ranges.items()):
+        for batch, (lo, hi) in sorted(batches.items()):
             inside = [(n, max(s, lo), min(t, hi)) for n, s, t in kernels if t > lo and s < hi]
             summary = summarize_kernels(inside)
+            idle = attribute_idle([(s, t) for _, s, t in inside], host_ranges, lo, hi)
+            syncs = host_syncs([c for c in runtime if lo <= c[1] < hi])
             per_batch.append({"batch": batch, "wall_ms": (hi - lo) / 1e3,
                               **{k: _ms(v) for k, v in summary.items() if k != "top"},
+                              "gpu_idle": _ms(idle["gpu_idle"]), "idle_by_range": _ms(idle["idle_by_range"]),
+                              "host_syncs": {k: [n, t / 1e3] for k, (n, t) in syncs.items()},
                               "top": [[n, c, t / 1e3] for n, c, t in summary["top"]]})
         record = {"rank": rank, "start": self.start, "batches": self.batches, "device": torch.cuda.get_device_name(),
                   "scheme_memory_bytes": _scheme_memory(state),

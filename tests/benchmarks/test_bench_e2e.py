@@ -207,7 +207,8 @@ def test_profile_records_a_warm_up_batch_an_untimed_one_follows(tmp_path):
     overrides = plan.overrides(bench_e2e.CONFIGS["qsdp-w8g8"], 4, tmp_path / "socket" / "qsdp-w8g8.metrics.json")
     assert "callbacks.step_profile.start=3" in overrides and "callbacks.step_profile.batches=1" in overrides
     assert f"callbacks.step_profile.out_dir={tmp_path / 'socket' / 'qsdp-w8g8.profile'}" in overrides
-    assert not any("step_profile" in o for o in plan.overrides(bench_e2e.CONFIGS["compute-bound"], 1, tmp_path / "b"))
+    bound = plan.overrides(bench_e2e.CONFIGS["compute-bound"], 1, tmp_path / "compute-bound.metrics.json")
+    assert f"callbacks.step_profile.out_dir={tmp_path / 'compute-bound.profile'}" in bound
 
 
 # ------------------------------------------------------------------------------------------------------- slow
@@ -311,3 +312,19 @@ def test_plain_fsdp2_bytes_pad_each_parameter_to_the_ranks():
     # reduce-scatter of them.
     assert bench_e2e.plain_fsdp2_bytes(model, 4, gather_bytes=2) == 3 * 64 * (2 + 2 + 4) // 4
     assert bench_e2e.plain_fsdp2_bytes(model, 1, gather_bytes=2) == 0
+
+
+def test_profile_table_names_the_host_ranges_that_hold_the_idle_time():
+    def batch(n, idle, optimizer):
+        return {"batch": n, "wall_ms": 600.0, "by_category": {"matmul": 200.0}, "communication_busy": 300.0,
+                "compute_busy": 300.0, "exposed_communication": 100.0, "overlapped_communication": 200.0,
+                "gpu_idle": idle, "idle_by_range": {"Optimizer.step#AdamW.step": optimizer, "(no range)": 10.0},
+                "host_syncs": {"cudaMemcpy": [3, 1.5]}, "top": []}
+
+    record = {"per_batch": [batch(3, 150.0, 120.0), batch(4, 170.0, 140.0)],
+              "scheme_memory_bytes": {"weights": 0, "grads": 0}}
+    summary = bench_e2e.profile_summary(record)
+    assert summary["gpu_idle"] == pytest.approx(160.0)
+    assert summary["idle_by_range_ms"] == pytest.approx({"Optimizer.step#AdamW.step": 130.0, "(no range)": 10.0})
+    line = bench_e2e.profile_lines([{"config": "baseline", "profile": summary}])[-1]
+    assert "| 160 | Optimizer.step#AdamW.step 130, (no range) 10 | 3 |" in line

@@ -2,7 +2,7 @@
 
 import pytest
 
-from composer_qsdp.recipes.step_profile import StepProfile, categorize, summarize_kernels
+from composer_qsdp.recipes.step_profile import StepProfile, attribute_idle, categorize, host_syncs, summarize_kernels
 
 
 def test_exposed_communication_is_nccl_time_with_no_other_kernel_running():
@@ -35,3 +35,27 @@ def test_bad_windows_are_refused_naming_the_value():
         StepProfile("out", start=1)
     with pytest.raises(ValueError, match="batches=0 is invalid"):
         StepProfile("out", start=3, batches=0)
+
+
+def test_idle_gaps_go_to_the_shortest_host_range_covering_them():
+    kernels = [(0.0, 10.0), (15.0, 16.0), (50.0, 60.0)]
+    ranges = [("Optimizer.step#AdamW.step", 0.0, 100.0), ("FSDP::pre_forward", 30.0, 45.0),
+              ("composer::batch_end", 70.0, 100.0)]
+    idle = attribute_idle(kernels, ranges, -25.0, 100.0)
+    # gaps: [-25, 0] (no range), [10, 15] (short), [16, 50] split at 30 and 45, [60, 100] split at 70
+    assert idle["gpu_idle"] == pytest.approx(25 + 5 + 34 + 40)
+    assert idle["idle_by_range"] == pytest.approx({"(no range)": 25.0, "(gaps < 20 us)": 5.0,
+                                                   "Optimizer.step#AdamW.step": 14 + 5 + 10.0,
+                                                   "FSDP::pre_forward": 15.0, "composer::batch_end": 30.0})
+    assert next(iter(idle["idle_by_range"])) == "composer::batch_end"  # largest first
+
+
+def test_a_fully_busy_window_has_no_idle_time():
+    idle = attribute_idle([(0.0, 60.0), (40.0, 100.0)], [("FSDP::pre_forward", 0.0, 100.0)], 0.0, 100.0)
+    assert idle == {"gpu_idle": 0.0, "idle_by_range": {}}
+
+
+def test_host_syncs_count_blocking_runtime_calls_only():
+    calls = [("cudaStreamSynchronize", 0.0, 4.0), ("cudaMemcpyAsync", 5.0, 6.0), ("cudaMemcpy", 7.0, 10.0),
+             ("cudaStreamSynchronize", 11.0, 12.0), ("cudaLaunchKernel", 13.0, 14.0)]
+    assert host_syncs(calls) == {"cudaStreamSynchronize": [2, 5.0], "cudaMemcpy": [1, 3.0]}
