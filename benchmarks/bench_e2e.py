@@ -35,7 +35,7 @@ Plain data parallelism (only when named in ``--configs``; the families with ``dd
 ``zero-one-adam.yaml``, e.g. ``--model 125m`` and ``350m``), each compared with ``ddp-baseline`` and its own bound:
 
 ======================  ====================================================================================
-``ddp-baseline``        ``ddp-baseline.yaml``: Composer DDP, DecoupledAdamW, an fp32 all-reduce every step
+``ddp-baseline``        ``ddp-baseline.yaml``: Composer DDP, the recipe's AdamW, an fp32 all-reduce every step
 ``zero-one-adam``       ``zero-one-adam.yaml`` in its steady state: variance frozen after step 16, local steps
                         with the interval at its cap, one 1-bit synchronization every 16 steps; timed over 32
                         steps (two synchronizations) after 33
@@ -176,7 +176,7 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
     *(Config(name, recipe, overrides, single, description, "ddp-baseline", "ddp-compute-bound", window)
       for name, recipe, overrides, single, description, window in (
         ("ddp-baseline", "ddp-baseline.yaml", (), False,
-         "plain Composer DDP (DecoupledAdamW): every step all-reduces the fp32 gradients", None),
+         "plain Composer DDP (the recipe's AdamW): every step all-reduces the fp32 gradients", None),
         ("zero-one-adam", "zero-one-adam.yaml",
          ("algorithms.zero_one_adam.var_freeze_step=16", "algorithms.zero_one_adam.local_step_scaler=1",
           "algorithms.zero_one_adam.local_step_clipper=16"), False,
@@ -315,8 +315,7 @@ def layer_bound_worker(out: Path, recipe_path: Path, micro: int, nproc: int, war
     """The ``compute-bound-layer`` measurement on this process's GPU (see the module docstring); writes ``out``."""
     import dataclasses
 
-    from composer.optim import DecoupledAdamW
-
+    from composer_qsdp.recipes.loader import build_optimizer
     from composer_qsdp.recipes.models import ComposerGPT
     from composer_qsdp.recipes.train import load_recipe
 
@@ -360,7 +359,7 @@ def layer_bound_worker(out: Path, recipe_path: Path, micro: int, nproc: int, war
     shard = [torch.zeros(-(-p.numel() // nproc), device=device) for p in full.parameters()]
     for t in shard:
         t.grad = torch.randn_like(t)
-    optimizer = DecoupledAdamW(shard, lr=1e-4)
+    optimizer = build_optimizer(recipe, shard)
     optimizer_s = timed(optimizer.step)
     step_s = model_s + (config.n_layers - 1) * block_s + optimizer_s
     common.write_json(out, {"block_s": block_s, "one_block_model_s": model_s, "optimizer_s": optimizer_s,

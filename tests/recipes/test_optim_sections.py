@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from composer.optim import (
 )
 
 from composer_qsdp.recipes.data import write_token_shards
-from composer_qsdp.recipes.loader import build_optimizer, build_scheduler
+from composer_qsdp.recipes.loader import HostSyncOptimizerWarning, build_optimizer, build_scheduler
 from composer_qsdp.recipes.train import RecipeError, load_recipe, train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,6 +136,21 @@ def test_any_composer_or_torch_class_by_name_or_path_with_durations_parsed():
     schedule = build_scheduler(recipe)
     assert (type(schedule).__name__, schedule.gamma, schedule.decay_period) == ("ExponentialScheduler", 0.9,
                                                                                 Time(3, "ba"))
+
+
+def test_the_paper_recipes_train_with_fused_adamw_and_decoupled_adamw_on_gpu_warns():
+    """The GPU recipes' optimizer is torch's fused AdamW (DecoupledAdamW syncs the host once per parameter); naming
+    DecoupledAdamW in a GPU recipe warns with the fix, and on CPU it does not."""
+    gpu = Path(__file__).parents[2] / "yamls" / "gpt-125m" / "baseline.yaml"
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    optimizer = build_optimizer(load_recipe(gpu, ["data.remote=null"]), params)
+    assert type(optimizer) is torch.optim.AdamW and optimizer.defaults["fused"] is True
+    assert (optimizer.defaults["betas"], optimizer.defaults["weight_decay"]) == ((0.9, 0.95), 0.0)
+    with pytest.warns(HostSyncOptimizerWarning, match="optimizer.name='decoupled_adamw'.*use name: adamw"):
+        build_optimizer(load_recipe(gpu, ["data.remote=null", "optimizer.name=decoupled_adamw"]), params)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HostSyncOptimizerWarning)
+        build_optimizer(load_recipe(BASELINE, []), params)  # a CPU recipe
 
 
 def test_a_child_naming_another_class_keeps_only_the_keys_it_takes(tmp_path):

@@ -22,7 +22,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from composer_qsdp.recipes.loader.arguments import build_algorithm, build_components, build_optimizer, build_scheduler
+from composer_qsdp.recipes.loader.arguments import (
+    HostSyncOptimizerWarning,
+    build_algorithm,
+    build_components,
+    build_optimizer,
+    build_scheduler,
+)
 from composer_qsdp.recipes.loader.components import (
     ALGORITHMS,
     CALLBACKS,
@@ -50,6 +56,7 @@ from composer_qsdp.recipes.loader.sources import merged_recipe
 from composer_qsdp.recipes.loader.validate import check_machine, validate
 
 __all__ = [
+    "HostSyncOptimizerWarning",
     "ALGORITHMS",
     "CALLBACKS",
     "CLASS_SECTIONS",

@@ -24,7 +24,7 @@ from composer_qsdp.recipes.loader.components import (
 from composer_qsdp.recipes.loader.errors import RecipeError, check, check_time
 from composer_qsdp.recipes.loader.schema import CLASS_SECTIONS, DEFAULT_CLASS_NAMES, ValidatedRecipe
 
-__all__ = ["add_defaults", "build_algorithm", "build_components", "build_optimizer", "build_scheduler",
+__all__ = ["HostSyncOptimizerWarning", "add_defaults", "build_algorithm", "build_components", "build_optimizer", "build_scheduler",
            "check_arguments", "check_entry", "class_section", "component_kwargs", "entry_kwargs", "resolved",
            "unresolved"]
 
@@ -217,10 +217,29 @@ def class_section(cfg: DictConfig, section: str) -> tuple[dict[str, Any], Any]:
     return kwargs, built
 
 
+class HostSyncOptimizerWarning(UserWarning):
+    """A GPU recipe's optimizer waits for the GPU on the host inside every step, leaving the GPU idle."""
+
+
+# Optimizers whose step reads a device value on the host once per parameter, and the recipe name that avoids it.
+# composer.optim.DecoupledAdamW calls .item() on every parameter's step count: at GPT-1.3B (299 tensors) that idled
+# an H200 for a quarter of a one-GPU step (benchmarks/RESULTS.md).
+_HOST_SYNCING = {"composer.optim.decoupled_weight_decay.DecoupledAdamW":
+                 "name: adamw with fused: true (the same update where weight_decay is 0)"}
+
+
 def build_optimizer(recipe: ValidatedRecipe, params: Any) -> Any:
-    """The optimizer of ``recipe``'s ``optimizer`` section over ``params`` (a model's parameters)."""
-    return optim_class("optimizer", recipe.cfg.optimizer.name, recipe.cfg.allow_imports)(params,
-                                                                                         **recipe.optimizer_kwargs)
+    """The optimizer of ``recipe``'s ``optimizer`` section over ``params`` (a model's parameters).
+
+    Warns with :class:`HostSyncOptimizerWarning` where a GPU recipe's optimizer syncs the host once per parameter.
+    """
+    cls = optim_class("optimizer", recipe.cfg.optimizer.name, recipe.cfg.allow_imports)
+    instead = _HOST_SYNCING.get(f"{cls.__module__}.{cls.__qualname__}")
+    if instead is not None and recipe.cfg.device == "gpu":
+        warnings.warn(f"optimizer.name={recipe.cfg.optimizer.name!r} ({cls.__name__}) reads every parameter's step "
+                      f"count on the host, a GPU sync per parameter per step that leaves the GPU idle; use "
+                      f"{instead}", HostSyncOptimizerWarning, stacklevel=2)
+    return cls(params, **recipe.optimizer_kwargs)
 
 
 def build_scheduler(recipe: ValidatedRecipe) -> Any:
