@@ -97,8 +97,7 @@ def measure(bits: int, ranks: int) -> list[dict]:
 #: Launch shapes of ``--sweep``, ``(buckets per program, warps)`` per kernel at 256-element buckets: the grid
 #: 1..16 x 1..16 (powers of two) at 2 to 64 elements per thread (``bpp * 256 / (32 * warps)``), less the shapes
 #: whose sm_90 compile spills registers (``tests/kernels/hopper.py``, 3 bits, bf16 gradient, fp32 and bf16
-#: residual; the report of the kernel-sweep branch lists their registers). Each kernel's default launch is timed
-#: too, as its own row.
+#: residual; the sweep records each launch's registers). Each kernel's default launch is timed too, as its own row.
 SWEEP_GRID: dict[str, tuple[tuple[int, int], ...]] = {
     "feedback rotated": ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (2, 8), (4, 2), (4, 4), (4, 8), (4, 16),
                          (8, 4), (8, 8), (8, 16), (16, 8)),
@@ -178,11 +177,15 @@ def _launched_kernel(launch: Callable[[], object]) -> Any:
     """The compiled Triton kernel (its ``n_regs``, ``n_spills``, ``metadata.shared``) that ``launch`` ran last,
     found among the codec kernel modules' compiled kernels by its function handle; ``None`` if not found."""
     handles = []
-    triton.knobs.runtime.launch_enter_hook = lambda metadata: handles.append(metadata["function"])
+
+    def record(metadata: Any) -> None:  # a LazyDict of the launch
+        handles.append(metadata.get()["function"])
+
+    triton.knobs.runtime.launch_enter_hook.add(record)
     try:
         launch()
     finally:
-        triton.knobs.runtime.launch_enter_hook = None
+        triton.knobs.runtime.launch_enter_hook.remove(record)
     for module in (minmax_kernels, bucket_decode, hadamard_kernels):
         for fn in vars(module).values():
             if isinstance(fn, triton.runtime.JITFunction):
@@ -253,6 +256,10 @@ def sweep(preset: str, ranks: int, jobs: int, budget_s: float) -> tuple[list[dic
                 spec.update(result)
     compiled_s = time.monotonic() - start
     print(f"compiled and checked {len(specs)} launches in {compiled_s:.0f} s", flush=True)
+    for spec in specs:
+        if spec["status"] != "ok":
+            print(f"  not timed: {spec['op']} {spec['residual']} bpp {spec['bpp']} warps {spec['warps']}: "
+                  f"{spec['status']}", flush=True)  # fmt: skip
     nbytes = {f"{op} {residual}".strip(): probe.nbytes(op, residual) for op, residual in _SWEEP_CASES}
     roofs = {name: timing.copy_gbps(b // 8, torch.float32) for name, b in nbytes.items()}  # same bytes moved
     for spec in specs:
