@@ -16,24 +16,47 @@ The input is the reduce-scatter input of one GPT-1.3B block (50.3M parameters) o
 medians; their spread is the noise). Bytes counted for the fused call are its floor: the gradient read, the
 residual read and written, the codes written; GB/s against a device copy of the same number of bytes.
 
+``--sweep`` times the kernels of the preset's codec (``--preset``, default ``qwd-w4g3-loco``: 3 bits, groups of
+256) over the launch shapes of :data:`SWEEP_GRID` (buckets per program x warps; the results never depend on them),
+on the same rows: the fused feedback quantize (rotated and not, fp32 and bf16 residual), the min-max decode-sum of
+the ``--ranks`` wire rows (fp32, as the rotated codec sums before rotating back) and that sum's inverse rotation
+(``hadamard_rows``). Worker processes first compile every shape and check its output against the torch
+reference (Triton's on-disk cache then serves the timing process); a shape that fails to compile or spills
+registers is recorded and not timed. Bytes per launch, read plus written: feedback ``R*n*2`` (bf16 gradient) +
+``2*R*n*s`` (residual of ``s`` bytes, read and written) + the ``R`` wire rows; decode-sum the ``R`` wire rows +
+``n*4``; rotation ``2*n*4``. % of copy is against a device copy moving the same number of bytes.
+
 Usage::
 
     python benchmarks/bench_feedback.py --out-dir DIR            # 2, 3 and 4 bits, 4 ranks
+    python benchmarks/bench_feedback.py --sweep --out-dir DIR    # launch-shape sweep, ~1 min on one H100
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import csv
 import json
+import multiprocessing
+import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import torch
+import triton
 
 import kernel_timing as timing
+from composer_qsdp.config.presets import PRESETS, preset_names
+from composer_qsdp.kernels import backend, bucket_decode
+from composer_qsdp.kernels import hadamard as hadamard_kernels
 from composer_qsdp.kernels import minmax as minmax_kernels
 from composer_qsdp.quant import Codec, HadamardCodec, MinMaxCodec
+from composer_qsdp.quant.hadamard import hadamard_rows
 
 BLOCK_1_3B = 12 * 2048 * 2048 + 13 * 2048  # GPT-1.3B block: attention and MLP matrices, biases, two norms
 
@@ -70,14 +93,229 @@ def measure(bits: int, ranks: int) -> list[dict]:
     return rows
 
 
+# --------------------------------------------------------------------------------------------- --sweep
+#: Launch shapes of ``--sweep``, ``(buckets per program, warps)`` per kernel at 256-element buckets: the grid
+#: 1..16 x 1..16 (powers of two) at 2 to 64 elements per thread (``bpp * 256 / (32 * warps)``), less the shapes
+#: whose sm_90 compile spills registers (``tests/kernels/hopper.py``, 3 bits, bf16 gradient, fp32 and bf16
+#: residual; the sweep records each launch's registers). Each kernel's default launch is timed too, as its own row.
+SWEEP_GRID: dict[str, tuple[tuple[int, int], ...]] = {
+    "feedback rotated": ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (2, 8), (4, 2), (4, 4), (4, 8), (4, 16),
+                         (8, 4), (8, 8), (8, 16), (16, 8)),
+    "feedback": ((1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 2), (8, 4), (8, 8), (16, 4), (16, 8), (16, 16)),
+    "decode_sum": ((1, 1), (1, 2), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (4, 4), (4, 8), (8, 1), (8, 2), (8, 4),
+                   (8, 8), (8, 16), (16, 2), (16, 4), (16, 8), (16, 16)),
+    "hadamard": ((2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (4, 4), (4, 8), (8, 1), (8, 2), (8, 4), (8, 8), (8, 16),
+                 (16, 2), (16, 4), (16, 8), (16, 16), (32, 4), (32, 8), (32, 16)),
+}  # fmt: skip
+SWEEP_COLUMNS = ("op", "residual", "bpp", "warps", "el_per_thread", "status", "regs", "spills", "smem", "ms",
+                 "spread_pct", "bytes", "gbps", "pct_copy")  # fmt: skip
+_RESIDUAL_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+_SWEEP_CASES = (("feedback rotated", "fp32"), ("feedback rotated", "bf16"), ("feedback", "fp32"),
+                ("feedback", "bf16"), ("decode_sum", ""), ("hadamard", ""))  # fmt: skip
+
+
+class _Sweep:
+    """The codec and the inputs of a sweep over one GPT-1.3B block on ``ranks`` ranks, the same in every process
+    (fixed seed); ``reference``: also the torch reference's outputs, which every launch shape must give."""
+
+    def __init__(self, preset: str, ranks: int, reference: bool) -> None:
+        options = PRESETS[preset]
+        self.bits, self.bucket = options["grad_bits"], options["grad_bucket_size"]
+        self.ranks, self.n = ranks, -(-BLOCK_1_3B // ranks)
+        self.inner = MinMaxCodec(bits=self.bits, bucket_size=self.bucket, rounding="nearest")
+        self.rotated = HadamardCodec(self.inner)
+        self.padded = self.rotated.padded(self.n)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        self.x = torch.randn(ranks, self.n, device="cuda", dtype=torch.bfloat16, generator=gen)
+        r = 1e-3 * torch.randn(ranks * self.n, device="cuda", generator=gen)
+        self.residual = {name: r.to(dtype) for name, dtype in _RESIDUAL_DTYPES.items()}
+        self.expected: dict[tuple[str, str], Any] = {}
+        with backend("torch"):
+            self.wire = self.rotated.encode_rows(self.x)
+            self.total = self.inner.decode_sum(self.wire, self.padded)
+            if reference:
+                for op, residual in _SWEEP_CASES[:4]:
+                    new = self.residual[residual].clone()
+                    codec = self.rotated if op == "feedback rotated" else self.inner
+                    self.expected[op, residual] = (codec.encode_rows_feedback(self.x, new, 0.5), new)
+                self.expected["decode_sum", ""] = self.total
+                self.expected["hadamard", ""] = hadamard_rows(self.total.view(1, -1), self.bucket, self.n,
+                                                              torch.float32)  # fmt: skip
+
+    def nbytes(self, op: str, residual: str) -> int:
+        """Bytes one launch of ``op`` reads plus writes (module docstring)."""
+        wire = self.ranks * self.inner.wire_bytes(self.padded if op != "feedback" else self.n)
+        if op.startswith("feedback"):
+            return self.x.numel() * 2 + 2 * self.x.numel() * _RESIDUAL_DTYPES[residual].itemsize + wire
+        return wire + self.padded * 4 if op == "decode_sum" else 2 * self.n * 4
+
+    def call(self, spec: dict[str, Any], residual: torch.Tensor | None = None) -> Any:
+        """Launch ``spec`` once; the feedback quantize updates ``residual`` (default: the sweep's own)."""
+        bpp, warps = spec["bpp"], spec["warps"]
+        op = spec["op"]
+        if op.startswith("feedback"):
+            rotate = op == "feedback rotated"
+            r = self.residual[spec["residual"]] if residual is None else residual
+            fmt = self.inner.wire_format(self.padded if rotate else self.n)
+            return minmax_kernels.encode_rows_feedback(self.x, r, 0.5, self.bits, self.bucket, fmt, False, 0, 0,
+                                                       rotate, buckets_per_program=bpp, num_warps=warps)  # fmt: skip
+        if op == "decode_sum":
+            return minmax_kernels.decode_sum(self.wire, self.bits, self.bucket, self.inner.wire_format(self.padded),
+                                             buckets_per_program=bpp, num_warps=warps)  # fmt: skip
+        return hadamard_kernels.hadamard_rows(self.total.view(1, -1), self.bucket, self.n, torch.float32, bpp, warps)
+
+    def matches_reference(self, spec: dict[str, Any]) -> bool:
+        """Whether one launch of ``spec`` gives the torch reference's outputs bit for bit."""
+        expected = self.expected[spec["op"], spec["residual"]]
+        if spec["op"].startswith("feedback"):
+            new = self.residual[spec["residual"]].clone()
+            return torch.equal(self.call(spec, new), expected[0]) and torch.equal(new, expected[1])
+        return torch.equal(self.call(spec), expected)
+
+
+def _launched_kernel(launch: Callable[[], object]) -> Any:
+    """The compiled Triton kernel (its ``n_regs``, ``n_spills``, ``metadata.shared``) that ``launch`` ran last,
+    found among the codec kernel modules' compiled kernels by its function handle; ``None`` if not found."""
+    handles = []
+
+    def record(metadata: Any) -> None:  # a LazyDict of the launch
+        handles.append(metadata.get()["function"])
+
+    triton.knobs.runtime.launch_enter_hook.add(record)
+    try:
+        launch()
+    finally:
+        triton.knobs.runtime.launch_enter_hook.remove(record)
+    for module in (minmax_kernels, bucket_decode, hadamard_kernels):
+        for fn in vars(module).values():
+            if isinstance(fn, triton.runtime.JITFunction):
+                for caches in fn.device_caches.values():
+                    for kernel in caches[0].values():
+                        if handles and getattr(kernel, "function", None) == handles[-1]:
+                            return kernel
+    return None
+
+
+_WORKER_SWEEP: list[_Sweep] = []
+
+
+def _compile_and_check(preset: str, ranks: int, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """In a worker process: launch each of ``specs`` once (compiling it into Triton's on-disk cache) and return
+    its registers, spills, shared memory and status: ``ok``, ``spills``, ``wrong result`` (not the torch
+    reference's bits) or the error that stopped it."""
+    if not _WORKER_SWEEP:
+        _WORKER_SWEEP.append(_Sweep(preset, ranks, reference=True))
+    sweep = _WORKER_SWEEP[0]
+    results = []
+    for spec in specs:
+        result: dict[str, Any] = {"status": "ok"}
+        try:
+            kernel = _launched_kernel(lambda: sweep.call(spec, sweep.residual[spec["residual"]].clone())
+                                      if spec["residual"] else sweep.call(spec))  # fmt: skip
+            if kernel is not None:
+                result.update(regs=kernel.n_regs, spills=kernel.n_spills, smem=kernel.metadata.shared)
+                if spec["warps"] is None:  # a default launch: time it with the warps it picked, which it reports
+                    result["warps"] = kernel.metadata.num_warps
+            if kernel is not None and kernel.n_spills:
+                result["status"] = "spills"
+            elif not sweep.matches_reference(spec):
+                result["status"] = "wrong result"
+        except Exception as err:  # noqa: BLE001 - a shape that does not compile or launch is recorded, not fatal
+            result["status"] = f"error: {type(err).__name__}: {' '.join(str(err).split())[:200]}"
+        results.append(result)
+    return results
+
+
+def _sweep_specs(bucket: int) -> list[dict[str, Any]]:
+    """Every (op, residual, launch shape) of the sweep, the default launches (``bpp`` and ``warps`` None) first."""
+    specs = [{"op": op, "residual": residual, "bpp": None, "warps": None} for op, residual in _SWEEP_CASES]
+    specs += [{"op": op, "residual": residual, "bpp": bpp, "warps": warps}
+              for op, residual in _SWEEP_CASES for bpp, warps in SWEEP_GRID[op]]  # fmt: skip
+    for spec in specs:
+        spec["el_per_thread"] = None if spec["bpp"] is None else spec["bpp"] * bucket // (32 * spec["warps"])
+    return specs
+
+
+def sweep(preset: str, ranks: int, jobs: int, budget_s: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Compile and check every launch shape in ``jobs`` worker processes, then time those that compiled without
+    spills and match the reference, stopping after ``budget_s`` seconds in all. Returns the rows and the run's
+    facts (copy roofs, bytes per launch)."""
+    start = time.monotonic()
+    probe = _Sweep(preset, ranks, reference=False)
+    specs = _sweep_specs(probe.bucket)
+    chunks = [specs[i::jobs] for i in range(jobs)]
+    spawn = multiprocessing.get_context("spawn")  # CUDA does not survive fork
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=spawn) as pool:
+        futures = [pool.submit(_compile_and_check, preset, ranks, chunk) for chunk in chunks]
+        for chunk, future in zip(chunks, futures):
+            try:
+                results = future.result()
+            except Exception as err:  # noqa: BLE001 - a crashed worker takes its shapes with it, not the sweep
+                results = [{"status": f"error: worker: {type(err).__name__}"}] * len(chunk)
+            for spec, result in zip(chunk, results):
+                spec.update(result)
+    compiled_s = time.monotonic() - start
+    print(f"compiled and checked {len(specs)} launches in {compiled_s:.0f} s", flush=True)
+    for spec in specs:
+        if spec["status"] != "ok":
+            print(f"  not timed: {spec['op']} {spec['residual']} bpp {spec['bpp']} warps {spec['warps']}: "
+                  f"{spec['status']}", flush=True)  # fmt: skip
+    nbytes = {f"{op} {residual}".strip(): probe.nbytes(op, residual) for op, residual in _SWEEP_CASES}
+    roofs = {name: timing.copy_gbps(b // 8, torch.float32) for name, b in nbytes.items()}  # same bytes moved
+    for spec in specs:
+        name = f"{spec['op']} {spec['residual']}".strip()
+        spec["bytes"] = nbytes[name]
+        if spec["status"] != "ok":
+            continue
+        if time.monotonic() - start > budget_s:
+            spec["status"] = "not timed: budget"
+            continue
+        spec["ms"], spec["spread_pct"] = timing.median_ms_twice(lambda: probe.call(spec))
+        spec["gbps"] = timing.gbps(spec["bytes"], spec["ms"])
+        spec["pct_copy"] = 100 * spec["gbps"] / roofs[name]
+        print(f"  {name:<22} bpp {spec['bpp'] or 'default':>7} warps {spec['warps'] or '':>2} regs "
+              f"{spec.get('regs', '?'):>3} {spec['ms'] * 1e3:7.1f} us {spec['pct_copy']:5.1f}% of copy", flush=True)
+    facts = {"preset": preset, "bits": probe.bits, "bucket_size": probe.bucket, "ranks": ranks, "n": probe.n,
+             "bytes_per_launch": nbytes, "copy_gbps": roofs, "compile_s": compiled_s,
+             "total_s": time.monotonic() - start}  # fmt: skip
+    return specs, facts
+
+
+def write_sweep(out_dir: Path, specs: list[dict[str, Any]], facts: dict[str, Any]) -> None:
+    """``bench_feedback_sweep.csv`` (one row per launch, :data:`SWEEP_COLUMNS`) and ``bench_feedback_sweep.json``
+    (the header, the facts, the rows) in ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "bench_feedback_sweep.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, SWEEP_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for spec in specs:
+            writer.writerow({k: "default" if k in ("bpp", "warps") and spec[k] is None else
+                             round(v, 4) if isinstance(v := spec.get(k), float) else v for k in SWEEP_COLUMNS})
+    record = {"header": timing.header(), **facts, "rows": specs}
+    (out_dir / "bench_feedback_sweep.json").write_text(json.dumps(record, indent=1))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bits", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--ranks", type=int, default=4, help="rows of the reduce-scatter input (default 4)")
-    parser.add_argument("--out-dir", help="also write bench_feedback.md / .json there")
+    parser.add_argument("--out-dir", help="also write bench_feedback.md / .json there (--sweep: _sweep.csv / .json)")
+    parser.add_argument("--sweep", action="store_true", help="time the preset's kernels over SWEEP_GRID's launches")
+    parser.add_argument("--preset", default="qwd-w4g3-loco", choices=[p for p in preset_names() if "loco" in p],
+                        help="--sweep: the preset whose gradient bits and bucket size to time")
+    parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
+                        help="--sweep: processes compiling the launches (default min(8, CPUs))")
+    parser.add_argument("--budget-s", type=float, default=85.0,
+                        help="--sweep: stop timing after this many seconds in all (default 85)")
     args = parser.parse_args(argv)
     if timing.cuda_missing():
         return 2
+    if args.sweep:
+        specs, facts = sweep(args.preset, args.ranks, args.jobs, args.budget_s)
+        if args.out_dir:
+            write_sweep(Path(args.out_dir), specs, facts)
+        print(f"sweep: {sum('ms' in s for s in specs)} of {len(specs)} launches timed in {facts['total_s']:.0f} s")
+        return 0
     rows = [row for bits in args.bits for row in measure(bits, args.ranks)]
     head = timing.header()
     fmt = lambda v, spec: "" if v is None else format(v, spec)  # noqa: E731

@@ -341,4 +341,6 @@ def launch_shape(bucket_size: int, num_buckets: int, on_gpu: bool, gpu_tile: int
         raise ValueError(f"buckets_per_program={buckets_per_program} must be a power of two >= 1")
     if num_warps is None:
         num_warps = min(16, max(1, buckets_per_program * bucket_tile // (32 * elements_per_thread)))
+    elif not 1 <= num_warps <= 32 or num_warps & (num_warps - 1):
+        raise ValueError(f"num_warps={num_warps} must be a power of two from 1 to 32")
     return groups, buckets_per_program, num_warps

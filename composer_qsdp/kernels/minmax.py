@@ -250,13 +250,17 @@ def encode_rows_feedback(
     seed: int,
     offset: int,
     rotate: bool = False,
+    *,
+    buckets_per_program: int | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """Error-feedback quantize of ``x`` ``[R, n]`` with ``residual`` (``R * n`` contiguous fp32 or bf16 elements,
     updated in place) in one pass: ``[R, fmt.wire_bytes]`` ``uint8``, the wire of ``x + residual``.
 
     Reference: ``MinMaxCodec``'s ``Codec._encode_rows_feedback`` (with ``rotate``, ``HadamardCodec``'s over it,
     ``fmt`` then describing the rows zero-padded to whole buckets). Row ``r`` uses noise counters ``offset + r * n +
-    i`` (``i`` indexing the padded row) under key ``seed``.
+    i`` (``i`` indexing the padded row) under key ``seed``. ``buckets_per_program`` (a power of two) and
+    ``num_warps`` override the launch heuristic for benchmark sweeps; they never change the result.
     """
     rows, n = x.shape
     _check(bits, bucket_size, rows, fmt)
@@ -269,10 +273,10 @@ def encode_rows_feedback(
     nb = fmt.num_buckets
     if rotate:  # few elements per thread: see ROTATED_ELEMENTS_PER_THREAD
         groups, bpp, warps = launch_shape(bucket_size, nb, x.is_cuda, GPU_TILE, INTERPRETER_TILE,
-                                          ROTATED_ELEMENTS_PER_THREAD, None, None)  # fmt: skip
+                                          ROTATED_ELEMENTS_PER_THREAD, buckets_per_program, num_warps)  # fmt: skip
     else:
-        groups, bpp, warps = _config(bucket_size, nb, x.is_cuda, rows_aligned(x) and rows_aligned(r), None, None,
-                                     "encode")  # fmt: skip
+        groups, bpp, warps = _config(bucket_size, nb, x.is_cuda, rows_aligned(x) and rows_aligned(r),
+                                     buckets_per_program, num_warps, "encode")  # fmt: skip
     _quantize_feedback_kernel[(cdiv(nb, bpp), rows)](
         x, r, wire, wire.view(torch.float32),
         n, fmt.numel, nb, fmt.code_bytes, fmt.meta_offset, row_stride(x), row_stride(r), row_stride(wire),

@@ -44,14 +44,16 @@ for v in json.loads(sys.stdin.read()):
         r"\\b(?:div[.](?:full|approx)|(?:rcp|sqrt|rsqrt|ex2|lg2|sin|cos|tanh)[.]approx"
         r"|(?:fma|mad)[.][\\w.]*f32)[\\w.]*",
         compiled.asm["ptx"])))
+    # Triton's shared memory is dynamic, which cuobjdump's SHARED (static) leaves out.
     report[v["name"]] = " ".join(line.strip() for line in usage.splitlines() if "REG:" in line) + (
-        " INEXACT:" + (",".join(inexact) or "none"))
+        f" SMEM:{compiled.metadata.shared}" + " INEXACT:" + (",".join(inexact) or "none"))
 print(json.dumps(report))
 """
 
 
 def resource_usage(variants: list[dict]) -> dict[str, str]:
-    """Compile each variant for sm_90; return ``{name: "REG:<n> STACK:<bytes> ... LOCAL:<bytes> ... INEXACT:<ops>"}``,
+    """Compile each variant for sm_90; return ``{name: "REG:<n> STACK:<bytes> ... LOCAL:<bytes> ... SMEM:<bytes>
+    INEXACT:<ops>"}``, ``SMEM`` the shared memory Triton allocates at launch (layout conversions, reductions),
     ``<ops>`` the PTX instructions that are not exactly rounded fp32 operations (``div.full``, ``rcp.approx``,
     ``sqrt.approx``, a contracted ``fma.rn.f32``, ...) or ``none``: the kernels must match their torch references
     bit for bit.

@@ -262,6 +262,30 @@ def test_feedback_kernel_matches_reference(rows, n, bucket, bits, rounding, dtyp
     assert bool(torch.isfinite(got_residual).all())  # a non-finite bucket resets its residual
 
 
+
+@pytest.mark.parametrize("rotate,rdtype", [(True, torch.float32), (False, torch.bfloat16)])
+def test_feedback_launch_configuration_does_not_change_results(rotate, rdtype):
+    """``buckets_per_program`` / ``num_warps`` overrides of the fused feedback quantize (benchmark sweeps) give the
+    default launch's wire and residual bit for bit, programs ending inside a row and on its padded tail."""
+    rows, n, bucket = 2, 1000, 64  # 16 buckets per row, the last one partial
+    inner = MinMaxCodec(bits=3, bucket_size=bucket, rounding="nearest")
+    fmt = inner.wire_format(-(-n // bucket) * bucket if rotate else n)
+    x = _data(rows, n, torch.bfloat16, seed=5, nonfinite=False)
+    residual = (0.1 * _data(rows, n, torch.float32, seed=6, nonfinite=False)).to(rdtype).view(-1)
+    expected_residual = residual.clone()
+    expected = kernels.encode_rows_feedback(x, expected_residual, 0.5, 3, bucket, fmt, False, 9, 0, rotate)
+    for buckets_per_program, num_warps in [(1, 1), (2, 4), (4, 2), (8, 8)]:
+        got_residual = residual.clone()
+        got = kernels.encode_rows_feedback(x, got_residual, 0.5, 3, bucket, fmt, False, 9, 0, rotate,
+                                           buckets_per_program=buckets_per_program, num_warps=num_warps)
+        assert_same_wire(inner, got, expected, fmt.numel)
+        assert_same_values(got_residual, expected_residual)
+    with pytest.raises(ValueError, match="buckets_per_program=3"):
+        kernels.encode_rows_feedback(x, residual.clone(), 0.5, 3, bucket, fmt, False, 9, 0, rotate,
+                                     buckets_per_program=3)
+    with pytest.raises(ValueError, match="num_warps=3"):
+        kernels.encode_rows_feedback(x, residual.clone(), 0.5, 3, bucket, fmt, False, 9, 0, rotate, num_warps=3)
+
 def test_feedback_reference_is_the_loco_recursion():
     """The reference update, against float64: ``beta * r + (1 - beta) * (c - decode(encode(c)))`` to fp32 rounding;
     its wire is the plain encode of ``c``."""
