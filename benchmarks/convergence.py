@@ -76,7 +76,8 @@ Scheduling: arms start in ``--arms`` order (the first that fits) while the proce
 fewer GPUs than the widest arm's processes, a ``--max-ranks`` above the GPUs, or ``--shared-gpu true``, the arms
 share every visible GPU: an arm with more processes than GPUs (every arm, with ``--shared-gpu true``) runs with the
 recipes' ``shared_gpu=true``, its ranks sharing the GPUs over gloo (``composer_qsdp.shared_gpu``), which computes
-what a GPU per rank would; an arm with at most one process per GPU keeps NCCL, rank ``r`` on GPU ``r``, beside the
+what a GPU per rank would; an arm with at most one process per GPU keeps NCCL, a GPU per rank, on the GPUs that
+the fewest processes of the running arms use (so 2-rank arms on 4 GPUs alternate between the two pairs), beside the
 other arms' processes. Step times of such runs say nothing about a network. ``--max-ranks`` is the memory budget:
 GPT-125M at sequence length 512 took 6.2-11 GiB per process at ``--micro-batch 8`` on an H100 (2026-11-25).
 
@@ -627,8 +628,9 @@ def run_arms(plan: Plan, budget: common.Budget, on_progress: Callable[[], None] 
             if fits and spaced and budget.allows(plan.args.min_launch_s):
                 arm = fits[0]
                 queue.remove(arm)
-                held = [] if plan.shared or not plan.gpus else free_gpus[:plan.nproc(arm)]
-                free_gpus = free_gpus[len(held):]
+                held = (_least_loaded_gpus(plan, arm, running) if plan.shared else
+                        [] if not plan.gpus else free_gpus[:plan.nproc(arm)])
+                free_gpus = [] if plan.shared else free_gpus[len(held):]
                 running[arm] = (_start_arm(plan, arm, held), held)
                 _write_running(plan, running)
                 last_start = time.monotonic()
@@ -649,6 +651,21 @@ def run_arms(plan: Plan, budget: common.Budget, on_progress: Callable[[], None] 
     return "failed" if failed else "complete"
 
 
+def _least_loaded_gpus(plan: Plan, arm: str, running: dict[str, tuple[subprocess.Popen, list[str]]]) -> list[str]:
+    """In a shared plan, the GPUs of ``arm``'s ranks: an arm over NCCL (a GPU per rank) takes those that the
+    fewest processes of the ``running`` arms use, so that arms spread over every GPU instead of all putting rank r
+    on the r-th; [] for an arm over gloo (its ranks use every GPU, rank r on the (r mod GPUs)-th)."""
+    if plan.gloo(arm):
+        return []
+    load = dict.fromkeys(plan.gpus, 0)
+    for other, (_, gpus) in running.items():
+        used = gpus or plan.gpus
+        for rank in range(plan.nproc(other)):
+            load[used[rank % len(used)]] += 1
+    chosen = sorted(plan.gpus, key=load.__getitem__)[:plan.nproc(arm)]  # stable: ties go to the first GPUs
+    return sorted(chosen, key=plan.gpus.index)
+
+
 def _start_arm(plan: Plan, arm: str, gpus: list[str]) -> subprocess.Popen:
     """Start the next launch of ``arm``: on ``gpus`` (one per rank), or on every visible GPU when the ranks share
     them."""
@@ -662,8 +679,8 @@ def _start_arm(plan: Plan, arm: str, gpus: list[str]) -> subprocess.Popen:
     common.write_json(arm_dir / "arm.json", {"arm": arm, **dataclasses.asdict(plan.arms[arm]),
                                              "nproc": plan.nproc(arm), "micro_batch": plan.micro(arm),
                                              "backend": plan.backend(arm), "settings": plan.settings})
-    where = (f"GPUs {','.join(gpus)}" if gpus else "shared GPUs (gloo)" if plan.gloo(arm) else
-             "shared GPUs, one per rank (nccl)" if plan.shared else "CPU")
+    where = (f"GPUs {','.join(gpus)}{', shared with other arms (nccl)' if plan.shared else ''}" if gpus else
+             "shared GPUs (gloo)" if plan.gloo(arm) else "CPU")
     print(f"{arm}: launch {segment}, {plan.nproc(arm)} processes on {where}", flush=True)
     return common.start(command, arm_dir / f"log-{segment:02d}.txt", env)
 

@@ -176,6 +176,33 @@ def test_scheduler_keeps_the_running_ranks_within_the_budget(tiny_recipes, tmp_p
     assert convergence.running_launches(plan) == {}
 
 
+def test_shared_arms_over_nccl_spread_over_the_least_used_gpus(tiny_recipes, tmp_path, monkeypatch):
+    monkeypatch.setattr(convergence, "_visible_gpus", lambda: ["4", "5", "6", "7"])
+    gpu = ["-o", "device=gpu", "-o", "precision=amp_bf16"]
+    arms = ["baseline", "w8g8", "w4g4", "w8g4", "sdp4bit-2x2", "qwd-w4g4"]
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", *arms, "--max-ranks", "12", "--stagger-s", "0",
+                    "--results-interval-s", "0", "--eval-batches", "-1", "--shared-gpu", "auto", *gpu)
+    assert plan.shared and plan.backend("sdp4bit-2x2") == "nccl"
+    held = {}
+    # baseline ends once the fifth arm has started (its GPUs are then the least used); the others once the last has.
+    first, rest = tmp_path / "end-baseline", tmp_path / "end-rest"
+
+    def fake_start(plan_, arm, gpus):
+        held[arm] = gpus
+        {"sdp4bit-2x2": first, "qwd-w4g4": rest}.get(arm, tmp_path / "start").touch()
+        flag = first if arm == "baseline" else rest
+        return subprocess.Popen([sys.executable, "-c", "import os, time\n"
+                                 f"while not os.path.exists({str(flag)!r}): time.sleep(0.01)"])
+
+    monkeypatch.setattr(convergence, "_start_arm", fake_start)
+    assert convergence.run_arms(plan, convergence.common.Budget(None)) == "complete"
+    # Two processes on each GPU after the first four arms (baseline, w8g8, w4g4, w8g4), instead of eight on 4 and 5.
+    assert [held[arm] for arm in arms[:4]] == [["4", "5"], ["6", "7"], ["4", "5"], ["6", "7"]]
+    assert held["sdp4bit-2x2"] == ["4", "5", "6", "7"]  # as wide as the GPUs
+    # baseline ended before the last arm started: GPUs 4 and 5 carried 2 processes, 6 and 7 three.
+    assert held["qwd-w4g4"] == ["4", "5"]
+
+
 def test_noise_band_and_gaps_to_both_seeds(tiny_recipes, tmp_path):
     plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "baseline-seed2", "w8g8", "ddp-baseline")
     out = plan.out_dir
