@@ -45,6 +45,13 @@ with ``ddp-baseline-4r``):
 ``--plan`` checks the arms' recipes and prints, for each 0/1 Adam arm, its schedule over ``--steps`` steps and the
 byte ratio against DDP's fp32 all-reduce it is expected to reach, then exits (nothing is built or run).
 
+``--lr-scales S ...`` sweeps the learning rate: every arm runs as arms ``NAME@lr<S>x`` (e.g. ``zero-one-adam@lr2x``)
+at ``S`` times the ``optimizer.lr`` its recipe, its overrides and ``-o`` set, applied after every other override
+(``S`` = 1 trains with exactly the recipe's rate), each compared with its baseline at the same scale
+(``zero-one-adam@lr2x`` with ``ddp-baseline@lr2x``). The records, CSV, PNG and table name the rate, and the table adds
+the sweep: per arm, each scale's final loss, the best scale among the arms that finished, and that best loss's gap
+to the best of its baseline (whether a lead survives tuning each arm's rate).
+
 The table gives each arm's gap to its own baseline and, for the arms that count their bytes, the bytes this rank
 sent over the whole run and how many times fewer than the baseline's collectives would have sent (QSDP: its
 training batches against the same collectives unquantized, evaluations apart; 0/1 Adam: the whole run against
