@@ -49,8 +49,8 @@ byte ratio against DDP's fp32 all-reduce it is expected to reach, then exits (no
 at ``S`` times the ``optimizer.lr`` its recipe, its overrides and ``-o`` set, applied after every other override
 (``S`` = 1 trains with exactly the recipe's rate), each compared with its baseline at the same scale
 (``zero-one-adam@lr2x`` with ``ddp-baseline@lr2x``). The records, CSV, PNG and table name the rate, and the table adds
-the sweep: per arm, each scale's final loss, the best scale among the arms that finished, and that best loss's gap
-to the best of its baseline (whether a lead survives tuning each arm's rate).
+the sweep: per arm, each scale's final loss, the best scale among the arms that finished (marked at the sweep's
+edge), and that best loss's gap to the best of its baseline (whether a lead survives tuning each arm's rate).
 
 The table gives each arm's gap to its own baseline and, for the arms that count their bytes, the bytes this rank
 sent over the whole run and how many times fewer than the baseline's collectives would have sent (QSDP: its
@@ -833,8 +833,9 @@ def markdown(plan: Plan, head: dict[str, str], manifest: dict[str, Any], arms: d
 
 def lr_sweep(arms: dict[str, Any], steps: int) -> dict[str, Any]:
     """The learning-rate sweep (``--lr-scales``) by arm: each scale's learning rate and final validation loss,
-    the best scale among those that finished all ``steps``, and the best loss's gap (%) to the best of the arm's
-    baseline (so whether one arm's lead over another survives tuning each one's rate); {} without a sweep."""
+    the best scale among those that finished all ``steps`` (``best_at_edge``: the smallest or largest swept, so the
+    best rate may lie beyond), and the best loss's gap (%) to the best of the arm's baseline (so whether one arm's
+    lead over another survives tuning each one's rate); {} without a sweep."""
     sweep: dict[str, Any] = {}
     for label, r in arms.items():
         if r.get("lr_scale") is None:
@@ -847,6 +848,8 @@ def lr_sweep(arms: dict[str, Any], steps: int) -> dict[str, Any]:
         done = {scale: s["final_val_loss"] for scale, s in entry["scales"].items() if s["finished"]}
         entry["best_scale"] = min(done, key=done.get) if done else None
         entry["best_val_loss"] = done[entry["best_scale"]] if done else None
+        swept = sorted(entry["scales"], key=float)
+        entry["best_at_edge"] = len(swept) > 1 and entry["best_scale"] in (swept[0], swept[-1])
     for arm, entry in sweep.items():
         base = sweep.get(entry["baseline"], {}).get("best_val_loss")
         own = entry["best_val_loss"]
@@ -867,7 +870,8 @@ def _lr_sweep_lines(sweep: dict[str, Any]) -> list[str]:
     for arm, entry in sweep.items():
         cells = [f"{common.fmt(s['final_val_loss'], '.4f')} ({s['lr']:.3g}){'' if s['finished'] else ' (partial)'}"
                  if (s := entry["scales"].get(scale)) else "" for scale in scales]
-        best = "n/a" if entry["best_scale"] is None else f"{entry['best_scale']}x"
+        best = ("n/a" if entry["best_scale"] is None else
+                f"{entry['best_scale']}x{' (edge of the sweep)' if entry['best_at_edge'] else ''}")
         gap = "" if arm == entry["baseline"] else common.fmt(entry["best_vs_baseline_best_pct"], "+.2f", "%")
         lines.append(f"| {' | '.join([arm, *cells, best, gap])} |")
     return lines

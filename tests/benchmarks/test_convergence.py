@@ -549,6 +549,7 @@ def test_lr_sweep_table_names_each_rate_and_compares_the_best(tiny_recipes, tmp_
     assert _cells(md, "| zero-one-adam |") == [
         "zero-one-adam", f"4.1000 ({lr / 2:.3g})", f"3.8000 ({lr:.3g})", f"5.0000 ({2 * lr:.3g}) (partial)", "1x",
         "-2.56%"]
+    assert _cells(md, "| ddp-baseline |")[-2:] == ["2x (edge of the sweep)", ""]  # the best rate may be higher
     assert "0/1 Adam (zero-one-adam@lr1x) final validation loss within 1% of DDP AdamW: -5.00% (NOT met)" in md
     csv_head = (out / f"convergence-{plan.name}.csv").read_text().splitlines()[0]
     assert csv_head == "step,tokens," + ",".join(losses)
