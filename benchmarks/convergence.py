@@ -45,6 +45,13 @@ with ``ddp-baseline-4r``):
 ``--plan`` checks the arms' recipes and prints, for each 0/1 Adam arm, its schedule over ``--steps`` steps and the
 byte ratio against DDP's fp32 all-reduce it is expected to reach, then exits (nothing is built or run).
 
+``--lr-scales S ...`` sweeps the learning rate: every arm runs as arms ``NAME@lr<S>x`` (e.g. ``zero-one-adam@lr2x``)
+at ``S`` times the ``optimizer.lr`` its recipe, its overrides and ``-o`` set, applied after every other override
+(``S`` = 1 trains with exactly the recipe's rate), each compared with its baseline at the same scale
+(``zero-one-adam@lr2x`` with ``ddp-baseline@lr2x``). The records, CSV, PNG and table name the rate, and the table adds
+the sweep: per arm, each scale's final loss, the best scale among the arms that finished (marked at the sweep's
+edge), and that best loss's gap to the best of its baseline (whether a lead survives tuning each arm's rate).
+
 The table gives each arm's gap to its own baseline and, for the arms that count their bytes, the bytes this rank
 sent over the whole run and how many times fewer than the baseline's collectives would have sent (QSDP: its
 training batches against the same collectives unquantized, evaluations apart; 0/1 Adam: the whole run against
@@ -76,7 +83,8 @@ Scheduling: arms start in ``--arms`` order (the first that fits) while the proce
 fewer GPUs than the widest arm's processes, a ``--max-ranks`` above the GPUs, or ``--shared-gpu true``, the arms
 share every visible GPU: an arm with more processes than GPUs (every arm, with ``--shared-gpu true``) runs with the
 recipes' ``shared_gpu=true``, its ranks sharing the GPUs over gloo (``composer_qsdp.shared_gpu``), which computes
-what a GPU per rank would; an arm with at most one process per GPU keeps NCCL, rank ``r`` on GPU ``r``, beside the
+what a GPU per rank would; an arm with at most one process per GPU keeps NCCL, a GPU per rank, on the GPUs that
+the fewest processes of the running arms use (so 2-rank arms on 4 GPUs alternate between the two pairs), beside the
 other arms' processes. Step times of such runs say nothing about a network. ``--max-ranks`` is the memory budget:
 GPT-125M at sequence length 512 took 6.2-11 GiB per process at ``--micro-batch 8`` on an H100 (2026-11-25).
 
@@ -116,6 +124,7 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import dataclasses
 import hashlib
 import importlib.metadata
 import io
@@ -150,6 +159,9 @@ class Arm:
         description: what it is, for the table.
         baseline: the arm its final loss is compared with.
         nproc: its processes (ranks); None: ``--nproc``.
+        lr: the learning rate it trains with (``optimizer.lr``, applied after every other override); None: the
+            recipe's.
+        lr_scale: ``lr`` as a multiple of the recipe's (``--lr-scales``); None for an arm at the recipe's rate.
     """
 
     recipe: str
@@ -157,6 +169,8 @@ class Arm:
     description: str
     baseline: str = "baseline"
     nproc: Optional[int] = None
+    lr: Optional[float] = None
+    lr_scale: Optional[float] = None
 
 
 #: 0/1 Adam on DeepSpeed's schedule (the recipes' until the dense 8-bit variance phase replaced it): the variance
@@ -265,6 +279,27 @@ ZERO_ONE_TARGET_ARMS = ("zero-one-adam", "zero-one-adam-4r", "zero-one-adam-4r-s
                         "zero-one-adam-rescale", "zero-one-adam-rescale-4r")
 
 
+#: Joins an arm's name and its learning-rate scale: ``zero-one-adam@lr2x`` is ``zero-one-adam`` at twice the lr.
+LR_MARK = "@lr"
+
+
+def lr_arm_name(arm: str, scale: float) -> str:
+    """The name of ``arm`` at ``scale`` times its recipe's learning rate, e.g. ``ddp-baseline@lr0.5x``."""
+    return f"{arm}{LR_MARK}{scale:g}x"
+
+
+def base_arm(name: str) -> str:
+    """The arm of :data:`ARMS` that ``name`` (an arm or its :func:`lr_arm_name`) runs."""
+    return name.split(LR_MARK, 1)[0]
+
+
+def lr_scaled(arm: Arm, recipe_lr: float, scale: float) -> Arm:
+    """``arm`` at ``scale`` times ``recipe_lr``, compared with its baseline at the same scale."""
+    lr = recipe_lr * scale
+    return dataclasses.replace(arm, description=f"{arm.description}; lr {lr:.3g} ({scale:g}x the recipe's)",
+                               baseline=lr_arm_name(arm.baseline, scale), lr=lr, lr_scale=scale)
+
+
 # ----------------------------------------------------------------------------------------------------- corpus
 def split_samples(corpus: Path, split: str) -> int:
     """Samples in one split of an MDS shard directory (from its ``index.json``)."""
@@ -369,6 +404,7 @@ class Plan(common.DriverPlan):
     shared: bool  #: the arms' ranks share the GPUs over gloo (the recipes' shared_gpu key)
     max_ranks: int  #: processes of all running arms together, at most
     settings: dict[str, Any]
+    arms: dict[str, Arm]  #: every arm of the run by name: those of :data:`ARMS`, or their learning-rate variants
 
     @property
     def tokens_per_step(self) -> int:
@@ -376,7 +412,7 @@ class Plan(common.DriverPlan):
 
     def nproc(self, arm: str) -> int:
         """Processes (ranks) of ``arm``."""
-        return ARMS[arm].nproc or self.args.nproc
+        return self.arms[arm].nproc or self.args.nproc
 
     def micro(self, arm: str) -> int:
         """Samples per forward/backward and process of ``arm``: ``--micro-batch``, at most its per-process batch."""
@@ -405,8 +441,10 @@ class Plan(common.DriverPlan):
                 f"save_interval={a.save_interval}ba", "save_num_checkpoints_to_keep=1", "autoresume=true",
                 "load_path=null", "progress_bar=false", "log_to_console=false", f"data.num_workers={a.num_workers}",
                 f"metrics_file={d / f'metrics-{segment:02d}.json'}",
-                *([f"shared_gpu={str(self.gloo(arm)).lower()}"] if self.shared else []), *ARMS[arm].overrides,
-                *a.override]
+                *([f"shared_gpu={str(self.gloo(arm)).lower()}"] if self.shared else []), *self.arms[arm].overrides,
+                *a.override,
+                # Last: a swept rate scales what the recipe and every other override would set.
+                *([f"optimizer.lr={self.arms[arm].lr!r}"] if self.arms[arm].lr is not None else [])]
 
 
 def _visible_gpus() -> list[str]:
@@ -418,8 +456,6 @@ def _visible_gpus() -> list[str]:
 
 
 def _plan(args: argparse.Namespace) -> Plan:
-    from composer_qsdp.recipes.train import RecipeError, load_recipe
-
     args.arms = list(MATRIX_ARMS if args.matrix else dict.fromkeys(args.arms))
     recipe_dir = common.recipe_dir(args.model, args.recipe_dir)
     name = f"{recipe_dir.name}-t{args.seq_len}-b{args.global_batch}-s{args.steps}"
@@ -451,14 +487,56 @@ def _plan(args: argparse.Namespace) -> Plan:
                 "eval_interval": args.eval_interval, "eval_batches": args.eval_batches,
                 "eval_batch_size": args.eval_batch_size, "corpus": str(corpus), "overrides": list(args.override),
                 "shared_gpu": shared}
-    plan = Plan(args, recipe_dir, name, out_dir, corpus, gpus, shared, max_ranks, settings)
-    # Every arm's recipe must load with its overrides, at its world size, before any GPU time is spent.
-    for arm in args.arms:
-        try:
-            load_recipe(recipe_dir / ARMS[arm].recipe, plan.overrides(arm, 0), world_size=plan.nproc(arm))
-        except RecipeError as err:
-            raise SystemExit(f"recipe error in arm {arm} ({ARMS[arm].recipe}): {err}") from None
+    plan = Plan(args, recipe_dir, name, out_dir, corpus, gpus, shared, max_ranks, settings,
+                {arm: ARMS[arm] for arm in args.arms})
+    recipes = _check_recipes(plan)
+    if args.lr_scales:
+        plan.arms = _lr_sweep_arms(args.arms, args.lr_scales,
+                                   {arm: recipe.optimizer_kwargs.get("lr") for arm, recipe in recipes.items()})
+        args.arms = list(plan.arms)
+        _check_recipes(plan)
     return plan
+
+
+def _check_recipes(plan: Plan) -> dict[str, Any]:
+    """Every arm's recipe, loaded with its overrides at its world size: checked before any GPU time is spent.
+
+    Raises:
+        SystemExit: naming the arm and its recipe's error.
+    """
+    from composer_qsdp.recipes.train import RecipeError, load_recipe
+
+    recipes = {}
+    for arm, spec in plan.arms.items():
+        try:
+            recipes[arm] = load_recipe(plan.recipe_dir / spec.recipe, plan.overrides(arm, 0),
+                                       world_size=plan.nproc(arm))
+        except RecipeError as err:
+            raise SystemExit(f"recipe error in arm {arm} ({spec.recipe}): {err}") from None
+    return recipes
+
+
+def _lr_sweep_arms(arms: list[str], scales: list[float], recipe_lrs: dict[str, float | None]) -> dict[str, Arm]:
+    """``--lr-scales``: each of ``arms`` at each of ``scales`` times the learning rate its recipe (with its
+    overrides and ``-o``) trains with, ``recipe_lrs[arm]``; arm-major, in the order given. A scale of 1 trains with
+    exactly the recipe's rate, so that arm is the unscaled one under another name.
+
+    Raises:
+        SystemExit: a scale that is not positive, two scales of one name, or an arm whose recipe sets no
+            ``optimizer.lr``.
+    """
+    bad = [scale for scale in scales if not scale > 0]
+    if bad:
+        raise SystemExit(f"--lr-scales {bad[0]:g} is invalid; every scale must be > 0 (1: the recipe's rate)")
+    names = collections.Counter(f"{scale:g}" for scale in dict.fromkeys(scales))
+    if max(names.values()) > 1:
+        raise SystemExit(f"--lr-scales {' '.join(map(repr, scales))}: two scales share the name "
+                         f"{LR_MARK}{names.most_common(1)[0][0]}x; give scales that differ in 6 significant digits")
+    unset = [arm for arm in arms if recipe_lrs[arm] is None]
+    if unset:
+        raise SystemExit(f"--lr-scales: arm {unset[0]}'s recipe sets no optimizer.lr to scale")
+    return {lr_arm_name(arm, scale): lr_scaled(ARMS[arm], recipe_lrs[arm], scale)
+            for arm in arms for scale in dict.fromkeys(scales)}
 
 
 def print_zero_one_plans(plan: Plan) -> int:
@@ -469,7 +547,8 @@ def print_zero_one_plans(plan: Plan) -> int:
     from composer_qsdp.recipes.train import load_recipe
 
     for arm in plan.args.arms:
-        recipe = load_recipe(plan.recipe_dir / ARMS[arm].recipe, plan.overrides(arm, 0), world_size=plan.nproc(arm))
+        recipe = load_recipe(plan.recipe_dir / plan.arms[arm].recipe, plan.overrides(arm, 0),
+                             world_size=plan.nproc(arm))
         kwargs = recipe.algorithm_kwargs.get("zero_one_adam")
         if kwargs is None:
             print(f"{arm}: no 0/1 Adam")
@@ -556,8 +635,9 @@ def run_arms(plan: Plan, budget: common.Budget, on_progress: Callable[[], None] 
             if fits and spaced and budget.allows(plan.args.min_launch_s):
                 arm = fits[0]
                 queue.remove(arm)
-                held = [] if plan.shared or not plan.gpus else free_gpus[:plan.nproc(arm)]
-                free_gpus = free_gpus[len(held):]
+                held = (_least_loaded_gpus(plan, arm, running) if plan.shared else
+                        [] if not plan.gpus else free_gpus[:plan.nproc(arm)])
+                free_gpus = [] if plan.shared else free_gpus[len(held):]
                 running[arm] = (_start_arm(plan, arm, held), held)
                 _write_running(plan, running)
                 last_start = time.monotonic()
@@ -578,20 +658,36 @@ def run_arms(plan: Plan, budget: common.Budget, on_progress: Callable[[], None] 
     return "failed" if failed else "complete"
 
 
+def _least_loaded_gpus(plan: Plan, arm: str, running: dict[str, tuple[subprocess.Popen, list[str]]]) -> list[str]:
+    """In a shared plan, the GPUs of ``arm``'s ranks: an arm over NCCL (a GPU per rank) takes those that the
+    fewest processes of the ``running`` arms use, so that arms spread over every GPU instead of all putting rank r
+    on the r-th; [] for an arm over gloo (its ranks use every GPU, rank r on the (r mod GPUs)-th)."""
+    if plan.gloo(arm):
+        return []
+    load = dict.fromkeys(plan.gpus, 0)
+    for other, (_, gpus) in running.items():
+        used = gpus or plan.gpus
+        for rank in range(plan.nproc(other)):
+            load[used[rank % len(used)]] += 1
+    chosen = sorted(plan.gpus, key=load.__getitem__)[:plan.nproc(arm)]  # stable: ties go to the first GPUs
+    return sorted(chosen, key=plan.gpus.index)
+
+
 def _start_arm(plan: Plan, arm: str, gpus: list[str]) -> subprocess.Popen:
     """Start the next launch of ``arm``: on ``gpus`` (one per rank), or on every visible GPU when the ranks share
     them."""
     arm_dir = plan.arm_dir(arm)
     segment = _next_segment(arm_dir)
-    command = common.train_command(plan.nproc(arm), plan.recipe_dir / ARMS[arm].recipe, plan.overrides(arm, segment))
+    command = common.train_command(plan.nproc(arm), plan.recipe_dir / plan.arms[arm].recipe,
+                                   plan.overrides(arm, segment))
     env = dict(os.environ)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    common.write_json(arm_dir / "arm.json", {"arm": arm, **ARMS[arm].__dict__, "nproc": plan.nproc(arm),
-                                             "micro_batch": plan.micro(arm), "backend": plan.backend(arm),
-                                             "settings": plan.settings})
-    where = (f"GPUs {','.join(gpus)}" if gpus else "shared GPUs (gloo)" if plan.gloo(arm) else
-             "shared GPUs, one per rank (nccl)" if plan.shared else "CPU")
+    common.write_json(arm_dir / "arm.json", {"arm": arm, **dataclasses.asdict(plan.arms[arm]),
+                                             "nproc": plan.nproc(arm), "micro_batch": plan.micro(arm),
+                                             "backend": plan.backend(arm), "settings": plan.settings})
+    where = (f"GPUs {','.join(gpus)}{', shared with other arms (nccl)' if plan.shared else ''}" if gpus else
+             "shared GPUs (gloo)" if plan.gloo(arm) else "CPU")
     print(f"{arm}: launch {segment}, {plan.nproc(arm)} processes on {where}", flush=True)
     return common.start(command, arm_dir / f"log-{segment:02d}.txt", env)
 
@@ -636,8 +732,10 @@ def summarize(plan: Plan) -> dict[str, Any]:
         wall = sorted(metrics.get("time/train", {}).items())
         step_times = [(t1 - t0) * 3600.0 for (b0, t0), (b1, t1) in zip(wall, wall[1:]) if b1 == b0 + 1]
         arms[arm] = {
-            "description": ARMS[arm].description,
-            "overrides": list(ARMS[arm].overrides),
+            "description": plan.arms[arm].description,
+            "overrides": list(plan.arms[arm].overrides),
+            "lr": plan.arms[arm].lr,
+            "lr_scale": plan.arms[arm].lr_scale,
             "nproc": plan.nproc(arm),
             "micro_batch": plan.micro(arm),
             "backend": plan.backend(arm),
@@ -657,11 +755,11 @@ def summarize(plan: Plan) -> dict[str, Any]:
             "step_time_s_median": statistics.median(step_times) if step_times else None,
         }
     for arm, record in arms.items():
-        base = arms.get(ARMS[arm].baseline)
-        record["baseline"] = ARMS[arm].baseline
+        base = arms.get(plan.arms[arm].baseline)
+        record["baseline"] = plan.arms[arm].baseline
         record["gap_vs_baseline_pct"] = _gap_pct(record, dict(base["curve"])) if base else None
         seed2 = arms.get("baseline-seed2")
-        if ARMS[arm].baseline == "baseline" and seed2 is not None:
+        if plan.arms[arm].baseline == "baseline" and seed2 is not None:
             record["gap_vs_baseline_seed2_pct"] = _gap_pct(record, dict(seed2["curve"]))
     return arms
 
@@ -726,9 +824,57 @@ def markdown(plan: Plan, head: dict[str, str], manifest: dict[str, Any], arms: d
                       + ", ".join(f"{arm} {gap:+.2f}%" for arm, gap in gaps.items())]
     gap = arms.get("w8g8", {}).get("gap_vs_baseline_pct")
     lines += _w8g8_target({} if gap is None else {"": gap})
-    for arm in ZERO_ONE_TARGET_ARMS:
-        lines += _zero_one_target(arm, arms.get(arm))
+    for arm, r in arms.items():
+        if base_arm(arm) in ZERO_ONE_TARGET_ARMS:
+            lines += _zero_one_target(arm, r)
+    lines += _lr_sweep_lines(lr_sweep(arms, a.steps))
     return "\n".join(lines) + "\n"
+
+
+def lr_sweep(arms: dict[str, Any], steps: int) -> dict[str, Any]:
+    """The learning-rate sweep (``--lr-scales``) by arm: each scale's learning rate and final validation loss,
+    the best scale among those that finished all ``steps`` (``best_at_edge``: the smallest or largest swept, so the
+    best rate may lie beyond), and the best loss's gap (%) to the best of the arm's baseline (so whether one arm's
+    lead over another survives tuning each one's rate); {} without a sweep."""
+    sweep: dict[str, Any] = {}
+    for label, r in arms.items():
+        if r.get("lr_scale") is None:
+            continue
+        entry = sweep.setdefault(base_arm(label), {"baseline": base_arm(r["baseline"]), "scales": {}})
+        entry["scales"][f"{r['lr_scale']:g}"] = {"lr": r["lr"], "final_step": r["final_step"],
+                                                  "final_val_loss": r["final_val_loss"],
+                                                  "finished": r["final_step"] == steps}
+    for entry in sweep.values():
+        done = {scale: s["final_val_loss"] for scale, s in entry["scales"].items() if s["finished"]}
+        entry["best_scale"] = min(done, key=done.get) if done else None
+        entry["best_val_loss"] = done[entry["best_scale"]] if done else None
+        swept = sorted(entry["scales"], key=float)
+        entry["best_at_edge"] = len(swept) > 1 and entry["best_scale"] in (swept[0], swept[-1])
+    for arm, entry in sweep.items():
+        base = sweep.get(entry["baseline"], {}).get("best_val_loss")
+        own = entry["best_val_loss"]
+        entry["best_vs_baseline_best_pct"] = (None if arm == entry["baseline"] or base is None or own is None
+                                              else 100.0 * (own - base) / base)
+    return sweep
+
+
+def _lr_sweep_lines(sweep: dict[str, Any]) -> list[str]:
+    """The sweep's table: per arm, each scale's final loss (its lr), the best scale and its gap to the baseline's
+    best; nothing without a sweep."""
+    if not sweep:
+        return []
+    scales = list(dict.fromkeys(scale for entry in sweep.values() for scale in entry["scales"]))
+    lines = ["", "Learning-rate sweep: final validation loss (lr) per multiple of the recipe's lr; best among the "
+                 "arms that finished every step:", "",
+             *_table_head(["arm", *(f"{scale}x" for scale in scales), "best", "best vs its baseline's best"])]
+    for arm, entry in sweep.items():
+        cells = [f"{common.fmt(s['final_val_loss'], '.4f')} ({s['lr']:.3g}){'' if s['finished'] else ' (partial)'}"
+                 if (s := entry["scales"].get(scale)) else "" for scale in scales]
+        best = ("n/a" if entry["best_scale"] is None else
+                f"{entry['best_scale']}x{' (edge of the sweep)' if entry['best_at_edge'] else ''}")
+        gap = "" if arm == entry["baseline"] else common.fmt(entry["best_vs_baseline_best_pct"], "+.2f", "%")
+        lines.append(f"| {' | '.join([arm, *cells, best, gap])} |")
+    return lines
 
 
 def _ranks_text(plan: Plan, arms: dict[str, Any]) -> str:
@@ -838,7 +984,8 @@ def write_results(plan: Plan, manifest: dict[str, Any], status: str, quiet: bool
                            "processes than GPUs over gloo (shared_gpu)")
     arms = summarize(plan)
     record = {"header": head, "settings": {**plan.settings, "max_ranks": plan.max_ranks}, "status": status,
-              "corpus": manifest, "arms": arms, "noise_band_pct": noise_band_pct(arms)}
+              "corpus": manifest, "arms": arms, "noise_band_pct": noise_band_pct(arms),
+              "lr_sweep": lr_sweep(arms, plan.args.steps)}
     md = markdown(plan, head, manifest, arms, status)
     _write_record(f"convergence-{plan.name}", plan.out_dir, record, csv_text(plan.tokens_per_step, arms), md)
     if not quiet:
@@ -1024,6 +1171,10 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"arms to run (default: {' '.join(DEFAULT_ARMS)})")
     parser.add_argument("--matrix", action="store_true",
                         help=f"run the matrix of every seed system instead: {' '.join(MATRIX_ARMS)}")
+    parser.add_argument("--lr-scales", type=float, nargs="+", metavar="SCALE",
+                        help="a learning-rate sweep: run every arm as arms NAME@lr<SCALE>x at SCALE times the lr its "
+                             "recipe sets (1: exactly the recipe's), each compared with its baseline at the same "
+                             "scale, e.g. --lr-scales 0.5 1 2")
     parser.add_argument("--steps", type=int, default=2000, help="optimizer steps per arm (default 2000)")
     parser.add_argument("--seq-len", type=int, default=512, help="tokens per sample (default 512)")
     parser.add_argument("--global-batch", type=int, default=32, help="samples per step, all processes (default 32)")

@@ -136,8 +136,9 @@ case $command in
       args=()
       while (($#)) && [[ $1 != -- ]]; do args+=("$1"); shift; done
       ((${#args[@]})) || continue
-      # A leading gpus=LIST gives the driver only those GPUs: its 2-rank arms put rank r on its r-th GPU, so two
-      # drivers on a 4-GPU host each take a pair instead of both crowding GPUs 0 and 1.
+      # A leading gpus=LIST gives the driver only those GPUs: a driver spreads its own arms over the GPUs it sees
+      # but knows nothing of another driver's, so two drivers on a 4-GPU host each take a pair instead of both
+      # starting on GPUs 0 and 1.
       gpus=all
       if [[ ${args[0]} == gpus=* ]]; then
         gpus=${args[0]#gpus=}

@@ -176,6 +176,33 @@ def test_scheduler_keeps_the_running_ranks_within_the_budget(tiny_recipes, tmp_p
     assert convergence.running_launches(plan) == {}
 
 
+def test_shared_arms_over_nccl_spread_over_the_least_used_gpus(tiny_recipes, tmp_path, monkeypatch):
+    monkeypatch.setattr(convergence, "_visible_gpus", lambda: ["4", "5", "6", "7"])
+    gpu = ["-o", "device=gpu", "-o", "precision=amp_bf16"]
+    arms = ["baseline", "w8g8", "w4g4", "w8g4", "sdp4bit-2x2", "qwd-w4g4"]
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", *arms, "--max-ranks", "12", "--stagger-s", "0",
+                    "--results-interval-s", "0", "--eval-batches", "-1", "--shared-gpu", "auto", *gpu)
+    assert plan.shared and plan.backend("sdp4bit-2x2") == "nccl"
+    held = {}
+    # baseline ends once the fifth arm has started (its GPUs are then the least used); the others once the last has.
+    first, rest = tmp_path / "end-baseline", tmp_path / "end-rest"
+
+    def fake_start(plan_, arm, gpus):
+        held[arm] = gpus
+        {"sdp4bit-2x2": first, "qwd-w4g4": rest}.get(arm, tmp_path / "start").touch()
+        flag = first if arm == "baseline" else rest
+        return subprocess.Popen([sys.executable, "-c", "import os, time\n"
+                                 f"while not os.path.exists({str(flag)!r}): time.sleep(0.01)"])
+
+    monkeypatch.setattr(convergence, "_start_arm", fake_start)
+    assert convergence.run_arms(plan, convergence.common.Budget(None)) == "complete"
+    # Two processes on each GPU after the first four arms (baseline, w8g8, w4g4, w8g4), instead of eight on 4 and 5.
+    assert [held[arm] for arm in arms[:4]] == [["4", "5"], ["6", "7"], ["4", "5"], ["6", "7"]]
+    assert held["sdp4bit-2x2"] == ["4", "5", "6", "7"]  # as wide as the GPUs
+    # baseline ended before the last arm started: GPUs 4 and 5 carried 2 processes, 6 and 7 three.
+    assert held["qwd-w4g4"] == ["4", "5"]
+
+
 def test_noise_band_and_gaps_to_both_seeds(tiny_recipes, tmp_path):
     plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "baseline-seed2", "w8g8", "ddp-baseline")
     out = plan.out_dir
@@ -452,3 +479,77 @@ def test_the_shipped_schedule_plans_at_least_10x_fewer_bytes(tmp_path, capsys):
                        ("zero-one-adam-4r-sync", "11.13x"), ("zero-one-adam-local4", "13.28x"),
                        ("zero-one-adam-rescale-4r", "12.89x")]:
         assert f"{ratio} fewer bytes" in lines[arm]
+
+
+def _launch_recipe(plan, arm):
+    """The recipe ``arm``'s launch trains with, less the keys that name the arm (its run name and paths)."""
+    from omegaconf import OmegaConf
+
+    from composer_qsdp.recipes.train import load_recipe
+
+    recipe = load_recipe(plan.recipe_dir / plan.arms[arm].recipe, plan.overrides(arm, 0), world_size=plan.nproc(arm))
+    cfg = OmegaConf.to_container(recipe.cfg, resolve=True)
+    for key in ("run_name", "save_folder", "metrics_file"):
+        cfg.pop(key)
+    return cfg, recipe.optimizer_kwargs
+
+
+def test_lr_scales_sweep_every_arm_and_keep_the_recipe_rate_in_the_middle(tmp_path):
+    common = ["--model", "125m", "--out-dir", str(tmp_path), "--corpus", str(tmp_path / "c"), "--steps", "600",
+              "--eval-batches", "-1", "--arms", "ddp-baseline", "zero-one-adam"]
+    base = convergence._plan(convergence._parser().parse_args(common))
+    plan = convergence._plan(convergence._parser().parse_args([*common, "--lr-scales", "0.5", "1", "2"]))
+    assert plan.args.arms == ["ddp-baseline@lr0.5x", "ddp-baseline@lr1x", "ddp-baseline@lr2x",
+                              "zero-one-adam@lr0.5x", "zero-one-adam@lr1x", "zero-one-adam@lr2x"]
+    # The middle arm trains with exactly the recipe's configuration (6e-4 in yamls/gpt-125m/baseline.yaml).
+    for arm in ("ddp-baseline", "zero-one-adam"):
+        assert _launch_recipe(plan, f"{arm}@lr1x") == _launch_recipe(base, arm)
+        assert _launch_recipe(plan, f"{arm}@lr1x")[1]["lr"] == 6.0e-4
+        assert plan.overrides(f"{arm}@lr1x", 0)[-1] == "optimizer.lr=0.0006"
+        assert _launch_recipe(plan, f"{arm}@lr0.5x")[1]["lr"] == pytest.approx(3.0e-4, rel=1e-12)
+        assert _launch_recipe(plan, f"{arm}@lr2x")[1]["lr"] == pytest.approx(1.2e-3, rel=1e-12)
+    # Each arm compares with its baseline at its own rate; its directory and metrics file carry the scale.
+    assert plan.arms["zero-one-adam@lr2x"].baseline == "ddp-baseline@lr2x"
+    assert plan.arms["ddp-baseline@lr0.5x"].baseline == "ddp-baseline@lr0.5x"
+    assert f"metrics_file={tmp_path / 'zero-one-adam@lr2x' / 'metrics-00.json'}" in plan.overrides(
+        "zero-one-adam@lr2x", 0)
+    # -o changes the rate that is scaled; the swept rate is applied after it.
+    moved = convergence._plan(convergence._parser().parse_args(
+        [*common, "--lr-scales", "2", "-o", "optimizer.lr=1e-3"]))
+    assert _launch_recipe(moved, "zero-one-adam@lr2x")[1]["lr"] == pytest.approx(2e-3, rel=1e-12)
+    with pytest.raises(SystemExit, match=r"--lr-scales 0 is invalid; every scale must be > 0"):
+        convergence._plan(convergence._parser().parse_args([*common, "--lr-scales", "1", "0"]))
+    with pytest.raises(SystemExit, match=r"two scales share the name @lr1x"):
+        convergence._plan(convergence._parser().parse_args([*common, "--lr-scales", "1", "1.0000001"]))
+
+
+def test_lr_sweep_table_names_each_rate_and_compares_the_best(tiny_recipes, tmp_path):
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", "ddp-baseline", "zero-one-adam", "--lr-scales", "0.5", "1",
+                    "2")
+    out = plan.out_dir
+    lr = plan.arms["ddp-baseline@lr1x"].lr
+    losses = {"ddp-baseline@lr0.5x": 4.2, "ddp-baseline@lr1x": 4.0, "ddp-baseline@lr2x": 3.9,
+              "zero-one-adam@lr0.5x": 4.1, "zero-one-adam@lr1x": 3.8, "zero-one-adam@lr2x": 3.0}
+    for arm, loss in losses.items():
+        # zero-one-adam@lr2x stopped at step 10: the best is taken among the arms that finished.
+        write_segment(out / arm / "metrics-00.json", {10: 5.0} if arm == "zero-one-adam@lr2x" else {10: 5.0, 20: loss})
+    arms = convergence.summarize(plan)
+    assert arms["zero-one-adam@lr1x"]["gap_vs_baseline_pct"] == pytest.approx(-5.0)  # vs ddp-baseline@lr1x's 4.0
+    assert arms["zero-one-adam@lr0.5x"]["gap_vs_baseline_pct"] == pytest.approx(100 * (4.1 - 4.2) / 4.2)
+    assert (arms["ddp-baseline@lr2x"]["lr"], arms["ddp-baseline@lr2x"]["lr_scale"]) == (2 * lr, 2.0)
+    sweep = convergence.lr_sweep(arms, 20)
+    assert (sweep["ddp-baseline"]["best_scale"], sweep["zero-one-adam"]["best_scale"]) == ("2", "1")
+    assert sweep["zero-one-adam"]["best_vs_baseline_best_pct"] == pytest.approx(100 * (3.8 - 3.9) / 3.9)
+    assert sweep["ddp-baseline"]["best_vs_baseline_best_pct"] is None
+    manifest = {"command": "c", "tokens": {"train": 1, "val": 1}, "input": {"files": 1, "bytes": 1, "sha256": "ab"}}
+    record = convergence.write_results(plan, manifest, "incomplete")
+    assert record["lr_sweep"] == sweep
+    md = (out / f"convergence-{plan.name}.md").read_text()
+    assert _cells(md, "| arm | 0.5x ") == ["arm", "0.5x", "1x", "2x", "best", "best vs its baseline's best"]
+    assert _cells(md, "| zero-one-adam |") == [
+        "zero-one-adam", f"4.1000 ({lr / 2:.3g})", f"3.8000 ({lr:.3g})", f"5.0000 ({2 * lr:.3g}) (partial)", "1x",
+        "-2.56%"]
+    assert _cells(md, "| ddp-baseline |")[-2:] == ["2x (edge of the sweep)", ""]  # the best rate may be higher
+    assert "0/1 Adam (zero-one-adam@lr1x) final validation loss within 1% of DDP AdamW: -5.00% (NOT met)" in md
+    csv_head = (out / f"convergence-{plan.name}.csv").read_text().splitlines()[0]
+    assert csv_head == "step,tokens," + ",".join(losses)
