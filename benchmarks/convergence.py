@@ -24,7 +24,7 @@ Plain data parallelism (only when named in ``--arms``), each compared with ``ddp
 with ``ddp-baseline-4r``):
 
 ===================================  ==============================================================================
-``ddp-baseline``                      ``ddp-baseline.yaml``: Composer DDP with DecoupledAdamW (an fp32 all-reduce
+``ddp-baseline``                      ``ddp-baseline.yaml``: Composer DDP with the recipe's AdamW (an fp32 all-reduce
                                       every step)
 ``zero-one-adam``                     ``zero-one-adam.yaml``: 0/1 Adam, the variance updated at every step until
                                       0.25dur through 8-bit all-reduces, then frozen; local steps whose interval
@@ -227,8 +227,8 @@ ARMS: dict[str, Arm] = {
                          "qwd-w3g3-loco with 4-bit gradients (LoCo error feedback): which side the 3 bits cost"),
     "qwd-w4g2-nofb": Arm("qwd-w4g4.yaml", ("algorithms.qsdp.grad_bits=2", "algorithms.qsdp.grad_bucket_size=256"),
                          "qwd-w4g2-loco's bytes without error feedback (2-bit stochastic gradients): the control"),
-    "ddp-baseline": Arm("ddp-baseline.yaml", (), "plain Composer DDP, DecoupledAdamW", "ddp-baseline"),
-    "ddp-baseline-4r": Arm("ddp-baseline.yaml", (), "plain Composer DDP, DecoupledAdamW, 4 ranks", "ddp-baseline-4r",
+    "ddp-baseline": Arm("ddp-baseline.yaml", (), "plain Composer DDP, the recipe's AdamW", "ddp-baseline"),
+    "ddp-baseline-4r": Arm("ddp-baseline.yaml", (), "plain Composer DDP, the recipe's AdamW, 4 ranks", "ddp-baseline-4r",
                            nproc=4),
     "zero-one-adam": Arm("zero-one-adam.yaml", (), "0/1 Adam under DDP (the recipe: dense 8-bit variance phase "
                          "until 0.25dur, then local steps up to 4, reached at 0.75dur)", "ddp-baseline"),
