@@ -14,8 +14,9 @@ through Composer's launcher (``composer -n N -m composer_qsdp.recipes.train RECI
                          when named) also set ``fsdp.reshard_after_forward=K`` (ZeRO++'s hpZ; K below the GPUs)
 ``qsdp-auto``            ``baseline.yaml`` with ``algorithms.qsdp.policy=auto``: QSDP's bandwidth-aware policy
                          picks off / 8 / 4 bits / qWD per unit and side from what it measures; it decides and
-                         re-checks within its first ``2 x warmup_steps`` (8) steps, so its untimed warm-up is at
-                         least that
+                         re-checks within its first ``2 x warmup_steps`` (8) steps, and a re-decision there costs a
+                         keyframe step and a compiling one, so its untimed warm-up is at least 10 (12 with
+                         ``--profile``)
 ``compute-bound``        ``baseline.yaml`` on ONE GPU with the same micro-batch and per-GPU batch: FSDP2 over a
                          single rank sends nothing between GPUs, so this is the per-GPU compute (and optimizer,
                          here over all parameters instead of 1/N) without communication; N x its tokens/s bounds
@@ -61,7 +62,7 @@ after forward), 4 the fp32 reduce-scatter, and ``k`` the micro-batches per optim
 configuration's bytes over that. 0/1 Adam's are those of its timed window (they change with its schedule),
 against DDP's fp32 all-reduce (the ``native`` bytes of the 0/1 Adam run: ``ddp-baseline``'s).
 
-Profile (``--profile``, which needs ``--warmup`` 3 or more): each multi-GPU launch also records its second-to-last
+Profile (``--profile``, which needs ``--warmup`` 4 or more): each recipe launch also records its second-to-last
 warm-up batch (the last warm-up batch absorbs the profiler's shutdown, so the timing is unaffected) with ``torch.profiler`` through the recipes' ``step_profile`` callback
 (:mod:`composer_qsdp.recipes.step_profile`), and the table gets, per configuration, rank 0's GPU time per step by
 kernel category (matrix products, attention, QSDP's encode / decode / Hadamard kernels, copies, the rest), the
@@ -150,8 +151,9 @@ _NO_ERROR_SAMPLING = ("algorithms.qsdp.error_sample_interval=0",)
 #: Presets whose gradients take the two-level path, which hpZ (a secondary shard within the node) complements.
 _HPZ_PRESETS = ("tlq-hs", "zeropp")
 preset_names = QSDPConfig.preset_names
-#: Steps after which policy=auto has decided and re-checked (its warm-up, then as many steps again), all untimed.
-AUTO_SETTLED = 2 * AutoOptions().warmup_steps
+#: Steps after which policy=auto has settled, all untimed: its warm-up, as many steps again to re-check, and, after a
+#: re-decision at that boundary, a keyframe step and the first weight-difference step (which compiles its kernels).
+AUTO_SETTLED = 2 * AutoOptions().warmup_steps + 2
 CONFIGS: dict[str, Config] = {c.name: c for c in (
     Config("baseline", "baseline.yaml", (), False,
            "plain Composer FSDP2 in the recipe's mixed precision (paper recipes: bf16 weight all-gathers, fp32 "
@@ -446,9 +448,11 @@ def profile_dir(metrics_file: Path) -> Path:
 
 
 def window(config: Config, args: argparse.Namespace) -> tuple[int, int]:
-    """(warm-up, timed) steps of ``config``: its own window, else ``--warmup`` (at least its ``min_warmup``) and
+    """(warm-up, timed) steps of ``config``: its own window, else ``--warmup`` (at least its ``min_warmup``, and with
+    ``--profile`` two more: the profiled batch after them and the one that absorbs the profiler's shutdown) and
     ``--steps``."""
-    return config.window or (max(args.warmup, config.min_warmup), args.steps)
+    settle = config.min_warmup + (2 if config.min_warmup and getattr(args, "profile", False) else 0)
+    return config.window or (max(args.warmup, settle), args.steps)
 
 
 def _plan(args: argparse.Namespace) -> Plan:
@@ -873,9 +877,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.warmup < 1:
         raise SystemExit(f"--warmup {args.warmup} is invalid; it must be >= 1 (the first step compiles kernels "
                          "and sets up NCCL)")
-    if args.profile and args.warmup < 3:
-        raise SystemExit(f"--profile needs --warmup 3 or more (got {args.warmup}): it records the second-to-last "
-                         "warm-up batch, after the first one, and the last one absorbs the profiler's shutdown")
+    if args.profile and args.warmup < 4:
+        raise SystemExit(f"--profile needs --warmup 4 or more (got {args.warmup}): it records the second-to-last "
+                         "warm-up batch, after batch 1 (which compiles) and batch 2 (a weight-difference preset's first "
+                         "difference, which compiles its kernels), and the last one absorbs the profiler's shutdown")
     if args.micro_batch is not None and args.micro_batch < 1:
         raise SystemExit(f"--micro-batch {args.micro_batch} is invalid; it must be >= 1")
     args.configs = list(dict.fromkeys(args.configs))

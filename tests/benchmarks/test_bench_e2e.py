@@ -161,10 +161,11 @@ def test_every_paper_family_plans_valid_launches(model, tmp_path):
     assert {"algorithms.qsdp.preset=tlq-hs", "algorithms.qsdp.ranks_per_node=2",
             "fsdp.reshard_after_forward=2"} <= set(hpz)
     assert "algorithms.qsdp.ranks_per_node=2" in qsdp and "fsdp.reshard_after_forward=2" not in qsdp
-    # policy=auto decides and re-checks within 2 x 4 steps: they stay untimed (10 timed steps after them).
+    # policy=auto decides and re-checks within 2 x 4 steps, then a keyframe and a compiling step: they stay untimed
+    # (10 timed steps after them).
     auto = plan.overrides(bench_e2e.CONFIGS["qsdp-auto"], 4, tmp_path / "m.json")
-    assert {"algorithms.qsdp.policy=auto", "algorithms.qsdp.error_sample_interval=0", "max_duration=18ba"} <= set(auto)
-    assert plan.window(bench_e2e.CONFIGS["qsdp-auto"]) == (8, 10)
+    assert {"algorithms.qsdp.policy=auto", "algorithms.qsdp.error_sample_interval=0", "max_duration=20ba"} <= set(auto)
+    assert plan.window(bench_e2e.CONFIGS["qsdp-auto"]) == (10, 10)
     with pytest.raises(SystemExit, match="-hpz configurations reshard to the node: pass --ranks-per-node"):
         bench_e2e._plan(bench_e2e._parser().parse_args(["--model", model, "--nproc", "4", "--out-dir", str(tmp_path),
                                                         "--configs", "qsdp-zeropp-hpz"]))
@@ -197,8 +198,8 @@ def test_bad_arguments_are_named(tmp_path):
         bench_e2e.main(["--recipe-dir", str(tmp_path / "nothing"), "--nproc", "2"])
     with pytest.raises(SystemExit, match="holds no train/index.json"):
         bench_e2e.main(["--model", "125m", "--nproc", "2", "--data", str(tmp_path)])
-    with pytest.raises(SystemExit, match="--profile needs --warmup 3 or more"):
-        bench_e2e.main(["--nproc", "2", "--warmup", "2", "--profile"])
+    with pytest.raises(SystemExit, match="--profile needs --warmup 4 or more"):
+        bench_e2e.main(["--nproc", "2", "--warmup", "3", "--profile"])
 
 
 def test_profile_records_a_warm_up_batch_an_untimed_one_follows(tmp_path):
@@ -328,3 +329,15 @@ def test_profile_table_names_the_host_ranges_that_hold_the_idle_time():
     assert summary["idle_by_range_ms"] == pytest.approx({"Optimizer.step#AdamW.step": 130.0, "(no range)": 10.0})
     line = bench_e2e.profile_lines([{"config": "baseline", "profile": summary}])[-1]
     assert "| 160 | Optimizer.step#AdamW.step 130, (no range) 10 | 3 |" in line
+
+
+def test_auto_is_timed_and_profiled_only_after_it_settles():
+    """policy=auto may re-decide at the end of step 2 x warmup_steps: the next step is a keyframe and the one after
+    it compiles the new difference kernels, so neither is timed, nor profiled."""
+    auto = bench_e2e.CONFIGS["qsdp-auto"]
+    settled = 2 * bench_e2e.AutoOptions().warmup_steps + 2
+    assert bench_e2e.window(auto, bench_e2e._parser().parse_args(["--steps", "4"])) == (settled, 4)
+    profiled = bench_e2e._parser().parse_args(["--steps", "4", "--warmup", "4", "--profile"])
+    warmup, _ = bench_e2e.window(auto, profiled)
+    assert warmup - 1 == settled + 1  # the profiled batch: the first one after settling
+    assert bench_e2e.window(bench_e2e.CONFIGS["qsdp-w8g8"], profiled) == (4, 4)
