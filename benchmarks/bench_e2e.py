@@ -840,7 +840,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step (default 1)")
     parser.add_argument("--ranks-per-node", type=int, help="ranks per virtual node of the QSDP configurations, and "
                         "the hpZ group of the -hpz ones (default: one node of all GPUs)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed first steps (default 3)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed first steps (default 3; 4 with --profile)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps after the warm-up (default 10)")
     parser.add_argument("--data", help="real MDS token shards (default: random tokens generated here)")
     parser.add_argument("--out-dir", help="results directory (default runs/bench_e2e/<family>-<nproc>x)")
@@ -854,15 +854,23 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-o", "--override", action="append", default=[],
                         help="extra recipe override key=value for every launch (repeatable)")
     parser.add_argument("--profile", action="store_true", help="profile the second-to-last warm-up batch of each "
-                        "multi-GPU launch (torch.profiler) and add where the step goes to the table")
+                        "recipe launch (torch.profiler) and add where the step goes to the table")
     parser.add_argument("--probe-worker", help=argparse.SUPPRESS)  # one rank of the probe (internal)
     parser.add_argument("--layer-bound-worker", help=argparse.SUPPRESS)  # compute-bound-layer's process (internal)
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with ``--warmup``'s default resolved: 3, or 4 with ``--profile``."""
+    args = _parser().parse_args(argv)
+    if args.warmup is None:
+        args.warmup = 4 if args.profile else 3
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the sweep (or one probe rank); 0 complete, 1 some launch failed, 3 incomplete (rerun to continue)."""
-    args = _parser().parse_args(argv)
+    args = parse_args(argv)
     if args.probe_worker:
         probe_worker(Path(args.probe_worker), args.probe_mb, warmup=2, iters=5)
         return 0

@@ -107,7 +107,7 @@ def test_zero_one_adam_windows_time_the_regime_they_name(model, tmp_path):
     from composer_qsdp.recipes.train import load_recipe
 
     configs = ["ddp-baseline", "zero-one-adam", "zero-one-adam-1bit", "ddp-compute-bound"]
-    args = bench_e2e._parser().parse_args(["--model", model, "--nproc", "2", "--out-dir", str(tmp_path),
+    args = bench_e2e.parse_args(["--model", model, "--nproc", "2", "--out-dir", str(tmp_path),
                                            "--configs", *configs])
     plan = bench_e2e._plan(args)
     assert plan.synthetic_samples == (65 + 1) * 2 * plan.micro  # the longest window, zero-one-adam's
@@ -145,7 +145,7 @@ def test_random_token_shards_are_seeded_and_reused(tmp_path):
 
 @pytest.mark.parametrize("model", ["125m", "350m", "1.3b"])
 def test_every_paper_family_plans_valid_launches(model, tmp_path):
-    args = bench_e2e._parser().parse_args(["--model", model, "--nproc", "4", "--out-dir", str(tmp_path),
+    args = bench_e2e.parse_args(["--model", model, "--nproc", "4", "--out-dir", str(tmp_path),
                                            "--configs", *bench_e2e.CONFIGS, "--ranks-per-node", "2"])
     plan = bench_e2e._plan(args)  # loads every configuration's recipe with its overrides
     micro = plan.settings["micro_batch"]
@@ -167,12 +167,12 @@ def test_every_paper_family_plans_valid_launches(model, tmp_path):
     assert {"algorithms.qsdp.policy=auto", "algorithms.qsdp.error_sample_interval=0", "max_duration=20ba"} <= set(auto)
     assert plan.window(bench_e2e.CONFIGS["qsdp-auto"]) == (10, 10)
     with pytest.raises(SystemExit, match="-hpz configurations reshard to the node: pass --ranks-per-node"):
-        bench_e2e._plan(bench_e2e._parser().parse_args(["--model", model, "--nproc", "4", "--out-dir", str(tmp_path),
+        bench_e2e._plan(bench_e2e.parse_args(["--model", model, "--nproc", "4", "--out-dir", str(tmp_path),
                                                         "--configs", "qsdp-zeropp-hpz"]))
 
 
 def test_settings_of_one_directory_cannot_be_mixed(tmp_path, tiny_recipes):
-    parse = bench_e2e._parser().parse_args
+    parse = bench_e2e.parse_args
     plan = bench_e2e._plan(parse(["--recipe-dir", str(tiny_recipes), "--nproc", "2", "--out-dir", str(tmp_path)]))
     e2e_common.check_settings(plan.out_dir, plan.settings)
     e2e_common.check_settings(plan.out_dir, plan.settings)  # same settings: fine
@@ -203,7 +203,7 @@ def test_bad_arguments_are_named(tmp_path):
 
 
 def test_profile_records_a_warm_up_batch_an_untimed_one_follows(tmp_path):
-    plan = bench_e2e._plan(bench_e2e._parser().parse_args(
+    plan = bench_e2e._plan(bench_e2e.parse_args(
         ["--model", "1.3b", "--nproc", "4", "--warmup", "4", "--profile", "--out-dir", str(tmp_path)]))
     overrides = plan.overrides(bench_e2e.CONFIGS["qsdp-w8g8"], 4, tmp_path / "socket" / "qsdp-w8g8.metrics.json")
     assert "callbacks.step_profile.start=3" in overrides and "callbacks.step_profile.batches=1" in overrides
@@ -285,12 +285,12 @@ def test_cpu_sweep_measures_every_config_and_skips_finished_ones(tiny_recipes, t
 def test_ranks_sharing_a_gpu_get_no_throughput(monkeypatch, tmp_path, tiny_recipes):
     monkeypatch.setattr(bench_e2e.torch.cuda, "device_count", lambda: 1)
     with pytest.raises(SystemExit, match=r"--nproc 2 needs a GPU per process, 1 visible: .* not a network measurement"):
-        bench_e2e._plan(bench_e2e._parser().parse_args(["--recipe-dir", str(tiny_recipes), "--nproc", "2",
+        bench_e2e._plan(bench_e2e.parse_args(["--recipe-dir", str(tiny_recipes), "--nproc", "2",
                                                         "--out-dir", str(tmp_path)]))
 
 
 def test_every_launch_refuses_shared_gpus(tmp_path, tiny_recipes):
-    plan = bench_e2e._plan(bench_e2e._parser().parse_args(["--recipe-dir", str(tiny_recipes), "--nproc", "2",
+    plan = bench_e2e._plan(bench_e2e.parse_args(["--recipe-dir", str(tiny_recipes), "--nproc", "2",
                                                            "--out-dir", str(tmp_path), "-o", "shared_gpu=true"]))
     overrides = plan.overrides(bench_e2e.CONFIGS["baseline"], 2, tmp_path / "m.json")
     assert overrides[-1] == "shared_gpu=false"  # after the user's overrides: the last value wins
@@ -336,8 +336,9 @@ def test_auto_is_timed_and_profiled_only_after_it_settles():
     it compiles the new difference kernels, so neither is timed, nor profiled."""
     auto = bench_e2e.CONFIGS["qsdp-auto"]
     settled = 2 * bench_e2e.AutoOptions().warmup_steps + 2
-    assert bench_e2e.window(auto, bench_e2e._parser().parse_args(["--steps", "4"])) == (settled, 4)
-    profiled = bench_e2e._parser().parse_args(["--steps", "4", "--warmup", "4", "--profile"])
+    assert bench_e2e.window(auto, bench_e2e.parse_args(["--steps", "4"])) == (settled, 4)
+    profiled = bench_e2e.parse_args(["--steps", "4", "--profile"])  # --warmup defaults to 4 with --profile
+    assert profiled.warmup == 4
     warmup, _ = bench_e2e.window(auto, profiled)
     assert warmup - 1 == settled + 1  # the profiled batch: the first one after settling
     assert bench_e2e.window(bench_e2e.CONFIGS["qsdp-w8g8"], profiled) == (4, 4)
