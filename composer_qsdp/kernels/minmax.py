@@ -80,13 +80,14 @@ def _quantize_tile(x, valid, row_wire, meta_ptr, row, pid, b, g, lane, e, n, num
                    wire_row_stride, row_counter, seed,
                    BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr, STOCHASTIC: tl.constexpr,
                    FRACTION: tl.constexpr, ALIGNED: tl.constexpr, PARTIAL_GROUPS: tl.constexpr,
-                   GS: tl.constexpr = 8):  # fmt: skip
+                   GS: tl.constexpr = 8, WHOLE_BUCKETS: tl.constexpr = False):  # fmt: skip
     """Quantize the fp32 tile ``x`` (groups of ``GS`` elements, :func:`composer_qsdp.kernels.groups.tile`) into wire
     row ``row`` (codes at ``row_wire``, the buckets' min and step in the fp32 words of ``meta_ptr``);
     ``row_counter``: the noise counter of the row's first element. Returns the codes (int32) and the buckets'
-    ``(min, step)`` as the wire holds them (NaN for a non-finite bucket)."""
+    ``(min, step)`` as the wire holds them (NaN for a non-finite bucket). ``WHOLE_BUCKETS``: every bucket of the
+    tile is whole (``valid`` throughout) or past the row's end (never stored), so its lattice needs no mask."""
     LEVELS: tl.constexpr = (1 << BITS) - 1
-    lo, scale, inv, bad = bucket_lattice(x, valid, LEVELS, GS > 8)
+    lo, scale, inv, bad = bucket_lattice(x, valid | WHOLE_BUCKETS, LEVELS, GS > 8)
 
     t = (x - lo) * inv
     # t >= 0 is rounded on a grid of 2**-F through one float add (F = 0: MAGIC, round half to even), stochastic
@@ -171,7 +172,8 @@ def _quantize_feedback_kernel(
     codes, lo, scale = _quantize_tile(xt, valid, row_wire, meta_ptr, row, pid, b, g, lane, e, n, num_buckets,
                                       code_bytes, meta_offset, wire_row_stride,
                                       offset + row * n_in, seed,
-                                      BITS, BUCKET, BPP, STOCHASTIC, FRACTION, ALIGNED, PARTIAL_GROUPS, GS)  # fmt: skip
+                                      BITS, BUCKET, BPP, STOCHASTIC, FRACTION, ALIGNED, PARTIAL_GROUPS, GS,
+                                      ROWS)  # fmt: skip
     decoded = lo + scale * codes_to_float(codes, 0)  # the decoder's arithmetic (no FMA: enable_fp_fusion=False)
     if ROWS:
         decoded = butterflies_rows(decoded, LOG_B - LOG_ROW, LOG_ROW) * scale_rot
