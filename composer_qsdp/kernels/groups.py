@@ -16,7 +16,9 @@ group are one ``bits``-byte little-endian word (code ``j`` in bits ``[j * bits, 
 :mod:`composer_qsdp.kernels.wire_format`), packed and unpacked inside a thread. Widths 1, 2, 4 and 8 make that word
 a naturally aligned integer, stored with one access; the other widths (3, 5, 6, 7) store and load it byte by byte,
 each byte masked to the row's code bytes, since a 3-, 5-, 6- or 7-byte word has no integer type and its last group
-may end short of the metadata's 4-byte boundary.
+may end short of the metadata's 4-byte boundary. A tile may also take groups of ``GS`` = 16 codes (``tile``'s
+``GS``; rows whose length is a multiple of 16): the two 8-code words of a group are consecutive, so they make one
+``2 * bits``-byte word, one 64-bit access at 4 bits (the rotated feedback quantize, whose threads hold such rows).
 
 Exact conversions through the fp32 "magic number" ``MAGIC = 1.5 * 2**23`` (bits ``0x4B400000``): fp32 numbers
 in ``[2**23, 2**24)`` are the integers, one unit apart, so
@@ -174,7 +176,7 @@ def group_byte(b, g, BITS: tl.constexpr, BUCKET: tl.constexpr, GS: tl.constexpr 
 @triton.jit
 def pack_words(codes, lane, BITS: tl.constexpr):
     """Integer codes (each in ``[0, 2**BITS)``) on a tile with lanes ``lane`` -> the groups' packed words
-    ``[G, BPP, 1, 1]``, of the codes' integer type (int64 where 8 codes exceed 32 bits)."""
+    ``[G, BPP, 1, 1]``, of the codes' integer type (int64 where a group's codes exceed 32 bits)."""
     return tl.sum(tl.sum(codes << (lane * BITS), 3, keep_dims=True), 2, keep_dims=True)
 
 

@@ -13,7 +13,9 @@ quantization happen in a single pass over the data (one read of ``x``, one write
 codes of a group pack inside a thread into one naturally aligned ``bits``-byte word stored with a single
 access. Stochastic rounding draws one Philox call per group of 8 when every group's first counter is a
 multiple of 8 (``ALIGNED``: ``offset`` and, for several rows, ``n`` multiples of 8) and two otherwise; both
-give the same numbers (:mod:`composer_qsdp.kernels.noise`).
+give the same numbers (:mod:`composer_qsdp.kernels.noise`). The Hadamard-rotated feedback quantize tiles a bucket
+of up to 256 elements as rows of 16 (:func:`rotation_rows`): a thread holds a row, which is one code word, runs the
+rotation's first stages inside it and, after one exchange, the others along a column.
 
 Exactness: every fp32 operation appears once, in the reference's order, and the kernels launch with
 ``enable_fp_fusion=False`` so ``a * b + c`` is not contracted into an FMA; divisions use ``div_rn`` (IEEE)
