@@ -191,7 +191,7 @@ def _feedback_variants(aligned_rows: bool) -> list[dict]:
     for bits, bucket, rotate, stochastic, rdtype in [
         (3, 256, True, False, "fp32"), (3, 256, True, False, "bf16"), (2, 256, True, False, "fp32"),
         (4, 256, True, True, "fp32"), (8, 256, True, False, "fp32"), (6, 64, True, True, "fp32"),
-        (3, 512, True, False, "fp32"), (4, 256, False, True, "fp32"),
+        (3, 64, True, False, "bf16"), (3, 512, True, False, "fp32"), (4, 256, False, True, "fp32"),
     ]:
         log_row = kernels.rotation_rows(bits, bucket) if rotate else 0
         per_thread = kernels.ROTATED_ELEMENTS_PER_THREAD if log_row else kernels._FLAT_ROTATED_ELEMENTS_PER_THREAD
