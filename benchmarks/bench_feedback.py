@@ -99,8 +99,8 @@ def measure(bits: int, ranks: int) -> list[dict]:
 #: whose sm_90 compile spills registers (``tests/kernels/hopper.py``, 3 bits, bf16 gradient, fp32 and bf16
 #: residual; the sweep records each launch's registers). Each kernel's default launch is timed too, as its own row.
 SWEEP_GRID: dict[str, tuple[tuple[int, int], ...]] = {
-    "feedback rotated": ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (2, 8), (4, 2), (4, 4), (4, 8), (4, 16),
-                         (8, 4), (8, 8), (8, 16), (16, 8)),
+    "feedback rotated": ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (2, 8), (4, 1), (4, 2), (4, 4), (4, 8),
+                         (4, 16), (8, 2), (8, 4), (8, 8), (8, 16), (16, 4), (16, 8), (16, 16)),
     "feedback": ((1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 2), (8, 4), (8, 8), (16, 4), (16, 8), (16, 16)),
     "decode_sum": ((1, 1), (1, 2), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (4, 4), (4, 8), (8, 1), (8, 2), (8, 4),
                    (8, 8), (8, 16), (16, 2), (16, 4), (16, 8), (16, 16)),

@@ -16,7 +16,9 @@ group are one ``bits``-byte little-endian word (code ``j`` in bits ``[j * bits, 
 :mod:`composer_qsdp.kernels.wire_format`), packed and unpacked inside a thread. Widths 1, 2, 4 and 8 make that word
 a naturally aligned integer, stored with one access; the other widths (3, 5, 6, 7) store and load it byte by byte,
 each byte masked to the row's code bytes, since a 3-, 5-, 6- or 7-byte word has no integer type and its last group
-may end short of the metadata's 4-byte boundary.
+may end short of the metadata's 4-byte boundary. A tile may also take groups of ``GS`` = 16 codes (``tile``'s
+``GS``; rows whose length is a multiple of 16): the two 8-code words of a group are consecutive, so they make one
+``2 * bits``-byte word, one 64-bit access at 4 bits (the rotated feedback quantize, whose threads hold such rows).
 
 Exact conversions through the fp32 "magic number" ``MAGIC = 1.5 * 2**23`` (bits ``0x4B400000``): fp32 numbers
 in ``[2**23, 2**24)`` are the integers, one unit apart, so
@@ -67,15 +69,16 @@ INTERPRETER_TILE = 65536
 
 
 @triton.jit
-def tile(pid, n, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, VEC: tl.constexpr):
+def tile(pid, n, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, VEC: tl.constexpr,
+         GS: tl.constexpr = 8):  # fmt: skip
     """The tile of program ``pid`` over a row of ``n`` elements: buckets ``b`` ``[1, BPP, 1, 1]``, groups ``g``
-    ``[G, 1, 1, 1]``, lanes ``[1, 1, 8 // VEC, VEC]`` (0..7 within a group), element indices and their mask
-    ``[G, BPP, 8 // VEC, VEC]``."""
+    ``[G, 1, 1, 1]`` of ``GS`` consecutive elements (a multiple of 8), lanes ``[1, 1, GS // VEC, VEC]`` (0..GS-1
+    within a group), element indices and their mask ``[G, BPP, GS // VEC, VEC]``."""
     b = (pid * BPP + tl.arange(0, BPP))[None, :, None, None]
     g = tl.arange(0, GROUPS)[:, None, None, None]
-    lane = tl.arange(0, 8 // VEC)[None, None, :, None] * VEC + tl.arange(0, VEC)[None, None, None, :]
-    e = b * BUCKET + g * 8 + lane
-    return b, g, lane, e, (g * 8 < BUCKET) & (e < n)
+    lane = tl.arange(0, GS // VEC)[None, None, :, None] * VEC + tl.arange(0, VEC)[None, None, None, :]
+    e = b * BUCKET + g * GS + lane
+    return b, g, lane, e, (g * GS < BUCKET) & (e < n)
 
 
 @triton.jit
@@ -106,17 +109,22 @@ def _min_max(lo_a, hi_a, lo_b, hi_b):
 
 
 @triton.jit
-def bucket_lattice(x, valid, LEVELS: tl.constexpr):
+def bucket_lattice(x, valid, LEVELS: tl.constexpr, GROUPS_FIRST: tl.constexpr = False):
     """The min-max lattice of each bucket of a ``[G, BPP, H, V]`` fp32 tile (``valid``: its mask), as the torch
     references' ``quant.buckets.bucket_lattice`` computes it: ``LEVELS`` equal steps from the bucket's min to its
     max. Returns ``(lo, scale, inv, bad)``, each ``[1, BPP, 1, 1]``: the min, the step ``(max - min) / LEVELS``
     (one IEEE division), its reciprocal (0 for a constant bucket, capped at :data:`FP32_MAX`), and whether the step
-    is non-finite (a NaN or an infinity in the bucket, or a range that overflows fp32)."""
+    is non-finite (a NaN or an infinity in the bucket, or a range that overflows fp32). ``GROUPS_FIRST`` reduces
+    across the groups first, for a tile whose threads hold a column of groups rather than whole groups (the min and
+    max do not depend on the order)."""
     # NaN-propagating min/max: a NaN or infinity anywhere in the bucket makes the range non-finite.
-    lo, hi = tl.reduce((tl.where(valid, x, float("inf")), tl.where(valid, x, float("-inf"))), 3, _min_max,
-                       keep_dims=True)  # fmt: skip
-    for axis in tl.static_range(2, -1, -2):  # the rest of each group, then the groups
+    lo, hi = tl.where(valid, x, float("inf")), tl.where(valid, x, float("-inf"))
+    if GROUPS_FIRST:
+        lo, hi = tl.reduce((lo, hi), 0, _min_max, keep_dims=True)
+    for axis in tl.static_range(3, 1, -1):  # the lanes of each group
         lo, hi = tl.reduce((lo, hi), axis, _min_max, keep_dims=True)
+    if not GROUPS_FIRST:
+        lo, hi = tl.reduce((lo, hi), 0, _min_max, keep_dims=True)
     if LEVELS == 1:
         scale = hi - lo
     else:
@@ -142,30 +150,33 @@ def bucket_pair(meta_ptr, row, wire_row_stride, meta_offset, num_buckets, BPP: t
 
 
 @triton.jit
-def group_words(row_wire, b, g, BITS: tl.constexpr, BUCKET: tl.constexpr):
-    """Pointers ``[G, BPP, 1, 1]`` to the ``BITS``-byte word holding the 8 codes of each group (``BITS`` in 1, 2,
-    4), or to its first byte (the byte-wise widths 3, 5, 6, 7)."""
-    if BITS == 1:
-        words = row_wire + b * (BUCKET // 8) + g
-    elif BITS == 2:
-        words = row_wire.to(tl.pointer_type(tl.int16)) + b * (BUCKET // 8) + g
-    elif BITS == 4:
-        words = row_wire.to(tl.pointer_type(tl.int32)) + b * (BUCKET // 8) + g
+def group_words(row_wire, b, g, BITS: tl.constexpr, BUCKET: tl.constexpr, GS: tl.constexpr = 8):
+    """Pointers ``[G, BPP, 1, 1]`` to the ``GS * BITS / 8``-byte word holding the ``GS`` codes of each group where
+    that is 1, 2, 4 or 8 bytes, or to its first byte."""
+    WORD: tl.constexpr = GS * BITS // 8
+    if WORD == 1:
+        words = row_wire + b * (BUCKET // GS) + g
+    elif WORD == 2:
+        words = row_wire.to(tl.pointer_type(tl.int16)) + b * (BUCKET // GS) + g
+    elif WORD == 4:
+        words = row_wire.to(tl.pointer_type(tl.int32)) + b * (BUCKET // GS) + g
+    elif WORD == 8:
+        words = row_wire.to(tl.pointer_type(tl.int64)) + b * (BUCKET // GS) + g
     else:
-        words = row_wire + group_byte(b, g, BITS, BUCKET)
+        words = row_wire + group_byte(b, g, BITS, BUCKET, GS)
     return words
 
 
 @triton.jit
-def group_byte(b, g, BITS: tl.constexpr, BUCKET: tl.constexpr):
-    """Offset in bytes of each group's word from the start of its wire row, ``[G, BPP, 1, 1]``."""
-    return b * (BUCKET // 8 * BITS) + g * BITS
+def group_byte(b, g, BITS: tl.constexpr, BUCKET: tl.constexpr, GS: tl.constexpr = 8):
+    """Offset in bytes of each ``GS``-code group's word from the start of its wire row, ``[G, BPP, 1, 1]``."""
+    return b * (BUCKET // 8 * BITS) + g * (GS * BITS // 8)
 
 
 @triton.jit
 def pack_words(codes, lane, BITS: tl.constexpr):
     """Integer codes (each in ``[0, 2**BITS)``) on a tile with lanes ``lane`` -> the groups' packed words
-    ``[G, BPP, 1, 1]``, of the codes' integer type (int64 where 8 codes exceed 32 bits)."""
+    ``[G, BPP, 1, 1]``, of the codes' integer type (int64 where a group's codes exceed 32 bits)."""
     return tl.sum(tl.sum(codes << (lane * BITS), 3, keep_dims=True), 2, keep_dims=True)
 
 
@@ -177,28 +188,31 @@ def unpack_words(words, lane, BITS: tl.constexpr):
 
 @triton.jit
 def store_codes(row_wire, codes, pid, b, g, lane, e, valid, n, num_buckets, code_bytes, meta_offset,
-                BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr, PARTIAL_GROUPS: tl.constexpr):  # fmt: skip
+                BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr, PARTIAL_GROUPS: tl.constexpr,
+                GS: tl.constexpr = 8):  # fmt: skip
     """Write the int32 codes of program ``pid``'s tile ``(b, g, lane, e, valid)`` into the wire row at ``row_wire``
     (bytes ``[0, code_bytes)``), and zero the row's padding ``[code_bytes, meta_offset)`` before its metadata.
 
     ``PARTIAL_GROUPS``: the row's last group may be partial (``n`` not a multiple of 8); its packed word then has
-    zero codes past the row's end, as the torch reference's packing writes them.
+    zero codes past the row's end, as the torch reference's packing writes them. ``GS``: the tile's group size
+    (:func:`tile`); with ``GS > 8``, ``n`` must be a multiple of ``GS``.
     """
     if BITS == 8:
         tl.store(row_wire + e, codes.to(tl.uint8), mask=valid)
     else:
         if PARTIAL_GROUPS:
             codes = tl.where(valid, codes, 0)  # lanes past the row's end in its last word are zero
-        group_ok = (g * 8 < BUCKET) & (b * BUCKET + g * 8 < n)
-        words = group_words(row_wire, b, g, BITS, BUCKET)
-        # 8 codes of 5-7 bits span 40-56 bits: pack them in 64-bit words.
-        packed = pack_words(codes.to(tl.int64) if BITS > 4 else codes, lane, BITS)
-        if (BITS & (BITS - 1)) == 0:  # 1, 2, 4: an aligned integer word
+        group_ok = (g * GS < BUCKET) & (b * BUCKET + g * GS < n)
+        words = group_words(row_wire, b, g, BITS, BUCKET, GS)
+        # Words of more than 32 bits (8 codes of 5-7 bits, 16 of 3 or 4) are packed in 64 bits.
+        WORD: tl.constexpr = GS * BITS // 8
+        packed = pack_words(codes.to(tl.int64) if WORD > 4 else codes, lane, BITS)
+        if (WORD & (WORD - 1)) == 0:  # 1, 2, 4 or 8 bytes: an aligned integer word
             tl.store(words, packed.to(words.dtype.element_ty), mask=group_ok)
         else:
-            for k in tl.static_range(BITS):
+            for k in tl.static_range(WORD):
                 # The row's last word may end past its code bytes, where the padding and metadata start.
-                ok = group_ok & (group_byte(b, g, BITS, BUCKET) + k < code_bytes)
+                ok = group_ok & (group_byte(b, g, BITS, BUCKET, GS) + k < code_bytes)
                 tl.store(words + k, ((packed >> (8 * k)) & 0xFF).to(tl.uint8), mask=ok)
     # The program holding the last bucket zeroes the padding; a tail group's word may already have written zeros
     # there.

@@ -22,7 +22,7 @@ import torch
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
 from composer_qsdp.kernels.groups import cdiv, next_power_of_2, row_stride
 
-__all__ = ["MAX_BUCKET", "supports", "hadamard_rows", "butterflies", "rotation_scale"]
+__all__ = ["MAX_BUCKET", "supports", "hadamard_rows", "butterflies", "butterflies_rows", "rotation_scale"]
 
 #: Largest bucket (elements) a program transforms in registers.
 MAX_BUCKET = 8192
@@ -47,6 +47,32 @@ def butterflies(v, B: tl.constexpr, LOG_B: tl.constexpr):
         a, b = tl.split(pairs)
         v = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), (N,))
     return v
+
+
+@triton.jit
+def _butterflies_first(v, LOG: tl.constexpr):
+    """The ``LOG`` unscaled butterfly stages along the first axis (``2**LOG`` elements) of a 2-D fp32 tile."""
+    H: tl.constexpr = v.shape[0]
+    M: tl.constexpr = v.shape[1]
+    for stage in tl.static_range(LOG):
+        pairs = tl.permute(tl.reshape(v, (H // (2 << stage), 2, 1 << stage, M)), (0, 2, 3, 1))
+        a, b = tl.split(pairs)
+        v = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 3, 1, 2)), (H, M))
+    return v
+
+
+@triton.jit
+def butterflies_rows(v, LOG_R: tl.constexpr, LOG_C: tl.constexpr):
+    """:func:`butterflies` of the buckets of a ``[R, BPP, H, V]`` fp32 tile that holds bucket ``b``'s element
+    ``i * C + h * V + v`` at ``[i, b, h, v]`` (``R = 2**LOG_R`` rows of ``C = H * V = 2**LOG_C`` elements): the
+    stages ``h < C`` run along the rows, then the others along the columns, the same additions in the same order."""
+    R: tl.constexpr = v.shape[0]
+    BPP: tl.constexpr = v.shape[1]
+    H: tl.constexpr = v.shape[2]
+    V: tl.constexpr = v.shape[3]
+    t = _butterflies_first(tl.reshape(tl.permute(v, (2, 3, 0, 1)), (H * V, R * BPP)), LOG_C)
+    v = tl.permute(tl.reshape(t, (H, V, R, BPP)), (2, 3, 0, 1))
+    return tl.reshape(_butterflies_first(tl.reshape(v, (R, BPP * H * V)), LOG_R), (R, BPP, H, V))
 
 
 @triton.jit

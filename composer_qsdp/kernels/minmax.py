@@ -13,7 +13,9 @@ quantization happen in a single pass over the data (one read of ``x``, one write
 codes of a group pack inside a thread into one naturally aligned ``bits``-byte word stored with a single
 access. Stochastic rounding draws one Philox call per group of 8 when every group's first counter is a
 multiple of 8 (``ALIGNED``: ``offset`` and, for several rows, ``n`` multiples of 8) and two otherwise; both
-give the same numbers (:mod:`composer_qsdp.kernels.noise`).
+give the same numbers (:mod:`composer_qsdp.kernels.noise`). The Hadamard-rotated feedback quantize tiles a bucket
+of up to 256 elements as rows of 16 (:func:`rotation_rows`): a thread holds a row, which is one code word, runs the
+rotation's first stages inside it and, after one exchange, the others along a column.
 
 Exactness: every fp32 operation appears once, in the reference's order, and the kernels launch with
 ``enable_fp_fusion=False`` so ``a * b + c`` is not contracted into an FMA; divisions use ``div_rn`` (IEEE)
@@ -40,12 +42,12 @@ from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, GPU_TILE, INTERPR
                                           KERNEL_BITS, bucket_lattice, cdiv, check_packed, codes_to_float, launch_shape,
                                           row_stride, rows_aligned, store_codes, supports_packed, tile, tile_codes, vec)
 from composer_qsdp.kernels.fixed_point import fraction_bits
-from composer_qsdp.kernels.hadamard import butterflies
+from composer_qsdp.kernels.hadamard import butterflies, butterflies_rows
 from composer_qsdp.kernels.noise import noise_bits
 from composer_qsdp.kernels.wire_format import WireFormat
 
 __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "encode_rows_feedback", "decode_rows",
-           "decode_sum"]
+           "decode_sum", "rotation_rows"]
 
 #: Code widths with a kernel (a group of 8 codes is exactly ``bits`` bytes): all of them.
 SUPPORTED_BITS = KERNEL_BITS
@@ -58,9 +60,13 @@ _ELEMENTS_PER_THREAD_UNALIGNED_ROWS = {"decode": 16, "encode": 8}
 # thread spreads the per-thread fixed work further. At 4 bits the same change adds register pressure without that
 # gain, so 4 bits keeps 32.
 _ELEMENTS_PER_THREAD_8BIT_STOCHASTIC_HALF = 64
-# The rotated feedback quantize holds the compensated values, their rotation, codes and decode at once: at 32 elements
-# per thread it needs all 255 registers (sm_90 compile, 256-element buckets), at 4 (8 warps per 1024 elements) 128.
-ROTATED_ELEMENTS_PER_THREAD = 4
+# The rotated feedback quantize views a bucket of up to C * C elements as rows of C = 16 consecutive elements (8 for
+# 5-7 bits: 16 such codes exceed a 64-bit word), a thread's row being one code word (:func:`rotation_rows`): a thread
+# holds one row (16 elements) and, after one exchange, one column. Larger buckets go through the flat rotation, which
+# holds the compensated values, their rotation, codes and decode at once: at 32 elements per thread it needs all 255
+# registers (sm_90 compile, 256-element buckets), at 4 (8 warps per 1024 elements) 128.
+ROTATED_ELEMENTS_PER_THREAD = 16
+_FLAT_ROTATED_ELEMENTS_PER_THREAD = 4
 
 
 #: True when a kernel covers ``bits``, ``bucket_size``, ``rows`` and ``n``
@@ -75,12 +81,15 @@ supports = supports_packed
 def _quantize_tile(x, valid, row_wire, meta_ptr, row, pid, b, g, lane, e, n, num_buckets, code_bytes, meta_offset,
                    wire_row_stride, row_counter, seed,
                    BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr, STOCHASTIC: tl.constexpr,
-                   FRACTION: tl.constexpr, ALIGNED: tl.constexpr, PARTIAL_GROUPS: tl.constexpr):  # fmt: skip
-    """Quantize the fp32 tile ``x`` into wire row ``row`` (codes at ``row_wire``, the buckets' min and step in the
-    fp32 words of ``meta_ptr``); ``row_counter``: the noise counter of the row's first element. Returns the codes
-    (int32) and the buckets' ``(min, step)`` as the wire holds them (NaN for a non-finite bucket)."""
+                   FRACTION: tl.constexpr, ALIGNED: tl.constexpr, PARTIAL_GROUPS: tl.constexpr,
+                   GS: tl.constexpr = 8, WHOLE_BUCKETS: tl.constexpr = False):  # fmt: skip
+    """Quantize the fp32 tile ``x`` (groups of ``GS`` elements, :func:`composer_qsdp.kernels.groups.tile`) into wire
+    row ``row`` (codes at ``row_wire``, the buckets' min and step in the fp32 words of ``meta_ptr``);
+    ``row_counter``: the noise counter of the row's first element. Returns the codes (int32) and the buckets'
+    ``(min, step)`` as the wire holds them (NaN for a non-finite bucket). ``WHOLE_BUCKETS``: every bucket of the
+    tile is whole (``valid`` throughout) or past the row's end (never stored), so its lattice needs no mask."""
     LEVELS: tl.constexpr = (1 << BITS) - 1
-    lo, scale, inv, bad = bucket_lattice(x, valid, LEVELS)
+    lo, scale, inv, bad = bucket_lattice(x, valid | WHOLE_BUCKETS, LEVELS, GS > 8)
 
     t = (x - lo) * inv
     # t >= 0 is rounded on a grid of 2**-F through one float add (F = 0: MAGIC, round half to even), stochastic
@@ -90,13 +99,16 @@ def _quantize_tile(x, valid, row_wire, meta_ptr, row, pid, b, g, lane, e, n, num
     F: tl.constexpr = FRACTION
     base: tl.constexpr = MAGIC_BITS - (F << 23)  # bits of 1.5 * 2**(23 - F)
     y = (t + (1.5 * (1 << (23 - F)))).to(tl.uint32, bitcast=True)
-    if STOCHASTIC:
-        y = y + noise_bits(seed, row_counter + b * BUCKET + g * 8, lane, ALIGNED, F)
+    if STOCHASTIC:  # one draw per 8 consecutive counters
+        sub = tl.arange(0, GS // 8)[None, None, :, None]
+        noise = noise_bits(seed, row_counter + b * BUCKET + g * GS + sub * 8, tl.arange(0, 8)[None, None, None, :],
+                           ALIGNED, F)  # fmt: skip
+        y = y + tl.reshape(noise, y.shape)
     cap = tl.where(bad, base, base + ((LEVELS << F) | ((1 << F) - 1))).to(tl.uint32)
     codes = ((tl.minimum(y, cap) >> F) - (base >> F)).to(tl.int32)
 
     store_codes(row_wire, codes, pid, b, g, lane, e, valid, n, num_buckets, code_bytes, meta_offset,
-                BITS, BUCKET, BPP, PARTIAL_GROUPS)  # fmt: skip
+                BITS, BUCKET, BPP, PARTIAL_GROUPS, GS)  # fmt: skip
     row_meta = meta_ptr + row * (wire_row_stride // 4) + meta_offset // 4 + 2 * b
     on = b < num_buckets
     lo = tl.where(bad, float("nan"), lo)
@@ -131,42 +143,52 @@ def _quantize_feedback_kernel(
     seed, offset, beta, scale_rot,
     BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, VEC: tl.constexpr,
     STOCHASTIC: tl.constexpr, FRACTION: tl.constexpr, ALIGNED: tl.constexpr, PARTIAL_GROUPS: tl.constexpr,
-    ROTATE: tl.constexpr, LOG_B: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
+    ROTATE: tl.constexpr, LOG_B: tl.constexpr, LOG_ROW: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
 ):  # fmt: skip
     """Error feedback in one pass: quantize ``c = x + r`` (Hadamard-rotated per bucket with ``ROTATE``; ``n`` is then
     the padded row length) and write ``r <- fresh - beta * (fresh - r)``, ``fresh = c - decode(encode(c))`` (rotated
-    back), non-finite entries reset to 0. ``c``, its rotation and its decode never go through memory."""
+    back), non-finite entries reset to 0. ``c``, its rotation and its decode never go through memory.
+
+    ``LOG_ROW > 0`` (rotated only, :func:`rotation_rows`): the tile is ``GROUPS`` rows of ``2**LOG_ROW`` elements per
+    bucket, each row one code word; the rotation's stages run along the rows, then along the columns
+    (:func:`composer_qsdp.kernels.hadamard.butterflies_rows`). ``LOG_ROW = 0``: groups of 8, rotated flat."""
+    ROWS: tl.constexpr = LOG_ROW > 0
+    GS: tl.constexpr = (1 << LOG_ROW) if ROWS else 8
     pid = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
-    b, g, lane, e, valid = tile(pid, n, BUCKET, GROUPS, BPP, VEC)
+    b, g, lane, e, valid = tile(pid, n, BUCKET, GROUPS, BPP, VEC, GS)
     x_row, r_row = x_ptr + row * x_row_stride, r_ptr + row * r_row_stride
-    if ROTATE:  # bucket-major [BPP, BUCKET], as the rotation kernel loads; columns n_in..n are the zero padding
+    if ROTATE and not ROWS:  # bucket-major [BPP, BUCKET], as the rotation kernel loads
         col = (pid * BPP + tl.arange(0, BPP))[:, None] * BUCKET + tl.arange(0, BUCKET)[None, :]
-        on = col < n_in
+        on = col < n_in  # columns n_in..n are the zero padding
         r = tl.load(r_row + col, mask=on, other=0.0).to(tl.float32)
         c = tl.load(x_row + col, mask=on, other=0.0).to(tl.float32) + r
         v = tl.reshape(butterflies(tl.reshape(c, (BPP * BUCKET,)), BUCKET, LOG_B), (BPP, BUCKET)) * scale_rot
         xt = tl.permute(tl.reshape(v, (BPP, GROUPS, 8 // VEC, VEC)), (1, 0, 2, 3))
     else:
-        r = tl.load(r_row + e, mask=valid, other=0.0).to(tl.float32)
-        c = tl.load(x_row + e, mask=valid, other=0.0).to(tl.float32) + r
-        xt = c
+        on = valid & (e < n_in) if ROWS else valid  # rotated: columns n_in..n are the zero padding
+        r = tl.load(r_row + e, mask=on, other=0.0).to(tl.float32)
+        c = tl.load(x_row + e, mask=on, other=0.0).to(tl.float32) + r
+        xt = butterflies_rows(c, LOG_B - LOG_ROW, LOG_ROW) * scale_rot if ROWS else c
     row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)
     codes, lo, scale = _quantize_tile(xt, valid, row_wire, meta_ptr, row, pid, b, g, lane, e, n, num_buckets,
                                       code_bytes, meta_offset, wire_row_stride,
                                       offset + row * n_in, seed,
-                                      BITS, BUCKET, BPP, STOCHASTIC, FRACTION, ALIGNED, PARTIAL_GROUPS)  # fmt: skip
+                                      BITS, BUCKET, BPP, STOCHASTIC, FRACTION, ALIGNED, PARTIAL_GROUPS, GS,
+                                      ROWS)  # fmt: skip
     decoded = lo + scale * codes_to_float(codes, 0)  # the decoder's arithmetic (no FMA: enable_fp_fusion=False)
-    if ROTATE:
+    if ROWS:
+        decoded = butterflies_rows(decoded, LOG_B - LOG_ROW, LOG_ROW) * scale_rot
+    elif ROTATE:
         flat = butterflies(tl.reshape(tl.permute(decoded, (1, 0, 2, 3)), (BPP * BUCKET,)), BUCKET, LOG_B)
         decoded = tl.reshape(flat, (BPP, BUCKET)) * scale_rot
     fresh = c - decoded
     r = fresh - (fresh - r) * beta
     r = tl.where(tl.abs(r) < float("inf"), r, 0.0)  # NaN compares false: reset with the infinities
-    if ROTATE:
+    if ROTATE and not ROWS:
         store_cast(r_row + col, r, on, EMULATE_BF16_RNE)
     else:
-        store_cast(r_row + e, r, valid, EMULATE_BF16_RNE)
+        store_cast(r_row + e, r, on, EMULATE_BF16_RNE)
 
 
 @triton.jit
@@ -271,9 +293,14 @@ def encode_rows_feedback(
     r = residual.view(rows, n)
     wire = torch.empty(rows, fmt.wire_bytes, dtype=torch.uint8, device=x.device)
     nb = fmt.num_buckets
+    log_row = rotation_rows(bits, bucket_size) if rotate else 0
+    # A tile of rows streams x and the residual through the same 16-byte accesses.
+    tile_vec = min(vec(x.dtype), vec(r.dtype)) if log_row else vec(x.dtype)
     if rotate:  # few elements per thread: see ROTATED_ELEMENTS_PER_THREAD
-        groups, bpp, warps = launch_shape(bucket_size, nb, x.is_cuda, GPU_TILE, INTERPRETER_TILE,
-                                          ROTATED_ELEMENTS_PER_THREAD, buckets_per_program, num_warps)  # fmt: skip
+        per_thread = ROTATED_ELEMENTS_PER_THREAD if log_row else _FLAT_ROTATED_ELEMENTS_PER_THREAD
+        groups, bpp, warps = launch_shape(bucket_size, nb, x.is_cuda, GPU_TILE, INTERPRETER_TILE, per_thread,
+                                          buckets_per_program, num_warps)  # fmt: skip
+        groups = bucket_size >> log_row if log_row else groups
     else:
         groups, bpp, warps = _config(bucket_size, nb, x.is_cuda, rows_aligned(x) and rows_aligned(r),
                                      buckets_per_program, num_warps, "encode")  # fmt: skip
@@ -281,12 +308,23 @@ def encode_rows_feedback(
         x, r, wire, wire.view(torch.float32),
         n, fmt.numel, nb, fmt.code_bytes, fmt.meta_offset, row_stride(x), row_stride(r), row_stride(wire),
         seed, offset, float(beta), hadamard.rotation_scale(bucket_size) if rotate else 1.0,
-        BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=vec(x.dtype), STOCHASTIC=stochastic,
+        BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=tile_vec, STOCHASTIC=stochastic,
         FRACTION=fraction_bits(bits) if stochastic else 0, ALIGNED=offset % 8 == 0 and (rows == 1 or n % 8 == 0),
         PARTIAL_GROUPS=bits < 8 and fmt.numel % 8 != 0, ROTATE=rotate, LOG_B=bucket_size.bit_length() - 1,
-        EMULATE_BF16_RNE=emulate_bf16_rne(), num_warps=warps, enable_fp_fusion=False,
+        LOG_ROW=log_row, EMULATE_BF16_RNE=emulate_bf16_rne(), num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
     return wire
+
+
+def rotation_rows(bits: int, bucket_size: int) -> int:
+    """``log2`` of the row length (elements) in which the rotated feedback quantize of ``bits``-bit codes views a
+    ``bucket_size``-element bucket (a power of two), or 0 where it rotates the bucket flat.
+
+    A row is one code word: 16 codes where they fit 64 bits (not 5-7 bits), else 8, and at most the bucket; the
+    view needs at most as many rows as a row has elements (a thread holds a row, then a column).
+    """
+    log_row = min(bucket_size.bit_length() - 1, 4 if bits <= 4 or bits == 8 else 3)
+    return log_row if bucket_size <= 1 << (2 * log_row) else 0
 
 
 _DECODER = BucketDecoder(_decode_tile, _check, _config)

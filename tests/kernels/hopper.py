@@ -38,7 +38,12 @@ for v in json.loads(sys.stdin.read()):
         f.write(compiled.asm["cubin"])
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
     os.unlink(f.name)
+    # One SASS instruction per "/*<address>*/ <opcode> ...;" line; the NOPs padding the end never run.
+    opcodes = [op for op in re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+               if op != "NOP"]
+    counts = {kind: sum(op.split(".")[0] == kind for op in opcodes) for kind in ("SHFL", "LDS", "STS", "BAR")}
     # fp32 instructions that are not exactly rounded: approximate division, reciprocal, root, ...; contracted fma.
     inexact = sorted(set(re.findall(
         r"\\b(?:div[.](?:full|approx)|(?:rcp|sqrt|rsqrt|ex2|lg2|sin|cos|tanh)[.]approx"
@@ -46,14 +51,21 @@ for v in json.loads(sys.stdin.read()):
         compiled.asm["ptx"])))
     # Triton's shared memory is dynamic, which cuobjdump's SHARED (static) leaves out.
     report[v["name"]] = " ".join(line.strip() for line in usage.splitlines() if "REG:" in line) + (
-        f" SMEM:{compiled.metadata.shared}" + " INEXACT:" + (",".join(inexact) or "none"))
+        f" SMEM:{compiled.metadata.shared} SASS:{len(opcodes)} "
+        + " ".join(f"{kind}:{count}" for kind, count in counts.items())
+        + f" CONVERT_LAYOUT:{compiled.asm['ttgir'].count('ttg.convert_layout')}"
+        + " INEXACT:" + (",".join(inexact) or "none"))
 print(json.dumps(report))
 """
 
 
 def resource_usage(variants: list[dict]) -> dict[str, str]:
     """Compile each variant for sm_90; return ``{name: "REG:<n> STACK:<bytes> ... LOCAL:<bytes> ... SMEM:<bytes>
-    INEXACT:<ops>"}``, ``SMEM`` the shared memory Triton allocates at launch (layout conversions, reductions),
+    SASS:<n> SHFL:<n> LDS:<n> STS:<n> BAR:<n> CONVERT_LAYOUT:<n> INEXACT:<ops>"}``, ``SMEM`` the shared memory
+    Triton allocates at launch (layout conversions, reductions), ``SASS`` the kernel's SASS instructions
+    (``cuobjdump -sass``, end padding ``NOP`` excluded; the kernels have no loops, so this is also what one thread
+    issues, predicated-off instructions included), then the shuffles, shared loads and stores and barriers among them,
+    ``CONVERT_LAYOUT`` the layout conversions in the TTGIR,
     ``<ops>`` the PTX instructions that are not exactly rounded fp32 operations (``div.full``, ``rcp.approx``,
     ``sqrt.approx``, a contracted ``fma.rn.f32``, ...) or ``none``: the kernels must match their torch references
     bit for bit.

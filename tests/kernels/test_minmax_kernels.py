@@ -168,21 +168,7 @@ def test_kernels_compile_for_hopper_without_spills(aligned_rows):
             (3, "bf16", False, True, 256), (5, "fp32", True, False, 40), (7, "fp16", True, True, 1024),
         ]
     ]
-    # The error-feedback quantize in the launch shapes encode_rows_feedback picks (qwd-*-loco: rotated, 256).
-    for bits, rotate, stochastic in [(3, True, False), (2, True, False), (4, False, True)]:
-        groups, bpp, warps = kernels.launch_shape(256, 1 << 16, True, kernels.GPU_TILE, kernels.INTERPRETER_TILE,
-                                                  kernels.ROTATED_ELEMENTS_PER_THREAD, None, None) if rotate else \
-            kernels._config(256, 1 << 16, True, aligned_rows, None, None, "encode")
-        variants.append({
-            "name": f"feedback {bits}b rotate={rotate} stochastic={stochastic}", "module": "composer_qsdp.kernels.minmax",
-            "kernel": "_quantize_feedback_kernel",
-            "types": {"x_ptr": "*bf16", "r_ptr": "*fp32", "wire_ptr": "*u8", "meta_ptr": "*fp32", "seed": "i64",
-                      "offset": "i64", "beta": "fp32", "scale_rot": "fp32"},
-            "constants": {"BITS": bits, "BUCKET": 256, "GROUPS": groups, "BPP": bpp, "VEC": 8, "STOCHASTIC": stochastic,
-                          "FRACTION": fraction_bits(bits) if stochastic else 0, "ALIGNED": True,
-                          "PARTIAL_GROUPS": False, "ROTATE": rotate, "LOG_B": 8, "EMULATE_BF16_RNE": False},
-            "num_warps": warps,
-            "divisible": ["x_row_stride", "r_row_stride", "wire_row_stride"] if aligned_rows else []})
+    variants += _feedback_variants(aligned_rows)
     variants += [
         _hopper_variant(f"dequantize {bits}b {dtype} bucket {bucket}", "_dequantize_kernel", {"out_ptr": "*" + dtype},
                         {"BITS": bits, "EMULATE_BF16_RNE": False}, bucket, aligned_rows)  # fmt: skip
@@ -196,6 +182,35 @@ def test_kernels_compile_for_hopper_without_spills(aligned_rows):
         for bits, bucket, dtype in [(8, 1024, "fp32"), (4, 8192, "fp32"), (4, 1024, "bf16")]
     ]
     assert_no_spills_and_exact(variants)
+
+
+def _feedback_variants(aligned_rows: bool) -> list[dict]:
+    """The error-feedback quantize in the launch shapes encode_rows_feedback picks: the qwd-*-loco presets' (3 bits,
+    rotated, 256) with an fp32 or bf16 residual, other widths, the flat rotation of larger buckets, not rotated."""
+    variants = []
+    for bits, bucket, rotate, stochastic, rdtype in [
+        (3, 256, True, False, "fp32"), (3, 256, True, False, "bf16"), (2, 256, True, False, "fp32"),
+        (4, 256, True, True, "fp32"), (8, 256, True, False, "fp32"), (6, 64, True, True, "fp32"),
+        (3, 64, True, False, "bf16"), (3, 512, True, False, "fp32"), (4, 256, False, True, "fp32"),
+    ]:
+        log_row = kernels.rotation_rows(bits, bucket) if rotate else 0
+        per_thread = kernels.ROTATED_ELEMENTS_PER_THREAD if log_row else kernels._FLAT_ROTATED_ELEMENTS_PER_THREAD
+        groups, bpp, warps = kernels.launch_shape(bucket, 1 << 16, True, kernels.GPU_TILE, kernels.INTERPRETER_TILE,
+                                                  per_thread, None, None) if rotate else \
+            kernels._config(bucket, 1 << 16, True, aligned_rows, None, None, "encode")
+        variants.append({
+            "name": f"feedback {bits}b bucket {bucket} rotate={rotate} stochastic={stochastic} residual {rdtype}",
+            "module": "composer_qsdp.kernels.minmax", "kernel": "_quantize_feedback_kernel",
+            "types": {"x_ptr": "*bf16", "r_ptr": "*" + rdtype, "wire_ptr": "*u8", "meta_ptr": "*fp32", "seed": "i64",
+                      "offset": "i64", "beta": "fp32", "scale_rot": "fp32"},
+            "constants": {"BITS": bits, "BUCKET": bucket, "GROUPS": bucket >> log_row if log_row else groups,
+                          "BPP": bpp, "VEC": 4 if log_row and rdtype == "fp32" else 8, "STOCHASTIC": stochastic,
+                          "FRACTION": fraction_bits(bits) if stochastic else 0, "ALIGNED": True,
+                          "PARTIAL_GROUPS": False, "ROTATE": rotate, "LOG_B": bucket.bit_length() - 1,
+                          "LOG_ROW": log_row, "EMULATE_BF16_RNE": False},
+            "num_warps": warps,
+            "divisible": ["x_row_stride", "r_row_stride", "wire_row_stride"] if aligned_rows else []})
+    return variants
 
 
 # ------------------------------------------------------------------------------------------ GPU
@@ -236,6 +251,13 @@ FEEDBACK_CASES = [  # rows, n, bucket_size, bits, rounding, dtype, residual dtyp
     (3, 203, 64, 4, "stochastic", torch.bfloat16, torch.float32, True),  # unaligned counters, padded rows
     (2, 300, 40, 3, "stochastic", torch.float16, torch.float32, False),
     (3, 96, 32, 8, "nearest", torch.bfloat16, torch.bfloat16, False),
+    # Rotated buckets of 256 as 16 rows of 16 (rotation_rows): more widths, residual dtypes, partial last buckets.
+    (3, 600, 256, 2, "nearest", torch.bfloat16, torch.bfloat16, True),
+    (2, 700, 256, 4, "stochastic", torch.float32, torch.float32, True),
+    (2, 256, 256, 8, "nearest", torch.bfloat16, torch.float32, True),
+    (2, 200, 64, 5, "stochastic", torch.bfloat16, torch.bfloat16, True),  # rows of 8
+    (2, 300, 128, 6, "nearest", torch.bfloat16, torch.float32, True),  # flat: 16 rows of 8 exceed the view
+    (2, 520, 512, 3, "nearest", torch.bfloat16, torch.float32, True),  # flat: 32 rows of 16 exceed the view
 ]
 
 
