@@ -75,7 +75,7 @@ def _gather(info: RankInfo) -> list:
     return out
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 ranks: the same code, 18 s
 def test_gather_full_matches_full_tensor_and_the_unsharded_tensor(world):
     results = run_ranks(_gather, world)
     for rank_cases in results:

@@ -127,6 +127,7 @@ def test_hugging_face_gpt2_in_one_process(corpus_shards, tmp_path):
     assert batch == 4 and 9 < cross_entropy < 11.5  # ~ln(50257) = 10.8 for random weights
 
 
+@pytest.mark.slow  # 40 s; the HF model in-process: tests/recipes/models/test_hf_model.py
 def test_hugging_face_gpt2_with_qsdp_on_two_processes(corpus_shards, tmp_path):
     """The Hugging Face recipe as shipped (QSDP W8G8) through Composer's launcher; one FSDP unit per GPT2Block."""
     result = launch(2, HF_RECIPE, tiny_overrides(corpus_shards, tmp_path, "max_duration=10ba", "eval_interval=10ba",

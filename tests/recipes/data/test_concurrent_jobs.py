@@ -44,6 +44,7 @@ def shards(tmp_path_factory):
     return str(out)
 
 
+@pytest.mark.slow  # two concurrent 2-process jobs, about 30 s
 def test_jobs_started_together_get_distinct_shared_memory(shards):
     ctx = mp.get_context("spawn")
     ready, go, built, release, results = ctx.Semaphore(0), ctx.Event(), ctx.Semaphore(0), ctx.Event(), ctx.Queue()
