@@ -451,7 +451,7 @@ def window(config: Config, args: argparse.Namespace) -> tuple[int, int]:
     """(warm-up, timed) steps of ``config``: its own window, else ``--warmup`` (at least its ``min_warmup``, and with
     ``--profile`` two more: the profiled batch after them and the one that absorbs the profiler's shutdown) and
     ``--steps``."""
-    settle = config.min_warmup + (2 if config.min_warmup and getattr(args, "profile", False) else 0)
+    settle = config.min_warmup + (2 if config.min_warmup and args.profile else 0)
     return config.window or (max(args.warmup, settle), args.steps)
 
 

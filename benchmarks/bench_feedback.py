@@ -29,7 +29,7 @@ registers is recorded and not timed. Bytes per launch, read plus written: feedba
 Usage::
 
     python benchmarks/bench_feedback.py --out-dir DIR            # 2, 3 and 4 bits, 4 ranks
-    python benchmarks/bench_feedback.py --sweep --out-dir DIR    # launch-shape sweep, ~1 min on one H100
+    python benchmarks/bench_feedback.py --sweep --out-dir DIR    # launch-shape sweep; timing stops after --budget-s (85 s)
 """
 
 from __future__ import annotations

@@ -264,10 +264,10 @@ class StepProfile(Callback):
 
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        # gzip: torch writes a compressed trace for a .gz name (tens of MB otherwise)
-        trace = self.out_dir / f"step_profile-rank{rank}.trace.json.gz"
+        # A kept trace is gzipped (torch compresses for a .gz name; tens of MB otherwise); one read once is not.
+        trace = self.out_dir / f"step_profile-rank{rank}.trace.json{'.gz' if self.trace else ''}"
         self._profiler.export_chrome_trace(str(trace))
-        with gzip.open(trace, "rt") as f:
+        with (gzip.open if self.trace else open)(trace, "rt") as f:
             events = json.load(f).get("traceEvents", [])
         if not self.trace:
             trace.unlink()
