@@ -53,7 +53,9 @@ sequence length, bf16, FSDP2 full sharding) with evaluation and checkpoints off 
 measurement off (``error_sample_interval=0``: a host sync that is instrumentation, not the method). Step times
 are the recipe's ``SpeedMonitor`` wall clock per batch (``time/train`` in the metrics file; Composer syncs the
 host on the loss every batch) for the batches after the warm-up; tokens/s = tokens per step / mean step time.
-Peak GPU memory is rank 0's ``torch.cuda.max_memory_allocated``. Bytes on the wire per step and rank are QSDP's
+Peak GPU memory is rank 0's ``torch.cuda.max_memory_allocated``. Each launch's start-up before its first batch is
+listed under its network's table, by the recipe entrypoint's phases (recipe, imports, process group, data, model,
+trainer; :mod:`composer_qsdp.recipes.startup`). Bytes on the wire per step and rank are QSDP's
 byte accounting (NCCL's convention, (W-1)/W of each collective's volume). The baseline's are one definition,
 whatever else shares the table: plain FSDP2's, computed from the model, ``(W-1)/W x P x (2 b + 4) x k``, where ``P``
 counts the parameters with each one's first dimension padded to a multiple of ``W`` (as FSDP2 shards them), ``b``
@@ -287,6 +289,9 @@ def measure(metrics: dict[str, Any], warmup: int, steps: int, tokens_per_step: i
         "wire_per_step": None,
         # Device memory QSDP's schemes keep between steps (weight-difference replicas), rank 0, last batch.
         "scheme_memory_bytes": (metrics["metrics"].get("qsdp/scheme_memory_bytes") or [[0, None]])[-1][1],
+        # The recipe entrypoint's phases before the first batch (composer_qsdp.recipes.startup), process 0.
+        "startup_s": {k[len("startup/"):-2]: v for k, v in metrics.get("hyperparameters", {}).items()
+                      if k.startswith("startup/")} or None,
     }
     reports = list(metrics.get("communication", {}).values())  # QSDP's or ZeroOneAdamDDP's byte counts
     if reports:
@@ -696,6 +701,7 @@ def rows(network_data: dict[str, Any], bounds: dict[str, dict[str, Any]], nproc:
             "memory_vs_baseline": (r["memory"]["peak_allocated_bytes"] / base["memory"]["peak_allocated_bytes"]
                                    if base and r.get("memory") and base.get("memory") else None),
             "profile": r.get("profile"),
+            "startup_s": r.get("startup_s"),
         })
     failed = {k: r for k, r in network_data["results"].items() if r["status"] != "ok"}
     failed |= {k: r for k, r in bounds.items() if r["status"] != "ok"}
@@ -810,6 +816,13 @@ def render(plan: Plan, head: dict[str, str], data: dict[str, Any], status: str) 
                 f"| {fmt(r['memory_vs_baseline'], '.2f', 'x')} "
                 f"| {fmt(r['scheme_memory_gib'], '.2f')} | {fmt(r['wire_gb_per_step'], '.3f')} "
                 f"| {fmt(r['wire_vs_baseline'], '.3f')} |")
+        started = [r for r in table if r.get("startup_s")]
+        if started:
+            lines += ["", "Start-up before the first batch (s, process 0; the recipe entrypoint's phases: "
+                      + ", ".join(k for k in started[0]["startup_s"] if k != "total") + "): "
+                      + "; ".join(f"{r['config']} {r['startup_s']['total']:.0f} ("
+                                  + " + ".join(f"{v:.0f}" for k, v in r["startup_s"].items() if k != "total") + ")"
+                                  for r in started)]
         lines += profile_lines(table)
         goal_lines = targets(network, table)
         if goal_lines:

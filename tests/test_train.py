@@ -67,11 +67,19 @@ def launch(nproc: int, recipe: Path, overrides: list[str], timeout: int = 400) -
 
 
 # ------------------------------------------------------------------------------------------- one process
-def test_one_process_trains_checkpoints_and_resumes_exactly(corpus_shards, tmp_path):
+def test_one_process_trains_checkpoints_and_resumes_exactly(corpus_shards, tmp_path, capsys):
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     common = ["max_duration=16ba", "eval_interval=8ba"]
     assert main([str(BASELINE), *tiny_overrides(corpus_shards, full, *common, f"save_folder={full / 'ckpt'}",
                                                 "save_interval=8ba")]) == 0
+    # The start-up phases, in order, printed and logged; they add up to the total.
+    assert re.search(r"^start-up [0-9.]+ s: recipe [0-9.]+ s, imports [0-9.]+ s, process group [0-9.]+ s, data "
+                     r"[0-9.]+ s, model [0-9.]+ s, trainer [0-9.]+ s$", capsys.readouterr().out, re.MULTILINE)
+    startup = {k: v for k, v in json.loads((full / "metrics.json").read_text())["hyperparameters"].items()
+               if k.startswith("startup/")}
+    phases = ["recipe", "imports", "process_group", "data", "model", "trainer"]
+    assert list(startup) == [f"startup/{p}_s" for p in phases] + ["startup/total_s"]
+    assert startup["startup/total_s"] == pytest.approx(sum(startup[f"startup/{p}_s"] for p in phases), abs=0.05)
     losses = train_losses(full)
     assert sorted(losses) == list(range(16))
     first, last = sum(losses[b] for b in range(4)) / 4, sum(losses[b] for b in range(12, 16)) / 4

@@ -39,6 +39,7 @@ from composer_qsdp.recipes.loader import (
     load_recipe,
     recipe_help,
 )
+from composer_qsdp.recipes.startup import StartupClock
 
 __all__ = ["ALGORITHMS", "RECIPE_ERROR_STATUS", "CollectiveTimeoutError", "PeerExitedError", "RecipeError",
            "TrainRecipe", "ValidatedRecipe", "console_output", "load_recipe", "main", "set_aside_incomplete_checkpoints",
@@ -258,9 +259,15 @@ def _reading_checkpoint(cfg: Any, checkpoint: Path | None) -> Iterator[None]:
                           f"{remedy(checkpoint)}") from err
 
 
-def train(recipe: ValidatedRecipe) -> Any:
+def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
     """Build the data, model, optimizer, schedule, parallelism, loggers, callbacks and algorithms of ``recipe``,
     then train.
+
+    Args:
+        recipe: the checked recipe.
+        clock: the start-up clock to continue (:func:`main` starts one before it reads the recipe); a new one
+            otherwise. Process 0 prints its phases before the first batch, and they are logged as ``startup/*``
+            hyperparameters.
 
     Returns:
         The finished (closed) Composer ``Trainer``.
@@ -281,12 +288,15 @@ def train(recipe: ValidatedRecipe) -> Any:
     from composer_qsdp.recipes.checksums import CheckpointChecksums, CorruptCheckpointError, verify_checkpoint
     from composer_qsdp.recipes.metrics_file import MetricsFile
 
+    clock = StartupClock() if clock is None else clock
+    clock.lap("imports")
     cfg = recipe.cfg
     check_machine(recipe)
     device, placement = _device(recipe)
     # The process group must exist before the streaming datasets are built: without one, each rank's
     # StreamingDataset creates temporary groups of its own, and concurrent ranks race on them at start-up.
     dist.initialize_dist(device, cfg.dist_timeout)
+    clock.lap("process group")
     if placement is not None and placement.shared and dist.get_local_rank() == 0:
         print(placement.describe(), flush=True)
     if cfg.autoresume and "://" not in cfg.save_folder:
@@ -312,6 +322,7 @@ def train(recipe: ValidatedRecipe) -> Any:
                                                    training=False),
                             subset_num_batches=cfg.eval_subset_num_batches)
 
+    clock.lap("data")
     # Every rank must start from the same weights; FSDP then shards them.
     reproducibility.seed_all(cfg.seed)
     model = _model(recipe)
@@ -328,6 +339,7 @@ def train(recipe: ValidatedRecipe) -> Any:
     if cfg.metrics_file is not None:
         loggers.append(MetricsFile(cfg.metrics_file))
 
+    clock.lap("model")
     progress_bar, log_to_console = console_output(cfg.progress_bar, cfg.log_to_console, sys.stdout.isatty())
     with _reading_checkpoint(cfg, resume):  # the Trainer loads it
         trainer = Trainer(
@@ -366,6 +378,10 @@ def train(recipe: ValidatedRecipe) -> Any:
         trainer.state.callbacks.append(CheckpointChecksums(saver))
     if placement is not None:
         trainer.logger.log_hyperparameters(placement.hyperparameters())
+    clock.lap("trainer")
+    trainer.logger.log_hyperparameters(clock.hyperparameters())
+    if dist.get_global_rank() == 0:
+        print(clock.describe(), flush=True)
     try:
         trainer.fit()
     except Exception as err:
@@ -413,6 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Composer's launcher SIGTERMs the others, and the job's status would be that of whichever process it reports.
     # SIGTERM waits until the check (seconds; the launcher waits 30 s before SIGKILL) is done: a process that finds
     # the error ends with its status, one that finds none receives the held signal then.
+    clock = StartupClock()
     previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         recipe = load_recipe(argv[0], argv[1:])
@@ -422,8 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _end_launched(RECIPE_ERROR_STATUS)  # a launched process: no exit-time SIGTERM either
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+    clock.lap("recipe")
     try:
-        train(recipe)
+        train(recipe, clock)
     except (Exception, SystemExit) as err:
         launched = _launched()
         if launched:  # the launcher's SIGTERM (Composer's handler: sys.exit) must not cut the report short

@@ -5,6 +5,7 @@ processes: probe, baseline, QSDP, the compute-only bound, skipping what is finis
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -264,6 +265,11 @@ def test_cpu_sweep_measures_every_config_and_skips_finished_ones(tiny_recipes, t
         seconds = (wall[3][1] - wall[0][1]) * 3600
         assert results[name]["tokens_per_s"] == pytest.approx(3 * 8 * 64 / seconds)
         assert results[name]["memory"] is None  # CPU
+        # Start-up: the entrypoint's phases from the same metrics file, listed under the table.
+        logged = json.loads((out / "nvlink" / f"{name}.metrics.json").read_text())["hyperparameters"]
+        assert results[name]["startup_s"]["total"] == logged["startup/total_s"] > 0
+        assert list(results[name]["startup_s"]) == ["recipe", "imports", "process_group", "data", "model",
+                                                    "trainer", "total"]
     bound = record["compute_bounds"]["compute-bound"]
     assert bound["nproc"] == 1 and bound["global_batch"] == 4 and bound["tokens_per_step"] == 4 * 64
     assert rows["compute-bound"]["tokens_per_s"] == pytest.approx(2 * bound["tokens_per_s"])
@@ -280,6 +286,7 @@ def test_cpu_sweep_measures_every_config_and_skips_finished_ones(tiny_recipes, t
     md = (out / f"bench_e2e-{tiny_recipes.name}-2x.md").read_text()
     assert "| compute-bound | 1 (x2) |" in md and "- git: `" in md and "- command: `" in md
     assert "status: complete" in md
+    assert re.search(r"Start-up before the first batch .*: baseline \d+ \(\d+( \+ \d+){5}\); qsdp-w8g8 ", md)
 
 
 def test_ranks_sharing_a_gpu_get_no_throughput(monkeypatch, tmp_path, tiny_recipes):
