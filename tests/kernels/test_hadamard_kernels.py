@@ -1,5 +1,5 @@
-"""The Walsh-Hadamard Triton kernel equals the torch reference (bit for bit under the interpreter) and the
-explicit float64 Sylvester matrix to fp32 tolerance."""
+"""The Walsh-Hadamard Triton kernel equals the torch reference on the same device bit for bit (interpreter on CPU,
+compiled on CUDA) and the explicit float64 Sylvester matrix to fp32 tolerance."""
 
 import pytest
 import torch

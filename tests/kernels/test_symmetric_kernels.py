@@ -197,7 +197,8 @@ def test_fused_rotation_methods_equal_the_two_pass_hadamard_codec():
         wire = two_pass.encode_rows(x)
         decoded, total = two_pass.decode_rows(wire, 300, torch.float16), two_pass.decode_sum(wire, 300)
     with backend("triton"):
-        assert torch.equal(codec.encode_rows_rotated(x), wire)
+        # Bytewise up to the NaN payload of a non-finite bucket's scale, which a GPU writes canonical.
+        assert_same_wire(codec, codec.encode_rows_rotated(x), wire, two_pass.padded(300))
         assert_same_values(codec.decode_rows_rotated(wire, 300, torch.float16), decoded)
         assert_same_values(codec.decode_sum_rotated(wire, 300), total)
         assert SymmetricCodec(bits=3, bucket_size=48).encode_rows_rotated(x) is None  # not a power of two
