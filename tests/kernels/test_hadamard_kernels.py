@@ -1,10 +1,11 @@
-"""The Walsh-Hadamard Triton kernel equals the torch reference (bit for bit under the interpreter) and the
-explicit float64 Sylvester matrix to fp32 tolerance."""
+"""The Walsh-Hadamard Triton kernel equals the torch reference on the same device bit for bit (interpreter on CPU,
+compiled on CUDA) and the explicit float64 Sylvester matrix to fp32 tolerance."""
 
 import pytest
 import torch
 
 from hopper import assert_no_spills_and_exact
+from kernel_device import DEVICE
 
 from composer_qsdp.kernels import backend, use_triton
 from composer_qsdp.kernels import hadamard as kernels
@@ -33,12 +34,13 @@ def _reference(x: torch.Tensor, bucket: int, out_cols: int, dtype: torch.dtype) 
 )  # fmt: skip
 def test_kernel_matches_reference_and_the_sylvester_matrix(rows, n, bucket, in_dtype):
     gen = torch.Generator().manual_seed(n)
-    x = (torch.randn(rows, n, generator=gen) * 3).to(in_dtype)
+    x = (torch.randn(rows, n, generator=gen) * 3).to(DEVICE, in_dtype)
     padded = -(-n // bucket) * bucket
     rotated = kernels.hadamard_rows(x, bucket, padded, torch.float32)
     assert torch.equal(rotated, _reference(x, bucket, padded, torch.float32))
     if bucket <= 4096:  # the explicit matrix of the largest bucket would take 2 GiB
-        exact = torch.nn.functional.pad(x.double(), (0, padded - n)).view(rows, -1, bucket) @ _sylvester(bucket)
+        sylvester = _sylvester(bucket).to(DEVICE)
+        exact = torch.nn.functional.pad(x.double(), (0, padded - n)).view(rows, -1, bucket) @ sylvester
         torch.testing.assert_close(rotated.double(), exact.view(rows, padded), rtol=0, atol=2e-6 * x.abs().max().item())
     for dtype in DTYPES:  # the inverse: drop the padding, cast (bf16 rounds to nearest even, as on a GPU)
         back = kernels.hadamard_rows(rotated, bucket, n, dtype)
@@ -47,7 +49,7 @@ def test_kernel_matches_reference_and_the_sylvester_matrix(rows, n, bucket, in_d
 
 @pytest.mark.parametrize("buckets_per_program,num_warps", [(1, 4), (8, 2)])
 def test_launch_configuration_does_not_change_results(buckets_per_program, num_warps):
-    x = torch.randn(2, 1000)
+    x = torch.randn(2, 1000).to(DEVICE)
     launch = {"buckets_per_program": buckets_per_program, "num_warps": num_warps}
     got = kernels.hadamard_rows(x, 64, 1024, torch.float32, **launch)
     assert torch.equal(got, _reference(x, 64, 1024, torch.float32))
@@ -55,7 +57,7 @@ def test_launch_configuration_does_not_change_results(buckets_per_program, num_w
 
 def test_codec_dispatch_to_triton_matches_torch():
     codec = make_codec("symmetric", bits=4, bucket_size=64, hadamard=True)
-    x = torch.randn(3, 300)
+    x = torch.randn(3, 300).to(DEVICE)
     with backend("torch"):
         wire = codec.encode_rows(x)
         decoded, total = codec.decode_rows(wire, 300, torch.bfloat16), codec.decode_sum(wire, 300)
@@ -69,10 +71,10 @@ def test_codec_dispatch_to_triton_matches_torch():
 def test_unsupported_bucket_sizes():
     assert not kernels.supports(100) and not kernels.supports(2 * kernels.MAX_BUCKET) and kernels.supports(1)
     with pytest.raises(ValueError, match="bucket_size=16384"):
-        kernels.hadamard_rows(torch.randn(1, 10), 16384, 10, torch.float32)
+        kernels.hadamard_rows(torch.randn(1, 10).to(DEVICE), 16384, 10, torch.float32)
     with pytest.raises(ValueError, match="buckets_per_program=3"):
-        kernels.hadamard_rows(torch.randn(1, 10), 8, 10, torch.float32, buckets_per_program=3)
-    x = torch.randn(1, 20000)  # larger than the kernel's buckets: the torch reference runs instead
+        kernels.hadamard_rows(torch.randn(1, 10).to(DEVICE), 8, 10, torch.float32, buckets_per_program=3)
+    x = torch.randn(1, 20000).to(DEVICE)  # larger than the kernel's buckets: the torch reference runs instead
     with backend("triton"):
         assert torch.equal(hadamard_rows(x, 16384, 20000, torch.float32), _reference(x, 16384, 20000, torch.float32))
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 from bitwise import assert_dispatch_matches_torch, assert_falls_back_to_torch, assert_same_values, assert_same_wire
 from hopper import assert_no_spills_and_exact
+from kernel_device import DEVICE
 
 from composer_qsdp.kernels import backend, use_triton
 from composer_qsdp.kernels import learned as kernels
@@ -12,8 +13,6 @@ from composer_qsdp.quant import LearnedLevelsCodec
 from composer_qsdp.quant.learned import fit_levels
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-# Kernels run on CPU tensors under the interpreter (CI) and compiled on CUDA tensors on a GPU machine.
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter evaluates IEEE special cases (inf - inf in NaN buckets, 1 / denormal range) through numpy,
 # which warns where a GPU silently produces the same inf/NaN.
 pytestmark = [pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning"),

@@ -4,6 +4,8 @@ same codes and padding, scales up to the order of the sum of squares, and decode
 import pytest
 import torch
 
+from kernel_device import DEVICE
+
 from composer_qsdp.kernels import backend
 from composer_qsdp.kernels import sign as kernels
 from composer_qsdp.quant.sign import SignCodec
@@ -56,7 +58,7 @@ def _check(rows: int, n: int, bucket: int, dtype: torch.dtype, device: str, nonf
 @pytest.mark.parametrize("nonfinite", [False, True])
 @pytest.mark.parametrize("rows,n,bucket,dtype", CASES)
 def test_kernels_match_reference(rows, n, bucket, dtype, nonfinite):
-    _check(rows, n, bucket, dtype, "cpu", nonfinite)
+    _check(rows, n, bucket, dtype, DEVICE, nonfinite)
 
 
 @pytest.mark.gpu
