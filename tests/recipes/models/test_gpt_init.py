@@ -4,6 +4,7 @@ visits them: children before parents), the CPU init that runs it over the whole 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -86,6 +87,14 @@ def _allocate_as_nan(module: nn.Module) -> None:
                 t.fill_(float("nan"))
 
 
+def _cuda_to_cpu_as_nan(module: nn.Module, *, device: str, recurse: bool = True) -> nn.Module:
+    """``nn.Module.to_empty`` as Composer's meta_init calls it (``device='cuda'``, one module at a time), allocating
+    on the CPU as NaN instead, so that CPU tests run the real meta_init."""
+    assert str(device) == "cuda" and not recurse
+    _allocate_as_nan(module)
+    return module
+
+
 @pytest.mark.parametrize("name", CONFIGS)
 def test_param_init_fn_module_by_module_follows_the_rules(name):
     torch.manual_seed(0)
@@ -124,14 +133,8 @@ def one_rank():
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_composer_meta_init_of_the_sharded_model_follows_the_rules(name, one_rank, monkeypatch):
-    # Composer's meta_init allocates on device 'cuda' (hard-coded); this CPU test allocates those tensors on the CPU
-    # instead, as NaN, so that one that no init function writes is found.
-    def to_cpu_as_nan(module: nn.Module, *, device, recurse: bool = True) -> nn.Module:
-        assert str(device) == "cuda" and not recurse
-        _allocate_as_nan(module)
-        return module
-
-    monkeypatch.setattr(nn.Module, "to_empty", to_cpu_as_nan)
+    # Composer's meta_init allocates on device 'cuda' (hard-coded); this CPU test allocates on the CPU instead.
+    monkeypatch.setattr(nn.Module, "to_empty", _cuda_to_cpu_as_nan)
     torch.manual_seed(0)
     with torch.device("meta"):
         model = ComposerGPT(CONFIGS[name])
@@ -145,3 +148,55 @@ def test_composer_meta_init_of_the_sharded_model_follows_the_rules(name, one_ran
         assert gpt.lm_head is None
     tokens = torch.randint(0, gpt.config.vocab_size, (2, 16))
     assert torch.isfinite(model(tokens)).all()
+
+
+# ------------------------------------------------------------------------------- through the recipe entrypoint
+def _checking_meta_init(monkeypatch) -> list[GPT]:
+    """Make Composer's FSDP2 preparation check the GPT right after its real ``meta_init``; returns the list of the
+    GPTs it checked."""
+    import composer.distributed.prepare_distributed as prepare_distributed
+
+    real, checked = prepare_distributed.meta_init, []
+
+    def meta_init_then_check(module: nn.Module, *args, **kwargs) -> None:
+        real(module, *args, **kwargs)
+        assert_follows_the_init_rules(module.model)
+        checked.append(module.model)
+
+    monkeypatch.setattr(prepare_distributed, "meta_init", meta_init_then_check)
+    return checked
+
+
+def test_a_recipe_trains_from_a_meta_model_on_the_cpu(tmp_path, monkeypatch):
+    """The recipe path of ``model.init_device: meta`` (the model built on meta, the optimizer set up on it, Composer's
+    FSDP2 preparation materialising both) on one CPU process. The recipe refuses meta on the CPU because Composer's
+    meta_init allocates on CUDA; this test sets it on the checked recipe and allocates those tensors on the CPU."""
+    from test_train import BASELINE, synthetic_shards, tiny_overrides, train_losses
+
+    from composer_qsdp.recipes.train import load_recipe, train
+
+    monkeypatch.setattr(nn.Module, "to_empty", _cuda_to_cpu_as_nan)
+    checked = _checking_meta_init(monkeypatch)
+    shards = synthetic_shards(tmp_path / "shards", 32)
+    recipe = load_recipe(BASELINE, tiny_overrides(shards, tmp_path, "max_duration=2ba", "data.eval_split=null",
+                                                  "save_folder=null"))
+    train(dataclasses.replace(recipe, init_device="meta"))
+    assert len(checked) == 1
+    losses = train_losses(tmp_path)
+    assert sorted(losses) == [0, 1] and all(math.isfinite(loss) for loss in losses.values())
+
+
+@pytest.mark.gpu
+def test_gpu_recipe_with_meta_init_trains_from_weights_that_follow_the_rules(tmp_path, monkeypatch):
+    from test_train import BASELINE, synthetic_shards, tiny_overrides, train_losses
+
+    from composer_qsdp.recipes.train import main
+
+    checked = _checking_meta_init(monkeypatch)
+    shards = synthetic_shards(tmp_path / "shards", 32)
+    assert main([str(BASELINE), *tiny_overrides(shards, tmp_path, "max_duration=2ba", "data.eval_split=null",
+                                                "save_folder=null", "device=gpu", "precision=amp_bf16",
+                                                "model.init_device=meta")]) == 0
+    assert len(checked) == 1 and checked[0].wte.weight.device.type == "cuda"
+    losses = train_losses(tmp_path)
+    assert sorted(losses) == [0, 1] and all(math.isfinite(loss) for loss in losses.values())
