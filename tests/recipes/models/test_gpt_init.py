@@ -200,3 +200,24 @@ def test_gpu_recipe_with_meta_init_trains_from_weights_that_follow_the_rules(tmp
     assert len(checked) == 1 and checked[0].wte.weight.device.type == "cuda"
     losses = train_losses(tmp_path)
     assert sorted(losses) == [0, 1] and all(math.isfinite(loss) for loss in losses.values())
+
+
+def _meta_init_on_each_rank(info, name: str) -> torch.Tensor:
+    """Rank body: Composer's FSDP2 preparation of a meta-built GPT over the ranks' GPUs; checks the gathered weights
+    against the rules and returns this rank's shard of the token embedding."""
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = ComposerGPT(CONFIGS[name])
+    parallelize_composer_model(model, None, FSDP2Config(), Precision.FP32)
+    assert_follows_the_init_rules(model.model)  # gathers every weight: all ranks call it
+    return model.model.wte.weight.to_local().detach().cpu()
+
+
+@pytest.mark.gpu
+def test_gpu_meta_init_draws_each_shard_once_over_two_ranks():
+    """Each rank draws its own shard: identical generators on both ranks would give the full matrix two copies of
+    one half, which no per-rank check sees."""
+    from dist_spawn import run_ranks
+
+    first, second = run_ranks(_meta_init_on_each_rank, 2, "untied-alibi", backend="nccl")
+    assert first.shape == second.shape and not torch.equal(first, second)
