@@ -342,7 +342,7 @@ def test_help_lists_every_key_without_importing_torch():
     assert keys(TrainRecipe) <= listed
     assert {f"model.{f.name}" for f in dataclasses.fields(GPTConfig)} <= listed
     assert {f"model.{p}" for p in inspect.signature(hf_causal_lm_config).parameters} <= listed
-    assert {"model.name", "model.preset", *LOGGERS, *CALLBACKS, *ALGORITHMS} <= listed
+    assert {"model.name", "model.init_device", "model.preset", *LOGGERS, *CALLBACKS, *ALGORITHMS} <= listed
     assert "  seed: int = 17\n" in out and "  optimizer.lr: float (required)\n" in out
 
 

@@ -71,10 +71,17 @@ def console_output(progress_bar: bool | None, log_to_console: bool | None, is_te
 
 
 def _model(recipe: ValidatedRecipe) -> Any:
+    """The recipe's Composer model; with ``model.init_device: meta`` a GPT on the meta device, which Composer's FSDP2
+    preparation allocates and initialises shard by shard on the GPU (``GPT.param_init_fn``)."""
+    import torch
+
     from composer_qsdp.recipes.models import ComposerGPT, HFCausalLMConfig, build_hf_causal_lm
 
     config = recipe.model_config
-    return build_hf_causal_lm(config) if isinstance(config, HFCausalLMConfig) else ComposerGPT(config)
+    if isinstance(config, HFCausalLMConfig):
+        return build_hf_causal_lm(config)
+    with torch.device(recipe.init_device):
+        return ComposerGPT(config)
 
 
 def _device(recipe: ValidatedRecipe) -> tuple[Any, Any]:

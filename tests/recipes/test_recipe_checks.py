@@ -14,10 +14,11 @@ import torch
 import composer_qsdp.recipes.train
 from composer_qsdp.recipes.loader import check_machine
 from composer_qsdp.recipes.train import RecipeError, load_recipe, main
-from test_train import BASELINE, QSDP_RECIPE
+from test_train import BASELINE, HF_RECIPE, QSDP_RECIPE
 
 ROOT = Path(__file__).resolve().parents[2]
 ZERO_ONE_ADAM = ROOT / "yamls" / "gpt-125m" / "zero-one-adam.yaml"
+GPT_1_3B = ROOT / "yamls" / "gpt-1.3b" / "baseline.yaml"
 PAPER_DATA = ["data.remote=s3://bucket/c4-gpt2-t2048"]
 
 
@@ -126,3 +127,31 @@ def test_local_shards_of_another_sample_length_are_refused_when_the_recipe_loads
     with pytest.raises(RecipeError, match=r"model.max_seq_len.*samples of 32 tokens, but model.max_seq_len=64"):
         load_recipe(BASELINE, ["data.remote=null", f"data.local={shards}"])
     load_recipe(BASELINE, ["data.remote=null", f"data.local={shards}", "model.max_seq_len=32"])
+
+
+# ------------------------------------------------------------------------------------------ model.init_device
+META_REFUSED = "recipe key 'model.init_device' = 'meta' is invalid; "
+
+
+@pytest.mark.parametrize("recipe, overrides, message", [
+    (BASELINE, ["model.init_device=mata"],
+     "recipe key 'model.init_device' = 'mata' is invalid; did you mean 'meta'?; allowed: cpu, meta"),
+    (BASELINE, ["model.init_device=cuda"], "recipe key 'model.init_device' = 'cuda' is invalid; allowed: cpu, meta "
+     "(meta initialises each process's shard on its GPU)"),
+    (BASELINE, ["model.init_device=meta"], META_REFUSED + "it needs device: gpu"),
+    (HF_RECIPE, ["model.init_device=meta"], META_REFUSED + "only model.name: gpt initialises on the meta device"),
+    # A recipe that sets meta, moved to the CPU or to DDP on the command line: the error names the override to add.
+    (GPT_1_3B, [*PAPER_DATA, "device=cpu", "precision=fp32"],
+     META_REFUSED + "it needs device: gpu .*; use model.init_device=cpu on the CPU"),
+    (GPT_1_3B, [*PAPER_DATA, "fsdp=null"],
+     META_REFUSED + "it needs an 'fsdp' section .*; use model.init_device=cpu with fsdp: null"),
+])
+def test_init_device_that_cannot_work_is_refused(recipe, overrides, message):
+    with pytest.raises(RecipeError, match=message.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
+        load_recipe(recipe, overrides)
+
+
+def test_init_device_cpu_moves_a_meta_recipe_to_the_cpu():
+    recipe = load_recipe(GPT_1_3B, [*PAPER_DATA, "device=cpu", "precision=fp32", "model.init_device=cpu"])
+    assert recipe.init_device == "cpu" and recipe.model_config.d_model == 2048
+    assert load_recipe(BASELINE).init_device == "cpu"  # the default

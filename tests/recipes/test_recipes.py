@@ -66,6 +66,10 @@ def test_recipe_validates_and_builds_its_model(path):
         assert n_params < 5e6  # a CPU model
         # The main job builds data/wiki-gpt2-t<seq> for exactly this context length.
         assert cfg.data.local == f"data/wiki-gpt2-t{config.max_seq_len}"
+    # The large GPTs initialise each shard on its GPU; DDP cannot, and the smaller recipes keep the CPU init that
+    # their convergence records used.
+    meta = path.parent.name in ("gpt-1.3b", "gpt-6.7b") and cfg.fsdp is not None
+    assert recipe.init_device == ("meta" if meta else "cpu")
     # The benchmarks' and the notebook's step times are the speed monitor's time/train.
     assert recipe.callback_kwargs["speed_monitor"] == {"window_size": 10}
 

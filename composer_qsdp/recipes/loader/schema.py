@@ -17,8 +17,8 @@ from composer_qsdp.recipes.models.hf import HFCausalLMConfig
 from composer_qsdp.validate import SEED_BITS
 
 __all__ = ["CLASS_SECTIONS", "COMPONENT_SECTIONS", "DEFAULT_CLASS_NAMES", "DEVICES", "FSDP_MIXED_PRECISION",
-           "FSDP_STATE_DICT_TYPES", "LLM_FOUNDRY_ALIASES", "LLM_FOUNDRY_HINTS", "MAX_DURATION_UNITS", "PRECISIONS",
-           "USAGE", "DataSettings", "FSDPSettings", "TrainRecipe", "ValidatedRecipe"]
+           "FSDP_STATE_DICT_TYPES", "INIT_DEVICES", "LLM_FOUNDRY_ALIASES", "LLM_FOUNDRY_HINTS", "MAX_DURATION_UNITS",
+           "PRECISIONS", "USAGE", "DataSettings", "FSDPSettings", "TrainRecipe", "ValidatedRecipe"]
 
 USAGE = "composer -n N -m composer_qsdp.recipes.train RECIPE.yaml [key=value ...]"
 
@@ -43,6 +43,9 @@ DEVICES = ("cpu", "gpu")
 PRECISIONS = ("fp32", "amp_bf16", "amp_fp16")
 FSDP_MIXED_PRECISION = ("DEFAULT", "PURE", "FULL")
 FSDP_STATE_DICT_TYPES = ("sharded", "full")
+#: ``model.init_device``: where the model is built and initialised (cpu: whole on every process; meta: each
+#: process's shard on its GPU, by FSDP2).
+INIT_DEVICES = ("cpu", "meta")
 
 #: ``optimizer.name`` and ``scheduler.name`` where a recipe leaves them out.
 DEFAULT_CLASS_NAMES = {"optimizer": "decoupled_adamw", "scheduler": "cosine_with_warmup"}
@@ -162,6 +165,7 @@ class ValidatedRecipe:
     Attributes:
         cfg: the merged recipe (typed by :class:`TrainRecipe`).
         model_config: the model: a GPT's shape or a Hugging Face causal LM.
+        init_device: ``model.init_device``, one of :data:`INIT_DEVICES`.
         algorithm_kwargs: name -> keyword arguments of each enabled algorithm.
         logger_kwargs: name -> keyword arguments of each enabled logger.
         callback_kwargs: name -> keyword arguments of each enabled callback.
@@ -173,6 +177,7 @@ class ValidatedRecipe:
 
     cfg: DictConfig
     model_config: GPTConfig | HFCausalLMConfig
+    init_device: str
     algorithm_kwargs: dict[str, dict[str, Any]]
     logger_kwargs: dict[str, dict[str, Any]]
     callback_kwargs: dict[str, dict[str, Any]]

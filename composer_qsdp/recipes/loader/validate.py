@@ -25,6 +25,7 @@ from composer_qsdp.recipes.loader.schema import (
     DEVICES,
     FSDP_MIXED_PRECISION,
     FSDP_STATE_DICT_TYPES,
+    INIT_DEVICES,
     LLM_FOUNDRY_HINTS,
     MAX_DURATION_UNITS,
     PRECISIONS,
@@ -110,6 +111,25 @@ def _model_config(options: dict[str, Any]) -> GPTConfig | HFCausalLMConfig:
         raise RecipeError(f"recipe section 'model' is invalid: {err}") from None
 
 
+def _init_device(cfg: DictConfig, options: dict[str, Any]) -> str:
+    """``model.init_device`` of the model section ``options`` (removed from them), checked against the run."""
+    key, value = "model.init_device", options.pop("init_device", "cpu")
+    if value not in INIT_DEVICES:
+        raise RecipeError(f"recipe key '{key}' = {value!r} is invalid{did_you_mean(str(value), INIT_DEVICES)}; "
+                          f"allowed: {', '.join(INIT_DEVICES)} (meta initialises each process's shard on its GPU)")
+    if value == "meta":
+        check(options.get("name", "gpt") == "gpt", key, value,
+              "only model.name: gpt initialises on the meta device. A Hugging Face model's weights come from "
+              "transformers (loaded, or its own init), which Composer's meta initialisation would replace by each "
+              "module's reset_parameters, which not all transformers modules have (GPT-2's Conv1D, Llama's "
+              "RMSNorm); use model.init_device=cpu")
+        check(cfg.device == "gpu", key, value, "it needs device: gpu (Composer's meta initialisation allocates the "
+              "weights on CUDA); use model.init_device=cpu on the CPU")
+        check(cfg.fsdp is not None, key, value, "it needs an 'fsdp' section (not null): FSDP2 allocates and "
+              "initialises the weights shard by shard, DDP never does; use model.init_device=cpu with fsdp: null")
+    return value
+
+
 def validate(cfg: DictConfig, world_size: int | None = None) -> ValidatedRecipe:
     """Check a complete schema-merged recipe's values; returns it with the model and the components' arguments.
 
@@ -135,7 +155,9 @@ def validate(cfg: DictConfig, world_size: int | None = None) -> ValidatedRecipe:
            "Composer trains on CPU in fp32 only")
     check(0 <= cfg.seed < 2**SEED_BITS, "seed", cfg.seed, f"it must be an integer in [0, 2**{SEED_BITS})")
 
-    model_config = _model_config(OmegaConf.to_container(cfg.model, resolve=True))
+    model_options = OmegaConf.to_container(cfg.model, resolve=True)
+    init_device = _init_device(cfg, model_options)
+    model_config = _model_config(model_options)
     _check_shard_sample_length(cfg, model_config.max_seq_len)
 
     check_time("max_duration", cfg.max_duration, positive=True, units=MAX_DURATION_UNITS)
@@ -218,8 +240,9 @@ def validate(cfg: DictConfig, world_size: int | None = None) -> ValidatedRecipe:
             except ValueError as err:
                 raise RecipeError(f"recipe key 'optimizer.name' = {cfg.optimizer.name!r} does not work with "
                                   f"algorithms.{name}: {err}") from None
-    return ValidatedRecipe(cfg=cfg, model_config=model_config, algorithm_kwargs=algorithm_kwargs,
-                           logger_kwargs=components["loggers"], callback_kwargs=components["callbacks"],
-                           optimizer_kwargs=optimizer_kwargs, scheduler_kwargs=scheduler_kwargs)
+    return ValidatedRecipe(cfg=cfg, model_config=model_config, init_device=init_device,
+                           algorithm_kwargs=algorithm_kwargs, logger_kwargs=components["loggers"],
+                           callback_kwargs=components["callbacks"], optimizer_kwargs=optimizer_kwargs,
+                           scheduler_kwargs=scheduler_kwargs)
 
 

@@ -13,6 +13,16 @@ from composer_qsdp.recipes.models.config import GPTConfig
 
 __all__ = ["GPT", "GPTBlock"]
 
+# Marks the Linear layers that write into the residual stream. An attribute of the module, not its name: activation
+# checkpointing and FSDP wrap the blocks, which changes every name below them.
+_RESIDUAL = "_is_residual"
+
+
+def _residual(linear: nn.Linear) -> nn.Linear:
+    """``linear``, marked as a projection into the residual stream (initialised with the smaller std)."""
+    setattr(linear, _RESIDUAL, True)
+    return linear
+
 
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention through ``scaled_dot_product_attention``."""
@@ -21,7 +31,7 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_heads = config.n_heads
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
-        self.out_proj = nn.Linear(config.d_model, config.d_model)
+        self.out_proj = _residual(nn.Linear(config.d_model, config.d_model))
 
     def forward(self, x: torch.Tensor, attn_bias: torch.Tensor | None) -> torch.Tensor:
         b, s, d = x.shape
@@ -40,7 +50,7 @@ class MLP(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.fc_in = nn.Linear(config.d_model, config.mlp_ratio * config.d_model)
-        self.fc_out = nn.Linear(config.mlp_ratio * config.d_model, config.d_model)
+        self.fc_out = _residual(nn.Linear(config.mlp_ratio * config.d_model, config.d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc_out(F.gelu(self.fc_in(x)))
@@ -87,24 +97,42 @@ class GPT(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Initialise every weight: normal(0, init_std) matrices and embeddings, zero biases, unit LayerNorms.
-
-        The two projections that write into the residual stream get ``init_std / sqrt(2 * n_layers)``, as in
-        GPT-2, so the residual's variance does not grow with depth.
-        """
-        std = self.config.init_std
+        """Initialise every weight by :meth:`param_init_fn`, module by module."""
         for module in self.modules():
+            self.param_init_fn(module)
+
+    def param_init_fn(self, module: nn.Module) -> None:
+        """Initialise the parameters and buffers of ``module``, a module of this GPT, but not its children's.
+
+        Linear and embedding weights are drawn from normal(0, ``init_std``), biases are zero, LayerNorms one
+        (weight) and zero (bias). The two projections that write into the residual stream (each block's
+        ``attn.out_proj`` and ``mlp.fc_out``) get ``init_std / sqrt(2 * n_layers)``, as in GPT-2, so the residual's
+        variance does not grow with depth. The GPT itself recomputes its ALiBi slopes.
+
+        Composer's meta-device initialisation (``model.init_device: meta``) calls this on each module whose
+        parameters it has just allocated on the GPU (sharded DTensors), children before parents; the same rules
+        apply to a sharded tensor as to a whole one.
+
+        Raises:
+            TypeError: ``module`` has parameters of its own but no rule here says how to initialise them.
+        """
+        with torch.no_grad():
             if isinstance(module, (nn.Linear, nn.Embedding)):
+                std = self.config.init_std
+                if getattr(module, _RESIDUAL, False):
+                    std /= math.sqrt(2 * self.config.n_layers)
                 nn.init.normal_(module.weight, mean=0.0, std=std)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
-            if isinstance(module, nn.LayerNorm):
+                if isinstance(module, nn.Linear) and module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
-        residual_std = std / math.sqrt(2 * self.config.n_layers)
-        for block in self.blocks:
-            nn.init.normal_(block.attn.out_proj.weight, mean=0.0, std=residual_std)
-            nn.init.normal_(block.mlp.fc_out.weight, mean=0.0, std=residual_std)
+            elif any(True for _ in module.parameters(recurse=False)):
+                # Left alone, these would keep whatever memory the meta initialisation allocated for them.
+                raise TypeError(f"GPT.param_init_fn has no initialisation for the parameters of "
+                                f"{type(module).__name__}")
+            if module is self and self.config.position_embedding == "alibi":
+                self.alibi_slopes.copy_(alibi_slopes(self.config.n_heads))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits ``[batch, seq, padded_vocab_size]`` for token ids ``[batch, seq]`` (``seq <= max_seq_len``)."""

@@ -1,5 +1,5 @@
 """GPT model: preset shapes and analytic parameter counts (big presets on the meta device), causality, ALiBi,
-initialisation, weight tying, the Composer loss/metrics and the FSDP wrapping policy."""
+weight tying (initialisation: test_gpt_init.py), the Composer loss/metrics and the FSDP wrapping policy."""
 
 from __future__ import annotations
 
@@ -101,19 +101,6 @@ def test_alibi_attention_equals_explicit_softmax():
     scores = scores.masked_fill(j > i, float("-inf"))
     expected = attn.out_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 9, config.d_model))
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-
-
-def test_initialisation_statistics():
-    torch.manual_seed(0)
-    config = gpt_config("tiny", d_model=128, n_layers=4)
-    model = GPT(config)
-    assert abs(model.wte.weight.std().item() - 0.02) < 0.001
-    assert abs(model.blocks[0].attn.qkv.weight.std().item() - 0.02) < 0.002
-    residual = 0.02 / math.sqrt(2 * config.n_layers)
-    for block in model.blocks:
-        assert abs(block.mlp.fc_out.weight.std().item() - residual) < 0.1 * residual
-        assert torch.count_nonzero(block.attn.qkv.bias) == 0
-        assert torch.equal(block.ln_attn.weight, torch.ones(config.d_model))
 
 
 def test_tied_head_shares_the_embedding():
