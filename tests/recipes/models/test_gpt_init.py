@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import pytest
 import torch
@@ -205,6 +206,8 @@ def test_gpu_recipe_with_meta_init_trains_from_weights_that_follow_the_rules(tmp
 def _meta_init_on_each_rank(info, name: str) -> torch.Tensor:
     """Rank body: Composer's FSDP2 preparation of a meta-built GPT over the ranks' GPUs; checks the gathered weights
     against the rules and returns this rank's shard of the token embedding."""
+    # Composer's get_device() picks the GPU by LOCAL_RANK; ranks sharing one GPU (over gloo) both use its index.
+    os.environ["LOCAL_RANK"] = str(info.device.index)
     torch.manual_seed(0)
     with torch.device("meta"):
         model = ComposerGPT(CONFIGS[name])
