@@ -69,3 +69,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if marker in item.keywords:
                 item.add_marker(skip)
                 break
+
+
+@pytest.fixture
+def one_rank():
+    """A real single-rank gloo group for fully_shard.
+
+    In-process Composer tests leave their 1-rank default group behind (Composer never destroys it), so an
+    existing 1-rank group is reused; a group this fixture created is torn down after the test.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        assert dist.get_world_size() == 1, "a multi-rank default group leaked into an in-process test"
+        yield
+        return
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -19,23 +19,6 @@ from composer_qsdp.engine import plan_units
 from composer_qsdp.fsdp2 import apply_qsdp, remove_qsdp
 
 
-
-@pytest.fixture
-def one_rank():
-    """A real single-rank gloo group for fully_shard.
-
-    In-process Composer tests leave their 1-rank default group behind (Composer never destroys it), so an
-    existing 1-rank group is reused; a group this fixture created is torn down after the test.
-    """
-    if dist.is_initialized():
-        assert dist.get_world_size() == 1, "a multi-rank default group leaked into an in-process test"
-        yield
-        return
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 class Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -10,7 +10,6 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 from composer.core import Precision
 from composer.distributed.prepare_distributed import parallelize_composer_model
 from composer.utils import FSDP2Config
@@ -117,19 +116,6 @@ def test_param_init_fn_refuses_a_module_it_has_no_rule_for():
     gpt = GPT(CONFIGS["tied-learned"])
     with pytest.raises(TypeError, match="no initialisation for the parameters of Conv1d"):
         gpt.param_init_fn(nn.Conv1d(2, 2, 1))
-
-
-@pytest.fixture
-def one_rank():
-    """A real single-rank gloo group for fully_shard (an existing 1-rank group, left by an in-process Composer
-    test, is reused)."""
-    if dist.is_initialized():
-        assert dist.get_world_size() == 1, "a multi-rank default group leaked into an in-process test"
-        yield
-        return
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("name", CONFIGS)
