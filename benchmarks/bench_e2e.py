@@ -55,7 +55,9 @@ are the recipe's ``SpeedMonitor`` wall clock per batch (``time/train`` in the me
 host on the loss every batch) for the batches after the warm-up; tokens/s = tokens per step / mean step time.
 Peak GPU memory is rank 0's ``torch.cuda.max_memory_allocated``. Each launch's start-up before its first batch is
 listed under its network's table, by the recipe entrypoint's phases (recipe, imports, process group, data, model,
-trainer; :mod:`composer_qsdp.recipes.startup`). Bytes on the wire per step and rank are QSDP's
+trainer; :mod:`composer_qsdp.recipes.startup`), and, where the recipe has the ``gc_monitor`` callback (the paper
+recipes do), the full Python garbage collections of process 0 in each timed step (a full collection pauses the
+process, and the other ranks wait for it). Bytes on the wire per step and rank are QSDP's
 byte accounting (NCCL's convention, (W-1)/W of each collective's volume). The baseline's are one definition,
 whatever else shares the table: plain FSDP2's, computed from the model, ``(W-1)/W x P x (2 b + 4) x k``, where ``P``
 counts the parameters with each one's first dimension padded to a multiple of ``W`` (as FSDP2 shards them), ``b``
@@ -258,6 +260,12 @@ def probe_worker(out: Path, sizes_mb: list[int], warmup: int, iters: int) -> Non
 
 
 # ----------------------------------------------------------------------------------------------- measurements
+def _timed(metrics: dict[str, Any], name: str, warmup: int, total: int) -> list[float] | None:
+    """Metric ``name`` of each timed batch (``warmup + 1 .. total``), or None where the run did not log it."""
+    values = {int(b): float(v) for b, v in metrics["metrics"].get(name, [])}  # key b: logged as batch b ends
+    return [values.get(b, 0.0) for b in range(warmup + 1, total + 1)] if values else None
+
+
 def measure(metrics: dict[str, Any], warmup: int, steps: int, tokens_per_step: int) -> dict[str, Any]:
     """Throughput, memory and wire bytes of one finished launch from its metrics file (``train.py``'s JSON).
 
@@ -289,6 +297,8 @@ def measure(metrics: dict[str, Any], warmup: int, steps: int, tokens_per_step: i
         "wire_per_step": None,
         # Device memory QSDP's schemes keep between steps (weight-difference replicas), rank 0, last batch.
         "scheme_memory_bytes": (metrics["metrics"].get("qsdp/scheme_memory_bytes") or [[0, None]])[-1][1],
+        # Full garbage collections of process 0 in each timed step (the gc_monitor callback), where logged.
+        "gc_gen2_ms": _timed(metrics, "gc/gen2_ms", warmup, total),
         # The recipe entrypoint's phases before the first batch (composer_qsdp.recipes.startup), process 0.
         "startup_s": {k[len("startup/"):-2]: v for k, v in metrics.get("hyperparameters", {}).items()
                       if k.startswith("startup/")} or None,
@@ -702,6 +712,7 @@ def rows(network_data: dict[str, Any], bounds: dict[str, dict[str, Any]], nproc:
                                    if base and r.get("memory") and base.get("memory") else None),
             "profile": r.get("profile"),
             "startup_s": r.get("startup_s"),
+            "gc_gen2_ms": r.get("gc_gen2_ms"),
         })
     failed = {k: r for k, r in network_data["results"].items() if r["status"] != "ok"}
     failed |= {k: r for k, r in bounds.items() if r["status"] != "ok"}
@@ -748,6 +759,17 @@ def targets(network: str, table: list[dict[str, Any]]) -> list[str]:
         lines.append(f"peak memory <= {MEMORY_TARGET:.2f}x plain FSDP2's for every preset: "
                      + ("met" if not over else "NOT met (" + ", ".join(over) + ")"))
     return lines
+
+
+def gc_lines(table: list[dict[str, Any]]) -> list[str]:
+    """The timed steps that held full garbage collections, per configuration (rows with ``gc_gen2_ms``), or
+    nothing where no launch logged them."""
+    if all(r.get("gc_gen2_ms") is None for r in table):
+        return []
+    found = "; ".join(f"{r['config']} " + ", ".join(f"{i}: {ms:.0f}" for i, ms in enumerate(r["gc_gen2_ms"], 1) if ms)
+                      for r in table if r.get("gc_gen2_ms") and any(r["gc_gen2_ms"]))
+    return ["", "Full garbage collections in the timed steps (process 0, the gc_monitor callback; timed step: ms): "
+            + (found or "none")]
 
 
 _PROFILE_COLUMNS = ("matmul", "attention", "encode", "decode", "hadamard", "copy", "other")
@@ -823,6 +845,7 @@ def render(plan: Plan, head: dict[str, str], data: dict[str, Any], status: str) 
                       + "; ".join(f"{r['config']} {r['startup_s']['total']:.0f} ("
                                   + " + ".join(f"{v:.0f}" for k, v in r["startup_s"].items() if k != "total") + ")"
                                   for r in started)]
+        lines += gc_lines(table)
         lines += profile_lines(table)
         goal_lines = targets(network, table)
         if goal_lines:

@@ -38,6 +38,9 @@ def test_measure_against_hand_computed_reference():
     assert r["tokens_per_s"] == pytest.approx(3000 / 4.0)
     assert r["wire_per_step"]["total"] == pytest.approx({"sent": 100, "bf16": 200, "native": 400})
     assert r["memory"] == {"peak_allocated_bytes": 7, "peak_reserved_bytes": 9}
+    assert r["gc_gen2_ms"] is None  # no gc_monitor
+    logged = metrics | {"metrics": metrics["metrics"] | {"gc/gen2_ms": [[b, 100.0 * b] for b in (1, 2, 4, 5)]}}
+    assert bench_e2e.measure(logged, warmup=2, steps=3, tokens_per_step=1000)["gc_gen2_ms"] == [0.0, 400.0, 500.0]
     assert bench_e2e.measure({"metrics": {"time/train": hours([1.0, 2.0])}}, 1, 1, 10)["wire_per_step"] is None
     with pytest.raises(ValueError, match=r"no time/train for batch\(es\) \[3\]"):
         bench_e2e.measure(metrics | {"metrics": {"time/train": hours([1.0, 2.0])}}, 1, 2, 10)
@@ -349,3 +352,11 @@ def test_auto_is_timed_and_profiled_only_after_it_settles():
     warmup, _ = bench_e2e.window(auto, profiled)
     assert warmup - 1 == settled + 1  # the profiled batch: the first one after settling
     assert bench_e2e.window(bench_e2e.CONFIGS["qsdp-w8g8"], profiled) == (4, 4)
+
+
+def test_gc_lines_name_the_timed_steps_that_held_full_collections():
+    table = [{"config": "baseline", "gc_gen2_ms": [0.0, 0.0]}, {"config": "qsdp-auto", "gc_gen2_ms": [0.0, 412.4]},
+             {"config": "compute-bound", "gc_gen2_ms": None}]
+    assert bench_e2e.gc_lines(table)[1].endswith("timed step: ms): qsdp-auto 2: 412")
+    assert bench_e2e.gc_lines(table[:1])[1].endswith("none")
+    assert bench_e2e.gc_lines(table[2:]) == []

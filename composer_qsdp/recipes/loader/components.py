@@ -56,6 +56,7 @@ LOGGERS: dict[str, Builder] = {
 }
 #: Composer callbacks a recipe can enable under ``callbacks: {name: {kwargs}}`` (llm-foundry's names).
 CALLBACKS: dict[str, Builder] = {
+    "gc_monitor": Builder("composer_qsdp.recipes.gc_monitor:GCMonitor"),
     "lr_monitor": Builder("composer.callbacks:LRMonitor"),
     "memory_monitor": Builder("composer.callbacks:MemoryMonitor"),
     "optimizer_monitor": Builder("composer.callbacks:OptimizerMonitor"),
