@@ -761,6 +761,18 @@ def targets(network: str, table: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def startup_lines(table: list[dict[str, Any]]) -> list[str]:
+    """Each launch's start-up before its first batch, total (phases), in seconds, or nothing where no launch logged
+    it."""
+    started = [r for r in table if r.get("startup_s")]
+    if not started:
+        return []
+    phases = [k for k in started[0]["startup_s"] if k != "total"]
+    return ["", f"Start-up before the first batch (s, process 0; the recipe entrypoint's phases: {', '.join(phases)}): "
+            + "; ".join(f"{r['config']} {r['startup_s']['total']:.0f} ("
+                        + " + ".join(f"{r['startup_s'].get(k, 0.0):.0f}" for k in phases) + ")" for r in started)]
+
+
 def gc_lines(table: list[dict[str, Any]]) -> list[str]:
     """The timed steps that held full garbage collections, per configuration (rows with ``gc_gen2_ms``), or
     nothing where no launch logged them."""
@@ -838,13 +850,7 @@ def render(plan: Plan, head: dict[str, str], data: dict[str, Any], status: str) 
                 f"| {fmt(r['memory_vs_baseline'], '.2f', 'x')} "
                 f"| {fmt(r['scheme_memory_gib'], '.2f')} | {fmt(r['wire_gb_per_step'], '.3f')} "
                 f"| {fmt(r['wire_vs_baseline'], '.3f')} |")
-        started = [r for r in table if r.get("startup_s")]
-        if started:
-            lines += ["", "Start-up before the first batch (s, process 0; the recipe entrypoint's phases: "
-                      + ", ".join(k for k in started[0]["startup_s"] if k != "total") + "): "
-                      + "; ".join(f"{r['config']} {r['startup_s']['total']:.0f} ("
-                                  + " + ".join(f"{v:.0f}" for k, v in r["startup_s"].items() if k != "total") + ")"
-                                  for r in started)]
+        lines += startup_lines(table)
         lines += gc_lines(table)
         lines += profile_lines(table)
         goal_lines = targets(network, table)

@@ -360,3 +360,12 @@ def test_gc_lines_name_the_timed_steps_that_held_full_collections():
     assert bench_e2e.gc_lines(table)[1].endswith("timed step: ms): qsdp-auto 2: 412")
     assert bench_e2e.gc_lines(table[:1])[1].endswith("none")
     assert bench_e2e.gc_lines(table[2:]) == []
+
+
+def test_startup_lines_list_each_launch_by_phase():
+    phases = {"recipe": 13.2, "imports": 0.1, "process_group": 1.4, "total": 14.7}
+    table = [{"config": "baseline", "startup_s": phases}, {"config": "compute-bound", "startup_s": None}]
+    assert bench_e2e.startup_lines(table) == [
+        "", "Start-up before the first batch (s, process 0; the recipe entrypoint's phases: recipe, imports, "
+            "process_group): baseline 15 (13 + 0 + 1)"]
+    assert bench_e2e.startup_lines(table[1:]) == []
