@@ -36,6 +36,7 @@ runtime calls that block the host until the device catches up) are counted with 
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import re
@@ -243,7 +244,15 @@ class StepProfile(Callback):
         if batch == self.start + self.batches - 1:
             self._profiler.__exit__(None, None, None)
             self._write(state)
-            self._profiler = None
+            self.close_profiler()
+
+    def close_profiler(self) -> None:
+        """Drop the profiler and free its events now. They reference each other (each event its parent and
+        children), so only a full garbage collection frees them: a profile of 20,000 events leaves about 155,000
+        objects, whose collection took 0.26 s on one core of our development machine. Left to Python's automatic
+        collection, that pause lands in some later step, one rank at a time, and the others wait for it."""
+        self._profiler = None
+        gc.collect()
 
     def _enter_phase(self, event: Event) -> None:
         """Close the range of the previous Composer event, open ``composer::<event>``."""

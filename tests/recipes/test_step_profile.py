@@ -59,3 +59,35 @@ def test_host_syncs_count_blocking_runtime_calls_only():
     calls = [("cudaStreamSynchronize", 0.0, 4.0), ("cudaMemcpyAsync", 5.0, 6.0), ("cudaMemcpy", 7.0, 10.0),
              ("cudaStreamSynchronize", 11.0, 12.0), ("cudaLaunchKernel", 13.0, 14.0)]
     assert host_syncs(calls) == {"cudaStreamSynchronize": [2, 5.0], "cudaMemcpy": [1, 3.0]}
+
+
+def test_closing_the_profiler_frees_its_events_at_once():
+    """The profiler's events form reference cycles: after close_profiler nothing of them is left for a later
+    (automatic) full collection."""
+    import gc
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(8)])
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        gc.collect()
+        leftover = {}
+        for close in (False, True):
+            callback = StepProfile("unused")
+            callback._profiler = profile(activities=[ProfilerActivity.CPU])
+            with callback._profiler:
+                for _ in range(5):
+                    model(torch.randn(4, 16)).sum().backward()
+            assert len(callback._profiler.events()) > 1000
+            if close:
+                callback.close_profiler()
+            else:
+                callback._profiler = None
+            leftover[close] = gc.collect()
+    finally:
+        if enabled:
+            gc.enable()
+    assert leftover[False] > 10_000 and leftover[True] < 100
