@@ -35,5 +35,6 @@ CASES = [("g4 b128 stoch", (4, 128, "stochastic", False, 0)), ("g3 b256 stoch", 
          ("g2 b256 near loco0.3", (2, 256, "nearest", True, 0.3)), ("g2 b256 near loco0.5", (2, 256, "nearest", True, 0.5)),
          ("g2 b128 near loco0.5", (2, 128, "nearest", True, 0.5)), ("g2 b512 near loco0.5", (2, 512, "nearest", True, 0.5)),
          ("g3 b256 near loco0.5", (3, 256, "nearest", True, 0.5))]
-for label, args in CASES:
-    a, b = run(*args); print(f"{label:<24} per-step rel err {a:.3f}  momentum rel err {b:.3f}", flush=True)
+if __name__ == "__main__":  # 2026-11-27_cpu_2a76699 imports the gradient model
+    for label, args in CASES:
+        a, b = run(*args); print(f"{label:<24} per-step rel err {a:.3f}  momentum rel err {b:.3f}", flush=True)

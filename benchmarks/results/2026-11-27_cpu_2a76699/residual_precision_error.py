@@ -4,22 +4,19 @@
 # symmetric codes with one fp32 scale per bucket of 256 (absmax, round to nearest), after every update. Same
 # gradient model and codecs as 2026-11-25_cpu_647a502/gradient_moment_error.py (min-max, Hadamard-rotated, groups of
 # 256, round to nearest, beta 0.5).
-import math
+import importlib.util
+from pathlib import Path
 
 import torch
 
 from composer_qsdp.quant import make_codec
 
-torch.manual_seed(0)
-W, n, T = 2, 4096, 200
-scale = torch.exp(torch.randn(W * n) * 1.0)
-mu = torch.randn(W * n) * scale
-
-
-def grads(t):
-    drift = mu * math.cos(t / 50) + 0.3 * torch.randn(W * n, generator=torch.Generator().manual_seed(t)) * scale
-    return [drift + 2.0 * torch.randn(W * n, generator=torch.Generator().manual_seed(1000 * t + r + 7)) * scale
-            for r in range(W)]
+# The earlier study's gradient model (its seed, sizes and gradient sequence).
+_spec = importlib.util.spec_from_file_location(
+    "gradient_moment_error", Path(__file__).parents[1] / "2026-11-25_cpu_647a502" / "gradient_moment_error.py")
+_earlier = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_earlier)
+W, n, T, grads = _earlier.W, _earlier.n, _earlier.T, _earlier.grads
 
 
 def store(e, residual):
