@@ -49,10 +49,13 @@ class GCMonitor(Callback):
     def _reset(self) -> None:
         self._gen2, self._gen2_ms, self._ms = 0, 0.0, 0.0
 
-    def fit_start(self, state: State, logger: Logger) -> None:
-        self._reset()
+    def _watch(self) -> None:
         if self._observe not in gc.callbacks:
             gc.callbacks.append(self._observe)
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        self._reset()
+        self._watch()
 
     def batch_end(self, state: State, logger: Logger) -> None:
         logger.log_metrics({"gc/gen2_collections": self._gen2, "gc/gen2_ms": self._gen2_ms, "gc/ms": self._ms})
@@ -62,7 +65,7 @@ class GCMonitor(Callback):
         self._remove()
 
     def eval_end(self, state: State, logger: Logger) -> None:
-        self.fit_start(state, logger)
+        self._watch()
 
     def fit_end(self, state: State, logger: Logger) -> None:
         self._remove()

@@ -162,7 +162,7 @@ def recipe_help() -> str:
         "model, name: gpt (the default): composer_qsdp's GPT",
         *_key_lines("model.name", "str", '"gpt"', f"the model: one of {', '.join(MODELS)}"),
         *_key_lines("model.init_device", "str", '"cpu"', "cpu: every process builds and initialises the whole model "
-                    "on its CPU (at 6.7B about a minute and 27 GB of host memory per process); meta: the model is "
+                    "on its CPU (at 6.7B 27 GB of host memory per process, fp32); meta: the model is "
                     "built on the meta device and Composer's FSDP2 allocates and initialises each process's shard "
                     "on its GPU (needs device: gpu and an fsdp section; gpt only). The same distribution, but other "
                     "values than cpu with the same seed (each shard is drawn on its GPU)"),
