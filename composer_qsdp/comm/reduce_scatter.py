@@ -11,6 +11,7 @@ from composer_qsdp.comm.accounting import CallTraffic, call_traffic
 from composer_qsdp.comm.quality import relative_error
 from composer_qsdp.comm.seeds import mix_seed
 from composer_qsdp.comm.validation import check_collective_buffers
+from composer_qsdp.quant import CodedResidual
 from composer_qsdp.quant.codec import FLOAT_DTYPES, Codec
 from composer_qsdp.validate import is_fraction
 
@@ -50,7 +51,7 @@ def quantized_reduce_scatter(
     *,
     measure_error: bool = False,
     off_node_peers: int = 0,
-    residual: torch.Tensor | None = None,
+    residual: torch.Tensor | CodedResidual | None = None,
     residual_beta: float = 0.0,
 ) -> CallTraffic:
     """``reduce_scatter_tensor(output, input, op)`` with the chunks sent as ``codec`` wire buffers.
@@ -72,7 +73,8 @@ def quantized_reduce_scatter(
         off_node_peers: peers of this rank in ``group`` on other nodes, for the per-hop count (0: one node).
         measure_error: also return the relative quantization error of this rank's ``W`` encoded chunks.
         residual: this rank's error-feedback residual (LoCo), a contiguous float32 or bfloat16 tensor of ``W * n``
-            elements on ``input``'s device, owned by the caller and updated in place by the codec's
+            elements on ``input``'s device or a :class:`~composer_qsdp.quant.CodedResidual` of ``W`` rows of ``n``
+            elements there, owned by the caller and updated in place by the codec's
             :meth:`~composer_qsdp.quant.Codec.encode_rows_feedback`: the chunks sent are those of ``c = input +
             residual`` (in fp32), and then ``residual <- beta * residual + (1 - beta) * (c - decode(encode(c)))``;
             entries that come out non-finite (a NaN/Inf gradient) are reset to zero, so one overflowing step does not
@@ -105,10 +107,12 @@ def quantized_reduce_scatter(
     else:
         # The compensated chunks are encoded and the residual updated in one pass where the codec has a fused kernel
         # (no fp32 copy of the W * n compensated values, of their decode or of the error in memory).
-        before = residual.clone() if measure_error else None  # sampled calls only
+        before = None
+        if measure_error:  # sampled calls only
+            before = residual.decode() if isinstance(residual, CodedResidual) else residual.view(world_size, n).float()
         send = codec.encode_rows_feedback(rows, residual, residual_beta, seed=key)
         if before is not None:
-            compensated = rows.to(torch.float32) + before.view(world_size, n)
+            compensated = rows.to(torch.float32) + before
             error = relative_error(codec.decode_rows(send, n, torch.float32), compensated)
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)

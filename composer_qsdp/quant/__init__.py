@@ -14,10 +14,11 @@ from composer_qsdp.quant.learned import LearnedLevelsCodec
 from composer_qsdp.quant.minmax import ROUNDINGS, MinMaxCodec
 from composer_qsdp.quant.random_shift import RandomShiftCodec
 from composer_qsdp.quant.registry import codec_names, make_codec
+from composer_qsdp.quant.residual import CodedResidual
 from composer_qsdp.quant.sign import SignCodec
 from composer_qsdp.quant.symmetric import SymmetricCodec
 
 __all__ = [
-    "FLOAT_DTYPES", "MAX_BUCKET_SIZE", "ROUNDINGS", "Codec", "FusedRotatedFeedback", "FusedRotation", "HadamardCodec", "LearnedLevelsCodec",
+    "FLOAT_DTYPES", "MAX_BUCKET_SIZE", "ROUNDINGS", "Codec", "CodedResidual", "FusedRotatedFeedback", "FusedRotation", "HadamardCodec", "LearnedLevelsCodec",
     "MinMaxCodec", "RandomShiftCodec", "SignCodec", "SymmetricCodec", "check_bits", "codec_names", "hadamard_rows", "make_codec",
 ]

@@ -21,6 +21,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from composer_qsdp.quant.buckets import ieee_div
+from composer_qsdp.quant.residual import CodedResidual
 from composer_qsdp.validate import check_int, check_noise_key, is_fraction
 
 __all__ = ["Codec", "FLOAT_DTYPES", "MAX_BUCKET_SIZE", "check_bits", "check_bucket_size", "sum_rows_in_order"]
@@ -163,30 +164,36 @@ class Codec(ABC):
         return self._encode_difference_rows(x, ref, seed, offset)
 
     def encode_rows_feedback(
-        self, x: torch.Tensor, residual: torch.Tensor, beta: float, seed: int = 0, offset: int = 0
+        self, x: torch.Tensor, residual: torch.Tensor | CodedResidual, beta: float, seed: int = 0, offset: int = 0
     ) -> torch.Tensor:
         """:meth:`encode_rows` of ``c = x + residual`` with error feedback: what LoCo's reduce-scatter sends.
 
         ``residual`` is updated in place to ``fresh - beta * (fresh - residual)`` (``beta * residual + (1 - beta) *
         fresh``), where ``fresh = c - decode_rows(wire)`` is this call's quantization error; all of it is computed in
-        fp32, each operation rounded once in this order, and rounded once into the residual's dtype. Entries that come
-        out non-finite (a NaN/Inf gradient) are reset to zero, so one overflowing step does not poison later ones.
-        Codecs with a fused kernel never write ``c``, its encode's decode or the error to memory.
+        fp32, each operation rounded once in this order, and rounded once into the residual's dtype (or its codec's
+        grid). Entries that come out non-finite (a NaN/Inf gradient) are reset to zero, so one overflowing step does
+        not poison later ones. Codecs with a fused kernel never write ``c``, its encode's decode or the error to memory.
 
         Args:
             x: ``[R, n]`` floating tensor.
-            residual: contiguous float32 or bfloat16 tensor of ``R * n`` elements on ``x``'s device.
+            residual: contiguous float32 or bfloat16 tensor of ``R * n`` elements on ``x``'s device, or a
+                :class:`~composer_qsdp.quant.residual.CodedResidual` of ``R`` rows of ``n`` elements there (read as
+                fp32, stored once per call).
             beta: the residual's moving-average coefficient, in ``[0, 1)``.
             seed, offset: as :meth:`encode_rows`.
 
         Raises:
-            ValueError: a residual of another dtype, size or device, or ``beta`` outside ``[0, 1)``.
+            ValueError: a residual of another dtype, size, shape or device, or ``beta`` outside ``[0, 1)``.
         """
         self._check_rows_input(x, seed, offset)
-        if not isinstance(residual, torch.Tensor) or residual.dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"residual must be a float32 or bfloat16 tensor, got "
+        if isinstance(residual, CodedResidual):
+            if (residual.rows, residual.numel) != tuple(x.shape) or residual.device != x.device:
+                raise ValueError(f"residual must decode to the input's shape {tuple(x.shape)} on {x.device}, got a "
+                                 f"coded residual of ({residual.rows}, {residual.numel}) on {residual.device}")
+        elif not isinstance(residual, torch.Tensor) or residual.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"residual must be a float32 or bfloat16 tensor or a CodedResidual, got "
                              f"{getattr(residual, 'dtype', type(residual).__name__)}")
-        if residual.numel() != x.numel() or not residual.is_contiguous() or residual.device != x.device:
+        elif residual.numel() != x.numel() or not residual.is_contiguous() or residual.device != x.device:
             raise ValueError(f"residual must be a contiguous tensor of {x.numel()} elements on {x.device} (the "
                              f"input's), got {residual.numel()} elements on {residual.device}, "
                              f"contiguous={residual.is_contiguous()}")
@@ -258,17 +265,22 @@ class Codec(ABC):
         """Encode ``x - ref`` of validated ``[R, n]`` tensors; this default materializes the fp32 difference."""
         return self._encode_rows(x.to(torch.float32) - ref.to(torch.float32), seed, offset)
 
-    def _encode_rows_feedback(self, x: torch.Tensor, residual: torch.Tensor, beta: float, seed: int,
+    def _encode_rows_feedback(self, x: torch.Tensor, residual: torch.Tensor | CodedResidual, beta: float, seed: int,
                               offset: int) -> torch.Tensor:  # fmt: skip
         """:meth:`encode_rows_feedback` of validated arguments; this default is the reference: it materializes ``c``,
         the decode and the error in fp32."""
         rows, n = x.shape
-        r = residual.view(rows, n)
+        coded = isinstance(residual, CodedResidual)
+        r = residual.decode() if coded else residual.view(rows, n)
         c = x.to(torch.float32) + r
         wire = self.encode_rows(c, seed, offset)
         fresh = c.sub_(self.decode_rows(wire, n, torch.float32))
         fresh.sub_((fresh - r).mul_(beta))
-        r.copy_(fresh.masked_fill_(~torch.isfinite(fresh), 0.0))
+        fresh.masked_fill_(~torch.isfinite(fresh), 0.0)
+        if coded:
+            residual.store(fresh)
+        else:
+            r.copy_(fresh)
         return wire
 
     def _decode_rows_into(self, wire: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -37,6 +37,7 @@ import torch
 
 from composer_qsdp.kernels import use_triton
 from composer_qsdp.quant.codec import Codec
+from composer_qsdp.quant.residual import CodedResidual
 
 __all__ = ["FusedRotatedFeedback", "FusedRotation", "HadamardCodec", "hadamard_rows"]
 
@@ -127,7 +128,7 @@ class FusedRotatedFeedback(Protocol):
     ``HadamardCodec(codec)`` in one pass: rotate ``x + residual``, quantize, decode, rotate back and update the
     residual without writing the intermediates to memory."""
 
-    def encode_rows_feedback_rotated(self, x: torch.Tensor, residual: torch.Tensor, beta: float, seed: int,
+    def encode_rows_feedback_rotated(self, x: torch.Tensor, residual: torch.Tensor | CodedResidual, beta: float, seed: int,
                                      offset: int) -> torch.Tensor | None:  # fmt: skip
         """``HadamardCodec(self).encode_rows_feedback(x, residual, beta, seed, offset)`` bit for bit (validated
         arguments), or ``None`` where the codec cannot fuse that call."""
@@ -177,7 +178,7 @@ class HadamardCodec(Codec):
             return self.inner.encode_rows(rotated, seed, offset)
         return torch.stack([self.inner.encode(rotated[r], seed, offset + r * n) for r in range(rows)])
 
-    def _encode_rows_feedback(self, x: torch.Tensor, residual: torch.Tensor, beta: float, seed: int,
+    def _encode_rows_feedback(self, x: torch.Tensor, residual: torch.Tensor | CodedResidual, beta: float, seed: int,
                               offset: int) -> torch.Tensor:  # fmt: skip
         if isinstance(self.inner, FusedRotatedFeedback):
             fused = self.inner.encode_rows_feedback_rotated(x, residual, beta, seed, offset)

@@ -60,6 +60,7 @@ from composer_qsdp.quant.codec import sum_rows_in_order
 from composer_qsdp.validate import check_choice
 from composer_qsdp.quant.kernel_decode import KernelDecodes
 from composer_qsdp.quant.philox import rounding_bits_range
+from composer_qsdp.quant.residual import CodedResidual
 from composer_qsdp.quant.wire import affine_decode, assemble_rows, pack_rows
 
 __all__ = ["MinMaxCodec", "ROUNDINGS", "stochastic_round"]
@@ -126,15 +127,15 @@ class MinMaxCodec(KernelDecodes):
         fmt = self.wire_format(x.shape[1])
         return kernels.encode_rows(x, self.bits, self.bucket_size, fmt, self.stochastic, seed, offset)
 
-    def _encode_rows_feedback(self, x: torch.Tensor, residual: torch.Tensor, beta: float, seed: int,
+    def _encode_rows_feedback(self, x: torch.Tensor, residual: torch.Tensor | CodedResidual, beta: float, seed: int,
                               offset: int) -> torch.Tensor:  # fmt: skip
         kernels = self._kernels(x, x.shape[1])
-        if kernels is None or residual.device != x.device:
+        if kernels is None or isinstance(residual, CodedResidual):
             return super()._encode_rows_feedback(x, residual, beta, seed, offset)
         return kernels.encode_rows_feedback(x, residual, beta, self.bits, self.bucket_size,
                                             self.wire_format(x.shape[1]), self.stochastic, seed, offset)
 
-    def encode_rows_feedback_rotated(self, x: torch.Tensor, residual: torch.Tensor, beta: float, seed: int,
+    def encode_rows_feedback_rotated(self, x: torch.Tensor, residual: torch.Tensor | CodedResidual, beta: float, seed: int,
                                      offset: int) -> torch.Tensor | None:  # fmt: skip
         """:class:`~composer_qsdp.quant.hadamard.FusedRotatedFeedback`: ``HadamardCodec(self)``'s
         :meth:`encode_rows_feedback` of validated arguments in one kernel pass, or ``None`` where no kernel covers
@@ -142,7 +143,7 @@ class MinMaxCodec(KernelDecodes):
         rows, n = x.shape
         padded = self.num_buckets(n) * self.bucket_size
         kernels = self._kernels(x, padded)
-        if kernels is None or self.bucket_size & (self.bucket_size - 1):
+        if kernels is None or self.bucket_size & (self.bucket_size - 1) or isinstance(residual, CodedResidual):
             return None
         return kernels.encode_rows_feedback(x, residual, beta, self.bits, self.bucket_size,
                                             self.wire_format(padded), self.stochastic, seed, offset, rotate=True)
