@@ -186,6 +186,9 @@ LOCAL4 = ("algorithms.zero_one_adam.local_step_clipper=4", "algorithms.zero_one_
 #: That with the frozen variance rescaled per bucket by the synchronized squared gradients.
 RESCALE = (*LOCAL4, "algorithms.zero_one_adam.variance_rescale=true")
 
+#: The LoCo residual as 8-bit codes (``residual_dtype``; the presets' other scheme options stay).
+INT8_RESIDUAL = "algorithms.qsdp.grad_scheme_options.residual_dtype=int8"
+
 ARMS: dict[str, Arm] = {
     "baseline": Arm("baseline.yaml", (), "plain Composer FSDP2"),
     "w8g8": Arm("qsdp-w8g8.yaml", (), "QSDP W8G8, min-max, stochastic rounding"),
@@ -223,6 +226,17 @@ ARMS: dict[str, Arm] = {
                                                    "feedback"),
     "qwd-w3g3-loco-seed2": Arm("qwd-w3g3-loco.yaml", ("seed=18",),
                                "qwd-w3g3-loco with seed 18, baseline-seed2's initial weights and data order"),
+    "qwd-w3g2-loco-seed2": Arm("qwd-w3g2-loco.yaml", ("seed=18",),
+                               "qwd-w3g2-loco with seed 18, baseline-seed2's initial weights and data order"),
+    "qwd-w4g3-loco-int8": Arm("qwd-w4g3-loco.yaml", (INT8_RESIDUAL,),
+                              "qwd-w4g3-loco with its LoCo residual stored as 8-bit codes (one fp32 scale per "
+                              "bucket of 256)"),
+    "qwd-w4g3-loco-int8-seed2": Arm("qwd-w4g3-loco.yaml", (INT8_RESIDUAL, "seed=18"),
+                                    "qwd-w4g3-loco-int8 with seed 18, baseline-seed2's initial weights and data order"),
+    "qwd-w3g2-loco-int8": Arm("qwd-w3g2-loco.yaml", (INT8_RESIDUAL,),
+                              "qwd-w3g2-loco with its LoCo residual stored as 8-bit codes"),
+    "qwd-w4g3-loco-bf16": Arm("qwd-w4g3-loco.yaml", ("algorithms.qsdp.grad_scheme_options.residual_dtype=bfloat16",),
+                              "qwd-w4g3-loco with its LoCo residual stored in bf16"),
     "qwd-w3g4-loco": Arm("qwd-w3g3-loco.yaml", ("algorithms.qsdp.grad_bits=4",),
                          "qwd-w3g3-loco with 4-bit gradients (LoCo error feedback): which side the 3 bits cost"),
     "qwd-w4g2-nofb": Arm("qwd-w4g4.yaml", ("algorithms.qsdp.grad_bits=2", "algorithms.qsdp.grad_bucket_size=256"),

@@ -111,7 +111,8 @@ class LoCoOptions:
     Attributes:
         beta: weight of the previous residual in its moving average, in [0, 1).
         reset_every: zero the residual every this many reduce-scatters (0: never).
-        residual_dtype: the residual's storage, ``"float32"`` or ``"bfloat16"`` (bytes per gradient element: 4 or 2).
+        residual_dtype: the residual's storage, ``"float32"``, ``"bfloat16"`` or ``"int8"`` (bytes per gradient
+            element: 4, 2, or ``1 + 4 / bucket_size``: 8-bit symmetric codes, one fp32 scale per gradient bucket).
     """
 
     beta: float = 0.8

@@ -326,7 +326,7 @@ def from_preset(name: str = "w8g8", **options: Any) -> QSDPConfig:
         if key not in allowed:
             raise ValueError(f"unknown QSDP option {key!r}{did_you_mean(key, allowed)}; allowed: {', '.join(allowed)}")
     given = options
-    options = {**PRESETS[name], **options}
+    options = {**PRESETS[name], **options, **_merged_options(PRESETS[name], options)}
     sides: dict[str, dict[str, Any]] = {side: {} for side in _SIDES.values()}
     if "bucket_size" in options:
         for changes in sides.values():
@@ -340,6 +340,21 @@ def from_preset(name: str = "w8g8", **options: Any) -> QSDPConfig:
         # The config names its own fields (weights.bits); say which of the user's flat options set them.
         named = ", ".join(f"{k}={v!r}" for k, v in given.items()) or "none"
         raise ValueError(f"QSDP preset {name!r} with options {named}: {err}") from None
+
+
+def _merged_options(preset: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``*_codec_options`` / ``*_scheme_options`` mappings of ``given`` merged key by key over the preset's, where
+    the side keeps the preset's codec or scheme: changing one option (``residual_dtype``) keeps the preset's others
+    (``beta``). With another codec or scheme the preset's options would not apply, so the given ones replace them."""
+    merged = {}
+    for prefix in _SIDES:
+        for kind in ("codec", "scheme"):
+            key, owner = f"{prefix}{kind}_options", f"{prefix}{kind}"
+            base, value = preset.get(key), given.get(key)
+            same_owner = owner not in given or given[owner] == preset.get(owner)
+            if isinstance(base, Mapping) and isinstance(value, Mapping) and same_owner:
+                merged[key] = {**base, **value}
+    return merged
 
 
 def from_recipe(name: str = "w8g8", **options: Any) -> QSDPConfig:

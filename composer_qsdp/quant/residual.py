@@ -49,8 +49,7 @@ class CodedResidual:
         self.codec = codec
         self.rows = check_int("rows", rows, minimum=1)
         self.numel = check_int("numel", numel, minimum=1)
-        self.wire = torch.empty(0, dtype=torch.uint8, device=device)
-        self.zero_()
+        self.wire = codec.encode_rows(torch.zeros(self.rows, self.numel, device=device))
 
     @property
     def device(self) -> torch.device:
@@ -74,8 +73,9 @@ class CodedResidual:
         self.wire.copy_(self.codec.encode_rows(values))
 
     def zero_(self) -> CodedResidual:
-        """Set the residual to zero (the encode of zeros: a codec's zero need not be all-zero bytes). Returns self."""
-        self.wire = self.codec.encode_rows(torch.zeros(self.rows, self.numel, device=self.wire.device))
+        """Set the residual to zero in place (the encode of zeros: a codec's zero need not be all-zero bytes).
+        Returns self."""
+        self.wire.copy_(self.codec.encode_rows(torch.zeros(self.rows, self.numel, device=self.wire.device)))
         return self
 
     def to(self, device: torch.device | str) -> CodedResidual:

@@ -18,8 +18,10 @@ What the residual is, and what it costs:
 
 * one per rank and unit, ``W * n`` elements (the unit's padded, unsharded gradient: every destination chunk a
   rank encodes), in ``residual_dtype``: fp32 (default; 4 bytes per parameter of the unit, i.e. an unsharded fp32
-  copy of the unit's gradient on every rank) or bf16 (half that; the update is still computed in fp32 and
-  rounded once per call). DeepSpeed keeps it as 8-bit codes between calls; :meth:`memory_bytes` reports ours.
+  copy of the unit's gradient on every rank), bf16 (2 bytes) or int8 (LoCo's compressed error: the 8-bit
+  symmetric codec's wire, :class:`~composer_qsdp.quant.CodedResidual`, with one fp32 scale per bucket of the
+  gradient codec's ``bucket_size``: ``1 + 4 / bucket_size`` bytes). The update is always computed in fp32 and
+  rounded once per call into the storage; :meth:`memory_bytes` reports it.
 * one update per reduce-scatter call: with gradient accumulation FSDP reduce-scatters every microbatch, and each
   microbatch's gradient is compensated and updates the residual in turn.
 * FSDP's padding of uneven shards is part of the ``W * n`` elements like any other: its gradient is zero, its
@@ -33,14 +35,15 @@ What the residual is, and what it costs:
 * ``reset_every``: the residual is zeroed every this many optimizer steps (DeepSpeed's ``reset_T``; 0: never).
 
 Checkpoints: :meth:`state_dict` holds this rank's residual as its own piece, with no communication: a ``DTensor``
-over a 1-D mesh of the scheme's group, ``Shard(0)``, local shape ``(1, W * n)``, global ``(W, W * n)``, so
+over a 1-D mesh of the scheme's group, ``Shard(0)``, local shape ``(1, W * n)`` (int8: ``(1, W * b)``, the ``W``
+wire rows of ``b`` bytes), global ``(W, ...)``, so
 ``torch.distributed.checkpoint`` writes each rank's piece from that rank and reads it back into the same rank. A
 fresh scheme cannot know the residual's size before its first call: loading takes two passes (load the state,
 :meth:`load_state_dict`, whose ``residual_numel`` makes :meth:`state_dict` hold a zero piece of the saved size, then
-load that piece in place and :meth:`load_state_dict` again). A resume on another number of ranks, or from a state
-without the piece (a full, non-sharded checkpoint), starts the residuals from zero with a
-:class:`LoCoResidualWarning` naming why: a residual is the error of one rank's chunks of one partition and means
-nothing on another.
+load that piece in place and :meth:`load_state_dict` again). A resume on another number of ranks, from a state
+without the piece (a full, non-sharded checkpoint), or across the int8 storage and a float one, starts the residuals
+from zero with a :class:`LoCoResidualWarning` naming why: a residual is the error of one rank's chunks of one
+partition and means nothing on another. fp32 and bf16 residuals load into each other.
 """
 
 from __future__ import annotations
@@ -50,13 +53,15 @@ from typing import Any
 
 import torch
 
-from composer_qsdp.quant import Codec
+from composer_qsdp.quant import Codec, CodedResidual, SymmetricCodec
 from composer_qsdp.validate import check_choice, check_int, is_fraction
 from composer_qsdp.schemes.flat import FlatReduceScatter
 
-__all__ = ["LoCoReduceScatter", "LoCoResidualWarning"]
+__all__ = ["RESIDUAL_DTYPES", "LoCoReduceScatter", "LoCoResidualWarning"]
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}
+#: The residual storages: a float dtype, or int8 codes (:class:`~composer_qsdp.quant.CodedResidual`).
+RESIDUAL_DTYPES = tuple(_DTYPES)
 
 
 class LoCoResidualWarning(UserWarning):
@@ -73,10 +78,12 @@ class LoCoReduceScatter(FlatReduceScatter):
         beta: the residual's moving-average coefficient, in ``[0, 1)`` (DeepSpeed's ``err_beta``; 0: classic
             error feedback).
         reset_every: zero the residual every this many optimizer steps (DeepSpeed's ``reset_T``; 0: never).
-        residual_dtype: ``"float32"`` or ``"bfloat16"``: how the residual is stored between calls.
+        residual_dtype: how the residual is stored between calls: ``"float32"``, ``"bfloat16"`` or ``"int8"`` (8-bit
+            symmetric codes, one fp32 scale per bucket of the codec's ``bucket_size``).
 
     Attributes:
-        residual: this rank's residual (``W * n`` elements), ``None`` before the first call.
+        residual: this rank's residual (``W * n`` elements: a float tensor, or a
+            :class:`~composer_qsdp.quant.CodedResidual` of ``W`` rows), ``None`` before the first call.
 
     Raises:
         ValueError: no codec, or an option out of range, naming it and what is allowed.
@@ -93,28 +100,37 @@ class LoCoReduceScatter(FlatReduceScatter):
         super().__init__(codec, error_sample_interval)
         self.beta = float(beta)
         self.reset_every = check_int("reset_every", reset_every)
-        self.residual_dtype = _DTYPES[check_choice("residual_dtype", residual_dtype, tuple(_DTYPES))]
-        self.residual: torch.Tensor | None = None
+        self.residual_dtype = _DTYPES[check_choice("residual_dtype", residual_dtype, RESIDUAL_DTYPES)]
+        self.residual: torch.Tensor | CodedResidual | None = None
         self._steps_since_reset = 0
-        self._restored: torch.Tensor | None = None
+        self._restored: torch.Tensor | CodedResidual | None = None
         self._pending = ""  # why a restored residual is still the zero template ("" once its piece is loaded)
         self._meshes: dict[str, Any] = {}
 
     def _feedback(self, input: torch.Tensor) -> dict[str, Any]:
         return {"residual": self._residual_for(input), "residual_beta": self.beta}
 
-    def _residual_for(self, input: torch.Tensor) -> torch.Tensor:
+    def _residual_for(self, input: torch.Tensor) -> torch.Tensor | CodedResidual:
         if self._restored is not None:
             if self._pending:
                 warnings.warn(self._pending, LoCoResidualWarning, stacklevel=4)
                 self._pending = ""
             self.residual, self._restored = self._restored.to(input.device), None
         if self.residual is None:
-            self.residual = torch.zeros(input.numel(), dtype=self.residual_dtype, device=input.device)
-        elif self.residual.numel() != input.numel():
+            self.residual = self._zero_residual(input.numel(), input.device)
+        elif _elements(self.residual) != input.numel():
             raise ValueError(f"the loco gradient scheme serves one gradient size per unit: its residual has "
-                             f"{self.residual.numel()} elements, but this reduce-scatter input has {input.numel()}")
+                             f"{_elements(self.residual)} elements, but this reduce-scatter input has {input.numel()}")
         return self.residual
+
+    def _zero_residual(self, numel: int, device: torch.device | str) -> torch.Tensor | CodedResidual:
+        """A zero residual of ``numel`` elements (``W`` rows of the group's size) in this scheme's storage."""
+        if self.residual_dtype != torch.int8:
+            return torch.zeros(numel, dtype=self.residual_dtype, device=device)
+        assert self.group is not None and self.codec is not None
+        rows = self.group.size()
+        # Buckets of the gradient codec's size: the fused feedback kernel quantizes each bucket it holds.
+        return CodedResidual(SymmetricCodec(8, self.codec.bucket_size), rows, numel // rows, device)
 
     def on_optimizer_step(self) -> None:
         self._steps_since_reset += 1
@@ -138,9 +154,10 @@ class LoCoReduceScatter(FlatReduceScatter):
         state["steps_since_reset"] = self._steps_since_reset
         local = self.residual if self.residual is not None else self._restored
         state["residual_ranks"] = self.group.size()
-        state["residual_numel"] = 0 if local is None else local.numel()
+        state["residual_numel"] = 0 if local is None else _elements(local)
+        state["residual_dtype"] = self._dtype_name()
         if local is not None:
-            state["residual"] = self._piece(local)
+            state["residual"] = self._piece(local.wire if isinstance(local, CodedResidual) else local)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -169,7 +186,13 @@ class LoCoReduceScatter(FlatReduceScatter):
                           f"{ranks} ranks and this run has {world}; each is the error of one rank's chunks of that "
                           "partition and means nothing on another", LoCoResidualWarning, stacklevel=2)
             return
-        self._restored = torch.zeros(numel, dtype=self.residual_dtype)
+        saved, dtype = state.get("residual_dtype", "float32"), self._dtype_name()
+        if (saved == "int8") != (dtype == "int8"):
+            warnings.warn(f"the loco gradient scheme's error-feedback residuals restart from zero: they were saved as "
+                          f"{saved} and this run stores them as {dtype} (residual_dtype); int8 codes and floats do not "
+                          "load into each other", LoCoResidualWarning, stacklevel=2)
+            return
+        self._restored = self._zero_residual(numel, "cpu")
         piece = state.get("residual")
         if piece is None:
             self._pending = (f"the loco gradient scheme's error-feedback residual restarts from zero: the state it "
@@ -178,10 +201,12 @@ class LoCoReduceScatter(FlatReduceScatter):
                              "from a local sharded checkpoint folder)")
             return
         local = piece.to_local() if hasattr(piece, "to_local") else piece
-        if tuple(local.shape) != (1, numel):
+        storage = self._restored.wire if isinstance(self._restored, CodedResidual) else self._restored
+        if tuple(local.shape) != (1, storage.numel()):
             raise ValueError(f"the loco gradient scheme's saved residual piece has shape {tuple(local.shape)}; this "
-                             f"state needs (1, {numel}) (one row of {numel} elements per rank)")
-        self._restored.copy_(local.view(-1))
+                             f"state needs (1, {storage.numel()}) (this rank's residual of {numel} elements as "
+                             f"{self._dtype_name()})")
+        storage.copy_(local.view(storage.shape))
 
     def _piece(self, local: torch.Tensor) -> Any:
         # Imported here: torch.distributed.tensor costs seconds to import and only checkpoints need it.
@@ -197,10 +222,21 @@ class LoCoReduceScatter(FlatReduceScatter):
                                   shape=torch.Size([world, numel]), stride=(numel, 1))
 
     def memory_bytes(self) -> int:
+        if isinstance(self.residual, CodedResidual):
+            return self.residual.nbytes
         return 0 if self.residual is None else self.residual.numel() * self.residual.element_size()
+
+    def _dtype_name(self) -> str:
+        return str(self.residual_dtype).removeprefix("torch.")
 
     def describe(self) -> str:
         reset = f", reset every {self.reset_every} steps" if self.reset_every else ""
-        dtype = str(self.residual_dtype).removeprefix("torch.")
-        return f"{super().describe()} with LoCo error feedback (beta {self.beta:g}, {dtype} residual{reset})"
+        return f"{super().describe()} with LoCo error feedback (beta {self.beta:g}, {self._dtype_name()} residual{reset})"
+
+
+def _elements(residual: torch.Tensor | CodedResidual) -> int:
+    """Elements of a residual (its ``W * n``, whatever its storage)."""
+    if isinstance(residual, CodedResidual):
+        return residual.rows * residual.numel
+    return residual.numel()
 

@@ -100,6 +100,21 @@ def test_presets_and_flat_options():
     assert "weight_scheme_options" in option_names() and "ranks_per_node" in option_names()
 
 
+def test_changing_one_option_of_a_preset_keeps_its_others():
+    """A codec or scheme options mapping merges over the preset's while the side keeps the preset's codec or scheme
+    (``residual_dtype`` must not reset ``qwd-w4g3-loco``'s beta 0.5 to the scheme's default 0.8); with another scheme
+    or codec it replaces them, since the preset's would not apply."""
+    int8 = from_preset("qwd-w4g3-loco", grad_scheme_options={"residual_dtype": "int8"})
+    assert (int8.grads.scheme_options.beta, int8.grads.scheme_options.residual_dtype) == (0.5, "int8")
+    assert int8.grads.codec_options == CodecOptions(hadamard=True)
+    same = from_preset("qwd-w4g3-loco", grad_scheme="loco", grad_scheme_options={"reset_every": 4})
+    assert (same.grads.scheme_options.beta, same.grads.scheme_options.reset_every) == (0.5, 4)
+    assert from_preset("qwd-w4g3-loco", grad_scheme="flat", grad_scheme_options={}).grads.scheme == "flat"
+    unrotated = from_preset("qwd-w4g3-loco", grad_codec_options={"hadamard": False})
+    assert unrotated.grads.codec_options == CodecOptions(hadamard=False)
+    assert from_preset("qwd-w4g3-loco", grad_scheme_options={"beta": 0.9}).grads.scheme_options.beta == 0.9
+
+
 @pytest.mark.parametrize("call,message", [
     (lambda: from_preset("w2g2"), r"unknown QSDP preset .w2g2.; allowed: w8g8, w8g4, w4g4, zeropp, tlq-hs, sdp4bit, qwd-w4g4, qwd-w4g2-loco, qwd-w4g3-loco, qwd-w3g3-loco, qwd-w3g2-loco"),
     (lambda: from_preset(["w8g8"]), r"unknown QSDP preset \['w8g8'\]"),

@@ -3,14 +3,16 @@
 * Against an exact reference: a single-process float64 simulation of every rank's recursion
   ``c = g + e; send encode(c); e <- beta e + (1 - beta)(c - decode(encode(c)))`` over several calls (two calls per
   optimizer step, as gradient accumulation makes them), with the sum of the owners' decoded chunks as the output;
-  chunk sizes that no bucket divides (FSDP's padded uneven shards); nearest and stochastic rounding; fp32 and bf16
-  residuals; 2 and 3 ranks (4 marked slow).
+  chunk sizes that no bucket divides (FSDP's padded uneven shards); nearest and stochastic rounding; fp32, bf16 and
+  int8-coded residuals (the simulation rounds its residual to the same storage after every call); 2 and 3 ranks (4
+  marked slow).
 * Classic error feedback (``beta = 0``) telescopes: the outputs summed over calls equal the gradients summed over
   calls less the ranks' final residuals (an identity of exact arithmetic, checked here in fp64 from the scheme's own
   outputs).
-* Its state survives a save -> load into a new scheme bit for bit; saving makes no collective call (each rank's
-  residual is its own ``Shard(0)`` piece); residuals of another group size, or a state without this rank's piece,
-  start from zero with one warning naming why; a piece of the wrong shape raises; ``reset_every`` zeroes the
+* Its state survives a save -> load into a new scheme bit for bit, float or int8-coded; saving makes no collective
+  call (each rank's residual is its own ``Shard(0)`` piece); residuals of another group size, a state without this
+  rank's piece, or one saved in the other storage (int8 codes against floats) start from zero with one warning naming
+  why; a piece of the wrong shape raises; ``reset_every`` zeroes the
   residual; a NaN gradient stays NaN in the output but leaves the residual finite; misuse raises naming the bad
   value.
 * On an FSDP2 model with an uneven layer, with gradient accumulation, a ``torch.distributed.checkpoint`` resume
@@ -30,7 +32,7 @@ from sharded_mlp import LR, Adapter, _train
 
 from composer_qsdp.config import from_preset
 from composer_qsdp.comm import Topology, mix_seed, quantized_reduce_scatter
-from composer_qsdp.quant import make_codec
+from composer_qsdp.quant import CodedResidual, SymmetricCodec, make_codec
 from composer_qsdp.schemes import LoCoReduceScatter, LoCoResidualWarning, make_grad_scheme
 
 N = 37  # elements per rank's chunk: no bucket size here divides it
@@ -41,6 +43,7 @@ CASES = {  # name: (codec, beta, residual dtype)
     "stochastic": (("minmax", 2, 16, "stochastic"), 0.5, "float32"),
     "classic": (("symmetric", 3, 8, None), 0.0, "float32"),
     "bf16": (("minmax", 2, 16, "nearest"), 0.8, "bfloat16"),
+    "int8": (("minmax", 2, 16, "nearest"), 0.8, "int8"),
 }
 
 
@@ -53,7 +56,20 @@ def _grad(rank: int, call: int, world: int) -> torch.Tensor:
     return torch.randn(world * N, generator=torch.Generator().manual_seed(1000 * call + rank))
 
 
-def _reference(world: int, codec, beta: float, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
+def _values(residual: torch.Tensor | CodedResidual) -> torch.Tensor:
+    """A residual's ``W * N`` values, a new float tensor whatever its storage."""
+    return residual.decode().reshape(-1) if isinstance(residual, CodedResidual) else residual.clone()
+
+
+def _stored(residual: torch.Tensor, dtype: str, world: int, bucket: int) -> torch.Tensor:
+    """float64 ``residual`` (``W * N``) as the scheme stores it between calls, read back as float64."""
+    if dtype != "int8":
+        return residual.to(getattr(torch, dtype)).double()
+    storage = SymmetricCodec(8, bucket)
+    return storage.decode_rows(storage.encode_rows(residual.float().view(world, N)), N).double().reshape(-1)
+
+
+def _reference(world: int, codec, beta: float, dtype: str) -> tuple[list[torch.Tensor], torch.Tensor]:
     """float64 simulation of every rank: the AVG outputs of each call ([W, N] per call) and the final residuals."""
     residuals = torch.zeros(world, world * N, dtype=torch.float64)
     outputs = []
@@ -65,7 +81,7 @@ def _reference(world: int, codec, beta: float, dtype: torch.dtype) -> tuple[list
             q = codec.decode_rows(wire, N).double()
             decoded[r] = q
             residuals[r] = beta * residuals[r] + (1 - beta) * (c - q.reshape(-1))
-            residuals[r] = residuals[r].to(dtype).double()  # what the scheme stores between calls
+            residuals[r] = _stored(residuals[r], dtype, world, codec.bucket_size)  # what the scheme keeps
         outputs.append(decoded.sum(0) / world)
     return outputs, residuals
 
@@ -108,44 +124,52 @@ def _rank_side(info: RankInfo) -> dict:
             outputs.append(o)
             if (call + 1) % PER_STEP == 0:
                 scheme.on_optimizer_step()
-        out[case] = {"outputs": outputs, "residual": scheme.residual.clone(), "memory": scheme.memory_bytes(),
+        out[case] = {"outputs": outputs, "residual": _values(scheme.residual), "memory": scheme.memory_bytes(),
                      "describe": scheme.describe()}
 
-    # save after 3 calls -> a new scheme continues exactly as the first one does
-    spec, beta, dtype = CASES["stochastic"]
-    first = LoCoReduceScatter(_codec(spec), beta=beta)
-    first.setup(group, Topology(1))
-    for call in range(3):
-        first.reduce_scatter(torch.empty(N), _grad(info.rank, call, world), dist.ReduceOp.SUM, SEED + call)
-    saved, out["save_collectives"] = _count_collectives(first.state_dict)
-    piece = saved["residual"]
-    out["piece"] = (type(piece).__name__, tuple(piece.shape), tuple(piece.to_local().shape),
-                    torch.equal(piece.to_local().view(-1), first.residual))
-    second = LoCoReduceScatter(_codec(spec), beta=beta)
-    second.setup(group, Topology(1))
-    second.load_state_dict(saved)
-    same = []
-    for call in range(3, CALLS):
-        a, b = torch.empty(N), torch.empty(N)
-        first.reduce_scatter(a, _grad(info.rank, call, world), dist.ReduceOp.SUM, SEED + call)
-        second.reduce_scatter(b, _grad(info.rank, call, world), dist.ReduceOp.SUM, SEED + call)
-        same.append(torch.equal(a, b))
-    out["resume_equal"] = same and all(same) and torch.equal(first.residual, second.residual)
-    out["resume_calls"] = second.traffic.calls
-    fresh = LoCoReduceScatter(_codec(spec), beta=beta)
-    fresh.setup(group, Topology(1))
-    fresh.reduce_scatter(torch.empty(N), _grad(info.rank, 0, world), dist.ReduceOp.SUM, SEED)
+    # save after 3 calls -> a new scheme continues exactly as the first one does, whatever the residual's storage
+    spec, beta, _ = CASES["stochastic"]
+    saves = {}
+    for dtype in ("float32", "int8"):
+        first = LoCoReduceScatter(_codec(spec), beta=beta, residual_dtype=dtype)
+        first.setup(group, Topology(1))
+        for call in range(3):
+            first.reduce_scatter(torch.empty(N), _grad(info.rank, call, world), dist.ReduceOp.SUM, SEED + call)
+        saved, out[f"save_collectives_{dtype}"] = _count_collectives(first.state_dict)
+        saves[dtype] = saved
+        piece, storage = saved["residual"], getattr(first.residual, "wire", first.residual)
+        out[f"piece_{dtype}"] = (type(piece).__name__, tuple(piece.shape), tuple(piece.to_local().shape),
+                                 torch.equal(piece.to_local().view(storage.shape), storage))
+        second = LoCoReduceScatter(_codec(spec), beta=beta, residual_dtype=dtype)
+        second.setup(group, Topology(1))
+        second.load_state_dict(saved)
+        same = []
+        for call in range(3, CALLS):
+            a, b = torch.empty(N), torch.empty(N)
+            first.reduce_scatter(a, _grad(info.rank, call, world), dist.ReduceOp.SUM, SEED + call)
+            second.reduce_scatter(b, _grad(info.rank, call, world), dist.ReduceOp.SUM, SEED + call)
+            same.append(torch.equal(a, b))
+        out[f"resume_equal_{dtype}"] = all(same) and torch.equal(_values(first.residual), _values(second.residual))
+        out[f"resume_calls_{dtype}"] = second.traffic.calls
+    saved = saves["float32"]
+    fresh = {}  # residual_dtype: the residual after one call from zero
+    for dtype in ("float32", "int8"):
+        scheme = LoCoReduceScatter(_codec(spec), beta=beta, residual_dtype=dtype)
+        scheme.setup(group, Topology(1))
+        scheme.reduce_scatter(torch.empty(N), _grad(info.rank, 0, world), dist.ReduceOp.SUM, SEED)
+        fresh[dtype] = _values(scheme.residual)
     other_world = dict(saved, residual_ranks=world + 1)  # what a resume on another number of ranks sees
     no_piece = {k: v for k, v in saved.items() if k != "residual"}  # a full checkpoint's state: no rank's piece
-    for key, state in (("other_world", other_world), ("no_piece", no_piece)):
-        third = LoCoReduceScatter(_codec(spec), beta=beta)
+    for key, state, dtype in (("other_world", other_world, "float32"), ("no_piece", no_piece, "float32"),
+                              ("float_into_int8", saved, "int8"), ("int8_into_float", saves["int8"], "float32")):
+        third = LoCoReduceScatter(_codec(spec), beta=beta, residual_dtype=dtype)
         third.setup(group, Topology(1))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             third.load_state_dict(state)
             third.reduce_scatter(torch.empty(N), _grad(info.rank, 0, world), dist.ReduceOp.SUM, SEED)
         out[f"{key}_warnings"] = [str(w.message) for w in caught if issubclass(w.category, LoCoResidualWarning)]
-        out[f"{key}_starts_at_zero"] = torch.equal(third.residual, fresh.residual)
+        out[f"{key}_starts_at_zero"] = torch.equal(_values(third.residual), fresh[dtype])
     wrong = LoCoReduceScatter(_codec(spec), beta=beta)
     wrong.setup(group, Topology(1))
     try:
@@ -154,21 +178,22 @@ def _rank_side(info: RankInfo) -> dict:
         out["wrong_piece"] = str(err)
 
     # reset_every counts optimizer steps
-    resetting = LoCoReduceScatter(_codec(spec), beta=beta, reset_every=2)
-    resetting.setup(group, Topology(1))
-    resetting.reduce_scatter(torch.empty(N), _grad(info.rank, 0, world), dist.ReduceOp.SUM, SEED)
-    resetting.on_optimizer_step()
-    out["kept_after_one"] = bool(resetting.residual.any())
-    resetting.on_optimizer_step()
-    out["zero_after_two"] = not resetting.residual.any()
+    for dtype in ("float32", "int8"):
+        resetting = LoCoReduceScatter(_codec(spec), beta=beta, reset_every=2, residual_dtype=dtype)
+        resetting.setup(group, Topology(1))
+        resetting.reduce_scatter(torch.empty(N), _grad(info.rank, 0, world), dist.ReduceOp.SUM, SEED)
+        resetting.on_optimizer_step()
+        out[f"kept_after_one_{dtype}"] = bool(_values(resetting.residual).any())
+        resetting.on_optimizer_step()
+        out[f"zero_after_two_{dtype}"] = not _values(resetting.residual).any()
 
-    # a NaN gradient: the output stays non-finite, the residual does not
+    # a NaN gradient: the output stays non-finite, the (int8-coded) residual does not
     g = _grad(info.rank, 0, world)
     g[3] = float("nan")
     o = torch.empty(N)
     first.reduce_scatter(o, g, dist.ReduceOp.SUM, SEED)
     out["nan_output"] = bool(torch.isnan(o).any()) if info.rank == 0 else None
-    out["residual_finite"] = bool(torch.isfinite(first.residual).all())
+    out["residual_finite"] = bool(torch.isfinite(_values(first.residual)).all())
 
     try:
         first.reduce_scatter(torch.empty(N + 1), torch.empty(world * (N + 1)), dist.ReduceOp.SUM, SEED)
@@ -186,14 +211,16 @@ def results(request):
 def test_loco_matches_a_float64_simulation_of_every_rank(results, case):
     world, outs = results
     spec, beta, dtype = CASES[case]
-    expected, residuals = _reference(world, _codec(spec), beta, getattr(torch, dtype))
+    expected, residuals = _reference(world, _codec(spec), beta, dtype)
     for rank, out in enumerate(outs):
         got = out[case]
         for call in range(CALLS):
             torch.testing.assert_close(got["outputs"][call].double(), expected[call][rank], rtol=1e-5, atol=1e-5)
-        tol = 1e-5 if dtype == "float32" else 1e-2
+        tol = {"float32": 1e-5, "bfloat16": 1e-2, "int8": float(residuals[rank].abs().max()) / 127}[dtype]
         torch.testing.assert_close(got["residual"].double(), residuals[rank], rtol=tol, atol=tol)
-        assert got["memory"] == world * N * (4 if dtype == "float32" else 2)
+        per_rank = {"float32": 4 * world * N, "bfloat16": 2 * world * N,
+                    "int8": world * SymmetricCodec(8, spec[2]).wire_bytes(N)}[dtype]
+        assert got["memory"] == per_rank
         assert f"beta {beta:g}" in got["describe"] and dtype in got["describe"]
 
 
@@ -212,15 +239,20 @@ def test_classic_error_feedback_telescopes(results):
 def test_loco_state_resets_nan_and_misuse(results):
     world, outs = results
     for rank, out in enumerate(outs):
-        assert out["resume_equal"] is True and out["resume_calls"] == 3 + (CALLS - 3)
-        assert out["save_collectives"] == []  # each rank's piece is its own: saving communicates nothing
-        assert out["piece"] == ("DTensor", (world, world * N), (1, world * N), True)
+        wire_bytes = world * SymmetricCodec(8, 16).wire_bytes(N)
+        for dtype, numel in (("float32", world * N), ("int8", wire_bytes)):
+            assert out[f"resume_equal_{dtype}"] is True and out[f"resume_calls_{dtype}"] == 3 + (CALLS - 3)
+            assert out[f"save_collectives_{dtype}"] == []  # each rank's piece is its own: saving communicates nothing
+            assert out[f"piece_{dtype}"] == ("DTensor", (world, numel), (1, numel), True)
         assert out["other_world_starts_at_zero"] and out["no_piece_starts_at_zero"]
+        for key, saved, now in (("float_into_int8", "float32", "int8"), ("int8_into_float", "int8", "float32")):
+            assert out[f"{key}_starts_at_zero"] and len(out[f"{key}_warnings"]) == 1
+            assert f"saved as {saved} and this run stores them as {now}" in out[f"{key}_warnings"][0]
         assert len(out["other_world_warnings"]) == 1
         assert f"saved by {world + 1} ranks and this run has {world}" in out["other_world_warnings"][0]
         assert len(out["no_piece_warnings"]) == 1 and "piece was never loaded" in out["no_piece_warnings"][0]
         assert f"shape (2, {world * N}); this state needs (1, {world * N})" in out["wrong_piece"]
-        assert out["kept_after_one"] and out["zero_after_two"]
+        assert all(out[f"kept_after_one_{d}"] and out[f"zero_after_two_{d}"] for d in ("float32", "int8"))
         assert out["residual_finite"]
         assert "one gradient size per unit" in out["other_size"]
     assert outs[0]["nan_output"] is True
@@ -269,26 +301,24 @@ def test_collective_rejects_a_bad_residual():
 
 
 # ------------------------------------------------------------------------------------- FSDP2, accumulation, resume
-LOCO = from_preset("w8g8", bucket_size=64, seed=7, grad_bits=2, grad_scheme="loco",
-                   grad_scheme_options={"beta": 0.5})
-
-
-def _fsdp2_resume(info: RankInfo, ckpt_dir: str) -> dict:
+def _fsdp2_resume(info: RankInfo, ckpt_dir: str, residual_dtype: str) -> dict:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     adapter = Adapter("fsdp2")
+    config = from_preset("w8g8", bucket_size=64, seed=7, grad_bits=2, grad_scheme="loco",
+                         grad_scheme_options={"beta": 0.5, "residual_dtype": residual_dtype})
 
     def fresh():
         model = adapter.shard(info)
         opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-        return model, opt, adapter.apply(model, LOCO, optimizers=opt)
+        return model, opt, adapter.apply(model, config, optimizers=opt)
 
     model, opt, handle = fresh()
     _train(info, model, 3, opt, microbatches=2, grads=False)
     msd, osd = get_state_dict(model, opt)
     dcp.save({"model": msd, "optim": osd, "qsdp": handle.state_dict()}, checkpoint_id=ckpt_dir)
-    residuals = [u.grads.residual.clone() for u in handle.units if u.grads.name == "loco"]
+    residuals = [_values(u.grads.residual) for u in handle.units if u.grads.name == "loco"]
     continued = _train(info, model, 3, opt, first_step=3, microbatches=2, grads=False)
 
     model, opt, handle = fresh()  # a fresh scheme has no residual yet: its size comes with the first load
@@ -306,8 +336,9 @@ def _fsdp2_resume(info: RankInfo, ckpt_dir: str) -> dict:
             "residual_numel": [r.numel() for r in residuals], "calls": handle.traffic().grads.calls}
 
 
-def test_fsdp2_uneven_accumulation_resume_is_exact(tmp_path):
-    outs = run_ranks(_fsdp2_resume, 2, os.fspath(tmp_path))
+@pytest.mark.parametrize("residual_dtype", ["float32", "int8"])
+def test_fsdp2_uneven_accumulation_resume_is_exact(tmp_path, residual_dtype):
+    outs = run_ranks(_fsdp2_resume, 2, os.fspath(tmp_path), residual_dtype)
     for out in outs:
         assert out["residuals"] >= 3  # every layer (the 67-row one included) feeds its errors back
         assert out["resumed"] == out["continued"]
