@@ -17,6 +17,10 @@ give the same numbers (:mod:`composer_qsdp.kernels.noise`). The Hadamard-rotated
 of up to 256 elements as rows of 16 (:func:`rotation_rows`): a thread holds a row, which is one code word, runs the
 rotation's first stages inside it and, after one exchange, the others along a column.
 
+Error feedback's residual (:func:`encode_rows_feedback`) is fp32, bf16, or the 8-bit symmetric codec's wire in this
+codec's buckets (``quant.residual.CodedResidual``), decoded after the load and re-encoded before the store with the
+symmetric kernels' own arithmetic (:mod:`composer_qsdp.kernels.abs_max`), so it is the bytes that codec writes.
+
 Exactness: every fp32 operation appears once, in the reference's order, and the kernels launch with
 ``enable_fp_fusion=False`` so ``a * b + c`` is not contracted into an FMA; divisions use ``div_rn`` (IEEE)
 instead of Triton's approximate ``/``. Rounding to an integer code and reading a code back as fp32 go through
