@@ -12,19 +12,23 @@ owner's decode-and-sum, as the qwd-*-loco presets run them (Hadamard-rotated min
 =============  ====================================================================================================
 
 The input is the reduce-scatter input of one GPT-1.3B block (50.3M parameters) on ``--ranks`` ranks (``W`` rows of
-``n`` elements, bf16), the residual fp32. Each call is timed with ``triton.testing.do_bench`` (median of two
-medians; their spread is the noise). Bytes counted for the fused call are its floor: the gradient read, the
-residual read and written, the codes written; GB/s against a device copy of the same number of bytes.
+``n`` elements, bf16). The residual (column ``residual``) is fp32, bf16, or ``int8``: a ``CodedResidual`` of
+``SymmetricCodec(8, 256)``, 1 byte per element plus one fp32 scale per bucket of 256 (the reference and the unfused
+composition run with fp32 and int8, the fused kernel with all three). Each call is timed with
+``triton.testing.do_bench`` (median of two medians; their spread is the noise). Bytes counted for the fused call are
+its floor: the gradient read, the residual read and written, the codes written; GB/s against a device copy of the
+same number of bytes.
 
 ``--sweep`` times the kernels of the preset's codec (``--preset``, default ``qwd-w4g3-loco``: 3 bits, groups of
 256) over the launch shapes of :data:`SWEEP_GRID` (buckets per program x warps; the results never depend on them),
-on the same rows: the fused feedback quantize (rotated and not, fp32 and bf16 residual), the min-max decode-sum of
+on the same rows: the fused feedback quantize (rotated and not; fp32, bf16 and int8 residual), the min-max decode-sum of
 the ``--ranks`` wire rows (fp32, as the rotated codec sums before rotating back) and that sum's inverse rotation
 (``hadamard_rows``). Worker processes first compile every shape and check its output against the torch
 reference (Triton's on-disk cache then serves the timing process); a shape that fails to compile or spills
 registers is recorded and not timed. Bytes per launch, read plus written: feedback ``R*n*2`` (bf16 gradient) +
-``2*R*n*s`` (residual of ``s`` bytes, read and written) + the ``R`` wire rows; decode-sum the ``R`` wire rows +
-``n*4``; rotation ``2*n*4``. % of copy is against a device copy moving the same number of bytes.
+twice the residual (read and written: ``R*n*s`` for ``s``-byte floats, the ``R`` coded rows ``R*(n + 4*ceil(n/256))``
+bytes (up to 3 bytes of padding each) for int8) + the ``R`` wire rows; decode-sum the ``R`` wire rows + ``n*4``;
+rotation ``2*n*4``. % of copy is against a device copy moving the same number of bytes.
 
 Usage::
 
@@ -55,7 +59,7 @@ from composer_qsdp.config.presets import PRESETS, preset_names
 from composer_qsdp.kernels import backend, bucket_decode
 from composer_qsdp.kernels import hadamard as hadamard_kernels
 from composer_qsdp.kernels import minmax as minmax_kernels
-from composer_qsdp.quant import Codec, HadamardCodec, MinMaxCodec
+from composer_qsdp.quant import Codec, CodedResidual, HadamardCodec, MinMaxCodec, SymmetricCodec
 from composer_qsdp.quant.hadamard import hadamard_rows
 
 BLOCK_1_3B = 12 * 2048 * 2048 + 13 * 2048  # GPT-1.3B block: attention and MLP matrices, biases, two norms
@@ -66,30 +70,70 @@ def _packed_widths_only(bits: int, *args: int) -> bool:
     return bits in (1, 2, 4, 8) and minmax_kernels.supports_packed(bits, *args)
 
 
+#: Residual kinds: a float dtype, or ``int8``, the residual coded as ``SymmetricCodec(8, bucket)``'s wire rows.
+RESIDUALS = ("fp32", "bf16", "int8")
+_RESIDUAL_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def make_residual(kind: str, values: torch.Tensor, bucket: int) -> torch.Tensor | CodedResidual:
+    """The ``[R, n]`` fp32 ``values`` as a residual of ``kind`` (:data:`RESIDUALS`): a flat float tensor, or a coded
+    residual in buckets of ``bucket`` elements (the min-max codec's, so the fused kernel reads it)."""
+    if kind == "int8":
+        coded = CodedResidual(SymmetricCodec(8, bucket), *values.shape, device=values.device)
+        coded.store(values)
+        return coded
+    return values.reshape(-1).to(_RESIDUAL_DTYPES[kind])
+
+
+def copy_residual(residual: torch.Tensor | CodedResidual) -> torch.Tensor | CodedResidual:
+    """A copy of ``residual`` that a feedback call can update without touching the original."""
+    if isinstance(residual, CodedResidual):
+        copy = CodedResidual(residual.codec, residual.rows, residual.numel, residual.device)
+        copy.wire.copy_(residual.wire)
+        return copy
+    return residual.clone()
+
+
+def residual_bytes(kind: str, rows: int, n: int, bucket: int) -> int:
+    """Bytes of one ``[rows, n]`` residual of ``kind``: ``s`` per element for ``s``-byte floats; for int8 the coded
+    rows, 1 byte per element and 4 per bucket of ``bucket`` elements (plus each row's padding to 4 bytes)."""
+    if kind == "int8":
+        return rows * SymmetricCodec(8, bucket).wire_bytes(n)
+    return rows * n * _RESIDUAL_DTYPES[kind].itemsize
+
+
 def measure(bits: int, ranks: int) -> list[dict]:
     n = -(-BLOCK_1_3B // ranks)
-    codec = HadamardCodec(MinMaxCodec(bits=bits, bucket_size=256, rounding="nearest"))
+    bucket = 256
+    codec = HadamardCodec(MinMaxCodec(bits=bits, bucket_size=bucket, rounding="nearest"))
     x = torch.randn(ranks, n, device="cuda", dtype=torch.bfloat16)
-    residual = 1e-3 * torch.randn(ranks * n, device="cuda")
+    values = 1e-3 * torch.randn(ranks, n, device="cuda")
+    residuals = {kind: make_residual(kind, values, bucket) for kind in RESIDUALS}
     wire_bytes = codec.wire_bytes(n) * ranks
-    floor = x.numel() * 2 + 2 * residual.numel() * 4 + wire_bytes
-    roof = timing.copy_gbps(floor // 8, torch.float32)  # a copy moving the same bytes (read + write)
+    floors = {kind: x.numel() * 2 + 2 * residual_bytes(kind, ranks, n, bucket) + wire_bytes for kind in RESIDUALS}
+    # A copy moving the same bytes (read + write) as each fused call's floor.
+    roofs = {kind: timing.copy_gbps(floor // 8, torch.float32) for kind, floor in floors.items()}
     rows = []
 
-    def record(way: str, op: str, fn, nbytes: int | None) -> None:
+    def record(way: str, op: str, residual: str, fn, nbytes: int | None, roof: float | None = None) -> None:
         ms, spread = timing.median_ms_twice(fn)
-        rows.append({"bits": bits, "ranks": ranks, "n": n, "way": way, "op": op, "ms": ms, "spread_pct": spread,
-                     "gbps": None if nbytes is None else timing.gbps(nbytes, ms),
+        rows.append({"bits": bits, "ranks": ranks, "n": n, "way": way, "op": op, "residual": residual, "ms": ms,
+                     "spread_pct": spread, "gbps": None if nbytes is None else timing.gbps(nbytes, ms),
                      "pct_copy": None if nbytes is None else 100 * timing.gbps(nbytes, ms) / roof})
 
-    unfused = lambda: Codec._encode_rows_feedback(codec, x, residual, 0.5, 0, 0)  # noqa: E731
+    def unfused(kind: str) -> Callable[[], object]:
+        return lambda: Codec._encode_rows_feedback(codec, x, residuals[kind], 0.5, 0, 0)
+
     with mock.patch.object(minmax_kernels, "supports", _packed_widths_only):
-        record("reference", "feedback encode", unfused, None)
+        record("reference", "feedback encode", "fp32", unfused("fp32"), None)
         wire = codec.encode_rows(x.float())
-        record("reference", "decode_sum", lambda: codec.decode_sum(wire, n), None)
-    record("unfused", "feedback encode", unfused, None)
-    record("fused", "feedback encode", lambda: codec.encode_rows_feedback(x, residual, 0.5), floor)
-    record("kernels", "decode_sum", lambda: codec.decode_sum(wire, n), wire_bytes + n * 4)
+        record("reference", "decode_sum", "", lambda: codec.decode_sum(wire, n), None)
+    for kind in ("fp32", "int8"):
+        record("unfused", "feedback encode", kind, unfused(kind), None)
+    for kind in RESIDUALS:
+        record("fused", "feedback encode", kind, lambda kind=kind: codec.encode_rows_feedback(x, residuals[kind], 0.5),
+               floors[kind], roofs[kind])  # fmt: skip
+    record("kernels", "decode_sum", "", lambda: codec.decode_sum(wire, n), wire_bytes + n * 4, roofs["fp32"])
     return rows
 
 
@@ -97,7 +141,8 @@ def measure(bits: int, ranks: int) -> list[dict]:
 #: Launch shapes of ``--sweep``, ``(buckets per program, warps)`` per kernel at 256-element buckets: the grid
 #: 1..16 x 1..16 (powers of two) at 2 to 64 elements per thread (``bpp * 256 / (32 * warps)``), less the shapes
 #: whose sm_90 compile spills registers (``tests/kernels/hopper.py``, 3 bits, bf16 gradient, fp32 and bf16
-#: residual; the sweep records each launch's registers). Each kernel's default launch is timed too, as its own row.
+#: residual; the sweep records each launch's registers, the int8 residual's too). Each kernel's default launch is
+#: timed too, as its own row.
 SWEEP_GRID: dict[str, tuple[tuple[int, int], ...]] = {
     "feedback rotated": ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (2, 8), (4, 1), (4, 2), (4, 4), (4, 8),
                          (4, 16), (8, 2), (8, 4), (8, 8), (8, 16), (16, 4), (16, 8), (16, 16)),
@@ -109,9 +154,8 @@ SWEEP_GRID: dict[str, tuple[tuple[int, int], ...]] = {
 }  # fmt: skip
 SWEEP_COLUMNS = ("op", "residual", "bpp", "warps", "el_per_thread", "status", "regs", "spills", "smem", "ms",
                  "spread_pct", "bytes", "gbps", "pct_copy")  # fmt: skip
-_RESIDUAL_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-_SWEEP_CASES = (("feedback rotated", "fp32"), ("feedback rotated", "bf16"), ("feedback", "fp32"),
-                ("feedback", "bf16"), ("decode_sum", ""), ("hadamard", ""))  # fmt: skip
+_SWEEP_CASES = tuple((op, kind) for op in ("feedback rotated", "feedback") for kind in RESIDUALS) + (
+    ("decode_sum", ""), ("hadamard", ""))  # fmt: skip
 
 
 class _Sweep:
@@ -127,15 +171,17 @@ class _Sweep:
         self.padded = self.rotated.padded(self.n)
         gen = torch.Generator(device="cuda").manual_seed(0)
         self.x = torch.randn(ranks, self.n, device="cuda", dtype=torch.bfloat16, generator=gen)
-        r = 1e-3 * torch.randn(ranks * self.n, device="cuda", generator=gen)
-        self.residual = {name: r.to(dtype) for name, dtype in _RESIDUAL_DTYPES.items()}
+        r = 1e-3 * torch.randn(ranks, self.n, device="cuda", generator=gen)
+        self.residual = {kind: make_residual(kind, r, self.bucket) for kind in RESIDUALS}
         self.expected: dict[tuple[str, str], Any] = {}
         with backend("torch"):
             self.wire = self.rotated.encode_rows(self.x)
             self.total = self.inner.decode_sum(self.wire, self.padded)
             if reference:
-                for op, residual in _SWEEP_CASES[:4]:
-                    new = self.residual[residual].clone()
+                for op, residual in _SWEEP_CASES:
+                    if not op.startswith("feedback"):
+                        continue
+                    new = copy_residual(self.residual[residual])
                     codec = self.rotated if op == "feedback rotated" else self.inner
                     self.expected[op, residual] = (codec.encode_rows_feedback(self.x, new, 0.5), new)
                 self.expected["decode_sum", ""] = self.total
@@ -146,16 +192,17 @@ class _Sweep:
         """Bytes one launch of ``op`` reads plus writes (module docstring)."""
         wire = self.ranks * self.inner.wire_bytes(self.padded if op != "feedback" else self.n)
         if op.startswith("feedback"):
-            return self.x.numel() * 2 + 2 * self.x.numel() * _RESIDUAL_DTYPES[residual].itemsize + wire
+            return self.x.numel() * 2 + 2 * residual_bytes(residual, self.ranks, self.n, self.bucket) + wire
         return wire + self.padded * 4 if op == "decode_sum" else 2 * self.n * 4
 
-    def call(self, spec: dict[str, Any], residual: torch.Tensor | None = None) -> Any:
+    def call(self, spec: dict[str, Any], residual: torch.Tensor | CodedResidual | None = None) -> Any:
         """Launch ``spec`` once; the feedback quantize updates ``residual`` (default: the sweep's own)."""
         bpp, warps = spec["bpp"], spec["warps"]
         op = spec["op"]
         if op.startswith("feedback"):
             rotate = op == "feedback rotated"
             r = self.residual[spec["residual"]] if residual is None else residual
+            r = r.wire if isinstance(r, CodedResidual) else r  # the launcher takes a coded residual's wire rows
             fmt = self.inner.wire_format(self.padded if rotate else self.n)
             return minmax_kernels.encode_rows_feedback(self.x, r, 0.5, self.bits, self.bucket, fmt, False, 0, 0,
                                                        rotate, buckets_per_program=bpp, num_warps=warps)  # fmt: skip
@@ -168,8 +215,11 @@ class _Sweep:
         """Whether one launch of ``spec`` gives the torch reference's outputs bit for bit."""
         expected = self.expected[spec["op"], spec["residual"]]
         if spec["op"].startswith("feedback"):
-            new = self.residual[spec["residual"]].clone()
-            return torch.equal(self.call(spec, new), expected[0]) and torch.equal(new, expected[1])
+            new = copy_residual(self.residual[spec["residual"]])
+            same_wire = torch.equal(self.call(spec, new), expected[0])
+            if isinstance(new, CodedResidual):
+                return same_wire and torch.equal(new.wire, expected[1].wire)
+            return same_wire and torch.equal(new, expected[1])
         return torch.equal(self.call(spec), expected)
 
 
@@ -210,7 +260,7 @@ def _compile_and_check(preset: str, ranks: int, specs: list[dict[str, Any]]) -> 
     for spec in specs:
         result: dict[str, Any] = {"status": "ok"}
         try:
-            kernel = _launched_kernel(lambda: sweep.call(spec, sweep.residual[spec["residual"]].clone())
+            kernel = _launched_kernel(lambda: sweep.call(spec, copy_residual(sweep.residual[spec["residual"]]))
                                       if spec["residual"] else sweep.call(spec))  # fmt: skip
             if kernel is not None:
                 result.update(regs=kernel.n_regs, spills=kernel.n_spills, smem=kernel.metadata.shared)
@@ -321,8 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     fmt = lambda v, spec: "" if v is None else format(v, spec)  # noqa: E731
     lines = ["### bench_feedback: LoCo's error-feedback encode and decode-sum, one GPT-1.3B block", "",
              timing.header_text(head).rstrip(), "",
-             "| bits | ranks | way | op | ms | spread % | GB/s (floor) | % of copy |", "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['bits']} | {r['ranks']} | {r['way']} | {r['op']} | {r['ms']:.3f} | {r['spread_pct']:.1f} "
+             "| bits | ranks | way | op | residual | ms | spread % | GB/s (floor) | % of copy |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['bits']} | {r['ranks']} | {r['way']} | {r['op']} | {r['residual']} | {r['ms']:.3f} "
+              f"| {r['spread_pct']:.1f} "
               f"| {fmt(r['gbps'], '.0f')} | {fmt(r['pct_copy'], '.0f')} |" for r in rows]
     text = "\n".join(lines) + "\n"
     print(text)

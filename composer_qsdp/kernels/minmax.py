@@ -17,6 +17,10 @@ give the same numbers (:mod:`composer_qsdp.kernels.noise`). The Hadamard-rotated
 of up to 256 elements as rows of 16 (:func:`rotation_rows`): a thread holds a row, which is one code word, runs the
 rotation's first stages inside it and, after one exchange, the others along a column.
 
+Error feedback's residual (:func:`encode_rows_feedback`) is fp32, bf16, or the 8-bit symmetric codec's wire in this
+codec's buckets (``quant.residual.CodedResidual``), decoded after the load and re-encoded before the store with the
+symmetric kernels' own arithmetic (:mod:`composer_qsdp.kernels.abs_max`), so it is the bytes that codec writes.
+
 Exactness: every fp32 operation appears once, in the reference's order, and the kernels launch with
 ``enable_fp_fusion=False`` so ``a * b + c`` is not contracted into an FMA; divisions use ``div_rn`` (IEEE)
 instead of Triton's approximate ``/``. Rounding to an integer code and reading a code back as fp32 go through
@@ -36,6 +40,7 @@ import triton
 import triton.language as tl
 
 from composer_qsdp.kernels import hadamard
+from composer_qsdp.kernels.abs_max import abs_max, abs_max_codes, abs_max_decode, bucket_scales, tile_abs_max
 from composer_qsdp.kernels.bucket_decode import BucketDecoder
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
 from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, GPU_TILE, INTERPRETER_TILE, MAGIC_BITS, MAX_BUCKET,
@@ -44,7 +49,7 @@ from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, GPU_TILE, INTERPR
 from composer_qsdp.kernels.fixed_point import fraction_bits
 from composer_qsdp.kernels.hadamard import butterflies, butterflies_rows
 from composer_qsdp.kernels.noise import noise_bits
-from composer_qsdp.kernels.wire_format import WireFormat
+from composer_qsdp.kernels.wire_format import WireFormat, aligned_rows, bucket_wire_format
 
 __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "encode_rows_feedback", "decode_rows",
            "decode_sum", "rotation_rows"]
@@ -67,6 +72,12 @@ _ELEMENTS_PER_THREAD_8BIT_STOCHASTIC_HALF = 64
 # registers (sm_90 compile, 256-element buckets), at 4 (8 warps per 1024 elements) 128.
 ROTATED_ELEMENTS_PER_THREAD = 16
 _FLAT_ROTATED_ELEMENTS_PER_THREAD = 4
+
+
+# The coded residual the feedback quantize reads and writes: the 8-bit symmetric codec's wire (one byte per element
+# at the element's index, so codes need no packing), levels +-127.
+_CODED_BITS = tl.constexpr(8)
+_CODED_QMAX = tl.constexpr(127)
 
 
 #: True when a kernel covers ``bits``, ``bucket_size``, ``rows`` and ``n``
@@ -136,14 +147,49 @@ def _quantize_kernel(
                    BITS, BUCKET, BPP, STOCHASTIC, FRACTION, ALIGNED, PARTIAL_GROUPS)  # fmt: skip
 
 
+@triton.jit
+def _load_residual(r_row, idx, on, r_meta_offset, num_buckets, BPP: tl.constexpr, FLAT: tl.constexpr,
+                   CODED: tl.constexpr):  # fmt: skip
+    """The fp32 residual at the element indices ``idx`` of one row (0 where not ``on``): a float row, or with
+    ``CODED`` the 8-bit symmetric wire row at ``r_row`` decoded as the symmetric decoder does (its buckets are the
+    tile's: ``[BPP, 1]`` with ``FLAT`` indices ``[BPP, BUCKET]``, else ``[1, BPP, 1, 1]``)."""
+    if CODED:
+        # Level 0 off the row: (127 - 127) * scale is +0.0, the zero padding, as every stored scale is finite.
+        codes = tl.load(r_row + idx, mask=on, other=_CODED_QMAX).to(tl.int32)
+        scale = bucket_scales(r_row, r_meta_offset, num_buckets, BPP)
+        r = abs_max_decode(codes, scale[:, None] if FLAT else scale[None, :, None, None], _CODED_QMAX)
+    else:
+        r = tl.load(r_row + idx, mask=on, other=0.0).to(tl.float32)
+    return r
+
+
+@triton.jit
+def _store_coded_residual(r_row, r, pid, b, g, lane, idx, on, n_in, num_buckets, r_meta_offset,
+                          BUCKET: tl.constexpr, BPP: tl.constexpr, FLAT: tl.constexpr):  # fmt: skip
+    """Store the finite fp32 residual ``r`` on the tile ``(b, g, lane, idx, on)`` (``FLAT``: ``[BPP, BUCKET]``
+    indices and ``b`` ``[BPP, 1]``) into the 8-bit symmetric wire row at ``r_row`` as the symmetric encoder writes
+    it: per bucket its abs-max over ``on``, codes at byte ``idx``, the padding up to ``r_meta_offset`` zeroed, then
+    one fp32 scale per bucket."""
+    if FLAT:
+        absmax = tl.reduce(tl.where(on, tl.abs(r), 0.0), 1, abs_max, keep_dims=True)
+    else:
+        absmax = tile_abs_max(r, on)
+    codes, scale = abs_max_codes(r, absmax, _CODED_QMAX)
+    store_codes(r_row, codes, pid, b, g, lane, idx, on, n_in, num_buckets, n_in, r_meta_offset,
+                _CODED_BITS, BUCKET, BPP, False)  # fmt: skip
+    meta = (r_row + r_meta_offset).to(tl.pointer_type(tl.float32))
+    tl.store(meta + b, scale, mask=b < num_buckets)
+
+
 @triton.jit(do_not_specialize=["seed", "offset"])
 def _quantize_feedback_kernel(
     x_ptr, r_ptr, wire_ptr, meta_ptr,
-    n_in, n, num_buckets, code_bytes, meta_offset, x_row_stride, r_row_stride, wire_row_stride,
+    n_in, n, num_buckets, code_bytes, meta_offset, x_row_stride, r_row_stride, wire_row_stride, r_meta_offset,
     seed, offset, beta, scale_rot,
     BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, VEC: tl.constexpr,
     STOCHASTIC: tl.constexpr, FRACTION: tl.constexpr, ALIGNED: tl.constexpr, PARTIAL_GROUPS: tl.constexpr,
     ROTATE: tl.constexpr, LOG_B: tl.constexpr, LOG_ROW: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
+    CODED: tl.constexpr,
 ):  # fmt: skip
     """Error feedback in one pass: quantize ``c = x + r`` (Hadamard-rotated per bucket with ``ROTATE``; ``n`` is then
     the padded row length) and write ``r <- fresh - beta * (fresh - r)``, ``fresh = c - decode(encode(c))`` (rotated
@@ -151,23 +197,33 @@ def _quantize_feedback_kernel(
 
     ``LOG_ROW > 0`` (rotated only, :func:`rotation_rows`): the tile is ``GROUPS`` rows of ``2**LOG_ROW`` elements per
     bucket, each row one code word; the rotation's stages run along the rows, then along the columns
-    (:func:`composer_qsdp.kernels.hadamard.butterflies_rows`). ``LOG_ROW = 0``: groups of 8, rotated flat."""
+    (:func:`composer_qsdp.kernels.hadamard.butterflies_rows`). ``LOG_ROW = 0``: groups of 8, rotated flat.
+
+    ``CODED``: ``r_ptr`` holds the residual as 8-bit symmetric wire rows of the first ``n_in`` columns, in buckets of
+    ``BUCKET`` (scales at byte ``r_meta_offset``; ``r_row_stride`` in bytes), read and written as that codec's
+    decode and encode (:mod:`composer_qsdp.kernels.abs_max`); else as ``n_in`` floats per row."""
     ROWS: tl.constexpr = LOG_ROW > 0
+    FLAT: tl.constexpr = ROTATE and not ROWS
     GS: tl.constexpr = (1 << LOG_ROW) if ROWS else 8
     pid = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     b, g, lane, e, valid = tile(pid, n, BUCKET, GROUPS, BPP, VEC, GS)
-    x_row, r_row = x_ptr + row * x_row_stride, r_ptr + row * r_row_stride
-    if ROTATE and not ROWS:  # bucket-major [BPP, BUCKET], as the rotation kernel loads
-        col = (pid * BPP + tl.arange(0, BPP))[:, None] * BUCKET + tl.arange(0, BUCKET)[None, :]
+    x_row = x_ptr + row * x_row_stride
+    if CODED:  # a coded row's scales are fp32 words: its rows start on multiples of 4 bytes
+        r_row = r_ptr + row * tl.multiple_of(r_row_stride, 4)
+    else:
+        r_row = r_ptr + row * r_row_stride
+    if FLAT:  # bucket-major [BPP, BUCKET], as the rotation kernel loads
+        rb = (pid * BPP + tl.arange(0, BPP))[:, None]
+        col = rb * BUCKET + tl.arange(0, BUCKET)[None, :]
         on = col < n_in  # columns n_in..n are the zero padding
-        r = tl.load(r_row + col, mask=on, other=0.0).to(tl.float32)
+        r = _load_residual(r_row, col, on, r_meta_offset, num_buckets, BPP, FLAT, CODED)
         c = tl.load(x_row + col, mask=on, other=0.0).to(tl.float32) + r
         v = tl.reshape(butterflies(tl.reshape(c, (BPP * BUCKET,)), BUCKET, LOG_B), (BPP, BUCKET)) * scale_rot
         xt = tl.permute(tl.reshape(v, (BPP, GROUPS, 8 // VEC, VEC)), (1, 0, 2, 3))
     else:
         on = valid & (e < n_in) if ROWS else valid  # rotated: columns n_in..n are the zero padding
-        r = tl.load(r_row + e, mask=on, other=0.0).to(tl.float32)
+        r = _load_residual(r_row, e, on, r_meta_offset, num_buckets, BPP, FLAT, CODED)
         c = tl.load(x_row + e, mask=on, other=0.0).to(tl.float32) + r
         xt = butterflies_rows(c, LOG_B - LOG_ROW, LOG_ROW) * scale_rot if ROWS else c
     row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)
@@ -185,7 +241,12 @@ def _quantize_feedback_kernel(
     fresh = c - decoded
     r = fresh - (fresh - r) * beta
     r = tl.where(tl.abs(r) < float("inf"), r, 0.0)  # NaN compares false: reset with the infinities
-    if ROTATE and not ROWS:
+    if CODED and FLAT:
+        _store_coded_residual(r_row, r, pid, rb, rb, rb, col, on, n_in, num_buckets, r_meta_offset, BUCKET, BPP,
+                              FLAT)  # fmt: skip
+    elif CODED:
+        _store_coded_residual(r_row, r, pid, b, g, lane, e, on, n_in, num_buckets, r_meta_offset, BUCKET, BPP, FLAT)
+    elif FLAT:
         store_cast(r_row + col, r, on, EMULATE_BF16_RNE)
     else:
         store_cast(r_row + e, r, on, EMULATE_BF16_RNE)
@@ -276,13 +337,21 @@ def encode_rows_feedback(
     buckets_per_program: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
-    """Error-feedback quantize of ``x`` ``[R, n]`` with ``residual`` (``R * n`` contiguous fp32 or bf16 elements,
-    updated in place) in one pass: ``[R, fmt.wire_bytes]`` ``uint8``, the wire of ``x + residual``.
+    """Error-feedback quantize of ``x`` ``[R, n]`` with ``residual`` (updated in place) in one pass:
+    ``[R, fmt.wire_bytes]`` ``uint8``, the wire of ``x + residual``.
+
+    ``residual``: ``R * n`` contiguous fp32 or bf16 elements, or the residual coded as the 8-bit symmetric codec's
+    wire rows in buckets of ``bucket_size`` (``quant.residual.CodedResidual`` of ``SymmetricCodec(8, bucket_size)``):
+    ``uint8`` ``[R, SymmetricCodec(8, bucket_size).wire_bytes(n)]``, contiguous, read and written as that codec
+    decodes and encodes them (its buckets are this codec's, the last one partial, also when ``rotate`` pads the rows).
 
     Reference: ``MinMaxCodec``'s ``Codec._encode_rows_feedback`` (with ``rotate``, ``HadamardCodec``'s over it,
     ``fmt`` then describing the rows zero-padded to whole buckets). Row ``r`` uses noise counters ``offset + r * n +
     i`` (``i`` indexing the padded row) under key ``seed``. ``buckets_per_program`` (a power of two) and
     ``num_warps`` override the launch heuristic for benchmark sweeps; they never change the result.
+
+    Raises:
+        ValueError: an unsupported configuration, or a coded residual of another shape or not contiguous.
     """
     rows, n = x.shape
     _check(bits, bucket_size, rows, fmt)
@@ -290,7 +359,16 @@ def encode_rows_feedback(
         raise ValueError(f"no rotated min-max kernel for bucket_size={bucket_size}; allowed: powers of two")
     if x.stride(1) != 1:
         x = x.contiguous()
-    r = residual.view(rows, n)
+    coded = residual.dtype == torch.uint8
+    if coded:
+        rfmt = bucket_wire_format(n, bucket_size, 8, cdiv(n, bucket_size))
+        if tuple(residual.shape) != (rows, rfmt.wire_bytes) or aligned_rows(residual) is not residual:
+            raise ValueError(f"a coded residual must be the contiguous [{rows}, {rfmt.wire_bytes}] uint8 wire of "
+                             f"SymmetricCodec(8, {bucket_size}) for rows of {n} elements, got shape "
+                             f"{tuple(residual.shape)} with strides {residual.stride()}")  # fmt: skip
+        r = residual
+    else:
+        r = residual.view(rows, n)
     wire = torch.empty(rows, fmt.wire_bytes, dtype=torch.uint8, device=x.device)
     nb = fmt.num_buckets
     log_row = rotation_rows(bits, bucket_size) if rotate else 0
@@ -307,11 +385,12 @@ def encode_rows_feedback(
     _quantize_feedback_kernel[(cdiv(nb, bpp), rows)](
         x, r, wire, wire.view(torch.float32),
         n, fmt.numel, nb, fmt.code_bytes, fmt.meta_offset, row_stride(x), row_stride(r), row_stride(wire),
-        seed, offset, float(beta), hadamard.rotation_scale(bucket_size) if rotate else 1.0,
+        rfmt.meta_offset if coded else 0, seed, offset, float(beta), hadamard.rotation_scale(bucket_size) if rotate else 1.0,
         BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=tile_vec, STOCHASTIC=stochastic,
         FRACTION=fraction_bits(bits) if stochastic else 0, ALIGNED=offset % 8 == 0 and (rows == 1 or n % 8 == 0),
         PARTIAL_GROUPS=bits < 8 and fmt.numel % 8 != 0, ROTATE=rotate, LOG_B=bucket_size.bit_length() - 1,
-        LOG_ROW=log_row, EMULATE_BF16_RNE=emulate_bf16_rne(), num_warps=warps, enable_fp_fusion=False,
+        LOG_ROW=log_row, EMULATE_BF16_RNE=emulate_bf16_rne(), CODED=coded, num_warps=warps,
+        enable_fp_fusion=False,
     )  # fmt: skip
     return wire
 

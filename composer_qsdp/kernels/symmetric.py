@@ -31,9 +31,10 @@ import torch
 import triton
 import triton.language as tl
 
+from composer_qsdp.kernels.abs_max import abs_max, abs_max_codes, abs_max_decode, bucket_scales, tile_abs_max
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
-from composer_qsdp.kernels.groups import ELEMENTS_PER_THREAD, FP32_MAX, GPU_TILE, INTERPRETER_TILE, MAGIC, MAGIC_BITS
-from composer_qsdp.kernels.groups import MAX_BUCKET, MAX_ROWS, codes_to_float, launch_fits, launch_shape, load_codes
+from composer_qsdp.kernels.groups import ELEMENTS_PER_THREAD, GPU_TILE, INTERPRETER_TILE
+from composer_qsdp.kernels.groups import MAX_BUCKET, MAX_ROWS, launch_fits, launch_shape, load_codes
 from composer_qsdp.kernels.groups import cdiv, output_buffer, row_stride, split_tile, store_codes, tile, vec
 from composer_qsdp.kernels.hadamard import butterflies, rotation_scale
 from composer_qsdp.kernels.wire_format import WireFormat, aligned_rows
@@ -55,12 +56,6 @@ def supports(bits: int, bucket_size: int, rotate: bool = False) -> bool:
 
 
 @triton.jit
-def _abs_max(a, b):
-    """Combine of a max reduction that propagates NaN (a plain max skips NaN on a GPU)."""
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
 def _rotated_load(x_ptr, pid, n_in, BUCKET: tl.constexpr, LOG_B: tl.constexpr, GROUPS: tl.constexpr,
                   BPP: tl.constexpr, VEC: tl.constexpr, scale):  # fmt: skip
     """The Hadamard rotation of the zero-padded buckets of program ``pid`` of a row on the ``[G, BPP, H, V]`` tile
@@ -69,7 +64,7 @@ def _rotated_load(x_ptr, pid, n_in, BUCKET: tl.constexpr, LOG_B: tl.constexpr, G
     col = (pid * BPP + tl.arange(0, BPP))[:, None] * BUCKET + tl.arange(0, BUCKET)[None, :]
     v = tl.load(x_ptr + col, mask=col < n_in, other=0.0).to(tl.float32)
     v = tl.reshape(butterflies(tl.reshape(v, (BPP * BUCKET,)), BUCKET, LOG_B), (BPP, BUCKET)) * scale
-    absmax = tl.reduce(tl.abs(v), 1, _abs_max)
+    absmax = tl.reduce(tl.abs(v), 1, abs_max)
     return tl.permute(tl.reshape(v, (BPP, GROUPS, 8 // VEC, VEC)), (1, 0, 2, 3)), absmax[None, :, None, None]
 
 
@@ -94,28 +89,14 @@ def _encode_kernel(
     pid = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     b, g, lane, e, valid = tile(pid, n, BUCKET, GROUPS, BPP, VEC)
-    # NaN-propagating abs-max: a NaN or an infinity anywhere makes the bucket's abs-max non-finite.
     if ROTATE:  # columns n_in..n are the zero padding of the rotation
         x, absmax = _rotated_load(x_ptr + row * x_row_stride, pid, n_in, BUCKET, LOG_B, GROUPS, BPP, VEC, scale_rot)
     else:
         x = tl.load(x_ptr + row * x_row_stride + e, mask=valid, other=0.0).to(tl.float32)
         if DIFFERENCE:  # the same fp32 subtraction as the reference's, never written to memory
             x = x - tl.load(ref_ptr + row * ref_row_stride + e, mask=valid, other=0.0).to(tl.float32)
-        absmax = tl.reduce(tl.reduce(tl.where(valid, tl.abs(x), 0.0), 3, _abs_max, keep_dims=True), 2, _abs_max,
-                           keep_dims=True)  # fmt: skip
-        absmax = tl.reduce(absmax, 0, _abs_max, keep_dims=True)  # [1, BPP, 1, 1]
-    nonfinite = ~(absmax < float("inf"))
-    scale = tl.where(nonfinite, float("nan"), tl.div_rn(absmax, tl.full(absmax.shape, QMAX, tl.float32)))
-    positive = absmax > 0
-    safe = tl.where(positive, absmax, 1.0)  # keeps the discarded branch free of 1/0 (interpreter warnings)
-    inv = tl.where(positive, tl.minimum(tl.div_rn(tl.full(absmax.shape, QMAX, tl.float32), safe), FP32_MAX), 0.0)
-
-    # Round half to even through MAGIC and clamp to +-QMAX on the bit patterns (as unsigned ints, ordered like the
-    # values there); a non-finite bucket clamps to level 0, and its NaN lanes (patterns above any cap) too.
-    low = tl.where(nonfinite, MAGIC_BITS, MAGIC_BITS - QMAX).to(tl.uint32)
-    high = tl.where(nonfinite, MAGIC_BITS, MAGIC_BITS + QMAX).to(tl.uint32)
-    rounded = tl.minimum(tl.maximum((x * inv + MAGIC).to(tl.uint32, bitcast=True), low), high)
-    codes = (rounded - (MAGIC_BITS - QMAX)).to(tl.int32)
+        absmax = tile_abs_max(x, valid)
+    codes, scale = abs_max_codes(x, absmax, QMAX)
 
     row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)  # wire rows are whole fp32 words
     store_codes(row_wire, codes, pid, b, g, lane, e, valid, n, num_buckets, code_bytes, meta_offset,
@@ -129,12 +110,8 @@ def _decode_tile(row_wire, b, g, lane, e, valid, n, num_buckets, meta_offset,
                  BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr, QMAX: tl.constexpr):  # fmt: skip
     """fp32 values of one wire row on the tile ``(b, g, lane, e, valid)`` (garbage where not ``valid``)."""
     codes = load_codes(row_wire, b, g, lane, e, valid, n, BITS, BUCKET)
-    # Scales loaded once per bucket as a 1-D vector, then broadcast (loading them in the tile's layout would issue
-    # one load per element).
-    bucket = tl.program_id(0) * BPP + tl.arange(0, BPP)
-    meta = (row_wire + meta_offset).to(tl.pointer_type(tl.float32))
-    scale = tl.load(meta + bucket, mask=bucket < num_buckets, other=0.0)[None, :, None, None]
-    return codes_to_float(codes, QMAX) * scale
+    scale = bucket_scales(row_wire, meta_offset, num_buckets, BPP)[None, :, None, None]
+    return abs_max_decode(codes, scale, QMAX)
 
 
 @triton.jit

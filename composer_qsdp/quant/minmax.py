@@ -61,6 +61,7 @@ from composer_qsdp.validate import check_choice
 from composer_qsdp.quant.kernel_decode import KernelDecodes
 from composer_qsdp.quant.philox import rounding_bits_range
 from composer_qsdp.quant.residual import CodedResidual
+from composer_qsdp.quant.symmetric import SymmetricCodec
 from composer_qsdp.quant.wire import affine_decode, assemble_rows, pack_rows
 
 __all__ = ["MinMaxCodec", "ROUNDINGS", "stochastic_round"]
@@ -130,23 +131,38 @@ class MinMaxCodec(KernelDecodes):
     def _encode_rows_feedback(self, x: torch.Tensor, residual: torch.Tensor | CodedResidual, beta: float, seed: int,
                               offset: int) -> torch.Tensor:  # fmt: skip
         kernels = self._kernels(x, x.shape[1])
-        if kernels is None or isinstance(residual, CodedResidual):
+        fused = None if kernels is None else self._fused_residual(residual)
+        if fused is None:
             return super()._encode_rows_feedback(x, residual, beta, seed, offset)
-        return kernels.encode_rows_feedback(x, residual, beta, self.bits, self.bucket_size,
-                                            self.wire_format(x.shape[1]), self.stochastic, seed, offset)
+        return kernels.encode_rows_feedback(x, fused, beta, self.bits, self.bucket_size, self.wire_format(x.shape[1]),
+                                            self.stochastic, seed, offset)  # fmt: skip
 
-    def encode_rows_feedback_rotated(self, x: torch.Tensor, residual: torch.Tensor | CodedResidual, beta: float, seed: int,
-                                     offset: int) -> torch.Tensor | None:  # fmt: skip
+    def encode_rows_feedback_rotated(self, x: torch.Tensor, residual: torch.Tensor | CodedResidual, beta: float,
+                                     seed: int, offset: int) -> torch.Tensor | None:  # fmt: skip
         """:class:`~composer_qsdp.quant.hadamard.FusedRotatedFeedback`: ``HadamardCodec(self)``'s
         :meth:`encode_rows_feedback` of validated arguments in one kernel pass, or ``None`` where no kernel covers
-        the call (a CPU tensor, ``bucket_size`` not a power of two from 8 to 8192)."""
+        the call (a CPU tensor, ``bucket_size`` not a power of two from 8 to 8192, a coded residual other than
+        :meth:`_fused_residual` takes)."""
         rows, n = x.shape
         padded = self.num_buckets(n) * self.bucket_size
         kernels = self._kernels(x, padded)
-        if kernels is None or self.bucket_size & (self.bucket_size - 1) or isinstance(residual, CodedResidual):
+        fused = None if kernels is None else self._fused_residual(residual)
+        if fused is None or self.bucket_size & (self.bucket_size - 1):
             return None
-        return kernels.encode_rows_feedback(x, residual, beta, self.bits, self.bucket_size,
-                                            self.wire_format(padded), self.stochastic, seed, offset, rotate=True)
+        return kernels.encode_rows_feedback(x, fused, beta, self.bits, self.bucket_size, self.wire_format(padded),
+                                            self.stochastic, seed, offset, rotate=True)  # fmt: skip
+
+    def _fused_residual(self, residual: torch.Tensor | CodedResidual) -> torch.Tensor | None:
+        """The residual as the feedback kernel takes it (a float tensor, or a coded residual's wire rows), or
+        ``None`` for a coded residual it does not read: the kernel stores only ``SymmetricCodec(8, bucket_size)``'s
+        wire, whose buckets are this codec's."""
+        if not isinstance(residual, CodedResidual):
+            return residual
+        storage = residual.codec
+        # The exact class: a subclass may change the arithmetic that the kernel reproduces.
+        if type(storage) is SymmetricCodec and storage.bits == 8 and storage.bucket_size == self.bucket_size:
+            return residual.wire
+        return None
 
     # ------------------------------------------------------------------ torch reference
     def _encode_rows_reference(self, x: torch.Tensor, seed: int, offset: int) -> torch.Tensor:

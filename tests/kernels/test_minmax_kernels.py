@@ -185,12 +185,15 @@ def test_kernels_compile_for_hopper_without_spills(aligned_rows):
 
 def _feedback_variants(aligned_rows: bool) -> list[dict]:
     """The error-feedback quantize in the launch shapes encode_rows_feedback picks: the qwd-*-loco presets' (3 bits,
-    rotated, 256) with an fp32 or bf16 residual, other widths, the flat rotation of larger buckets, not rotated."""
+    rotated, 256) with an fp32, bf16 or 8-bit coded (``u8``) residual, other widths, the flat rotation of larger
+    buckets, not rotated."""
     variants = []
     for bits, bucket, rotate, stochastic, rdtype in [
         (3, 256, True, False, "fp32"), (3, 256, True, False, "bf16"), (2, 256, True, False, "fp32"),
         (4, 256, True, True, "fp32"), (8, 256, True, False, "fp32"), (6, 64, True, True, "fp32"),
         (3, 64, True, False, "bf16"), (3, 512, True, False, "fp32"), (4, 256, False, True, "fp32"),
+        (3, 256, True, False, "u8"), (2, 256, True, False, "u8"), (3, 512, True, False, "u8"),
+        (4, 256, False, True, "u8"),
     ]:
         log_row = kernels.rotation_rows(bits, bucket) if rotate else 0
         per_thread = kernels.ROTATED_ELEMENTS_PER_THREAD if log_row else kernels._FLAT_ROTATED_ELEMENTS_PER_THREAD
@@ -206,7 +209,7 @@ def _feedback_variants(aligned_rows: bool) -> list[dict]:
                           "BPP": bpp, "VEC": 4 if log_row and rdtype == "fp32" else 8, "STOCHASTIC": stochastic,
                           "FRACTION": fraction_bits(bits) if stochastic else 0, "ALIGNED": True,
                           "PARTIAL_GROUPS": False, "ROTATE": rotate, "LOG_B": bucket.bit_length() - 1,
-                          "LOG_ROW": log_row, "EMULATE_BF16_RNE": False},
+                          "LOG_ROW": log_row, "EMULATE_BF16_RNE": False, "CODED": rdtype == "u8"},
             "num_warps": warps,
             "divisible": ["x_row_stride", "r_row_stride", "wire_row_stride"] if aligned_rows else []})
     return variants
@@ -282,6 +285,88 @@ def test_feedback_kernel_matches_reference(rows, n, bucket, bits, rounding, dtyp
     assert_same_values(got_residual, expected_residual)
     assert bool(torch.isfinite(got_residual).all())  # a non-finite bucket resets its residual
 
+
+
+CODED_FEEDBACK_CASES = [  # rows, n, bucket_size, bits, rounding, dtype, rotate
+    (3, 601, 256, 3, "nearest", torch.bfloat16, True),  # the qwd-*-loco presets': rows of 16, partial last bucket
+    (2, 700, 256, 2, "nearest", torch.float32, True),
+    (2, 500, 256, 4, "stochastic", torch.bfloat16, True),
+    (2, 301, 128, 6, "nearest", torch.bfloat16, True),  # flat: 16 rows of 8 exceed the view
+    (2, 520, 512, 3, "nearest", torch.float16, True),  # flat: 32 rows of 16 exceed the view
+    (3, 203, 64, 4, "stochastic", torch.float16, False),  # partial group and bucket, unaligned rows
+    (2, 96, 32, 8, "nearest", torch.bfloat16, False),
+]
+
+
+class _CountingFeedbackKernel:
+    """Stands in for ``kernels.encode_rows_feedback``, counting the calls that reach it."""
+
+    def __init__(self) -> None:
+        self.calls, self._kernel = 0, kernels.encode_rows_feedback
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self._kernel(*args, **kwargs)
+
+
+@pytest.mark.parametrize("nonfinite", [False, True])
+@pytest.mark.parametrize("rows,n,bucket,bits,rounding,dtype,rotate", CODED_FEEDBACK_CASES)
+def test_feedback_kernel_with_a_coded_residual_matches_reference(rows, n, bucket, bits, rounding, dtype, rotate,
+                                                                 nonfinite, monkeypatch):  # fmt: skip
+    """With the residual kept as ``SymmetricCodec(8, bucket)``'s wire, the fused kernel gives the reference's wire and
+    the residual's wire bytes bit for bit, over calls that read back the residual the previous one stored (a NaN and
+    an infinity in the second call's gradient reset their buckets' residual to finite values)."""
+    from composer_qsdp.quant import CodedResidual, HadamardCodec, SymmetricCodec
+
+    inner = MinMaxCodec(bits=bits, bucket_size=bucket, rounding=rounding)
+    codec = HadamardCodec(inner) if rotate else inner
+    storage = SymmetricCodec(8, bucket)
+    expected_residual, got_residual = (CodedResidual(storage, rows, n, DEVICE) for _ in range(2))
+    counting = _CountingFeedbackKernel()
+    monkeypatch.setattr(kernels, "encode_rows_feedback", counting)
+    meta_offset = storage.wire_format(n).meta_offset
+    got_residual.wire[:, n:meta_offset] = 0xFF  # the kernel zeroes the padding before the scales, as the encode does
+    for step in range(3):
+        x = _data(rows, n, dtype, seed=n + step, nonfinite=nonfinite and step == 1)
+        with backend("torch"):
+            expected = codec.encode_rows_feedback(x, expected_residual, 0.5, seed=9, offset=3 + step)
+        with backend("triton"):
+            got = codec.encode_rows_feedback(x, got_residual, 0.5, seed=9, offset=3 + step)
+        assert counting.calls == step + 1  # the fused kernel, not the reference
+        assert_same_wire(inner, got, expected, codec.padded(n) if rotate else n)
+        assert torch.equal(got_residual.wire, expected_residual.wire)
+        assert bool(got_residual.wire[:, meta_offset:].contiguous().view(torch.float32).isfinite().all())
+    assert got_residual.decode().abs().max() > 0
+
+
+@pytest.mark.parametrize("storage_bits,storage_bucket", [(8, 128), (4, 256)])
+def test_feedback_with_another_coded_residual_takes_the_reference(storage_bits, storage_bucket, monkeypatch):
+    """A coded residual the kernel does not store (other buckets than the codec's, other widths) goes through the
+    reference under the Triton backend too, with the same wire and residual as the torch backend."""
+    from composer_qsdp.quant import CodedResidual, HadamardCodec, SymmetricCodec
+
+    rows, n = 2, 600
+    codec = HadamardCodec(MinMaxCodec(bits=3, bucket_size=256, rounding="nearest"))
+    storage = SymmetricCodec(storage_bits, storage_bucket)
+    expected_residual, got_residual = (CodedResidual(storage, rows, n, DEVICE) for _ in range(2))
+    counting = _CountingFeedbackKernel()
+    monkeypatch.setattr(kernels, "encode_rows_feedback", counting)
+    for step in range(2):
+        x = _data(rows, n, torch.bfloat16, seed=step, nonfinite=False)
+        with backend("torch"):
+            expected = codec.encode_rows_feedback(x, expected_residual, 0.5)
+        with backend("triton"):
+            assert torch.equal(codec.encode_rows_feedback(x, got_residual, 0.5), expected)
+        assert torch.equal(got_residual.wire, expected_residual.wire)
+    assert counting.calls == 0
+
+
+def test_feedback_kernel_rejects_a_coded_residual_of_another_shape():
+    x = _data(2, 300, torch.bfloat16, seed=1, nonfinite=False)
+    fmt = MinMaxCodec(3, 64).wire_format(300)
+    short = torch.zeros(2, 316, dtype=torch.uint8, device=DEVICE)  # 300 codes and 4 of the 5 buckets' scales
+    with pytest.raises(ValueError, match=r"\[2, 320\] uint8 wire of SymmetricCodec\(8, 64\) .* shape \(2, 316\)"):
+        kernels.encode_rows_feedback(x, short, 0.5, 3, 64, fmt, False, 0, 0)
 
 
 @pytest.mark.parametrize("rotate,rdtype", [(True, torch.float32), (False, torch.bfloat16)])
