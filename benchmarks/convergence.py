@@ -186,7 +186,7 @@ LOCAL4 = ("algorithms.zero_one_adam.local_step_clipper=4", "algorithms.zero_one_
 #: That with the frozen variance rescaled per bucket by the synchronized squared gradients.
 RESCALE = (*LOCAL4, "algorithms.zero_one_adam.variance_rescale=true")
 
-#: The LoCo residual as 8-bit codes (``residual_dtype``; the presets' other scheme options stay).
+#: The LoCo residual as 8-bit codes (``residual_dtype``, the LoCo presets' own; their other scheme options stay).
 INT8_RESIDUAL = "algorithms.qsdp.grad_scheme_options.residual_dtype=int8"
 
 ARMS: dict[str, Arm] = {
@@ -230,7 +230,9 @@ ARMS: dict[str, Arm] = {
                                "qwd-w3g2-loco with seed 18, baseline-seed2's initial weights and data order"),
     "qwd-w4g3-loco-int8": Arm("qwd-w4g3-loco.yaml", (INT8_RESIDUAL,),
                               "qwd-w4g3-loco with its LoCo residual stored as 8-bit codes (one fp32 scale per "
-                              "bucket of 256)"),
+                              "bucket of 256), named explicitly"),
+    "qwd-w4g3-loco-fp32": Arm("qwd-w4g3-loco.yaml", ("algorithms.qsdp.grad_scheme_options.residual_dtype=float32",),
+                              "qwd-w4g3-loco with its LoCo residual in fp32 (the scheme's exact recursion)"),
     "qwd-w4g3-loco-int8-seed2": Arm("qwd-w4g3-loco.yaml", (INT8_RESIDUAL, "seed=18"),
                                     "qwd-w4g3-loco-int8 with seed 18, baseline-seed2's initial weights and data order"),
     "qwd-w3g2-loco-int8": Arm("qwd-w3g2-loco.yaml", (INT8_RESIDUAL,),
