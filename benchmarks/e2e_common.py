@@ -9,6 +9,7 @@ Not a benchmark itself; the drivers import it from this directory.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import json
 import os
@@ -18,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,8 @@ ENV_PREFIXES = ("NCCL_", "TORCH_NCCL", "CUDA_VISIBLE_DEVICES", "TORCH_SYMM_MEM",
 
 #: Seconds a killed launch gets between SIGTERM and SIGKILL.
 KILL_GRACE_S = 15.0
+# prctl option of <sys/prctl.h>: the signal a child gets when its parent dies.
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -193,13 +196,27 @@ class Budget:
 
 def start(command: Sequence[str], log_path: Path, env: Mapping[str, str]) -> subprocess.Popen:
     """Start ``command`` in the repository root, in its own process group (so it can be killed whole),
-    stdout and stderr into ``log_path``."""
+    stdout and stderr into ``log_path``. On Linux it gets SIGTERM when this process dies, however it dies."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         log.write(f"$ {' '.join(command)}\n{recorded_env(env)}\n\n")
         log.flush()
         return subprocess.Popen(list(command), cwd=ROOT, env=dict(env), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True,
+                                preexec_fn=_end_with(os.getpid()) if sys.platform == "linux" else None)
+
+
+def _end_with(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn`` asking Linux to SIGTERM the child when ``parent`` dies: a driver killed outright (SIGKILL at
+    a device call's time limit) runs no cleanup, and its launches, in sessions of their own, would otherwise keep
+    training and holding GPU memory that the next launches then fail to get."""
+
+    def preexec() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the request
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
 
 
 def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:

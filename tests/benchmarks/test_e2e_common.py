@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import e2e_common
+import pytest
 
 # Records when SIGTERM arrived, then ignores it (a launch that does not stop by itself).
 STUBBORN = """
@@ -48,3 +49,46 @@ def test_write_outputs_writes_whole_files_into_the_folder_named(tmp_path: Path, 
     assert written == [tmp_path / "dir" / "rec.md", tmp_path / "dir" / "rec.png"]
     assert sorted(p.name for p in (tmp_path / "dir").iterdir()) == ["rec.md", "rec.png"]  # no temporary left
     assert (tmp_path / "dir" / "rec.png").read_bytes() == b"\x89PNG" and not (tmp_path / "env").exists()
+
+
+# A driver: starts a launch (which writes its pid and sleeps) through e2e_common.start, then waits for ever.
+DRIVER = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import e2e_common
+import pytest
+child = [sys.executable, "-c", "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)",
+         sys.argv[2]]
+e2e_common.start(child, Path(sys.argv[3]), {})
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_a_launch_ends_when_its_driver_is_killed_outright(tmp_path):
+    """A driver SIGKILLed (a device call's time limit) runs no cleanup; its launch, in a session of its own, still
+    gets SIGTERM and ends instead of training on and holding the GPU."""
+    pid_file = tmp_path / "child.pid"
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(Path(e2e_common.__file__).parent), str(pid_file),
+                               str(tmp_path / "launch.log")])
+    deadline = time.monotonic() + 30
+    while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    assert _alive(child)
+    driver.kill()
+    driver.wait()
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, dead but not yet reaped by init, counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
