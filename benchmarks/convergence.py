@@ -969,13 +969,25 @@ def png_bytes(record: dict[str, Any]) -> bytes | None:
     except ImportError:
         print("matplotlib is not installed: no PNG; redraw it elsewhere with --replot <the .json record>")
         return None
+    fig = _figure(record, plt)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _figure(record: dict[str, Any], plt: Any) -> Any:
+    """The figure of :func:`png_bytes`. Each arm keeps one color in both panels: an arm that stopped before the
+    zoomed half is missing there, and the color cycle would otherwise shift every later arm's color."""
     s = record["settings"]
+    arms = list(record["arms"])
+    palette = plt.get_cmap("tab10" if len(arms) <= 10 else "tab20").colors
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     for ax, start in zip(axes, (0, s["steps"] // 2)):
-        for arm, r in record["arms"].items():
+        for i, (arm, r) in enumerate(record["arms"].items()):
             points = [(step, loss) for step, loss in r["curve"] if step >= start]
             if points:
-                ax.plot(*zip(*points), marker=".", label=arm)
+                ax.plot(*zip(*points), marker=".", label=arm, color=palette[i % len(palette)])
         ax.set_xlabel(f"step ({s['global_batch']} x {s['seq_len']} tokens each)")
         ax.set_ylabel("validation loss (nats/token)")
         ax.grid(alpha=0.3)
@@ -985,10 +997,7 @@ def png_bytes(record: dict[str, Any]) -> bytes | None:
     tokens = s["steps"] * s["global_batch"] * s["seq_len"]
     fig.suptitle(f"{Path(s['recipe_dir']).name}: same seed, data order and hyperparameters; "
                  f"{tokens:,} tokens per arm ({record['header']['git']})")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
+    return fig
 
 
 def write_results(plan: Plan, manifest: dict[str, Any], status: str, quiet: bool = False) -> dict[str, Any]:

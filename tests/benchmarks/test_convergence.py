@@ -553,3 +553,18 @@ def test_lr_sweep_table_names_each_rate_and_compares_the_best(tiny_recipes, tmp_
     assert "0/1 Adam (zero-one-adam@lr1x) final validation loss within 1% of DDP AdamW: -5.00% (NOT met)" in md
     csv_head = (out / f"convergence-{plan.name}.csv").read_text().splitlines()[0]
     assert csv_head == "step,tokens," + ",".join(losses)
+
+
+def test_each_arm_keeps_its_color_in_both_panels():
+    """An arm that stopped before the zoomed half is missing there; every other arm keeps its color in both
+    panels (the color cycle used to shift, so the zoomed curves wore the legend's wrong labels)."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    curves = {"early": [(100, 3.6)], "a": [(100, 3.5), (300, 2.8), (600, 2.3)], "b": [(100, 3.4), (600, 2.2)]}
+    record = {"settings": {"steps": 600, "global_batch": 32, "seq_len": 512, "recipe_dir": "yamls/gpt-125m"},
+              "header": {"git": "abc"}, "arms": {arm: {"curve": c} for arm, c in curves.items()}}
+    fig = convergence._figure(record, plt)
+    colors = [{line.get_label(): line.get_color() for line in ax.get_lines()} for ax in fig.axes]
+    plt.close(fig)
+    assert set(colors[0]) == {"early", "a", "b"} and set(colors[1]) == {"a", "b"}
+    assert all(colors[1][arm] == colors[0][arm] for arm in colors[1])
+    assert len(set(colors[0].values())) == 3
