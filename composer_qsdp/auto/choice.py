@@ -33,10 +33,10 @@ error feedback holds for any compressor, SDP4Bit Theorem 4.1), and at 3 bits it 
 GPT-125M, -0.44% at GPT-350M).
 Gradients with LoCo's error feedback carry each call's rounding error into the next call, so a biased (nearest)
 code is allowed there: 3 bits end within the spread (``qwd-w4g3-loco``: GPT-125M +0.22%, GPT-350M -0.53%), 2 bits
-do not (``qwd-w4g2-loco``: GPT-125M +1.76% / +2.44% against the two seeds' plain FSDP2 runs). So: weights never below 8 bits unless
-in the difference scheme (there, not below 3); gradients with error feedback not below 3 bits; other gradients
-not below 4 bits, and below 8 bits only with an unbiased (stochastic) codec. :func:`decide` never picks a candidate
-that breaks the rule, whatever it is offered.
+do not (``qwd-w4g2-loco``: GPT-125M +1.76% / +2.44% against the two seeds' plain FSDP2 runs). So: weights never
+below 8 bits unless in the difference scheme (there, not below 3); gradients with error feedback not below 3 bits;
+other gradients not below 4 bits, and below 8 bits only with an unbiased (stochastic) codec. :func:`decide` never
+picks a candidate that breaks the rule, whatever it is offered.
 
 **Cost of one collective** (:class:`LinkFit`): ``latency_s + wire_bytes / bytes_per_s``, fitted per candidate (its
 codec kernels, launches and the transport included) on the probe's timings; wire bytes are counted as the schemes
