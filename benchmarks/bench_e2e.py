@@ -17,6 +17,10 @@ through Composer's launcher (``composer -n N -m composer_qsdp.recipes.train RECI
                          re-checks within its first ``2 x warmup_steps`` (8) steps, and a re-decision there costs a
                          keyframe step and a compiling one, so its untimed warm-up is at least 10 (12 with
                          ``--profile``)
+``qsdp-auto-loco``       (only when named) ``qsdp-auto`` with ``algorithms.qsdp.auto_options.weight_candidates=
+                         [off,w8,qwd4,qwd3]`` and ``...grad_candidates=[off,g8,g4,g3loco]``: the policy may also
+                         pick 3-bit weight differences and 3-bit LoCo gradients (opt-in candidates, not measured
+                         end to end yet); the same untimed warm-up
 ``compute-bound``        ``baseline.yaml`` on ONE GPU with the same micro-batch and per-GPU batch: FSDP2 over a
                          single rank sends nothing between GPUs, so this is the per-GPU compute (and optimizer,
                          here over all parameters instead of 1/N) without communication; N x its tokens/s bounds
@@ -158,6 +162,10 @@ preset_names = QSDPConfig.preset_names
 #: Steps after which policy=auto has settled, all untimed: its warm-up, as many steps again to re-check, and, after a
 #: re-decision at that boundary, a keyframe step and the first weight-difference step (which compiles its kernels).
 AUTO_SETTLED = 2 * AutoOptions().warmup_steps + 2
+#: policy=auto's candidate lists with the opt-in 3-bit ones (``qwd3``: ``qwd-w3g3-loco``'s weights; ``g3loco``:
+#: ``qwd-w4g3-loco``'s gradients). YAML reads the bare ``off`` as false, which AutoOptions takes as ``"off"``.
+AUTO_LOCO = ("algorithms.qsdp.auto_options.weight_candidates=[off,w8,qwd4,qwd3]",
+             "algorithms.qsdp.auto_options.grad_candidates=[off,g8,g4,g3loco]")
 CONFIGS: dict[str, Config] = {c.name: c for c in (
     Config("baseline", "baseline.yaml", (), False,
            "plain Composer FSDP2 in the recipe's mixed precision (paper recipes: bf16 weight all-gathers, fp32 "
@@ -170,6 +178,9 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
     Config("qsdp-auto", "baseline.yaml", ("algorithms.qsdp.policy=auto", *_NO_ERROR_SAMPLING), False,
            "QSDP policy=auto: measures the network and each unit's compute over the untimed steps, then picks "
            "off / 8 / 4 bits / qWD per unit and side", min_warmup=AUTO_SETTLED),
+    Config("qsdp-auto-loco", "baseline.yaml", ("algorithms.qsdp.policy=auto", *AUTO_LOCO, *_NO_ERROR_SAMPLING), False,
+           "QSDP policy=auto with the opt-in 3-bit candidates too: 3-bit weight differences (qwd3) and 3-bit "
+           "LoCo gradients (g3loco)", min_warmup=AUTO_SETTLED),
     Config("compute-bound", "baseline.yaml", (), True,
            "baseline recipe on 1 GPU, same micro-batch and per-GPU batch: no inter-GPU traffic; tokens/s x N"),
     Config("compute-bound-layer", "baseline.yaml", (), True,

@@ -6,7 +6,8 @@ hold the same numbers (an all-reduce of the maximum), calls :func:`decide` and a
 So the decision can be tested with injected timings, and identical inputs give identical decisions on every rank.
 
 **Candidates.** Per unit and side, one of a few settings, each a preset side whose accuracy we measured
-(:data:`WEIGHT_CANDIDATES`, :data:`GRAD_CANDIDATES`):
+(:data:`CANDIDATES`, by name per side, most accurate first). The default ones (:data:`WEIGHT_CANDIDATES`,
+:data:`GRAD_CANDIDATES`):
 
 * weights: ``off`` (unquantized), ``w8`` (the ``w8g8`` preset's 8-bit min-max weights, stochastic rounding),
   ``qwd4`` (the ``qwd-w4g4`` preset's weights: 4-bit symmetric differences against a per-GPU reference, SDP4Bit's
@@ -14,13 +15,28 @@ So the decision can be tested with injected timings, and identical inputs give i
 * gradients: ``off``, ``g8`` (8-bit min-max, stochastic), ``g4`` (the ``w8g4`` preset's 4-bit min-max gradients,
   stochastic rounding).
 
-**Accuracy rule** (:func:`accuracy_violation`), from GPT-125M convergence runs (``benchmarks/convergence.py``):
-directly quantized 4-bit weights raise the validation loss (as SDP4Bit §3.5, Table 3 reports), while 8-bit
-weights and 4-bit stochastic gradients end within the run-to-run spread of plain FSDP; qWD at 4 bits is
-SDP4Bit's lossless weight mode (its error feedback holds for any compressor, SDP4Bit Theorem 4.1). So: weights
-never below 8 bits unless in the difference scheme (there, not below 4); gradients not below 4 bits, and below 8
-bits only with an unbiased (stochastic) codec. :func:`decide` never picks a candidate that breaks the rule, whatever
-it is offered.
+Two more are opt-in (``AutoOptions(weight_candidates=..., grad_candidates=...)``): their presets were measured
+lossless, but the automatic policy with them has not been measured end to end:
+
+* weights: ``qwd3`` (the ``qwd-w3g3-loco`` preset's weights: 3-bit symmetric differences in groups of 2048);
+* gradients: ``g3loco`` (the ``qwd-w4g3-loco`` preset's gradients: 3-bit min-max, Hadamard-rotated groups of 256,
+  round to nearest, with LoCo's error feedback, the ``loco`` scheme, ``beta`` 0.5, an int8 residual of about one
+  byte per parameter of the unit on every rank).
+
+**Accuracy rule** (:func:`accuracy_violation`), from GPT-125M and GPT-350M convergence runs
+(``benchmarks/convergence.py``; ``benchmarks/RESULTS.md``, the 600-step matrix): directly quantized 4-bit weights
+raise the validation loss (``w4g4`` +9.1% / +9.9%, as SDP4Bit §3.5, Table 3 reports), while 8-bit weights and 4-bit
+stochastic gradients end within the run-to-run spread of plain FSDP; qWD is SDP4Bit's lossless weight mode (its
+error feedback holds for any compressor, SDP4Bit Theorem 4.1), and at 3 bits it still ends within the spread
+(``qwd-w3g3-loco`` against plain FSDP2 of the same seed: GPT-125M -0.66% / +0.06% for seeds 17 / 18, GPT-350M
++1.21% / +0.09%, where the two 350M seeds' own runs end 1.58% apart; ``qwd-w3g4-loco``, seed 17: -0.90% at
+GPT-125M, -0.44% at GPT-350M).
+Gradients with LoCo's error feedback carry each call's rounding error into the next call, so a biased (nearest)
+code is allowed there: 3 bits end within the spread (``qwd-w4g3-loco``: GPT-125M +0.22%, GPT-350M -0.53%), 2 bits
+do not (``qwd-w4g2-loco``: GPT-125M +1.76% / +2.44% against the two seeds' plain FSDP2 runs). So: weights never
+below 8 bits unless in the difference scheme (there, not below 3); gradients with error feedback not below 3 bits;
+other gradients not below 4 bits, and below 8 bits only with an unbiased (stochastic) codec. :func:`decide` never
+picks a candidate that breaks the rule, whatever it is offered.
 
 **Cost of one collective** (:class:`LinkFit`): ``latency_s + wire_bytes / bytes_per_s``, fitted per candidate (its
 codec kernels, launches and the transport included) on the probe's timings; wire bytes are counted as the schemes
@@ -57,22 +73,26 @@ from dataclasses import dataclass
 import torch
 
 from composer_qsdp.comm import call_traffic
-from composer_qsdp.config.settings import SideConfig, build_scheme, from_preset
+from composer_qsdp.config.settings import FEEDBACK_GRAD_SCHEMES, SideConfig, build_scheme, from_preset
 from composer_qsdp.quant import Codec
 from composer_qsdp.schemes import GradScheme, WeightScheme
+from composer_qsdp.validate import check_choice
 
 __all__ = [
+    "CANDIDATES",
     "Candidate",
     "Decision",
     "GRAD_CANDIDATES",
     "LinkFit",
     "MIN_DIFFERENCE_WEIGHT_BITS",
     "MIN_DIRECT_WEIGHT_BITS",
+    "MIN_FEEDBACK_GRAD_BITS",
     "MIN_GRAD_BITS",
     "MIN_BIASED_GRAD_BITS",
     "UnitProfile",
     "WEIGHT_CANDIDATES",
     "accuracy_violation",
+    "candidate_names",
     "decide",
     "fit_link",
     "pack_profiles",
@@ -84,12 +104,18 @@ __all__ = [
 SIDES = ("weights", "grads")
 #: Directly quantized weights need at least this many bits (4 bits: +8-9% validation loss at GPT-125M).
 MIN_DIRECT_WEIGHT_BITS = 8
-#: Weight differences (qWD) need at least this many bits (SDP4Bit's INT4 is lossless; lower is unmeasured).
-MIN_DIFFERENCE_WEIGHT_BITS = 4
-#: Gradients need at least this many bits (4-bit stochastic gradients are free in our runs; lower is unmeasured).
+#: Weight differences (qWD) need at least this many bits (3 bits end within the run-to-run spread at GPT-125M and
+#: GPT-350M; lower is unmeasured).
+MIN_DIFFERENCE_WEIGHT_BITS = 3
+#: Gradients without error feedback need at least this many bits (4-bit stochastic gradients are free in our runs;
+#: lower is unmeasured).
 MIN_GRAD_BITS = 4
-#: Gradients below this many bits need an unbiased (stochastic rounding) codec: biased errors do not average out.
+#: Gradients without error feedback below this many bits need an unbiased (stochastic rounding) codec: biased
+#: errors do not average out.
 MIN_BIASED_GRAD_BITS = 8
+#: Gradients with error feedback (a scheme of ``FEEDBACK_GRAD_SCHEMES``, rounding either way) need at least this many
+#: bits (3-bit LoCo gradients end within the spread; 2-bit ones +1.8% to +2.4% at GPT-125M).
+MIN_FEEDBACK_GRAD_BITS = 3
 
 
 # ---------------------------------------------------------------------------------------------- candidates
@@ -98,7 +124,7 @@ class Candidate:
     """One way to move one side of a unit.
 
     Attributes:
-        name: short label in logs and decisions (``"off"``, ``"w8"``, ``"qwd4"``, ``"g8"``, ``"g4"``).
+        name: short label in logs, decisions and ``AutoOptions`` (``"off"``, ``"w8"``, ``"qwd4"``, ``"g4"``...).
         side: ``"weights"`` or ``"grads"``.
         config: the side's settings, or ``None`` for unquantized.
     """
@@ -162,18 +188,48 @@ def _preset_side(recipe: str, side: str) -> SideConfig:
     return getattr(from_preset(recipe), side)
 
 
-#: Weight candidates, most accurate first (ties keep the earlier one).
+#: The default weight candidates, most accurate first (ties keep the earlier one).
 WEIGHT_CANDIDATES: tuple[Candidate, ...] = (
     Candidate("off", "weights"),
     Candidate("w8", "weights", _preset_side("w8g8", "weights")),
     Candidate("qwd4", "weights", _preset_side("qwd-w4g4", "weights")),
 )
-#: Gradient candidates, most accurate first.
+#: The default gradient candidates, most accurate first.
 GRAD_CANDIDATES: tuple[Candidate, ...] = (
     Candidate("off", "grads"),
     Candidate("g8", "grads", _preset_side("w8g8", "grads")),
     Candidate("g4", "grads", _preset_side("w8g4", "grads")),
 )
+#: Every candidate, ``{side: {name: candidate}}``, most accurate first per side: the defaults, then the opt-in ones
+#: (module docstring).
+CANDIDATES: dict[str, dict[str, Candidate]] = {
+    "weights": {c.name: c for c in (*WEIGHT_CANDIDATES,
+                                    Candidate("qwd3", "weights", _preset_side("qwd-w3g3-loco", "weights")))},
+    "grads": {c.name: c for c in (*GRAD_CANDIDATES,
+                                  Candidate("g3loco", "grads", _preset_side("qwd-w4g3-loco", "grads")))},
+}
+
+
+def candidate_names(option: str, side: str, value: object) -> tuple[str, ...]:
+    """``value`` (a list of candidate names of ``side``, e.g. from YAML) as a tuple in :data:`CANDIDATES` order.
+
+    YAML 1.1 reads a bare ``off`` as ``False``, so ``False`` stands for ``"off"``.
+
+    Raises:
+        ValueError: not a list of names, an unknown name (naming it, the allowed ones and the closest), a repeated
+            name, or no ``"off"``; the message names ``option``.
+    """
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise ValueError(f"{option}={value!r} is invalid; it must be a list of candidate names from "
+                         f"{', '.join(CANDIDATES[side])}")
+    names = ["off" if v is False else v for v in value]
+    for name in names:
+        check_choice(option, name, tuple(CANDIDATES[side]))
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated or "off" not in names:
+        raise ValueError(f"{option}={list(names)!r} is invalid; it must name 'off' (the unquantized start) and each "
+                         f"candidate once{f' (repeated: {repeated})' if repeated else ''}")
+    return tuple(n for n in CANDIDATES[side] if n in names)
 
 
 def accuracy_violation(candidate: Candidate) -> str | None:
@@ -189,10 +245,16 @@ def accuracy_violation(candidate: Candidate) -> str | None:
             return (f"directly quantized weights below {MIN_DIRECT_WEIGHT_BITS} bits lose accuracy (4 bits: +8-9% "
                     "validation loss); use the difference scheme")
         return None
+    if candidate.scheme in FEEDBACK_GRAD_SCHEMES:
+        if bits < MIN_FEEDBACK_GRAD_BITS:
+            return (f"gradients with error feedback below {MIN_FEEDBACK_GRAD_BITS} bits lose accuracy (2-bit LoCo: "
+                    "+1.8% to +2.4% validation loss)")
+        return None
     if bits < MIN_GRAD_BITS:
-        return f"gradients below {MIN_GRAD_BITS} bits are unmeasured"
+        return f"gradients below {MIN_GRAD_BITS} bits without error feedback are unmeasured"
     if bits < MIN_BIASED_GRAD_BITS and not codec.unbiased:
-        return f"gradients below {MIN_BIASED_GRAD_BITS} bits need stochastic (unbiased) rounding"
+        return (f"gradients below {MIN_BIASED_GRAD_BITS} bits need stochastic (unbiased) rounding or error feedback "
+                f"({', '.join(FEEDBACK_GRAD_SCHEMES)} scheme)")
     return None
 
 

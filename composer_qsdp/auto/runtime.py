@@ -42,8 +42,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from composer_qsdp.comm import Topology
-from composer_qsdp.auto.choice import (GRAD_CANDIDATES, WEIGHT_CANDIDATES, Candidate, Decision, LinkFit,
-                                       UnitProfile, decide, fit_link, pack_profiles, predict_step, unpack_profiles)
+from composer_qsdp.auto.choice import (CANDIDATES, GRAD_CANDIDATES, WEIGHT_CANDIDATES, Candidate, Decision, LinkFit,
+                                       UnitProfile, candidate_names, decide, fit_link, pack_profiles, predict_step,
+                                       unpack_profiles)
 from composer_qsdp.engine.handle import QSDPHandle
 from composer_qsdp.validate import check_int
 
@@ -69,6 +70,11 @@ class AutoOptions:
         probe_max_numel: largest probe message, elements (the probe sends up to three sizes up to the largest unit,
             capped here; 2**24 elements are 32 MiB in bf16).
         probe_repeats: timed calls per probe size (>= 1; one untimed call precedes them; the median counts).
+        weight_candidates, grad_candidates: the candidates to choose from per side, by name
+            (:data:`~composer_qsdp.auto.choice.CANDIDATES`; a list from YAML is accepted, and a bare YAML ``off``,
+            read as ``False``, is ``"off"``), ``"off"`` among them. Stored in the registry's order, most accurate
+            first, whatever order they are given in (ties between candidates keep the more accurate). Default: the
+            measured ``off, w8, qwd4`` and ``off, g8, g4``; ``qwd3`` and ``g3loco`` are opt-in.
 
     Raises:
         ValueError: an option out of range, naming the value and what is allowed.
@@ -80,8 +86,13 @@ class AutoOptions:
     backward_ratio: float = 2.0
     probe_max_numel: int = 2**24
     probe_repeats: int = 5
+    weight_candidates: tuple[str, ...] = tuple(c.name for c in WEIGHT_CANDIDATES)
+    grad_candidates: tuple[str, ...] = tuple(c.name for c in GRAD_CANDIDATES)
 
     def __post_init__(self) -> None:
+        for side in ("weight", "grad"):
+            name = f"{side}_candidates"
+            object.__setattr__(self, name, candidate_names(name, f"{side}s", getattr(self, name)))
         check_int("warmup_steps", self.warmup_steps, minimum=2)
         check_int("probe_max_numel", self.probe_max_numel, minimum=1024)
         check_int("probe_repeats", self.probe_repeats, minimum=1)
@@ -122,8 +133,9 @@ def probe_network(
 ) -> tuple[dict[str, LinkFit], dict[str, list[tuple[int, float]]]]:
     """Time each candidate's collective on ``group`` at each size and fit a :class:`LinkFit` per candidate.
 
-    Collective: every rank of ``group`` calls it with the same arguments. Each (candidate, size) gets one untimed
-    call, a barrier, then ``repeats`` calls timed one by one (host clock around device syncs), of which the median
+    Collective: every rank of ``group`` calls it with the same arguments. Each (candidate, size) gets a new scheme
+    (a stateful one, such as the ``loco`` scheme's per-unit residual, serves one message size), one untimed call, a
+    barrier, then ``repeats`` calls timed one by one (host clock around device syncs), of which the median
     counts. Every rank's medians are all-reduced to their maximum (a collective ends when its slowest rank does),
     so every rank fits the same lines.
     Cost: ``len(candidates) * len(sizes) * (repeats + 1)`` collectives of up to ``max(sizes)`` elements.
@@ -146,10 +158,10 @@ def probe_network(
     wire: dict[str, list[int]] = {}
     seconds: list[float] = []
     for candidate in candidates:
-        scheme = candidate.probe_candidate().build()
-        scheme.setup(group, topology)
         wire[candidate.key] = []
         for numel in sizes:
+            scheme = candidate.probe_candidate().build()
+            scheme.setup(group, topology)
             n = numel // world
             if candidate.side == "weights":
                 shard = torch.randn(n, generator=gen).to(device=device, dtype=weight_dtype)
@@ -361,8 +373,9 @@ class AutoPolicy:
     Args:
         handle: a handle whose units are unquantized (units excluded by the configuration stay so).
         options: :class:`AutoOptions`.
-        weight_candidates, grad_candidates: the candidates (:data:`~composer_qsdp.auto.choice.WEIGHT_CANDIDATES`,
-            :data:`~composer_qsdp.auto.choice.GRAD_CANDIDATES`).
+        weight_candidates, grad_candidates: candidates given as objects (tests, candidates outside the registry),
+            most accurate first; ``None`` (default): those ``options`` names, from
+            :data:`~composer_qsdp.auto.choice.CANDIDATES`.
         network: injected instead of probing (tests, or a network measured elsewhere): ``network(policy)`` returns
             a :class:`LinkFit` per candidate key.
         forward_times: injected instead of timing: ``forward_times(policy)`` returns each unit's forward seconds per
@@ -378,8 +391,8 @@ class AutoPolicy:
         handle: QSDPHandle,
         options: AutoOptions | None = None,
         *,
-        weight_candidates: Sequence[Candidate] = WEIGHT_CANDIDATES,
-        grad_candidates: Sequence[Candidate] = GRAD_CANDIDATES,
+        weight_candidates: Sequence[Candidate] | None = None,
+        grad_candidates: Sequence[Candidate] | None = None,
         network: Callable[[AutoPolicy], Mapping[str, LinkFit]] | None = None,
         forward_times: Callable[[AutoPolicy], Sequence[float]] | None = None,
     ) -> None:
@@ -388,7 +401,10 @@ class AutoPolicy:
                              "weight_bits=None and grad_bits=None")
         self.handle = handle
         self.options = options or AutoOptions()
-        self.candidates = {"weights": tuple(weight_candidates), "grads": tuple(grad_candidates)}
+        given = {"weights": weight_candidates, "grads": grad_candidates}
+        named = {"weights": self.options.weight_candidates, "grads": self.options.grad_candidates}
+        self.candidates = {side: tuple(given[side]) if given[side] is not None else
+                           tuple(CANDIDATES[side][name] for name in named[side]) for side in given}
         self._network_fn = network
         self._forward_fn = forward_times
         n = len(handle.units)

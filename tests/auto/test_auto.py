@@ -14,8 +14,8 @@ import torch.nn as nn
 
 from composer_qsdp import QSDP
 from composer_qsdp.auto import AutoOptions
-from composer_qsdp.config import SideConfig
-from composer_qsdp.auto.choice import (GRAD_CANDIDATES, WEIGHT_CANDIDATES, Candidate, LinkFit, UnitProfile,
+from composer_qsdp.config import SideConfig, from_preset
+from composer_qsdp.auto.choice import (CANDIDATES, GRAD_CANDIDATES, WEIGHT_CANDIDATES, Candidate, LinkFit, UnitProfile,
                                        accuracy_violation, decide, fit_link, pack_profiles, predict_step,
                                        schedule_step, unpack_profiles)
 from composer_qsdp.auto.runtime import AutoRecord, probe_sizes
@@ -28,7 +28,10 @@ W4_DIRECT = Candidate("w4", "weights", SideConfig(bits=4))
 QWD2 = Candidate("qwd2", "weights", SideConfig(bits=2, codec="symmetric", scheme="difference"))
 G4_NEAREST = Candidate("g4n", "grads", SideConfig(bits=4, rounding="nearest"))
 G2 = Candidate("g2", "grads", SideConfig(bits=2))
-FORBIDDEN = {"weights": (W4_DIRECT, QWD2), "grads": (G4_NEAREST, G2)}
+G3_NEAREST = Candidate("g3n", "grads", SideConfig(bits=3, rounding="nearest", bucket_size=256,
+                                                 codec_options={"hadamard": True}))
+G2_LOCO = Candidate("g2loco", "grads", from_preset("qwd-w4g2-loco").grads)  # 2-bit LoCo: +1.8-2.4% loss
+FORBIDDEN = {"weights": (W4_DIRECT, QWD2), "grads": (G4_NEAREST, G2, G3_NEAREST, G2_LOCO)}
 
 
 def network(off_gbs: float, quantized_gbs: float, off_latency: float = 20e-6, quantized_latency: float = 60e-6,
@@ -143,12 +146,35 @@ def test_accuracy_rule_table():
     assert "stochastic" in accuracy_violation(G4_NEAREST)
     assert "below 4 bits" in accuracy_violation(G2)
     assert accuracy_violation(Candidate("g6n", "grads", SideConfig(bits=8, rounding="nearest"))) is None
+    # The opt-in candidates: 3-bit weight differences, 3-bit biased gradients with LoCo's error feedback ...
+    assert accuracy_violation(CANDIDATES["weights"]["qwd3"]) is None
+    assert accuracy_violation(CANDIDATES["grads"]["g3loco"]) is None
+    assert CANDIDATES["grads"]["g3loco"].scheme == "loco" and not CANDIDATES["grads"]["g3loco"].codec.unbiased
+    # ... and nothing weaker: the same 3-bit biased code without feedback, 2-bit LoCo, 2-bit differences.
+    assert "below 4 bits without error feedback" in accuracy_violation(G3_NEAREST)
+    assert "error feedback below 3 bits" in accuracy_violation(G2_LOCO)
+    assert "below 3 bits" in accuracy_violation(QWD2)
+
+
+def test_registry_holds_every_candidate_most_accurate_first_and_the_defaults_unchanged():
+    assert [c.name for c in WEIGHT_CANDIDATES] == ["off", "w8", "qwd4"]
+    assert [c.name for c in GRAD_CANDIDATES] == ["off", "g8", "g4"]
+    assert list(CANDIDATES["weights"]) == ["off", "w8", "qwd4", "qwd3"]
+    assert list(CANDIDATES["grads"]) == ["off", "g8", "g4", "g3loco"]
+    # The opt-in ones are their presets' sides.
+    assert CANDIDATES["weights"]["qwd3"].config == from_preset("qwd-w3g3-loco").weights
+    assert CANDIDATES["grads"]["g3loco"].config == from_preset("qwd-w4g3-loco").grads
+    g3 = CANDIDATES["grads"]["g3loco"].config
+    assert (g3.bits, g3.codec, g3.bucket_size, g3.rounding, g3.scheme) == (3, "minmax", 256, "nearest", "loco")
+    assert (g3.scheme_options.beta, g3.scheme_options.residual_dtype) == (0.5, "int8")
+    w3 = CANDIDATES["weights"]["qwd3"].config
+    assert (w3.bits, w3.codec, w3.bucket_size, w3.scheme) == (3, "symmetric", 2048, "difference")
 
 
 def test_accuracy_rule_holds_over_random_inputs():
     rng = random.Random(0)
-    weights = (*WEIGHT_CANDIDATES, *FORBIDDEN["weights"])
-    grads = (*GRAD_CANDIDATES, *FORBIDDEN["grads"])
+    weights = (*CANDIDATES["weights"].values(), *FORBIDDEN["weights"])  # the opt-in candidates too
+    grads = (*CANDIDATES["grads"].values(), *FORBIDDEN["grads"])
     extra = (*FORBIDDEN["weights"], *FORBIDDEN["grads"])
     refused = {c.key for c in extra}
     chose_quantized = 0
@@ -157,7 +183,7 @@ def test_accuracy_rule_holds_over_random_inputs():
         units = [UnitProfile(f"u{i}", rng.randint(10_000, 50_000_000), rng.uniform(0, 5e-3), rng.uniform(0, 1e-2),
                              rng.random() < 0.8) for i in range(n)]
         net = {c.key: LinkFit(rng.uniform(0, 2e-4), 10 ** rng.uniform(8.5, 11.5))
-               for c in (*WEIGHT_CANDIDATES, *GRAD_CANDIDATES)}
+               for side in CANDIDATES.values() for c in side.values()}
         for c in extra:  # the refused candidates get the best link of all: they would win if allowed
             net[c.key] = LinkFit(0.0, 1e12)
         world = rng.choice([2, 4, 8])
@@ -279,9 +305,33 @@ def test_options_errors_name_the_value_and_what_is_allowed():
         AutoOptions(warmup_steps=1)
     with pytest.raises(ValueError, match=r"min_gain=1 is invalid; allowed: a number in \[0, 1\)"):
         AutoOptions(min_gain=1)
+    with pytest.raises(ValueError, match=r"weight_candidates='qwd5' is not supported; allowed: off, w8, qwd4, qwd3; "
+                                         r"did you mean 'qwd4'\?"):
+        AutoOptions(weight_candidates=("off", "qwd5"))
+    with pytest.raises(ValueError, match=r"grad_candidates='g3' is not supported; allowed: off, g8, g4, g3loco"):
+        AutoOptions(grad_candidates=["off", "g3"])
+    with pytest.raises(ValueError, match=r"grad_candidates=\['g8', 'g4'\] is invalid; it must name 'off'"):
+        AutoOptions(grad_candidates=["g8", "g4"])
+    with pytest.raises(ValueError, match=r"repeated: \['w8'\]"):
+        AutoOptions(weight_candidates=["off", "w8", "w8"])
+    with pytest.raises(ValueError, match="weight_candidates='off' is invalid; it must be a list"):
+        AutoOptions(weight_candidates="off")
     qsdp = QSDP(policy="auto", exclude=["l1"], auto_options={"warmup_steps": 3})
     assert qsdp.config.weights.bits is None and qsdp.config.grads.bits is None  # starts unquantized
     assert qsdp.auto_options.warmup_steps == 3 and qsdp.config.exclude == ("l1",)
+    assert (qsdp.auto_options.weight_candidates, qsdp.auto_options.grad_candidates) == (("off", "w8", "qwd4"),
+                                                                                         ("off", "g8", "g4"))
+
+
+def test_candidate_lists_from_yaml_load_in_accuracy_order():
+    from omegaconf import OmegaConf
+
+    # YAML reads a bare `off` as False; lists arrive as ListConfig; any order gives the registry's.
+    cfg = OmegaConf.create("weight_candidates: [qwd3, off, qwd4]\ngrad_candidates: [g3loco, g8, 'off']")
+    assert cfg.weight_candidates[1] is False
+    options = QSDP(policy="auto", auto_options=cfg).auto_options
+    assert options.weight_candidates == ("off", "qwd4", "qwd3")
+    assert options.grad_candidates == ("off", "g8", "g3loco")
 
 
 # ---------------------------------------------------------------------------------------------- forward timer

@@ -1,7 +1,9 @@
 """The automatic policy on 2 spawned gloo ranks training the FSDP2 MLP of tests/sharded_mlp.py against the exact
 single-process reference: with injected timings it decides at the end of the warm-up, every unit gets the decided
 schemes at that optimizer-step boundary (exact training before, quantized after, identical weights on every
-rank), a re-check re-decides once; with real measurements (probe and forward timer) the ranks agree."""
+rank), a re-check re-decides once; with real measurements (probe and forward timer) the ranks agree. The opt-in
+3-bit candidates (qwd3, g3loco) are chosen only when the options name them, and then install LoCo schemes with a
+residual per unit; the probe times the stateful LoCo scheme at every size."""
 
 from __future__ import annotations
 
@@ -9,11 +11,12 @@ import pytest
 import torch
 import torch.nn as nn
 from dist_spawn import RankInfo, run_ranks
-from sharded_mlp import LAYERS, LR, Adapter, Capture, batch, full_tensors, reference_training
+from sharded_mlp import HID, IN, LAYERS, LR, ODD, OUT, Adapter, Capture, batch, full_tensors, reference_training
 
 from composer_qsdp.config import from_preset
 from composer_qsdp.auto import AutoOptions, AutoPolicy, LinkFit, UnitProfile, decide
-from composer_qsdp.auto.choice import GRAD_CANDIDATES, WEIGHT_CANDIDATES
+from composer_qsdp.auto.choice import CANDIDATES, GRAD_CANDIDATES, WEIGHT_CANDIDATES
+from composer_qsdp.auto.runtime import probe_network, probe_sizes
 
 pytestmark = pytest.mark.requires_custom_comm
 
@@ -24,24 +27,33 @@ UNIT_NUMEL = {"l1": 32 * 128 + 128, "l2": 128 * 67 + 67, "l3": 67 * 16 + 16}
 
 
 def links(gbs: float) -> dict[str, LinkFit]:
-    """Every candidate at ``gbs`` GB/s of wire bytes and 50 us per call."""
-    return {c.key: LinkFit(50e-6, gbs * 1e9) for c in (*WEIGHT_CANDIDATES, *GRAD_CANDIDATES)}
+    """Every candidate of the registry (the opt-in ones too) at ``gbs`` GB/s of wire bytes and 50 us per call."""
+    return {c.key: LinkFit(50e-6, gbs * 1e9) for side in CANDIDATES.values() for c in side.values()}
 
 
-SLOW, FAST = links(0.005), links(1000.0)  # 5 MB/s: communication dominates; 1 TB/s: it never pays
+# 5 MB/s: communication dominates, so the fewest bytes win (the 3-bit candidates, where offered); 1 TB/s: it never pays
+SLOW, FAST = links(0.005), links(1000.0)
+#: The options naming the opt-in 3-bit candidates (the bench_e2e configuration qsdp-auto-loco's lists).
+LOCO_OPTIONS = {"weight_candidates": ["off", "w8", "qwd4", "qwd3"], "grad_candidates": ["off", "g8", "g4", "g3loco"]}
 
 
 def _scheme(side) -> tuple[str, int | None]:
     return side.name, None if side.codec is None else side.codec.bits
 
 
+def _residual(grads) -> tuple[int, int] | None:
+    """A LoCo scheme's residual as ``(its id, its elements)``; ``None`` for other schemes."""
+    residual = getattr(grads, "residual", None)
+    return None if residual is None else (id(residual), residual.rows * residual.numel)
+
+
 def _run(info: RankInfo, tolerance: float, networks: list[dict] | None, inject: bool,
-         adapter: Adapter = Adapter("fsdp2")) -> dict:
+         adapter: Adapter = Adapter("fsdp2"), options: dict | None = None) -> dict:
     model = adapter.shard(info)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     handle = adapter.apply(model, OFF, optimizers=opt)
     calls = iter(networks or [])
-    policy = AutoPolicy(handle, AutoOptions(warmup_steps=WARMUP, recheck_tolerance=tolerance),
+    policy = AutoPolicy(handle, AutoOptions(warmup_steps=WARMUP, recheck_tolerance=tolerance, **(options or {})),
                         network=(lambda _: next(calls)) if networks else None,
                         forward_times=(lambda p: [FORWARD_S] * len(p.handle.units)) if inject else None)
     capture = Capture(model)
@@ -62,6 +74,8 @@ def _run(info: RankInfo, tolerance: float, networks: list[dict] | None, inject: 
         torch.distributed.all_reduce(total)
         out["losses"].append(total.item() / info.world_size)
     out["params"] = full_tensors(model)
+    out["candidates"] = {side: [c.name for c in cands] for side, cands in policy.candidates.items()}
+    out["residuals"] = [_residual(u.grads) for u in handle.units]
     out["profiles"] = [(u.name, u.numel, u.forward_s, u.regathers) for u in policy.records[0].units]
     out["microbatches"] = policy.records[0].microbatches
     out["phase"] = policy.phase
@@ -74,7 +88,19 @@ def _worker(info: RankInfo) -> dict:
         "decide-fsdp1": _run(info, 1e9, [SLOW], inject=True, adapter=Adapter("fsdp1")),
         "recheck": _run(info, 1e-9, [SLOW, FAST], inject=True),
         "measured": _run(info, 1e9, None, inject=False),
+        "loco": _run(info, 1e9, [SLOW], inject=True, options=LOCO_OPTIONS),
+        "probe": _probe_loco(info),
     }
+
+
+def _probe_loco(info: RankInfo) -> dict:
+    """The real probe of the opt-in candidates at three sizes (the LoCo scheme keeps a residual of one size)."""
+    sizes = probe_sizes(list(UNIT_NUMEL.values()), info.world_size)
+    fits, samples = probe_network(torch.distributed.group.WORLD,
+                                  [CANDIDATES["weights"]["qwd3"], CANDIDATES["grads"]["g3loco"]], sizes,
+                                  weight_dtype=torch.float32, grad_dtype=torch.float32, device=torch.device("cpu"),
+                                  repeats=2)
+    return {"sizes": sizes, "fits": fits, "samples": samples}
 
 
 @pytest.fixture(scope="module")
@@ -86,11 +112,12 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def _expected_decision():
+def _expected_decision(weights=WEIGHT_CANDIDATES, grads=GRAD_CANDIDATES):
     """What the decision must be for the injected inputs: FSDP2 re-gathers every (non-root) unit, one microbatch,
     fp32 on both sides of the 2-rank group."""
     units = [UnitProfile(n, UNIT_NUMEL[n], FORWARD_S, 2 * FORWARD_S, True) for n in LAYERS]
-    return decide(units, SLOW, world_size=2, weight_element_size=4, grad_element_size=4)
+    return decide(units, SLOW, world_size=2, weight_element_size=4, grad_element_size=4, weight_candidates=weights,
+                  grad_candidates=grads)
 
 
 ADAPTERS = pytest.mark.parametrize("key", ["decide", "decide-fsdp1"], ids=["fsdp2", "fsdp1"])
@@ -169,3 +196,41 @@ def test_real_measurements_agree_across_ranks(results):
     assert decided[3] == sorted(c.key for c in (*WEIGHT_CANDIDATES, *GRAD_CANDIDATES))  # every candidate probed
     assert all(f > 0 for _, _, f, _ in run0["profiles"]) and all(r for *_, r in run0["profiles"])
     assert run0["schemes"] == run1["schemes"]
+
+
+def test_opt_in_3_bit_candidates_are_chosen_only_when_named(results):
+    # The defaults never offer them, although they would win on this network.
+    assert results[0]["decide"]["candidates"] == {"weights": ["off", "w8", "qwd4"], "grads": ["off", "g8", "g4"]}
+    decided = results[0]["decide"]["events"][WARMUP - 1]
+    assert not {*decided[1], *decided[2]} & {"qwd3", "g3loco"}
+    # LOCO_OPTIONS names every candidate of the registry.
+    expected = _expected_decision(tuple(CANDIDATES["weights"].values()), tuple(CANDIDATES["grads"].values()))
+    assert expected.weights == ("qwd3",) * 3 and expected.grads == ("g3loco",) * 3
+    for res in results:
+        run = res["loco"]
+        assert run["candidates"] == {"weights": LOCO_OPTIONS["weight_candidates"],
+                                     "grads": LOCO_OPTIONS["grad_candidates"]}
+        assert run["events"][WARMUP - 1][:3] == ("decided", expected.weights, expected.grads)
+        for step in range(WARMUP - 1, STEPS):
+            assert [(s[1], s[2]) for s in run["schemes"][step]] == [(("difference", 3), ("loco", 3))] * 3
+        # Real LoCo schemes: each unit its own residual of the unit's whole gradient as FSDP2 reduce-scatters it
+        # (each parameter's dim 0 padded to a multiple of the 2 ranks).
+        residuals = run["residuals"]
+        assert len({r[0] for r in residuals}) == 3
+        assert [r[1] for r in residuals] == [(HID * IN + HID), (ODD + 1) * HID + ODD + 1, OUT * ODD + OUT]
+        assert run["losses"][-1] < run["losses"][0]
+    for step in range(WARMUP, STEPS):  # every rank computes with the same 3-bit-difference weights
+        for name in LAYERS:
+            assert torch.equal(results[0]["loco"]["forward"][step][name], results[1]["loco"]["forward"][step][name])
+
+
+def test_the_probe_times_loco_at_every_size(results):
+    for res in results:
+        probe = res["probe"]
+        assert len(probe["sizes"]) == 3
+        assert sorted(probe["fits"]) == ["grads:g3loco", "weights:qwd3"]
+        for key, rows in probe["samples"].items():
+            wire = [b for b, _ in rows]
+            assert len(rows) == 3 and wire == sorted(wire) and wire[0] < wire[-1], key
+            assert isinstance(probe["fits"][key], LinkFit)
+    assert results[0]["probe"] == results[1]["probe"]  # the maxima over ranks: every rank fits the same lines

@@ -149,6 +149,9 @@ def test_random_token_shards_are_seeded_and_reused(tmp_path):
 
 @pytest.mark.parametrize("model", ["125m", "350m", "1.3b"])
 def test_every_paper_family_plans_valid_launches(model, tmp_path):
+    from composer_qsdp import QSDP
+    from composer_qsdp.recipes.train import load_recipe
+
     args = bench_e2e.parse_args(["--model", model, "--nproc", "4", "--out-dir", str(tmp_path),
                                            "--configs", *bench_e2e.CONFIGS, "--ranks-per-node", "2"])
     plan = bench_e2e._plan(args)  # loads every configuration's recipe with its overrides
@@ -170,6 +173,15 @@ def test_every_paper_family_plans_valid_launches(model, tmp_path):
     auto = plan.overrides(bench_e2e.CONFIGS["qsdp-auto"], 4, tmp_path / "m.json")
     assert {"algorithms.qsdp.policy=auto", "algorithms.qsdp.error_sample_interval=0", "max_duration=20ba"} <= set(auto)
     assert plan.window(bench_e2e.CONFIGS["qsdp-auto"]) == (10, 10)
+    # qsdp-auto-loco: the same launch with the opt-in 3-bit candidates named, which reach AutoOptions.
+    loco = bench_e2e.CONFIGS["qsdp-auto-loco"]
+    assert plan.window(loco) == (10, 10) and "qsdp-auto-loco" not in bench_e2e.DEFAULT_CONFIGS
+    loco_overrides = plan.overrides(loco, 4, tmp_path / "m.json")
+    assert set(auto) < set(loco_overrides)
+    qsdp_kwargs = load_recipe(plan.recipe_dir / loco.recipe, loco_overrides, world_size=4).algorithm_kwargs["qsdp"]
+    options = QSDP(**qsdp_kwargs).auto_options
+    assert (options.weight_candidates, options.grad_candidates) == (("off", "w8", "qwd4", "qwd3"),
+                                                                    ("off", "g8", "g4", "g3loco"))
     with pytest.raises(SystemExit, match="-hpz configurations reshard to the node: pass --ranks-per-node"):
         bench_e2e._plan(bench_e2e.parse_args(["--model", model, "--nproc", "4", "--out-dir", str(tmp_path),
                                                         "--configs", "qsdp-zeropp-hpz"]))

@@ -107,6 +107,24 @@ def test_every_arm_plans_valid_launches_for_the_125m_family(tmp_path):
     assert convergence._parser().parse_args([]).arms == list(convergence.DEFAULT_ARMS)  # DDP arms when named
 
 
+def test_policy_auto_loco_names_the_opt_in_candidates_as_bench_e2e_does(tmp_path):
+    import bench_e2e
+
+    from composer_qsdp import QSDP
+    from composer_qsdp.recipes.train import load_recipe
+
+    arm = convergence.ARMS["policy-auto-loco"]
+    assert set(arm.overrides) == {"algorithms.qsdp.policy=auto", *bench_e2e.AUTO_LOCO}
+    assert "policy-auto-loco" not in convergence.DEFAULT_ARMS + convergence.MATRIX_ARMS
+    args = convergence._parser().parse_args(["--model", "125m", "--out-dir", str(tmp_path), "--corpus",
+                                             str(tmp_path / "c"), "--eval-batches", "-1", "--arms", "policy-auto-loco"])
+    plan = convergence._plan(args)
+    recipe = load_recipe(plan.recipe_dir / arm.recipe, plan.overrides("policy-auto-loco", 0), world_size=2)
+    options = QSDP(**recipe.algorithm_kwargs["qsdp"]).auto_options
+    assert (options.weight_candidates, options.grad_candidates) == (("off", "w8", "qwd4", "qwd3"),
+                                                                    ("off", "g8", "g4", "g3loco"))
+
+
 def test_shared_gpus_put_every_arm_on_them_over_gloo(tiny_recipes, tmp_path, monkeypatch):
     monkeypatch.setattr(convergence, "_visible_gpus", lambda: ["0"])
     gpu = ["-o", "device=gpu", "-o", "precision=amp_bf16"]  # shared_gpu=true is for GPU recipes

@@ -160,7 +160,9 @@ class QSDP(Algorithm):
             the run options (``exclude``, ``module_filter``, ``min_numel``, ``seed``, ``check_finite``,
             ``error_sample_interval``, ``ranks_per_node``) apply; the per-side options are the policy's to choose.
         auto_options: options of the automatic policy (:class:`~composer_qsdp.auto.AutoOptions`), e.g.
-            ``{"warmup_steps": 4, "recheck_tolerance": 0.25, "min_gain": 0.02}``.
+            ``{"warmup_steps": 4, "recheck_tolerance": 0.25, "min_gain": 0.02}``; ``weight_candidates`` and
+            ``grad_candidates`` name the candidates, e.g. with the opt-in 3-bit ones
+            ``{"weight_candidates": ["off", "w8", "qwd4", "qwd3"], "grad_candidates": ["off", "g8", "g4", "g3loco"]}``.
         **options: flat options over the preset (:meth:`QSDPConfig.option_names
             <composer_qsdp.QSDPConfig.option_names>`: ``weight_bits``, ``grad_codec``, ``bucket_size``,
             ``weight_codec_options``, ``grad_scheme``, ``exclude``, ``seed``, ...); not with a ``QSDPConfig``.
