@@ -162,10 +162,6 @@ preset_names = QSDPConfig.preset_names
 #: Steps after which policy=auto has settled, all untimed: its warm-up, as many steps again to re-check, and, after a
 #: re-decision at that boundary, a keyframe step and the first weight-difference step (which compiles its kernels).
 AUTO_SETTLED = 2 * AutoOptions().warmup_steps + 2
-#: policy=auto's candidate lists with the opt-in 3-bit ones (``qwd3``: ``qwd-w3g3-loco``'s weights; ``g3loco``:
-#: ``qwd-w4g3-loco``'s gradients). YAML reads the bare ``off`` as false, which AutoOptions takes as ``"off"``.
-AUTO_LOCO = ("algorithms.qsdp.auto_options.weight_candidates=[off,w8,qwd4,qwd3]",
-             "algorithms.qsdp.auto_options.grad_candidates=[off,g8,g4,g3loco]")
 CONFIGS: dict[str, Config] = {c.name: c for c in (
     Config("baseline", "baseline.yaml", (), False,
            "plain Composer FSDP2 in the recipe's mixed precision (paper recipes: bf16 weight all-gathers, fp32 "
@@ -178,7 +174,7 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
     Config("qsdp-auto", "baseline.yaml", ("algorithms.qsdp.policy=auto", *_NO_ERROR_SAMPLING), False,
            "QSDP policy=auto: measures the network and each unit's compute over the untimed steps, then picks "
            "off / 8 / 4 bits / qWD per unit and side", min_warmup=AUTO_SETTLED),
-    Config("qsdp-auto-loco", "baseline.yaml", ("algorithms.qsdp.policy=auto", *AUTO_LOCO, *_NO_ERROR_SAMPLING), False,
+    Config("qsdp-auto-loco", "baseline.yaml", (*common.AUTO_LOCO, *_NO_ERROR_SAMPLING), False,
            "QSDP policy=auto with the opt-in 3-bit candidates too: 3-bit weight differences (qwd3) and 3-bit "
            "LoCo gradients (g3loco)", min_warmup=AUTO_SETTLED),
     Config("compute-bound", "baseline.yaml", (), True,

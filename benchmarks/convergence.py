@@ -209,9 +209,7 @@ ARMS: dict[str, Arm] = {
                                                          "data order): the run-to-run noise band"),
     "policy-auto": Arm("baseline.yaml", ("algorithms.qsdp.policy=auto",),
                        "QSDP's bandwidth-aware policy (policy=auto) picks bits / qWD per unit and side"),
-    "policy-auto-loco": Arm("baseline.yaml", ("algorithms.qsdp.policy=auto",
-                                              "algorithms.qsdp.auto_options.weight_candidates=[off,w8,qwd4,qwd3]",
-                                              "algorithms.qsdp.auto_options.grad_candidates=[off,g8,g4,g3loco]"),
+    "policy-auto-loco": Arm("baseline.yaml", common.AUTO_LOCO,
                             "policy=auto that may also pick the opt-in 3-bit candidates: 3-bit weight differences "
                             "(qwd3) and 3-bit LoCo gradients (g3loco)"),
     "sdp4bit-2x2": Arm("sdp4bit.yaml", ("algorithms.qsdp.ranks_per_node=2",),

@@ -36,6 +36,11 @@ ENV_PREFIXES = ("NCCL_", "TORCH_NCCL", "CUDA_VISIBLE_DEVICES", "TORCH_SYMM_MEM",
 
 #: Seconds a killed launch gets between SIGTERM and SIGKILL.
 KILL_GRACE_S = 15.0
+#: Recipe overrides giving policy=auto the opt-in 3-bit candidates too (``qwd3``: ``qwd-w3g3-loco``'s weights;
+#: ``g3loco``: ``qwd-w4g3-loco``'s gradients), shared by the benchmark's and the convergence driver's auto runs. YAML
+#: reads the bare ``off`` as false, which AutoOptions takes as ``"off"``.
+AUTO_LOCO = ("algorithms.qsdp.policy=auto", "algorithms.qsdp.auto_options.weight_candidates=[off,w8,qwd4,qwd3]",
+             "algorithms.qsdp.auto_options.grad_candidates=[off,g8,g4,g3loco]")
 # prctl option of <sys/prctl.h>: the signal a child gets when its parent dies.
 _PR_SET_PDEATHSIG = 1
 
