@@ -138,6 +138,7 @@ def _old_and_new(info: RankInfo) -> dict:
     return out
 
 
+@pytest.mark.slow  # deprecated spellings; the typed config is exercised by every other training test
 @pytest.mark.requires_custom_comm
 def test_old_spelling_and_typed_config_train_identically():
     """Same losses and the same bytes on 2 gloo ranks (FSDP2), bit for bit."""

@@ -68,10 +68,12 @@ def _check_quantized_training(result: dict, fsdp_version: int = 2) -> None:
     assert max(result["param_rel_error"].values()) < 2e-2, result["param_rel_error"]
 
 
+@pytest.mark.slow  # the recipe entrypoint's launcher run (tests/test_train.py) trains QSDP the same way
 def test_composer_launcher_run_quantizes_fsdp_traffic(tmp_path):
     _check_quantized_training(_launch(tmp_path))
 
 
+@pytest.mark.slow  # the LoCo preset's launcher run below gathers weight differences through Composer too
 def test_composer_run_with_weight_differences(tmp_path):
     result = _launch(tmp_path, options=QWD)
     weights = result["traffic"]["weights"]
