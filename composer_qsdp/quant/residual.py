@@ -49,7 +49,7 @@ class CodedResidual:
         self.codec = codec
         self.rows = check_int("rows", rows, minimum=1)
         self.numel = check_int("numel", numel, minimum=1)
-        self.wire = codec.encode_rows(torch.zeros(self.rows, self.numel, device=device))
+        self.wire = self._encoded_zeros(device)
 
     @property
     def device(self) -> torch.device:
@@ -75,8 +75,11 @@ class CodedResidual:
     def zero_(self) -> CodedResidual:
         """Set the residual to zero in place (the encode of zeros: a codec's zero need not be all-zero bytes).
         Returns self."""
-        self.wire.copy_(self.codec.encode_rows(torch.zeros(self.rows, self.numel, device=self.wire.device)))
+        self.wire.copy_(self._encoded_zeros(self.wire.device))
         return self
+
+    def _encoded_zeros(self, device: torch.device | str) -> torch.Tensor:
+        return self.codec.encode_rows(torch.zeros(self.rows, self.numel, device=device))
 
     def to(self, device: torch.device | str) -> CodedResidual:
         """This residual with its wire on ``device`` (self when already there)."""

@@ -157,7 +157,7 @@ class LoCoReduceScatter(FlatReduceScatter):
         state["residual_numel"] = 0 if local is None else _elements(local)
         state["residual_dtype"] = self._dtype_name()
         if local is not None:
-            state["residual"] = self._piece(local.wire if isinstance(local, CodedResidual) else local)
+            state["residual"] = self._piece(_storage(local))
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -201,7 +201,7 @@ class LoCoReduceScatter(FlatReduceScatter):
                              "from a local sharded checkpoint folder)")
             return
         local = piece.to_local() if hasattr(piece, "to_local") else piece
-        storage = self._restored.wire if isinstance(self._restored, CodedResidual) else self._restored
+        storage = _storage(self._restored)
         if tuple(local.shape) != (1, storage.numel()):
             raise ValueError(f"the loco gradient scheme's saved residual piece has shape {tuple(local.shape)}; this "
                              f"state needs (1, {storage.numel()}) (this rank's residual of {numel} elements as "
@@ -222,9 +222,10 @@ class LoCoReduceScatter(FlatReduceScatter):
                                   shape=torch.Size([world, numel]), stride=(numel, 1))
 
     def memory_bytes(self) -> int:
-        if isinstance(self.residual, CodedResidual):
-            return self.residual.nbytes
-        return 0 if self.residual is None else self.residual.numel() * self.residual.element_size()
+        if self.residual is None:
+            return 0
+        storage = _storage(self.residual)
+        return storage.numel() * storage.element_size()
 
     def _dtype_name(self) -> str:
         return str(self.residual_dtype).removeprefix("torch.")
@@ -232,6 +233,11 @@ class LoCoReduceScatter(FlatReduceScatter):
     def describe(self) -> str:
         reset = f", reset every {self.reset_every} steps" if self.reset_every else ""
         return f"{super().describe()} with LoCo error feedback (beta {self.beta:g}, {self._dtype_name()} residual{reset})"
+
+
+def _storage(residual: torch.Tensor | CodedResidual) -> torch.Tensor:
+    """The tensor that holds a residual: itself, or a coded residual's wire rows."""
+    return residual.wire if isinstance(residual, CodedResidual) else residual
 
 
 def _elements(residual: torch.Tensor | CodedResidual) -> int:
