@@ -213,9 +213,9 @@ def start(command: Sequence[str], log_path: Path, env: Mapping[str, str]) -> sub
 
 def _end_with(parent: int) -> Callable[[], None]:
     """A ``preexec_fn`` asking Linux to SIGTERM the child when ``parent`` dies: a driver killed outright (SIGKILL at
-    a device call's time limit) runs no cleanup, and its launches, in sessions of their own, would otherwise keep
-    training and holding GPU memory that the next launches then fail to get. Linux signals when the *thread* that
-    started the child ends: the drivers start launches from their main thread."""
+    a command's time limit on a GPU host) runs no cleanup, and its launches, in sessions of their own, would
+    otherwise keep training and holding GPU memory that the next launches then fail to get. Linux signals when the
+    *thread* that started the child ends: the drivers start launches from their main thread."""
 
     def preexec() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

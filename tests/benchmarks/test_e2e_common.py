@@ -67,8 +67,8 @@ time.sleep(60)
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
 def test_a_launch_ends_when_its_driver_is_killed_outright(tmp_path):
-    """A driver SIGKILLed (a device call's time limit) runs no cleanup; its launch, in a session of its own, still
-    gets SIGTERM and ends instead of training on and holding the GPU."""
+    """A driver SIGKILLed (a command's time limit on a GPU host) runs no cleanup; its launch, in a session of its
+    own, still gets SIGTERM and ends instead of training on and holding the GPU."""
     pid_file = tmp_path / "child.pid"
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(Path(e2e_common.__file__).parent), str(pid_file),
                                str(tmp_path / "launch.log")])
