@@ -1125,10 +1125,15 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     differs between runs."""
     if len(records) < 2:
         raise ValueError(f"combining needs at least 2 records, got {len(records)}")
+    combined = [i for i, record in enumerate(records, start=1) if "runs" in record]
+    if combined:
+        raise ValueError(f"record {combined[0]} is itself a combined record: pass the runs' own records it names")
     first = records[0]
     for i, record in enumerate(records[1:], start=2):
-        # How many processes ran at once changes the step times, not an arm's numerics.
-        differ = [k for k in common.differing_keys(first["settings"], record["settings"]) if k != "max_ranks"]
+        # How many processes ran at once changes the step times, not an arm's numerics; nor does the transport:
+        # ranks sharing GPUs over gloo compute what NCCL ranks do, up to the order of a reduction's sums.
+        differ = [k for k in common.differing_keys(first["settings"], record["settings"])
+                  if k not in ("max_ranks", "shared_gpu")]
         if differ:
             key = differ[0]
             raise ValueError(f"run {i} differs from run 1 in setting {key!r}: "
@@ -1148,7 +1153,7 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     for r in arms.values():
         gaps = {label: _gap_pct(r, curve) for label, curve in baselines.items()}
         r["gap_vs_baselines_pct"] = {label: gap for label, gap in gaps.items() if gap is not None}
-    runs = [record["header"] for record in records]
+    runs = [{**record["header"], "shared_gpu": record["settings"].get("shared_gpu")} for record in records]
     return {"header": {"git": " + ".join(dict.fromkeys(h["git"] for h in runs))}, "runs": runs,
             "settings": first["settings"], "corpus": first["corpus"],
             "status": "complete" if all(r["status"] == "complete" for r in records) else "incomplete", "arms": arms}
@@ -1159,8 +1164,9 @@ def combined_markdown(record: dict[str, Any]) -> str:
     s = record["settings"]
     labels = [label for label, r in record["arms"].items() if r["arm"] in FSDP_BASELINES]
     lines = [f"### convergence: {Path(s['recipe_dir']).name}, {len(record['runs'])} runs combined", ""]
-    lines += [f"- run {i}: {h['date']}, git `{h['git']}`, {h['device']}: `{h['command']}`"
-              for i, h in enumerate(record["runs"], start=1)]
+    transport = {True: ", ranks sharing GPUs over gloo", False: ", NCCL, a GPU per rank", None: ""}
+    lines += [f"- run {i}: {h['date']}, git `{h['git']}`, {h['device']}{transport[h.get('shared_gpu')]}: "
+              f"`{h['command']}`" for i, h in enumerate(record["runs"], start=1)]
     lines += [f"- settings: {s['steps']} steps x {s['global_batch']} samples x {s['seq_len']} tokens per arm, the "
               f"same seed and data order in every run; corpus input sha256 "
               f"`{record['corpus']['input']['sha256'][:16]}`", f"- status: {record['status']}", "",

@@ -450,17 +450,23 @@ def test_combine_refuses_runs_that_differ(change, message):
         convergence.combine_records([first, second])
     with pytest.raises(ValueError, match="at least 2 records, got 1"):
         convergence.combine_records([first])
+    with pytest.raises(ValueError, match="record 2 is itself a combined record"):
+        convergence.combine_records([first, convergence.combine_records([first, second | {"settings": first["settings"], "corpus": first["corpus"]}])])
 
 
-def test_combine_compares_with_both_baseline_seeds_and_ignores_how_many_ran_at_once():
+def test_combine_compares_with_both_baseline_seeds_and_ignores_how_many_ran_at_once_and_how():
     first = fake_record("a", {"baseline": {20: 4.0}, "baseline-seed2": {20: 4.1}})
+    first["settings"] = {**first["settings"], "shared_gpu": False}
     second = fake_record("b", {"qwd-w3g3-loco": {20: 4.05}})
-    second["settings"] = {**second["settings"], "max_ranks": 12}
+    second["settings"] = {**second["settings"], "max_ranks": 12, "shared_gpu": True}
     record = convergence.combine_records([first, second])
     assert record["arms"]["qwd-w3g3-loco"]["gap_vs_baselines_pct"] == pytest.approx(
         {"baseline": 1.25, "baseline-seed2": 4.05 / 4.1 * 100 - 100})
     md = convergence.combined_markdown(record)
     assert "Baseline run-to-run spread: 2.50% between the final losses of baseline, baseline-seed2." in md
+    # each run says how its ranks communicated
+    assert "git `a`, 2 CPU processes, NCCL, a GPU per rank:" in md
+    assert "git `b`, 2 CPU processes, ranks sharing GPUs over gloo:" in md
 
 
 def test_combined_table_without_a_baseline_has_as_many_titles_as_cells():
