@@ -80,6 +80,20 @@ def test_rows_ratios_bound_and_targets():
         "peak memory <= 1.10x plain FSDP2's for every preset: met"]
 
 
+@pytest.mark.parametrize("value, goal, percent, shown", [
+    (0.987, 0.99, False, "0.987x"),  # 0.99x would read as met
+    (0.9899, 0.99, False, "0.9899x"),
+    (0.994, 0.99, False, "0.99x"),
+    (1.83, 1.8, False, "1.83x"),
+    (0.798, 0.80, True, "79.8%"),
+    (0.7996, 0.80, True, "79.96%"),
+    (0.81, 0.80, True, "81%"),
+    (0.64, 0.85, True, "64%"),
+])
+def test_target_lines_never_print_a_missed_goal_as_reached(value, goal, percent, shown):
+    assert bench_e2e._shown(value, goal, percent) == shown
+
+
 def test_ddp_rows_compare_with_the_ddp_baseline_and_bound():
     zoa_wire = {side: {"sent": 1e9, "bf16": 8e9, "native": 16e9} for side in ("weights", "grads", "total")}
     network = {"results": {"baseline": result(2, 50.0, None), "ddp-baseline": result(2, 100.0, None),
