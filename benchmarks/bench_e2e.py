@@ -2,7 +2,9 @@
 project's recipes, on the GPUs of one host, on NVLink and on an emulated slow network, with a compute-only bound.
 
 One command runs, for one recipe family (``--model 1.3b`` reads ``yamls/gpt-1.3b/``), every configuration
-through Composer's launcher (``composer -n N -m composer_qsdp.recipes.train RECIPE key=value ...``):
+through ``torchrun`` (``torchrun --standalone --nproc-per-node=N -m composer_qsdp.recipes.train RECIPE key=value
+...``, the ranks a ``composer -n N`` launch would start, without its own import of Composer:
+``e2e_common.torchrun``):
 
 =======================  ===================================================================================
 ``baseline``             ``baseline.yaml``: plain Composer FSDP2 (full sharding; the recipes' DEFAULT mixed
@@ -224,7 +226,7 @@ GIB = 2**30
 
 # ---------------------------------------------------------------------------------------------- bandwidth probe
 def probe_worker(out: Path, sizes_mb: list[int], warmup: int, iters: int) -> None:
-    """One rank of the bandwidth probe (run under Composer's launcher): all-reduce and all-gather of each size,
+    """One rank of the bandwidth probe (run under ``torchrun``): all-reduce and all-gather of each size,
     median wall time per rank, the slowest rank's median; rank 0 writes ``out`` (JSON rows)."""
     import torch.distributed as dist
 
@@ -555,7 +557,7 @@ def _run_probe(plan: Plan, network: str, budget: common.Budget) -> bool | None:
     path = plan.out_dir / network / "nccl_probe.json"
     raw = path.with_name("nccl_probe.raw.json")
     raw.unlink(missing_ok=True)
-    command = [*common.launcher(plan.args.nproc), str(Path(__file__).resolve()), "--probe-worker", str(raw),
+    command = [*common.torchrun(plan.args.nproc), str(Path(__file__).resolve()), "--probe-worker", str(raw),
                "--probe-mb", *map(str, plan.args.probe_mb)]
     env = _network_env(network)
     print(f"[{network}] NCCL bandwidth probe", flush=True)
@@ -581,7 +583,7 @@ def _run_config(plan: Plan, network: str, config: Config, budget: common.Budget)
                    str(plan.args.nproc)]
     else:
         command = common.train_command(nproc, plan.recipe_dir / config.recipe,
-                                       plan.overrides(config, nproc, metrics_file))
+                                       plan.overrides(config, nproc, metrics_file), launch=common.torchrun)
     env = _network_env(network)
     print(f"[{network}] {config.name} on {nproc} process(es)", flush=True)
     t0 = time.monotonic()

@@ -3,6 +3,7 @@ shared grace period) and ``write_outputs`` (the records go into the folder named
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -51,38 +52,72 @@ def test_write_outputs_writes_whole_files_into_the_folder_named(tmp_path: Path, 
     assert (tmp_path / "dir" / "rec.png").read_bytes() == b"\x89PNG" and not (tmp_path / "env").exists()
 
 
-# A driver: starts a launch (which writes its pid and sleeps) through e2e_common.start, then waits for ever.
+# A driver: starts a launch (the JSON command of argv[2]) through e2e_common.start, then waits for ever.
 DRIVER = """
-import sys, time
+import json, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import e2e_common
-import pytest
-child = [sys.executable, "-c", "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)",
-         sys.argv[2]]
-e2e_common.start(child, Path(sys.argv[3]), {})
+e2e_common.start(json.loads(sys.argv[2]), Path(sys.argv[3]), {})
 time.sleep(60)
 """
+# A launched process: writes its pid (and its rank's variables) to argv[1] + RANK, then sleeps.
+SLEEPER = """
+import json, os, sys, time
+keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+with open(sys.argv[1] + os.environ.get("RANK", "0"), "w") as f:
+    json.dump({"pid": os.getpid(), **{k: os.environ.get(k) for k in keys}}, f)
+time.sleep(60)
+"""
+
+
+def _start_driver(tmp_path: Path, command: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", DRIVER, str(Path(e2e_common.__file__).parent),
+                             json.dumps(command), str(tmp_path / "launch.log")])
+
+
+def _wait_for(paths: list[Path], timeout_s: float) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    while not all(p.is_file() and p.read_text() for p in paths) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [json.loads(p.read_text()) for p in paths]
+
+
+def _end_driver_and_wait(driver: subprocess.Popen, pids: list[int]) -> None:
+    driver.kill()
+    driver.wait()
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
 def test_a_launch_ends_when_its_driver_is_killed_outright(tmp_path):
     """A driver SIGKILLed (a command's time limit on a GPU host) runs no cleanup; its launch, in a session of its
     own, still gets SIGTERM and ends instead of training on and holding the GPU."""
-    pid_file = tmp_path / "child.pid"
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(Path(e2e_common.__file__).parent), str(pid_file),
-                               str(tmp_path / "launch.log")])
-    deadline = time.monotonic() + 30
-    while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    child = int(pid_file.read_text())
-    assert _alive(child)
-    driver.kill()
-    driver.wait()
-    deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(child)
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    driver = _start_driver(tmp_path, [sys.executable, str(script), str(tmp_path / "rank")])
+    [child] = _wait_for([tmp_path / "rank0"], 30)
+    assert _alive(child["pid"])
+    _end_driver_and_wait(driver, [child["pid"]])
+    assert not _alive(child["pid"])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_torchrun_ranks_get_composers_variables_and_end_with_their_driver(tmp_path):
+    """The benchmark's launcher: every rank sees the variables Composer's launcher would set, and when the driver
+    is killed outright torchrun ends its ranks too."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    driver = _start_driver(tmp_path, [*e2e_common.torchrun(2), str(script), str(tmp_path / "rank")])
+    ranks = _wait_for([tmp_path / "rank0", tmp_path / "rank1"], 60)
+    assert ranks[0]["MASTER_ADDR"] and ranks[1]["MASTER_ADDR"] == ranks[0]["MASTER_ADDR"]
+    assert [{k: v for k, v in r.items() if k not in ("pid", "MASTER_ADDR")} for r in ranks] == [
+        {"RANK": str(i), "WORLD_SIZE": "2", "LOCAL_RANK": str(i), "LOCAL_WORLD_SIZE": "2",
+         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"} for i in range(2)]
+    _end_driver_and_wait(driver, [r["pid"] for r in ranks])
+    assert not any(_alive(r["pid"]) for r in ranks)
 
 
 def _alive(pid: int) -> bool:
