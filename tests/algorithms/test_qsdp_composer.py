@@ -1,5 +1,7 @@
-"""QSDP in a real Composer FSDP2 run through the ``composer -n 2`` launcher (tests/algorithms/composer_run.py); FSDP1
-(Composer wraps it on CUDA devices only) on 2 GPUs."""
+"""QSDP in a real Composer FSDP2 run of 2 ranks (tests/algorithms/composer_run.py); FSDP1 (Composer wraps it on CUDA
+devices only) on 2 GPUs. The ranks start through ``torchrun`` (``e2e_common.torchrun``: the variables ``composer -n
+2`` sets, without the launcher's own import of Composer); the GPU runs and tests/test_train.py use Composer's
+launcher itself."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import e2e_common  # benchmarks/ (tests/conftest.py): Composer's launcher command
+import e2e_common  # benchmarks/ (tests/conftest.py): the launch commands
 from wire_bytes import cdiv, hadamard_minmax_bytes, symmetric_bytes  # benchmarks/: the formats' definitions
 
 from composer_qsdp.fsdp2 import HAS_CUSTOM_COMM_API
@@ -28,12 +30,13 @@ AUTO = {"policy": "auto", "auto_options": {"warmup_steps": 2, "recheck_tolerance
 def _run(tmp_path: Path, out: Path, *args: str, gpu: bool = False, options: dict | None = None, nproc: int = 2,
          fsdp: dict | None = None, fsdp_version: int = 2, microbatch: int = 16,
          eval_every: int = 0) -> subprocess.CompletedProcess:
+    launch = e2e_common.launcher if gpu else e2e_common.torchrun
     env = {**os.environ, "FSDP_VERSION": str(fsdp_version), "OMP_NUM_THREADS": "1",
            "QSDP_TEST_OPTIONS": json.dumps(options), "QSDP_TEST_FSDP": json.dumps(fsdp),
            "QSDP_TEST_MICROBATCH": str(microbatch), "QSDP_TEST_EVAL": str(eval_every)}
     if gpu:
         env["QSDP_TEST_DEVICE"] = "gpu"
-    return subprocess.run([*e2e_common.launcher(nproc), str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
+    return subprocess.run([*launch(nproc), str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=900)
 
 

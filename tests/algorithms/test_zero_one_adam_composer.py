@@ -1,7 +1,8 @@
-"""0/1 Adam in a real Composer DDP run through the ``composer -n 2`` launcher (tests/algorithms/zoa_composer_run.py).
+"""0/1 Adam in a real Composer DDP run of 2 ranks (tests/algorithms/zoa_composer_run.py), started through
+``torchrun`` (``e2e_common.torchrun``: the variables ``composer -n 2`` sets, without the launcher's own import of
+Composer) on CPU and through Composer's launcher on GPUs.
 
-A launch takes 15-25 s on 2 CPU cores with Python's bytecode cache (a minute without one); the resume test
-launches twice and is marked slow.
+The resume test launches twice and is marked slow.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import e2e_common  # benchmarks/ (tests/conftest.py): Composer's launcher command
+import e2e_common  # benchmarks/ (tests/conftest.py): the launch commands
 
 SCRIPT = Path(__file__).with_name("zoa_composer_run.py")
 SYNCS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 14)  # every variance-phase step, then the local-step phase's T_u
@@ -24,7 +25,8 @@ def _launch(tmp_path: Path, *args: str, gpu: bool = False, options: dict | None 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ZOA_OPTIONS": json.dumps(options or {})}
     if gpu:
         env["QSDP_TEST_DEVICE"] = "gpu"
-    proc = subprocess.run([*e2e_common.launcher(2), str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
+    launch = e2e_common.launcher if gpu else e2e_common.torchrun
+    proc = subprocess.run([*launch(2), str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"launcher failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
     return json.loads(out.read_text())
