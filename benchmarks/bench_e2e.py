@@ -301,6 +301,9 @@ def measure(metrics: dict[str, Any], warmup: int, steps: int, tokens_per_step: i
         "step_time_s": statistics.fmean(step_times),
         "step_time_min_s": min(step_times),
         "step_time_max_s": max(step_times),
+        # A slow emulated network stalls some steps for a while (a launch's first steps 25% slower than its last,
+        # nothing changed): the median reads through that where the mean does not.
+        "step_time_median_s": statistics.median(step_times),
         "tokens_per_step": tokens_per_step,
         "tokens_per_s": tokens_per_step * steps / sum(step_times),
         "memory": metrics.get("memory"),
@@ -601,7 +604,8 @@ def _run_config(plan: Plan, network: str, config: Config, budget: common.Budget)
         if config.name == "compute-bound-layer":
             record.update(status="ok", layer_bound=metrics, tokens_per_s=metrics["tokens_per_s"],
                           step_time_s=metrics["step_s"], step_time_min_s=metrics["step_s"],
-                          step_time_max_s=metrics["step_s"], memory=metrics["memory"], scheme_memory_bytes=None)
+                          step_time_max_s=metrics["step_s"], step_time_median_s=metrics["step_s"],
+                          memory=metrics["memory"], scheme_memory_bytes=None)
         else:
             record.update(status="ok", **measure(metrics, *plan.window(config),
                                                   plan.global_batch(nproc) * plan.seq_len))
@@ -714,6 +718,7 @@ def rows(network_data: dict[str, Any], bounds: dict[str, dict[str, Any]], nproc:
             "step_time_s": r["step_time_s"],
             "step_time_min_s": r["step_time_min_s"],
             "step_time_max_s": r["step_time_max_s"],
+            "step_time_median_s": r.get("step_time_median_s"),  # None in records written before it was kept
             "peak_allocated_gib": r["memory"]["peak_allocated_bytes"] / GIB if r.get("memory") else None,
             "scheme_memory_gib": r["scheme_memory_bytes"] / GIB if r.get("scheme_memory_bytes") else None,
             "wire_gb_per_step": None if sent is None else sent / GB,
@@ -856,20 +861,21 @@ def render(plan: Plan, head: dict[str, str], data: dict[str, Any], status: str) 
         else:
             lines.append("NCCL probe: " + ("failed" if probe else "not run"))
         lines += ["", "| config | GPUs | tokens/s | vs baseline | of compute bound | step time (ms, mean [min-max]) "
-                  "| peak mem (GiB, rank 0) | vs baseline | of it, QSDP state (GiB) | wire GB/step/rank "
-                  "| wire vs plain FSDP2 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| median step (ms) | peak mem (GiB, rank 0) | vs baseline | of it, QSDP state (GiB) "
+                  "| wire GB/step/rank | wire vs plain FSDP2 |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in table:
             if "failed" in r:
-                lines.append(f"| {r['config']} | failed: {r['failed']} | | | | | | | | | |")
+                lines.append(f"| {r['config']} | failed: {r['failed']} | | | | | | | | | | |")
                 continue
             gpus = f"1 (x{plan.args.nproc})" if CONFIGS[r["config"]].single_gpu else str(r["gpus"])
             fmt = common.fmt
             ms = [r[k] * 1e3 for k in ("step_time_s", "step_time_min_s", "step_time_max_s")]
             step_ms = f"{ms[0]:.0f} [{ms[1]:.0f}-{ms[2]:.0f}]"
+            median = None if r["step_time_median_s"] is None else r["step_time_median_s"] * 1e3
             lines.append(
                 f"| {r['config']} | {gpus} | {r['tokens_per_s']:,.0f} | {fmt(r['vs_baseline'], '.2f', 'x')} "
-                f"| {fmt(r['of_bound'], '.0%')} | {step_ms} | {fmt(r['peak_allocated_gib'], '.1f')} "
-                f"| {fmt(r['memory_vs_baseline'], '.2f', 'x')} "
+                f"| {fmt(r['of_bound'], '.0%')} | {step_ms} | {fmt(median, '.0f')} "
+                f"| {fmt(r['peak_allocated_gib'], '.1f')} | {fmt(r['memory_vs_baseline'], '.2f', 'x')} "
                 f"| {fmt(r['scheme_memory_gib'], '.2f')} | {fmt(r['wire_gb_per_step'], '.3f')} "
                 f"| {fmt(r['wire_vs_baseline'], '.3f')} |")
         lines += startup_lines(table)

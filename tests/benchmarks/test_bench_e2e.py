@@ -5,8 +5,9 @@ processes: probe, baseline, QSDP, the compute-only bound, skipping what is finis
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +35,7 @@ def test_measure_against_hand_computed_reference():
     r = bench_e2e.measure(metrics, warmup=2, steps=3, tokens_per_step=1000)
     assert r["step_times_s"] == pytest.approx([1.5, 1.0, 1.5])  # batches 3, 4, 5
     assert r["step_time_s"] == pytest.approx(4.0 / 3)
-    assert (r["step_time_min_s"], r["step_time_max_s"]) == pytest.approx((1.0, 1.5))
+    assert (r["step_time_min_s"], r["step_time_max_s"], r["step_time_median_s"]) == pytest.approx((1.0, 1.5, 1.5))
     assert r["tokens_per_s"] == pytest.approx(3000 / 4.0)
     assert r["wire_per_step"]["total"] == pytest.approx({"sent": 100, "bf16": 200, "native": 400})
     assert r["memory"] == {"peak_allocated_bytes": 7, "peak_reserved_bytes": 9}
@@ -312,8 +313,15 @@ def test_cpu_sweep_measures_every_config_and_skips_finished_ones(tiny_recipes, t
     probe = record["networks"]["nvlink"]["probe"]
     assert [r["op"] for r in probe["rows"]] == ["all_reduce", "all_gather"] and all(
         r["busbw_gbps"] > 0 for r in probe["rows"])
+    assert rows["qsdp-w8g8"]["step_time_median_s"] == pytest.approx(
+        statistics.median(results["qsdp-w8g8"]["step_times_s"]))
     md = (out / f"bench_e2e-{tiny_recipes.name}-2x.md").read_text()
     assert "| compute-bound | 1 (x2) |" in md and "- git: `" in md and "- command: `" in md
+    table = [line for line in md.splitlines() if line.startswith("| ") and "tokens/s" not in line
+             and line.split("|")[1].strip() in rows]
+    assert len(table) == len(rows) and all(line.count("|") == 13 for line in table)  # 12 cells, median included
+    median_ms = round(rows["qsdp-w8g8"]["step_time_median_s"] * 1e3)
+    assert next(line for line in table if line.startswith("| qsdp-w8g8 ")).split("|")[7].strip() == str(median_ms)
     assert "status: complete" in md
     assert re.search(r"Start-up before the first batch .*: baseline \d+ \(\d+( \+ \d+){5}\); qsdp-w8g8 ", md)
 
