@@ -301,8 +301,8 @@ def measure(metrics: dict[str, Any], warmup: int, steps: int, tokens_per_step: i
         "step_time_s": statistics.fmean(step_times),
         "step_time_min_s": min(step_times),
         "step_time_max_s": max(step_times),
-        # A slow emulated network stalls some steps for a while (a launch's first steps 25% slower than its last,
-        # nothing changed): the median reads through that where the mean does not.
+        # A slow emulated network stalls some steps for a while (a launch's first four steps 23% slower than its
+        # last five, nothing changed): the median reads through that where the mean does not.
         "step_time_median_s": statistics.median(step_times),
         "tokens_per_step": tokens_per_step,
         "tokens_per_s": tokens_per_step * steps / sum(step_times),

@@ -70,13 +70,12 @@ def launcher(nproc: int) -> list[str]:
 def torchrun(nproc: int) -> list[str]:
     """torch's ``torchrun`` for ``nproc`` local processes, as the throughput benchmark launches them.
 
-    Composer's launcher imports all of Composer before it starts a rank, and the ranks then import it again: on a
-    2-core CPU host, 2 ranks of the tiny CPU recipe took 49 s through it and 29 s through ``torchrun``, which imports
-    torch alone (on the 4-GPU hosts, 16-18 s of each 45-60 s GPT-1.3B launch lay outside the ranks' start-up and
-    steps). Its ranks get the variables Composer's launcher sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-    ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``; Composer takes an unset ``NODE_RANK`` as 0), and
-    ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` through ``env``, as Composer's launcher sets it. Every rank's output goes
-    to the log."""
+    Composer's launcher imports all of Composer before it starts a rank, and the ranks then import it again;
+    ``torchrun`` imports torch alone. In the GPT-1.3B launches of ``results/2026-11-27_h200x4_d6bcf73`` (Composer's
+    launcher), 15-23 s of each 41-74 s launch lay outside the ranks' start-up and steps. Its ranks get the variables
+    Composer's launcher sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
+    ``MASTER_PORT``; Composer takes an unset ``NODE_RANK`` as 0), and ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` through
+    ``env``, as Composer's launcher sets it. Every rank's output goes to the log."""
     return ["env", "TORCH_NCCL_ASYNC_ERROR_HANDLING=1", sys.executable, "-m", "torch.distributed.run",
             "--standalone", f"--nproc-per-node={nproc}"]
 
