@@ -18,6 +18,7 @@ from composer_qsdp.fsdp2.compat import (
     COMM_PATHS,
     check_comm_path,
     default_comm_path,
+    gather_input,
     install_comms,
     restore_comms,
 )
@@ -116,7 +117,8 @@ def apply_qsdp(
     if note is not None:
         log.warning(note)
     groups = [shard_group(u.module) for u in units]
-    handle.install(groups, lambda index: FSDP2GatherLayout(units[index].module, groups[index].size()), optimizers)
+    handle.install(groups, lambda index: FSDP2GatherLayout(units[index].module, groups[index].size()), optimizers,
+                   gather_input_of=lambda index: gather_input(units[index].module))
     return handle
 
 
