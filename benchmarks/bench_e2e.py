@@ -34,10 +34,6 @@ through ``torchrun`` (``torchrun --standalone --nproc-per-node=N -m composer_qsd
                          one-block model less one block), plus the recipe's optimizer step over 1/N of the
                          parameters; N x the tokens/s of that step. It leaves out the memory traffic of FSDP's
                          unsharded copies, so it is a slightly optimistic bound.
-``qsdp-<preset>-late``   (only when named; presets with weight differences: ``sdp4bit``, ``qwd-*``) the preset with
-                         ``algorithms.qsdp.eager_weight_update=false``: each step's weight-difference update is
-                         sent at the next forward's all-gather instead of right after the optimizer step (the
-                         default), to measure what sending it early buys
 ``baseline-pure``        (only when named) ``baseline.yaml`` with ``fsdp.mixed_precision=PURE``: bf16 gradient
                          reduce-scatters too
 =======================  ===================================================================================
@@ -177,11 +173,6 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
                                                                 *_NO_ERROR_SAMPLING), False,
              f"QSDP preset {preset}{' with hpZ (reshard_after_forward = ranks per node)' * hpz}", hpz=hpz)
       for preset in preset_names() for hpz in ((False, True) if preset in _HPZ_PRESETS else (False,))),
-    *(Config(f"qsdp-{preset}-late", "baseline.yaml", (f"algorithms.qsdp.preset={preset}",
-                                                      "algorithms.qsdp.eager_weight_update=false",
-                                                      *_NO_ERROR_SAMPLING), False,
-             f"QSDP preset {preset}, each weight-difference update sent at the next forward's gather")
-      for preset in preset_names() if QSDPConfig.from_preset(preset).weights.scheme == "difference"),
     Config("qsdp-auto", "baseline.yaml", ("algorithms.qsdp.policy=auto", *_NO_ERROR_SAMPLING), False,
            "QSDP policy=auto: measures the network and each unit's compute over the untimed steps, then picks "
            "off / 8 / 4 bits / qWD per unit and side", min_warmup=AUTO_SETTLED),

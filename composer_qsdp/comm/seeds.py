@@ -76,11 +76,6 @@ class StepSeeds:
         """Key of ``stream`` of unit ``unit_index`` in the current microbatch."""
         return mix_seed(self.base_seed, self.optimizer_step, self.microbatch, unit_index, int(stream))
 
-    def next_forward_seed(self, unit_index: int, stream: SeedStream) -> int:
-        """Key of ``stream`` of unit ``unit_index`` in the next microbatch: what :meth:`seed` returns after the next
-        :meth:`begin_microbatch` (for work started before that forward, such as an eager weight update)."""
-        return mix_seed(self.base_seed, self.optimizer_step, self.microbatch + 1, unit_index, int(stream))
-
     def state_dict(self) -> dict[str, int]:
         """The counters, for checkpoints (the base seed comes from the configuration)."""
         return {"optimizer_step": self.optimizer_step, "microbatch": self.microbatch}

@@ -147,12 +147,6 @@ class QSDPConfig:
             its traffic (one extra decode); ``0`` never measures.
         ranks_per_node: ranks sharing a node, for per-hop byte counts and topology-aware schemes; ``None``
             reads ``LOCAL_WORLD_SIZE`` from the launcher (one node when unset).
-        eager_weight_update: units whose weights travel as differences against a replica (``weight_scheme``
-            ``"difference"``) send each step's update right after the optimizer step, on a side stream, instead of
-            at the next forward's all-gather, which then only waits for it: the network works while the host ends
-            the step and starts the next. Same bytes and weights bit for bit. ``None`` (default): wherever the
-            adapter can build a unit's gather input at the step (FSDP2; not FSDP1); ``True``: required (an error
-            where it cannot); ``False``: never.
 
     Raises:
         ValueError: at construction, for any option out of range, naming the option and what is allowed.
@@ -171,7 +165,6 @@ class QSDPConfig:
     check_finite: bool = True
     error_sample_interval: int = 100
     ranks_per_node: int | None = None
-    eager_weight_update: bool | None = None
     _weight_prototypes: dict[tuple[str, int | None], WeightScheme] = field(init=False, repr=False, compare=False)
     _grad_prototypes: dict[tuple[str, int | None], GradScheme] = field(init=False, repr=False, compare=False)
 
@@ -188,9 +181,6 @@ class QSDPConfig:
         check_seed(self.seed)
         if not isinstance(self.check_finite, bool):
             raise ValueError(f"check_finite={self.check_finite!r} is invalid; it must be True or False")
-        if self.eager_weight_update is not None and not isinstance(self.eager_weight_update, bool):
-            raise ValueError(f"eager_weight_update={self.eager_weight_update!r} is invalid; it must be None (where "
-                             "the adapter can), True or False")
         if self.ranks_per_node is not None:
             check_int("ranks_per_node", self.ranks_per_node, minimum=1)
         set_(self, "_weight_prototypes", self._prototypes("weights", WEIGHT_SCHEMES, make_weight_scheme))

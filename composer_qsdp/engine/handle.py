@@ -24,7 +24,6 @@ no longer fits is rebuilt (a weight-difference reference becomes a keyframe); th
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import warnings
 import weakref
@@ -116,7 +115,6 @@ class QSDPHandle:
 
     adapter: str = ""
     layout_of: Callable[[int], GatherLayout] | None = None
-    gather_input_of: Callable[[int], torch.Tensor | None] | None = None
 
     def __init__(self, model: nn.Module, config: QSDPConfig, units: Sequence[UnitPlan], topology: Topology) -> None:
         self.model = model
@@ -132,7 +130,6 @@ class QSDPHandle:
         self.wire_dtypes: dict[str, torch.dtype] = {}
         self.resume_changes: list[str] = []
         self._forward_hook: torch.utils.hooks.RemovableHandle | None = None
-        self._early_stream: torch.cuda.Stream | None = None
 
     # ------------------------------------------------------------------ the model it is applied to
     @staticmethod
@@ -167,7 +164,6 @@ class QSDPHandle:
         groups: Sequence[dist.ProcessGroup],
         layout_of: Callable[[int], GatherLayout] | None = None,
         optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None = None,
-        gather_input_of: Callable[[int], torch.Tensor | None] | None = None,
     ) -> None:
         """Put the handle to work on its model (collective: every rank, same order). Adapters call it once, right
         after constructing the handle: it sets up every unit's schemes on the unit's process group, hooks the
@@ -184,19 +180,8 @@ class QSDPHandle:
                 the step of any ``torch.optim.Optimizer`` holding one of the model's parameters (a global step
                 hook, until :meth:`attach_optimizer` names the optimizers). Updates that are no optimizer's
                 ``step()`` call :meth:`on_optimizer_step` themselves.
-            gather_input_of: ``gather_input_of(unit_index)``, this rank's input of the unit's next all-gather
-                built from its sharded weights (``None`` where it cannot be built now), for
-                ``config.eager_weight_update``; adapters that cannot build it give ``None``.
-
-        Raises:
-            ValueError: ``config.eager_weight_update=True`` without ``gather_input_of``.
         """
-        if self.config.eager_weight_update is True and gather_input_of is None:
-            raise ValueError(f"eager_weight_update=True needs the units' gather inputs at the optimizer step, which "
-                             f"this adapter ({self.adapter or type(self).__name__}) does not give; use FSDP2 or set "
-                             "eager_weight_update=False")
         self.layout_of = layout_of
-        self.gather_input_of = gather_input_of
         for unit, group in zip(self.units, groups, strict=True):
             needs_layout = unit.weights.needs_layout and layout_of is not None
             unit.weights.setup(group, self.topology, layout_of(unit.index) if needs_layout else None)
@@ -264,28 +249,6 @@ class QSDPHandle:
         for scheme in self._schemes():
             scheme.on_optimizer_step()
         self._versions = self._current_versions()
-        if self.config.eager_weight_update is not False:
-            self._update_early()
-
-    def _update_early(self) -> None:
-        """Each watched unit's next update now, in unit order (the order the forward needs them), on a side stream
-        that first waits for the optimizer step."""
-        units = [u for u in self._watched if u.params]
-        if not units or self.gather_input_of is None:
-            return
-        device = units[0].params[0].device
-        stream = None
-        if device.type == "cuda":
-            if self._early_stream is None or self._early_stream.device != device:
-                self._early_stream = torch.cuda.Stream(device)
-            stream = self._early_stream
-            stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            for unit in units:
-                gather_input = self.gather_input_of(unit.index)
-                if gather_input is not None:
-                    unit.weights.update_early(gather_input, self.seeds.next_forward_seed(unit.index,
-                                                                                           unit.weights.seed_stream))
 
     def reconfigure(self, schemes: Sequence[tuple[WeightScheme | None, GradScheme | None]]) -> None:
         """Replace the units' schemes: ``schemes[i]`` is unit ``i``'s new ``(weights, grads)``, ``None`` keeps a
@@ -316,7 +279,6 @@ class QSDPHandle:
         units = []
         for unit, (weights, grads) in zip(self.units, schemes):
             if weights is not None:
-                unit.weights.settle()
                 layout = self.layout_of(unit.index) if weights.needs_layout else None  # type: ignore[misc]
                 weights.setup(unit.weights.group, unit.weights.topology, layout)
                 weights.traffic = unit.weights.traffic  # the run's byte counts continue

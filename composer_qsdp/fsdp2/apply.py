@@ -18,7 +18,6 @@ from composer_qsdp.fsdp2.compat import (
     COMM_PATHS,
     check_comm_path,
     default_comm_path,
-    gather_input,
     install_comms,
     restore_comms,
 )
@@ -117,8 +116,7 @@ def apply_qsdp(
     if note is not None:
         log.warning(note)
     groups = [shard_group(u.module) for u in units]
-    handle.install(groups, lambda index: FSDP2GatherLayout(units[index].module, groups[index].size()), optimizers,
-                   gather_input_of=lambda index: gather_input(units[index].module))
+    handle.install(groups, lambda index: FSDP2GatherLayout(units[index].module, groups[index].size()), optimizers)
     return handle
 
 

@@ -43,7 +43,6 @@ __all__ = [
     "COMM_PATHS",
     "HAS_CUSTOM_COMM_API",
     "ReduceScatter",
-    "gather_input",
     "check_comm_path",
     "check_custom_comm_support",
     "check_proxy_support",
@@ -237,24 +236,6 @@ def param_group(module: nn.Module) -> Any:
     if group is None:
         raise ValueError(f"{type(module).__name__} manages no parameters; FSDP2 sends no collective for it")
     return group
-
-
-def gather_input(module: nn.Module) -> torch.Tensor | None:
-    """This rank's input of the unit's next all-gather, built as FSDP2 builds it (each parameter's padded shard,
-    cast to the gather dtype, one after another), or ``None`` before FSDP2's lazy initialization (the first
-    forward), while any parameter is not plainly sharded (unsharded, or holding ZeRO++'s post-forward shard) or
-    when the unit gathers mixed dtypes.
-
-    Raises:
-        ValueError: as :func:`param_group`.
-    """
-    fsdp_params = param_group(module).fsdp_params
-    if any(not hasattr(p, "param_dtype") or p.sharded_state.name != "SHARDED" for p in fsdp_params):
-        return None
-    pieces = [t.reshape(-1) for p in fsdp_params for t in p.all_gather_inputs]
-    if len({t.dtype for t in pieces}) != 1:
-        return None
-    return torch.cat(pieces)
 
 
 def _proxy_problems(collectives: types.ModuleType, param_group: type) -> list[str]:

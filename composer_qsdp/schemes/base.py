@@ -184,23 +184,6 @@ class WeightScheme(Scheme):
         """The weights changed outside an optimizer step (loaded, edited in place): stateful schemes rebuild
         their state at the next gather. Stateless schemes do nothing."""
 
-    def update_early(self, input: torch.Tensor, seed: int) -> bool:
-        """Start, right after an optimizer step, what the next :meth:`all_gather` would send, on the current stream;
-        that gather then only waits for it. Schemes whose gather needs its output buffer (every scheme without a
-        replica of the weights) send nothing early.
-
-        Args:
-            input: this rank's gather input as the next all-gather will pass it.
-            seed: that gather's rounding-noise key.
-
-        Returns:
-            Whether anything was sent.
-        """
-        return False
-
-    def settle(self) -> None:
-        """Finish and count what :meth:`update_early` sent and no gather took (before the scheme is replaced)."""
-
     def all_gather(
         self, output: torch.Tensor, input: torch.Tensor, seed: int, group: dist.ProcessGroup | None = None
     ) -> CallTraffic:

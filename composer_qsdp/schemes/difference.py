@@ -25,11 +25,6 @@ When each kind of call happens:
   reference or it may be stale: the first gather, after ``on_weights_changed`` (a load, an edit outside the
   optimizer), and every ``keyframe_every`` optimizer steps if set.
 
-An update needs only the sharded weights after the optimizer step, not the next forward: :meth:`update_early`
-sends it right after the step, on the caller's (side) stream, so the network carries it during whatever the host
-does between steps; the next gather then waits for it and copies ``w_ref``, and is counted as the update it
-replaced (the same bytes, the same weights bit for bit).
-
 Cost: ``w_ref`` is one replica of the unit's weights per rank (``memory_bytes``), the price SDP4Bit pays too
 (Megatron keeps one). Checkpoints hold the reference once, per parameter in the parameters' shapes (every rank
 holds the same replica), so a resumed run continues exactly, on the same or on another number of ranks.
@@ -71,10 +66,6 @@ class DifferenceAllGather(WeightScheme):
         checkpoint_reference: save the reference in :meth:`state_dict` so a resume continues exactly; False keeps
             checkpoints smaller and resumes with a keyframe (the run then differs from an uninterrupted one).
 
-    Attributes:
-        keyframes: full-precision gathers so far.
-        early_updates: updates sent by :meth:`update_early` so far.
-
     Raises:
         ValueError: no codec, or an option out of range.
     """
@@ -98,12 +89,9 @@ class DifferenceAllGather(WeightScheme):
         self.checkpoint_reference = checkpoint_reference
         self.reference: torch.Tensor | None = None
         self.keyframes = 0
-        self.early_updates = 0
         self._next = _Next.KEYFRAME
         self._steps_since_keyframe = 0
         self._restored: dict[str, torch.Tensor] | None = None
-        self._early: CallTraffic | None = None  # an update sent by update_early, not yet counted
-        self._early_event: torch.cuda.Event | None = None
 
     # ------------------------------------------------------------------ step boundary
     def on_optimizer_step(self) -> None:
@@ -118,96 +106,41 @@ class DifferenceAllGather(WeightScheme):
         self._restored = None
 
     # ------------------------------------------------------------------ the gather
-    def update_early(self, input: torch.Tensor, seed: int) -> bool:
-        """Send the update the next gather would send, now, on the current stream (see the module docstring).
-
-        Call it after the optimizer step, with this rank's gather input as the next all-gather will pass it (the
-        unit's sharded weights, in the gather dtype) and that gather's seed. Later gathers make their stream wait
-        for this one. Does nothing unless the next gather is an update (a keyframe, a pending restore or a
-        changed dtype or size stays with the gather).
-
-        Returns:
-            Whether it sent the update.
-        """
-        group = self._check_group(None)
-        ref = self.reference
-        if (self._next is not _Next.UPDATE or self._restored is not None or ref is None or ref.dtype != input.dtype
-                or ref.numel() != group.size() * input.numel()):
-            return False
-        if ref.is_cuda:  # allocated on FSDP's stream, written here: keep its memory until this stream is done
-            ref.record_stream(torch.cuda.current_stream(ref.device))
-        self._early = self._send_update(input, seed, group, self._measure_now())
-        self._early_event = torch.cuda.current_stream(ref.device).record_event() if ref.is_cuda else None
-        self.early_updates += 1
-        self._next = _Next.CURRENT
-        return True
-
     def _all_gather(
         self, output: torch.Tensor, input: torch.Tensor, seed: int, group: dist.ProcessGroup, measure_error: bool
     ) -> CallTraffic:
-        world, n = group.size(), input.numel()
+        world, rank, n = group.size(), group.rank(), input.numel()
         if input.dtype not in FLOAT_DTYPES or output.numel() != world * n:
             raise ValueError(
                 f"the difference weight scheme gathers floating weights into W * n elements; got a {input.dtype} "
                 f"input of {n} elements into {output.numel()} (FSDP gathers uint8 when a unit mixes parameter "
                 "dtypes: use the direct scheme for such a unit)"
             )
-        early = self._take_early()
         if self._restored is not None:
             self._restore(output)
         if self.reference is not None and (self.reference.dtype != input.dtype or self.reference.numel() != output.numel()):
             self._next = _Next.KEYFRAME  # the gather's dtype or size changed (e.g. another mixed precision)
         plain = call_traffic(world, n, n * input.element_size(), input.element_size(), self._off_node_peers)
         if self._next is _Next.KEYFRAME:
-            if early is not None:  # sent, then overtaken by a keyframe: still bytes on the wire
-                self._count(early)
             dist.all_gather_into_tensor(output, input, group=group)
             self._keep(output)
             return plain
         ref = self.reference
         assert ref is not None
-        if self._next is _Next.UPDATE:
-            traffic = self._send_update(input, seed, group, measure_error)
+        if self._next is _Next.CURRENT:
             output.copy_(ref)
-            self._next = _Next.CURRENT
-            return traffic
-        output.copy_(ref)
-        if early is not None:
-            return early
-        return CallTraffic(sent=0, bf16=0, native=0, served_locally=True, served_native=plain.native)
-
-    def _send_update(
-        self, input: torch.Tensor, seed: int, group: dist.ProcessGroup, measure_error: bool
-    ) -> CallTraffic:
-        """Gather the codes of ``input - w_ref[own slice]`` and add every rank's decoded difference to ``w_ref``."""
-        world, rank, n = group.size(), group.rank(), input.numel()
-        ref = self.reference
-        assert ref is not None
+            return CallTraffic(sent=0, bf16=0, native=0, served_locally=True, served_native=plain.native)
         own = ref.view(world, n)[rank]
-        # Encoded before the gather's output (which `input` may alias) is written.
+        # Encoded before `output` (which `input` may alias) is written.
         wire = self.codec.encode_difference_rows(input.reshape(1, n), own.view(1, n), seed=mix_seed(seed, rank))[0]
         gathered = torch.empty(world * wire.numel(), dtype=torch.uint8, device=input.device)
         dist.all_gather_into_tensor(gathered, wire, group=group)
         error = relative_error(own.to(torch.float32) + self.codec.decode(wire, n), input) if measure_error else None
         self.codec.decode_add_rows(gathered.view(world, -1), ref.view(world, n))
+        output.copy_(ref)
+        self._next = _Next.CURRENT
         traffic = call_traffic(world, n, wire.numel(), input.element_size(), self._off_node_peers)
         return replace(traffic, rel_error=error)
-
-    def settle(self) -> None:
-        early = self._take_early()
-        if early is not None:
-            self._count(early)
-
-    def _take_early(self) -> CallTraffic | None:
-        """The early update's traffic (once), after making the current stream wait for it."""
-        self._wait_early()
-        early, self._early = self._early, None
-        return early
-
-    def _wait_early(self) -> None:
-        if self._early_event is not None:
-            torch.cuda.current_stream().wait_event(self._early_event)
-            self._early_event = None
 
     def _keep(self, gathered: torch.Tensor) -> None:
         if self.reference is None or self.reference.dtype != gathered.dtype or self.reference.shape != gathered.shape:
@@ -250,7 +183,6 @@ class DifferenceAllGather(WeightScheme):
         ``reference_valid`` is False), so a fresh scheme's state dict is a template ``torch.distributed.checkpoint``
         can load into.
         """
-        self._wait_early()
         state = super().state_dict()
         valid = self.reference is not None and self._next is not _Next.KEYFRAME
         if self.checkpoint_reference:
@@ -264,9 +196,6 @@ class DifferenceAllGather(WeightScheme):
         state["current"] = self._next is _Next.CURRENT
         state["steps_since_keyframe"] = self._steps_since_keyframe
         state["keyframes"] = self.keyframes
-        # An early update is counted at the gather it replaced: a resume counts it there too.
-        state["early_traffic"] = None if self._early is None else [
-            self._early.sent, self._early.bf16, self._early.native, self._early.inter_node]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -276,9 +205,6 @@ class DifferenceAllGather(WeightScheme):
         self.keyframes = int(state.get("keyframes", 0))
         self._steps_since_keyframe = int(state.get("steps_since_keyframe", 0))
         self.reference = None
-        self._wait_early()
-        early = state.get("early_traffic")
-        self._early = None if early is None else CallTraffic(*early)
         if not state.get("reference_valid", False):
             self.on_weights_changed()
             return

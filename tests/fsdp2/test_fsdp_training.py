@@ -10,7 +10,6 @@ tests/sharded_mlp.py; the model has a layer of 67 rows, which no world size here
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import pytest
@@ -50,9 +49,7 @@ ACCUMULATION = 2  # microbatches per optimizer step in the accumulation scenario
 ALIGNED = from_preset("w4g4", bucket_size=64, seed=7,
                       weight_scheme_options={"align_buckets": True, "unquantized_params": ["bias"]})
 QWD = from_preset("w8g8", weight_scheme="difference", weight_bits=4, weight_codec="symmetric", bucket_size=64,
-                  seed=7)  # updates sent at the optimizer step where the adapter can (FSDP2), else at the gather
-QWD_LATE = dataclasses.replace(QWD, eager_weight_update=False)  # every update at its gather
-QWD_EAGER = dataclasses.replace(QWD, eager_weight_update=True)  # required: an error where the adapter cannot
+                  seed=7)
 
 
 # ---------------------------------------------------------------------------------------------- rank side
@@ -68,7 +65,7 @@ def _difference_scenario(info: RankInfo, adapter: Adapter) -> dict:
     """qWD: train, compare the reference with the gathered weights, then edit a weight outside the optimizer."""
     model = adapter.shard(info)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    handle = adapter.apply(model, QWD_LATE, optimizers=opt)
+    handle = adapter.apply(model, QWD, optimizers=opt)
     capture = Capture(model)
     out = _train(info, model, STEPS, opt, capture=capture)
     out["traffic"] = handle.traffic()
@@ -82,22 +79,6 @@ def _difference_scenario(info: RankInfo, adapter: Adapter) -> dict:
     model(batch(info.rank, 0)[0].to(info.device))
     out["after_edit"] = {"expected": edited, "gathered": capture.forward["l2"],
                          "keyframes": [u.weights.keyframes - k for u, k in zip(handle.units, keyframes)]}
-    return out
-
-
-def _eager_scenario(info: RankInfo, adapter: Adapter, ckpt_dir: str) -> dict | str:
-    """qWD with each step's update sent at the optimizer step: trained as ``_difference_scenario`` trains, then
-    checkpointed right after a step, with an update sent and not yet taken by a gather."""
-    model = adapter.shard(info)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    try:
-        handle = adapter.apply(model, QWD_EAGER, optimizers=opt)
-    except ValueError as err:  # FSDP1 cannot build a unit's gather input at the step
-        return str(err)
-    out = _train(info, model, STEPS, opt, capture=Capture(model))
-    out["traffic"] = handle.traffic()
-    out["early_updates"] = [u.weights.early_updates for u in handle.units]
-    out["checkpoint"] = _checkpoint_scenario(info, adapter, ckpt_dir, QWD_EAGER)
     return out
 
 
@@ -213,7 +194,6 @@ def _worker(info: RankInfo, ckpt_dir: str, adapter: Adapter) -> dict:
     out["checkpoint"] = _checkpoint_scenario(info, adapter, ckpt_dir, W8G8)
     out["difference"] = _difference_scenario(info, adapter)
     out["checkpoint_difference"] = _checkpoint_scenario(info, adapter, ckpt_dir + "-qwd", QWD)
-    out["eager"] = _eager_scenario(info, adapter, ckpt_dir + "-eager")
     out["nonfinite_weight"] = _nonfinite_weight_scenario(info, adapter)
     return out
 
@@ -492,30 +472,6 @@ def test_weight_differences_train_with_identical_weights_and_free_regathers(run)
     # The layout maps the reference back to the parameters: the last forward's weights, per parameter.
     assert torch.equal(res["split"]["weight"], res["forward"][-1]["l2"])
     assert torch.equal(res["split"]["bias"], res["forward"][-1]["l2.bias"])
-
-
-def test_eager_weight_updates_train_bit_identically_with_the_same_bytes(run):
-    world, results, _ = run
-    _only_world_2(world)
-    for rank in range(world):
-        eager, late = results[rank]["eager"], results[rank]["difference"]
-        if results[rank]["adapter"] == "fsdp1":
-            assert "eager_weight_update=True needs the units' gather inputs" in eager and "FSDP2" in eager
-            continue
-        assert eager["early_updates"] == [STEPS] * 3  # after every step, the last one's not yet gathered
-        assert eager["losses"] == late["losses"]
-        for step in range(STEPS):
-            for side in ("forward", "backward"):
-                for name, weight in late[side][step].items():
-                    assert torch.equal(eager[side][step][name], weight), (side, step, name)
-        for name, value in late["params"].items():
-            assert torch.equal(eager["params"][name], value), name
-        # Counted at the gather each update replaced: the same calls, bytes and locally served re-gathers.
-        assert eager["traffic"] == late["traffic"]
-        ckpt = eager["checkpoint"]  # saved with each unit's next update sent and pending
-        assert ckpt["resumed"]["losses"] == ckpt["continued"]["losses"]
-        for name, value in ckpt["continued"]["params"].items():
-            assert torch.equal(ckpt["resumed"]["params"][name], value), name
 
 
 def test_an_edit_outside_the_optimizer_is_a_keyframe(run):

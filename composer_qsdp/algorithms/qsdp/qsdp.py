@@ -158,8 +158,7 @@ class QSDP(Algorithm):
             4 bits (gradients, stochastic) / 4-bit weight differences to minimize the predicted step time under
             an accuracy rule (:mod:`composer_qsdp.auto.choice`; the README's "policy=auto"). With ``"auto"`` only
             the run options (``exclude``, ``module_filter``, ``min_numel``, ``seed``, ``check_finite``,
-            ``error_sample_interval``, ``ranks_per_node``, ``eager_weight_update``) apply; the per-side options
-            are the policy's to choose.
+            ``error_sample_interval``, ``ranks_per_node``) apply; the per-side options are the policy's to choose.
         auto_options: options of the automatic policy (:class:`~composer_qsdp.auto.AutoOptions`), e.g.
             ``{"warmup_steps": 4, "recheck_tolerance": 0.25, "min_gain": 0.02}``; ``weight_candidates`` and
             ``grad_candidates`` name the candidates, e.g. with the opt-in 3-bit ones
