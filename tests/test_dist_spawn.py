@@ -20,7 +20,9 @@ def _die(info: RankInfo, how: str) -> None:
     if info.rank == 1:
         if how == "segv":
             signal.signal(signal.SIGSEGV, signal.SIG_DFL)  # a handler installed by a library would survive the kill
-            os.kill(os.getpid(), signal.SIGSEGV)
+            # To this thread: os.kill may deliver the signal to another of the process's threads while this one
+            # runs on to the exit below.
+            signal.raise_signal(signal.SIGSEGV)
         os._exit(3)
     time.sleep(60)  # a rank that outlives its dead peer: run_ranks must not wait for it
 
