@@ -22,7 +22,7 @@ import gzip
 import json
 from pathlib import Path
 
-from composer_qsdp.recipes.step_profile import categorize
+from composer_qsdp.recipes.step_profile import categorize, merge_intervals, overlap_length
 
 #: ``(kind, substrings of NCCL kernel names)``; the first match wins.
 KINDS = (("weights", ("AllGather",)), ("grads", ("ReduceScatter", "SendRecv", "AllToAll")))
@@ -37,23 +37,14 @@ def kind(name: str) -> str:
     return next((k for k, parts in KINDS if any(p in name for p in parts)), "other_comm")
 
 
-def _union_within(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
-    total, cursor = 0.0, lo
-    for start, end in sorted(intervals):
-        start, end = max(start, cursor), min(end, hi)
-        if end > start:
-            total += end - start
-            cursor = end
-    return total
-
-
 def timeline(kernels: list[tuple[str, float, float]], bin_us: float) -> dict:
     """Bins and phases of ``(name, start, end)`` kernel intervals (microseconds, any origin).
 
     Returns:
         ``{"span": [0, end], "bins": [{"start", "compute", "weights", "grads", "other_comm"}...],
         "phases": [{"phase", "start", "end", "compute", "weights", "grads"}...]}``, times in milliseconds from the
-        first kernel's start; phases without their collective are left out.
+        first kernel's start. The phases cut the step at the first and last kernel of each collective kind and are
+        named by the kinds whose first-to-last window covers them.
     """
     if not kernels:
         raise ValueError("the trace holds no GPU kernel")
@@ -62,23 +53,25 @@ def timeline(kernels: list[tuple[str, float, float]], bin_us: float) -> dict:
     for name, start, end in kernels:
         by_kind[kind(name)].append((start - origin, end - origin))
     end = max(e for _, _, e in kernels) - origin
-    ms = 1e-3
+    unions = {k: merge_intervals(v) for k, v in by_kind.items()}
+
+    def busy(lo: float, hi: float, kinds: tuple[str, ...] = tuple(unions)) -> dict[str, float]:
+        return {k: overlap_length(unions[k], [(lo, hi)]) * 1e-3 for k in kinds}
+
     bins = []
     lo = 0.0
     while lo < end:
         hi = min(lo + bin_us, end)
-        bins.append({"start": lo * ms, **{k: _union_within(v, lo, hi) * ms for k, v in by_kind.items()}})
+        bins.append({"start": lo * 1e-3, **busy(lo, hi)})
         lo = hi
-    windows = {side: (min(s for s, _ in by_kind[side]), max(e for _, e in by_kind[side]))
-               for side in ("weights", "grads") if by_kind[side]}
+    windows = {side: (unions[side][0][0], unions[side][-1][1]) for side in ("weights", "grads") if unions[side]}
     cuts = sorted({0.0, end, *(t for window in windows.values() for t in window)})
     phases = []
     for a, b in zip(cuts, cuts[1:]):
         inside = [side for side, (s, e) in windows.items() if s <= a and b <= e]
         phases.append({"phase": " + ".join(_PHASE_NAMES[side] for side in inside) or "no weight or gradient "
-                       "collective", "start": a * ms, "end": b * ms,
-                       **{k: _union_within(by_kind[k], a, b) * ms for k in ("compute", "weights", "grads")}})
-    return {"span": [0.0, end * ms], "bins": bins, "phases": phases}
+                       "collective", "start": a * 1e-3, "end": b * 1e-3, **busy(a, b, ("compute", "weights", "grads"))})
+    return {"span": [0.0, end * 1e-3], "bins": bins, "phases": phases}
 
 
 def read_kernels(path: Path) -> list[tuple[str, float, float]]:
@@ -97,7 +90,8 @@ def render(result: dict, title: str) -> str:
              "|---|---|---|---|---|---|"]
     lines += [f"| {p['phase']} | {p['start']:.1f} | {p['end']:.1f} | {p['compute']:.1f} | {p['weights']:.1f} | "
               f"{p['grads']:.1f} |" for p in result["phases"]]
-    lines += ["", "| from (ms) | compute | weight gathers | gradient collectives | other NCCL |", "|---|---|---|---|---|"]
+    lines += ["", "| from (ms) | compute | weight gathers | gradient collectives | other NCCL |",
+              "|---|---|---|---|---|"]
     lines += [f"| {b['start']:.0f} | {b['compute']:.1f} | {b['weights']:.1f} | {b['grads']:.1f} | "
               f"{b['other_comm']:.1f} |" for b in result["bins"]]
     return "\n".join(lines) + "\n"

@@ -46,7 +46,8 @@ from typing import Any
 from composer.core import Callback, Event, State
 from composer.loggers import Logger
 
-__all__ = ["CATEGORIES", "MIN_GAP_US", "StepProfile", "attribute_idle", "categorize", "host_syncs", "summarize_kernels"]
+__all__ = ["CATEGORIES", "MIN_GAP_US", "StepProfile", "attribute_idle", "categorize", "host_syncs", "merge_intervals",
+           "overlap_length", "summarize_kernels"]
 
 #: ``(category, regular expression)`` in match order; see the module docstring.
 CATEGORIES: tuple[tuple[str, str], ...] = (
@@ -67,7 +68,8 @@ def categorize(kernel: str) -> str:
     return next((name for name, pattern in _COMPILED if pattern.search(lower)), "other")
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def merge_intervals(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of ``(start, end)`` intervals as sorted, disjoint intervals."""
     merged: list[tuple[float, float]] = []
     for start, end in sorted(intervals):
         if merged and start <= merged[-1][1]:
@@ -81,8 +83,8 @@ def _length(intervals: list[tuple[float, float]]) -> float:
     return sum(end - start for start, end in intervals)
 
 
-def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Total length of the intersection of two sorted, disjoint interval lists."""
+def overlap_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Total length of the intersection of two sorted, disjoint interval lists (as :func:`merge_intervals` gives)."""
     i = j = 0
     total = 0.0
     while i < len(a) and j < len(b):
@@ -115,9 +117,9 @@ def summarize_kernels(kernels: list[tuple[str, float, float]]) -> dict[str, Any]
         counts[category] = counts.get(category, 0) + 1
         per_name[name] = per_name.get(name, 0.0) + (end - start)
         (comm if category == "communication" else compute).append((start, end))
-    comm_union, compute_union = _union(comm), _union(compute)
+    comm_union, compute_union = merge_intervals(comm), merge_intervals(compute)
     comm_busy = _length(comm_union)
-    overlapped = _intersection(comm_union, compute_union)
+    overlapped = overlap_length(comm_union, compute_union)
     top = sorted(per_name.items(), key=lambda kv: -kv[1])[:10]
     return {"by_category": by_category, "kernels": counts, "communication_busy": comm_busy,
             "compute_busy": _length(compute_union), "exposed_communication": comm_busy - overlapped,
@@ -145,7 +147,7 @@ def attribute_idle(kernels: list[tuple[float, float]], ranges: list[tuple[str, f
         ``{"gpu_idle": total idle time, "idle_by_range": {name: time}}``, ranges in decreasing time.
     """
     gaps, cursor = [], lo
-    for start, end in _union([(max(s, lo), min(e, hi)) for s, e in kernels if e > lo and s < hi]):
+    for start, end in merge_intervals([(max(s, lo), min(e, hi)) for s, e in kernels if e > lo and s < hi]):
         if start > cursor:
             gaps.append((cursor, start))
         cursor = max(cursor, end)
