@@ -1,6 +1,6 @@
 """The test harness itself: :func:`dist_spawn.run_ranks` fails at once, naming the rank, when a rank's process dies
-without reporting; :func:`full_dtensor.gather_full` gathers a DTensor exactly as ``full_tensor()`` does, with
-c10d collectives only."""
+without reporting, and gives its ranks the caller's environment; :func:`full_dtensor.gather_full` gathers a DTensor
+exactly as ``full_tensor()`` does, with c10d collectives only."""
 
 from __future__ import annotations
 
@@ -45,6 +45,22 @@ def test_a_rank_that_hangs_still_times_out():
     # Rank 0 reports at once, unless starting a process takes longer than the timeout on a loaded machine.
     with pytest.raises(RuntimeError, match=r"ranks \[(0, )?1\] did not finish within 3 s"):
         run_ranks(_hang, 2, timeout_s=3)
+
+
+def _environ(info: RankInfo, names: list[str]) -> dict:
+    return {name: os.environ.get(name) for name in names}
+
+
+def test_ranks_see_the_environment_at_the_call(monkeypatch):
+    """CPU ranks fork from a server started at the first call: they still see the test's variables as they are
+    at each call (set or removed since), as freshly spawned ranks do."""
+    names = ["DIST_SPAWN_TEST_REMOVED", "DIST_SPAWN_TEST_ADDED"]
+    monkeypatch.setenv("DIST_SPAWN_TEST_REMOVED", "set at the first call")
+    monkeypatch.delenv("DIST_SPAWN_TEST_ADDED", raising=False)
+    assert run_ranks(_environ, 2, names) == [{names[0]: "set at the first call", names[1]: None}] * 2
+    monkeypatch.delenv("DIST_SPAWN_TEST_REMOVED")
+    monkeypatch.setenv("DIST_SPAWN_TEST_ADDED", "set after the first call")
+    assert run_ranks(_environ, 2, names) == [{names[0]: None, names[1]: "set after the first call"}] * 2
 
 
 def _mesh_layouts(world: int) -> list:
