@@ -189,8 +189,15 @@ RESCALE = (*LOCAL4, "algorithms.zero_one_adam.variance_rescale=true")
 #: The LoCo residual as 8-bit codes (``residual_dtype``, the LoCo presets' own; their other scheme options stay).
 INT8_RESIDUAL = "algorithms.qsdp.grad_scheme_options.residual_dtype=int8"
 
+#: 8-bit weights rounded to nearest in buckets of 256 that never straddle two parameters (issue 50's candidate for
+#: a lossless default): a lower error per gather than stochastic rounding in buckets of 1024, at 2% more bytes.
+W8_NEAREST = ("algorithms.qsdp.weight_rounding=nearest", "algorithms.qsdp.weight_bucket_size=256",
+              "algorithms.qsdp.weight_scheme_options.align_buckets=true")
+
 ARMS: dict[str, Arm] = {
     "baseline": Arm("baseline.yaml", (), "plain Composer FSDP2"),
+    "baseline-1r": Arm("baseline.yaml", (), "plain Composer FSDP2 on one rank: the same global batch by gradient "
+                       "accumulation, the mathematics of the 2-rank baseline without its communication", nproc=1),
     "w8g8": Arm("qsdp-w8g8.yaml", (), "QSDP W8G8, min-max, stochastic rounding"),
     "w4g4": Arm("qsdp-w4g4.yaml", (), "QSDP W4G4, min-max, stochastic rounding"),
     "w4g4-learned": Arm("qsdp-w4g4.yaml", ("algorithms.qsdp.weight_codec=learned",
@@ -199,6 +206,10 @@ ARMS: dict[str, Arm] = {
     "w4g4-hadamard": Arm("qsdp-w4g4.yaml", ("algorithms.qsdp.grad_codec_options.hadamard=true",),
                          "QSDP W4G4, min-max, Hadamard-rotated gradients"),
     "w8g4": Arm("qsdp-w8g4.yaml", (), "QSDP W8G4, min-max, stochastic rounding"),
+    "w8g8-nearest": Arm("qsdp-w8g8.yaml", W8_NEAREST, "QSDP W8G8 with 8-bit weights rounded to nearest in "
+                        "parameter-aligned buckets of 256; gradients as w8g8"),
+    "w8g4-nearest": Arm("qsdp-w8g4.yaml", W8_NEAREST, "QSDP W8G4 with 8-bit weights rounded to nearest in "
+                        "parameter-aligned buckets of 256; gradients as w8g4"),
     "qwd-w4g8": Arm("qsdp-w8g8.yaml", ("algorithms.qsdp.weight_scheme=difference", "algorithms.qsdp.weight_bits=4",
                                        "algorithms.qsdp.weight_codec=symmetric",
                                        "algorithms.qsdp.weight_bucket_size=2048"),
@@ -308,8 +319,23 @@ def lr_arm_name(arm: str, scale: float) -> str:
 
 
 def base_arm(name: str) -> str:
-    """The arm of :data:`ARMS` that ``name`` (an arm or its :func:`lr_arm_name`) runs."""
-    return name.split(LR_MARK, 1)[0]
+    """The arm of :data:`ARMS` that ``name`` (an arm, its :func:`lr_arm_name` or its :func:`seed_arm_name`) runs."""
+    return name.split(LR_MARK, 1)[0].split(SEED_MARK, 1)[0]
+
+
+#: Joins an arm's name and its seed: ``w8g8@s18`` is ``w8g8`` with the recipe's ``seed`` set to 18.
+SEED_MARK = "@s"
+
+
+def seed_arm_name(arm: str, seed: int) -> str:
+    """The name of ``arm`` (or its learning-rate variant) run with recipe seed ``seed``, e.g. ``w8g8@s18``."""
+    return f"{arm}{SEED_MARK}{seed}"
+
+
+def arm_seed(name: str) -> int | None:
+    """The seed of a :func:`seed_arm_name`, None for an arm without one."""
+    _, mark, seed = name.rpartition(SEED_MARK)
+    return int(seed) if mark and seed.isdigit() else None
 
 
 def lr_scaled(arm: Arm, recipe_lr: float, scale: float) -> Arm:
@@ -513,6 +539,13 @@ def _plan(args: argparse.Namespace) -> Plan:
         plan.arms = _lr_sweep_arms(args.arms, args.lr_scales,
                                    {arm: recipe.optimizer_kwargs.get("lr") for arm, recipe in recipes.items()})
         args.arms = list(plan.arms)
+    if args.baseline:
+        plan.arms = {name: _compared_with(arm, args.baseline) if base_arm(name) != args.baseline else arm
+                     for name, arm in plan.arms.items()}
+    if args.seeds:
+        plan.arms = _seed_arms(plan.arms, args.seeds)
+        args.arms = list(plan.arms)
+    if args.lr_scales or args.seeds:
         _check_recipes(plan)
     return plan
 
@@ -556,6 +589,31 @@ def _lr_sweep_arms(arms: list[str], scales: list[float], recipe_lrs: dict[str, f
         raise SystemExit(f"--lr-scales: arm {unset[0]}'s recipe sets no optimizer.lr to scale")
     return {lr_arm_name(arm, scale): lr_scaled(ARMS[arm], recipe_lrs[arm], scale)
             for arm in arms for scale in dict.fromkeys(scales)}
+
+
+def _compared_with(arm: Arm, baseline: str) -> Arm:
+    """``--baseline``: ``arm`` compared with ``baseline`` (at the arm's learning-rate scale) where it was compared
+    with plain FSDP2's ``baseline``; arms with another baseline (DDP's) keep theirs."""
+    if base_arm(arm.baseline) != "baseline":
+        return arm
+    scaled = baseline if arm.lr_scale is None else lr_arm_name(baseline, arm.lr_scale)
+    return dataclasses.replace(arm, baseline=scaled)
+
+
+def _seed_arms(arms: dict[str, Arm], seeds: list[int]) -> dict[str, Arm]:
+    """``--seeds``: each arm once per seed (the recipe's ``seed``: initial weights and data order), as arms
+    ``NAME@s<SEED>``, each compared with its baseline of the same seed; seed-major, so that a run stopped early has
+    whole seeds of every arm rather than every seed of the first arms.
+
+    Raises:
+        SystemExit: a seed given twice, or outside ``[0, 2**32)``.
+    """
+    if len(set(seeds)) != len(seeds) or not all(0 <= seed < 2**32 for seed in seeds):
+        raise SystemExit(f"--seeds {' '.join(map(str, seeds))} is invalid; give distinct integers in [0, 2**32)")
+    return {seed_arm_name(name, seed): dataclasses.replace(
+                arm, overrides=(*arm.overrides, f"seed={seed}"), baseline=seed_arm_name(arm.baseline, seed),
+                description=f"{arm.description}; seed {seed}")
+            for seed in seeds for name, arm in arms.items()}
 
 
 def print_zero_one_plans(plan: Plan) -> int:
@@ -1209,6 +1267,13 @@ def _parser() -> argparse.ArgumentParser:
                         help="a learning-rate sweep: run every arm as arms NAME@lr<SCALE>x at SCALE times the lr its "
                              "recipe sets (1: exactly the recipe's), each compared with its baseline at the same "
                              "scale, e.g. --lr-scales 0.5 1 2")
+    parser.add_argument("--seeds", type=int, nargs="+", metavar="SEED",
+                        help="run every arm once per recipe seed (initial weights and data order) as arms "
+                             "NAME@s<SEED>, each compared with its baseline of the same seed; the table adds each "
+                             "arm's mean, spread and gap to the baseline's seeds, e.g. --seeds 17 18 19")
+    parser.add_argument("--baseline", choices=list(ARMS),
+                        help="the plain FSDP2 arm every QSDP arm is compared with (default baseline), e.g. "
+                             "baseline-1r: one rank with the same global batch by gradient accumulation")
     parser.add_argument("--steps", type=int, default=2000, help="optimizer steps per arm (default 2000)")
     parser.add_argument("--seq-len", type=int, default=512, help="tokens per sample (default 512)")
     parser.add_argument("--global-batch", type=int, default=32, help="samples per step, all processes (default 32)")
