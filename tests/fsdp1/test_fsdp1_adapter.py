@@ -53,7 +53,8 @@ def _run(info: RankInfo, adapter: Adapter, config, capture: bool = True, **fsdp1
 
 
 def _two_roots(info: RankInfo) -> dict:
-    from composer_qsdp.fsdp1 import apply_qsdp, find_roots
+    from composer_qsdp.fsdp1 import apply_qsdp
+    from composer_qsdp.fsdp1.units import find_roots
 
     model = _TwoRoots(info)
     handle = apply_qsdp(model, from_preset("w8g8", bucket_size=64, exclude=["head"]))
