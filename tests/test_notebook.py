@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,29 @@ def test_notebook_runs_top_to_bottom(tmp_path):
     executed = nbformat.read(out, as_version=4)
     check_executed(executed)
     assert traffic_lines(executed) == traffic_lines(nbformat.read(NOTEBOOK, as_version=4))
+
+
+def test_make_notebook_writes_outside_the_tracked_notebook():
+    """``make notebook`` leaves notebooks/qsdp_demo.ipynb as it is: the executed copy goes to runs/ by default, or to
+    NOTEBOOK_OUT (dry run: the commands only)."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("no make on this machine")
+
+    def command(*args: str) -> str:
+        result = subprocess.run([make, "-n", "notebook", "PYTHON=python", *args], cwd=ROOT, capture_output=True,
+                                text=True, timeout=60, check=True)
+        return next(line for line in result.stdout.splitlines() if "execute_notebook.py" in line)
+
+    assert command() == "python tools/execute_notebook.py notebooks/qsdp_demo.ipynb --out runs/notebook/qsdp_demo.ipynb"
+    assert command("NOTEBOOK_OUT=elsewhere.ipynb").endswith("--out elsewhere.ipynb")
+
+
+@pytest.mark.parametrize("out", [None, str(NOTEBOOK), str(NOTEBOOK.relative_to(ROOT))],
+                         ids=["none", "same", "relative"])
+def test_the_executor_never_overwrites_the_notebook_it_runs(out):
+    before = NOTEBOOK.read_bytes()
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "execute_notebook.py"), str(NOTEBOOK),
+                             *(["--out", out] if out else [])], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert ("--out" in result.stderr) and NOTEBOOK.read_bytes() == before

@@ -15,7 +15,7 @@ from composer_qsdp.comm.all_gather import quantized_all_gather
 from composer_qsdp.comm.node_groups import NodeGroups, node_groups
 from composer_qsdp.comm.error_feedback import compressed_all_reduce, error_feedback_chunk_numel
 from composer_qsdp.comm.quality import relative_error
-from composer_qsdp.comm.reduce_scatter import is_average, quantized_reduce_scatter
+from composer_qsdp.comm.reduce_scatter import quantized_reduce_scatter
 from composer_qsdp.comm.seeds import SeedStream, StepSeeds, mix_seed
 from composer_qsdp.comm.segments import Segments
 from composer_qsdp.comm.topology import Topology
@@ -33,7 +33,6 @@ __all__ = [
     "call_traffic",
     "compressed_all_reduce",
     "error_feedback_chunk_numel",
-    "is_average",
     "mix_seed",
     "node_groups",
     "quantized_all_gather",

@@ -12,9 +12,9 @@ The step boundary cannot be inferred from the parameters: a ``foreach`` update (
 implementation on CUDA) of FSDP2's DTensor parameters bumps neither their version counters nor their local
 tensors'. Weights that change outside an optimizer step (a checkpoint loaded into the model, an in-place edit)
 would leave schemes that keep gathered weights (``keeps_weights``) stale: the handle compares the parameters'
-version counters at every forward with those after the last step and tells such schemes
-(``on_weights_changed``). A change that bypasses version counters (``param.data.copy_(...)``, a ``foreach`` op)
-needs :meth:`QSDPHandle.refresh`.
+version counters (read by the adapter, :meth:`QSDPHandle.weight_versions`: torch keeps them private) at every
+forward with those after the last step and tells such schemes (``on_weights_changed``). A change that bypasses
+version counters (``param.data.copy_(...)``, a ``foreach`` op) needs :meth:`QSDPHandle.refresh`.
 
 A checkpoint holds the settings it was written under (the configuration and the world's shape); a handle that
 loads one written under other settings (W8G8 -> W4G4, another scheme, another world size) continues with its own
@@ -461,5 +461,14 @@ class QSDPHandle:
     def _schemes(self) -> list[Scheme]:
         return [s for u in self.units for s in (u.weights, u.grads)]
 
+    def weight_versions(self, params: Sequence[torch.Tensor]) -> tuple[int, ...]:
+        """The version counters of a unit's ``params``, which every in-place change of the weights advances.
+
+        Adapters override it with their framework's reader (the counters are private to torch, so each adapter
+        reads them in its compat module). The base reads none (an empty tuple): it sees weight changes only at
+        optimizer steps and :meth:`refresh`.
+        """
+        return ()
+
     def _current_versions(self) -> list[tuple[int, ...]]:
-        return [tuple(p._version for p in unit.params) for unit in self._watched]
+        return [self.weight_versions(unit.params) for unit in self._watched]

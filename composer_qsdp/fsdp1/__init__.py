@@ -16,17 +16,12 @@ through FSDP1's communication hook, weights through its flat-parameter all-gathe
 Knows nothing of Composer or of FSDP2; the schemes it installs come from :mod:`composer_qsdp.engine`.
 """
 
-from composer_qsdp.fsdp1.apply import FSDP1AllGather, FSDP1Handle, FSDP1ReduceScatter, apply_qsdp, remove_qsdp
-from composer_qsdp.fsdp1.layout import FSDP1GatherLayout
-from composer_qsdp.fsdp1.units import find_roots, find_units
+from composer_qsdp.fsdp1.apply import FSDP1Handle, apply_qsdp, remove_qsdp
+from composer_qsdp.fsdp1.units import find_units
 
 __all__ = [
-    "FSDP1AllGather",
-    "FSDP1GatherLayout",
     "FSDP1Handle",
-    "FSDP1ReduceScatter",
     "apply_qsdp",
-    "find_roots",
     "find_units",
     "remove_qsdp",
 ]

@@ -111,6 +111,11 @@ class FSDP1Handle(QSDPHandle):
         super().__init__(*args, **kwargs)
         self._roots = roots
 
+    def weight_versions(self, params: Sequence[torch.Tensor]) -> tuple[int, ...]:
+        """The version counters of a unit's flat and original parameters
+        (:func:`composer_qsdp.fsdp1.compat.weight_versions`)."""
+        return compat.weight_versions(params)
+
     def install_collectives(self, groups: Sequence[dist.ProcessGroup]) -> None:
         """Each unit's flat-parameter all-gather and its reduce-scatter (the roots' communication hook) call the
         handle."""

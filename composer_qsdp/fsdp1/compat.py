@@ -1,4 +1,5 @@
-"""FSDP1's private names that the adapter needs, in one place, checked against the installed torch.
+"""FSDP1's private names that the adapter needs, in one place, checked against the installed torch: the only
+module of the FSDP1 adapter that reads torch's private names (``tests/test_private_access.py`` keeps it so).
 
 FSDP1 (``FullyShardedDataParallel``) has a public gradient hook but no weight hook:
 
@@ -20,7 +21,7 @@ changed.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -41,6 +42,7 @@ __all__ = [
     "restore_reduce_scatter",
     "sharding_strategy",
     "unit_params",
+    "weight_versions",
     "zero_padding",
 ]
 
@@ -95,6 +97,12 @@ def unit_params(handle: Any) -> tuple[torch.Tensor, ...]:
     parameters, whose sharded views the optimizer updates under their own version counters."""
     flat_param = handle.flat_param
     return (flat_param, *(flat_param._params or ()))
+
+
+def weight_versions(params: Sequence[torch.Tensor]) -> tuple[int, ...]:
+    """The autograd version counters of ``params`` (:func:`unit_params`), which every in-place change of a tensor
+    advances; torch has no public reader for them."""
+    return tuple(p._version for p in params)
 
 
 def flat_pieces(handle: Any) -> list[FlatPiece]:

@@ -17,20 +17,16 @@ Knows nothing of Composer; the schemes it installs come from :mod:`composer_qsdp
 """
 
 from composer_qsdp.fsdp2.apply import FSDP2Handle, apply_qsdp, remove_qsdp
-from composer_qsdp.fsdp2.comms import QSDPAllGather, QSDPReduceScatter
 from composer_qsdp.fsdp2.compat import HAS_CUSTOM_COMM_API, check_custom_comm_support, default_comm_path
-from composer_qsdp.fsdp2.units import find_units, managed_parameters, shard_group
+from composer_qsdp.fsdp2.units import find_units, shard_group
 
 __all__ = [
     "FSDP2Handle",
     "HAS_CUSTOM_COMM_API",
-    "QSDPAllGather",
-    "QSDPReduceScatter",
     "apply_qsdp",
     "check_custom_comm_support",
     "default_comm_path",
     "find_units",
-    "managed_parameters",
     "remove_qsdp",
     "shard_group",
 ]

@@ -20,6 +20,7 @@ from composer_qsdp.fsdp2.compat import (
     default_comm_path,
     install_comms,
     restore_comms,
+    weight_versions,
 )
 from composer_qsdp.fsdp2.hsdp import hsdp_note
 from composer_qsdp.fsdp2.layout import FSDP2GatherLayout
@@ -46,6 +47,10 @@ class FSDP2Handle(QSDPHandle):
         super().__init__(*args, **kwargs)
         self.comm_path = comm_path
         self.adapter = f"fsdp2 ({comm_path}: {COMM_PATHS[comm_path]}), torch {torch.__version__}"
+
+    def weight_versions(self, params: Sequence[torch.Tensor]) -> tuple[int, ...]:
+        """The version counters of a unit's sharded parameters (:func:`composer_qsdp.fsdp2.compat.weight_versions`)."""
+        return weight_versions(params)
 
     def install_collectives(self, groups: Sequence[dist.ProcessGroup]) -> None:
         """Each unit's all-gather and reduce-scatter become comm objects that call the handle (through

@@ -1,4 +1,6 @@
-"""How QSDP reaches FSDP2's collectives on each torch: the one module of the FSDP2 adapter that knows the version.
+"""How QSDP reaches FSDP2's collectives on each torch: the one module of the FSDP2 adapter that knows the version,
+and the only one that reads torch's private names (FSDP2's collectives module, its parameter group and
+``FSDPParam`` fields, tensors' version counters); ``tests/test_private_access.py`` keeps it so.
 
 Two comm paths deliver a unit's all-gather and reduce-scatter to the same comm objects
 (:class:`~composer_qsdp.fsdp2.comms.QSDPAllGather`, :class:`~composer_qsdp.fsdp2.comms.QSDPReduceScatter`):
@@ -25,7 +27,7 @@ import contextvars
 import importlib
 import inspect
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -43,6 +45,7 @@ __all__ = [
     "COMM_PATHS",
     "HAS_CUSTOM_COMM_API",
     "ReduceScatter",
+    "ShardedParam",
     "check_comm_path",
     "check_custom_comm_support",
     "check_proxy_support",
@@ -50,6 +53,8 @@ __all__ = [
     "install_comms",
     "param_group",
     "restore_comms",
+    "sharded_params",
+    "weight_versions",
 ]
 
 #: FSDP2 has ``set_custom_all_gather`` / ``set_custom_reduce_scatter`` (torch >= 2.9).
@@ -236,6 +241,32 @@ def param_group(module: nn.Module) -> Any:
     if group is None:
         raise ValueError(f"{type(module).__name__} manages no parameters; FSDP2 sends no collective for it")
     return group
+
+
+class ShardedParam(NamedTuple):
+    """One parameter of an FSDP2 unit as FSDP2 shards it (read from its private ``FSDPParam``)."""
+
+    module: nn.Module  #: the submodule that holds it
+    name: str  #: its attribute name on ``module``
+    shape: torch.Size  #: its full, unsharded shape
+    padded_shard: torch.Size  #: the shape of each rank's shard, padded to the same rows on every rank
+
+
+def sharded_params(module: nn.Module) -> list[ShardedParam]:
+    """The parameters of an FSDP2 unit in FSDP2's order, the order of each rank's all-gather input.
+
+    Raises:
+        ValueError: as :func:`param_group`.
+        AttributeError: this torch's ``FSDPParam`` keeps its module, name or sizes elsewhere.
+    """
+    return [ShardedParam(p._module_info.module, p._module_info.param_name, p._orig_size, p.padded_sharded_param_size)
+            for p in param_group(module).fsdp_params]
+
+
+def weight_versions(params: Sequence[torch.Tensor]) -> tuple[int, ...]:
+    """The autograd version counters of ``params`` (a unit's sharded parameters), which every in-place change of a
+    tensor advances; torch has no public reader for them."""
+    return tuple(p._version for p in params)
 
 
 def _proxy_problems(collectives: types.ModuleType, param_group: type) -> list[str]:

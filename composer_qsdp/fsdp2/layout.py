@@ -3,8 +3,8 @@
 FSDP2 shards every parameter on dim 0, padding it to ``ceil(size(0) / W)`` rows per rank, and each rank's
 all-gather input is its padded shards of the unit's parameters, one after another, in FSDP's parameter order.
 So the output ``[W * n]`` viewed as ``[W, n]`` holds, in row ``r``, rank ``r``'s padded shard of every parameter.
-The order and padded sizes come from FSDP2's parameter group (``FSDPParam``, private: read here only, with a clear
-error if a torch release moves it).
+The order and padded sizes come from FSDP2's parameter group (``FSDPParam``, private: read by
+:func:`composer_qsdp.fsdp2.compat.sharded_params`, with a clear error here if a torch release moves it).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn as nn
 
-from composer_qsdp.fsdp2.compat import param_group
+from composer_qsdp.fsdp2.compat import sharded_params
 from composer_qsdp.schemes import GatherLayout
 
 __all__ = ["FSDP2GatherLayout"]
@@ -34,7 +34,7 @@ class FSDP2GatherLayout(GatherLayout):
 
     def __init__(self, unit: nn.Module, world_size: int) -> None:
         try:
-            fsdp_params = param_group(unit).fsdp_params
+            params = sharded_params(unit)
         except AttributeError as err:
             raise RuntimeError(
                 f"cannot read FSDP2's parameter group of {type(unit).__name__} on torch {torch.__version__} ({err}); "
@@ -43,17 +43,15 @@ class FSDP2GatherLayout(GatherLayout):
         self.world_size = world_size
         self.entries: list[tuple[str, torch.Size, int]] = []  # (key, full shape, rows per rank)
         paths = {id(module): path for path, module in unit.named_modules()}
-        for fsdp_param in fsdp_params:
-            shape, padded = fsdp_param._orig_size, fsdp_param.padded_sharded_param_size
+        for param in params:
+            shape, padded = param.shape, param.padded_shard
             if len(shape) == 0 or tuple(padded[1:]) != tuple(shape[1:]) or padded[0] * world_size < shape[0]:
                 raise ValueError(
-                    f"parameter {fsdp_param._module_info.param_name!r} of shape {tuple(shape)} is sharded as "
-                    f"{tuple(padded)} per rank, not on dim 0; schemes that keep gathered weights support FSDP2's "
-                    "default dim-0 sharding only"
+                    f"parameter {param.name!r} of shape {tuple(shape)} is sharded as {tuple(padded)} per rank, not "
+                    "on dim 0; schemes that keep gathered weights support FSDP2's default dim-0 sharding only"
                 )
-            info = fsdp_param._module_info
-            path = paths.get(id(info.module), "")
-            self.entries.append((f"{path}.{info.param_name}" if path else info.param_name, shape, padded[0]))
+            path = paths.get(id(param.module), "")
+            self.entries.append((f"{path}.{param.name}" if path else param.name, shape, padded[0]))
         self.shard_numel = sum(numel for _, numel in self.segments())
 
     def _columns(self, gathered: torch.Tensor) -> list[tuple[str, torch.Size, torch.Tensor]]:

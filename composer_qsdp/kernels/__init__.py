@@ -12,10 +12,7 @@ the Triton interpreter when ``TRITON_INTERPRET=1`` was set before the import. Ev
 only.
 """
 
-from composer_qsdp.kernels.dispatch import BACKENDS, backend, triton_available, use_triton
+from composer_qsdp.kernels.dispatch import backend, use_triton
 from composer_qsdp.kernels.wire_format import WireFormat, aligned_rows, bucket_wire_format, packed_bytes
 
-__all__ = [
-    "BACKENDS", "WireFormat", "aligned_rows", "backend", "bucket_wire_format", "packed_bytes", "triton_available",
-    "use_triton",
-]
+__all__ = ["WireFormat", "aligned_rows", "backend", "bucket_wire_format", "packed_bytes", "use_triton"]

@@ -4,14 +4,14 @@ Pure math with a torch reference implementation; on CUDA tensors the hot codecs 
 kernels of :mod:`composer_qsdp.kernels`. Knows nothing of distributed training.
 
 Other layers build codecs by name with :func:`make_codec` (:func:`codec_names` lists the names) and talk to the
-:class:`Codec` interface only. The codec classes are exported for direct use and for tests; ``check_bits``
-is the bit-width check the codecs apply; the general argument checks are in :mod:`composer_qsdp.validate`.
+:class:`Codec` interface only. The codec classes are exported for direct use and for tests; the general argument
+checks are in :mod:`composer_qsdp.validate`.
 """
 
-from composer_qsdp.quant.codec import FLOAT_DTYPES, MAX_BUCKET_SIZE, Codec, check_bits
-from composer_qsdp.quant.hadamard import FusedRotatedFeedback, FusedRotation, HadamardCodec, hadamard_rows
+from composer_qsdp.quant.codec import FLOAT_DTYPES, MAX_BUCKET_SIZE, Codec
+from composer_qsdp.quant.hadamard import FusedRotation, HadamardCodec, hadamard_rows
 from composer_qsdp.quant.learned import LearnedLevelsCodec
-from composer_qsdp.quant.minmax import ROUNDINGS, MinMaxCodec
+from composer_qsdp.quant.minmax import MinMaxCodec
 from composer_qsdp.quant.random_shift import RandomShiftCodec
 from composer_qsdp.quant.registry import codec_names, make_codec
 from composer_qsdp.quant.residual import CodedResidual
@@ -19,6 +19,6 @@ from composer_qsdp.quant.sign import SignCodec
 from composer_qsdp.quant.symmetric import SymmetricCodec
 
 __all__ = [
-    "FLOAT_DTYPES", "MAX_BUCKET_SIZE", "ROUNDINGS", "Codec", "CodedResidual", "FusedRotatedFeedback", "FusedRotation", "HadamardCodec", "LearnedLevelsCodec",
-    "MinMaxCodec", "RandomShiftCodec", "SignCodec", "SymmetricCodec", "check_bits", "codec_names", "hadamard_rows", "make_codec",
+    "FLOAT_DTYPES", "MAX_BUCKET_SIZE", "Codec", "CodedResidual", "FusedRotation", "HadamardCodec", "LearnedLevelsCodec",
+    "MinMaxCodec", "RandomShiftCodec", "SignCodec", "SymmetricCodec", "codec_names", "hadamard_rows", "make_codec",
 ]

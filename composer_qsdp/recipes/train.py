@@ -149,10 +149,12 @@ def _collective_timeout(err: BaseException, timeout_s: float) -> CollectiveTimeo
 
     import torch.distributed as torch_dist
 
+    from composer_qsdp.recipes.compat import default_store
+
     rank, world = torch_dist.get_rank(), torch_dist.get_world_size()
     grace = min(_REPORT_GRACE_S, timeout_s)
     try:
-        store = torch_dist.distributed_c10d._get_default_store()
+        store = default_store()
         store.set_timeout(timedelta(seconds=grace))
         store.set(f"composer_qsdp/timed_out/{rank}", "1")
         deadline = time.monotonic() + grace

@@ -53,7 +53,8 @@ def _run(info: RankInfo, adapter: Adapter, config, capture: bool = True, **fsdp1
 
 
 def _two_roots(info: RankInfo) -> dict:
-    from composer_qsdp.fsdp1 import apply_qsdp, find_roots
+    from composer_qsdp.fsdp1 import apply_qsdp
+    from composer_qsdp.fsdp1.units import find_roots
 
     model = _TwoRoots(info)
     handle = apply_qsdp(model, from_preset("w8g8", bucket_size=64, exclude=["head"]))
@@ -103,6 +104,23 @@ def _refusals(info: RankInfo) -> dict:
     }
 
 
+def _in_place_change(info: RankInfo) -> list[str]:
+    """The units whose weight-difference scheme hears of an in-place weight edit between two forwards (no step):
+    FSDP1's handle reads the version counters of the units' flat and original parameters (fsdp1/compat.py)."""
+    model = ORIG.shard(info)
+    handle = ORIG.apply(model, QWD)
+    changed: list[str] = []
+    for unit in handle.units:
+        unit.weights.on_weights_changed = lambda name=unit.name: changed.append(name)
+    x, _ = batch(info.rank, 0)
+    model(x.to(info.device))
+    assert changed == []
+    with torch.no_grad():
+        next(next(u for u in handle.units if u.name == "l2").module.parameters()).mul_(0.5)
+    model(x.to(info.device))
+    return changed
+
+
 def _worker(info: RankInfo) -> dict:
     from composer.distributed.mosaic_parallelism import get_mixed_precision
     from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
@@ -113,6 +131,7 @@ def _worker(info: RankInfo) -> dict:
         "shard_grad_op": _run(info, ORIG, W8G8, sharding_strategy=ShardingStrategy.SHARD_GRAD_OP),
         "two_roots": _two_roots(info),
         "refusals": _refusals(info),
+        "in_place_change": _in_place_change(info),
     }
     for name in ("DEFAULT", "PURE"):  # Composer's FSDP1 settings for precision='amp_bf16'
         composer = {"mixed_precision": get_mixed_precision("amp_bf16", name)[0],
@@ -179,6 +198,10 @@ def test_composer_mixed_precision_gathers_bf16_and_reduces_in_its_dtype(results,
     for rank in range(2):
         for param, ref in ref_params.items():
             assert _rel(results[rank][f"composer_{name}"]["params"][param], ref) < 2e-2, (name, param)
+
+
+def test_an_in_place_weight_change_outside_a_step_is_seen_through_the_version_counters(results):
+    assert [r["in_place_change"] for r in results] == [["l2"], ["l2"]]
 
 
 def test_units_of_several_roots_are_named_like_fsdp2_units(results):

@@ -223,6 +223,26 @@ def test_without_named_optimizers_the_models_optimizer_steps_are_the_boundary(on
     opt.step()
 
 
+def test_an_in_place_weight_change_outside_a_step_is_seen_through_the_version_counters(one_rank, monkeypatch):
+    """FSDP2's handle reads its units' version counters (fsdp2/compat.py): an in-place edit between two forwards,
+    no optimizer step, tells that unit's weight-difference scheme to rebuild its reference, and only that one."""
+    net = _sharded()
+    handle = apply_qsdp(net, QSDPConfig.from_preset("qwd-w4g4"))
+    changed: list[str] = []
+    for unit in handle.units:
+        monkeypatch.setattr(unit.weights, "on_weights_changed", lambda name=unit.name: changed.append(name))
+    unit = next(u for u in handle.units if u.name == "blocks.1")
+    assert handle.weight_versions(unit.params) == compat.weight_versions(unit.params)
+    assert len(handle.weight_versions(unit.params)) == len(unit.params) == 2
+    net(torch.tensor([[1, 2, 3]]))
+    assert changed == []
+    with torch.no_grad():
+        net.blocks[1].weight.mul_(0.5)
+    net(torch.tensor([[1, 2, 3]]))
+    assert changed == ["blocks.1"]
+    remove_qsdp(net)
+
+
 def test_state_dict_round_trips_and_rejects_other_models(one_rank):
     handle = apply_qsdp(_sharded())
     handle.seeds.optimizer_step, handle.seeds.microbatch = 41, 3
