@@ -539,20 +539,17 @@ class ZeroOneAdam(torch.optim.Optimizer):
 
     def _add_to_params(self, part: slice, flat_values: torch.Tensor, alpha: float) -> None:
         """``p += alpha * values`` for the parameters of ``part``, ``flat_values`` laid out like ``part``."""
-        for (p, _), values in zip(self._params_in(part), self._views(part, flat_values)):
-            p.add_(values, alpha=alpha)
+        torch._foreach_add_([p for p, _ in self._params_in(part)], self._views(part, flat_values), alpha=alpha)
 
     def _flat_params(self, part: slice) -> torch.Tensor:
         """A new flat tensor laid out like ``part``: the values of its parameters, zeros in the gaps."""
         flat = torch.zeros(part.stop - part.start, device=self._flat["exp_avg"].device)
-        for view, (p, _) in zip(self._views(part, flat), self._params_in(part)):
-            view.copy_(p.detach())
+        torch._foreach_copy_(self._views(part, flat), [p.detach() for p, _ in self._params_in(part)])
         return flat
 
     def _copy_to_params(self, flat_values: torch.Tensor) -> None:
         """Set every parameter to its elements of the whole flat ``flat_values``."""
-        for p, values in zip(self._params, self._views(self._whole, flat_values)):
-            p.copy_(values)
+        torch._foreach_copy_(self._params, self._views(self._whole, flat_values))
 
     def _flat_grads(self) -> torch.Tensor:
         """The gradients in the flat layout (zeros in the gaps, and for parameters without a gradient)."""
@@ -560,8 +557,8 @@ class ZeroOneAdam(torch.optim.Optimizer):
         pairs = [(view, p.grad) for view, p in zip(self._views(self._whole, flat), self._params) if p.grad is not None]
         if any(g.is_sparse for _, g in pairs):
             raise RuntimeError("ZeroOneAdam does not support sparse gradients")
-        for view, grad in pairs:
-            view.copy_(grad)
+        if pairs:
+            torch._foreach_copy_([v for v, _ in pairs], [g for _, g in pairs])
         return flat
 
     def _materialize(self) -> dict[str, torch.Tensor]:
