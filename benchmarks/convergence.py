@@ -144,6 +144,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_common as common  # noqa: E402
+import seed_stats  # noqa: E402
 
 VAL_LOSS = "metrics/val/LanguageCrossEntropy"
 W8G8_TARGET_PCT = 1.0  # the project's target: W8G8 final validation loss within 1% of plain FSDP
@@ -841,6 +842,50 @@ def summarize(plan: Plan) -> dict[str, Any]:
     return arms
 
 
+def seed_groups(arms: dict[str, Any], steps: int) -> dict[str, dict[str, Any]]:
+    """``--seeds``: each arm's seeds against its baseline's seeds (:func:`seed_stats.compare`), by the arm's name
+    without its seed; {} for a run without seeds."""
+    curves: dict[str, dict[int, dict[int, float]]] = {}
+    baselines: dict[str, str] = {}
+    for name, r in arms.items():
+        seed = arm_seed(name)
+        if seed is None:
+            continue
+        group = name[:name.rindex(SEED_MARK)]
+        curves.setdefault(group, {})[seed] = dict(r["curve"])
+        baselines[group] = r["baseline"][:r["baseline"].rindex(SEED_MARK)]
+    groups = {}
+    for group, baseline in baselines.items():
+        result = seed_stats.compare(curves[group], curves.get(baseline, {}), steps) if group != baseline else None
+        groups[group] = {"baseline": baseline, "seeds": sorted(curves[group]),
+                         "comparison": result.to_json() if result else None}
+    return groups
+
+
+def _mean_std(mean: float, std: float | None) -> str:
+    return f"{mean:.4f}" if std is None else f"{mean:.4f} ({std:.4f})"
+
+
+def _seed_lines(groups: dict[str, dict[str, Any]]) -> list[str]:
+    rows = [(group, g, g["comparison"]) for group, g in groups.items() if g["comparison"]]
+    if not rows:
+        return []
+    lines = ["", f"Seeds: each arm's final losses against its baseline's at the last step every seed of both reached; "
+                 f"lossless when the arm's mean lies inside the baseline's seed range with >= {seed_stats.MIN_SEEDS} "
+                 "complete seeds a side.", "",
+             *_table_head(["arm", "vs", "step", "seeds", "mean (std)", "baseline mean (std)", "baseline range",
+                           "gap of means", "paired gap", "Welch 95% CI (p)", "verdict"])]
+    for group, g, c in rows:
+        ci = "n/a" if c["ci95_pct"] is None else \
+            f"{c['ci95_pct'][0]:+.2f}% .. {c['ci95_pct'][1]:+.2f}% (p {c['p_value']:.2f})"
+        paired = "n/a" if c["paired_gap_pct"] is None else f"{c['paired_gap_pct']:+.2f}%"
+        lines.append(f"| {group} | {g['baseline']} | {c['step']} | {len(c['arm_losses'])} vs "
+                     f"{len(c['baseline_losses'])} | {_mean_std(c['arm_mean'], c['arm_std'])} | "
+                     f"{_mean_std(c['baseline_mean'], c['baseline_std'])} | {c['baseline_range'][0]:.4f} .. "
+                     f"{c['baseline_range'][1]:.4f} | {c['gap_pct']:+.2f}% | {paired} | {ci} | {c['verdict']} |")
+    return lines
+
+
 def noise_band_pct(arms: dict[str, Any]) -> float | None:
     """|gap| (%) between the two FSDP2 baselines' final validation losses (seeds 17 and 18) at the same step: what
     two runs of one system differ by; None unless both reached the same final step."""
@@ -905,6 +950,7 @@ def markdown(plan: Plan, head: dict[str, str], manifest: dict[str, Any], arms: d
         if base_arm(arm) in ZERO_ONE_TARGET_ARMS:
             lines += _zero_one_target(arm, r)
     lines += _lr_sweep_lines(lr_sweep(arms, a.steps))
+    lines += _seed_lines(seed_groups(arms, a.steps))
     return "\n".join(lines) + "\n"
 
 
@@ -1071,7 +1117,7 @@ def write_results(plan: Plan, manifest: dict[str, Any], status: str, quiet: bool
     arms = summarize(plan)
     record = {"header": head, "settings": {**plan.settings, "max_ranks": plan.max_ranks}, "status": status,
               "corpus": manifest, "arms": arms, "noise_band_pct": noise_band_pct(arms),
-              "lr_sweep": lr_sweep(arms, plan.args.steps)}
+              "lr_sweep": lr_sweep(arms, plan.args.steps), "seed_groups": seed_groups(arms, plan.args.steps)}
     md = markdown(plan, head, manifest, arms, status)
     _write_record(f"convergence-{plan.name}", plan.out_dir, record, csv_text(plan.tokens_per_step, arms), md)
     if not quiet:

@@ -1,0 +1,171 @@
+"""Seed statistics of convergence arms: is an arm's final loss inside plain FSDP2's seed range, and how sure is it.
+
+A convergence arm run with several recipe seeds (``convergence.py --seeds``) gives one final validation loss per
+seed. :func:`compare` sets an arm's seeds against its baseline's: the means, the sample standard deviations, the
+baseline's seed range, the gap of the means in percent with Welch's t-test (unequal variances, Welch-Satterthwaite
+degrees of freedom) and its 95% confidence interval, and the mean of the per-seed gaps (each seed against the
+baseline of the same seed: the same initial weights and data order).
+
+The verdict follows the project's definition of lossless: the arm's mean ends inside the baseline's seed range
+(min..max), with at least :data:`MIN_SEEDS` complete seeds on each side; ``below`` (a lower loss than every baseline
+seed) is not a loss either. Student's t distribution is computed here (regularized incomplete beta function by its
+continued fraction), so the driver needs no SciPy on a GPU host.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["MIN_SEEDS", "SeedComparison", "compare", "student_t_cdf", "student_t_quantile"]
+
+#: Seeds per side before a verdict counts as evidence (the round-5 protocol).
+MIN_SEEDS = 3
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularized incomplete beta function (modified Lentz's method)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b) for x in [0, 1]."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def student_t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t distribution with ``df`` > 0 degrees of freedom (not necessarily an integer)."""
+    if df <= 0:
+        raise ValueError(f"df={df!r} is invalid; it must be > 0")
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def student_t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on :func:`student_t_cdf`)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p={p!r} is invalid; it must be in (0, 1)")
+    lo, hi = -1.0, 1.0
+    while student_t_cdf(lo, df) > p:
+        lo *= 2.0
+    while student_t_cdf(hi, df) < p:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if student_t_cdf(mid, df) < p else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+@dataclass(frozen=True)
+class SeedComparison:
+    """An arm's seeds against its baseline's seeds at one step (losses in nats/token, gaps in percent of the
+    baseline's mean).
+
+    Attributes:
+        step: the step compared (the last evaluation every seed of both sides reached).
+        arm_losses / baseline_losses: final validation loss by seed.
+        arm_mean / arm_std / baseline_mean / baseline_std: means and sample standard deviations (std None with
+            one seed).
+        baseline_range: the baseline's lowest and highest seed.
+        gap_pct: (arm mean - baseline mean) / baseline mean.
+        paired_gap_pct: the mean over seeds run on both sides of each seed's gap to the baseline of that seed.
+        welch_t / welch_df / p_value: Welch's t-test of equal means (two-sided); None with fewer than 2 seeds a side.
+        ci95_pct: the 95% confidence interval of ``gap_pct`` from Welch's t (None likewise).
+        verdict: ``inside`` / ``below`` / ``above`` the baseline's seed range, prefixed ``incomplete:`` while
+            either side has fewer than :data:`MIN_SEEDS` seeds or a seed stopped before ``complete_step``.
+    """
+
+    step: int
+    arm_losses: dict[int, float]
+    baseline_losses: dict[int, float]
+    arm_mean: float
+    arm_std: float | None
+    baseline_mean: float
+    baseline_std: float | None
+    baseline_range: tuple[float, float]
+    gap_pct: float
+    paired_gap_pct: float | None
+    welch_t: float | None
+    welch_df: float | None
+    p_value: float | None
+    ci95_pct: tuple[float, float] | None
+    verdict: str
+
+    def to_json(self) -> dict[str, Any]:
+        record = asdict(self)
+        for key in ("arm_losses", "baseline_losses"):
+            record[key] = {str(seed): loss for seed, loss in record[key].items()}
+        return record
+
+
+def _std(values: list[float]) -> float | None:
+    return statistics.stdev(values) if len(values) > 1 else None
+
+
+def compare(arm_curves: dict[int, dict[int, float]], baseline_curves: dict[int, dict[int, float]],
+            complete_step: int) -> SeedComparison | None:
+    """Compare an arm's seeds with its baseline's at the last step all of them reached.
+
+    Args:
+        arm_curves: seed -> {step: validation loss} of the arm.
+        baseline_curves: the same for its baseline.
+        complete_step: the step a finished run ends at (``--steps``); a verdict before it is ``incomplete``.
+
+    Seeds without an evaluation yet are left out.
+
+    Returns:
+        None where either side has no evaluated seed or the two sides share no evaluated step.
+    """
+    arm_curves = {seed: c for seed, c in arm_curves.items() if c}
+    baseline_curves = {seed: c for seed, c in baseline_curves.items() if c}
+    curves = [*arm_curves.values(), *baseline_curves.values()]
+    if not arm_curves or not baseline_curves:
+        return None
+    step = min(max(c) for c in curves)
+    if not all(step in c for c in curves):
+        return None
+    arm = {seed: c[step] for seed, c in sorted(arm_curves.items())}
+    base = {seed: c[step] for seed, c in sorted(baseline_curves.items())}
+    a, b = list(arm.values()), list(base.values())
+    arm_mean, base_mean = statistics.fmean(a), statistics.fmean(b)
+    paired = [100.0 * (arm[s] - base[s]) / base[s] for s in arm if s in base]
+    t = df = p = ci = None
+    if len(a) > 1 and len(b) > 1:
+        va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+        se = math.sqrt(va + vb)
+        if se > 0:
+            t = (arm_mean - base_mean) / se
+            df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+            p = 2.0 * (1.0 - student_t_cdf(abs(t), df))
+            half = student_t_quantile(0.975, df) * se
+            ci = (100.0 * (arm_mean - base_mean - half) / base_mean, 100.0 * (arm_mean - base_mean + half) / base_mean)
+    lo, hi = min(b), max(b)
+    verdict = "inside" if lo <= arm_mean <= hi else "below" if arm_mean < lo else "above"
+    if min(len(a), len(b)) < MIN_SEEDS or step < complete_step:
+        verdict = f"incomplete: {verdict}"
+    return SeedComparison(step, arm, base, arm_mean, _std(a), base_mean, _std(b), (lo, hi),
+                          100.0 * (arm_mean - base_mean) / base_mean,
+                          statistics.fmean(paired) if paired else None, t, df, p, ci, verdict)

@@ -1,0 +1,69 @@
+"""The seed statistics of the convergence driver against SciPy's t distribution and Welch test, and the verdicts."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from seed_stats import MIN_SEEDS, compare, student_t_cdf, student_t_quantile
+
+
+@pytest.mark.parametrize("df", [1.0, 2.0, 3.7, 10.0, 57.5])
+@pytest.mark.parametrize("t", [-6.0, -1.3, 0.0, 0.4, 2.776, 12.0])
+def test_student_t_matches_scipy(t, df):
+    stats = pytest.importorskip("scipy.stats")
+    assert student_t_cdf(t, df) == pytest.approx(stats.t.cdf(t, df), abs=1e-12)
+
+
+@pytest.mark.parametrize("df", [1.5, 4.0, 30.0])
+@pytest.mark.parametrize("p", [0.025, 0.5, 0.975])
+def test_student_t_quantile_inverts_the_cdf(p, df):
+    stats = pytest.importorskip("scipy.stats")
+    assert student_t_quantile(p, df) == pytest.approx(stats.t.ppf(p, df), abs=1e-7)
+
+
+def test_known_quantile_without_scipy():
+    # Tables: the two-sided 5% critical value of t with 4 degrees of freedom is 2.776.
+    assert student_t_quantile(0.975, 4) == pytest.approx(2.7764451, abs=1e-6)
+    assert student_t_cdf(0.0, 7) == 0.5
+    with pytest.raises(ValueError, match="df=0"):
+        student_t_cdf(1.0, 0)
+
+
+def _curves(losses: dict[int, float], step: int = 2000) -> dict[int, dict[int, float]]:
+    return {seed: {step // 2: loss + 1.0, step: loss} for seed, loss in losses.items()}
+
+
+def test_welch_test_matches_scipy_and_hand_computation():
+    stats = pytest.importorskip("scipy.stats")
+    arm, base = {17: 1.7050, 18: 1.7010, 19: 1.6990}, {17: 1.6981, 18: 1.7008, 19: 1.6929}
+    r = compare(_curves(arm), _curves(base), complete_step=2000)
+    ref = stats.ttest_ind(list(arm.values()), list(base.values()), equal_var=False)
+    assert r.welch_t == pytest.approx(ref.statistic, rel=1e-9)
+    assert r.p_value == pytest.approx(ref.pvalue, rel=1e-7)
+    a, b = statistics.fmean(arm.values()), statistics.fmean(base.values())
+    assert r.gap_pct == pytest.approx(100 * (a - b) / b)
+    paired = statistics.fmean(100 * (arm[s] - base[s]) / base[s] for s in arm)
+    assert r.paired_gap_pct == pytest.approx(paired)
+    lo, hi = r.ci95_pct
+    assert lo < r.gap_pct < hi
+    half = (hi - lo) / 2 * b / 100
+    se = math.sqrt(statistics.variance(arm.values()) / 3 + statistics.variance(base.values()) / 3)
+    assert half == pytest.approx(stats.t.ppf(0.975, r.welch_df) * se, rel=1e-6)
+    assert r.verdict == "above"  # 1.70167 > the baseline's highest seed, 1.7008
+
+
+def test_verdicts_inside_below_and_incomplete():
+    base = {17: 1.70, 18: 1.71, 19: 1.72}
+    assert compare(_curves({17: 1.705, 18: 1.715, 19: 1.71}), _curves(base), 2000).verdict == "inside"
+    assert compare(_curves({17: 1.60, 18: 1.61, 19: 1.62}), _curves(base), 2000).verdict == "below"
+    two = compare(_curves({17: 1.705, 18: 1.715}), _curves(base), 2000)
+    assert MIN_SEEDS == 3 and two.verdict == "incomplete: inside"
+    # A seed that stopped early moves the comparison to the last step every seed reached, and it is not final.
+    partial = _curves({17: 1.705, 18: 1.715, 19: 1.71})
+    del partial[19][2000]
+    early = compare(partial, _curves(base), 2000)
+    assert early.step == 1000 and early.verdict.startswith("incomplete")
+    assert compare({17: {}}, _curves(base), 2000) is None
