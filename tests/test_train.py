@@ -120,6 +120,26 @@ def test_two_processes_through_the_launcher(corpus_shards, tmp_path):
     assert sum(int(v) for _, v in logged) == summary["grads"]["sent"]
 
 
+def test_one_rank_with_accumulation_trains_what_two_ranks_train(corpus_shards, tmp_path):
+    """The convergence driver's ``baseline-1r`` arm: plain FSDP2 on one rank, the global batch in two micro-batches,
+    reads the same samples per step as two ranks of one micro-batch each and averages the same gradients, so every
+    step's loss and the held-out loss equal the 2-rank run's up to fp32 summation order (another data order or
+    initialization moves them by far more than the tolerance: a different seed changes the first loss itself)."""
+    common = ["max_duration=6ba", "eval_interval=6ba", "device_train_microbatch_size=4", "eval_subset_num_batches=-1"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main([str(BASELINE), *tiny_overrides(corpus_shards, one, *common)]) == 0
+    result = launch(2, BASELINE, tiny_overrides(corpus_shards, two, *common))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    metrics = [json.loads((d / "metrics.json").read_text())["metrics"] for d in (one, two)]
+    losses = [dict(m["loss/train/total"]) for m in metrics]
+    assert sorted(losses[0]) == sorted(losses[1]) == list(range(6))
+    assert losses[0][5] < losses[0][0] - 0.3  # it trained
+    for batch, loss in losses[0].items():
+        assert loss == pytest.approx(losses[1][batch], rel=1e-5), batch
+    (step, val), = metrics[0]["metrics/val/LanguageCrossEntropy"]
+    assert step == 6 and metrics[1]["metrics/val/LanguageCrossEntropy"] == [[6, pytest.approx(val, rel=1e-5)]]
+
+
 def test_hugging_face_gpt2_in_one_process(corpus_shards, tmp_path):
     """A transformers GPT-2 (random weights) from the recipe's model section: one FSDP2 unit per GPT2Block plus
     the root, batches with labels, Composer's evaluation."""
