@@ -133,10 +133,11 @@ class TrainRecipe:
     loggers: dict[str, Any] = _key(doc="Composer loggers: see 'loggers' below", factory=dict)
     callbacks: dict[str, Any] = _key(doc="Composer callbacks: see 'callbacks' below", factory=dict)
     algorithms: dict[str, Any] = _key(doc="Composer algorithms: see 'algorithms' below", factory=dict)
-    allow_imports: list[str] = _key(doc="modules or packages (my_package, my_package.callbacks) whose classes the "
-                                        "recipe may name by 'module:Class' paths besides those of composer, "
-                                        "torch.optim, llmfoundry and composer_qsdp; importing a module runs its code, "
-                                        "so nothing else is imported without it", factory=list)
+    allow_imports: list[str] = _key(doc="exact modules (my_package.callbacks) or classes "
+                                        "(my_package.callbacks:StepTimer) that the recipe may name by 'module:Class' "
+                                        "paths besides the modules the registries name; importing a module runs its "
+                                        "code, so nothing else is imported (a package's entry covers none of its "
+                                        "submodules)", factory=list)
     eval_interval: str = _key("500ba", "evaluate every this long (> 0)")
     eval_subset_num_batches: int = _key(-1, "batches per evaluation; -1: the whole eval split")
     dist_timeout: float = _key(300.0, "seconds the process-group set-up and every collective wait for the other "

@@ -8,12 +8,17 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException, ValidationError
 
 from composer_qsdp._names import did_you_mean
 from composer_qsdp.recipes.loader.arguments import add_defaults, check_entry, unresolved
-from composer_qsdp.recipes.loader.components import PRESET_DEFAULTS, optim_class, preset_options
+from composer_qsdp.recipes.loader.components import (
+    PRESET_DEFAULTS,
+    check_allow_imports,
+    optim_class,
+    preset_options,
+)
 from composer_qsdp.recipes.loader.errors import RecipeError
 from composer_qsdp.recipes.loader.schema import (
     CLASS_SECTIONS,
@@ -90,15 +95,11 @@ def _merge_sources(base: DictConfig, override: DictConfig) -> DictConfig:
     return OmegaConf.merge(base, override)
 
 
-def _allow_imports(base: DictConfig, override: DictConfig) -> list[str]:
-    """The ``allow_imports`` of ``override`` merged onto ``base``, as the recipe writes them (a list replaces)."""
+def _allow_imports(base: DictConfig, override: DictConfig) -> tuple[str, ...]:
+    """The ``allow_imports`` of ``override`` merged onto ``base``, as the recipe writes them (a list replaces),
+    checked (:func:`~.components.check_allow_imports`)."""
     value = override.get("allow_imports", base.get("allow_imports"))
-    if value is None:
-        return []
-    if not isinstance(value, ListConfig) or not all(isinstance(v, str) for v in value):
-        raise RecipeError(f"recipe key 'allow_imports' = {value!r} is invalid; it must be a list of module names, "
-                          "e.g. [my_package]")
-    return list(value)
+    return () if value is None else check_allow_imports(value)
 
 
 def _switch_preset(name: str, base_entry: object, entry: object) -> None:
@@ -164,6 +165,7 @@ def merged_recipe(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Dic
     """
     raw = _merge_sources(_load_yaml(Path(path)), _cli_overrides(overrides))
     cfg = _merge_schema(raw)
+    check_allow_imports(cfg.allow_imports)  # before any lookup consults it
     for section in CLASS_SECTIONS:  # before any interpolation (``${scheduler.t_warmup}``) is resolved
         add_defaults(cfg, section)
     # Merging never lets '???' replace a schema default, so look for it in the recipe as written too.

@@ -4,7 +4,6 @@ components' arguments), and of the machine that runs it."""
 from __future__ import annotations
 
 import math
-import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -202,9 +201,6 @@ def validate(cfg: DictConfig, world_size: int | None = None) -> ValidatedRecipe:
     check(not cfg.autoresume or (cfg.save_folder is not None and cfg.run_name is not None), "autoresume",
            cfg.autoresume, "autoresume needs save_folder and run_name")
 
-    for i, prefix in enumerate(cfg.allow_imports):
-        check(re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", prefix) is not None, f"allow_imports[{i}]", prefix,
-              "it must be a module or package name (my_package, my_package.callbacks)")
     components = {}
     for section in ("loggers", "callbacks"):
         enabled = {name: component_kwargs(section, name, value, cfg.allow_imports)
