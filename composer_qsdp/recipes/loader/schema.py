@@ -145,7 +145,8 @@ class TrainRecipe:
                                       "after this long, with an error naming it where it can")
     save_folder: Optional[str] = _key(None, "checkpoint directory; null: no checkpoints")
     save_interval: str = _key("1000ba", "checkpoint every this long (> 0)")
-    save_num_checkpoints_to_keep: int = _key(-1, "checkpoints kept; -1: all")
+    save_num_checkpoints_to_keep: int = _key(-1, "checkpoints kept; -1: all; N >= 1: the newest N (0: no local "
+                                                 "copy, only with a remote save_folder)")
     save_overwrite: bool = _key(False, "overwrite existing checkpoints")
     load_path: Optional[str] = _key(None, "checkpoint to resume from")
     autoresume: bool = _key(False, "resume from the newest checkpoint in save_folder (needs run_name)")

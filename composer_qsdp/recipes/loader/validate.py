@@ -85,6 +85,26 @@ def _check_save_folder(folder: str | None) -> None:
 
 
 
+def _check_run_settings(cfg: DictConfig) -> None:
+    """Refuse the run's names and checkpoint settings that Composer accepts but that fail or misbehave later: an
+    empty path or run name, and a count of checkpoints to keep that deletes each local checkpoint as it is saved."""
+    # "" is not null: Composer would save in, load from or write the working directory ("" + "/logs-rank0.txt" is a
+    # file at the root for a run named "").
+    for key in ("run_name", "save_folder", "load_path", "metrics_file"):
+        value = OmegaConf.select(cfg, key)
+        check(value is None or value.strip() != "", key, value, "it is empty; use null for none")
+    # Composer's CheckpointSaver: -1 keeps every checkpoint, N >= 0 the newest N local ones, so 0 deletes each local
+    # checkpoint right after it is written (meant for checkpoints uploaded to an object store) and the first save of
+    # a local save_folder fails; below -1 is not a setting Composer defines. Without a save_folder nothing is saved.
+    keep = cfg.save_num_checkpoints_to_keep
+    remote = cfg.save_folder is not None and "://" in cfg.save_folder
+    check(cfg.save_folder is None or keep == -1 or keep >= (0 if remote else 1), "save_num_checkpoints_to_keep", keep,
+          "it must be -1 (keep all) or >= 1 (keep the newest N)" + (", or 0 (keep no local copy of the uploads)"
+                                                                   if remote else "; 0, which deletes each local "
+                                                                   "checkpoint as soon as it is saved, only with a "
+                                                                   "remote save_folder (s3://...)"))
+
+
 def _check_shard_sample_length(cfg: DictConfig, max_seq_len: int) -> None:
     """Refuse local shards (already built or downloaded) whose samples are not ``max_seq_len`` tokens long."""
     from composer_qsdp.recipes.data import check_sample_length  # imports streaming: only when a recipe is checked
@@ -200,6 +220,7 @@ def validate(cfg: DictConfig, world_size: int | None = None) -> ValidatedRecipe:
                "per node)")
     check(not cfg.autoresume or (cfg.save_folder is not None and cfg.run_name is not None), "autoresume",
            cfg.autoresume, "autoresume needs save_folder and run_name")
+    _check_run_settings(cfg)
 
     components = {}
     for section in ("loggers", "callbacks"):
