@@ -70,3 +70,16 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file(corpus_shards, saved, t
     assert "recipe key 'autoresume'" in error and f"checkpoint file {folder / 'ep0-ba4' / file} " in error, error
     assert f"load_path={folder / 'ep0-ba2'}" in error, error  # the earlier checkpoint to resume from
     assert re.search(why, error), error
+
+
+def test_a_save_folder_with_a_placeholder_is_checked_where_composer_resumes_from(corpus_shards, saved, tmp_path,
+                                                                                  capsys):
+    """``save_folder: DIR/{run_name}/ckpt``: the manifest check looks in the folder the Trainer formats and resumes
+    from (issue 51: it looked for the format string, found no checkpoint, and the flipped shard loaded)."""
+    run_name = "gpt-tiny-baseline"  # BASELINE's
+    folder = _damaged(saved, tmp_path / run_name, "__0_0.distcp", "flip")
+    run = [f"save_folder={tmp_path}/{{run_name}}/ckpt", f"run_name={run_name}", "autoresume=true"]
+    assert main([str(BASELINE), *tiny_overrides(corpus_shards, tmp_path, *COMMON, *run)]) == RECIPE_ERROR_STATUS
+    error = capsys.readouterr().err
+    assert f"recipe key 'autoresume' (the checkpoint {folder / 'latest-rank0.pt'} names): checkpoint file " \
+           f"{folder / 'ep0-ba4' / '__0_0.distcp'} is corrupt" in error, error

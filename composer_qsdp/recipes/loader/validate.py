@@ -57,7 +57,12 @@ def check_machine(recipe: ValidatedRecipe) -> None:
 
         check(torch.cuda.is_available(), "device", cfg.device, "no CUDA device is visible to this process "
                "(torch.cuda.is_available() is False); use device=cpu, or check the driver and CUDA_VISIBLE_DEVICES")
-    _check_save_folder(cfg.save_folder)
+    from composer_qsdp.recipes.run_files import known_run_name, run_paths
+
+    name = known_run_name(cfg.run_name)
+    # Formatted as the Trainer will format it. A name the Trainer generates is not known yet: that folder is a new
+    # one, whose existing parent is what is checked.
+    _check_save_folder(cfg.save_folder if name is None else run_paths(cfg.save_folder, None, name).save_folder)
 
 
 def _check_save_folder(folder: str | None) -> None:
@@ -65,8 +70,8 @@ def _check_save_folder(folder: str | None) -> None:
     parent must be a writable folder); found now rather than at Trainer init or at the first checkpoint.
 
     Nothing is created: the check writes and removes an anonymous temporary file. A remote folder (``s3://...``) is
-    Composer's object store's to check. Composer's placeholders (``{run_name}``) are part of a folder that does not
-    exist yet, so only its existing parent is checked.
+    Composer's object store's to check. A folder still holding a placeholder (``{run_name}`` of a run whose name the
+    Trainer generates) does not exist yet, so only its existing parent is checked.
     """
     if folder is None or "://" in folder:
         return
