@@ -296,7 +296,7 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
 
     from composer_qsdp.recipes.checksums import CheckpointChecksums, CorruptCheckpointError, verify_checkpoint
     from composer_qsdp.recipes.metrics_file import MetricsFile
-    from composer_qsdp.recipes.run_files import run_name, run_paths
+    from composer_qsdp.recipes.run_files import OwnerRecord, check_logger_files, claim_save_folder, run_name, run_paths
 
     clock = StartupClock() if clock is None else clock
     clock.lap("imports")
@@ -311,6 +311,8 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
         print(placement.describe(), flush=True)
     # Composer's placeholders formatted as the Trainer will format them: every check below sees the real folder.
     paths = run_paths(cfg.save_folder, cfg.load_path, run_name(cfg.run_name))
+    # Before anything in the folder is touched (the set-aside below renames files).
+    owner = claim_save_folder(paths, autoresume=cfg.autoresume, overwrite=cfg.save_overwrite)
     if cfg.autoresume and paths.local_save_folder is not None:
         if dist.get_global_rank() == 0:
             moved = set_aside_incomplete_checkpoints(paths.local_save_folder)
@@ -350,6 +352,9 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
     callbacks = build_components(recipe, "callbacks")
     if cfg.metrics_file is not None:
         loggers.append(MetricsFile(cfg.metrics_file))
+    # Before the Trainer, whose FileLogger opens (truncates) its file at once; keys in the order built above.
+    logger_keys = [f"loggers.{name}" for name in recipe.logger_kwargs] + ["metrics_file"]
+    logger_files = check_logger_files(dict(zip(logger_keys, loggers)), paths, owner)
 
     clock.lap("model")
     progress_bar, log_to_console = console_output(cfg.progress_bar, cfg.log_to_console, sys.stdout.isatty())
@@ -388,6 +393,7 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
         # After the saver in the callback order: each checkpoint's manifest is written at the event that saved it.
         saver = next(cb for cb in trainer.state.callbacks if isinstance(cb, CheckpointSaver))
         trainer.state.callbacks.append(CheckpointChecksums(saver))
+        trainer.state.callbacks.append(OwnerRecord(saver, paths.local_save_folder, owner, logger_files))
     if placement is not None:
         trainer.logger.log_hyperparameters(placement.hyperparameters())
     clock.lap("trainer")
