@@ -147,7 +147,8 @@ class TrainRecipe:
     save_interval: str = _key("1000ba", "checkpoint every this long (> 0)")
     save_num_checkpoints_to_keep: int = _key(-1, "checkpoints kept; -1: all; N >= 1: the newest N (0: no local "
                                                  "copy, only with a remote save_folder)")
-    save_overwrite: bool = _key(False, "overwrite existing checkpoints")
+    save_overwrite: bool = _key(False, "overwrite existing checkpoints, and take over a save folder that another "
+                                       "run owns (its run.json)")
     load_path: Optional[str] = _key(None, "checkpoint to resume from")
     autoresume: bool = _key(False, "resume from the newest checkpoint in save_folder (needs run_name)")
     progress_bar: Optional[bool] = _key(None, "show Composer's progress bar; null: only when standard output is a "
