@@ -109,7 +109,7 @@ def _owner_record(folder: Path) -> dict[str, Any] | None:
     except (ValueError, AttributeError, OSError) as err:
         raise RecipeError(f"recipe key 'save_folder': the folder's owner record {path} is unreadable ({err}); "
                           "remove it, or set save_overwrite: true to take the folder over") from None
-    return record
+    return {**record, "files": record.get("files", [])}
 
 
 def _continues_from(paths: RunPaths, folder: Path) -> bool:
@@ -185,7 +185,7 @@ class OwnerRecord(Callback):
     def __init__(self, saver: Any, folder: Path, record: dict[str, Any], files: list[Path]) -> None:
         self.saver = saver
         self.folder = folder
-        self.record = record
+        self.record: dict[str, Any] | None = record  # None once written
         self.files = files
         self._last_batch = saver.last_checkpoint_batch
 
@@ -194,7 +194,7 @@ class OwnerRecord(Callback):
             return
         files = {str(f) for part in dist.all_gather_object([str(f) for f in self.files]) for f in part}
         if dist.get_global_rank() == 0:  # a temporary file renamed: a reader never sees half a record
-            record = {**self.record, "files": sorted(files | set(self.record.get("files", [])))}
+            record = {**self.record, "files": sorted(files | set(self.record["files"]))}
             target = self.folder / OWNER_FILE
             tmp = target.with_name(target.name + ".tmp")
             tmp.write_text(json.dumps(record, indent=1))

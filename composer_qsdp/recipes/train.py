@@ -264,8 +264,8 @@ def _reading_checkpoint(autoresume: bool, paths: RunPaths, checkpoint: Path | No
 
         found = short_file(checkpoint)
         what = f"checkpoint file {found[0]}" if found else f"checkpoint {checkpoint}"
-        raise RecipeError(f"{_resume_key(autoresume, paths)}: {what} is truncated or corrupt ({found[1] if found else why}); "
-                          f"{remedy(checkpoint)}") from err
+        raise RecipeError(f"{_resume_key(autoresume, paths)}: {what} is truncated or corrupt "
+                          f"({found[1] if found else why}); {remedy(checkpoint)}") from err
 
 
 def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:

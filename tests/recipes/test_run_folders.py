@@ -122,3 +122,21 @@ def test_a_logger_does_not_truncate_a_file_this_run_did_not_create(corpus_shards
     assert f"recipe error: {expected}: choose a path that does not exist, or remove the file" in \
         capsys.readouterr().err
     assert victim.read_text() == "precious"
+
+
+def test_the_machine_check_sees_the_formatted_save_folder(tmp_path, monkeypatch):
+    """Before any process group: a save_folder with {run_name} is checked as the folder the Trainer will use (here a
+    file, so no folder), not as the format string's nearest existing parent."""
+    from composer_qsdp.recipes.loader import check_machine
+    from composer_qsdp.recipes.train import RecipeError, load_recipe
+
+    (tmp_path / "named").write_text("a file where the folder would be")
+    recipe = load_recipe(BASELINE, [f"save_folder={tmp_path}/{{run_name}}", "run_name=named"])
+    with pytest.raises(RecipeError, match=re.escape(f"recipe key 'save_folder' = '{tmp_path / 'named'}' is invalid; "
+                                                    f"it: '{tmp_path / 'named'}' is a file, not a folder")):
+        check_machine(recipe)
+    monkeypatch.setenv("COMPOSER_RUN_NAME", "other")  # Composer's name for a run without run_name
+    check_machine(load_recipe(BASELINE, [f"save_folder={tmp_path}/{{run_name}}", "run_name=null"]))
+    monkeypatch.setenv("COMPOSER_RUN_NAME", "named")
+    with pytest.raises(RecipeError, match="is a file, not a folder"):
+        check_machine(load_recipe(BASELINE, [f"save_folder={tmp_path}/{{run_name}}", "run_name=null"]))
