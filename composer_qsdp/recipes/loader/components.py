@@ -21,7 +21,7 @@ from composer_qsdp.recipes.loader.errors import RecipeError, check
 from composer_qsdp.recipes.models.config import GPTConfig, gpt_config
 from composer_qsdp.recipes.models.hf import HFCausalLMConfig, hf_causal_lm_config
 
-__all__ = ["ALGORITHMS", "CALLBACKS", "CLASS_SOURCES", "LOGGERS", "MODELS", "OPTIMIZERS",
+__all__ = ["ALGORITHMS", "CALLBACKS", "CLASS_SOURCES", "LOGGERS", "MODELS", "OPTIMIZERS", "REGISTRIES",
            "PRESET_DEFAULTS", "SCHEDULERS", "SECTION_BASES", "Builder", "ClassSource", "algorithm_class",
            "check_allow_imports", "component_class", "composer_components", "load_class", "optim_class",
            "preset_options", "registry_modules"]
@@ -270,6 +270,11 @@ def check_allow_imports(entries: Any) -> tuple[str, ...]:
     return tuple(entries)
 
 
+#: The registries whose modules a recipe's "module:Class" paths may import without opting in, in words.
+REGISTRIES = ("composer.callbacks, composer.loggers, composer.optim, torch.optim, this package's components, "
+              "llm-foundry's registered classes")
+
+
 def registry_modules() -> frozenset[str]:
     """The modules the registries name: those of this package's tables and the sections' bases, those whose public
     classes :func:`composer_components` lists, and where llm-foundry is installed, those of the classes its
@@ -297,8 +302,7 @@ def _load_path(key: str, path: str, allow_imports: Sequence[str]) -> Any:
     if module not in allow_imports and path not in allow_imports and module not in registry_modules():
         raise RecipeError(
             f"recipe key '{key}' = {path!r} is invalid; a recipe imports only the modules that the registries name "
-            f"(composer.callbacks, composer.loggers, composer.optim, torch.optim, this package's components, "
-            f"llm-foundry's registered classes) and those that allow_imports names exactly (importing a module runs "
+            f"({REGISTRIES}) and those that allow_imports names exactly (importing a module runs "
             f"its code; a package's entry covers none of its submodules): to name this class, opt in with the "
             f"recipe key allow_imports, e.g. allow_imports: ['{path}']"
             + (f"; allowed now: {', '.join(allow_imports)}" if allow_imports else ""))

@@ -20,6 +20,7 @@ from composer_qsdp.recipes.loader.components import (
     LOGGERS,
     MODELS,
     OPTIMIZERS,
+    REGISTRIES,
     SCHEDULERS,
     SECTION_BASES,
 )
@@ -199,8 +200,7 @@ def recipe_help() -> str:
         "resolved to a class and checked (a subclass of its section's base, given every argument without a "
         "default) before anything calls or builds it; a function or a class of another base is refused. "
         "A 'module:Class' path imports its module (which runs the module's code) only where a registry names it "
-        "(composer.callbacks, composer.loggers, composer.optim, torch.optim, this package's components, "
-        "llm-foundry's registered classes); any other module must be named exactly by allow_imports: a module "
+        f"({REGISTRIES}); any other module must be named exactly by allow_imports: a module "
         "(my_package.callbacks, not its package) or one class (my_package.callbacks:MyCallback), e.g. "
         "allow_imports: ['my_package.callbacks:MyCallback'] for callbacks: {'my_package.callbacks:MyCallback': {}}.")]
     lines += ["", *_wrapped(
