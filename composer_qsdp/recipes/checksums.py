@@ -7,8 +7,10 @@ full checkpoint, written by process 0). Its manifest, ``checksums.json`` inside 
 beside the file, records each file's size in bytes and SHA-256:
 ``{"algorithm": "sha256", "files": {"__0_0.distcp": {"bytes": 123, "sha256": "..."}, ...}}``. The processes of the
 job hash the files in turn (file ``i`` on process ``i % world_size``), so writing and checking cost one read of
-the checkpoint spread over the processes. A checkpoint without a manifest (written elsewhere, or by a process that
-died before writing it) is loaded unchecked. Local paths only: remote (``s3://``...) checkpoints get none.
+the checkpoint spread over the processes. A manifest must list every file of its checkpoint, by its name in the
+checkpoint's folder: an empty or partial map, or a path elsewhere, is refused as unable to vouch for the checkpoint.
+A checkpoint without a manifest (written elsewhere, or by a process that died before writing it) is loaded
+unchecked. Local paths only: remote (``s3://``...) checkpoints get none.
 """
 
 from __future__ import annotations
@@ -95,22 +97,43 @@ def _check_file(folder: Path, name: str, recorded: dict[str, Any], manifest: Pat
     return None
 
 
+def _manifest_problem(checkpoint: Path, manifest: Path, files: Any) -> str | None:
+    """Why the file map ``files`` of ``checkpoint``'s ``manifest`` cannot vouch for it, or None: it must list every
+    file of the checkpoint (an empty or partial map would leave files unchecked), each by its name inside the
+    checkpoint's folder (a path elsewhere would check, and name, a file that is not part of it), with its size and
+    hash."""
+    if not isinstance(files, dict) or not files:
+        return f"the checksum manifest {manifest} lists no files"
+    for name, entry in files.items():
+        if name in ("", ".", "..") or Path(name).name != name:
+            return f"the checksum manifest {manifest} names {name!r}, a path outside the checkpoint's folder"
+        if not (isinstance(entry, dict) and type(entry.get("bytes")) is int and isinstance(entry.get("sha256"), str)):
+            return f"the checksum manifest {manifest} is unreadable (the entry of {name!r} is {entry!r})"
+    unlisted = sorted(set(_files(checkpoint)) - set(files))
+    if unlisted:
+        return (f"the checksum manifest {manifest} does not list {', '.join(unlisted)} of the checkpoint, so it "
+                "cannot vouch for it")
+    return None
+
+
 def verify_checkpoint(checkpoint: str | os.PathLike) -> bool:
     """Check the files of ``checkpoint`` against its manifest; collective. Returns False (checking nothing) when
     it has none, True when every file matches.
 
     Raises:
         CorruptCheckpointError: on every process alike, naming the first file that is missing, truncated or
-            corrupt, and what to do.
+            corrupt, or what is wrong with the manifest (:func:`_manifest_problem`), and what to do.
     """
     checkpoint = Path(checkpoint).resolve()  # the 'latest' link: the checkpoint it names
     manifest = manifest_path(checkpoint)
     shared: list[Any] = [None]
     if dist.get_global_rank() == 0 and manifest.is_file():
         try:
-            shared[0] = json.loads(manifest.read_text())["files"]
-        except (ValueError, KeyError) as err:
+            files = json.loads(manifest.read_text())["files"]
+        except (ValueError, KeyError, TypeError) as err:
             shared[0] = f"the checksum manifest {manifest} is unreadable ({err})"
+        else:
+            shared[0] = _manifest_problem(checkpoint, manifest, files) or files
     dist.broadcast_object_list(shared, src=0)
     files = shared[0]
     if files is None:

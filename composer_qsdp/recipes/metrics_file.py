@@ -25,7 +25,7 @@ from composer.core import State
 from composer.loggers import InMemoryLogger, Logger
 from composer.utils import dist
 
-__all__ = ["MetricsFile"]
+__all__ = ["MetricsFile", "is_metrics_file"]
 
 # MemoryMonitor's metric names for the memory section's keys.
 _PEAK_MEMORY = {"peak_allocated_bytes": "memory/peak_allocated_mem", "peak_reserved_bytes": "memory/peak_reserved_mem"}
@@ -45,6 +45,9 @@ class MetricsFile(InMemoryLogger):
     Args:
         path: where process 0 writes the JSON (parent directories are created).
     """
+
+    #: The file's top-level keys.
+    KEYS = ("metrics", "communication", "memory", "hyperparameters")
 
     def __init__(self, path: str) -> None:
         super().__init__()
@@ -71,10 +74,9 @@ class MetricsFile(InMemoryLogger):
                 communication[type(a).__name__]["evaluation"] = _counts(a.eval_traffic())
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps({"metrics": metrics, "communication": communication, "memory": self.peak_memory(),
-                                   "hyperparameters": {k: v for k, v in self.hyperparameters.items()
-                                                       if isinstance(v, (bool, int, float, str))}},
-                                  indent=1))
+        values = (metrics, communication, self.peak_memory(),
+                  {k: v for k, v in self.hyperparameters.items() if isinstance(v, (bool, int, float, str))})
+        tmp.write_text(json.dumps(dict(zip(self.KEYS, values)), indent=1))
         tmp.replace(self.path)
 
     def eval_end(self, state: State, logger: Logger) -> None:
@@ -86,3 +88,13 @@ class MetricsFile(InMemoryLogger):
 
 def _counts(report: Any) -> dict[str, dict[str, int]]:
     return {side: dataclasses.asdict(getattr(report, side)) for side in ("weights", "grads", "total")}
+
+
+def is_metrics_file(path: str | Path) -> bool:
+    """Whether ``path`` is a file that :class:`MetricsFile` wrote: a JSON object with exactly its keys. The
+    recipe entrypoint replaces such a file, and refuses to replace any other (run_files.check_logger_files)."""
+    try:
+        content = json.loads(Path(path).read_text())
+    except (OSError, ValueError):  # a folder, unreadable, not UTF-8, not JSON
+        return False
+    return isinstance(content, dict) and tuple(content) == MetricsFile.KEYS

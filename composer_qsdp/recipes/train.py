@@ -24,7 +24,7 @@ import traceback
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from composer_qsdp.recipes.loader import (
     ALGORITHMS,
@@ -40,6 +40,9 @@ from composer_qsdp.recipes.loader import (
     recipe_help,
 )
 from composer_qsdp.recipes.startup import StartupClock
+
+if TYPE_CHECKING:
+    from composer_qsdp.recipes.run_files import RunPaths
 
 __all__ = ["ALGORITHMS", "RECIPE_ERROR_STATUS", "CollectiveTimeoutError", "PeerExitedError", "RecipeError",
            "TrainRecipe", "ValidatedRecipe", "console_output", "load_recipe", "main", "set_aside_incomplete_checkpoints",
@@ -207,23 +210,22 @@ def set_aside_incomplete_checkpoints(save_folder: str | os.PathLike) -> list[Pat
     return moved
 
 
-def _resume_checkpoint(cfg: Any) -> Path | None:
-    """The local checkpoint the Trainer will load, as Composer picks it: with ``autoresume``, the one that
-    ``save_folder/latest-rank0.pt`` names, if any; else ``load_path``. None when it loads none or a remote one."""
-    if cfg.autoresume and cfg.save_folder is not None and "://" not in cfg.save_folder:
-        latest = Path(cfg.save_folder, "latest-rank0.pt")
-        if latest.exists():
-            return latest.resolve()
-    if cfg.load_path is not None and "://" not in cfg.load_path:
-        return Path(cfg.load_path)
-    return None
+def _resume_checkpoint(autoresume: bool, paths: RunPaths) -> Path | None:
+    """The local checkpoint the Trainer will load, as Composer picks it from the formatted ``paths``: with
+    ``autoresume``, the one that ``save_folder/latest-rank0.pt`` names, if any; else ``load_path``. None when it
+    loads none or a remote one."""
+    folder = paths.local_save_folder
+    if autoresume and folder is not None and (folder / "latest-rank0.pt").exists():
+        return (folder / "latest-rank0.pt").resolve()
+    return paths.local_load_path
 
 
-def _resume_key(cfg: Any) -> str:
-    """The recipe key that chose the checkpoint to load, for error messages."""
-    if cfg.autoresume and cfg.save_folder is not None and Path(cfg.save_folder, "latest-rank0.pt").exists():
-        return "recipe key 'autoresume' (the checkpoint save_folder/latest-rank0.pt names)"
-    return f"recipe key 'load_path' = {cfg.load_path!r}"
+def _resume_key(autoresume: bool, paths: RunPaths) -> str:
+    """The recipe key that chose the checkpoint to load, with the formatted path, for error messages."""
+    folder = paths.local_save_folder
+    if autoresume and folder is not None and (folder / "latest-rank0.pt").exists():
+        return f"recipe key 'autoresume' (the checkpoint {folder / 'latest-rank0.pt'} names)"
+    return f"recipe key 'load_path' = {paths.load_path!r}"
 
 
 #: What reading a truncated or corrupt checkpoint raises, by the first line of its message: torch.load's zip reader,
@@ -249,7 +251,7 @@ def _unreadable(err: BaseException | None) -> str | None:
 
 
 @contextlib.contextmanager
-def _reading_checkpoint(cfg: Any, checkpoint: Path | None) -> Iterator[None]:
+def _reading_checkpoint(autoresume: bool, paths: RunPaths, checkpoint: Path | None) -> Iterator[None]:
     """Turn a failure to read ``checkpoint`` inside the block into a :class:`RecipeError` naming the file and the
     fix."""
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
@@ -264,8 +266,8 @@ def _reading_checkpoint(cfg: Any, checkpoint: Path | None) -> Iterator[None]:
 
         found = short_file(checkpoint)
         what = f"checkpoint file {found[0]}" if found else f"checkpoint {checkpoint}"
-        raise RecipeError(f"{_resume_key(cfg)}: {what} is truncated or corrupt ({found[1] if found else why}); "
-                          f"{remedy(checkpoint)}") from err
+        raise RecipeError(f"{_resume_key(autoresume, paths)}: {what} is truncated or corrupt "
+                          f"({found[1] if found else why}); {remedy(checkpoint)}") from err
 
 
 def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
@@ -296,6 +298,7 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
 
     from composer_qsdp.recipes.checksums import CheckpointChecksums, CorruptCheckpointError, verify_checkpoint
     from composer_qsdp.recipes.metrics_file import MetricsFile
+    from composer_qsdp.recipes.run_files import OwnerRecord, check_logger_files, claim_save_folder, run_name, run_paths
 
     clock = StartupClock() if clock is None else clock
     clock.lap("imports")
@@ -308,20 +311,24 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
     clock.lap("process group")
     if placement is not None and placement.shared and dist.get_local_rank() == 0:
         print(placement.describe(), flush=True)
-    if cfg.autoresume and "://" not in cfg.save_folder:
+    # Composer's placeholders formatted as the Trainer will format them: every check below sees the real folder.
+    paths = run_paths(cfg.save_folder, cfg.load_path, run_name(cfg.run_name))
+    # Before anything in the folder is touched (the set-aside below renames files).
+    owner = claim_save_folder(paths, autoresume=cfg.autoresume, overwrite=cfg.save_overwrite)
+    if cfg.autoresume and paths.local_save_folder is not None:
         if dist.get_global_rank() == 0:
-            moved = set_aside_incomplete_checkpoints(cfg.save_folder)
+            moved = set_aside_incomplete_checkpoints(paths.local_save_folder)
             if moved:
                 warnings.warn(f"autoresume: {', '.join(map(str, moved))} hold(s) checkpoint(s) newer than the last "
                               "complete one (latest-rank0.pt), left by a save that never finished; set aside so "
                               "that the run resumes from the last complete checkpoint", stacklevel=2)
         dist.barrier()
-    resume = _resume_checkpoint(cfg)
+    resume = _resume_checkpoint(cfg.autoresume, paths)
     if resume is not None:
         try:
             verify_checkpoint(resume)
         except CorruptCheckpointError as err:
-            raise RecipeError(f"{_resume_key(cfg)}: {err}") from None
+            raise RecipeError(f"{_resume_key(cfg.autoresume, paths)}: {err}") from None
     world = dist.get_world_size()
     train_dl = _dataloader(recipe, cfg.data.train_split, cfg.global_train_batch_size // world, training=True)
     eval_dl = None
@@ -347,12 +354,15 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
     callbacks = build_components(recipe, "callbacks")
     if cfg.metrics_file is not None:
         loggers.append(MetricsFile(cfg.metrics_file))
+    # Before the Trainer, whose FileLogger opens (truncates) its file at once; keys in the order built above.
+    logger_keys = [f"loggers.{name}" for name in recipe.logger_kwargs] + ["metrics_file"]
+    logger_files = check_logger_files(dict(zip(logger_keys, loggers)), paths, owner)
 
     clock.lap("model")
     progress_bar, log_to_console = console_output(cfg.progress_bar, cfg.log_to_console, sys.stdout.isatty())
-    with _reading_checkpoint(cfg, resume):  # the Trainer loads it
+    with _reading_checkpoint(cfg.autoresume, paths, resume):  # the Trainer loads it
         trainer = Trainer(
-            run_name=cfg.run_name,
+            run_name=paths.run_name,
             model=model,
             train_dataloader=train_dl,
             eval_dataloader=eval_dl,
@@ -379,12 +389,13 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
             loggers=loggers,
             callbacks=callbacks,
         )
-    if cfg.save_folder is not None and "://" not in cfg.save_folder:
+    if paths.local_save_folder is not None:
         from composer.callbacks import CheckpointSaver
 
         # After the saver in the callback order: each checkpoint's manifest is written at the event that saved it.
         saver = next(cb for cb in trainer.state.callbacks if isinstance(cb, CheckpointSaver))
         trainer.state.callbacks.append(CheckpointChecksums(saver))
+        trainer.state.callbacks.append(OwnerRecord(saver, paths.local_save_folder, owner, logger_files))
     if placement is not None:
         trainer.logger.log_hyperparameters(placement.hyperparameters())
     clock.lap("trainer")

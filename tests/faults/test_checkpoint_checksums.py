@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from composer_qsdp.recipes.checksums import manifest_path, verify_checkpoint
+from composer_qsdp.recipes.checksums import CorruptCheckpointError, manifest_path, verify_checkpoint
 from composer_qsdp.recipes.train import RECIPE_ERROR_STATUS, main
 from test_train import BASELINE, tiny_overrides, corpus_shards  # noqa: F401 (fixture)
 
@@ -70,3 +70,38 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file(corpus_shards, saved, t
     assert "recipe key 'autoresume'" in error and f"checkpoint file {folder / 'ep0-ba4' / file} " in error, error
     assert f"load_path={folder / 'ep0-ba2'}" in error, error  # the earlier checkpoint to resume from
     assert re.search(why, error), error
+
+
+def test_a_save_folder_with_a_placeholder_is_checked_where_composer_resumes_from(corpus_shards, saved, tmp_path,
+                                                                                  capsys):
+    """``save_folder: DIR/{run_name}/ckpt``: the manifest check looks in the folder the Trainer formats and resumes
+    from (issue 51: it looked for the format string, found no checkpoint, and the flipped shard loaded)."""
+    run_name = "gpt-tiny-baseline"  # BASELINE's
+    folder = _damaged(saved, tmp_path / run_name, "__0_0.distcp", "flip")
+    run = [f"save_folder={tmp_path}/{{run_name}}/ckpt", f"run_name={run_name}", "autoresume=true"]
+    assert main([str(BASELINE), *tiny_overrides(corpus_shards, tmp_path, *COMMON, *run)]) == RECIPE_ERROR_STATUS
+    error = capsys.readouterr().err
+    assert f"recipe key 'autoresume' (the checkpoint {folder / 'latest-rank0.pt'} names): checkpoint file " \
+           f"{folder / 'ep0-ba4' / '__0_0.distcp'} is corrupt" in error, error
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda files: {}, "lists no files"),
+    (lambda files: {k: v for k, v in files.items() if k != "__0_0.distcp"},
+     "does not list __0_0.distcp of the checkpoint, so it cannot vouch for it"),
+    (lambda files: {**files, "../ep0-ba2/__0_0.distcp": files["__0_0.distcp"]},
+     "names '../ep0-ba2/__0_0.distcp', a path outside the checkpoint's folder"),
+    (lambda files: {**files, "/etc/hostname": files["__0_0.distcp"]}, "names '/etc/hostname', a path outside"),
+    (lambda files: {**files, "__0_0.distcp": {"bytes": "12"}}, "is unreadable (the entry of '__0_0.distcp' is"),
+])
+def test_a_manifest_that_cannot_vouch_for_its_checkpoint_is_refused(saved, tmp_path, change, why):
+    """A manifest is trusted only where it lists every file of the checkpoint by its name in the checkpoint's
+    folder: an empty or partial map would leave files unchecked (issue 51), a path elsewhere check another file."""
+    folder = tmp_path / "ckpt"
+    shutil.copytree(saved, folder, symlinks=True)
+    manifest = manifest_path(folder / "ep0-ba4")
+    content = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**content, "files": change(content["files"])}))
+    with pytest.raises(CorruptCheckpointError, match=re.escape(f"the checksum manifest {manifest} {why}")):
+        verify_checkpoint(folder / "ep0-ba4")
+    assert verify_checkpoint(folder / "ep0-ba2")  # the other checkpoint's manifest is whole

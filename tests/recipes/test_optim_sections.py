@@ -189,7 +189,12 @@ def test_a_child_naming_another_class_keeps_only_the_keys_it_takes(tmp_path):
                                                          "must be a number"),
     (["optimizer={name: sgd, lr: 0.1, nesterov: true}"],
      "recipe section 'optimizer' (sgd) is invalid: Nesterov momentum requires a momentum and zero dampening"),
+    # torch.optim.lr_scheduler is no registry's module: only an exact allow_imports entry lets the path import it.
     (["scheduler={name: 'torch.optim.lr_scheduler:StepLR', step_size: 2}"],
+     "recipe key 'scheduler.name' = 'torch.optim.lr_scheduler:StepLR' is invalid; a recipe imports only the modules "
+     "that the registries name"),
+    (["scheduler={name: 'torch.optim.lr_scheduler:StepLR', step_size: 2}",
+      "allow_imports=[torch.optim.lr_scheduler]"],
      "recipe key 'scheduler.name' = 'torch.optim.lr_scheduler:StepLR' is invalid; it names StepLR, not a "
      "composer.optim.ComposerScheduler subclass; it is a torch LRScheduler"),
     (["optimizer.name=composer.optim:StepScheduler"],

@@ -1,6 +1,7 @@
 """What a recipe can make the trainer run, and settings that passed the recipe check but could not run (issue 35):
-every component a recipe names is a class of its section's base, checked before anything calls it; modules outside
-the known packages are imported only where the recipe opts in (allow_imports); a component's required arguments,
+every component a recipe names is a class of its section's base, checked before anything calls it; a module that no
+registry names is imported only where allow_imports names exactly it or the class (issue 51: a package's entry, or
+the package being a known one, imports none of its other modules); a component's required arguments,
 QSDP's ranks_per_node against the world size, and a QSDP preset switched over an inherited section are settled at
 load, before any process group."""
 
@@ -92,17 +93,17 @@ class Constant(ConstantScheduler):
     sys.modules.pop(name, None)
 
 
-def test_a_module_outside_the_known_packages_is_not_imported_without_opting_in(side_effect_module, tmp_path):
+def test_a_module_no_registry_names_is_not_imported_without_opting_in(side_effect_module, tmp_path):
     name, marker = side_effect_module
     for overrides in ([f"callbacks={{'{name}:Marker': {{}}}}"], [f"optimizer={{name: '{name}:Sgd', lr: 0.1}}"],
                       [f"scheduler={{name: '{name}:Constant'}}"]):
         with pytest.raises(RecipeError, match=re.escape(f"'{name}:") + ".* is invalid; a recipe imports only the "
-                                              "modules of composer, torch.optim, llmfoundry, composer_qsdp .*"
-                                              + re.escape(f"allow_imports: [{name}]")):
+                                              "modules that the registries name .*"
+                                              + re.escape(f"allow_imports: ['{name}:")):
             load_recipe(BASELINE, overrides)
     # A recipe file that switches its base's optimizer class: the class is looked up while the files merge.
     (tmp_path / "child.yaml").write_text(f"base: {BASELINE}\noptimizer: {{name: '{name}:Sgd', lr: 0.1}}\n")
-    with pytest.raises(RecipeError, match="a recipe imports only the modules of"):
+    with pytest.raises(RecipeError, match="a recipe imports only the modules that the registries name"):
         load_recipe(tmp_path / "child.yaml")
     assert not marker.exists() and name not in sys.modules
 
@@ -118,10 +119,96 @@ def test_a_module_outside_the_known_packages_is_not_imported_without_opting_in(s
     assert type(build_optimizer(recipe, [torch.nn.Parameter(torch.zeros(2))])) is module.Sgd
 
 
-def test_allow_imports_must_name_modules():
-    with pytest.raises(RecipeError, match=re.escape("recipe key 'allow_imports[0]' = 'my pkg' is invalid; it must "
-                                                    "be a module or package name")):
-        load_recipe(BASELINE, ["allow_imports=[my pkg]"])
+@pytest.mark.parametrize("entries, bad", [
+    ("[my pkg]", "'allow_imports[0]' = 'my pkg'"),
+    ("['', my_pkg]", "'allow_imports[0]' = ''"),
+    ("[my_pkg, 'my_pkg.']", "'allow_imports[1]' = 'my_pkg.'"),
+    ("['my_pkg:A:B']", "'allow_imports[0]' = 'my_pkg:A:B'"),
+    ("['my_pkg:']", "'allow_imports[0]' = 'my_pkg:'"),
+])
+def test_allow_imports_entries_must_name_exact_modules_or_classes(entries, bad):
+    """An empty or malformed entry is a recipe error naming it, checked before any name is looked up (an optimizer
+    path included, which the loader resolves while it merges the recipe)."""
+    allowed = ("is invalid; it must be a module (my_package.callbacks) or one class of it "
+               "(my_package.callbacks:StepTimer)")
+    for overrides in ([f"allow_imports={entries}"], [f"allow_imports={entries}", "optimizer.name=my_pkg:Opt"]):
+        with pytest.raises(RecipeError, match=re.escape(f"recipe key {bad} {allowed}")):
+            load_recipe(BASELINE, overrides)
+
+
+def test_an_empty_allow_imports_entry_in_a_recipe_file_is_a_recipe_error(tmp_path):
+    """A null entry in a file (``- `` on its own line) is refused while the files merge, naming the entry."""
+    (tmp_path / "child.yaml").write_text(f"base: {BASELINE}\nallow_imports:\n  -\n"
+                                         "optimizer: {name: 'my_pkg:Opt', lr: 1}\n")
+    with pytest.raises(RecipeError, match=re.escape("recipe key 'allow_imports[0]' = None is invalid; it must be a "
+                                                    "module")):
+        load_recipe(tmp_path / "child.yaml")
+
+
+@pytest.fixture
+def acting_package(tmp_path, monkeypatch):
+    """A package on sys.path whose submodule ``acts`` writes a file when it is imported and holds a callback
+    ``Marker``; its ``__init__`` does nothing. Yields (the package's name, the file)."""
+    name = f"trust_pkg_{tmp_path.name}"
+    marker = tmp_path / "imported"
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text("")
+    (tmp_path / name / "acts.py").write_text(f"""
+from pathlib import Path
+
+from composer.core import Callback
+
+Path({str(marker)!r}).write_text("imported")
+
+
+class Marker(Callback):
+    pass
+""")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name, marker
+    for module in (name, f"{name}.acts"):
+        sys.modules.pop(module, None)
+
+
+@pytest.mark.parametrize("allow", ["", "allow_imports=[{pkg}]", "allow_imports=['{pkg}.acts:Other']",
+                                   "allow_imports=['{pkg}:Marker']"])
+def test_a_submodule_that_acts_on_import_is_not_imported_unless_named_exactly(acting_package, allow, monkeypatch,
+                                                                              capsys):
+    """Neither the package's entry, nor another class's, nor nothing lets a recipe import the package's submodule:
+    its code never runs, and the entrypoint ends with the recipe-error status before training."""
+    pkg, marker = acting_package
+    monkeypatch.setattr(composer_qsdp.recipes.train, "train", lambda *a: pytest.fail("training started"))
+    overrides = [allow.format(pkg=pkg)] if allow else []
+    path = f"{pkg}.acts:Marker"
+    with pytest.raises(RecipeError, match=re.escape(f"recipe key 'callbacks.{path}' = '{path}' is invalid; a recipe "
+                                                    "imports only the modules that the registries name")):
+        load_recipe(BASELINE, [*overrides, f"callbacks={{'{path}': {{}}}}"])
+    assert main([str(BASELINE), *overrides, f"callbacks={{'{path}': {{}}}}"]) == 2
+    assert f"recipe error: recipe key 'callbacks.{path}'" in capsys.readouterr().err
+    assert not marker.exists() and f"{pkg}.acts" not in sys.modules
+
+
+@pytest.mark.parametrize("allow", ["{pkg}.acts", "{pkg}.acts:Marker"])
+def test_the_exact_module_or_class_is_imported(acting_package, allow):
+    pkg, marker = acting_package
+    recipe = load_recipe(BASELINE, [f"allow_imports=['{allow.format(pkg=pkg)}']",
+                                    f"callbacks={{'{pkg}.acts:Marker': {{}}}}"])
+    assert marker.exists()
+    assert any(type(c) is sys.modules[f"{pkg}.acts"].Marker for c in build_components(recipe, "callbacks"))
+
+
+def test_a_module_of_this_package_that_no_registry_names_is_not_imported(tmp_path, monkeypatch):
+    """A module placed inside composer_qsdp (a plugin folder, a stray file) is no registry's: naming it imports
+    nothing, though the package itself is this one."""
+    import composer_qsdp.recipes
+
+    marker = tmp_path / "imported"
+    (tmp_path / "trust_stray.py").write_text(f"from pathlib import Path\nPath({str(marker)!r}).write_text('x')\n")
+    monkeypatch.setattr(composer_qsdp.recipes, "__path__", [*composer_qsdp.recipes.__path__, str(tmp_path)])
+    path = "composer_qsdp.recipes.trust_stray:Marker"
+    with pytest.raises(RecipeError, match=re.escape(f"'{path}' is invalid; a recipe imports only the modules")):
+        load_recipe(BASELINE, [f"callbacks={{'{path}': {{}}}}"])
+    assert not marker.exists() and "composer_qsdp.recipes.trust_stray" not in sys.modules
 
 
 # ------------------------------------------------------------------------- settled at load, not at set-up

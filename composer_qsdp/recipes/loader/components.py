@@ -1,5 +1,6 @@
 """Which class a recipe's name means: this package's tables of loggers, callbacks, algorithms, models, optimizers
-and schedules, Composer's and torch's public classes by name, llm-foundry's registries, and "module:Class" paths.
+and schedules, Composer's and torch's public classes by name, llm-foundry's registries, and "module:Class" paths of
+the modules those registries name or that the recipe's ``allow_imports`` names exactly.
 
 Importing it loads no heavy package; a lookup imports what it names.
 """
@@ -16,13 +17,14 @@ from types import MappingProxyType
 from typing import Any, Optional
 
 from composer_qsdp._names import did_you_mean
-from composer_qsdp.recipes.loader.errors import RecipeError
+from composer_qsdp.recipes.loader.errors import RecipeError, check
 from composer_qsdp.recipes.models.config import GPTConfig, gpt_config
 from composer_qsdp.recipes.models.hf import HFCausalLMConfig, hf_causal_lm_config
 
-__all__ = ["ALGORITHMS", "CALLBACKS", "CLASS_SOURCES", "KNOWN_MODULES", "LOGGERS", "MODELS", "OPTIMIZERS",
+__all__ = ["ALGORITHMS", "CALLBACKS", "CLASS_SOURCES", "LOGGERS", "MODELS", "OPTIMIZERS", "REGISTRIES",
            "PRESET_DEFAULTS", "SCHEDULERS", "SECTION_BASES", "Builder", "ClassSource", "algorithm_class",
-           "component_class", "composer_components", "load_class", "optim_class", "preset_options"]
+           "check_allow_imports", "component_class", "composer_components", "load_class", "optim_class",
+           "preset_options", "registry_modules"]
 
 
 #: Algorithms a recipe can enable under ``algorithms: {name: {kwargs}}``: name -> "module:Class".
@@ -148,11 +150,6 @@ SECTION_BASES = {
 # What a section's components are called in messages.
 _KINDS = {"loggers": "a logger", "callbacks": "a callback", "optimizer": "an optimizer", "scheduler": "a schedule",
           "algorithms": "an algorithm"}
-#: The packages whose modules a recipe's "module:Class" paths may import without opting in: Composer, torch's
-#: optimizers and schedules, llm-foundry, this package. Any other module needs the recipe key ``allow_imports``.
-KNOWN_MODULES = ("composer", "torch.optim", "llmfoundry", "composer_qsdp")
-
-
 @dataclass(frozen=True)
 class ClassSource:
     """Where a section's names resolve beyond this package's tables: the public classes of ``modules`` derived from
@@ -216,9 +213,9 @@ def component_class(section: str, name: str, allow_imports: Sequence[str] = ()) 
     base (:data:`SECTION_BASES`) before anything calls it.
 
     Looked up in order: this package's names (:data:`LOGGERS`, :data:`CALLBACKS`), a ``"module:Class"`` path (of a
-    module of :data:`KNOWN_MODULES` or ``allow_imports``, the recipe's module prefixes), every public Composer class
-    of the section (:func:`composer_components`), llm-foundry's registry of the section (where llm-foundry is
-    installed; packages register there through ``llmfoundry_loggers`` / ``llmfoundry_callbacks`` entry points).
+    module that a registry or ``allow_imports`` names: :func:`_load_path`), every public Composer class of the
+    section (:func:`composer_components`), llm-foundry's registry of the section (where llm-foundry is installed;
+    packages register there through ``llmfoundry_loggers`` / ``llmfoundry_callbacks`` entry points).
 
     Raises:
         RecipeError: no such name (with a suggestion), an optional package is missing, a path outside the allowed
@@ -250,21 +247,65 @@ def _find_component(section: str, key: str, name: str, allow_imports: Sequence[s
                       "'module:Class' path")
 
 
-def _load_path(key: str, path: str, allow_imports: Sequence[str]) -> Any:
-    """What a recipe key names by a ``"module:Class"`` path; the module is imported only if it belongs to a package
-    of :data:`KNOWN_MODULES` or ``allow_imports``.
+#: An ``allow_imports`` entry: a module (``my_package.callbacks``) or one class of it
+#: (``my_package.callbacks:StepTimer``).
+_ALLOW_ENTRY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*)?")
+
+
+def check_allow_imports(entries: Any) -> tuple[str, ...]:
+    """The recipe's ``allow_imports`` ``entries``, checked: a list of exact module names or ``"module:Class"``
+    names.
 
     Raises:
-        RecipeError: the module is not allowed (before it is imported) or the path cannot be imported, naming the
-            key.
+        RecipeError: not a list, or an entry that is empty, not a string, or not dotted identifiers (with an
+            optional ``:Class``), naming the entry.
+    """
+    allowed = "it must be a module (my_package.callbacks) or one class of it (my_package.callbacks:StepTimer)"
+    if isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence):
+        raise RecipeError(f"recipe key 'allow_imports' = {entries!r} is invalid; it must be a list of entries: "
+                          f"each {allowed.removeprefix('it must be ')}")
+    for i, entry in enumerate(entries):
+        check(isinstance(entry, str) and _ALLOW_ENTRY.fullmatch(entry) is not None, f"allow_imports[{i}]", entry,
+              allowed)
+    return tuple(entries)
+
+
+#: The registries whose modules a recipe's "module:Class" paths may import without opting in, in words.
+REGISTRIES = ("composer.callbacks, composer.loggers, composer.optim, torch.optim, this package's components, "
+              "llm-foundry's registered classes")
+
+
+def registry_modules() -> frozenset[str]:
+    """The modules the registries name: those of this package's tables and the sections' bases, those whose public
+    classes :func:`composer_components` lists, and where llm-foundry is installed, those of the classes its
+    registries hold. Importing one runs no code that a lookup by name would not run too."""
+    targets = [*ALGORITHMS.values(), *SECTION_BASES.values(),
+               *(b.target for table in (LOGGERS, CALLBACKS, OPTIMIZERS, SCHEDULERS) for b in table.values())]
+    modules = {target.partition(":")[0] for target in targets}
+    modules.update(module for source in CLASS_SOURCES.values() for module in source.modules)
+    for section in _LLM_FOUNDRY_REGISTRIES:
+        registry = _llm_foundry_registry(section)
+        if registry is not None:
+            modules.update(getattr(obj, "__module__", "") for obj in registry.get_all().values())
+    return frozenset(modules)
+
+
+def _load_path(key: str, path: str, allow_imports: Sequence[str]) -> Any:
+    """What a recipe key names by a ``"module:Class"`` path. Its module is imported only if a registry names it
+    (:func:`registry_modules`) or an ``allow_imports`` entry names exactly it or exactly this path: an entry for a
+    package covers none of its submodules, whose import would run code the recipe chose.
+
+    Raises:
+        RecipeError: the path is not allowed (before anything is imported) or cannot be imported, naming the key.
     """
     module = path.partition(":")[0]
-    if not any(module == prefix or module.startswith(prefix + ".") for prefix in (*KNOWN_MODULES, *allow_imports)):
+    if module not in allow_imports and path not in allow_imports and module not in registry_modules():
         raise RecipeError(
-            f"recipe key '{key}' = {path!r} is invalid; a recipe imports only the modules of "
-            f"{', '.join(KNOWN_MODULES)}{' and ' + ', '.join(allow_imports) if allow_imports else ''} (importing a "
-            f"module runs its code): to name a class of {module!r}, opt in with the recipe key allow_imports, e.g. "
-            f"allow_imports: [{module.partition('.')[0]}]")
+            f"recipe key '{key}' = {path!r} is invalid; a recipe imports only the modules that the registries name "
+            f"({REGISTRIES}) and those that allow_imports names exactly (importing a module runs "
+            f"its code; a package's entry covers none of its submodules): to name this class, opt in with the "
+            f"recipe key allow_imports, e.g. allow_imports: ['{path}']"
+            + (f"; allowed now: {', '.join(allow_imports)}" if allow_imports else ""))
     try:
         return load_class(path)
     except (ImportError, AttributeError, ValueError) as err:
@@ -277,8 +318,8 @@ def optim_class(section: str, name: str, allow_imports: Sequence[str] = ()) -> t
     before anything calls it.
 
     Looked up in order: this package's names (:data:`OPTIMIZERS`, :data:`SCHEDULERS`), a ``"module:Class"`` path
-    (of a module of :data:`KNOWN_MODULES` or ``allow_imports``), llm-foundry's ``optimizers`` or ``schedulers``
-    registry where llm-foundry is installed (packages add to it through ``llmfoundry_optimizers`` /
+    (of a module that a registry or ``allow_imports`` names: :func:`_load_path`), llm-foundry's ``optimizers`` or
+    ``schedulers`` registry where llm-foundry is installed (packages add to it through ``llmfoundry_optimizers`` /
     ``llmfoundry_schedulers`` entry points), every public optimizer class of composer.optim and torch.optim or
     schedule class of composer.optim (:func:`composer_components`).
 

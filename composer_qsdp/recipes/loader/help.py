@@ -17,10 +17,10 @@ from composer_qsdp.recipes.loader.components import (
     ALGORITHMS,
     CALLBACKS,
     CLASS_SOURCES,
-    KNOWN_MODULES,
     LOGGERS,
     MODELS,
     OPTIMIZERS,
+    REGISTRIES,
     SCHEDULERS,
     SECTION_BASES,
 )
@@ -199,10 +199,10 @@ def recipe_help() -> str:
         "Components and imports: every optimizer, scheduler, logger, callback and algorithm a recipe names is "
         "resolved to a class and checked (a subclass of its section's base, given every argument without a "
         "default) before anything calls or builds it; a function or a class of another base is refused. "
-        "A 'module:Class' path imports its module (which runs the module's code) only from "
-        f"{', '.join(KNOWN_MODULES)}; any other module must be opted in with allow_imports: [PREFIX, ...] (a module "
-        "or package name; its submodules included), e.g. allow_imports: [my_package] for "
-        "callbacks: {'my_package.callbacks:MyCallback': {}}.")]
+        "A 'module:Class' path imports its module (which runs the module's code) only where a registry names it "
+        f"({REGISTRIES}); any other module must be named exactly by allow_imports: a module "
+        "(my_package.callbacks, not its package) or one class (my_package.callbacks:MyCallback), e.g. "
+        "allow_imports: ['my_package.callbacks:MyCallback'] for callbacks: {'my_package.callbacks:MyCallback': {}}.")]
     lines += ["", *_wrapped(
         "llm-foundry's spellings accepted: " + ", ".join(f"{a} (= {b})" for a, b in LLM_FOUNDRY_ALIASES.items())
         + ", the optimizer and scheduler sections (llm-foundry's names), model.name: hf_causal_lm with "

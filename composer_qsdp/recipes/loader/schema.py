@@ -133,10 +133,11 @@ class TrainRecipe:
     loggers: dict[str, Any] = _key(doc="Composer loggers: see 'loggers' below", factory=dict)
     callbacks: dict[str, Any] = _key(doc="Composer callbacks: see 'callbacks' below", factory=dict)
     algorithms: dict[str, Any] = _key(doc="Composer algorithms: see 'algorithms' below", factory=dict)
-    allow_imports: list[str] = _key(doc="modules or packages (my_package, my_package.callbacks) whose classes the "
-                                        "recipe may name by 'module:Class' paths besides those of composer, "
-                                        "torch.optim, llmfoundry and composer_qsdp; importing a module runs its code, "
-                                        "so nothing else is imported without it", factory=list)
+    allow_imports: list[str] = _key(doc="exact modules (my_package.callbacks) or classes "
+                                        "(my_package.callbacks:StepTimer) that the recipe may name by 'module:Class' "
+                                        "paths besides the modules the registries name; importing a module runs its "
+                                        "code, so nothing else is imported (a package's entry covers none of its "
+                                        "submodules)", factory=list)
     eval_interval: str = _key("500ba", "evaluate every this long (> 0)")
     eval_subset_num_batches: int = _key(-1, "batches per evaluation; -1: the whole eval split")
     dist_timeout: float = _key(300.0, "seconds the process-group set-up and every collective wait for the other "
@@ -144,8 +145,10 @@ class TrainRecipe:
                                       "after this long, with an error naming it where it can")
     save_folder: Optional[str] = _key(None, "checkpoint directory; null: no checkpoints")
     save_interval: str = _key("1000ba", "checkpoint every this long (> 0)")
-    save_num_checkpoints_to_keep: int = _key(-1, "checkpoints kept; -1: all")
-    save_overwrite: bool = _key(False, "overwrite existing checkpoints")
+    save_num_checkpoints_to_keep: int = _key(-1, "checkpoints kept; -1: all; N >= 1: the newest N (0: no local "
+                                                 "copy, only with a remote save_folder)")
+    save_overwrite: bool = _key(False, "overwrite existing checkpoints, and take over a save folder that another "
+                                       "run owns (its run.json)")
     load_path: Optional[str] = _key(None, "checkpoint to resume from")
     autoresume: bool = _key(False, "resume from the newest checkpoint in save_folder (needs run_name)")
     progress_bar: Optional[bool] = _key(None, "show Composer's progress bar; null: only when standard output is a "

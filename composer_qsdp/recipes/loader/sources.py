@@ -7,13 +7,21 @@ import inspect
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf._utils import get_yaml_loader
 from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException, ValidationError
 
 from composer_qsdp._names import did_you_mean
 from composer_qsdp.recipes.loader.arguments import add_defaults, check_entry, unresolved
-from composer_qsdp.recipes.loader.components import PRESET_DEFAULTS, optim_class, preset_options
+from composer_qsdp.recipes.loader.components import (
+    PRESET_DEFAULTS,
+    check_allow_imports,
+    optim_class,
+    preset_options,
+)
 from composer_qsdp.recipes.loader.errors import RecipeError
 from composer_qsdp.recipes.loader.schema import (
     CLASS_SECTIONS,
@@ -37,6 +45,97 @@ def _accept_llm_foundry_spellings(cfg: DictConfig, source: str) -> DictConfig:
     return cfg
 
 
+#: The largest recipe file read, in bytes: recipes are a few kilobytes, and a larger file is refused before it is
+#: parsed (YAML parsing is pure Python: about a second per megabyte).
+MAX_RECIPE_BYTES = 256 * 1024
+#: The most YAML nodes (scalars, lists, mappings) one recipe file or command-line value may hold once its aliases are
+#: expanded. An alias stands for a copy of its anchor's nodes, which omegaconf makes: nested aliases grow
+#: exponentially (a dozen lines can stand for billions of nodes, which omegaconf would copy for minutes). Recipes
+#: hold a few hundred.
+MAX_RECIPE_NODES = 20_000
+
+
+def _expanded_nodes(node: yaml.Node, sizes: dict[int, int | None]) -> int:
+    """The nodes of ``node`` with every alias expanded, counting each shared node once per reference; ``sizes``
+    memoizes them by node (an alias is the same node object as its anchor) and holds None while a node is counted,
+    so that an alias inside its own anchor, an endless expansion, is found.
+
+    Raises:
+        ValueError: an alias refers to a node that contains it.
+    """
+    key = id(node)
+    if key in sizes:
+        size = sizes[key]
+        if size is None:
+            raise ValueError("an alias refers to the node that contains it (an endless expansion)")
+        return size
+    sizes[key] = None
+    children: list[yaml.Node] = []
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [child for pair in node.value for child in pair]
+    # Past the limit the exact count does not matter: stop adding, so that the numbers stay small.
+    size = 1
+    for child in children:
+        size = min(size + _expanded_nodes(child, sizes), MAX_RECIPE_NODES + 1)
+    sizes[key] = size
+    return size
+
+
+def _bounded_yaml(text: str, source: str) -> Any:
+    """``text`` parsed as omegaconf parses YAML, refused before anything is built when it holds more than
+    :data:`MAX_RECIPE_NODES` nodes with its aliases expanded; ``source`` names it in errors.
+
+    Raises:
+        RecipeError: invalid YAML, an alias inside its own anchor, or too many nodes, naming ``source``.
+    """
+    loader = get_yaml_loader()(text)  # omegaconf's own loader: the same tags and resolution as OmegaConf.load
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        size = _expanded_nodes(node, {})
+        if size > MAX_RECIPE_NODES:
+            raise RecipeError(f"{source} holds more than {MAX_RECIPE_NODES} YAML nodes once its aliases (*name) are "
+                              "expanded; a recipe holds a few hundred: write the values out, or use fewer nested "
+                              "aliases")
+        return loader.construct_document(node)
+    except RecipeError:
+        raise
+    except (yaml.YAMLError, ValueError, RecursionError) as err:  # report the source, not a parser stack
+        raise RecipeError(f"{source} is not valid YAML: {err}") from None
+    finally:
+        loader.dispose()
+
+
+def _read_recipe(path: Path) -> DictConfig:
+    """The recipe file ``path`` as omegaconf loads it, within :data:`MAX_RECIPE_BYTES` and
+    :data:`MAX_RECIPE_NODES`.
+
+    Raises:
+        RecipeError: too large, invalid YAML, too many nodes, or not a mapping, naming the file.
+    """
+    source = f"recipe {str(path)!r}"
+    with open(path, "rb") as f:
+        data = f.read(MAX_RECIPE_BYTES + 1)  # never more: the file may be huge, or grow
+    if len(data) > MAX_RECIPE_BYTES:
+        raise RecipeError(f"{source} is larger than {MAX_RECIPE_BYTES // 1024} KiB; a recipe is a few KiB of keys")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise RecipeError(f"{source} is not UTF-8 text: {err}") from None
+    content = _bounded_yaml(text, source)
+    if content is None:  # an empty file: no keys (OmegaConf.load's reading)
+        content = {}
+    if not isinstance(content, dict):
+        raise RecipeError(f"{source} must be a mapping of keys, not a {type(content).__name__}")
+    try:
+        return OmegaConf.create(content)
+    except Exception as err:  # omegaconf's errors (a non-string key...): report the file, not a stack
+        raise RecipeError(f"{source} is not a valid recipe: {err}") from None
+
+
 def _load_yaml(path: Path, chain: tuple[Path, ...] = ()) -> DictConfig:
     """Load ``path``, first merging the recipe named by its ``base:`` key (recursively)."""
     path = path.resolve()
@@ -44,12 +143,7 @@ def _load_yaml(path: Path, chain: tuple[Path, ...] = ()) -> DictConfig:
         raise RecipeError(f"recipe base chain loops: {' -> '.join(map(str, chain + (path,)))}")
     if not path.is_file():
         raise RecipeError(f"recipe file {str(path)!r} does not exist")
-    try:
-        cfg = OmegaConf.load(path)
-    except Exception as err:  # yaml.YAMLError and friends: report the file, not a parser stack
-        raise RecipeError(f"recipe {str(path)!r} is not valid YAML: {err}") from None
-    if not isinstance(cfg, DictConfig):
-        raise RecipeError(f"recipe {str(path)!r} must be a mapping of keys, not a {type(cfg).__name__}")
+    cfg = _read_recipe(path)
     cfg = _accept_llm_foundry_spellings(cfg, f"recipe {str(path)!r}")
     base = cfg.pop("base", None)
     if base is None:
@@ -90,15 +184,11 @@ def _merge_sources(base: DictConfig, override: DictConfig) -> DictConfig:
     return OmegaConf.merge(base, override)
 
 
-def _allow_imports(base: DictConfig, override: DictConfig) -> list[str]:
-    """The ``allow_imports`` of ``override`` merged onto ``base``, as the recipe writes them (a list replaces)."""
+def _allow_imports(base: DictConfig, override: DictConfig) -> tuple[str, ...]:
+    """The ``allow_imports`` of ``override`` merged onto ``base``, as the recipe writes them (a list replaces),
+    checked (:func:`~.components.check_allow_imports`)."""
     value = override.get("allow_imports", base.get("allow_imports"))
-    if value is None:
-        return []
-    if not isinstance(value, ListConfig) or not all(isinstance(v, str) for v in value):
-        raise RecipeError(f"recipe key 'allow_imports' = {value!r} is invalid; it must be a list of module names, "
-                          "e.g. [my_package]")
-    return list(value)
+    return () if value is None else check_allow_imports(value)
 
 
 def _switch_preset(name: str, base_entry: object, entry: object) -> None:
@@ -147,10 +237,13 @@ def _cli_overrides(overrides: Sequence[str]) -> DictConfig:
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise RecipeError(f"command-line override(s) {', '.join(map(repr, bad))} must have the form key=value")
-    try:
-        cfg = OmegaConf.from_dotlist(list(overrides))
-    except OmegaConfBaseException as err:
-        raise RecipeError(f"cannot parse command-line overrides {list(overrides)}: {err}") from None
+    cfg = OmegaConf.create()
+    for override in overrides:  # OmegaConf.from_dotlist's parsing, each value bounded as a recipe file is
+        key, _, value = override.partition("=")
+        try:
+            OmegaConf.update(cfg, key, _bounded_yaml(value, f"command-line override {key!r}"))
+        except OmegaConfBaseException as err:
+            raise RecipeError(f"cannot parse command-line override {override!r}: {err}") from None
     return _accept_llm_foundry_spellings(cfg, "the command line")
 
 
@@ -164,6 +257,7 @@ def merged_recipe(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Dic
     """
     raw = _merge_sources(_load_yaml(Path(path)), _cli_overrides(overrides))
     cfg = _merge_schema(raw)
+    check_allow_imports(cfg.allow_imports)  # before any lookup consults it
     for section in CLASS_SECTIONS:  # before any interpolation (``${scheduler.t_warmup}``) is resolved
         add_defaults(cfg, section)
     # Merging never lets '???' replace a schema default, so look for it in the recipe as written too.

@@ -4,7 +4,6 @@ components' arguments), and of the machine that runs it."""
 from __future__ import annotations
 
 import math
-import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -58,7 +57,12 @@ def check_machine(recipe: ValidatedRecipe) -> None:
 
         check(torch.cuda.is_available(), "device", cfg.device, "no CUDA device is visible to this process "
                "(torch.cuda.is_available() is False); use device=cpu, or check the driver and CUDA_VISIBLE_DEVICES")
-    _check_save_folder(cfg.save_folder)
+    from composer_qsdp.recipes.run_files import known_run_name, run_paths
+
+    name = known_run_name(cfg.run_name)
+    # Formatted as the Trainer will format it. A name the Trainer generates is not known yet: that folder is a new
+    # one, whose existing parent is what is checked.
+    _check_save_folder(cfg.save_folder if name is None else run_paths(cfg.save_folder, None, name).save_folder)
 
 
 def _check_save_folder(folder: str | None) -> None:
@@ -66,8 +70,8 @@ def _check_save_folder(folder: str | None) -> None:
     parent must be a writable folder); found now rather than at Trainer init or at the first checkpoint.
 
     Nothing is created: the check writes and removes an anonymous temporary file. A remote folder (``s3://...``) is
-    Composer's object store's to check. Composer's placeholders (``{run_name}``) are part of a folder that does not
-    exist yet, so only its existing parent is checked.
+    Composer's object store's to check. A folder still holding a placeholder (``{run_name}`` of a run whose name the
+    Trainer generates) does not exist yet, so only its existing parent is checked.
     """
     if folder is None or "://" in folder:
         return
@@ -84,6 +88,26 @@ def _check_save_folder(folder: str | None) -> None:
         raise RecipeError(f"recipe key 'save_folder' = {folder!r} is invalid; {where}: {str(existing)!r} cannot be "
                           f"written by this process ({err.strerror or err}); choose a folder it can write") from None
 
+
+
+def _check_run_settings(cfg: DictConfig) -> None:
+    """Refuse the run's names and checkpoint settings that Composer accepts but that fail or misbehave later: an
+    empty path or run name, and a count of checkpoints to keep that deletes each local checkpoint as it is saved."""
+    # "" is not null: Composer would save in, load from or write the working directory ("" + "/logs-rank0.txt" is a
+    # file at the root for a run named "").
+    for key in ("run_name", "save_folder", "load_path", "metrics_file"):
+        value = OmegaConf.select(cfg, key)
+        check(value is None or value.strip() != "", key, value, "it is empty; use null for none")
+    # Composer's CheckpointSaver: -1 keeps every checkpoint, N >= 0 the newest N local ones, so 0 deletes each local
+    # checkpoint right after it is written (meant for checkpoints uploaded to an object store) and the first save of
+    # a local save_folder fails; below -1 is not a setting Composer defines. Without a save_folder nothing is saved.
+    keep = cfg.save_num_checkpoints_to_keep
+    remote = cfg.save_folder is not None and "://" in cfg.save_folder
+    check(cfg.save_folder is None or keep == -1 or keep >= (0 if remote else 1), "save_num_checkpoints_to_keep", keep,
+          "it must be -1 (keep all) or >= 1 (keep the newest N)" + (", or 0 (keep no local copy of the uploads)"
+                                                                   if remote else "; 0, which deletes each local "
+                                                                   "checkpoint as soon as it is saved, only with a "
+                                                                   "remote save_folder (s3://...)"))
 
 
 def _check_shard_sample_length(cfg: DictConfig, max_seq_len: int) -> None:
@@ -201,10 +225,8 @@ def validate(cfg: DictConfig, world_size: int | None = None) -> ValidatedRecipe:
                "per node)")
     check(not cfg.autoresume or (cfg.save_folder is not None and cfg.run_name is not None), "autoresume",
            cfg.autoresume, "autoresume needs save_folder and run_name")
+    _check_run_settings(cfg)
 
-    for i, prefix in enumerate(cfg.allow_imports):
-        check(re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", prefix) is not None, f"allow_imports[{i}]", prefix,
-              "it must be a module or package name (my_package, my_package.callbacks)")
     components = {}
     for section in ("loggers", "callbacks"):
         enabled = {name: component_kwargs(section, name, value, cfg.allow_imports)

@@ -1,0 +1,142 @@
+"""A save folder belongs to one run, and a logger writes no file that the run did not create (issue 51): the first
+save records the run (run.json: run_name, run id, the files its loggers write); a new run refuses a folder that
+another run owns, or that holds checkpoints of an unrecorded one, naming both runs, unless it continues that run
+(autoresume under its name, load_path to one of its checkpoints) or takes the folder over (save_overwrite); a
+logger's existing file is written only where this run wrote it before. One process, in-process (``main``)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from composer_qsdp.recipes.metrics_file import MetricsFile
+from composer_qsdp.recipes.run_files import OWNER_FILE
+from composer_qsdp.recipes.train import RECIPE_ERROR_STATUS, main
+from test_train import BASELINE, corpus_shards, tiny_overrides  # noqa: F401 (fixture)
+
+COMMON = ["max_duration=2ba", "eval_interval=2ba", "save_interval=2ba"]
+
+
+def _run(shards: Path, run_dir: Path, *extra: str) -> int:
+    return main([str(BASELINE), *tiny_overrides(shards, run_dir, *COMMON, *extra)])
+
+
+@pytest.fixture(scope="module")
+def owned(corpus_shards, tmp_path_factory) -> Path:
+    """The save folder of a run named 'first' after its checkpoint at batch 2, with a FileLogger's log."""
+    run = tmp_path_factory.mktemp("owned")
+    assert _run(corpus_shards, run, f"save_folder={run / 'ckpt'}", "run_name=first",
+                f"loggers.file.filename={run}/log-{{run_name}}-rank{{rank}}.txt", "loggers.file.overwrite=true") == 0
+    return run
+
+
+def _copy(owned: Path, tmp_path: Path) -> Path:
+    shutil.copytree(owned, tmp_path / "owned", symlinks=True)
+    return tmp_path / "owned" / "ckpt"
+
+
+def _contents(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*")}
+
+
+def test_the_first_save_records_the_run_and_its_files(owned):
+    record = json.loads((owned / "ckpt" / OWNER_FILE).read_text())
+    assert record["run_name"] == "first" and re.fullmatch(r"[0-9a-f]{32}", record["run_id"])
+    # The FileLogger's file (formatted) and the metrics file.
+    assert record["files"] == [str(owned / "log-first-rank0.txt"), str(owned / "metrics.json")]
+
+
+@pytest.mark.parametrize("run, why", [
+    (["run_name=second"], "this run 'second' is a new run (not an autoresume)"),
+    (["run_name=second", "autoresume=true"], "this run 'second' resumes only the run it is named after"),
+    (["run_name=null"], "is a new run (not an autoresume)"),  # Composer's generated name
+    (["run_name=first"], "this run 'first' is a new run (not an autoresume)"),
+])
+def test_a_new_run_refuses_a_folder_that_another_run_owns(corpus_shards, owned, tmp_path, capsys, run, why):
+    folder = _copy(owned, tmp_path)
+    before = _contents(folder)
+    assert _run(corpus_shards, tmp_path, f"save_folder={folder}", *run) == RECIPE_ERROR_STATUS
+    error = capsys.readouterr().err
+    run_id = json.loads((folder / OWNER_FILE).read_text())["run_id"]
+    assert (f"recipe error: recipe key 'save_folder' = '{folder}': the folder belongs to run 'first' (run id "
+            f"{run_id}, recorded in {folder / OWNER_FILE}); ") in error, error
+    assert why in error and "set save_overwrite: true to take the folder over" in error, error
+    assert _contents(folder) == before  # nothing written, nothing set aside
+
+
+def test_a_placeholder_folder_is_claimed_where_composer_writes(corpus_shards, owned, tmp_path, capsys):
+    """save_folder: DIR/{run_name}: a run named 'owned' writes into DIR/owned, which 'first' owns."""
+    folder = _copy(owned, tmp_path)
+    shutil.move(folder, tmp_path / "owned-ckpt")
+    assert _run(corpus_shards, tmp_path, f"save_folder={tmp_path}/{{run_name}}-ckpt", "run_name=owned") == 2
+    assert f"'{tmp_path / 'owned-ckpt'}': the folder belongs to run 'first'" in capsys.readouterr().err
+
+
+def test_the_same_run_continues_and_save_overwrite_takes_the_folder_over(corpus_shards, owned, tmp_path):
+    folder = _copy(owned, tmp_path)
+    record = json.loads((folder / OWNER_FILE).read_text())
+    # Its autoresume: the log that it recorded may be truncated again (and the metrics file, one a metrics file
+    # wrote, replaced).
+    recorded_log = [f"loggers.file.filename={owned}/log-{{run_name}}-rank{{rank}}.txt", "loggers.file.overwrite=true"]
+    assert _run(corpus_shards, tmp_path, f"save_folder={folder}", "run_name=first", "autoresume=true",
+                "max_duration=4ba", "save_interval=4ba", *recorded_log) == 0
+    assert (folder / "ep0-ba4").is_dir()
+    # A run that loads one of its checkpoints continues it too, under any name.
+    assert _run(corpus_shards, tmp_path, f"save_folder={folder}", "run_name=other", f"load_path={folder / 'ep0-ba4'}",
+                "max_duration=6ba", "save_interval=6ba") == 0
+    assert json.loads((folder / OWNER_FILE).read_text())["run_id"] == record["run_id"]  # still that run's folder
+    assert _run(corpus_shards, tmp_path, f"save_folder={folder}", "run_name=second", "save_overwrite=true") == 0
+    taken = json.loads((folder / OWNER_FILE).read_text())
+    assert taken["run_name"] == "second" and taken["run_id"] != record["run_id"]
+
+
+def test_a_folder_with_checkpoints_of_an_unrecorded_run_takes_continuations_only(corpus_shards, owned, tmp_path,
+                                                                                   capsys):
+    folder = _copy(owned, tmp_path)
+    (folder / OWNER_FILE).unlink()  # a folder written before runs were recorded
+    assert _run(corpus_shards, tmp_path, f"save_folder={folder}", "run_name=second") == RECIPE_ERROR_STATUS
+    assert (f"recipe key 'save_folder' = '{folder}': the folder holds checkpoints (ep0-ba2) of a run that recorded "
+            f"no owner ({OWNER_FILE}); this run 'second' would write its own beside them") in capsys.readouterr().err
+    assert _run(corpus_shards, tmp_path, f"save_folder={folder}", "run_name=second", "autoresume=true",
+                "max_duration=4ba", "save_interval=4ba") == 0
+    assert json.loads((folder / OWNER_FILE).read_text())["run_name"] == "second"
+
+
+@pytest.mark.parametrize("logger", ["file", "metrics_file"])
+def test_a_logger_does_not_truncate_a_file_this_run_did_not_create(corpus_shards, tmp_path, capsys, logger):
+    victim = tmp_path / "notes.txt"
+    victim.write_text("precious")
+    if logger == "file":
+        extra = f"loggers.file={{filename: '{victim}', overwrite: true}}"
+        expected = (f"recipe key 'loggers.file.filename' = '{victim}': the file exists and this run did not create "
+                    "it (without a local save_folder no run records its files); the FileLogger would truncate it")
+    else:
+        extra = f"metrics_file={victim}"
+        expected = (f"recipe key 'metrics_file' = '{victim}': the file exists and is not a metrics file (a JSON "
+                    f"object with the keys {', '.join(MetricsFile.KEYS)}); the metrics file would replace it")
+    assert _run(corpus_shards, tmp_path, "save_folder=null", extra) == RECIPE_ERROR_STATUS
+    assert f"recipe error: {expected}: choose a path that does not exist, or remove the file" in \
+        capsys.readouterr().err
+    assert victim.read_text() == "precious"
+
+
+def test_the_machine_check_sees_the_formatted_save_folder(tmp_path, monkeypatch):
+    """Before any process group: a save_folder with {run_name} is checked as the folder the Trainer will use (here a
+    file, so no folder), not as the format string's nearest existing parent."""
+    from composer_qsdp.recipes.loader import check_machine
+    from composer_qsdp.recipes.train import RecipeError, load_recipe
+
+    (tmp_path / "named").write_text("a file where the folder would be")
+    recipe = load_recipe(BASELINE, [f"save_folder={tmp_path}/{{run_name}}", "run_name=named"])
+    with pytest.raises(RecipeError, match=re.escape(f"recipe key 'save_folder' = '{tmp_path / 'named'}' is invalid; "
+                                                    f"it: '{tmp_path / 'named'}' is a file, not a folder")):
+        check_machine(recipe)
+    monkeypatch.setenv("COMPOSER_RUN_NAME", "other")  # Composer's name for a run without run_name
+    check_machine(load_recipe(BASELINE, [f"save_folder={tmp_path}/{{run_name}}", "run_name=null"]))
+    monkeypatch.setenv("COMPOSER_RUN_NAME", "named")
+    with pytest.raises(RecipeError, match="is a file, not a folder"):
+        check_machine(load_recipe(BASELINE, [f"save_folder={tmp_path}/{{run_name}}", "run_name=null"]))
