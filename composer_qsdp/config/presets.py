@@ -4,6 +4,7 @@ imports nothing of the package.
 
 * ``w8g8``: QSDP's headline setting (8-bit weights and gradients, min-max, stochastic rounding, buckets of 1024).
   The default everywhere.
+
 * ``w8g4``: 8-bit weights, 4-bit stochastic gradients. Unbiased 4-bit gradient noise averages out over steps,
   while a directly quantized 4-bit weight is wrong in every forward (SDP4Bit §3.5, Table 3: +12% loss for direct
   INT4 weights at GPT-125M); this keeps the weights at 8 bits and halves the gradient traffic.
@@ -20,26 +21,18 @@ imports nothing of the package.
   Large-scale Model Training", 2024: each rank compensates its gradient with a moving average of its past
   compression errors; ``beta`` 0.5, where DeepSpeed's ``err_beta`` default is 0.8). The residual of each unit's
   unsharded gradient per rank is kept as 8-bit codes with one fp32 scale per gradient bucket (``residual_dtype``
-  ``int8``: 1.016 bytes per parameter, against 4 in fp32), as LoCo keeps its compensation error; with it
-  ``qwd-w4g3-loco`` ended GPT-125M within 0.1% of DDP AdamW (seed 17) and 0.7% below it with seed 18 (600 steps,
-  RESULTS.md). Error feedback corrects a biased compressor, so the gradients round to nearest (less error per call
-  than stochastic rounding).
-* ``qwd-w4g3-loco``: 3-bit gradients, otherwise as ``qwd-w4g2-loco``: 12x fewer bytes than plain FSDP2 at 2
-  micro-batches per step (8.8x at one) at its loss (GPT-125M and GPT-350M, 600 steps; the QSDP README's "Past 7.5x"
-  section).
+  ``int8``: ``1 + 4/256`` bytes per parameter, against 4 in fp32), as LoCo keeps its compensation error. Error
+  feedback corrects a biased compressor, so the gradients round to nearest (less error per call than stochastic
+  rounding).
+* ``qwd-w4g3-loco``: 3-bit gradients, otherwise as ``qwd-w4g2-loco``.
 * ``qwd-w3g3-loco``: 3-bit weight differences and 3-bit gradients, otherwise as ``qwd-w4g2-loco``.
-* ``qwd-w3g2-loco``: 3-bit weight differences and 2-bit gradients: the fewest bytes, but not lossless at GPT-350M
-  (+2.2% validation loss over plain FSDP2 of the same seed at 600 steps, RESULTS.md).
+* ``qwd-w3g2-loco``: 3-bit weight differences and 2-bit gradients: the fewest bytes.
 
   Bytes of the qWD presets, per parameter and optimizer step with ``k`` microbatches per rank: the weight
   differences once (``w + 32/2048`` bits), the gradients ``k`` times (``g + 64/256``; ``qwd-w4g4``: ``4 + 64/128``).
   The run's counters (``qsdp/compression_vs_unquantized``) compare them with the same collectives unquantized, one
   bf16 gather and ``k`` fp32 reduce-scatters (``16 + 32k`` bits); plain FSDP2 also gathers for every microbatch's
-  forward and backward (``64k`` bits), which the counters report as ``qsdp/compression_vs_plain_fsdp``. With
-  ``k`` = 2 (the GPT-125M recipe) the counters give ``qwd-w4g2-loco`` 9.4x, ``qwd-w4g3-loco`` 7.6x,
-  ``qwd-w3g3-loco`` 8.4x, ``qwd-w3g2-loco`` 10.6x (measured, GPT-125M on 2 ranks), and plain FSDP2 sends 15.0x,
-  12.2x, 13.5x, 17.0x their bytes; the QSDP README's "Past 7.5x" section tabulates ``k`` = 1, 2, 4 and what else
-  (first step, evaluation) moves a run's figure.
+  forward and backward (``64k`` bits), which the counters report as ``qsdp/compression_vs_plain_fsdp``.
 * ``zeropp``: ZeRO++'s qwZ + qgZ. Weights: symmetric INT8 blocks of 4096 elements, round to nearest (DeepSpeed's
   qwZ quantizer aims at groups of 4k-8k elements). Gradients: the two-level reduce-scatter with symmetric INT4 on
   both hops, blocks of 2048 (DeepSpeed's qgZ uses one group per row of each gradient matrix: the hidden size,
@@ -48,6 +41,9 @@ imports nothing of the package.
 * ``tlq-hs``: SDP4Bit's gradients (§3.2, TLq-HS): the two-level reduce-scatter with symmetric INT8 within the node
   and INT4 across nodes, groups of 128, and a Hadamard rotation of 32-element blocks kept through the local
   reduction. Weights as ``w8g8``; ``sdp4bit`` pairs these gradients with qWD weights.
+
+What each preset costs in validation loss, and which are proven lossless (none yet, by the seed protocol), is
+measured, not stated here: ``docs/presets.md`` labels each preset from ``benchmarks/RESULTS.md``.
 
 Flat options name one field of one side as ``weight_<field>`` / ``grad_<field>`` (the fields of
 :class:`~composer_qsdp.config.SideConfig`: ``weight_bits``, ``grad_codec``, ``weight_bucket_size``,
