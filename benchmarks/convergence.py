@@ -62,11 +62,12 @@ Every arm runs the recipe with the same shortened schedule: ``--steps`` batches 
 shuffled sample order, on the same number of processes), evaluation every ``--eval-interval`` steps on the same
 first ``--eval-batches`` batches of the held-out split.
 
-Corpus (built once if missing, on the machine that runs the arms): every ``*.py`` file of the installed Python
-packages and the standard library (``site.getsitepackages()`` and ``sysconfig``'s ``stdlib``, sorted paths, exact
-duplicates dropped), tokenized with GPT-2 BPE by
-``python -m composer_qsdp.recipes.data.build pysource``; a document goes to the validation split when the hash of its text
-falls in ``--val-fraction``. ``<corpus>/manifest.json`` records the exact command, the interpreter, every
+Corpus (built once if missing, on the machine that runs the arms; ``--corpus-kind``, one of :data:`CORPORA`):
+``pysource`` (default), every ``*.py`` file of the installed Python packages and the standard library
+(``site.getsitepackages()`` and ``sysconfig``'s ``stdlib``, sorted paths, exact duplicates dropped); ``csource``, their
+C, C++ and CUDA sources and headers; ``docstrings``, the docstrings of those ``*.py`` files (English prose about
+code). Each is tokenized with GPT-2 BPE by ``python -m composer_qsdp.recipes.data.build <kind>``; a document goes to
+the validation split when the hash of its text falls in ``--val-fraction``. ``<corpus>/manifest.json`` records the exact command, the interpreter, every
 installed distribution and a SHA-256 over the files' relative paths and contents, so the same corpus can be
 rebuilt and checked. The text belongs to those packages under their own licenses: it stays on the machine and is
 never committed. The driver refuses to run when the train split is smaller than ``steps x global batch`` samples.
@@ -353,16 +354,26 @@ def split_samples(corpus: Path, split: str) -> int:
     return sum(shard["samples"] for shard in index["shards"])
 
 
-def source_fingerprint(roots: list[str] | None) -> dict[str, Any]:
+#: ``--corpus-kind``: the offline corpora of the protocol, three kinds of text, with what each build reads.
+CORPORA: dict[str, str] = {
+    "pysource": "every *.py file of the installed Python packages and the standard library",
+    "csource": "every C, C++ and CUDA source and header file of the installed Python packages",
+    "docstrings": "the docstrings of every *.py file of the installed Python packages and the standard library "
+                  "(English prose about code)",
+}
+
+
+def source_fingerprint(kind: str, roots: list[str] | None) -> dict[str, Any]:
     """Files, bytes and a SHA-256 over (path relative to its root, SHA-256 of the content) of every file the
-    ``pysource`` build reads, in its order: equal fingerprints mean equal input text."""
-    from composer_qsdp.recipes.data import default_python_source_roots, python_source_files
+    ``kind`` build reads, in its order: equal fingerprints mean equal input text."""
+    from composer_qsdp.recipes.data import default_python_source_roots, source_files
+    from composer_qsdp.recipes.data.sources import C_SOURCE_PATTERNS
 
     if roots is None:
         roots = default_python_source_roots()
     dirs = sorted(Path(r).resolve() for r in roots)
     digest, total = hashlib.sha256(), 0
-    files = python_source_files(dirs)
+    files = source_files(C_SOURCE_PATTERNS if kind == "csource" else ("*.py",), dirs)
     for path in files:
         data = path.read_bytes()
         total += len(data)
@@ -372,25 +383,28 @@ def source_fingerprint(roots: list[str] | None) -> dict[str, Any]:
 
 
 def build_corpus(corpus: Path, seq_len: int, val_fraction: float, inputs: str | None,
-                 max_documents: int | None, max_train_tokens: int | None = None) -> dict[str, Any]:
-    """Build the ``pysource`` shards at ``corpus`` unless present; returns its manifest (written beside them).
+                 max_documents: int | None, max_train_tokens: int | None = None,
+                 kind: str = "pysource") -> dict[str, Any]:
+    """Build the ``kind`` shards (:data:`CORPORA`) at ``corpus`` unless present; returns its manifest (written
+    beside them).
 
     Raises:
-        SystemExit: the build failed (its log is named), an existing corpus was built with another
-            ``val_fraction``, or ``corpus`` exists without the manifest this function writes.
+        SystemExit: the build failed (its log is named), an existing corpus was built from another kind or with
+            another ``val_fraction``, or ``corpus`` exists without the manifest this function writes.
     """
     manifest_path = corpus / "manifest.json"
     if manifest_path.is_file():
         manifest = common.read_json(manifest_path)
-        if manifest["val_fraction"] != val_fraction or manifest["seq_len"] != seq_len:
-            raise SystemExit(f"corpus {corpus} was built with val_fraction={manifest['val_fraction']}, seq_len="
-                             f"{manifest['seq_len']}; pass those, or another --corpus")
+        built = manifest.get("kind", "pysource")
+        if manifest["val_fraction"] != val_fraction or manifest["seq_len"] != seq_len or built != kind:
+            raise SystemExit(f"corpus {corpus} was built from {built} with val_fraction={manifest['val_fraction']}, "
+                             f"seq_len={manifest['seq_len']}; pass those, or another --corpus")
         return manifest
     if corpus.exists():
         raise SystemExit(f"{corpus} exists but has no manifest.json (not built by this driver, or its build was "
                          "interrupted): remove it, or pass another --corpus")
-    command = [sys.executable, "-m", "composer_qsdp.recipes.data.build", "pysource", str(corpus), "--seq-len", str(seq_len),
-               "--val-fraction", str(val_fraction)]
+    command = [sys.executable, "-m", "composer_qsdp.recipes.data.build", kind, str(corpus), "--seq-len",
+               str(seq_len), "--val-fraction", str(val_fraction)]
     command += ["--input", inputs] if inputs else []
     command += ["--max-documents", str(max_documents)] if max_documents else []
     command += ["--max-train-tokens", str(max_train_tokens)] if max_train_tokens else []
@@ -400,15 +414,16 @@ def build_corpus(corpus: Path, seq_len: int, val_fraction: float, inputs: str | 
     if common.run(command, log, os.environ, common.Budget(None)) != 0:
         raise SystemExit(f"corpus build failed; see {log}:\n{common.log_tail(log, 2000)}")
     manifest = {
-        "source": "pysource: every *.py file of the installed Python packages and the standard library (sorted "
-                  "paths, exact duplicates dropped), GPT-2 BPE, documents split by text hash",
+        "kind": kind,
+        "source": f"{kind}: {CORPORA[kind]} (sorted paths, exact duplicates dropped), GPT-2 BPE, documents split by "
+                  "text hash",
         "command": " ".join(["python", *command[1:]]),
         "python": platform.python_version(),
         "seq_len": seq_len,
         "val_fraction": val_fraction,
         "max_documents": max_documents,
         "max_train_tokens": max_train_tokens,
-        "input": source_fingerprint(None if inputs is None else [inputs]),
+        "input": source_fingerprint(kind, None if inputs is None else [inputs]),
         "samples": {split: split_samples(corpus, split) for split in ("train", "val")},
         "build_seconds": round(time.monotonic() - t0, 1),
         "distributions": sorted({f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
@@ -506,7 +521,8 @@ def _plan(args: argparse.Namespace) -> Plan:
     recipe_dir = common.recipe_dir(args.model, args.recipe_dir)
     name = f"{recipe_dir.name}-t{args.seq_len}-b{args.global_batch}-s{args.steps}"
     out_dir = Path(args.out_dir or common.ROOT / "runs" / "convergence" / name).resolve()
-    corpus = Path(args.data or args.corpus or common.ROOT / "data" / f"pysource-gpt2-t{args.seq_len}").resolve()
+    corpus = Path(args.data or args.corpus or
+                  common.ROOT / "data" / f"{args.corpus_kind}-gpt2-t{args.seq_len}").resolve()
     nprocs = {arm: ARMS[arm].nproc or args.nproc for arm in args.arms}
     for arm, n in nprocs.items():
         if args.global_batch % n:
@@ -933,7 +949,7 @@ def markdown(plan: Plan, head: dict[str, str], manifest: dict[str, Any], arms: d
              + ("the whole held-out split" if a.eval_batches == -1 else
                 f"{a.eval_batches} batches x {a.eval_batch_size} samples per process of the held-out split"),
              f"- corpus: `{m['command']}`: {m['input']['files']} files, {m['input']['bytes'] / 1e6:.1f} MB of "
-             f"Python source -> {m['tokens']['train']:,} train / {m['tokens']['val']:,} val tokens; input sha256 "
+             f"{m.get('kind', 'pysource')} text -> {m['tokens']['train']:,} train / {m['tokens']['val']:,} val tokens; input sha256 "
              f"`{m['input']['sha256'][:16]}`",
              f"- status: {status}", "", *_table_head(["arm", "ranks", *_arm_columns()])]
     lines += [_arm_row(arm, r, str(r["nproc"])) for arm, r in arms.items()]
@@ -1345,7 +1361,11 @@ def _parser() -> argparse.ArgumentParser:
                              "60 s; the metrics files themselves are rewritten after every evaluation)")
     parser.add_argument("--num-workers", type=int, default=2,
                         help="data loader workers per process (default 2; the recipes' 8 are for big batches)")
-    parser.add_argument("--corpus", help="shard directory (default data/pysource-gpt2-t<seq-len>; built if missing)")
+    parser.add_argument("--corpus-kind", choices=list(CORPORA), default="pysource",
+                        help="the text the corpus is built from when missing: "
+                             + "; ".join(f"{k}: {v}" for k, v in CORPORA.items()) + " (default pysource)")
+    parser.add_argument("--corpus", help="shard directory (default data/<corpus-kind>-gpt2-t<seq-len>; built if "
+                                         "missing)")
     parser.add_argument("--data", help="shards built elsewhere by --build-only (with their manifest.json), e.g. "
                                        "carried to a GPU machine; never rebuilt")
     parser.add_argument("--max-train-tokens", type=int,
@@ -1421,7 +1441,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             manifest = (prebuilt_corpus(plan.corpus, args.seq_len) if args.data else
                         build_corpus(plan.corpus, args.seq_len, args.val_fraction, args.corpus_input,
-                                     args.max_documents, args.max_train_tokens))
+                                     args.max_documents, args.max_train_tokens, args.corpus_kind))
         except common.Interrupted as sig:
             print(f"stopped by {sig} while building the corpus; rerun to build it")
             return 3

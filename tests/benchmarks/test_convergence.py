@@ -300,8 +300,10 @@ def test_corpus_manifest_fingerprint_and_checks(tiny_recipes, tmp_path):
                                    for split in ("train", "val")}
     assert manifest["samples"]["val"] > 0 and manifest["input"]["files"] == 40
     assert convergence.build_corpus(tmp_path / "corpus", 16, 0.25, str(tree), None) == manifest  # no rebuild
-    with pytest.raises(SystemExit, match="was built with val_fraction=0.25"):
+    with pytest.raises(SystemExit, match="was built from pysource with val_fraction=0.25"):
         convergence.build_corpus(tmp_path / "corpus", 16, 0.1, str(tree), None)
+    with pytest.raises(SystemExit, match="was built from pysource"):  # another kind of text: not this corpus
+        convergence.build_corpus(tmp_path / "corpus", 16, 0.25, str(tree), None, kind="docstrings")
     (tmp_path / "other").mkdir()
     with pytest.raises(SystemExit, match="exists but has no manifest.json"):
         convergence.build_corpus(tmp_path / "other", 16, 0.25, str(tree), None)
@@ -309,9 +311,18 @@ def test_corpus_manifest_fingerprint_and_checks(tiny_recipes, tmp_path):
     # The fingerprint depends on relative paths and contents only.
     copy = tmp_path / "copy"
     subprocess.run(["cp", "-r", str(tree), str(copy)], check=True)
-    assert convergence.source_fingerprint([str(copy)])["sha256"] == manifest["input"]["sha256"]
+    assert convergence.source_fingerprint("pysource", [str(copy)])["sha256"] == manifest["input"]["sha256"]
     (copy / "pkg0" / "m0.py").write_text("changed = True\n")
-    assert convergence.source_fingerprint([str(copy)])["sha256"] != manifest["input"]["sha256"]
+    assert convergence.source_fingerprint("pysource", [str(copy)])["sha256"] != manifest["input"]["sha256"]
+
+    # The other kinds build from the same roots: docstrings from the *.py files, csource from C/C++/CUDA files.
+    for i in range(40):
+        (tree / f"h{i}.h").write_text(f"/* header {i} */\nint f{i}(int x);\n" * 20)
+        (tree / f"pkg{i % 3}" / f"m{i}.py").write_text(f'"""Module {i}. {"Words of prose here. " * 20}"""\n')
+    for kind, files in (("csource", 40), ("docstrings", 40)):
+        built = convergence.build_corpus(tmp_path / kind, 16, 0.25, str(tree), None, kind=kind)
+        assert built["kind"] == kind and built["input"]["files"] == files and built["samples"]["train"] > 0
+        assert built["command"].split()[3] == kind
 
     plan = plan_for(tiny_recipes, tmp_path, "--steps", "1000", "--seq-len", "16")  # the corpus above
     with pytest.raises(SystemExit, match="train samples but 1000 steps x 8 = 8000 are needed"):

@@ -10,6 +10,10 @@ Examples::
     # the *.py files of the installed Python packages and the standard library (offline; the text stays on this
     # machine, never commit it)
     python -m composer_qsdp.recipes.data.build pysource data/pysource-gpt2-t512 --seq-len 512 --val-fraction 0.02
+    # the C/C++/CUDA sources and headers of the installed packages, and the docstrings of their *.py files (English
+    # prose): two more offline corpora of other kinds, for the convergence protocol
+    python -m composer_qsdp.recipes.data.build csource data/csource-gpt2-t512 --seq-len 512 --val-fraction 0.02
+    python -m composer_qsdp.recipes.data.build docstrings data/docstrings-gpt2-t512 --seq-len 512 --val-fraction 0.02
     # C4 as in the paper (internet + the c4 extra); upload the result and point data.remote at it
     python -m composer_qsdp.recipes.data.build c4 data/c4-gpt2-t2048 --seq-len 2048 --max-documents 2000000
 """
@@ -23,12 +27,17 @@ from collections.abc import Iterator, Sequence
 from composer_qsdp.recipes.data.shards import shards_exist, write_token_shards
 from composer_qsdp.recipes.data.sources import (
     c4_documents,
+    c_source_documents,
+    python_docstring_documents,
     python_source_documents,
     text_directory_documents,
     wikipedia_sample_documents,
 )
 
-__all__ = ["main"]
+__all__ = ["SOURCES", "main"]
+
+#: The text sources, as the command line names them.
+SOURCES = ("wikipedia", "textdir", "pysource", "csource", "docstrings", "c4")
 
 
 def _documents(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
@@ -38,23 +47,25 @@ def _documents(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
         if args.input is None:
             raise ValueError("source 'textdir' needs --input DIR (a directory of *.txt files)")
         return text_directory_documents(args.input, args.val_fraction)
-    if args.source == "pysource":
-        return python_source_documents(args.val_fraction, None if args.input is None else [args.input])
+    code_sources = {"pysource": python_source_documents, "csource": c_source_documents,
+                    "docstrings": python_docstring_documents}
+    if args.source in code_sources:
+        return code_sources[args.source](args.val_fraction, None if args.input is None else [args.input])
     return c4_documents(args.c4_val_documents, name=args.c4_name)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m composer_qsdp.recipes.data.build", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("source", choices=("wikipedia", "textdir", "pysource", "c4"),
+    parser.add_argument("source", choices=SOURCES,
                         help="where the text comes from")
     parser.add_argument("out_dir", help="directory to create, holding train/ and val/ shards")
     parser.add_argument("--seq-len", type=int, required=True, help="tokens per sample (the model's max_seq_len)")
-    parser.add_argument("--input", help="textdir: directory searched recursively for *.txt files; pysource: "
-                                        "directory searched for *.py files (default: the installed packages and "
-                                        "the standard library)")
+    parser.add_argument("--input", help="textdir: directory searched recursively for *.txt files; pysource, "
+                                        "docstrings: for *.py files; csource: for C/C++/CUDA files (default: the "
+                                        "installed packages and the standard library)")
     parser.add_argument("--val-fraction", type=float, default=0.05,
-                        help="wikipedia/textdir/pysource: fraction of documents (by text hash) held out for val")
+                        help="every source but c4: fraction of documents (by text hash) held out for val")
     parser.add_argument("--c4-name", default="en", help="c4: dataset configuration (the paper used 'en')")
     parser.add_argument("--c4-val-documents", type=int, default=10_000,
                         help="c4: documents taken from C4's validation split")

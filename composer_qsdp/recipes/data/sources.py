@@ -9,6 +9,11 @@
   of the standard library: a large offline corpus on any machine (torch's files alone give about 19 M GPT-2
   tokens). The text belongs to those packages under their own licenses: build shards on the machine that
   has them, never commit or redistribute the text.
+* :func:`c_source_documents`: the C, C++ and CUDA sources and headers (``*.h``, ``*.cpp``, ``*.cuh``...) that the
+  installed packages ship (torch's, CUDA's and Triton's headers among them): code of another language, offline.
+* :func:`python_docstring_documents`: the docstrings of those ``*.py`` files, one document per file: English prose
+  about code (what functions do, their arguments, references), a natural-language corpus large enough to train
+  GPT-125M for thousands of steps without repeating a sample, on any machine. Same licenses and rules.
 
 Sources without their own validation split assign each document to ``"train"`` or ``"val"`` by a hash of its
 text (:func:`assign_split`), so a document never straddles the split and reruns give the same split.
@@ -16,6 +21,7 @@ text (:func:`assign_split`), so a document never straddles the split and reruns 
 
 from __future__ import annotations
 
+import ast
 import bz2
 import hashlib
 import importlib
@@ -25,17 +31,23 @@ import os
 import re
 import site
 import sysconfig
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 __all__ = [
+    "C_SOURCE_PATTERNS",
+    "MIN_DOCSTRING_CHARS",
     "TRAIN_SPLIT",
     "VAL_SPLIT",
     "assign_split",
     "c4_documents",
+    "c_source_documents",
     "default_python_source_roots",
+    "python_docstring_documents",
+    "python_docstrings",
     "python_source_documents",
     "python_source_files",
+    "source_files",
     "text_directory_documents",
     "wikipedia_sample_documents",
 ]
@@ -143,32 +155,43 @@ def default_python_source_roots() -> list[str]:
 
 
 def python_source_files(roots: Sequence[str | os.PathLike] | None = None) -> list[Path]:
-    """Every ``*.py`` file under ``roots``, in a deterministic order.
+    """Every ``*.py`` file under ``roots``, in a deterministic order (:func:`source_files`)."""
+    return source_files(("*.py",), roots)
+
+
+#: The file patterns of :func:`c_source_documents`: C, C++ and CUDA sources and headers.
+C_SOURCE_PATTERNS = ("*.c", "*.cc", "*.cpp", "*.cxx", "*.cu", "*.cuh", "*.h", "*.hh", "*.hpp", "*.hxx", "*.inl")
+
+
+def source_files(patterns: Sequence[str], roots: Sequence[str | os.PathLike] | None = None) -> list[Path]:
+    """Every file matching one of ``patterns`` (``Path.rglob`` patterns, e.g. ``"*.py"``) under ``roots``, in a
+    deterministic order.
 
     Args:
+        patterns: file name patterns, searched recursively.
         roots: directories to search recursively; None means :func:`default_python_source_roots`. Roots are
             taken in sorted order and the files of each in sorted path order; a file reached twice (overlapping
-            roots, symbolic links) is listed once, at its first position.
+            roots, symbolic links, two patterns) is listed once, at its first position.
 
     Raises:
-        ValueError: a given root is not a directory, or no ``*.py`` file is found.
+        ValueError: a given root is not a directory, or no matching file is found.
     """
     if roots is None:
         roots = default_python_source_roots()
     dirs = [Path(r) for r in roots]
     missing = [str(d) for d in dirs if not d.is_dir()]
     if missing:
-        raise ValueError(f"Python source root(s) {', '.join(map(repr, missing))} do not exist or are not directories")
+        raise ValueError(f"source root(s) {', '.join(map(repr, missing))} do not exist or are not directories")
     files: list[Path] = []
     seen: set[Path] = set()
     for root in sorted(dirs):
-        for path in sorted(root.rglob("*.py")):
+        for path in sorted({p for pattern in patterns for p in root.rglob(pattern)}):
             real = path.resolve()
             if real not in seen and real.is_file():
                 seen.add(real)
                 files.append(path)
     if not files:
-        raise ValueError(f"no *.py files under {', '.join(map(str, sorted(dirs)))}")
+        raise ValueError(f"no {' / '.join(patterns)} files under {', '.join(map(str, sorted(dirs)))}")
     return files
 
 
@@ -184,10 +207,67 @@ def python_source_documents(val_fraction: float,
         ValueError: ``val_fraction`` out of range, a root that is not a directory, or no ``*.py`` file.
     """
     _check_val_fraction(val_fraction)  # before the file walk
+    return _file_documents(python_source_files(roots), val_fraction, lambda text: text)
+
+
+def c_source_documents(val_fraction: float,
+                       roots: Sequence[str | os.PathLike] | None = None) -> Iterator[tuple[str, str]]:
+    """Each C, C++ or CUDA file (:data:`C_SOURCE_PATTERNS`) under ``roots`` (default: the installed packages) as
+    one document, skipped and deduplicated as :func:`python_source_documents` does.
+
+    Raises:
+        ValueError: ``val_fraction`` out of range, a root that is not a directory, or no such file.
+    """
+    _check_val_fraction(val_fraction)
+    return _file_documents(source_files(C_SOURCE_PATTERNS, roots), val_fraction, lambda text: text)
+
+
+#: A file's docstrings shorter than this (characters, together) are left out: a one-line summary is not prose.
+MIN_DOCSTRING_CHARS = 200
+
+
+def python_docstrings(source: str) -> str:
+    """The docstrings of a Python module's text (the module's, then every class's and function's, in source
+    order), cleaned of their indentation (``inspect.cleandoc``) and joined by blank lines; ``""`` where the text
+    does not parse or has none."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return ""
+    nodes = [tree, *(n for n in ast.walk(tree)
+                     if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)))]
+    nodes.sort(key=lambda n: getattr(n, "lineno", 0))
+    texts = (ast.get_docstring(n) for n in nodes)
+    return "\n\n".join(t for t in texts if t and t.strip())
+
+
+def python_docstring_documents(val_fraction: float,
+                               roots: Sequence[str | os.PathLike] | None = None) -> Iterator[tuple[str, str]]:
+    """The docstrings of each Python source file of :func:`python_source_files` (:func:`python_docstrings`) as
+    one document: natural-language text about code. Files whose docstrings hold fewer than
+    :data:`MIN_DOCSTRING_CHARS` characters are skipped; otherwise as :func:`python_source_documents`.
+
+    Raises:
+        ValueError: ``val_fraction`` out of range, a root that is not a directory, or no ``*.py`` file.
+    """
+    _check_val_fraction(val_fraction)
+
+    def prose(text: str) -> str:
+        doc = python_docstrings(text)
+        return doc if len(doc) >= MIN_DOCSTRING_CHARS else ""
+
+    return _file_documents(python_source_files(roots), val_fraction, prose)
+
+
+def _file_documents(files: list[Path], val_fraction: float,
+                    text_of: Callable[[str], str]) -> Iterator[tuple[str, str]]:
+    """``(split, text_of(file's text))`` for each readable UTF-8 file whose document is not empty and not a repeat
+    of an earlier one (packages vendor identical copies: a repeat would be seen twice, and could never straddle the
+    split anyway)."""
     seen: set[bytes] = set()
-    for path in python_source_files(roots):
+    for path in files:
         try:
-            text = path.read_text(encoding="utf-8")
+            text = text_of(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError):
             continue
         digest = hashlib.sha256(text.encode("utf-8")).digest()
