@@ -15,16 +15,22 @@ on real gloo groups: 4 ranks as 2 virtual nodes x 2, and the same ranks as one n
   nodes) or of another rotation block restarts the residual from zero with one ``LoCoResidualWarning`` naming why.
 * Misuse: bad options are ValueErrors naming the value and what is allowed; the collective refuses a residual on
   one node and a bad ``inter_beta``.
+* On an FSDP2 model with an uneven layer, 2 virtual nodes x 2, with gradient accumulation: every unit keeps a
+  residual of ``P / L`` elements (``P``: its padded gradient), ``memory_bytes`` adds them up, and a
+  ``torch.distributed.checkpoint`` resume continues exactly as the uninterrupted run.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import warnings
 
 import pytest
 import torch
 import torch.distributed as dist
 from dist_spawn import RankInfo, run_ranks
+from sharded_mlp import LR, Adapter, _train
 
 from composer_qsdp.comm import Topology, mix_seed, node_groups, two_level_reduce_scatter
 from composer_qsdp.comm.two_level import INTER_HOP
@@ -335,3 +341,57 @@ def test_registered_with_typed_options():
         from_preset("tlq-hs", grad_scheme="two_level_loco", grad_scheme_options={"beta": 1.5})
     with pytest.raises(ValueError, match=r"unknown option 'betta' of scheme 'two_level_loco'.*did you mean 'beta'"):
         from_preset("tlq-hs", grad_scheme="two_level_loco", grad_scheme_options={"betta": 0.5})
+
+
+# ------------------------------------------------------------------------------------- FSDP2, accumulation, resume
+def _fsdp2_resume(info: RankInfo, ckpt_dir: str) -> dict:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    adapter = Adapter("fsdp2")
+    config = from_preset("w8g8", bucket_size=64, seed=7, grad_bits=3, ranks_per_node=PER_NODE,
+                         grad_scheme="two_level_loco",
+                         grad_scheme_options={"intra_codec": {"name": "symmetric", "bits": 8, "bucket_size": 64},
+                                              "beta": 0.5, "residual_dtype": "int8"})
+
+    def fresh():
+        model = adapter.shard(info)
+        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+        return model, opt, adapter.apply(model, config, optimizers=opt)
+
+    model, opt, handle = fresh()
+    _train(info, model, 3, opt, microbatches=2, grads=False)
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd, "qsdp": handle.state_dict()}, checkpoint_id=ckpt_dir)
+    units = [u for u in handle.units if u.grads.residual is not None]
+    # P: the unit's gradient as FSDP2 reduce-scatters it, every parameter's dim 0 padded to a multiple of W
+    padded = [sum(-(-p.shape[0] // WORLD) * WORLD * math.prod(p.shape[1:]) for p in u.params) for u in units]
+    sizes = {"residual_numel": [_values(u.grads.residual).numel() for u in units], "padded": padded,
+             "rows": [u.grads.residual.rows for u in units], "memory": handle.memory_bytes(),
+             "residual_bytes": sum(u.grads.residual.nbytes for u in units)}
+    continued = _train(info, model, 3, opt, first_step=3, microbatches=2, grads=False)
+
+    model, opt, handle = fresh()  # a fresh scheme has no residual yet: its size comes with the first load
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd, "qsdp": handle.state_dict()}
+    dcp.load(state, checkpoint_id=ckpt_dir)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    handle.load_state_dict(state["qsdp"])  # the residuals' sizes: the handle's state now holds zero pieces of them
+    pieces = {"qsdp": handle.state_dict()}
+    dcp.load(pieces, checkpoint_id=ckpt_dir)  # each rank reads its own piece, in place
+    handle.load_state_dict(pieces["qsdp"])
+    resumed = _train(info, model, 3, opt, first_step=3, microbatches=2, grads=False)
+    return {**sizes, "continued": continued["losses"], "resumed": resumed["losses"], "params": continued["params"],
+            "params_resumed": resumed["params"]}
+
+
+def test_fsdp2_on_two_nodes_keeps_a_node_share_and_resumes_exactly(tmp_path):
+    outs = run_ranks(_fsdp2_resume, WORLD, os.fspath(tmp_path))
+    for out in outs:
+        assert len(out["residual_numel"]) >= 3  # every layer (the 67-row one included) feeds its errors back
+        assert out["residual_numel"] == [p // PER_NODE for p in out["padded"]]  # P / L
+        assert out["rows"] == [NODES] * len(out["padded"])
+        assert out["memory"] == out["residual_bytes"] > 0
+        assert out["resumed"] == out["continued"]
+        for name, p in out["params"].items():
+            assert torch.equal(p, out["params_resumed"][name]), name
