@@ -9,7 +9,9 @@ on real gloo groups: 4 ranks as 2 virtual nodes x 2, and the same ranks as one n
   of 8 bits, of the side's codec and unquantized, with and without a Hadamard rotation, SUM and AVG.
 * Size: the residual is ``W * n / L`` elements per rank (``M`` rows of ``n``), ``memory_bytes`` its storage; on one
   node there is none (0 bytes, and the output is ``two_level``'s bit for bit); with one rank per node the one hop is
-  the inter-node one and the scheme is ``loco`` bit for bit (its ``W * n`` residual included).
+  the inter-node one and the scheme is ``loco`` bit for bit (its ``W * n`` residual included). The sampled
+  quantization error is the reference's (over the chunks and the compensated partial sums a rank encoded) and
+  sampling it changes no output and no residual.
 * Its state survives a save -> load into a new scheme bit for bit (fp32 and int8), each rank's piece its own
   ``Shard(0)`` DTensor; a state of another world size, of another split into nodes (a real one: the same ranks as 4
   nodes) or of another rotation block restarts the residual from zero with one ``LoCoResidualWarning`` naming why.
@@ -71,10 +73,10 @@ def _intra_option(spec):
     return {"name": name, "bits": bits, "bucket_size": bucket}
 
 
-def _scheme(case: str, topology: Topology, **changes) -> TwoLevelLoCoReduceScatter:
+def _scheme(case: str, topology: Topology, error_sample_interval: int = 0, **changes) -> TwoLevelLoCoReduceScatter:
     side, intra, block, beta, dtype, _ = CASES[case]
     options = {"intra_codec": _intra_option(intra), "rotation_block": block, "beta": beta, "residual_dtype": dtype}
-    scheme = make_grad_scheme("two_level_loco", _codec(side), **{**options, **changes})
+    scheme = make_grad_scheme("two_level_loco", _codec(side), error_sample_interval, **{**options, **changes})
     scheme.setup(dist.group.WORLD, topology)
     return scheme
 
@@ -97,9 +99,12 @@ def _stored(residual: torch.Tensor, dtype: str, bucket: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- reference
-def _reference(case: str, nodes: int, per_node: int) -> tuple[list[list[torch.Tensor]], list[torch.Tensor]]:
+def _reference(case: str, nodes: int, per_node: int, errors: list[float] | None = None,
+               ) -> tuple[list[list[torch.Tensor]], list[torch.Tensor]]:
     """float64 simulation of every rank (group rank ``g = a * per_node + l`` at node ``a``, local ``l``): the
-    outputs of each call (``[call][g]``, ``N`` elements) and each rank's final residual (``[nodes, m]``)."""
+    outputs of each call (``[call][g]``, ``N`` elements) and each rank's final residual (``[nodes, m]``).
+    ``errors``, a list, receives each rank's relative error of the last call over what it encoded on both hops (its
+    chunks on the intra hop, its compensated partial sums on the inter hop)."""
     side_spec, intra_spec, block, beta, dtype, op = CASES[case]
     side = _codec(side_spec)
     intra = side if intra_spec == "same" else None if intra_spec is None else _codec(intra_spec)
@@ -112,19 +117,24 @@ def _reference(case: str, nodes: int, per_node: int) -> tuple[list[list[torch.Te
         rows = [_grad(g, call).view(WORLD, N) for g in range(WORLD)]
         if block is not None:
             rows = [hadamard_rows(r, block, m, torch.float32) for r in rows]
+        decoded = rows
         if two_hops and intra is not None:  # hop 1's decoded chunks; with one rank per node there is no hop 1
-            rows = [intra.decode_rows(intra.encode_rows(r, seed=mix_seed(seed, g)), m) for g, r in enumerate(rows)]
+            decoded = [intra.decode_rows(intra.encode_rows(r, seed=mix_seed(seed, g)), m) for g, r in enumerate(rows)]
         sent = []  # [g]: the decoded [nodes, m] that rank g sent on the inter-node hop
         for g in range(WORLD):
             a, l = divmod(g, per_node)
             # row b: node a's sum of chunk (b, l), the chunk this rank forwards to node b
-            partial = torch.stack([sum(rows[a * per_node + s][b * per_node + l].double() for s in range(per_node))
+            partial = torch.stack([sum(decoded[a * per_node + s][b * per_node + l].double() for s in range(per_node))
                                    for b in range(nodes)])  # fmt: skip
             c = partial + residuals[g]
             key = mix_seed(seed, g, INTER_HOP) if two_hops else mix_seed(seed, g)
             q = side.decode_rows(side.encode_rows(c.float(), seed=key), m).double()
             residuals[g] = _stored(beta * residuals[g] + (1 - beta) * (c - q), dtype, side.bucket_size)
             sent.append(q)
+            if errors is not None and call == CALLS - 1:
+                exact = torch.cat([rows[g].double().flatten(), c.flatten()])
+                got = torch.cat([decoded[g].double().flatten(), q.flatten()])
+                errors.append(float((got - exact).norm() / exact.norm()))
         call_out = []
         for g in range(WORLD):
             b, l = divmod(g, per_node)
@@ -157,6 +167,13 @@ def _rank_side(info: RankInfo) -> dict:
         out[case] = {"outputs": _calls(scheme, rank, CASES[case][5]), "residual": _values(scheme.residual),
                      "rows": getattr(scheme.residual, "rows", None), "memory": scheme.memory_bytes(),
                      "describe": scheme.describe()}
+
+    # sampling the quantization error (of the compensated partial sums on the inter hop) changes nothing
+    sampled = _scheme("tlq_like", two_level, error_sample_interval=1)
+    outputs = _calls(sampled, rank, "AVG")
+    out["sampled"] = {"equal": all(torch.equal(a, b) for a, b in zip(outputs, out["tlq_like"]["outputs"]))
+                      and torch.equal(_values(sampled.residual), out["tlq_like"]["residual"]),
+                      "error": sampled.take_error()}
 
     # one node: no inter-node hop, no residual, the two_level scheme's output bit for bit
     one_node = _scheme("tlq_like", Topology(WORLD))
@@ -266,6 +283,14 @@ def test_matches_a_float64_simulation_of_both_hops(results, case):
         torch.testing.assert_close(got["residual"].double(), residuals[rank].reshape(-1), rtol=tol, atol=tol)
         assert residuals[rank].abs().max() > 0  # there was an error to feed back
         assert "on the inter-node hop" in got["describe"] and f"beta {CASES[case][3]:g}" in got["describe"]
+
+
+def test_sampled_error_covers_the_compensated_inter_hop_and_changes_nothing(results):
+    expected: list[float] = []
+    _reference("tlq_like", NODES, PER_NODE, errors=expected)
+    for rank, out in enumerate(results):
+        assert out["sampled"]["equal"]
+        assert float(out["sampled"]["error"]) == pytest.approx(expected[rank], rel=1e-4)
 
 
 def test_residual_is_one_node_share_of_the_gradient(results):
