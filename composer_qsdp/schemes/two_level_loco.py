@@ -18,14 +18,14 @@ with ``inter_residual``). The intra-node hop keeps its own codec (8 bits in SDP4
 residual: its error is not fed back. With a Hadamard ``rotation_block`` the partial sums, and so the residual, are in
 the rotated domain (chunks padded to whole blocks).
 
-Memory per GPU, for a unit of ``P`` gradient elements (FSDP's padded ``W * n``) on ``W = M * L`` ranks: a residual of
-``P / L`` elements, i.e. ``4 P / L`` bytes in fp32, ``2 P / L`` in bf16, ``(1 + 4 / bucket_size) P / L`` as int8
-codes (against ``P`` elements for ``loco``); its storage, options, reset clock, checkpoint piece and resume rules are
-``loco``'s (:class:`~composer_qsdp.schemes.loco.LoCoFeedback`). A residual is saved with the number of ranks and of
-nodes, and restarts from zero with a :class:`~composer_qsdp.schemes.loco.LoCoResidualWarning` when either differs on
-a resume. On one node (``L = W``) there is no inter-node hop: no residual and no feedback, ``0`` bytes, exactly
-``two_level``. With one rank per node (``L = 1``) the one hop crosses nodes and this is ``loco`` (with the side's
-codec): a residual of ``P`` elements.
+Memory per GPU, for a unit of ``P`` gradient elements (FSDP's padded ``W * n``; with a rotation, ``n`` rounded up to
+whole blocks) on ``W = M * L`` ranks: a residual of ``P / L`` elements, i.e. ``4 P / L`` bytes in fp32, ``2 P / L``
+in bf16, ``(1 + 4 / bucket_size) P / L`` as int8 codes (against ``P`` elements for ``loco``); its storage, options,
+reset clock, checkpoint piece and resume rules are ``loco``'s (:class:`~composer_qsdp.schemes.loco.LoCoFeedback`). A
+residual is saved with the number of ranks and of nodes, and restarts from zero with a
+:class:`~composer_qsdp.schemes.loco.LoCoResidualWarning` when either differs on a resume. On one node (``L = W``)
+there is no inter-node hop: no residual and no feedback, ``0`` bytes, exactly ``two_level``. With one rank per node
+(``L = 1``) the one hop crosses nodes and this is ``loco`` (with the side's codec): a residual of ``P`` elements.
 
 Built and checked exact against a float64 reference on CPU; its convergence has not been measured.
 """
