@@ -9,8 +9,8 @@ The public face::
     handle = apply_qsdp(model, config, optimizers=opt)                # or on a model you sharded yourself
 
 ``SideConfig`` configures one side (weights or gradients); ``CodecOptions``, ``LearnedOptions``,
-``DirectOptions``, ``DifferenceOptions``, ``FlatOptions``, ``LoCoOptions`` and ``TwoLevelOptions`` are the typed options of the
-codecs and schemes. Names load on first access, so ``import composer_qsdp.quant`` never imports Composer.
+``DirectOptions``, ``DifferenceOptions``, ``FlatOptions``, ``LoCoOptions``, ``TwoLevelOptions`` and
+``TwoLevelLoCoOptions`` are the typed options of the codecs and schemes. Names load on first access, so ``import composer_qsdp.quant`` never imports Composer.
 """
 
 from __future__ import annotations
@@ -33,13 +33,14 @@ _LAZY = {
     "FlatOptions": "composer_qsdp.config",
     "LoCoOptions": "composer_qsdp.config",
     "TwoLevelOptions": "composer_qsdp.config",
+    "TwoLevelLoCoOptions": "composer_qsdp.config",
     "from_recipe": "composer_qsdp.config",  # deprecated: QSDPConfig.from_preset
 }
 
 __all__ = [
     "CodecOptions", "DifferenceOptions", "DirectOptions", "FlatOptions", "LearnedOptions", "LoCoOptions", "QSDP",
     "QSDPConfig",
-    "SideConfig", "TwoLevelOptions", "__version__", "apply_qsdp", "remove_qsdp",
+    "SideConfig", "TwoLevelLoCoOptions", "TwoLevelOptions", "__version__", "apply_qsdp", "remove_qsdp",
 ]
 
 

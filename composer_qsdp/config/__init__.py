@@ -5,7 +5,7 @@ Pure settings, validated at construction; nothing here installs anything or know
 """
 
 from composer_qsdp.config.options import (CodecOptions, DifferenceOptions, DirectOptions, FlatOptions,
-                                          LearnedOptions, LoCoOptions, TwoLevelOptions)
+                                          LearnedOptions, LoCoOptions, TwoLevelLoCoOptions, TwoLevelOptions)
 from composer_qsdp.config.presets import preset_names
 from composer_qsdp.config.settings import (LowBitGradientWarning, ModuleFilter, QSDPConfig, SideConfig, from_preset,
                                            from_recipe, option_names, recipe_names)
@@ -13,6 +13,6 @@ from composer_qsdp.config.settings import (LowBitGradientWarning, ModuleFilter, 
 __all__ = [
     "CodecOptions", "DifferenceOptions", "DirectOptions", "FlatOptions", "LearnedOptions", "LoCoOptions",
     "LowBitGradientWarning", "ModuleFilter",
-    "QSDPConfig", "SideConfig", "TwoLevelOptions", "from_preset", "from_recipe", "option_names", "preset_names",
+    "QSDPConfig", "SideConfig", "TwoLevelLoCoOptions", "TwoLevelOptions", "from_preset", "from_recipe", "option_names", "preset_names",
     "recipe_names",
 ]

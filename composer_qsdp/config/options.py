@@ -19,7 +19,7 @@ from composer_qsdp.validate import check_bool, check_int, is_fraction
 
 __all__ = [
     "CODEC_OPTIONS", "SCHEME_OPTIONS", "CodecOptions", "DifferenceOptions", "DirectOptions", "FlatOptions",
-    "LearnedOptions", "LoCoOptions", "TwoLevelOptions", "option_kwargs", "typed_options",
+    "LearnedOptions", "LoCoOptions", "TwoLevelLoCoOptions", "TwoLevelOptions", "option_kwargs", "typed_options",
 ]
 
 
@@ -110,7 +110,7 @@ class LoCoOptions:
 
     Attributes:
         beta: weight of the previous residual in its moving average, in [0, 1).
-        reset_every: zero the residual every this many reduce-scatters (0: never).
+        reset_every: zero the residual every this many optimizer steps (0: never).
         residual_dtype: the residual's storage, ``"float32"``, ``"bfloat16"`` or ``"int8"`` (bytes per gradient
             element: 4, 2, or ``1 + 4 / bucket_size``: 8-bit symmetric codes, one fp32 scale per gradient bucket).
     """
@@ -120,9 +120,14 @@ class LoCoOptions:
     residual_dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        if not is_fraction(self.beta):
-            raise ValueError(f"beta={self.beta!r} is invalid for the loco gradient scheme; allowed: a number in [0, 1)")
-        check_int("reset_every", self.reset_every)
+        _check_feedback("loco", self.beta, self.reset_every)
+
+
+def _check_feedback(scheme: str, beta: object, reset_every: object) -> None:
+    """Raise a ``ValueError`` naming the value unless ``beta`` is in [0, 1) and ``reset_every`` an integer >= 0."""
+    if not is_fraction(beta):
+        raise ValueError(f"beta={beta!r} is invalid for the {scheme} gradient scheme; allowed: a number in [0, 1)")
+    check_int("reset_every", reset_every)
 
 
 @dataclass(frozen=True)
@@ -147,6 +152,25 @@ class TwoLevelOptions:
             check_int("rotation_block", self.rotation_block, minimum=1)
 
 
+@dataclass(frozen=True)
+class TwoLevelLoCoOptions(TwoLevelOptions):
+    """Options of the ``two_level_loco`` gradient reduce-scatter: ``two_level``'s hops with LoCo's error feedback on
+    the inter-node one (a residual of ``1 / L`` of the gradient per rank, ``L`` ranks per node; none on one node).
+
+    Attributes:
+        intra_codec, rotation_block: as :class:`TwoLevelOptions`.
+        beta, reset_every, residual_dtype: as :class:`LoCoOptions`, for the inter-node hop's residual.
+    """
+
+    beta: float = 0.8
+    reset_every: int = 0
+    residual_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_feedback("two_level_loco", self.beta, self.reset_every)
+
+
 #: Codec name -> its option class.
 CODEC_OPTIONS: dict[str, type[CodecOptions]] = {
     "minmax": CodecOptions,
@@ -162,6 +186,7 @@ SCHEME_OPTIONS: dict[str, type] = {
     "flat": FlatOptions,
     "loco": LoCoOptions,
     "two_level": TwoLevelOptions,
+    "two_level_loco": TwoLevelLoCoOptions,
 }
 
 

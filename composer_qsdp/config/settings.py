@@ -56,7 +56,8 @@ class SideConfig:
             (``CodecOptions(hadamard=True)``, ``LearnedOptions(...)``) or a mapping of its fields
             (``{"hadamard": True}``), which becomes that object.
         scheme: how the traffic moves (:mod:`composer_qsdp.schemes`): weights ``"direct"`` (default) or
-            ``"difference"``, gradients ``"flat"`` (default), ``"loco"`` (flat with LoCo's error feedback) or ``"two_level"``;
+            ``"difference"``, gradients ``"flat"`` (default), ``"loco"`` (flat with LoCo's error feedback),
+            ``"two_level"`` or ``"two_level_loco"`` (two-level with LoCo's error feedback on the inter-node hop);
             ``None`` is the side's default.
         scheme_options: options of ``scheme``: its option object (``DifferenceOptions(keyframe_every=100)``,
             ``TwoLevelOptions(...)``) or a mapping of its fields. Units that ``scheme_overrides`` moves to another

@@ -3,7 +3,8 @@
 Weights: ``"direct"`` (:class:`DirectAllGather`, QSDP), ``"difference"`` (:class:`DifferenceAllGather`, SDP4Bit's
 qWD). Gradients: ``"flat"`` (:class:`FlatReduceScatter`, QSDP / one-hop qgZ), ``"two_level"``
 (:class:`TwoLevelReduceScatter`: ZeRO++ qgZ, SDP4Bit TLq-HS), ``"loco"`` (:class:`LoCoReduceScatter`: the flat one
-with LoCo's error feedback). All-reduce (full replicas, DDP): ``"onebit"``
+with LoCo's error feedback), ``"two_level_loco"`` (:class:`TwoLevelLoCoReduceScatter`: the two-level one with LoCo's
+error feedback on the inter-node hop). All-reduce (full replicas, DDP): ``"onebit"``
 (:class:`OneBitAllReduce`, 0/1 Adam). :func:`make_weight_scheme`, :func:`make_grad_scheme` and
 :func:`make_all_reduce_scheme` build one by name; adapters and the policy only ever talk to the base classes.
 """
@@ -17,6 +18,7 @@ from composer_qsdp.schemes.onebit import OneBitAllReduce
 from composer_qsdp.schemes.registry import (ALL_REDUCE_SCHEMES, GRAD_SCHEMES, WEIGHT_SCHEMES, make_all_reduce_scheme,
                                             make_grad_scheme, make_weight_scheme)
 from composer_qsdp.schemes.two_level import TwoLevelReduceScatter
+from composer_qsdp.schemes.two_level_loco import TwoLevelLoCoReduceScatter
 
 __all__ = [
     "ALL_REDUCE_SCHEMES",
@@ -31,6 +33,7 @@ __all__ = [
     "LoCoResidualWarning",
     "OneBitAllReduce",
     "Scheme",
+    "TwoLevelLoCoReduceScatter",
     "TwoLevelReduceScatter",
     "WEIGHT_SCHEMES",
     "WeightScheme",

@@ -44,20 +44,26 @@ load that piece in place and :meth:`load_state_dict` again). A resume on another
 without the piece (a full, non-sharded checkpoint), or across the int8 storage and a float one, starts the residuals
 from zero with a :class:`LoCoResidualWarning` naming why: a residual is the error of one rank's chunks of one
 partition and means nothing on another. fp32 and bf16 residuals load into each other.
+
+:class:`LoCoFeedback` holds all of this (options, storage, reset clock, checkpoint piece, resume rules) for any
+gradient scheme that keeps one such residual per rank; ``two_level_loco``
+(:class:`~composer_qsdp.schemes.two_level_loco.TwoLevelLoCoReduceScatter`) shares it for its inter-node hop.
 """
 
 from __future__ import annotations
 
 import warnings
+from abc import abstractmethod
 from typing import Any
 
 import torch
 
 from composer_qsdp.quant import Codec, CodedResidual, SymmetricCodec
-from composer_qsdp.validate import check_choice, check_int, is_fraction
+from composer_qsdp.schemes.base import GradScheme
 from composer_qsdp.schemes.flat import FlatReduceScatter
+from composer_qsdp.validate import check_choice, check_int, is_fraction
 
-__all__ = ["RESIDUAL_DTYPES", "LoCoReduceScatter", "LoCoResidualWarning"]
+__all__ = ["RESIDUAL_DTYPES", "LoCoFeedback", "LoCoReduceScatter", "LoCoResidualWarning"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}
 #: The residual storages: a float dtype, or int8 codes (:class:`~composer_qsdp.quant.CodedResidual`).
@@ -68,7 +74,196 @@ class LoCoResidualWarning(UserWarning):
     """LoCo's error-feedback residuals restart from zero on a resume (another number of ranks, or no saved piece)."""
 
 
-class LoCoReduceScatter(FlatReduceScatter):
+class LoCoFeedback(GradScheme):
+    """A gradient scheme with one LoCo error-feedback residual per rank (see the module docstring): its options,
+    storage, reset clock, checkpoint piece and resume rules.
+
+    A subclass calls :meth:`_init_feedback` in its constructor, hands :meth:`_residual_for` to its collective, and
+    says what the residual covers: :meth:`_residual_rows`, :meth:`_residual_numel` and, when the residual's meaning
+    depends on more than the group's size, :meth:`_partition`.
+
+    Attributes:
+        beta: the residual's moving-average coefficient, in ``[0, 1)``.
+        reset_every: optimizer steps between zeroings of the residual (0: never).
+        residual_dtype: the residual's storage (``torch.float32``, ``torch.bfloat16``, or ``torch.int8``: codes).
+        residual: this rank's residual (a float tensor, or a :class:`~composer_qsdp.quant.CodedResidual` of
+            :meth:`_residual_rows` rows), ``None`` before the first call that feeds one back.
+    """
+
+    def _init_feedback(self, beta: float, reset_every: int, residual_dtype: str) -> None:
+        """Check and keep the options (after :meth:`Scheme.__init__` set the codec).
+
+        Raises:
+            ValueError: no codec, or an option out of range, naming it and what is allowed.
+        """
+        if self.codec is None:
+            raise ValueError(f"the {self.name} gradient scheme feeds back quantization errors and needs a codec "
+                             "(grad bits)")
+        if not is_fraction(beta):
+            raise ValueError(f"beta={beta!r} is invalid for the {self.name} gradient scheme; allowed: a number in "
+                             "[0, 1)")
+        self.beta = float(beta)
+        self.reset_every = check_int("reset_every", reset_every)
+        self.residual_dtype = _DTYPES[check_choice("residual_dtype", residual_dtype, RESIDUAL_DTYPES)]
+        self.residual: torch.Tensor | CodedResidual | None = None
+        self._steps_since_reset = 0
+        self._restored: torch.Tensor | CodedResidual | None = None
+        self._pending = ""  # why a restored residual is still the zero template ("" once its piece is loaded)
+        self._meshes: dict[str, Any] = {}
+
+    @abstractmethod
+    def _residual_rows(self) -> int:
+        """Rows of the residual on this scheme's group (the rows its collective encodes with feedback)."""
+
+    @abstractmethod
+    def _residual_numel(self, input: torch.Tensor) -> int:
+        """Elements of the residual that a reduce-scatter of ``input`` (``W * n`` elements) feeds back."""
+
+    def _partition(self) -> dict[str, int]:
+        """What a residual's meaning depends on besides its size, saved with it and compared on a resume: the
+        group's size (a residual is the error of one rank's chunks of one partition)."""
+        assert self.group is not None
+        return {"residual_ranks": self.group.size()}
+
+    def _residual_for(self, input: torch.Tensor) -> torch.Tensor | CodedResidual:
+        """This rank's residual for a reduce-scatter of ``input``: the restored one, or zeros, the first time."""
+        numel = self._residual_numel(input)
+        if self._restored is not None:
+            restored, pending, self._restored, self._pending = self._restored, self._pending, None, ""
+            if _elements(restored) != numel:
+                warnings.warn(f"the {self.name} gradient scheme's error-feedback residual restarts from zero: the "
+                              f"state it resumed from holds {_elements(restored)} elements and this reduce-scatter "
+                              f"feeds back {numel} (another gradient layout)", LoCoResidualWarning, stacklevel=4)
+            else:
+                if pending:
+                    warnings.warn(pending, LoCoResidualWarning, stacklevel=4)
+                self.residual = restored.to(input.device)
+        if self.residual is None:
+            self.residual = self._zero_residual(numel, input.device)
+        elif _elements(self.residual) != numel:
+            raise ValueError(f"the {self.name} gradient scheme serves one gradient size per unit: its residual has "
+                             f"{_elements(self.residual)} elements, but this reduce-scatter input of {input.numel()} "
+                             f"elements feeds back {numel}")
+        return self.residual
+
+    def _zero_residual(self, numel: int, device: torch.device | str) -> torch.Tensor | CodedResidual:
+        """A zero residual of ``numel`` elements (:meth:`_residual_rows` rows) in this scheme's storage."""
+        if self.residual_dtype != torch.int8:
+            return torch.zeros(numel, dtype=self.residual_dtype, device=device)
+        assert self.codec is not None
+        rows = self._residual_rows()
+        # Buckets of the gradient codec's size: the fused feedback kernel quantizes each bucket it holds.
+        return CodedResidual(SymmetricCodec(8, self.codec.bucket_size), rows, numel // rows, device)
+
+    def on_optimizer_step(self) -> None:
+        self._steps_since_reset += 1
+        if self.reset_every and self._steps_since_reset >= self.reset_every:
+            self._steps_since_reset = 0
+            if self.residual is not None:
+                self.residual.zero_()
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Byte counters, the reset clock and this rank's residual, without communication.
+
+        ``residual_numel`` (0 before the first call) and the :meth:`_partition` keys (``residual_ranks``...) are the
+        same on every rank; ``residual`` (absent before the first call) is this rank's piece: a ``DTensor`` over a
+        1-D mesh of the scheme's group, ``Shard(0)``, local ``(1, residual_numel)`` viewing the residual itself, so
+        a checkpoint loader that fills it in place restores the residual.
+        """
+        if self.group is None:
+            raise RuntimeError(f"{type(self).__name__}.state_dict was called before setup(group, topology)")
+        state = super().state_dict()
+        state["steps_since_reset"] = self._steps_since_reset
+        local = self.residual if self.residual is not None else self._restored
+        state.update(self._partition())
+        state["residual_numel"] = 0 if local is None else _elements(local)
+        state["residual_dtype"] = self._dtype_name()
+        if local is not None:
+            state["residual"] = self._piece(_storage(local))
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (after :meth:`setup`).
+
+        A state of the same partition (:meth:`_partition`: the group's size...) with ``residual_numel`` elements
+        makes the residual a zero template of that size (what :meth:`state_dict` then offers a checkpoint loader);
+        its ``residual`` piece, when present, is copied in. A state of another partition starts from zero with a
+        :class:`LoCoResidualWarning`; a template whose piece never arrives, or that does not fit the first
+        reduce-scatter, warns the same way then.
+
+        Raises:
+            ValueError: a ``residual`` piece of another shape than ``(1, residual_numel)``.
+            RuntimeError: called before :meth:`setup`.
+        """
+        if self.group is None:
+            raise RuntimeError(f"{type(self).__name__}.load_state_dict was called before setup(group, topology)")
+        super().load_state_dict(state)
+        self._steps_since_reset = int(state.get("steps_since_reset", 0))
+        self.residual = self._restored = None
+        self._pending = ""
+        numel, now = int(state.get("residual_numel", 0)), self._partition()
+        if numel == 0:
+            return
+        saved = {key: state.get(key) for key in now}
+        if saved != now:
+            warnings.warn(f"the {self.name} gradient scheme's error-feedback residuals restart from zero: they were "
+                          f"saved by {_partition_text(saved)} and this run has {_partition_text(now)}; each is the "
+                          "error of one rank's chunks of that partition and means nothing on another",
+                          LoCoResidualWarning, stacklevel=2)
+            return
+        saved_dtype, dtype = state.get("residual_dtype", "float32"), self._dtype_name()
+        if (saved_dtype == "int8") != (dtype == "int8"):
+            warnings.warn(f"the {self.name} gradient scheme's error-feedback residuals restart from zero: they were "
+                          f"saved as {saved_dtype} and this run stores them as {dtype} (residual_dtype); int8 codes "
+                          "and floats do not load into each other", LoCoResidualWarning, stacklevel=2)
+            return
+        self._restored = self._zero_residual(numel, "cpu")
+        piece = state.get("residual")
+        if piece is None:
+            self._pending = (f"the {self.name} gradient scheme's error-feedback residual restarts from zero: the "
+                             f"state it resumed from names one of {numel} elements, but this rank's piece was never "
+                             "loaded (a full, non-sharded checkpoint holds none; under Composer they are read "
+                             "from a local sharded checkpoint folder)")
+            return
+        local = piece.to_local() if hasattr(piece, "to_local") else piece
+        storage = _storage(self._restored)
+        if tuple(local.shape) != (1, storage.numel()):
+            raise ValueError(f"the {self.name} gradient scheme's saved residual piece has shape {tuple(local.shape)}; "
+                             f"this state needs (1, {storage.numel()}) (this rank's residual of {numel} elements as "
+                             f"{self._dtype_name()})")
+        storage.copy_(local.view(storage.shape))
+
+    def _piece(self, local: torch.Tensor) -> Any:
+        # Imported here: torch.distributed.tensor costs seconds to import and only checkpoints need it.
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.tensor import DTensor, Shard
+
+        assert self.group is not None
+        kind = local.device.type
+        if kind not in self._meshes:
+            self._meshes[kind] = DeviceMesh.from_group(self.group, kind)
+        world, numel = self.group.size(), local.numel()
+        return DTensor.from_local(local.view(1, numel), self._meshes[kind], [Shard(0)], run_check=False,
+                                  shape=torch.Size([world, numel]), stride=(numel, 1))
+
+    def memory_bytes(self) -> int:
+        """Bytes of this rank's residual (its storage: floats, or int8 codes and their scales); 0 without one."""
+        if self.residual is None:
+            return 0
+        storage = _storage(self.residual)
+        return storage.numel() * storage.element_size()
+
+    def _dtype_name(self) -> str:
+        return str(self.residual_dtype).removeprefix("torch.")
+
+    def _feedback_text(self) -> str:
+        """The feedback's settings, for :meth:`describe`."""
+        reset = f", reset every {self.reset_every} steps" if self.reset_every else ""
+        return f"LoCo error feedback (beta {self.beta:g}, {self._dtype_name()} residual{reset})"
+
+
+class LoCoReduceScatter(LoCoFeedback, FlatReduceScatter):
     """Flat quantized reduce-scatter with a per-rank error-feedback residual (see the module docstring).
 
     Args:
@@ -93,146 +288,27 @@ class LoCoReduceScatter(FlatReduceScatter):
 
     def __init__(self, codec: Codec | None, error_sample_interval: int = 0, beta: float = 0.8,
                  reset_every: int = 0, residual_dtype: str = "float32") -> None:
-        if codec is None:
-            raise ValueError("the loco gradient scheme feeds back quantization errors and needs a codec (grad bits)")
-        if not is_fraction(beta):
-            raise ValueError(f"beta={beta!r} is invalid for the loco gradient scheme; allowed: a number in [0, 1)")
         super().__init__(codec, error_sample_interval)
-        self.beta = float(beta)
-        self.reset_every = check_int("reset_every", reset_every)
-        self.residual_dtype = _DTYPES[check_choice("residual_dtype", residual_dtype, RESIDUAL_DTYPES)]
-        self.residual: torch.Tensor | CodedResidual | None = None
-        self._steps_since_reset = 0
-        self._restored: torch.Tensor | CodedResidual | None = None
-        self._pending = ""  # why a restored residual is still the zero template ("" once its piece is loaded)
-        self._meshes: dict[str, Any] = {}
+        self._init_feedback(beta, reset_every, residual_dtype)
 
     def _feedback(self, input: torch.Tensor) -> dict[str, Any]:
         return {"residual": self._residual_for(input), "residual_beta": self.beta}
 
-    def _residual_for(self, input: torch.Tensor) -> torch.Tensor | CodedResidual:
-        if self._restored is not None:
-            if self._pending:
-                warnings.warn(self._pending, LoCoResidualWarning, stacklevel=4)
-                self._pending = ""
-            self.residual, self._restored = self._restored.to(input.device), None
-        if self.residual is None:
-            self.residual = self._zero_residual(input.numel(), input.device)
-        elif _elements(self.residual) != input.numel():
-            raise ValueError(f"the loco gradient scheme serves one gradient size per unit: its residual has "
-                             f"{_elements(self.residual)} elements, but this reduce-scatter input has {input.numel()}")
-        return self.residual
-
-    def _zero_residual(self, numel: int, device: torch.device | str) -> torch.Tensor | CodedResidual:
-        """A zero residual of ``numel`` elements (``W`` rows of the group's size) in this scheme's storage."""
-        if self.residual_dtype != torch.int8:
-            return torch.zeros(numel, dtype=self.residual_dtype, device=device)
-        assert self.group is not None and self.codec is not None
-        rows = self.group.size()
-        # Buckets of the gradient codec's size: the fused feedback kernel quantizes each bucket it holds.
-        return CodedResidual(SymmetricCodec(8, self.codec.bucket_size), rows, numel // rows, device)
-
-    def on_optimizer_step(self) -> None:
-        self._steps_since_reset += 1
-        if self.reset_every and self._steps_since_reset >= self.reset_every:
-            self._steps_since_reset = 0
-            if self.residual is not None:
-                self.residual.zero_()
-
-    # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict[str, Any]:
-        """Byte counters, the reset clock and this rank's residual, without communication.
-
-        ``residual_ranks`` and ``residual_numel`` (0 before the first call) are the same on every rank;
-        ``residual`` (absent before the first call) is this rank's piece: a ``DTensor`` over a 1-D mesh of the
-        scheme's group, ``Shard(0)``, local ``(1, residual_numel)`` viewing the residual itself, so a checkpoint
-        loader that fills it in place restores the residual.
-        """
-        if self.group is None:
-            raise RuntimeError("LoCoReduceScatter.state_dict was called before setup(group, topology)")
-        state = super().state_dict()
-        state["steps_since_reset"] = self._steps_since_reset
-        local = self.residual if self.residual is not None else self._restored
-        state["residual_ranks"] = self.group.size()
-        state["residual_numel"] = 0 if local is None else _elements(local)
-        state["residual_dtype"] = self._dtype_name()
-        if local is not None:
-            state["residual"] = self._piece(_storage(local))
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output (after :meth:`setup`).
-
-        A state of a group of this size with ``residual_numel`` elements makes the residual a zero template of that
-        size (what :meth:`state_dict` then offers a checkpoint loader); its ``residual`` piece, when present, is
-        copied in. A state of another group size starts from zero with a :class:`LoCoResidualWarning`; a template
-        whose piece never arrives warns the same way at the first reduce-scatter.
-
-        Raises:
-            ValueError: a ``residual`` piece of another shape than ``(1, residual_numel)``.
-            RuntimeError: called before :meth:`setup`.
-        """
-        if self.group is None:
-            raise RuntimeError("LoCoReduceScatter.load_state_dict was called before setup(group, topology)")
-        super().load_state_dict(state)
-        self._steps_since_reset = int(state.get("steps_since_reset", 0))
-        self.residual = self._restored = None
-        self._pending = ""
-        numel, ranks, world = int(state.get("residual_numel", 0)), state.get("residual_ranks"), self.group.size()
-        if numel == 0:
-            return
-        if ranks != world:
-            warnings.warn(f"the loco gradient scheme's error-feedback residuals restart from zero: they were saved by "
-                          f"{ranks} ranks and this run has {world}; each is the error of one rank's chunks of that "
-                          "partition and means nothing on another", LoCoResidualWarning, stacklevel=2)
-            return
-        saved, dtype = state.get("residual_dtype", "float32"), self._dtype_name()
-        if (saved == "int8") != (dtype == "int8"):
-            warnings.warn(f"the loco gradient scheme's error-feedback residuals restart from zero: they were saved as "
-                          f"{saved} and this run stores them as {dtype} (residual_dtype); int8 codes and floats do not "
-                          "load into each other", LoCoResidualWarning, stacklevel=2)
-            return
-        self._restored = self._zero_residual(numel, "cpu")
-        piece = state.get("residual")
-        if piece is None:
-            self._pending = (f"the loco gradient scheme's error-feedback residual restarts from zero: the state it "
-                             f"resumed from names one of {numel} elements, but this rank's piece was never loaded "
-                             "(a full, non-sharded checkpoint holds none; under Composer they are read "
-                             "from a local sharded checkpoint folder)")
-            return
-        local = piece.to_local() if hasattr(piece, "to_local") else piece
-        storage = _storage(self._restored)
-        if tuple(local.shape) != (1, storage.numel()):
-            raise ValueError(f"the loco gradient scheme's saved residual piece has shape {tuple(local.shape)}; this "
-                             f"state needs (1, {storage.numel()}) (this rank's residual of {numel} elements as "
-                             f"{self._dtype_name()})")
-        storage.copy_(local.view(storage.shape))
-
-    def _piece(self, local: torch.Tensor) -> Any:
-        # Imported here: torch.distributed.tensor costs seconds to import and only checkpoints need it.
-        from torch.distributed.device_mesh import DeviceMesh
-        from torch.distributed.tensor import DTensor, Shard
-
+    def _residual_rows(self) -> int:
         assert self.group is not None
-        kind = local.device.type
-        if kind not in self._meshes:
-            self._meshes[kind] = DeviceMesh.from_group(self.group, kind)
-        world, numel = self.group.size(), local.numel()
-        return DTensor.from_local(local.view(1, numel), self._meshes[kind], [Shard(0)], run_check=False,
-                                  shape=torch.Size([world, numel]), stride=(numel, 1))
+        return self.group.size()  # every destination chunk
 
-    def memory_bytes(self) -> int:
-        if self.residual is None:
-            return 0
-        storage = _storage(self.residual)
-        return storage.numel() * storage.element_size()
-
-    def _dtype_name(self) -> str:
-        return str(self.residual_dtype).removeprefix("torch.")
+    def _residual_numel(self, input: torch.Tensor) -> int:
+        return input.numel()
 
     def describe(self) -> str:
-        reset = f", reset every {self.reset_every} steps" if self.reset_every else ""
-        return f"{super().describe()} with LoCo error feedback (beta {self.beta:g}, {self._dtype_name()} residual{reset})"
+        return f"{super().describe()} with {self._feedback_text()}"
+
+
+def _partition_text(partition: dict[str, Any]) -> str:
+    """``{"residual_ranks": 4, "residual_nodes": 2}`` as ``"4 ranks on 2 nodes"`` (for the resume warning)."""
+    text = f"{partition.get('residual_ranks')} ranks"
+    return f"{text} on {partition['residual_nodes']} nodes" if "residual_nodes" in partition else text
 
 
 def _storage(residual: torch.Tensor | CodedResidual) -> torch.Tensor:
@@ -241,8 +317,7 @@ def _storage(residual: torch.Tensor | CodedResidual) -> torch.Tensor:
 
 
 def _elements(residual: torch.Tensor | CodedResidual) -> int:
-    """Elements of a residual (its ``W * n``, whatever its storage)."""
+    """Elements of a residual (its rows times their length, whatever its storage)."""
     if isinstance(residual, CodedResidual):
         return residual.rows * residual.numel
     return residual.numel()
-

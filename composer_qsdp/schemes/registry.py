@@ -23,6 +23,7 @@ GRAD_SCHEMES: Registry[type[GradScheme]] = Registry("grad scheme")
 GRAD_SCHEMES.register("flat", "composer_qsdp.schemes.flat:FlatReduceScatter")
 GRAD_SCHEMES.register("two_level", "composer_qsdp.schemes.two_level:TwoLevelReduceScatter")
 GRAD_SCHEMES.register("loco", "composer_qsdp.schemes.loco:LoCoReduceScatter")
+GRAD_SCHEMES.register("two_level_loco", "composer_qsdp.schemes.two_level_loco:TwoLevelLoCoReduceScatter")
 #: All-reduce schemes (full replicas: DDP) by name; the first is the default.
 ALL_REDUCE_SCHEMES: Registry[type[AllReduceScheme]] = Registry("all-reduce scheme")
 ALL_REDUCE_SCHEMES.register("onebit", "composer_qsdp.schemes.onebit:OneBitAllReduce")

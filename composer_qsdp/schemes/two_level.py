@@ -98,8 +98,13 @@ class TwoLevelReduceScatter(GradScheme):
         assert self.node_split is not None  # set with the group, which _check_group required
         return two_level_reduce_scatter(
             output, input, self.intra_codec, self.codec, group, self.node_split, op, seed,
-            rotation_block=self.rotation_block, measure_error=measure_error,
+            rotation_block=self.rotation_block, measure_error=measure_error, **self._feedback(input),
         )  # fmt: skip
+
+    def _feedback(self, input: torch.Tensor) -> dict[str, Any]:
+        """Error-feedback arguments of the collective for this call's ``input``: none here (``two_level_loco``
+        keeps a residual of the inter-node hop)."""
+        return {}
 
 
 def _intra_codec(spec: str | Mapping[str, Any] | None, side_codec: Codec | None) -> Codec | None:

@@ -13,7 +13,8 @@ from composer_qsdp.schemes import GRAD_SCHEMES, TwoLevelReduceScatter, make_grad
 
 
 def test_registered_with_its_codecs():
-    assert GRAD_SCHEMES.lookup("two_level") is TwoLevelReduceScatter and GRAD_SCHEMES.names() == ("flat", "two_level", "loco")
+    assert GRAD_SCHEMES.lookup("two_level") is TwoLevelReduceScatter
+    assert GRAD_SCHEMES.names() == ("flat", "two_level", "loco", "two_level_loco")
     side = make_codec("symmetric", bits=4, bucket_size=128)
     same = make_grad_scheme("two_level", side)
     assert same.intra_codec is side and same.codec is side and same.rotation_block is None  # qgZ: one codec
