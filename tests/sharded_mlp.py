@@ -211,3 +211,29 @@ class Adapter:
         else:
             from composer_qsdp.fsdp2 import remove_qsdp
         remove_qsdp(model)
+
+
+def save_sharded(model: nn.Module, opt: torch.optim.Optimizer, handle, ckpt_dir: str) -> None:
+    """The model, optimizer and QSDP handle state in one ``torch.distributed.checkpoint`` (each rank its pieces)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd, "qsdp": handle.state_dict()}, checkpoint_id=ckpt_dir)
+
+
+def load_sharded(model: nn.Module, opt: torch.optim.Optimizer, handle, ckpt_dir: str) -> None:
+    """Load :func:`save_sharded`'s checkpoint into a fresh model, optimizer and handle. Two passes: a fresh scheme
+    has no residual yet, so the first load's state gives the residuals' sizes (the handle's state then holds zero
+    pieces of them) and the second reads each rank's own piece in place."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd, "qsdp": handle.state_dict()}
+    dcp.load(state, checkpoint_id=ckpt_dir)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    handle.load_state_dict(state["qsdp"])
+    pieces = {"qsdp": handle.state_dict()}
+    dcp.load(pieces, checkpoint_id=ckpt_dir)
+    handle.load_state_dict(pieces["qsdp"])

@@ -28,7 +28,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_spawn import RankInfo, run_ranks
-from sharded_mlp import LR, Adapter, _train
+from sharded_mlp import LR, Adapter, _train, load_sharded, save_sharded
 
 from composer_qsdp.config import from_preset
 from composer_qsdp.comm import Topology, mix_seed, quantized_reduce_scatter
@@ -302,9 +302,6 @@ def test_collective_rejects_a_bad_residual():
 
 # ------------------------------------------------------------------------------------- FSDP2, accumulation, resume
 def _fsdp2_resume(info: RankInfo, ckpt_dir: str, residual_dtype: str) -> dict:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
     adapter = Adapter("fsdp2")
     config = from_preset("w8g8", bucket_size=64, seed=7, grad_bits=2, grad_scheme="loco",
                          grad_scheme_options={"beta": 0.5, "residual_dtype": residual_dtype})
@@ -316,20 +313,12 @@ def _fsdp2_resume(info: RankInfo, ckpt_dir: str, residual_dtype: str) -> dict:
 
     model, opt, handle = fresh()
     _train(info, model, 3, opt, microbatches=2, grads=False)
-    msd, osd = get_state_dict(model, opt)
-    dcp.save({"model": msd, "optim": osd, "qsdp": handle.state_dict()}, checkpoint_id=ckpt_dir)
+    save_sharded(model, opt, handle, ckpt_dir)
     residuals = [_values(u.grads.residual) for u in handle.units if u.grads.name == "loco"]
     continued = _train(info, model, 3, opt, first_step=3, microbatches=2, grads=False)
 
-    model, opt, handle = fresh()  # a fresh scheme has no residual yet: its size comes with the first load
-    msd, osd = get_state_dict(model, opt)
-    state = {"model": msd, "optim": osd, "qsdp": handle.state_dict()}
-    dcp.load(state, checkpoint_id=ckpt_dir)
-    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    handle.load_state_dict(state["qsdp"])  # the residuals' sizes: the handle's state now holds zero pieces of them
-    pieces = {"qsdp": handle.state_dict()}
-    dcp.load(pieces, checkpoint_id=ckpt_dir)  # each rank reads its own piece, in place
-    handle.load_state_dict(pieces["qsdp"])
+    model, opt, handle = fresh()
+    load_sharded(model, opt, handle, ckpt_dir)
     resumed = _train(info, model, 3, opt, first_step=3, microbatches=2, grads=False)
     return {"continued": continued["losses"], "resumed": resumed["losses"], "params": continued["params"],
             "params_resumed": resumed["params"], "residuals": len(residuals),

@@ -32,7 +32,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_spawn import RankInfo, run_ranks
-from sharded_mlp import LR, Adapter, _train
+from sharded_mlp import LR, Adapter, _train, load_sharded, save_sharded
 
 from composer_qsdp.comm import Topology, mix_seed, node_groups, two_level_reduce_scatter
 from composer_qsdp.comm.two_level import INTER_HOP
@@ -370,9 +370,6 @@ def test_registered_with_typed_options():
 
 # ------------------------------------------------------------------------------------- FSDP2, accumulation, resume
 def _fsdp2_resume(info: RankInfo, ckpt_dir: str) -> dict:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
     adapter = Adapter("fsdp2")
     config = from_preset("w8g8", bucket_size=64, seed=7, grad_bits=3, ranks_per_node=PER_NODE,
                          grad_scheme="two_level_loco",
@@ -386,8 +383,7 @@ def _fsdp2_resume(info: RankInfo, ckpt_dir: str) -> dict:
 
     model, opt, handle = fresh()
     _train(info, model, 3, opt, microbatches=2, grads=False)
-    msd, osd = get_state_dict(model, opt)
-    dcp.save({"model": msd, "optim": osd, "qsdp": handle.state_dict()}, checkpoint_id=ckpt_dir)
+    save_sharded(model, opt, handle, ckpt_dir)
     units = [u for u in handle.units if u.grads.residual is not None]
     # P: the unit's gradient as FSDP2 reduce-scatters it, every parameter's dim 0 padded to a multiple of W
     padded = [sum(-(-p.shape[0] // WORLD) * WORLD * math.prod(p.shape[1:]) for p in u.params) for u in units]
@@ -396,15 +392,8 @@ def _fsdp2_resume(info: RankInfo, ckpt_dir: str) -> dict:
              "residual_bytes": sum(u.grads.residual.nbytes for u in units)}
     continued = _train(info, model, 3, opt, first_step=3, microbatches=2, grads=False)
 
-    model, opt, handle = fresh()  # a fresh scheme has no residual yet: its size comes with the first load
-    msd, osd = get_state_dict(model, opt)
-    state = {"model": msd, "optim": osd, "qsdp": handle.state_dict()}
-    dcp.load(state, checkpoint_id=ckpt_dir)
-    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    handle.load_state_dict(state["qsdp"])  # the residuals' sizes: the handle's state now holds zero pieces of them
-    pieces = {"qsdp": handle.state_dict()}
-    dcp.load(pieces, checkpoint_id=ckpt_dir)  # each rank reads its own piece, in place
-    handle.load_state_dict(pieces["qsdp"])
+    model, opt, handle = fresh()
+    load_sharded(model, opt, handle, ckpt_dir)
     resumed = _train(info, model, 3, opt, first_step=3, microbatches=2, grads=False)
     return {**sizes, "continued": continued["losses"], "resumed": resumed["losses"], "params": continued["params"],
             "params_resumed": resumed["params"]}
