@@ -42,6 +42,7 @@ from composer_qsdp.engine import NonFiniteWeightError
 
 W8G8 = from_preset("w8g8", bucket_size=64, seed=7)
 WEIGHTS_ONLY = from_preset("w8g8", grad_bits=None, bucket_size=64, seed=7)
+GRADS_ONLY = from_preset("w8g8", weight_bits=None, bucket_size=64, seed=7)
 OFF = from_preset("w8g8", weight_bits=None, grad_bits=None)
 ACCUMULATION = 2  # microbatches per optimizer step in the accumulation scenario
 # SDP4Bit's weight differences (symmetric INT4, round to nearest; small groups for these small layers), 8-bit grads.
@@ -156,6 +157,11 @@ def _worker(info: RankInfo, ckpt_dir: str, adapter: Adapter) -> dict:
     model = adapter.shard(info)
     adapter.apply(model, WEIGHTS_ONLY)
     out["weights_only"] = _train(info, model, 1, capture=Capture(model))
+    model = adapter.shard(info)
+    adapter.apply(model, GRADS_ONLY)
+    out["grads_only"] = _train(info, model, 1, capture=Capture(model))
+    model = adapter.shard(info)
+    out["plain_captured"] = _train(info, model, 1, capture=Capture(model))
 
     model = adapter.shard(info, mixed_precision=True)
     handle = adapter.apply(model, W8G8)
@@ -308,6 +314,22 @@ def test_qsdp_off_and_removed_are_bit_identical_to_plain_fsdp(run):
                 assert torch.equal(results[rank][variant]["params"][name], value), (variant, name)
     off = results[0]["off"]["traffic"]
     assert off.total.sent == off.total.native > 0  # unquantized traffic is still counted
+
+
+def test_unquantized_weights_are_plain_fsdps_weights(run):
+    """With only the gradients quantized, the weight side is plain FSDP2's gather: the first step computes with the
+    very weights plain FSDP2 computes with, and its loss is plain FSDP2's to the bit (the gradients' quantization
+    acts only after it)."""
+    world, results, _ = run
+    _only_world_2(world)
+    for rank in range(world):
+        grads_only, plain = results[rank]["grads_only"], results[rank]["plain_captured"]
+        assert grads_only["losses"][0] == plain["losses"][0]
+        assert grads_only["forward"][0].keys() == plain["forward"][0].keys()
+        for name, weight in plain["forward"][0].items():
+            assert torch.equal(grads_only["forward"][0][name], weight), name
+        # ...and the step after it differs from plain FSDP2's: the quantized gradients were applied.
+        assert any(not torch.equal(grads_only["params"][n], plain["params"][n]) for n in plain["params"])
 
 
 def test_gradient_is_the_exact_gradient_at_the_quantized_weights(run):
