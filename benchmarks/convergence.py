@@ -860,12 +860,13 @@ def summarize(plan: Plan) -> dict[str, Any]:
 
 def seed_groups(arms: dict[str, Any], steps: int) -> dict[str, dict[str, Any]]:
     """``--seeds``: each arm's seeds against its baseline's seeds (:func:`seed_stats.compare`), by the arm's name
-    without its seed; {} for a run without seeds."""
+    without its seed; {} for a run without seeds. In a combined record an arm found in several runs (labelled
+    ``@run<i>``) takes part under no seed."""
     curves: dict[str, dict[int, dict[int, float]]] = {}
     baselines: dict[str, str] = {}
     for name, r in arms.items():
         seed = arm_seed(name)
-        if seed is None:
+        if seed is None or arm_seed(r.get("baseline") or "") is None:
             continue
         group = name[:name.rindex(SEED_MARK)]
         curves.setdefault(group, {})[seed] = dict(r["curve"])
@@ -1276,7 +1277,8 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     runs = [{**record["header"], "shared_gpu": record["settings"].get("shared_gpu")} for record in records]
     return {"header": {"git": " + ".join(dict.fromkeys(h["git"] for h in runs))}, "runs": runs,
             "settings": first["settings"], "corpus": first["corpus"],
-            "status": "complete" if all(r["status"] == "complete" for r in records) else "incomplete", "arms": arms}
+            "status": "complete" if all(r["status"] == "complete" for r in records) else "incomplete", "arms": arms,
+            "seed_groups": seed_groups(arms, first["settings"]["steps"])}
 
 
 def combined_markdown(record: dict[str, Any]) -> str:
@@ -1300,6 +1302,7 @@ def combined_markdown(record: dict[str, Any]) -> str:
         lines += ["", f"Baseline run-to-run spread: {100.0 * (max(finals) - min(finals)) / min(finals):.2f}% "
                       f"between the final losses of {', '.join(labels)}."]
     lines += _w8g8_target(record["arms"].get("w8g8", {}).get("gap_vs_baselines_pct", {}))
+    lines += _seed_lines(record.get("seed_groups", {}))
     return "\n".join(lines) + "\n"
 
 

@@ -481,6 +481,26 @@ def test_combine_compares_with_both_baseline_seeds_and_ignores_how_many_ran_at_o
     assert "git `b`, 2 CPU processes, ranks sharing GPUs over gloo:" in md
 
 
+def test_combine_sets_each_arms_seeds_against_its_baselines_seeds():
+    """Seeds of one arm finished in different runs (--seeds) are compared together with their baseline's seeds."""
+    base = {f"baseline-1r@s{s}": {10: 5.0, 20: loss} for s, loss in ((17, 4.00), (18, 4.02), (19, 3.98))}
+    first = fake_record("a", {**base, "w8g8-nearest@s17": {10: 5.0}})
+    second = fake_record("b", {f"w8g8-nearest@s{s}": {10: 5.0, 20: loss}
+                               for s, loss in ((17, 4.01), (18, 4.00), (19, 3.99))})
+    for record in (first, second):
+        for name, r in record["arms"].items():
+            r["baseline"] = "baseline" + name[name.index("@"):] if name.startswith("baseline") else \
+                "baseline-1r" + name[name.index("@"):]
+    record = convergence.combine_records([first, second])
+    group = record["seed_groups"]["w8g8-nearest"]
+    assert group["baseline"] == "baseline-1r" and group["seeds"] == [17, 18, 19]
+    comparison = group["comparison"]
+    assert comparison["step"] == 20 and comparison["verdict"] == "inside"  # run 2's finished seed 17 counts
+    assert comparison["gap_pct"] == pytest.approx(0.0)
+    md = convergence.combined_markdown(record)
+    assert _cells(md, "| w8g8-nearest |")[-1] == "inside"
+
+
 def test_combined_table_without_a_baseline_has_as_many_titles_as_cells():
     record = convergence.combine_records([fake_record("a", {"w8g8": {20: 4.0}}), fake_record("b", {"w8g8": {20: 4.1}})])
     table = [line for line in convergence.combined_markdown(record).splitlines() if line.startswith("|")]
