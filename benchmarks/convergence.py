@@ -20,6 +20,11 @@ Arms (``--arms``, the FSDP ones by default), each a recipe of the family (``--mo
 ``sdp4bit``         ``sdp4bit.yaml``: qWD INT4 weights, TLq-HS gradients (INT8 within a node, INT4 across)
 =================  ==============================================================================================
 
+More arms, named in ``--arms``: ``baseline-1r`` (plain FSDP2 on one rank, the same global batch by gradient
+accumulation), ``w8g8-nearest`` / ``w8g4-nearest`` (8-bit weights rounded to nearest in parameter-aligned buckets of
+256), the LoCo presets and their variants, and the ablations of :data:`_ABLATIONS` (one side of a preset alone, or
+one option changed), each described in its :class:`Arm`.
+
 Plain data parallelism (only when named in ``--arms``), each compared with ``ddp-baseline`` (``-4r``: 4 ranks,
 with ``ddp-baseline-4r``):
 
@@ -295,6 +300,55 @@ ARMS: dict[str, Arm] = {
                                "0/1 Adam that never freezes: an exact fp32 all-reduce and variance update every step "
                                "(AdamW with the step bound and the optimizer's clipping)", "ddp-baseline"),
 }
+
+Q = "algorithms.qsdp."
+#: Sides that ablate a preset one choice at a time (issues 46 and 50): each arm keeps one side of a preset and
+#: leaves the other unquantized, or changes one option of a LoCo preset, so a gap can be charged to a side and a
+#: choice. Each entry: recipe, overrides, what it isolates.
+_ABLATIONS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    # 8-bit weights alone: rounding, bucket, rotation, QSDP's random-shift quantizer (gradients unquantized)
+    "w8-only": ("qsdp-w8g8.yaml", (f"{Q}grad_bits=null",), "w8g8's weights alone (stochastic, buckets of 1024)"),
+    "w8-nearest-only": ("qsdp-w8g8.yaml", (*W8_NEAREST, f"{Q}grad_bits=null"),
+                        "w8g8-nearest's weights alone (nearest, aligned buckets of 256)"),
+    "w8-nearest-b1024-only": ("qsdp-w8g8.yaml", (f"{Q}weight_rounding=nearest", f"{Q}grad_bits=null"),
+                              "8-bit weights rounded to nearest in buckets of 1024: the rounding alone"),
+    "w8-b256-only": ("qsdp-w8g8.yaml", (f"{Q}weight_bucket_size=256", f"{Q}weight_scheme_options.align_buckets=true",
+                                        f"{Q}grad_bits=null"),
+                     "8-bit stochastic weights in aligned buckets of 256: the bucket alone"),
+    "w8-hadamard-only": ("qsdp-w8g8.yaml", (f"{Q}weight_codec_options.hadamard=true", f"{Q}grad_bits=null"),
+                         "8-bit stochastic weights rotated by a Hadamard transform per bucket"),
+    "w8-random-shift-only": ("qsdp-w8g8.yaml", (f"{Q}weight_codec=random_shift", f"{Q}grad_bits=null"),
+                             "8-bit weights by QSDP's random-shift lattice quantizer (its analysis)"),
+    # gradients alone (weights unquantized)
+    "g8-only": ("qsdp-w8g8.yaml", (f"{Q}weight_bits=null",), "w8g8's 8-bit stochastic gradients alone"),
+    "g4-only": ("qsdp-w8g4.yaml", (f"{Q}weight_bits=null",), "w8g4's 4-bit stochastic gradients alone"),
+    # the LoCo presets' sides: qWD weights with unquantized gradients, LoCo gradients with unquantized weights
+    "qwd3-only": ("qwd-w3g3-loco.yaml", (f"{Q}grad_bits=null", f"{Q}grad_scheme=flat", f"{Q}grad_scheme_options={{}}"),
+                  "qwd-w3g3-loco's 3-bit weight differences alone"),
+    "qwd4-only": ("qwd-w4g3-loco.yaml", (f"{Q}grad_bits=null", f"{Q}grad_scheme=flat", f"{Q}grad_scheme_options={{}}"),
+                  "qwd-w4g3-loco's 4-bit weight differences alone"),
+    **{f"g{bits}loco-only": ("qwd-w4g3-loco.yaml", (f"{Q}weight_bits=null", f"{Q}weight_scheme=direct",
+                                                    f"{Q}grad_bits={bits}"),
+                             f"{bits}-bit LoCo gradients (as the presets') alone")
+       for bits in (2, 3, 4)},
+    # one option of qwd-w3g3-loco at a time
+    "qwd-w3g3-loco-fp32": ("qwd-w3g3-loco.yaml", (f"{Q}grad_scheme_options.residual_dtype=float32",),
+                           "qwd-w3g3-loco with an fp32 residual"),
+    "qwd-w3g3-loco-bf16": ("qwd-w3g3-loco.yaml", (f"{Q}grad_scheme_options.residual_dtype=bfloat16",),
+                           "qwd-w3g3-loco with a bf16 residual"),
+    "qwd-w3g3-loco-beta0": ("qwd-w3g3-loco.yaml", (f"{Q}grad_scheme_options.beta=0.0",),
+                            "qwd-w3g3-loco with classic error feedback (beta 0)"),
+    "qwd-w3g3-loco-beta0.8": ("qwd-w3g3-loco.yaml", (f"{Q}grad_scheme_options.beta=0.8",),
+                              "qwd-w3g3-loco with DeepSpeed's err_beta 0.8"),
+    "qwd-w3g3-loco-stochastic": ("qwd-w3g3-loco.yaml", (f"{Q}grad_rounding=stochastic",),
+                                 "qwd-w3g3-loco with stochastic gradient rounding"),
+    "qwd-w3g3-loco-g128": ("qwd-w3g3-loco.yaml", (f"{Q}grad_bucket_size=128",),
+                           "qwd-w3g3-loco with gradient groups of 128"),
+    "qwd-w3g3-loco-nohadamard": ("qwd-w3g3-loco.yaml", (f"{Q}grad_codec_options.hadamard=false",),
+                                 "qwd-w3g3-loco without the gradients' Hadamard rotation"),
+}
+ARMS.update({name: Arm(recipe, overrides, description) for name, (recipe, overrides, description) in _ABLATIONS.items()})
+
 #: The plain FSDP2 runs (two seeds): a combined record gives every arm's gap to each of them.
 FSDP_BASELINES = ("baseline", "baseline-seed2")
 #: The arms run when ``--arms`` is not given: the FSDP ones.
