@@ -44,9 +44,9 @@ from composer_qsdp.recipes.startup import StartupClock
 if TYPE_CHECKING:
     from composer_qsdp.recipes.run_files import RunPaths
 
-__all__ = ["ALGORITHMS", "RECIPE_ERROR_STATUS", "CollectiveTimeoutError", "PeerExitedError", "RecipeError",
-           "TrainRecipe", "ValidatedRecipe", "console_output", "load_recipe", "main", "set_aside_incomplete_checkpoints",
-           "train"]
+__all__ = ["ALGORITHMS", "RECIPE_ERROR_STATUS", "CollectiveTimeoutError", "PeerExitedError", "Preempted",
+           "RecipeError", "TrainRecipe", "ValidatedRecipe", "console_output", "load_recipe", "main",
+           "set_aside_incomplete_checkpoints", "train"]
 
 
 def _dataloader(recipe: ValidatedRecipe, split: str, batch_size: int, training: bool) -> Any:
@@ -108,6 +108,16 @@ class CollectiveTimeoutError(RuntimeError):
 class PeerExitedError(RuntimeError):
     """Another process of the job ended while this one waited for it in a collective; that process's own error (in
     its output, which the launcher prints) is the cause."""
+
+
+class Preempted(Exception):
+    """The run stopped on a signal after the batch its processes agreed on; the message names the signal, the batch
+    and the checkpoint saved there (or that none was: no ``save_folder``)."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        #: The exit status a process stopped by ``signum`` reports: 128 + the signal's number, the shell's convention.
+        self.status = 128 + signum
 
 
 #: What gloo reports when the other end of a collective's connection is gone (its process ended).
@@ -284,6 +294,7 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
         The finished (closed) Composer ``Trainer``.
 
     Raises:
+        Preempted: the run received SIGTERM (``save_on_sigterm``) and stopped after saving the batch it was in.
         RecipeError: the machine cannot run the recipe (:func:`~composer_qsdp.recipes.loader.check_machine`), the shards
             named in ``data`` are missing or do not fit the model, an algorithm cannot run
             on the installed torch, or the checkpoint to resume from is truncated or corrupt (naming the file:
@@ -293,11 +304,13 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
     """
     from composer import Evaluator, Trainer
     from composer.algorithms import GradientClipping
+    from composer.callbacks import CheckpointSaver
     from composer.utils import FSDP2Config, dist, reproducibility
     from omegaconf import OmegaConf
 
     from composer_qsdp.recipes.checksums import CheckpointChecksums, CorruptCheckpointError, verify_checkpoint
     from composer_qsdp.recipes.metrics_file import MetricsFile
+    from composer_qsdp.recipes.preemption import SigtermCheckpoint
     from composer_qsdp.recipes.run_files import OwnerRecord, check_logger_files, claim_save_folder, run_name, run_paths
 
     clock = StartupClock() if clock is None else clock
@@ -352,8 +365,9 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
         parallelism = {"fsdp": FSDP2Config(**OmegaConf.to_container(cfg.fsdp))}
     loggers = build_components(recipe, "loggers")
     callbacks = build_components(recipe, "callbacks")
-    if cfg.metrics_file is not None:
-        loggers.append(MetricsFile(cfg.metrics_file))
+    metrics = MetricsFile(cfg.metrics_file) if cfg.metrics_file is not None else None
+    if metrics is not None:
+        loggers.append(metrics)
     # Before the Trainer, whose FileLogger opens (truncates) its file at once; keys in the order built above.
     logger_keys = [f"loggers.{name}" for name in recipe.logger_kwargs] + ["metrics_file"]
     logger_files = check_logger_files(dict(zip(logger_keys, loggers)), paths, owner)
@@ -390,12 +404,15 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
             callbacks=callbacks,
         )
     if paths.local_save_folder is not None:
-        from composer.callbacks import CheckpointSaver
-
         # After the saver in the callback order: each checkpoint's manifest is written at the event that saved it.
         saver = next(cb for cb in trainer.state.callbacks if isinstance(cb, CheckpointSaver))
         trainer.state.callbacks.append(CheckpointChecksums(saver))
         trainer.state.callbacks.append(OwnerRecord(saver, paths.local_save_folder, owner, logger_files))
+    # Last: it stops the run after the saver and the callbacks above have acted on the batch's checkpoint.
+    preemption = SigtermCheckpoint(next((cb for cb in trainer.state.callbacks if isinstance(cb, CheckpointSaver)),
+                                        None)) if cfg.save_on_sigterm else None
+    if preemption is not None:
+        trainer.state.callbacks.append(preemption)
     if placement is not None:
         trainer.logger.log_hyperparameters(placement.hyperparameters())
     clock.lap("trainer")
@@ -403,7 +420,13 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
     if dist.get_global_rank() == 0:
         print(clock.describe(), flush=True)
     try:
-        trainer.fit()
+        with preemption.handling() if preemption is not None else contextlib.nullcontext():
+            trainer.fit()
+    except Preempted:
+        if metrics is not None:  # written at fit end, which a stopped run never reaches: the batches it trained
+            metrics.write(trainer.state)
+        trainer.close()  # every process stops at the same batch: the closing barrier is met
+        raise
     except Exception as err:
         # No trainer.close() on any failure: its closing barrier would hold this process, and with it the job, for
         # dist_timeout while the other processes wait in a collective that this one never joins. Closing the engine
@@ -469,6 +492,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(err, RecipeError):
             print(f"recipe error: {err}", file=sys.stderr)
             status = RECIPE_ERROR_STATUS
+        elif isinstance(err, Preempted):
+            print(err, file=sys.stderr)
+            status = err.status
         elif isinstance(err, PeerExitedError):
             print(f"{type(err).__name__}: {err}", file=sys.stderr)
             status = 1
