@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from composer_qsdp.recipes.run_files import RunPaths
 
 __all__ = ["ALGORITHMS", "RECIPE_ERROR_STATUS", "CollectiveTimeoutError", "PeerExitedError", "Preempted",
-           "RecipeError", "TrainRecipe", "ValidatedRecipe", "console_output", "load_recipe", "main",
-           "set_aside_incomplete_checkpoints", "train"]
+           "RecipeError", "TrainRecipe", "ValidatedRecipe", "console_output", "link_latest_checkpoint", "load_recipe",
+           "main", "set_aside_incomplete_checkpoints", "train"]
 
 
 def _dataloader(recipe: ValidatedRecipe, split: str, batch_size: int, training: bool) -> Any:
@@ -220,6 +220,51 @@ def set_aside_incomplete_checkpoints(save_folder: str | os.PathLike) -> list[Pat
     return moved
 
 
+def link_latest_checkpoint(save_folder: str | os.PathLike) -> Path | None:
+    """Where ``save_folder`` holds checkpoints but no ``latest-rank0.pt`` link, link it to the newest checkpoint
+    whose checksum manifest verifies it, and return that checkpoint; None where the link exists or there are no
+    checkpoints. Collective (every process calls it).
+
+    Composer's autoresume starts from batch 0 when the link is missing (deleted, or a copy that dropped symlinks),
+    and the later set-aside would move every checkpoint away: the run would silently repeat all its work. Only a
+    manifest proves that a checkpoint was complete (it is written after the save), so one without is not picked.
+
+    Raises:
+        RecipeError: no checkpoint of the folder has a manifest that verifies it; naming the folder and its
+            checkpoints.
+    """
+    from composer.utils import dist
+
+    from composer_qsdp.recipes.checksums import CorruptCheckpointError, checkpoint_batch, verify_checkpoint
+
+    folder = Path(save_folder)
+    latest = folder / "latest-rank0.pt"
+    found: list[Any] = [[]]  # process 0's view of the folder: every process then verifies the same checkpoints
+    if dist.get_global_rank() == 0 and folder.is_dir() and not latest.is_symlink():
+        batches = {p.name: checkpoint_batch(p.name) for p in folder.iterdir()}
+        found[0] = sorted((name for name, batch in batches.items() if batch is not None), key=batches.get,
+                          reverse=True)
+    dist.broadcast_object_list(found, src=0)
+    names: list[str] = found[0]
+    if not names:
+        return None
+    for checkpoint in (folder / name for name in names):
+        try:
+            if verify_checkpoint(checkpoint):  # same answer on every process: the manifest is broadcast
+                break
+        except CorruptCheckpointError:
+            continue
+    else:
+        raise RecipeError(
+            f"recipe key 'autoresume': save_folder {folder} holds checkpoint(s) {', '.join(names)} "
+            f"but no {latest.name} link naming the last complete one, and none has a checksum manifest that verifies "
+            "it; autoresume would start again from batch 0. Resume from one of them with load_path=PATH (autoresume "
+            f"false), or link {latest} to it, or move them out of the folder to start again")
+    if dist.get_global_rank() == 0:
+        os.symlink(checkpoint.name, latest)
+    return checkpoint
+
+
 def _resume_checkpoint(autoresume: bool, paths: RunPaths) -> Path | None:
     """The local checkpoint the Trainer will load, as Composer picks it from the formatted ``paths``: with
     ``autoresume``, the one that ``save_folder/latest-rank0.pt`` names, if any; else ``load_path``. None when it
@@ -329,6 +374,11 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
     # Before anything in the folder is touched (the set-aside below renames files).
     owner = claim_save_folder(paths, autoresume=cfg.autoresume, overwrite=cfg.save_overwrite)
     if cfg.autoresume and paths.local_save_folder is not None:
+        linked = link_latest_checkpoint(paths.local_save_folder)
+        if linked is not None and dist.get_global_rank() == 0:
+            warnings.warn(f"autoresume: {paths.local_save_folder} had no latest-rank0.pt link; linked it to "
+                          f"{linked.name}, the newest checkpoint that its checksum manifest verifies", stacklevel=2)
+        dist.barrier()
         if dist.get_global_rank() == 0:
             moved = set_aside_incomplete_checkpoints(paths.local_save_folder)
             if moved:

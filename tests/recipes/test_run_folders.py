@@ -16,7 +16,7 @@ import pytest
 from composer_qsdp.recipes.metrics_file import MetricsFile
 from composer_qsdp.recipes.run_files import OWNER_FILE
 from composer_qsdp.recipes.train import RECIPE_ERROR_STATUS, main
-from test_train import BASELINE, corpus_shards, tiny_overrides  # noqa: F401 (fixture)
+from test_train import BASELINE, corpus_shards, tiny_overrides, train_losses  # noqa: F401 (fixture)
 
 COMMON = ["max_duration=2ba", "eval_interval=2ba", "save_interval=2ba"]
 
@@ -140,3 +140,33 @@ def test_the_machine_check_sees_the_formatted_save_folder(tmp_path, monkeypatch)
     monkeypatch.setenv("COMPOSER_RUN_NAME", "named")
     with pytest.raises(RecipeError, match="is a file, not a folder"):
         check_machine(load_recipe(BASELINE, [f"save_folder={tmp_path}/{{run_name}}", "run_name=null"]))
+
+
+def test_autoresume_without_latest_link_resumes_from_the_newest_verified_checkpoint(corpus_shards, tmp_path, capsys):
+    """A folder whose latest-rank0.pt link is gone (deleted, or a copy that dropped symlinks): autoresume links the
+    newest checkpoint that its manifest verifies (batch 2: batch 4's manifest is gone, as after a death between the
+    save and the manifest) and continues the run exactly; with no verified checkpoint it refuses, naming the folder,
+    instead of starting again from batch 0."""
+    folder = tmp_path / "ckpt"
+    common = ["max_duration=4ba", "eval_interval=4ba", f"save_folder={folder}", "run_name=linked", "autoresume=true"]
+    assert _run(corpus_shards, tmp_path / "full", *common) == 0
+    full = train_losses(tmp_path / "full")
+    (folder / "latest-rank0.pt").unlink()
+    (folder / "ep0-ba4" / "checksums.json").unlink()
+    kept = tmp_path / "kept"
+    shutil.copytree(folder, kept, symlinks=True)
+
+    with pytest.warns(UserWarning, match="linked it to ep0-ba2, the newest checkpoint that its checksum manifest "
+                                         "verifies"):
+        assert _run(corpus_shards, tmp_path / "resumed", *common) == 0
+    assert train_losses(tmp_path / "resumed") == {b: full[b] for b in (2, 3)}
+
+    (kept / "ep0-ba2" / "checksums.json").unlink()
+    before = _contents(kept)
+    assert _run(corpus_shards, tmp_path / "refused", *common[:2], f"save_folder={kept}", *common[3:]) == \
+        RECIPE_ERROR_STATUS
+    err = capsys.readouterr().err
+    assert f"save_folder {kept} holds checkpoint(s) ep0-ba4, ep0-ba2 but no latest-rank0.pt link" in err, err
+    assert "autoresume would start again from batch 0" in err
+    assert _contents(kept) == before  # nothing linked, nothing set aside
+
