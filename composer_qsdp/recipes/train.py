@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import os
 import pickle
+import shutil
 import signal
 import sys
 import traceback
@@ -289,20 +291,51 @@ _UNREADABLE_MESSAGES = ("pytorchstreamreader", "unpickling", "ran out of input",
                         "invalid load key", "corrupt")
 
 
-def _unreadable(err: BaseException | None) -> str | None:
-    """The first line of ``err`` (or of an exception it was raised from, or of a rank's failure inside a
-    ``torch.distributed.checkpoint`` ``CheckpointException``) if it says a checkpoint file could not be read, else
-    None."""
+def _causes(err: BaseException | None) -> Iterator[BaseException]:
+    """``err``, then what it was raised from; a ``torch.distributed.checkpoint`` ``CheckpointException``'s per-rank
+    failures (and their causes) come before it."""
     while err is not None:
         for failure, _trace in getattr(err, "failures", {}).values():
-            why = _unreadable(failure)
-            if why is not None:
-                return why
-        first = (str(err).strip().splitlines() or [""])[0]
-        if isinstance(err, (EOFError, pickle.UnpicklingError)) or any(m in first.lower() for m in _UNREADABLE_MESSAGES):
-            return f"{type(err).__name__}: {first}"
+            yield from _causes(failure)
+        yield err
         err = err.__cause__ or err.__context__
+
+
+def _unreadable(err: BaseException | None) -> str | None:
+    """The first line of ``err`` or one of its :func:`_causes` if it says a checkpoint file could not be read, else
+    None."""
+    for cause in _causes(err):
+        first = (str(cause).strip().splitlines() or [""])[0]
+        if isinstance(cause, (EOFError, pickle.UnpicklingError)) or any(m in first.lower()
+                                                                        for m in _UNREADABLE_MESSAGES):
+            return f"{type(cause).__name__}: {first}"
     return None
+
+
+def _disk_full(err: BaseException, paths: RunPaths, metrics_file: str | None) -> RecipeError | None:
+    """A :class:`RecipeError` naming the file, the recipe key that put it there and the bytes free on its disk, if
+    ``err`` or one of its :func:`_causes` is an ``ENOSPC`` ``OSError`` (a checkpoint or a metrics file that did not
+    fit); else None. Without the error's own file name, the save folder is named."""
+    full = next((c for c in _causes(err) if isinstance(c, OSError) and c.errno == errno.ENOSPC), None)
+    if full is None:
+        return None
+    path = Path(full.filename) if full.filename else paths.local_save_folder
+    if path is None:
+        return None  # nothing of the recipe's to name: the error as it is
+    path = path.absolute()
+    metrics = Path(metrics_file).absolute() if metrics_file is not None else None
+    # The metrics file is written through a temporary file beside it (metrics.json.tmp).
+    if metrics is not None and path.parent == metrics.parent and path.name.startswith(metrics.name):
+        key = "metrics_file"
+    elif paths.local_save_folder is not None and path.is_relative_to(paths.local_save_folder.absolute()):
+        key = "save_folder"
+    else:
+        key = None
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    usage = shutil.disk_usage(existing)
+    return RecipeError(f"{f'recipe key {key!r}' if key else 'a file of the run'}: the disk is full: writing {path} "
+                       f"failed with ENOSPC ({full.strerror}); {usage.free} bytes free of {usage.total} on the file "
+                       f"system of {existing}. Free space there{f' or point {key} at another disk' if key else ''}")
 
 
 @contextlib.contextmanager
@@ -352,6 +385,7 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
     from composer.callbacks import CheckpointSaver
     from composer.utils import FSDP2Config, dist, reproducibility
     from omegaconf import OmegaConf
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: a failed sharded save
 
     from composer_qsdp.recipes.checksums import CheckpointChecksums, CorruptCheckpointError, verify_checkpoint
     from composer_qsdp.recipes.metrics_file import MetricsFile
@@ -477,7 +511,7 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
             metrics.write(trainer.state)
         trainer.close()  # every process stops at the same batch: the closing barrier is met
         raise
-    except Exception as err:
+    except (Exception, CheckpointException) as err:
         # No trainer.close() on any failure: its closing barrier would hold this process, and with it the job, for
         # dist_timeout while the other processes wait in a collective that this one never joins. Closing the engine
         # alone still flushes the loggers; this process then exits, its connections close, and the others' pending
@@ -486,6 +520,9 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
         if stalled is not None:
             raise stalled from err
         trainer.engine.close()
+        full = _disk_full(err, paths, cfg.metrics_file)
+        if full is not None:
+            raise full from err
         peer_exit = _peer_exit(err)
         if peer_exit is not None:
             raise PeerExitedError(

@@ -170,3 +170,38 @@ def test_autoresume_without_latest_link_resumes_from_the_newest_verified_checkpo
     assert "autoresume would start again from batch 0" in err
     assert _contents(kept) == before  # nothing linked, nothing set aside
 
+
+@pytest.mark.parametrize("target", ["checkpoint", "metrics_file"])
+def test_a_full_disk_is_named(corpus_shards, tmp_path, monkeypatch, capsys, target):
+    """ENOSPC while a checkpoint shard or the metrics file is written: a recipe error naming the key, the file and
+    the bytes free on its disk, not a traceback from inside torch.distributed.checkpoint."""
+    import errno
+    import os
+
+    import torch.distributed.checkpoint as dist_cp
+
+    def no_space(path: os.PathLike) -> OSError:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(path))
+
+    if target == "checkpoint":
+        def write_data(self, plan, planner):  # the sharded writer's data files
+            raise no_space(Path(self.path) / "__0_0.distcp")
+
+        monkeypatch.setattr(dist_cp.FileSystemWriter, "write_data", write_data)
+        key, path = "save_folder", tmp_path / "ckpt" / "ep0-ba2" / "__0_0.distcp"
+    else:
+        write_text = Path.write_text
+
+        def full_metrics(self: Path, *args, **kwargs):
+            if self.name == "metrics.json.tmp":
+                raise no_space(self)
+            return write_text(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "write_text", full_metrics)
+        key, path = "metrics_file", tmp_path / "metrics.json.tmp"
+    assert _run(corpus_shards, tmp_path, f"save_folder={tmp_path / 'ckpt'}") == RECIPE_ERROR_STATUS
+    err = capsys.readouterr().err
+    free = re.search(rf"recipe key '{key}': the disk is full: writing {re.escape(str(path))} failed with ENOSPC "
+                     r"\(No space left on device\); (\d+) bytes free of \d+ on the file system of ", err)
+    assert free, err
+    assert abs(int(free[1]) - shutil.disk_usage(tmp_path).free) < 1 << 30
