@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import os
 import pickle
+import shutil
 import signal
 import sys
 import traceback
@@ -44,9 +46,9 @@ from composer_qsdp.recipes.startup import StartupClock
 if TYPE_CHECKING:
     from composer_qsdp.recipes.run_files import RunPaths
 
-__all__ = ["ALGORITHMS", "RECIPE_ERROR_STATUS", "CollectiveTimeoutError", "PeerExitedError", "RecipeError",
-           "TrainRecipe", "ValidatedRecipe", "console_output", "load_recipe", "main", "set_aside_incomplete_checkpoints",
-           "train"]
+__all__ = ["ALGORITHMS", "RECIPE_ERROR_STATUS", "CollectiveTimeoutError", "PeerExitedError", "Preempted",
+           "RecipeError", "TrainRecipe", "ValidatedRecipe", "console_output", "link_latest_checkpoint", "load_recipe",
+           "main", "set_aside_incomplete_checkpoints", "train"]
 
 
 def _dataloader(recipe: ValidatedRecipe, split: str, batch_size: int, training: bool) -> Any:
@@ -108,6 +110,16 @@ class CollectiveTimeoutError(RuntimeError):
 class PeerExitedError(RuntimeError):
     """Another process of the job ended while this one waited for it in a collective; that process's own error (in
     its output, which the launcher prints) is the cause."""
+
+
+class Preempted(Exception):
+    """The run stopped on a signal after the batch its processes agreed on; the message names the signal, the batch
+    and the checkpoint saved there (or that none was: no ``save_folder``)."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        #: The exit status a process stopped by ``signum`` reports: 128 + the signal's number, the shell's convention.
+        self.status = 128 + signum
 
 
 #: What gloo reports when the other end of a collective's connection is gone (its process ended).
@@ -210,6 +222,51 @@ def set_aside_incomplete_checkpoints(save_folder: str | os.PathLike) -> list[Pat
     return moved
 
 
+def link_latest_checkpoint(save_folder: str | os.PathLike) -> Path | None:
+    """Where ``save_folder`` holds checkpoints but no ``latest-rank0.pt`` link, link it to the newest checkpoint
+    whose checksum manifest verifies it, and return that checkpoint; None where the link exists or there are no
+    checkpoints. Collective (every process calls it).
+
+    Composer's autoresume starts from batch 0 when the link is missing (deleted, or a copy that dropped symlinks),
+    and the later set-aside would move every checkpoint away: the run would silently repeat all its work. Only a
+    manifest proves that a checkpoint was complete (it is written after the save), so one without is not picked.
+
+    Raises:
+        RecipeError: no checkpoint of the folder has a manifest that verifies it; naming the folder and its
+            checkpoints.
+    """
+    from composer.utils import dist
+
+    from composer_qsdp.recipes.checksums import CorruptCheckpointError, checkpoint_batch, verify_checkpoint
+
+    folder = Path(save_folder)
+    latest = folder / "latest-rank0.pt"
+    found: list[Any] = [[]]  # process 0's view of the folder: every process then verifies the same checkpoints
+    if dist.get_global_rank() == 0 and folder.is_dir() and not latest.is_symlink():
+        batches = {p.name: checkpoint_batch(p.name) for p in folder.iterdir()}
+        found[0] = sorted((name for name, batch in batches.items() if batch is not None), key=batches.get,
+                          reverse=True)
+    dist.broadcast_object_list(found, src=0)
+    names: list[str] = found[0]
+    if not names:
+        return None
+    for checkpoint in (folder / name for name in names):
+        try:
+            if verify_checkpoint(checkpoint):  # same answer on every process: the manifest is broadcast
+                break
+        except CorruptCheckpointError:
+            continue
+    else:
+        raise RecipeError(
+            f"recipe key 'autoresume': save_folder {folder} holds checkpoint(s) {', '.join(names)} "
+            f"but no {latest.name} link naming the last complete one, and none has a checksum manifest that verifies "
+            "it; autoresume would start again from batch 0. Resume from one of them with load_path=PATH (autoresume "
+            f"false), or link {latest} to it, or move them out of the folder to start again")
+    if dist.get_global_rank() == 0:
+        os.symlink(checkpoint.name, latest)
+    return checkpoint
+
+
 def _resume_checkpoint(autoresume: bool, paths: RunPaths) -> Path | None:
     """The local checkpoint the Trainer will load, as Composer picks it from the formatted ``paths``: with
     ``autoresume``, the one that ``save_folder/latest-rank0.pt`` names, if any; else ``load_path``. None when it
@@ -234,20 +291,51 @@ _UNREADABLE_MESSAGES = ("pytorchstreamreader", "unpickling", "ran out of input",
                         "invalid load key", "corrupt")
 
 
-def _unreadable(err: BaseException | None) -> str | None:
-    """The first line of ``err`` (or of an exception it was raised from, or of a rank's failure inside a
-    ``torch.distributed.checkpoint`` ``CheckpointException``) if it says a checkpoint file could not be read, else
-    None."""
+def _causes(err: BaseException | None) -> Iterator[BaseException]:
+    """``err``, then what it was raised from; a ``torch.distributed.checkpoint`` ``CheckpointException``'s per-rank
+    failures (and their causes) come before it."""
     while err is not None:
         for failure, _trace in getattr(err, "failures", {}).values():
-            why = _unreadable(failure)
-            if why is not None:
-                return why
-        first = (str(err).strip().splitlines() or [""])[0]
-        if isinstance(err, (EOFError, pickle.UnpicklingError)) or any(m in first.lower() for m in _UNREADABLE_MESSAGES):
-            return f"{type(err).__name__}: {first}"
+            yield from _causes(failure)
+        yield err
         err = err.__cause__ or err.__context__
+
+
+def _unreadable(err: BaseException | None) -> str | None:
+    """The first line of ``err`` or one of its :func:`_causes` if it says a checkpoint file could not be read, else
+    None."""
+    for cause in _causes(err):
+        first = (str(cause).strip().splitlines() or [""])[0]
+        if isinstance(cause, (EOFError, pickle.UnpicklingError)) or any(m in first.lower()
+                                                                        for m in _UNREADABLE_MESSAGES):
+            return f"{type(cause).__name__}: {first}"
     return None
+
+
+def _disk_full(err: BaseException, paths: RunPaths, metrics_file: str | None) -> RecipeError | None:
+    """A :class:`RecipeError` naming the file, the recipe key that put it there and the bytes free on its disk, if
+    ``err`` or one of its :func:`_causes` is an ``ENOSPC`` ``OSError`` (a checkpoint or a metrics file that did not
+    fit); else None. Without the error's own file name, the save folder is named."""
+    full = next((c for c in _causes(err) if isinstance(c, OSError) and c.errno == errno.ENOSPC), None)
+    if full is None:
+        return None
+    path = Path(full.filename) if full.filename else paths.local_save_folder
+    if path is None:
+        return None  # nothing of the recipe's to name: the error as it is
+    path = path.absolute()
+    metrics = Path(metrics_file).absolute() if metrics_file is not None else None
+    # The metrics file is written through a temporary file beside it (metrics.json.tmp).
+    if metrics is not None and path.parent == metrics.parent and path.name.startswith(metrics.name):
+        key = "metrics_file"
+    elif paths.local_save_folder is not None and path.is_relative_to(paths.local_save_folder.absolute()):
+        key = "save_folder"
+    else:
+        key = None
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    usage = shutil.disk_usage(existing)
+    return RecipeError(f"{f'recipe key {key!r}' if key else 'a file of the run'}: the disk is full: writing {path} "
+                       f"failed with ENOSPC ({full.strerror}); {usage.free} bytes free of {usage.total} on the file "
+                       f"system of {existing}. Free space there{f' or point {key} at another disk' if key else ''}")
 
 
 @contextlib.contextmanager
@@ -284,6 +372,7 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
         The finished (closed) Composer ``Trainer``.
 
     Raises:
+        Preempted: the run received SIGTERM (``save_on_sigterm``) and stopped after saving the batch it was in.
         RecipeError: the machine cannot run the recipe (:func:`~composer_qsdp.recipes.loader.check_machine`), the shards
             named in ``data`` are missing or do not fit the model, an algorithm cannot run
             on the installed torch, or the checkpoint to resume from is truncated or corrupt (naming the file:
@@ -293,11 +382,14 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
     """
     from composer import Evaluator, Trainer
     from composer.algorithms import GradientClipping
+    from composer.callbacks import CheckpointSaver
     from composer.utils import FSDP2Config, dist, reproducibility
     from omegaconf import OmegaConf
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: a failed sharded save
 
     from composer_qsdp.recipes.checksums import CheckpointChecksums, CorruptCheckpointError, verify_checkpoint
     from composer_qsdp.recipes.metrics_file import MetricsFile
+    from composer_qsdp.recipes.preemption import SigtermCheckpoint
     from composer_qsdp.recipes.run_files import OwnerRecord, check_logger_files, claim_save_folder, run_name, run_paths
 
     clock = StartupClock() if clock is None else clock
@@ -316,6 +408,11 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
     # Before anything in the folder is touched (the set-aside below renames files).
     owner = claim_save_folder(paths, autoresume=cfg.autoresume, overwrite=cfg.save_overwrite)
     if cfg.autoresume and paths.local_save_folder is not None:
+        linked = link_latest_checkpoint(paths.local_save_folder)
+        if linked is not None and dist.get_global_rank() == 0:
+            warnings.warn(f"autoresume: {paths.local_save_folder} had no latest-rank0.pt link; linked it to "
+                          f"{linked.name}, the newest checkpoint that its checksum manifest verifies", stacklevel=2)
+        dist.barrier()
         if dist.get_global_rank() == 0:
             moved = set_aside_incomplete_checkpoints(paths.local_save_folder)
             if moved:
@@ -352,8 +449,9 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
         parallelism = {"fsdp": FSDP2Config(**OmegaConf.to_container(cfg.fsdp))}
     loggers = build_components(recipe, "loggers")
     callbacks = build_components(recipe, "callbacks")
-    if cfg.metrics_file is not None:
-        loggers.append(MetricsFile(cfg.metrics_file))
+    metrics = MetricsFile(cfg.metrics_file) if cfg.metrics_file is not None else None
+    if metrics is not None:
+        loggers.append(metrics)
     # Before the Trainer, whose FileLogger opens (truncates) its file at once; keys in the order built above.
     logger_keys = [f"loggers.{name}" for name in recipe.logger_kwargs] + ["metrics_file"]
     logger_files = check_logger_files(dict(zip(logger_keys, loggers)), paths, owner)
@@ -390,12 +488,15 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
             callbacks=callbacks,
         )
     if paths.local_save_folder is not None:
-        from composer.callbacks import CheckpointSaver
-
         # After the saver in the callback order: each checkpoint's manifest is written at the event that saved it.
         saver = next(cb for cb in trainer.state.callbacks if isinstance(cb, CheckpointSaver))
         trainer.state.callbacks.append(CheckpointChecksums(saver))
         trainer.state.callbacks.append(OwnerRecord(saver, paths.local_save_folder, owner, logger_files))
+    # Last: it stops the run after the saver and the callbacks above have acted on the batch's checkpoint.
+    preemption = SigtermCheckpoint(next((cb for cb in trainer.state.callbacks if isinstance(cb, CheckpointSaver)),
+                                        None)) if cfg.save_on_sigterm else None
+    if preemption is not None:
+        trainer.state.callbacks.append(preemption)
     if placement is not None:
         trainer.logger.log_hyperparameters(placement.hyperparameters())
     clock.lap("trainer")
@@ -403,8 +504,14 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
     if dist.get_global_rank() == 0:
         print(clock.describe(), flush=True)
     try:
-        trainer.fit()
-    except Exception as err:
+        with preemption.handling() if preemption is not None else contextlib.nullcontext():
+            trainer.fit()
+    except Preempted:
+        if metrics is not None:  # written at fit end, which a stopped run never reaches: the batches it trained
+            metrics.write(trainer.state)
+        trainer.close()  # every process stops at the same batch: the closing barrier is met
+        raise
+    except (Exception, CheckpointException) as err:
         # No trainer.close() on any failure: its closing barrier would hold this process, and with it the job, for
         # dist_timeout while the other processes wait in a collective that this one never joins. Closing the engine
         # alone still flushes the loggers; this process then exits, its connections close, and the others' pending
@@ -413,6 +520,9 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
         if stalled is not None:
             raise stalled from err
         trainer.engine.close()
+        full = _disk_full(err, paths, cfg.metrics_file)
+        if full is not None:
+            raise full from err
         peer_exit = _peer_exit(err)
         if peer_exit is not None:
             raise PeerExitedError(
@@ -469,6 +579,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(err, RecipeError):
             print(f"recipe error: {err}", file=sys.stderr)
             status = RECIPE_ERROR_STATUS
+        elif isinstance(err, Preempted):
+            print(err, file=sys.stderr)
+            status = err.status
         elif isinstance(err, PeerExitedError):
             print(f"{type(err).__name__}: {err}", file=sys.stderr)
             status = 1

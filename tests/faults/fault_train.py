@@ -14,6 +14,8 @@ tests)::
   e.g. a bug in a callback) while the other ranks go on into the next step's collectives; every process also holds
   a thread-pool task that never ends, as mosaicml-streaming's ``_ready_thread`` waiting for a shard that a dead
   peer was preparing, which interpreter exit would wait for forever;
+* ``sigterm``: writes the time to ``QSDP_FAULT_DIR/signalled`` and sends SIGTERM to the launcher (its parent
+  process), as a cluster scheduler preempting the job does; the launcher forwards it to every process;
 * ``slow-check``: (the third field is seconds, not a batch) takes that much longer over the recipe check, so that
   the other ranks reach a recipe error first.
 
@@ -88,12 +90,17 @@ def _arm(kind: str, rank: int, batch: int) -> None:
         write_file = checkpoint._write_checkpoint_file
         checkpoint._write_checkpoint_file = half_then_die
         return
-    if kind not in ("stop", "raise"):
-        raise ValueError(f"QSDP_FAULT kind {kind!r} is unknown; allowed: stop, kill-in-save, raise, slow-check")
+    if kind not in ("stop", "raise", "sigterm"):
+        raise ValueError(f"QSDP_FAULT kind {kind!r} is unknown; allowed: stop, kill-in-save, raise, sigterm, "
+                         "slow-check")
 
     class Fault(Callback):
         def batch_end(self, state: Any, logger: Any) -> None:
             if int(state.timestamp.batch) != batch:
+                return
+            if kind == "sigterm":
+                Path(os.environ["QSDP_FAULT_DIR"], "signalled").write_text(str(time.time()))
+                os.kill(os.getppid(), signal.SIGTERM)
                 return
             if kind == "raise":
                 Path(os.environ["QSDP_FAULT_DIR"], "raised").write_text(str(time.time()))

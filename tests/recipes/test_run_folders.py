@@ -16,7 +16,7 @@ import pytest
 from composer_qsdp.recipes.metrics_file import MetricsFile
 from composer_qsdp.recipes.run_files import OWNER_FILE
 from composer_qsdp.recipes.train import RECIPE_ERROR_STATUS, main
-from test_train import BASELINE, corpus_shards, tiny_overrides  # noqa: F401 (fixture)
+from test_train import BASELINE, corpus_shards, tiny_overrides, train_losses  # noqa: F401 (fixture)
 
 COMMON = ["max_duration=2ba", "eval_interval=2ba", "save_interval=2ba"]
 
@@ -140,3 +140,68 @@ def test_the_machine_check_sees_the_formatted_save_folder(tmp_path, monkeypatch)
     monkeypatch.setenv("COMPOSER_RUN_NAME", "named")
     with pytest.raises(RecipeError, match="is a file, not a folder"):
         check_machine(load_recipe(BASELINE, [f"save_folder={tmp_path}/{{run_name}}", "run_name=null"]))
+
+
+def test_autoresume_without_latest_link_resumes_from_the_newest_verified_checkpoint(corpus_shards, tmp_path, capsys):
+    """A folder whose latest-rank0.pt link is gone (deleted, or a copy that dropped symlinks): autoresume links the
+    newest checkpoint that its manifest verifies (batch 2: batch 4's manifest is gone, as after a death between the
+    save and the manifest) and continues the run exactly; with no verified checkpoint it refuses, naming the folder,
+    instead of starting again from batch 0."""
+    folder = tmp_path / "ckpt"
+    common = ["max_duration=4ba", "eval_interval=4ba", f"save_folder={folder}", "run_name=linked", "autoresume=true"]
+    assert _run(corpus_shards, tmp_path / "full", *common) == 0
+    full = train_losses(tmp_path / "full")
+    (folder / "latest-rank0.pt").unlink()
+    (folder / "ep0-ba4" / "checksums.json").unlink()
+    kept = tmp_path / "kept"
+    shutil.copytree(folder, kept, symlinks=True)
+
+    with pytest.warns(UserWarning, match="linked it to ep0-ba2, the newest checkpoint that its checksum manifest "
+                                         "verifies"):
+        assert _run(corpus_shards, tmp_path / "resumed", *common) == 0
+    assert train_losses(tmp_path / "resumed") == {b: full[b] for b in (2, 3)}
+
+    (kept / "ep0-ba2" / "checksums.json").unlink()
+    before = _contents(kept)
+    assert _run(corpus_shards, tmp_path / "refused", *common[:2], f"save_folder={kept}", *common[3:]) == \
+        RECIPE_ERROR_STATUS
+    err = capsys.readouterr().err
+    assert f"save_folder {kept} holds checkpoint(s) ep0-ba4, ep0-ba2 but no latest-rank0.pt link" in err, err
+    assert "autoresume would start again from batch 0" in err
+    assert _contents(kept) == before  # nothing linked, nothing set aside
+
+
+@pytest.mark.parametrize("target", ["checkpoint", "metrics_file"])
+def test_a_full_disk_is_named(corpus_shards, tmp_path, monkeypatch, capsys, target):
+    """ENOSPC while a checkpoint shard or the metrics file is written: a recipe error naming the key, the file and
+    the bytes free on its disk, not a traceback from inside torch.distributed.checkpoint."""
+    import errno
+    import os
+
+    import torch.distributed.checkpoint as dist_cp
+
+    def no_space(path: os.PathLike) -> OSError:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(path))
+
+    if target == "checkpoint":
+        def write_data(self, plan, planner):  # the sharded writer's data files
+            raise no_space(Path(self.path) / "__0_0.distcp")
+
+        monkeypatch.setattr(dist_cp.FileSystemWriter, "write_data", write_data)
+        key, path = "save_folder", tmp_path / "ckpt" / "ep0-ba2" / "__0_0.distcp"
+    else:
+        write_text = Path.write_text
+
+        def full_metrics(self: Path, *args, **kwargs):
+            if self.name == "metrics.json.tmp":
+                raise no_space(self)
+            return write_text(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "write_text", full_metrics)
+        key, path = "metrics_file", tmp_path / "metrics.json.tmp"
+    assert _run(corpus_shards, tmp_path, f"save_folder={tmp_path / 'ckpt'}") == RECIPE_ERROR_STATUS
+    err = capsys.readouterr().err
+    free = re.search(rf"recipe key '{key}': the disk is full: writing {re.escape(str(path))} failed with ENOSPC "
+                     r"\(No space left on device\); (\d+) bytes free of \d+ on the file system of ", err)
+    assert free, err
+    assert abs(int(free[1]) - shutil.disk_usage(tmp_path).free) < 1 << 30

@@ -149,6 +149,9 @@ class TrainRecipe:
                                                  "copy, only with a remote save_folder)")
     save_overwrite: bool = _key(False, "overwrite existing checkpoints, and take over a save folder that another "
                                        "run owns (its run.json)")
+    save_on_sigterm: bool = _key(True, "on SIGTERM (a preemption), save a checkpoint at the end of the current "
+                                       "batch in save_folder and stop with status 143; false: stop at once, "
+                                       "unsaved")
     load_path: Optional[str] = _key(None, "checkpoint to resume from")
     autoresume: bool = _key(False, "resume from the newest checkpoint in save_folder (needs run_name)")
     progress_bar: Optional[bool] = _key(None, "show Composer's progress bar; null: only when standard output is a "

@@ -1,0 +1,92 @@
+"""Preemption keeps the work: on SIGTERM a recipe run saves a checkpoint at the end of the batch it is in, then
+stops (recipe key ``save_on_sigterm``, on by default).
+
+A signal handler runs between two Python bytecodes, in the middle of a forward pass or a collective, where nothing
+can be saved. The handler only sets a flag; at the next ``Event.BATCH_END`` every process contributes its flag to
+one all-reduce (MAX), so all of them agree on the batch to stop at although the signal reaches them at different
+moments (Composer's launcher, itself SIGTERMed, forwards SIGTERM to each process in turn; a cluster scheduler
+signals each process on its own). At that batch's ``Event.BATCH_CHECKPOINT`` Composer's own ``CheckpointSaver``
+saves as at any scheduled checkpoint (its ``latest`` link, then the manifest and the owner record of the callbacks
+after it), and :class:`Preempted` ends ``fit``. Composer's launcher SIGKILLs its processes 30 s after it forwarded
+the signal, so the save must fit in that time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any, Callable
+
+from composer.core import Callback, Event, State
+from composer.loggers import Logger
+from composer.utils import dist
+
+from composer_qsdp.recipes.train import Preempted
+
+__all__ = ["SigtermCheckpoint"]
+
+
+class SigtermCheckpoint(Callback):
+    """Stops the run at the end of the batch in which any process received SIGTERM, after Composer's
+    ``CheckpointSaver`` ``saver`` (None: the run saves none) saved that batch; must run after the saver and the
+    callbacks that act on its saves (append it last to ``state.callbacks`` once the Trainer is built). The handler is
+    live inside :meth:`handling` only."""
+
+    def __init__(self, saver: Any | None) -> None:
+        self.saver = saver
+        self.received = False  # this process's flag: set by the handler
+        self.stopping = False  # every process's agreement, from BATCH_END's all-reduce
+        if saver is not None:
+            # The saver's schedule is a public attribute (a callable of state and event): wrapping it makes the
+            # agreed batch one more scheduled checkpoint, saved by Composer's own code.
+            scheduled: Callable[[State, Event], bool] = saver.save_interval
+            saver.save_interval = lambda state, event: self.stopping or scheduled(state, event)
+
+    @contextlib.contextmanager
+    def handling(self) -> Iterator[None]:
+        """Install the SIGTERM handler for the block (``trainer.fit``); the previous one (Composer's: ``sys.exit``)
+        is restored after it, and also handles a second SIGTERM, so that a second signal still ends a run whose save
+        hangs."""
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            if self.received and callable(previous):
+                previous(signum, frame)
+            self.received = True
+
+        signal.signal(signal.SIGTERM, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def run_event(self, event: Event, state: State, logger: Logger) -> None:
+        if event == Event.BATCH_END:
+            import torch
+
+            flag = state.device.tensor_to_device(torch.tensor([int(self.received)], dtype=torch.int32))
+            dist.all_reduce(flag, reduce_operation="MAX")
+            self.stopping = bool(flag.item())
+        elif event == Event.BATCH_CHECKPOINT and self.stopping:
+            batch = int(state.timestamp.batch)
+            saved = self._saved(state)
+            raise Preempted(f"rank {dist.get_global_rank()}: stopped by SIGTERM after batch {batch}; "
+                            + (f"checkpoint saved at {saved}: autoresume (or load_path) continues from it"
+                               if saved else "no checkpoint saved (no save_folder): the batches trained are lost"),
+                            signal.SIGTERM)
+
+    def _saved(self, state: State) -> Path | None:
+        """Where the checkpoint of this batch lies (a sharded one's folder), as process 0's saver recorded it; None
+        when none was saved."""
+        if self.saver is None or self.saver.last_checkpoint_batch != state.timestamp.batch:
+            return None
+        path: list[Any] = [None]
+        if dist.get_global_rank() == 0 and self.saver.saved_checkpoints:
+            path[0] = str(self.saver.saved_checkpoints[-1])
+        dist.broadcast_object_list(path, src=0)
+        if path[0] is None:
+            return None
+        return Path(path[0]).parent if state.fsdp_sharded_state_dict_enabled else Path(path[0])
