@@ -7,7 +7,9 @@ one all-reduce (MAX), so all of them agree on the batch to stop at although the 
 moments (Composer's launcher, itself SIGTERMed, forwards SIGTERM to each process in turn; a cluster scheduler
 signals each process on its own). At that batch's ``Event.BATCH_CHECKPOINT`` Composer's own ``CheckpointSaver``
 saves as at any scheduled checkpoint (its ``latest`` link, then the manifest and the owner record of the callbacks
-after it), and :class:`Preempted` ends ``fit``. Composer's launcher SIGKILLs its processes 30 s after it forwarded
+after it), and :class:`Preempted` ends ``fit``. The flags travel as a CPU tensor over a gloo group of their own, so
+the agreement adds no host-device synchronization to a GPU run's batch (an NCCL all-reduce read back on the host
+would wait for the batch's kernels). Composer's launcher SIGKILLs its processes 30 s after it forwarded
 the signal, so the save must fit in that time.
 """
 
@@ -20,6 +22,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Callable
 
+import torch
+import torch.distributed as torch_dist
 from composer.core import Callback, Event, State
 from composer.loggers import Logger
 from composer.utils import dist
@@ -39,6 +43,7 @@ class SigtermCheckpoint(Callback):
         self.saver = saver
         self.received = False  # this process's flag: set by the handler
         self.stopping = False  # every process's agreement, from BATCH_END's all-reduce
+        self._group: Any | None = None  # the gloo group of that all-reduce
         if saver is not None:
             # The saver's schedule is a public attribute (a callable of state and event): wrapping it makes the
             # agreed batch one more scheduled checkpoint, saved by Composer's own code.
@@ -65,11 +70,7 @@ class SigtermCheckpoint(Callback):
 
     def run_event(self, event: Event, state: State, logger: Logger) -> None:
         if event == Event.BATCH_END:
-            import torch
-
-            flag = state.device.tensor_to_device(torch.tensor([int(self.received)], dtype=torch.int32))
-            dist.all_reduce(flag, reduce_operation="MAX")
-            self.stopping = bool(flag.item())
+            self.stopping = self._anyone_received()
         elif event == Event.BATCH_CHECKPOINT and self.stopping:
             batch = int(state.timestamp.batch)
             saved = self._saved(state)
@@ -77,6 +78,17 @@ class SigtermCheckpoint(Callback):
                             + (f"checkpoint saved at {saved}: autoresume (or load_path) continues from it"
                                if saved else "no checkpoint saved (no save_folder): the batches trained are lost"),
                             signal.SIGTERM)
+
+    def _anyone_received(self) -> bool:
+        """Whether any process received SIGTERM: this process's flag, MAX-reduced over a gloo group on the CPU (made
+        at the first batch end, when every process reaches it in the same order)."""
+        if not torch_dist.is_available() or not torch_dist.is_initialized():
+            return self.received
+        if self._group is None:
+            self._group = torch_dist.new_group(backend="gloo")
+        flag = torch.tensor([int(self.received)], dtype=torch.int32)
+        torch_dist.all_reduce(flag, op=torch_dist.ReduceOp.MAX, group=self._group)
+        return bool(flag.item())
 
     def _saved(self, state: State) -> Path | None:
         """Where the checkpoint of this batch lies (a sharded one's folder), as process 0's saver recorded it; None
