@@ -34,7 +34,6 @@ _LAZY = {
     "LoCoOptions": "composer_qsdp.config",
     "TwoLevelOptions": "composer_qsdp.config",
     "TwoLevelLoCoOptions": "composer_qsdp.config",
-    "from_recipe": "composer_qsdp.config",  # deprecated: QSDPConfig.from_preset
 }
 
 __all__ = [

@@ -3,14 +3,17 @@ writes (a codec name in a recipe, ...) to classes.
 
 An entry is a ``"module:attribute"`` string, so registering it imports nothing and a table can name classes of
 any layer without importing that layer; :meth:`Registry.lookup` imports the module when the name is first used.
-Every table rejects an unknown name the same way, with a ``ValueError`` that names it and the allowed ones.
-This module imports nothing from the rest of ``composer_qsdp``, so every layer can use it.
+Every table rejects an unknown name the same way, with a ``ValueError`` that names it, the closest registered
+name and the allowed ones. This module imports nothing from the rest of ``composer_qsdp`` but the suggestions of
+``composer_qsdp._names`` (which imports nothing), so every layer can use it.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import Generic, TypeVar
+
+from composer_qsdp._names import did_you_mean
 
 __all__ = ["Registry"]
 
@@ -48,10 +51,12 @@ class Registry(Generic[T]):
         """The object ``name`` stands for, importing its module if needed.
 
         Raises:
-            ValueError: ``name`` is not a registered name (whatever its type), naming it and the allowed names.
+            ValueError: ``name`` is not a registered name (whatever its type), naming it, the closest registered
+                name (where one is close) and the allowed names.
         """
         if not isinstance(name, str) or name not in self._targets:
-            raise ValueError(f"unknown {self.kind} {name!r}; allowed: {', '.join(sorted(self._targets))}")
+            hint = did_you_mean(name, self._targets) if isinstance(name, str) else ""
+            raise ValueError(f"unknown {self.kind} {name!r}{hint}; allowed: {', '.join(sorted(self._targets))}")
         module, attr = self._targets[name].split(":")
         return getattr(importlib.import_module(module), attr)
 

@@ -17,6 +17,7 @@ from packaging.utils import canonicalize_name
 
 import composer_qsdp
 from composer_qsdp import QSDP
+from composer_qsdp.algorithms.qsdp import QSDPFromYaml
 from composer_qsdp.recipes.metrics_file import MetricsFile
 
 DIST = distribution("composer_qsdp")
@@ -56,7 +57,7 @@ def test_install_requires_are_ranges_without_triton():
 
 def test_registered_for_llm_foundry_and_nowhere_else():
     (entry,) = [e for e in entry_points(group="llmfoundry_algorithms") if e.name == "qsdp"]
-    assert entry.load() is QSDP
+    assert entry.load() is QSDPFromYaml  # yaml keys -> QSDP(QSDPConfig.from_preset(...))
     (logger,) = [e for e in entry_points(group="llmfoundry_loggers") if e.name == "metrics_file"]
     assert logger.load() is MetricsFile
     assert {e.group for e in DIST.entry_points} == {"llmfoundry_algorithms", "llmfoundry_loggers"}
@@ -72,7 +73,7 @@ def test_llm_foundry_registry_builds_qsdp():
     assert "qsdp" in registry.get_all()
     cls = registry.get("qsdp")
     assert isinstance(cls, type) and issubclass(cls, Algorithm)
-    algorithm = cls(**{"weight_bits": 4, "grad_bits": 8})
+    algorithm = cls(**{"weight_bits": 4, "grad_bits": 8})  # what construct_from_registry calls with the yaml's keys
     assert isinstance(algorithm, QSDP) and repr(algorithm) == "QSDP('w8g8', weight_bits=4, grad_bits=8)"
 
 

@@ -50,8 +50,18 @@ def test_register_rejects_bad_names_and_targets(name, target, match):
     assert table.names() == ("a",)
 
 
+def test_a_close_unknown_name_gets_the_suggestion():
+    table = Registry("codec")
+    table.register("minmax", "collections:deque")
+    table.register("symmetric", "collections:Counter")
+    with pytest.raises(ValueError, match=r"^unknown codec 'symetric'; did you mean 'symmetric'\?; allowed: minmax, "
+                                         r"symmetric$"):
+        table.lookup("symetric")
+
+
 def test_importing_the_registry_loads_no_other_composer_qsdp_module():
     code = "import sys, composer_qsdp.registry; print(sorted(m for m in sys.modules if m.startswith('composer_qsdp')))"
     root = Path(registry.__file__).parents[1]  # this test's source tree
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root).stdout
-    assert loaded.strip() == "['composer_qsdp', 'composer_qsdp.registry']"
+    # _names (the suggestions) is a bottom module too: it imports nothing of the package.
+    assert loaded.strip() == "['composer_qsdp', 'composer_qsdp._names', 'composer_qsdp.registry']"

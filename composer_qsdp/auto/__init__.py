@@ -2,7 +2,8 @@
 probes the network and reconfigures a :class:`~composer_qsdp.engine.QSDPHandle` (``runtime``)."""
 
 from composer_qsdp.auto.choice import Candidate, Decision, LinkFit, UnitProfile, decide
-from composer_qsdp.auto.runtime import POLICIES, AutoOptions, AutoPolicy, AutoRecord
+from composer_qsdp.auto.runtime import AutoPolicy, AutoRecord
+from composer_qsdp.config.options import POLICIES, AutoOptions
 
 __all__ = ["AutoOptions", "AutoPolicy", "AutoRecord", "Candidate", "Decision", "LinkFit", "POLICIES", "UnitProfile",
            "decide"]

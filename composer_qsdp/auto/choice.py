@@ -1,4 +1,4 @@
-"""The bandwidth-aware automatic policy (``QSDP(policy="auto")``): its model and its decision, as pure functions.
+"""The bandwidth-aware automatic policy (``QSDPConfig.from_preset(policy="auto")``): its model and its decision, as pure functions.
 
 Nothing here measures or communicates: :mod:`composer_qsdp.auto.runtime` measures the run (a short probe
 of each candidate collective on the FSDP group, each unit's forward time over the first steps), makes every rank
@@ -75,10 +75,10 @@ from dataclasses import dataclass
 import torch
 
 from composer_qsdp.comm import call_traffic
+from composer_qsdp.config.options import CANDIDATE_PRESETS, DEFAULT_CANDIDATES, candidate_names
 from composer_qsdp.config.settings import FEEDBACK_GRAD_SCHEMES, SideConfig, build_scheme, from_preset
 from composer_qsdp.quant import Codec
 from composer_qsdp.schemes import GradScheme, WeightScheme
-from composer_qsdp.validate import check_choice
 
 __all__ = [
     "CANDIDATES",
@@ -186,52 +186,19 @@ class Candidate:
         return dataclasses.replace(self, config=dataclasses.replace(self.config, scheme="direct", scheme_options={}))
 
 
-def _preset_side(recipe: str, side: str) -> SideConfig:
-    return getattr(from_preset(recipe), side)
+def _candidate(side: str, name: str) -> Candidate:
+    preset = CANDIDATE_PRESETS[side][name]
+    return Candidate(name, side, None if preset is None else getattr(from_preset(preset), side))
 
 
-#: The default weight candidates, most accurate first (ties keep the earlier one).
-WEIGHT_CANDIDATES: tuple[Candidate, ...] = (
-    Candidate("off", "weights"),
-    Candidate("w8", "weights", _preset_side("w8g8", "weights")),
-    Candidate("qwd4", "weights", _preset_side("qwd-w4g4", "weights")),
-)
-#: The default gradient candidates, most accurate first.
-GRAD_CANDIDATES: tuple[Candidate, ...] = (
-    Candidate("off", "grads"),
-    Candidate("g8", "grads", _preset_side("w8g8", "grads")),
-    Candidate("g4", "grads", _preset_side("w8g4", "grads")),
-)
-#: Every candidate, ``{side: {name: candidate}}``, most accurate first per side: the defaults, then the opt-in ones
-#: (module docstring).
+#: Every candidate, ``{side: {name: candidate}}``, most accurate first per side (:data:`CANDIDATE_PRESETS`): the
+#: defaults, then the opt-in ones (module docstring).
 CANDIDATES: dict[str, dict[str, Candidate]] = {
-    "weights": {c.name: c for c in (*WEIGHT_CANDIDATES,
-                                    Candidate("qwd3", "weights", _preset_side("qwd-w3g3-loco", "weights")))},
-    "grads": {c.name: c for c in (*GRAD_CANDIDATES,
-                                  Candidate("g3loco", "grads", _preset_side("qwd-w4g3-loco", "grads")))},
-}
-
-
-def candidate_names(option: str, side: str, value: object) -> tuple[str, ...]:
-    """``value`` (a list of candidate names of ``side``, e.g. from YAML) as a tuple in :data:`CANDIDATES` order.
-
-    YAML 1.1 reads a bare ``off`` as ``False``, so ``False`` stands for ``"off"``.
-
-    Raises:
-        ValueError: not a list of names, an unknown name (naming it, the allowed ones and the closest), a repeated
-            name, or no ``"off"``; the message names ``option``.
-    """
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise ValueError(f"{option}={value!r} is invalid; it must be a list of candidate names from "
-                         f"{', '.join(CANDIDATES[side])}")
-    names = ["off" if v is False else v for v in value]
-    for name in names:
-        check_choice(option, name, tuple(CANDIDATES[side]))
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated or "off" not in names:
-        raise ValueError(f"{option}={list(names)!r} is invalid; it must name 'off' (the unquantized start) and each "
-                         f"candidate once{f' (repeated: {repeated})' if repeated else ''}")
-    return tuple(n for n in CANDIDATES[side] if n in names)
+    side: {name: _candidate(side, name) for name in names} for side, names in CANDIDATE_PRESETS.items()}
+#: The default weight candidates, most accurate first (ties keep the earlier one).
+WEIGHT_CANDIDATES: tuple[Candidate, ...] = tuple(CANDIDATES["weights"][n] for n in DEFAULT_CANDIDATES["weights"])
+#: The default gradient candidates, most accurate first.
+GRAD_CANDIDATES: tuple[Candidate, ...] = tuple(CANDIDATES["grads"][n] for n in DEFAULT_CANDIDATES["grads"])
 
 
 def accuracy_violation(candidate: Candidate) -> str | None:

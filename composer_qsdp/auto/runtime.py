@@ -1,4 +1,4 @@
-"""The automatic policy at run time (``QSDP(policy="auto")``): measure, agree, decide, reconfigure, re-check.
+"""The automatic policy at run time (``QSDPConfig.from_preset(policy="auto")``): measure, agree, decide, reconfigure, re-check.
 
 :class:`AutoPolicy` drives a :class:`~composer_qsdp.engine.QSDPHandle` whose units start unquantized (the safe
 setting: exact, and what the timings are taken with). Its :meth:`AutoPolicy.on_step_end` is called at every
@@ -42,68 +42,15 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from composer_qsdp.comm import Topology
-from composer_qsdp.auto.choice import (CANDIDATES, GRAD_CANDIDATES, WEIGHT_CANDIDATES, Candidate, Decision, LinkFit,
-                                       UnitProfile, candidate_names, decide, fit_link, pack_profiles, predict_step,
+from composer_qsdp.auto.choice import (CANDIDATES, Candidate, Decision, LinkFit,
+                                       UnitProfile, decide, fit_link, pack_profiles, predict_step,
                                        unpack_profiles)
+from composer_qsdp.config.options import AutoOptions
 from composer_qsdp.engine.handle import QSDPHandle
-from composer_qsdp.validate import check_int
 
-__all__ = ["AutoOptions", "AutoPolicy", "AutoRecord", "ForwardTimer", "POLICIES", "probe_network", "probe_sizes"]
+__all__ = ["AutoPolicy", "AutoRecord", "ForwardTimer", "probe_network", "probe_sizes"]
 
 log = logging.getLogger(__name__)
-
-#: Values of ``QSDP(policy=...)``: ``"fixed"`` (the recipe's settings) or ``"auto"`` (this module).
-POLICIES = ("fixed", "auto")
-
-
-@dataclass(frozen=True)
-class AutoOptions:
-    """Options of the automatic policy.
-
-    Attributes:
-        warmup_steps: optimizer steps run unquantized before deciding (>= 2; step 1 is not timed), and the length
-            of the re-check window after the decision.
-        recheck_tolerance: relative difference between the measured and predicted step time that triggers the one
-            re-decision (> 0).
-        min_gain: the smallest predicted gain (fraction of the unquantized step) worth quantizing for, in [0, 1).
-        backward_ratio: backward compute per unit as a multiple of its measured forward (> 0).
-        probe_max_numel: largest probe message, elements (the probe sends up to three sizes up to the largest unit,
-            capped here; 2**24 elements are 32 MiB in bf16).
-        probe_repeats: timed calls per probe size (>= 1; one untimed call precedes them; the median counts).
-        weight_candidates, grad_candidates: the candidates to choose from per side, by name
-            (:data:`~composer_qsdp.auto.choice.CANDIDATES`; a list from YAML is accepted, and a bare YAML ``off``,
-            read as ``False``, is ``"off"``), ``"off"`` among them. Stored in the registry's order, most accurate
-            first, whatever order they are given in (ties between candidates keep the more accurate). Default: the
-            measured ``off, w8, qwd4`` and ``off, g8, g4``; ``qwd3`` and ``g3loco`` are opt-in.
-
-    Raises:
-        ValueError: an option out of range, naming the value and what is allowed.
-    """
-
-    warmup_steps: int = 4
-    recheck_tolerance: float = 0.25
-    min_gain: float = 0.02
-    backward_ratio: float = 2.0
-    probe_max_numel: int = 2**24
-    probe_repeats: int = 5
-    weight_candidates: tuple[str, ...] = tuple(c.name for c in WEIGHT_CANDIDATES)
-    grad_candidates: tuple[str, ...] = tuple(c.name for c in GRAD_CANDIDATES)
-
-    def __post_init__(self) -> None:
-        for side in ("weight", "grad"):
-            name = f"{side}_candidates"
-            object.__setattr__(self, name, candidate_names(name, f"{side}s", getattr(self, name)))
-        check_int("warmup_steps", self.warmup_steps, minimum=2)
-        check_int("probe_max_numel", self.probe_max_numel, minimum=1024)
-        check_int("probe_repeats", self.probe_repeats, minimum=1)
-        for name, ok, allowed in (
-            ("recheck_tolerance", lambda v: v > 0, "a number > 0"),
-            ("min_gain", lambda v: 0 <= v < 1, "a number in [0, 1)"),
-            ("backward_ratio", lambda v: v > 0, "a number > 0"),
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-                raise ValueError(f"{name}={value!r} is invalid; allowed: {allowed}")
 
 
 # ---------------------------------------------------------------------------------------------- network probe

@@ -1,18 +1,17 @@
 """What to quantize and how: ``QSDPConfig`` (one ``SideConfig`` per side), the typed options of each codec and
-scheme, and the named presets (``QSDPConfig.from_preset``).
+scheme and of the automatic policy, and the named presets (``QSDPConfig.from_preset``).
 
 Pure settings, validated at construction; nothing here installs anything or knows FSDP or Composer.
 """
 
-from composer_qsdp.config.options import (CodecOptions, DifferenceOptions, DirectOptions, FlatOptions,
+from composer_qsdp.config.options import (AutoOptions, CodecOptions, DifferenceOptions, DirectOptions, FlatOptions,
                                           LearnedOptions, LoCoOptions, TwoLevelLoCoOptions, TwoLevelOptions)
 from composer_qsdp.config.presets import preset_names
 from composer_qsdp.config.settings import (LowBitGradientWarning, ModuleFilter, QSDPConfig, SideConfig, from_preset,
-                                           from_recipe, option_names, recipe_names)
+                                           option_names)
 
 __all__ = [
-    "CodecOptions", "DifferenceOptions", "DirectOptions", "FlatOptions", "LearnedOptions", "LoCoOptions",
+    "AutoOptions", "CodecOptions", "DifferenceOptions", "DirectOptions", "FlatOptions", "LearnedOptions", "LoCoOptions",
     "LowBitGradientWarning", "ModuleFilter",
-    "QSDPConfig", "SideConfig", "TwoLevelLoCoOptions", "TwoLevelOptions", "from_preset", "from_recipe", "option_names", "preset_names",
-    "recipe_names",
+    "QSDPConfig", "SideConfig", "TwoLevelLoCoOptions", "TwoLevelOptions", "from_preset", "option_names", "preset_names",
 ]

@@ -1,5 +1,6 @@
-"""Typed options of each codec and scheme: what ``SideConfig.codec_options`` and ``SideConfig.scheme_options``
-hold.
+"""Typed options of each codec and scheme (what ``SideConfig.codec_options`` and ``SideConfig.scheme_options``
+hold) and of the automatic policy (``QSDPConfig.auto_options``), with the names of the policies and of the
+automatic policy's candidates.
 
 A mapping (a yaml section, a dict) is turned into the option class of the codec or scheme it configures, so a
 misspelled key fails at construction with the allowed keys and the closest one. An option left at its default is
@@ -10,16 +11,17 @@ class here (a plug-in) takes its options as a mapping, checked by its constructo
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from composer_qsdp._names import did_you_mean
-from composer_qsdp.validate import check_bool, check_int, is_fraction
+from composer_qsdp.validate import check_bool, check_choice, check_int, is_fraction
 
 __all__ = [
-    "CODEC_OPTIONS", "SCHEME_OPTIONS", "CodecOptions", "DifferenceOptions", "DirectOptions", "FlatOptions",
-    "LearnedOptions", "LoCoOptions", "TwoLevelLoCoOptions", "TwoLevelOptions", "option_kwargs", "typed_options",
+    "CANDIDATE_PRESETS", "CODEC_OPTIONS", "DEFAULT_CANDIDATES", "POLICIES", "SCHEME_OPTIONS", "AutoOptions",
+    "CodecOptions", "DifferenceOptions", "DirectOptions", "FlatOptions", "LearnedOptions", "LoCoOptions",
+    "TwoLevelLoCoOptions", "TwoLevelOptions", "candidate_names", "option_kwargs", "typed_options",
 ]
 
 
@@ -224,3 +226,91 @@ def option_kwargs(options: Any) -> dict[str, Any]:
         return dict(options)
     return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
             if getattr(options, f.name) != f.default}
+
+
+#: Values of ``QSDPConfig.policy``: ``"fixed"`` (the configured settings) or ``"auto"``
+#: (:mod:`composer_qsdp.auto`: measure, then choose per unit among the candidates).
+POLICIES = ("fixed", "auto")
+#: The automatic policy's candidates by name, per side, most accurate first: each moves its side as the preset it
+#: names does (``None``: unquantized). Plain names, so that options can be checked here; :mod:`composer_qsdp.auto`
+#: builds the candidates from them.
+CANDIDATE_PRESETS: dict[str, dict[str, str | None]] = {
+    "weights": {"off": None, "w8": "w8g8", "qwd4": "qwd-w4g4", "qwd3": "qwd-w3g3-loco"},
+    "grads": {"off": None, "g8": "w8g8", "g4": "w8g4", "g3loco": "qwd-w4g3-loco"},
+}
+#: The candidates offered unless ``AutoOptions`` names others: the measured ones; ``qwd3`` and ``g3loco`` are opt-in.
+DEFAULT_CANDIDATES: dict[str, tuple[str, ...]] = {"weights": ("off", "w8", "qwd4"), "grads": ("off", "g8", "g4")}
+
+
+def candidate_names(option: str, side: str, value: object) -> tuple[str, ...]:
+    """``value`` (a list of candidate names of ``side``, e.g. from YAML) as a tuple in :data:`CANDIDATE_PRESETS`
+    order.
+
+    YAML 1.1 reads a bare ``off`` as ``False``, so ``False`` stands for ``"off"``.
+
+    Raises:
+        ValueError: not a list of names, an unknown name (naming it, the allowed ones and the closest), a repeated
+            name, or no ``"off"``; the message names ``option``.
+    """
+    allowed = tuple(CANDIDATE_PRESETS[side])
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise ValueError(f"{option}={value!r} is invalid; it must be a list of candidate names from "
+                         f"{', '.join(allowed)}")
+    names = ["off" if v is False else v for v in value]
+    for name in names:
+        check_choice(option, name, allowed)
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated or "off" not in names:
+        raise ValueError(f"{option}={list(names)!r} is invalid; it must name 'off' (the unquantized start) and each "
+                         f"candidate once{f' (repeated: {repeated})' if repeated else ''}")
+    return tuple(n for n in allowed if n in names)
+
+
+@dataclass(frozen=True)
+class AutoOptions:
+    """Options of the automatic policy (``QSDPConfig(policy="auto", auto_options=...)``).
+
+    Attributes:
+        warmup_steps: optimizer steps run unquantized before deciding (>= 2; step 1 is not timed), and the length
+            of the re-check window after the decision.
+        recheck_tolerance: relative difference between the measured and predicted step time that triggers the one
+            re-decision (> 0).
+        min_gain: the smallest predicted gain (fraction of the unquantized step) worth quantizing for, in [0, 1).
+        backward_ratio: backward compute per unit as a multiple of its measured forward (> 0).
+        probe_max_numel: largest probe message, elements (the probe sends up to three sizes up to the largest unit,
+            capped here; 2**24 elements are 32 MiB in bf16).
+        probe_repeats: timed calls per probe size (>= 1; one untimed call precedes them; the median counts).
+        weight_candidates, grad_candidates: the candidates to choose from per side, by name
+            (:data:`CANDIDATE_PRESETS`; a list from YAML is accepted, and a bare YAML ``off``, read as ``False``,
+            is ``"off"``), ``"off"`` among them. Stored in the table's order, most accurate first, whatever order
+            they are given in (ties between candidates keep the more accurate). Default:
+            :data:`DEFAULT_CANDIDATES`.
+
+    Raises:
+        ValueError: an option out of range, naming the value and what is allowed.
+    """
+
+    warmup_steps: int = 4
+    recheck_tolerance: float = 0.25
+    min_gain: float = 0.02
+    backward_ratio: float = 2.0
+    probe_max_numel: int = 2**24
+    probe_repeats: int = 5
+    weight_candidates: tuple[str, ...] = DEFAULT_CANDIDATES["weights"]
+    grad_candidates: tuple[str, ...] = DEFAULT_CANDIDATES["grads"]
+
+    def __post_init__(self) -> None:
+        for side in ("weight", "grad"):
+            name = f"{side}_candidates"
+            object.__setattr__(self, name, candidate_names(name, f"{side}s", getattr(self, name)))
+        check_int("warmup_steps", self.warmup_steps, minimum=2)
+        check_int("probe_max_numel", self.probe_max_numel, minimum=1024)
+        check_int("probe_repeats", self.probe_repeats, minimum=1)
+        for name, ok, allowed in (
+            ("recheck_tolerance", lambda v: v > 0, "a number > 0"),
+            ("min_gain", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+            ("backward_ratio", lambda v: v > 0, "a number > 0"),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+                raise ValueError(f"{name}={value!r} is invalid; allowed: {allowed}")

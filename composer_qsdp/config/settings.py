@@ -1,6 +1,7 @@
 """``SideConfig`` (how one side's traffic is quantized and moved) and ``QSDPConfig`` (both sides, which units,
-seeds and checks): frozen, validated at construction, built by name from the presets of
-:mod:`composer_qsdp.config.presets` (:func:`from_preset`, whose flat options the module docstring there lists)."""
+seeds, checks and the policy): frozen, validated at construction, built by name from the presets of
+:mod:`composer_qsdp.config.presets` (:meth:`QSDPConfig.from_preset`, the one place presets are merged, whose flat
+options the module docstring there lists)."""
 
 from __future__ import annotations
 
@@ -15,24 +16,26 @@ from typing import Any
 import torch.nn as nn
 
 from composer_qsdp._names import did_you_mean
-from composer_qsdp.config.options import (CODEC_OPTIONS, SCHEME_OPTIONS, CodecOptions, option_kwargs,
-                                          typed_options)
+from composer_qsdp.config.options import (CODEC_OPTIONS, POLICIES, SCHEME_OPTIONS, AutoOptions, CodecOptions,
+                                          option_kwargs, typed_options)
 from composer_qsdp.config.presets import PRESETS, preset_names
 from composer_qsdp.quant import Codec, make_codec
 from composer_qsdp.registry import Registry
 from composer_qsdp.schemes import (GRAD_SCHEMES, WEIGHT_SCHEMES, GradScheme, WeightScheme, make_grad_scheme,
                                    make_weight_scheme)
-from composer_qsdp.validate import check_int, check_seed
+from composer_qsdp.validate import check_choice, check_int, check_seed
 
 __all__ = [
     "FEEDBACK_GRAD_SCHEMES", "LowBitGradientWarning", "ModuleFilter", "QSDPConfig", "SideConfig", "build_scheme",
-    "from_preset", "from_recipe", "option_names", "recipe_names",
+    "from_preset", "option_names",
 ]
 
 #: ``filter(module, name) -> bool``: True keeps a unit quantized (torchao float8's ``module_filter_fn`` order).
 ModuleFilter = Callable[[nn.Module, str], bool]
 #: Gradient schemes with error feedback, which carry each call's compression error into the next call.
 FEEDBACK_GRAD_SCHEMES = ("loco",)
+#: The preset :meth:`QSDPConfig.from_preset` starts from when none is named (and the only one ``policy="auto"`` takes).
+DEFAULT_PRESET = "w8g8"
 #: Gradient bit widths at or below which a scheme without error feedback costs loss.
 LOW_GRAD_BITS = 2
 
@@ -148,6 +151,15 @@ class QSDPConfig:
             its traffic (one extra decode); ``0`` never measures.
         ranks_per_node: ranks sharing a node, for per-hop byte counts and topology-aware schemes; ``None``
             reads ``LOCAL_WORLD_SIZE`` from the launcher (one node when unset).
+        policy: ``"fixed"`` (the settings above) or ``"auto"``: start unquantized, measure the network and each
+            unit's compute over the first steps, then choose per unit and side among the candidates
+            (:mod:`composer_qsdp.auto`). Under ``"auto"`` both sides must be unquantized (``bits`` ``None``, no
+            ``bits_overrides``): the policy chooses them; ``from_preset(policy="auto")`` builds that.
+        auto_options: the automatic policy's options, an :class:`~composer_qsdp.config.options.AutoOptions` or a
+            mapping of its fields (which becomes one); ``None`` is the defaults under ``"auto"`` and is required
+            under ``"fixed"``.
+        preset: the preset :meth:`from_preset` started from (its options may have been changed), else ``None``.
+            A record of where the settings came from, not a setting: not a constructor argument, not compared.
 
     Raises:
         ValueError: at construction, for any option out of range, naming the option and what is allowed.
@@ -166,6 +178,9 @@ class QSDPConfig:
     check_finite: bool = True
     error_sample_interval: int = 100
     ranks_per_node: int | None = None
+    policy: str = "fixed"
+    auto_options: AutoOptions | Mapping[str, Any] | None = None
+    preset: str | None = field(default=None, init=False, compare=False)
     _weight_prototypes: dict[tuple[str, int | None], WeightScheme] = field(init=False, repr=False, compare=False)
     _grad_prototypes: dict[tuple[str, int | None], GradScheme] = field(init=False, repr=False, compare=False)
 
@@ -184,9 +199,25 @@ class QSDPConfig:
             raise ValueError(f"check_finite={self.check_finite!r} is invalid; it must be True or False")
         if self.ranks_per_node is not None:
             check_int("ranks_per_node", self.ranks_per_node, minimum=1)
+        self._check_policy()
         set_(self, "_weight_prototypes", self._prototypes("weights", WEIGHT_SCHEMES, make_weight_scheme))
         set_(self, "_grad_prototypes", self._prototypes("grads", GRAD_SCHEMES, make_grad_scheme))
         self._warn_low_bit_grads()
+
+    def _check_policy(self) -> None:
+        check_choice("policy", self.policy, POLICIES)
+        if self.policy == "fixed":
+            if self.auto_options is not None:
+                raise ValueError(f"auto_options={self.auto_options!r} needs policy='auto' (policy='fixed')")
+            return
+        object.__setattr__(self, "auto_options", typed_options("policy", "auto", self.auto_options,
+                                                               {"auto": AutoOptions}))
+        quantized = {side: getattr(self, side).all_bits() for side in _SIDES.values() if getattr(self, side).all_bits()}
+        if quantized:
+            raise ValueError(
+                f"policy='auto' chooses each unit's weight and gradient bits itself and starts unquantized, but "
+                f"{', '.join(f'{side} use bits {bits}' for side, bits in quantized.items())}; build it with "
+                "QSDPConfig.from_preset(policy='auto', ...) or use policy='fixed'")
 
     def _warn_low_bit_grads(self) -> None:
         lossy = sorted(f"{scheme} at {bits} bit(s)" for scheme, bits in self._grad_prototypes
@@ -209,17 +240,22 @@ class QSDPConfig:
         return prototypes
 
     @classmethod
-    def from_preset(cls, name: str = "w8g8", **options: Any) -> QSDPConfig:
+    def from_preset(cls, name: str = DEFAULT_PRESET, **options: Any) -> QSDPConfig:
         """The named preset (:meth:`preset_names`: ``"w8g8"``, ``"w8g4"``, ``"w4g4"``, ``"zeropp"``,
         ``"tlq-hs"``, ``"sdp4bit"``, ``"qwd-w4g4"``, ``"qwd-w4g2-loco"``...) with flat ``options`` changed
         (:meth:`option_names`: ``weight_bits``, ``grad_codec_options``, ``bucket_size``, ``exclude``, ...; see
         :mod:`composer_qsdp.config.presets`).
 
-        Example: ``QSDPConfig.from_preset("w8g4", weight_bucket_size=2048, exclude=["model.wte"])``.
+        ``policy="auto"`` (with ``auto_options``) starts from the default preset with both sides unquantized, the
+        automatic policy's start; the per-side options are then the policy's to choose and cannot be given.
+
+        Examples: ``QSDPConfig.from_preset("w8g4", weight_bucket_size=2048, exclude=["model.wte"])``,
+        ``QSDPConfig.from_preset(policy="auto", auto_options={"warmup_steps": 6}, exclude=["model.wte"])``.
 
         Raises:
-            ValueError: an unknown preset or option, naming the allowed ones and the closest, or a value out of
-                range, naming the option.
+            ValueError: an unknown preset or option, naming the allowed ones and the closest, a value out of
+                range, naming the flat options it came from, or per-side options or another preset with
+                ``policy="auto"``.
         """
         return from_preset(name, **options)
 
@@ -257,10 +293,12 @@ class QSDPConfig:
         return _copy_of(self._grad_prototypes, self.grads.scheme, scheme, bits, "grads")
 
     def summary(self) -> dict[str, Any]:
-        """The settings as plain values, for logging hyperparameters."""
+        """The quantization settings as plain values, for logging hyperparameters and for the algorithm's
+        checkpoint state; the policy, its options and the preset's name are recorded apart from them (the
+        algorithm's ``qsdp/policy`` and ``qsdp/preset``), so that the summary keeps the keys checkpoints hold."""
         out: dict[str, Any] = {}
         for f in fields(self):
-            if f.name.startswith("_"):
+            if f.name.startswith("_") or f.name in _NOT_SUMMARIZED:
                 continue
             value = getattr(self, f.name)
             if isinstance(value, SideConfig):
@@ -302,6 +340,7 @@ def build_scheme(
 _SIDES = {"weight_": "weights", "grad_": "grads"}
 _SIDE_FIELDS = tuple(f.name for f in fields(SideConfig))
 _RUN_FIELDS = tuple(f.name for f in fields(QSDPConfig) if f.init and f.name not in _SIDES.values())
+_NOT_SUMMARIZED = ("policy", "auto_options", "preset")
 
 
 def option_names() -> tuple[str, ...]:
@@ -309,16 +348,8 @@ def option_names() -> tuple[str, ...]:
     return (*(prefix + f for prefix in _SIDES for f in _SIDE_FIELDS), "bucket_size", *_RUN_FIELDS)
 
 
-def from_preset(name: str = "w8g8", **options: Any) -> QSDPConfig:
-    """The preset ``name`` (:func:`~composer_qsdp.config.presets.preset_names`) with flat ``options`` changed (see
-    :mod:`composer_qsdp.config.presets`); :meth:`QSDPConfig.from_preset` is this function.
-
-    Example: ``QSDPConfig.from_preset("w8g4", weight_bucket_size=2048, exclude=["model.wte"])``.
-
-    Raises:
-        ValueError: an unknown preset or option (naming the allowed ones and the closest), or an option out of
-            range, naming the flat options it came from.
-    """
+def from_preset(name: str = DEFAULT_PRESET, **options: Any) -> QSDPConfig:
+    """:meth:`QSDPConfig.from_preset` (the method is the spelling to use; this module-level function is it)."""
     if not isinstance(name, str) or name not in PRESETS:
         hint = did_you_mean(name, PRESETS) if isinstance(name, str) else ""
         raise ValueError(f"unknown QSDP preset {name!r}{hint}; allowed: {', '.join(PRESETS)}")
@@ -327,6 +358,13 @@ def from_preset(name: str = "w8g8", **options: Any) -> QSDPConfig:
         if key not in allowed:
             raise ValueError(f"unknown QSDP option {key!r}{did_you_mean(key, allowed)}; allowed: {', '.join(allowed)}")
     given = options
+    if options.get("policy") == "auto":
+        sided = sorted(key for key in options if key not in _RUN_FIELDS)
+        if sided or name != DEFAULT_PRESET:
+            what = sided or f"the preset {name!r}"
+            raise ValueError(f"policy='auto' chooses each unit's weight and gradient settings itself, so {what} "
+                             f"cannot be given with it; remove {'them' if sided else 'it'} or use policy='fixed'")
+        options = {**options, "weight_bits": None, "grad_bits": None}  # the safe start: unquantized while measuring
     options = {**PRESETS[name], **options, **_merged_options(PRESETS[name], options)}
     sides: dict[str, dict[str, Any]] = {side: {} for side in _SIDES.values()}
     if "bucket_size" in options:
@@ -336,11 +374,13 @@ def from_preset(name: str = "w8g8", **options: Any) -> QSDPConfig:
         sides[side].update({f: options[prefix + f] for f in _SIDE_FIELDS if prefix + f in options})
     run = {f: options[f] for f in _RUN_FIELDS if f in options}
     try:
-        return QSDPConfig(**{side: SideConfig(**changes) for side, changes in sides.items()}, **run)
+        config = QSDPConfig(**{side: SideConfig(**changes) for side, changes in sides.items()}, **run)
     except ValueError as err:
         # The config names its own fields (weights.bits); say which of the user's flat options set them.
         named = ", ".join(f"{k}={v!r}" for k, v in given.items()) or "none"
         raise ValueError(f"QSDP preset {name!r} with options {named}: {err}") from None
+    object.__setattr__(config, "preset", name)
+    return config
 
 
 def _merged_options(preset: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
@@ -356,18 +396,6 @@ def _merged_options(preset: Mapping[str, Any], given: Mapping[str, Any]) -> dict
             if isinstance(base, Mapping) and isinstance(value, Mapping) and same_owner:
                 merged[key] = {**base, **value}
     return merged
-
-
-def from_recipe(name: str = "w8g8", **options: Any) -> QSDPConfig:
-    """Deprecated spelling of :meth:`QSDPConfig.from_preset` (a "recipe" is a yaml file)."""
-    warnings.warn("from_recipe(...) is now QSDPConfig.from_preset(...)", DeprecationWarning, stacklevel=2)
-    return from_preset(name, **options)
-
-
-def recipe_names() -> tuple[str, ...]:
-    """Deprecated spelling of :meth:`QSDPConfig.preset_names`."""
-    warnings.warn("recipe_names() is now QSDPConfig.preset_names()", DeprecationWarning, stacklevel=2)
-    return preset_names()
 
 
 @functools.cache

@@ -32,7 +32,7 @@ from composer.utils import dist
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import MeanSquaredError
 
-from composer_qsdp import QSDP
+from composer_qsdp import QSDP, QSDPConfig
 from composer_qsdp.shared_gpu import this_process_gpu
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for its helpers
@@ -127,8 +127,8 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
     model = Model()
     ds = dataset()
     loader = DataLoader(ds, batch_size=BS, sampler=dist.get_sampler(ds, shuffle=False, drop_last=True))
-    options = json.loads(os.environ.get("QSDP_TEST_OPTIONS", "null")) or DEFAULT_OPTIONS
-    qsdp = QSDP(**options)
+    options = dict(json.loads(os.environ.get("QSDP_TEST_OPTIONS", "null")) or DEFAULT_OPTIONS)
+    qsdp = QSDP(QSDPConfig.from_preset(options.pop("preset", "w8g8"), **options))
     fsdp_settings = json.loads(os.environ.get("QSDP_TEST_FSDP", "null")) or {}
     recorder = LossRecorder()
     memory = InMemoryLogger()

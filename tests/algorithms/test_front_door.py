@@ -1,10 +1,12 @@
 """The public face: ``QSDPConfig`` (typed, presets as named constructors), ``QSDP(config)`` and one
-``apply_qsdp(model, config)``; old spellings either build the same configuration or fail naming the new one."""
+``apply_qsdp(model, config)``; flat options build the same configuration as the typed one, and the removed
+spellings fail naming the one spelling."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from sharded_mlp import Adapter, _train
 
 from composer_qsdp import (QSDP, CodecOptions, DifferenceOptions, LearnedOptions, QSDPConfig, SideConfig,
                            TwoLevelOptions, apply_qsdp)
-from composer_qsdp.config import from_preset, from_recipe, preset_names
+from composer_qsdp.config import preset_names
 from composer_qsdp.config.options import CODEC_OPTIONS, SCHEME_OPTIONS
 from composer_qsdp.config.presets import PRESETS
 from composer_qsdp.quant import make_codec
@@ -26,13 +28,13 @@ from composer_qsdp.schemes import GRAD_SCHEMES, WEIGHT_SCHEMES
 ROOT = Path(__file__).resolve().parents[2]
 
 #: qWD weights with a Hadamard rotation and two-level gradients: every typed option class on the path.
-OLD_SPELLING = dict(weight_scheme="difference", weight_codec="symmetric", weight_bits=4, weight_bucket_size=64,
+FLAT_OPTIONS = dict(weight_scheme="difference", weight_codec="symmetric", weight_bits=4, weight_bucket_size=64,
                     weight_codec_options={"hadamard": True}, weight_scheme_options={"keyframe_every": 3},
                     grad_scheme="two_level", grad_codec="symmetric", grad_bits=4, grad_bucket_size=64,
                     grad_scheme_options={"intra_codec": {"name": "symmetric", "bits": 8, "bucket_size": 64},
                                          "rotation_block": 32},
                     seed=11)
-NEW_SPELLING = QSDPConfig(
+TYPED_CONFIG = QSDPConfig(
     weights=SideConfig(bits=4, codec="symmetric", bucket_size=64, codec_options=CodecOptions(hadamard=True),
                        scheme="difference", scheme_options=DifferenceOptions(keyframe_every=3)),
     grads=SideConfig(bits=4, codec="symmetric", bucket_size=64, scheme="two_level",
@@ -44,10 +46,12 @@ NEW_SPELLING = QSDPConfig(
 
 def test_a_typo_names_the_allowed_options_and_the_closest():
     with pytest.raises(ValueError, match=r"unknown QSDP option 'weight_bit'; did you mean 'weight_bits'\?; "
-                                         r"allowed: config, preset, policy, auto_options, weight_bits, weight_codec, "):
-        QSDP(weight_bit=4)
+                                         r"allowed: weight_bits, weight_codec, "):
+        QSDPConfig.from_preset("w8g4", weight_bit=4)
     with pytest.raises(ValueError, match=r"unknown QSDP option 'polcy'; did you mean 'policy'\?"):
-        QSDP(polcy="auto")
+        QSDPConfig.from_preset(polcy="auto")
+    with pytest.raises(ValueError, match=r"policy='autp' is not supported; allowed: fixed, auto; did you mean 'auto'"):
+        QSDPConfig.from_preset(policy="autp")
     with pytest.raises(ValueError, match=r"unknown QSDP preset 'sdp4bits'; did you mean 'sdp4bit'\?"):
         QSDPConfig.from_preset("sdp4bits")
     with pytest.raises(ValueError, match=r"unknown option 'hadamrd' of codec 'minmax'; did you mean 'hadamard'\?"):
@@ -65,18 +69,33 @@ def test_a_recipe_typo_fails_at_the_recipe_check_with_a_suggestion():
 
 def test_an_out_of_range_value_names_the_option_the_user_wrote():
     with pytest.raises(ValueError, match=r"options weight_bits=9: .*bits=9 is not supported; allowed: integers 1..8"):
-        QSDP(weight_bits=9)
+        QSDPConfig.from_preset(weight_bits=9)
 
 
-def test_old_and_new_spellings_build_the_same_config():
-    assert QSDP(**OLD_SPELLING).config == QSDP(NEW_SPELLING).config == NEW_SPELLING
-    assert QSDP("sdp4bit").config == QSDP(preset="sdp4bit").config == QSDPConfig.from_preset("sdp4bit")
-    with pytest.warns(DeprecationWarning, match=r"QSDP\(recipe=\.\.\.\) is now QSDP\(preset=\.\.\.\)"):
-        assert QSDP(recipe="w8g4", grad_bits=3).config == QSDPConfig.from_preset("w8g4", grad_bits=3)
-    with pytest.warns(DeprecationWarning, match=r"from_recipe\(\.\.\.\) is now QSDPConfig.from_preset"):
-        assert from_recipe("zeropp") == from_preset("zeropp")
-    with pytest.raises(ValueError, match=r"takes a complete QSDPConfig; \['grad_bits'\] cannot be given with it"):
-        QSDP(NEW_SPELLING, grad_bits=8)
+def test_flat_options_and_the_typed_config_build_the_same_config():
+    assert QSDPConfig.from_preset(**FLAT_OPTIONS) == QSDP(TYPED_CONFIG).config == TYPED_CONFIG
+    assert QSDP("sdp4bit").config == QSDPConfig.from_preset("sdp4bit")
+
+
+def test_qsdp_takes_one_config_and_names_it_for_the_removed_spellings():
+    assert list(inspect.signature(QSDP.__init__).parameters) == ["self", "config"]
+    for call, spelling in (
+        (lambda: QSDP(weight_bits=8), "QSDP(QSDPConfig.from_preset('w8g8', weight_bits=8))"),
+        (lambda: QSDP(preset="sdp4bit", grad_bits=8), "QSDP(QSDPConfig.from_preset('sdp4bit', grad_bits=8))"),
+        (lambda: QSDP(recipe="w8g4"), "QSDP(QSDPConfig.from_preset('w8g4'))"),
+        (lambda: QSDP(policy="auto", auto_options={"warmup_steps": 3}),
+         "QSDP(QSDPConfig.from_preset('w8g8', policy='auto', auto_options={'warmup_steps': 3}))"),
+        (lambda: QSDP(TYPED_CONFIG, grad_bits=8), "QSDP(QSDPConfig.from_preset('w8g8', grad_bits=8))"),
+    ):
+        with pytest.raises(TypeError, match=r"QSDP takes one QSDPConfig or a preset name, not keyword options .*; "
+                                            r"write " + re.escape(spelling)):
+            call()
+    with pytest.raises(ValueError, match=r"config=8 is invalid; it must be a QSDPConfig or a preset name"):
+        QSDP(8)
+    import composer_qsdp.config
+    assert not hasattr(composer_qsdp.config, "from_recipe") and not hasattr(composer_qsdp.config, "recipe_names")
+    with pytest.raises(AttributeError):
+        composer_qsdp.from_recipe
 
 
 def test_options_become_their_typed_class():
@@ -126,39 +145,39 @@ def test_apply_qsdp_refuses_an_unsharded_model():
         apply_qsdp(nn.Linear(2, 2), 8)
 
 
-def _old_and_new(info: RankInfo) -> dict:
+def _flat_and_typed(info: RankInfo) -> dict:
     adapter = Adapter("fsdp2")
     out = {}
     model = adapter.shard(info)
-    handle = adapter.apply(model, QSDP(**OLD_SPELLING).config)  # the adapter's own entry, flat options
-    out["old"] = (_train(info, model, 4, grads=False)["losses"], handle.traffic())
+    handle = adapter.apply(model, QSDPConfig.from_preset(**FLAT_OPTIONS))  # the adapter's own entry, flat options
+    out["flat"] = (_train(info, model, 4, grads=False)["losses"], handle.traffic())
     model = adapter.shard(info)
-    handle = apply_qsdp(model, NEW_SPELLING)  # the one public entry, typed config
-    out["new"] = (_train(info, model, 4, grads=False)["losses"], handle.traffic())
+    handle = apply_qsdp(model, TYPED_CONFIG)  # the one public entry, typed config
+    out["typed"] = (_train(info, model, 4, grads=False)["losses"], handle.traffic())
     return out
 
 
-@pytest.mark.slow  # deprecated spellings; the typed config is exercised by every other training test
+@pytest.mark.slow  # flat options; the typed config is exercised by every other training test
 @pytest.mark.requires_custom_comm
-def test_old_spelling_and_typed_config_train_identically():
+def test_flat_options_and_typed_config_train_identically():
     """Same losses and the same bytes on 2 gloo ranks (FSDP2), bit for bit."""
     if torch.__version__ < "2.7":
         pytest.skip(f"FSDP2 cannot run on CPU with torch {torch.__version__}")
-    for rank in run_ranks(_old_and_new, 2):
-        old_losses, old_traffic = rank["old"]
-        new_losses, new_traffic = rank["new"]
-        assert old_losses == new_losses
-        assert old_traffic.summary() == new_traffic.summary() and old_traffic.total.sent > 0
+    for rank in run_ranks(_flat_and_typed, 2):
+        flat_losses, flat_traffic = rank["flat"]
+        typed_losses, typed_traffic = rank["typed"]
+        assert flat_losses == typed_losses
+        assert flat_traffic.summary() == typed_traffic.summary() and flat_traffic.total.sent > 0
 
 
 @pytest.mark.parametrize("make,label", [
     (lambda: QSDP(QSDPConfig.from_preset("w8g8")), "w8g8"),
     (lambda: QSDP(QSDPConfig.from_preset("qwd-w4g2-loco")), "qwd-w4g2-loco"),
     (lambda: QSDP(QSDPConfig()), "w8g8"),
-    (lambda: QSDP("w8g4", grad_bits=4), "w8g4"),  # the preset's own value: still exactly the preset
-    (lambda: QSDP("w8g4", seed=3), "w8g4+custom"),
-    (lambda: QSDP(QSDPConfig.from_preset("w8g4", seed=3)), "custom"),
-    (lambda: QSDP(policy="auto"), "auto"),
+    (lambda: QSDP(QSDPConfig.from_preset("w8g4", grad_bits=4)), "w8g4"),  # the preset's own value: still exactly it
+    (lambda: QSDP(QSDPConfig.from_preset("w8g4", seed=3)), "w8g4+custom"),
+    (lambda: QSDP(dataclasses.replace(QSDPConfig.from_preset("w8g4"), seed=3)), "custom"),  # built, not from_preset
+    (lambda: QSDP(QSDPConfig.from_preset(policy="auto")), "auto"),
 ])
 def test_the_logged_preset_names_the_preset_the_config_equals(make, label):
     assert make().preset_label() == label

@@ -11,7 +11,7 @@ from composer.models import ComposerModel
 from composer.utils import FSDP2Config
 from torch.utils.data import DataLoader, TensorDataset
 
-from composer_qsdp import QSDP
+from composer_qsdp import QSDP, QSDPConfig
 from composer_qsdp.config import from_preset
 from composer_qsdp.algorithms.qsdp import check_run
 from composer_qsdp.fsdp2 import HAS_CUSTOM_COMM_API, compat
@@ -47,7 +47,7 @@ def _trainer(**kwargs) -> Trainer:
 ])
 def test_out_of_range_options_fail_at_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        QSDP(**kwargs)
+        QSDPConfig.from_preset(kwargs.pop("preset", "w8g8"), **kwargs)
 
 
 def test_defaults_are_w8g8_stochastic():
@@ -57,12 +57,13 @@ def test_defaults_are_w8g8_stochastic():
     assert config.weight_scheme(8).codec.rounding == config.grad_scheme(8).codec.rounding == "stochastic"
 
 
-def test_options_change_the_recipe():
-    qsdp = QSDP("w8g4", weight_bucket_size=2048, exclude=["model.wte"], weight_bits_overrides={"*": None})
-    assert qsdp.config == from_preset("w8g4", weight_bucket_size=2048, exclude=["model.wte"],
-                                      weight_bits_overrides={"*": None})
-    assert (qsdp.config.grads.bits, qsdp.config.weights.bucket_size, qsdp.config.grads.bucket_size) == (4, 2048, 1024)
-    assert QSDP(grad_bits=None).config.grads.bits is None  # None is a value, not "unset"
+def test_options_change_the_preset():
+    config = QSDPConfig.from_preset("w8g4", weight_bucket_size=2048, exclude=["model.wte"],
+                                    weight_bits_overrides={"*": None})
+    assert config.weights.bits_overrides == {"*": None} and config.exclude == ("model.wte",)
+    assert (config.grads.bits, config.weights.bucket_size, config.grads.bucket_size) == (4, 2048, 1024)
+    assert QSDP(config).config is config
+    assert QSDPConfig.from_preset(grad_bits=None).grads.bits is None  # None is a value, not "unset"
     assert repr(QSDP("w4g4")) == "QSDP('w4g4', weight_bits=4, grad_bits=4)"
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from composer_qsdp import QSDP
+from composer_qsdp import QSDP, QSDPConfig
 from composer_qsdp.auto import AutoOptions
 from composer_qsdp.config import SideConfig, from_preset
 from composer_qsdp.auto.choice import (CANDIDATES, GRAD_CANDIDATES, WEIGHT_CANDIDATES, Candidate, LinkFit, UnitProfile,
@@ -291,16 +291,20 @@ def test_probe_sizes():
 
 # ---------------------------------------------------------------------------------------------- options
 def test_options_errors_name_the_value_and_what_is_allowed():
-    with pytest.raises(ValueError, match="policy='fast' is invalid; allowed: fixed, auto"):
-        QSDP(policy="fast")
+    with pytest.raises(ValueError, match="policy='fast' is not supported; allowed: fixed, auto"):
+        QSDPConfig.from_preset(policy="fast")
     with pytest.raises(ValueError, match=r"policy='auto' chooses .* \['grad_bits', 'weight_bits'\]"):
-        QSDP(policy="auto", weight_bits=8, grad_bits=4)
-    with pytest.raises(ValueError, match="preset='w4g4' cannot be given"):
-        QSDP("w4g4", policy="auto")
-    with pytest.raises(ValueError, match=r"unknown auto_options key\(s\) \['warmup'\]; allowed: warmup_steps"):
-        QSDP(policy="auto", auto_options={"warmup": 3})
+        QSDPConfig.from_preset(policy="auto", weight_bits=8, grad_bits=4)
+    with pytest.raises(ValueError, match="the preset 'w4g4' cannot be given"):
+        QSDPConfig.from_preset("w4g4", policy="auto")
+    with pytest.raises(ValueError, match=r"policy='auto' .* starts unquantized, but weights use bits \[8\], grads "
+                                         r"use bits \[8\]"):
+        QSDPConfig(policy="auto")
+    with pytest.raises(ValueError, match=r"unknown option 'warmup' of policy 'auto'; did you mean 'warmup_steps'\?; "
+                                         r"allowed: warmup_steps"):
+        QSDPConfig.from_preset(policy="auto", auto_options={"warmup": 3})
     with pytest.raises(ValueError, match="needs policy='auto'"):
-        QSDP(auto_options={"warmup_steps": 3})
+        QSDPConfig.from_preset(auto_options={"warmup_steps": 3})
     with pytest.raises(ValueError, match="warmup_steps"):
         AutoOptions(warmup_steps=1)
     with pytest.raises(ValueError, match=r"min_gain=1 is invalid; allowed: a number in \[0, 1\)"):
@@ -316,11 +320,12 @@ def test_options_errors_name_the_value_and_what_is_allowed():
         AutoOptions(weight_candidates=["off", "w8", "w8"])
     with pytest.raises(ValueError, match="weight_candidates='off' is invalid; it must be a list"):
         AutoOptions(weight_candidates="off")
-    qsdp = QSDP(policy="auto", exclude=["l1"], auto_options={"warmup_steps": 3})
+    qsdp = QSDP(QSDPConfig.from_preset(policy="auto", exclude=["l1"], auto_options={"warmup_steps": 3}))
     assert qsdp.config.weights.bits is None and qsdp.config.grads.bits is None  # starts unquantized
-    assert qsdp.auto_options.warmup_steps == 3 and qsdp.config.exclude == ("l1",)
-    assert (qsdp.auto_options.weight_candidates, qsdp.auto_options.grad_candidates) == (("off", "w8", "qwd4"),
-                                                                                         ("off", "g8", "g4"))
+    options = qsdp.config.auto_options
+    assert qsdp.policy == "auto" and options.warmup_steps == 3 and qsdp.config.exclude == ("l1",)
+    assert (options.weight_candidates, options.grad_candidates) == (("off", "w8", "qwd4"), ("off", "g8", "g4"))
+    assert QSDPConfig.from_preset(policy="auto").auto_options == AutoOptions()  # None: the defaults
 
 
 def test_candidate_lists_from_yaml_load_in_accuracy_order():
@@ -329,7 +334,7 @@ def test_candidate_lists_from_yaml_load_in_accuracy_order():
     # YAML reads a bare `off` as False; lists arrive as ListConfig; any order gives the registry's.
     cfg = OmegaConf.create("weight_candidates: [qwd3, off, qwd4]\ngrad_candidates: [g3loco, g8, 'off']")
     assert cfg.weight_candidates[1] is False
-    options = QSDP(policy="auto", auto_options=cfg).auto_options
+    options = QSDPConfig.from_preset(policy="auto", auto_options=cfg).auto_options
     assert options.weight_candidates == ("off", "qwd4", "qwd3")
     assert options.grad_candidates == ("off", "g8", "g3loco")
 

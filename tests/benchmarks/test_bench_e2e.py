@@ -164,7 +164,7 @@ def test_random_token_shards_are_seeded_and_reused(tmp_path):
 
 @pytest.mark.parametrize("model", ["125m", "350m", "1.3b"])
 def test_every_paper_family_plans_valid_launches(model, tmp_path):
-    from composer_qsdp import QSDP
+    from composer_qsdp.recipes.loader import build_algorithm
     from composer_qsdp.recipes.train import load_recipe
 
     args = bench_e2e.parse_args(["--model", model, "--nproc", "4", "--out-dir", str(tmp_path),
@@ -194,7 +194,7 @@ def test_every_paper_family_plans_valid_launches(model, tmp_path):
     loco_overrides = plan.overrides(loco, 4, tmp_path / "m.json")
     assert set(auto) < set(loco_overrides)
     qsdp_kwargs = load_recipe(plan.recipe_dir / loco.recipe, loco_overrides, world_size=4).algorithm_kwargs["qsdp"]
-    options = QSDP(**qsdp_kwargs).auto_options
+    options = build_algorithm("qsdp", qsdp_kwargs).config.auto_options
     assert (options.weight_candidates, options.grad_candidates) == (("off", "w8", "qwd4", "qwd3"),
                                                                     ("off", "g8", "g4", "g3loco"))
     with pytest.raises(SystemExit, match="-hpz configurations reshard to the node: pass --ranks-per-node"):

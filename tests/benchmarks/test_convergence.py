@@ -110,7 +110,7 @@ def test_every_arm_plans_valid_launches_for_the_125m_family(tmp_path):
 def test_policy_auto_loco_names_the_opt_in_candidates_as_bench_e2e_does(tmp_path):
     import bench_e2e
 
-    from composer_qsdp import QSDP
+    from composer_qsdp.recipes.loader import build_algorithm
     from composer_qsdp.recipes.train import load_recipe
 
     arm = convergence.ARMS["policy-auto-loco"]
@@ -120,7 +120,7 @@ def test_policy_auto_loco_names_the_opt_in_candidates_as_bench_e2e_does(tmp_path
                                              str(tmp_path / "c"), "--eval-batches", "-1", "--arms", "policy-auto-loco"])
     plan = convergence._plan(args)
     recipe = load_recipe(plan.recipe_dir / arm.recipe, plan.overrides("policy-auto-loco", 0), world_size=2)
-    options = QSDP(**recipe.algorithm_kwargs["qsdp"]).auto_options
+    options = build_algorithm("qsdp", recipe.algorithm_kwargs["qsdp"]).config.auto_options
     assert (options.weight_candidates, options.grad_candidates) == (("off", "w8", "qwd4", "qwd3"),
                                                                     ("off", "g8", "g4", "g3loco"))
 

@@ -15,9 +15,8 @@ import pytest
 
 import composer_qsdp.recipes.loader.components
 import composer_qsdp.recipes.train
-from composer_qsdp import QSDP
 from composer_qsdp.config import from_preset
-from composer_qsdp.recipes.loader import build_components, build_optimizer
+from composer_qsdp.recipes.loader import build_algorithm, build_components, build_optimizer
 from composer_qsdp.recipes.train import RecipeError, load_recipe, main
 from test_train import BASELINE, QSDP_RECIPE
 
@@ -257,13 +256,13 @@ def test_a_preset_switch_over_the_base_qsdp_section_gives_exactly_that_preset(tm
               "dotted": lambda: load_recipe(QSDP_RECIPE, ["algorithms.qsdp.preset=sdp4bit"]),
               "yaml": lambda: load_recipe(preset_child(tmp_path, "{preset: sdp4bit}"))}[spelling]()
     assert recipe.algorithm_kwargs["qsdp"] == {"preset": "sdp4bit"}
-    assert QSDP(**recipe.algorithm_kwargs["qsdp"]).config == from_preset("sdp4bit")
+    assert build_algorithm("qsdp", recipe.algorithm_kwargs["qsdp"]).config == from_preset("sdp4bit")
 
 
 def test_a_preset_switch_keeps_the_options_given_with_it_and_the_base_run_options(tmp_path):
     recipe = load_recipe(QSDP_RECIPE, ["algorithms.qsdp.preset=sdp4bit", "algorithms.qsdp.grad_bits=8"])
     assert recipe.algorithm_kwargs["qsdp"] == {"preset": "sdp4bit", "grad_bits": 8}
-    assert QSDP(**recipe.algorithm_kwargs["qsdp"]).config == from_preset("sdp4bit", grad_bits=8)
+    assert build_algorithm("qsdp", recipe.algorithm_kwargs["qsdp"]).config == from_preset("sdp4bit", grad_bits=8)
     (tmp_path / "base.yaml").write_text(f"base: {QSDP_RECIPE}\nalgorithms:\n"
                                         "  qsdp: {preset: w8g4, grad_bits: 2, exclude: [model.wte], seed: 5}\n")
     switched = load_recipe(preset_child(tmp_path, "{preset: zeropp}", base=tmp_path / "base.yaml"))

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from composer_qsdp import QSDP
 from composer_qsdp.config import from_preset
 from composer_qsdp.recipes.models import ComposerGPT, HFCausalLMConfig, build_hf_causal_lm
 from composer_qsdp.auto import AutoOptions
+from composer_qsdp.recipes.loader import build_algorithm
 from composer_qsdp.recipes.train import RecipeError, load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,11 +82,11 @@ def test_recipe_validates_and_builds_its_model(path):
     elif path.stem in ("sdp4bit", "qwd-w4g4", "qwd-w4g2-loco", "qwd-w4g3-loco", "qwd-w3g3-loco", "qwd-w3g2-loco",
                        "zeropp"):
         assert recipe.algorithm_kwargs == {"qsdp": {"preset": path.stem}}
-        assert QSDP(**recipe.algorithm_kwargs["qsdp"]).config == from_preset(path.stem)
+        assert build_algorithm("qsdp", recipe.algorithm_kwargs["qsdp"]).config == from_preset(path.stem)
     elif path.stem == "qsdp-auto":  # the policy's recipe value, built into the algorithm at validation
-        qsdp = QSDP(**recipe.algorithm_kwargs["qsdp"])
-        assert qsdp.policy == "auto" and qsdp.auto_options == AutoOptions(**recipe.algorithm_kwargs["qsdp"]
-                                                                           ["auto_options"])
+        qsdp = build_algorithm("qsdp", recipe.algorithm_kwargs["qsdp"])
+        assert qsdp.policy == "auto" and qsdp.config.auto_options == AutoOptions(**recipe.algorithm_kwargs["qsdp"]
+                                                                                  ["auto_options"])
     elif path.stem == "zero-one-adam":  # a dense 8-bit variance phase for a quarter of the run, local steps up to 4
         zoa = recipe.algorithm_kwargs["zero_one_adam"]
         assert zoa["var_freeze_step"] == "0.25dur" and zoa["var_update_scaler"] > 1000
@@ -96,7 +96,8 @@ def test_recipe_validates_and_builds_its_model(path):
 
 
 def test_recipe_with_an_unknown_policy_names_the_allowed_ones():
-    with pytest.raises(RecipeError, match="algorithms.qsdp' is invalid: policy='autoo' is invalid; allowed: fixed, auto"):
+    with pytest.raises(RecipeError, match="algorithms.qsdp' is invalid: .*policy='autoo' is not supported; "
+                                          "allowed: fixed, auto; did you mean 'auto'"):
         load_recipe(ROOT / "yamls" / "gpt-1.3b" / "qsdp-auto.yaml", [*PAPER_C4, "algorithms.qsdp.policy=autoo"])
     with pytest.raises(RecipeError, match="policy='auto' chooses .*'weight_bits'"):
         load_recipe(ROOT / "yamls" / "gpt-1.3b" / "qsdp-auto.yaml", [*PAPER_C4, "algorithms.qsdp.weight_bits=8"])

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import warnings
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +15,15 @@ from composer.utils import dist
 from torch import nn
 from torchmetrics import Metric, MetricCollection
 
-from composer_qsdp._names import did_you_mean
 from composer_qsdp.comm import TrafficCounter, TrafficReport
 from composer_qsdp import fsdp1, fsdp2
-from composer_qsdp.auto import AutoOptions, AutoPolicy, POLICIES
+from composer_qsdp.algorithms.qsdp.functional import as_config
+from composer_qsdp.auto import AutoPolicy
 from composer_qsdp.config import QSDPConfig
+from composer_qsdp.config.settings import DEFAULT_PRESET
 from composer_qsdp.engine import NonFiniteWeightError, QSDPHandle, ResumeSettingsWarning
 
-__all__ = ["QSDP", "QSDPResiduals", "check_run", "per_block_fsdp_units"]
+__all__ = ["QSDP", "QSDPFromYaml", "QSDPResiduals", "check_run", "per_block_fsdp_units"]
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +113,12 @@ class QSDP(Algorithm):
     are QSDP's step boundary. Logs bytes sent, the compression against bf16, against the same collectives
     unquantized and against plain FSDP, and sampled quantization errors at every ``BATCH_END``.
 
-    Configure it with a :class:`~composer_qsdp.QSDPConfig` (``QSDP(QSDPConfig.from_preset("sdp4bit"))``) or a
-    preset name (``QSDP("w8g4")``); keyword options change the preset (the flat options of
-    :meth:`QSDPConfig.from_preset <composer_qsdp.QSDPConfig.from_preset>`), which is how yaml recipes'
-    ``algorithms: {qsdp: {preset: w8g4, grad_bits: 4}}`` build it. The config is recorded in the hyperparameters
-    (``qsdp/config``; ``qsdp/preset`` names its preset, :meth:`preset_label`) and in checkpoints.
+    Configure it with a :class:`~composer_qsdp.QSDPConfig` (``QSDP(QSDPConfig.from_preset("w8g4", grad_bits=3))``,
+    ``QSDP(QSDPConfig.from_preset(policy="auto"))``) or a preset name (``QSDP("sdp4bit")``, the preset unchanged); a
+    yaml recipe's ``algorithms: {qsdp: {preset: w8g4, grad_bits: 4}}`` becomes
+    ``QSDP(QSDPConfig.from_preset("w8g4", grad_bits=4))``. The config's schemes and codecs are built when it
+    installs. The config is recorded in the hyperparameters (``qsdp/config``; ``qsdp/preset`` names its preset,
+    :meth:`preset_label`; ``qsdp/policy``) and in checkpoints.
 
     At ``Event.INIT``, before the Trainer wraps the model, a Hugging Face network without its own choice of FSDP
     units gets one unit per transformer block (:func:`per_block_fsdp_units`); otherwise Composer would make it a
@@ -148,83 +148,33 @@ class QSDP(Algorithm):
         print(qsdp.traffic().summary())
 
     Args:
-        config: a :class:`~composer_qsdp.QSDPConfig`, or the name of a preset (:meth:`QSDPConfig.preset_names
+        config: a :class:`~composer_qsdp.QSDPConfig` (its ``policy`` ``"fixed"``: these settings throughout; or
+            ``"auto"``: start unquantized, measure the network and each unit's compute over the first steps, then
+            choose per unit and side among the candidates of its ``auto_options``, :mod:`composer_qsdp.auto`; the
+            README's "policy=auto"), or the name of a preset (:meth:`QSDPConfig.preset_names
             <composer_qsdp.QSDPConfig.preset_names>`; default ``"w8g8"``: 8-bit weights and gradients, min-max
             codec, stochastic rounding, buckets of 1024 elements).
-        preset: the preset's name as a keyword (yaml recipes: ``preset: sdp4bit``); ``recipe`` is its deprecated
-            spelling.
-        policy: ``"fixed"`` (default: the configuration above) or ``"auto"``: start unquantized, measure the
-            network and each unit's compute over the first steps, then choose per unit and side off / 8 bits /
-            4 bits (gradients, stochastic) / 4-bit weight differences to minimize the predicted step time under
-            an accuracy rule (:mod:`composer_qsdp.auto.choice`; the README's "policy=auto"). With ``"auto"`` only
-            the run options (``exclude``, ``module_filter``, ``min_numel``, ``seed``, ``check_finite``,
-            ``error_sample_interval``, ``ranks_per_node``) apply; the per-side options are the policy's to choose.
-        auto_options: options of the automatic policy (:class:`~composer_qsdp.auto.AutoOptions`), e.g.
-            ``{"warmup_steps": 4, "recheck_tolerance": 0.25, "min_gain": 0.02}``; ``weight_candidates`` and
-            ``grad_candidates`` name the candidates, e.g. with the opt-in 3-bit ones
-            ``{"weight_candidates": ["off", "w8", "qwd4", "qwd3"], "grad_candidates": ["off", "g8", "g4", "g3loco"]}``.
-        **options: flat options over the preset (:meth:`QSDPConfig.option_names
-            <composer_qsdp.QSDPConfig.option_names>`: ``weight_bits``, ``grad_codec``, ``bucket_size``,
-            ``weight_codec_options``, ``grad_scheme``, ``exclude``, ``seed``, ...); not with a ``QSDPConfig``.
 
     Raises:
-        ValueError: at construction, for an unknown preset or option (naming the allowed ones and the closest) or
-            an option out of range, naming it.
+        TypeError: keyword options (the removed spellings ``QSDP(weight_bits=8)``, ``QSDP(preset=...)``,
+            ``QSDP(policy=...)``), naming the one spelling.
+        ValueError: anything but a ``QSDPConfig`` or a preset name, or an unknown preset name, naming the allowed
+            ones and the closest.
     """
 
-    def __init__(
-        self,
-        config: QSDPConfig | str | None = None,
-        *,
-        preset: str | None = None,
-        policy: str = "fixed",
-        auto_options: Mapping[str, Any] | None = None,
-        **options: Any,
-    ) -> None:
-        if "recipe" in options:
-            warnings.warn("QSDP(recipe=...) is now QSDP(preset=...) (yaml: algorithms.qsdp.preset)",
-                          DeprecationWarning, stacklevel=2)
-            if preset is not None:
-                raise ValueError("give the preset once: 'preset' (or its old spelling 'recipe'), not both")
-            preset = options.pop("recipe")
-        unknown = [key for key in options if key not in QSDPConfig.option_names()]
-        if unknown:
-            allowed = ("config", "preset", "policy", "auto_options", *QSDPConfig.option_names())
-            raise ValueError(f"unknown QSDP option {unknown[0]!r}{did_you_mean(unknown[0], allowed)}; allowed: "
-                             f"{', '.join(allowed)}")
-        if isinstance(config, QSDPConfig):
-            if preset is not None or options:
-                raise ValueError(f"QSDP(config) takes a complete QSDPConfig; {sorted(options) or ['preset']} cannot "
-                                 "be given with it (use QSDPConfig.from_preset(name, **options) or "
-                                 "dataclasses.replace on the config)")
-        elif isinstance(config, str):
-            if preset is not None:
-                raise ValueError(f"give the preset once: config={config!r} or preset={preset!r}, not both")
-            preset, config = config, None
-        elif config is not None:
-            raise ValueError(f"config={config!r} is invalid; it must be a QSDPConfig or a preset name "
-                             f"({', '.join(QSDPConfig.preset_names())})")
-        if not isinstance(policy, str) or policy not in POLICIES:
-            raise ValueError(f"policy={policy!r} is invalid; allowed: {', '.join(POLICIES)}")
-        self.policy = policy
-        self.auto_options: AutoOptions | None = None
-        if policy == "auto":
-            self.auto_options = _auto_options(auto_options)
-            sided = sorted(k for k in options if k.startswith(("weight_", "grad_")) or k == "bucket_size")
-            if sided or config is not None or preset not in (None, "w8g8"):
-                given = sided or ("a QSDPConfig" if config is not None else f"preset={preset!r}")
-                raise ValueError(
-                    f"policy='auto' chooses each unit's weight and gradient settings itself, so {given} cannot be "
-                    "given with it; remove them or use policy='fixed'"
-                )
-            options.update(weight_bits=None, grad_bits=None)  # the safe start: unquantized while measuring
-        elif auto_options is not None:
-            raise ValueError(f"auto_options={dict(auto_options)!r} needs policy='auto' (policy={policy!r})")
-        #: The preset the config was built from (with ``options`` changed) or, for a ``QSDPConfig``, the preset it
-        #: equals; ``None`` for a ``QSDPConfig`` that no preset equals.
-        self.preset = config.matching_preset() if isinstance(config, QSDPConfig) else (preset or "w8g8")
-        self.config: QSDPConfig = config if isinstance(config, QSDPConfig) else QSDPConfig.from_preset(
-            self.preset, **options)
+    def __new__(cls, *args: Any, **kwargs: Any) -> QSDP:
+        # Only to name the one spelling where a removed one is used (0.x took flat keyword options, preset=,
+        # recipe=, policy=, auto_options=); __init__ itself takes the config alone.
+        options = {key: value for key, value in kwargs.items() if key != "config"}
+        if options:
+            preset = options.pop("preset", options.pop("recipe", DEFAULT_PRESET))
+            given = "".join(f", {key}={value!r}" for key, value in options.items())
+            raise TypeError(f"QSDP takes one QSDPConfig or a preset name, not keyword options "
+                            f"({', '.join(sorted(kwargs))}); write QSDP(QSDPConfig.from_preset({preset!r}{given}))")
+        return super().__new__(cls)
+
+    def __init__(self, config: QSDPConfig | str = DEFAULT_PRESET) -> None:
+        self.config: QSDPConfig = as_config(config)
         self.handle: QSDPHandle | None = None
         self.auto: AutoPolicy | None = None
         self._loaded_state: dict[str, Any] | None = None
@@ -233,10 +183,15 @@ class QSDP(Algorithm):
         self._eval_traffic = _zero_report()
         self._eval_start: TrafficReport | None = None
 
+    @property
+    def policy(self) -> str:
+        """The config's policy, ``"fixed"`` or ``"auto"``."""
+        return self.config.policy
+
     def __repr__(self) -> str:
         if self.policy == "auto":
             return "QSDP(policy='auto')"
-        name = f"{self.preset!r}, " if self.preset else ""
+        name = f"{self.config.preset!r}, " if self.config.preset else ""
         return f"QSDP({name}weight_bits={self.config.weights.bits}, grad_bits={self.config.grads.bits})"
 
     def preset_label(self) -> str:
@@ -248,7 +203,7 @@ class QSDP(Algorithm):
         exact = self.config.matching_preset()
         if exact is not None:
             return exact
-        return f"{self.preset}+custom" if self.preset else "custom"
+        return f"{self.config.preset}+custom" if self.config.preset else "custom"
 
     def match(self, event: Event, state: State) -> bool:
         if event == Event.INIT:  # before the Trainer wraps the model: the FSDP units can still be chosen
@@ -314,8 +269,8 @@ class QSDP(Algorithm):
         else:
             self.handle = fsdp2.apply_qsdp(state.model, self.config, optimizers=state.optimizers,
                                            comm_path=adapter.removeprefix("fsdp2-"))
-        if self.auto_options is not None:
-            self.auto = AutoPolicy(self.handle, self.auto_options)
+        if self.policy == "auto":
+            self.auto = AutoPolicy(self.handle, self.config.auto_options)
             if self._loaded_auto is not None:  # the saved choice first: the handle's state belongs to its schemes
                 self.auto.load_state_dict(self._loaded_auto)
                 self._loaded_auto = None
@@ -431,6 +386,24 @@ class QSDP(Algorithm):
                 self.handle.load_state_dict(state["qsdp"])
 
 
+class QSDPFromYaml(Algorithm):
+    """What yaml registries build for ``algorithms: {qsdp: {...}}``: ``QSDPFromYaml(**keys)`` returns
+    ``QSDP(QSDPConfig.from_preset(preset, **other keys))``, a :class:`QSDP` (``preset``: the section's ``preset`` key,
+    else ``"w8g8"``; the other keys: the flat options of :meth:`QSDPConfig.from_preset
+    <composer_qsdp.QSDPConfig.from_preset>`, ``policy`` and ``auto_options`` among them). This package's recipes and
+    llm-foundry's (through the ``llmfoundry_algorithms`` entry point) both build it so; in Python, write ``QSDP(config)``.
+
+    A class rather than a function because llm-foundry's registry accepts only ``Algorithm`` subclasses; no instance
+    of it is ever made.
+
+    Raises:
+        ValueError: an unknown preset or option, or a value out of range (:meth:`QSDPConfig.from_preset`).
+    """
+
+    def __new__(cls, preset: str = DEFAULT_PRESET, **options: Any) -> QSDP:  # type: ignore[misc]
+        return QSDP(QSDPConfig.from_preset(preset, **options))
+
+
 class QSDPResiduals(Callback):
     """Carries each rank's scheme state that differs per rank (LoCo's residual pieces) into sharded checkpoints.
 
@@ -493,19 +466,6 @@ def _saves_now(callback: Any, state: State, event: Event) -> bool:
     if not isinstance(callback, CheckpointSaver):
         return False
     return bool(callback.save_interval(state, event)) and callback.last_checkpoint_batch != state.timestamp.batch
-
-
-def _auto_options(options: Mapping[str, Any] | None) -> AutoOptions:
-    """``auto_options`` as :class:`AutoOptions`; an unknown key is a ValueError naming the allowed ones."""
-    if options is None:
-        return AutoOptions()
-    if not isinstance(options, Mapping):
-        raise ValueError(f"auto_options={options!r} is invalid; it must be a mapping of AutoOptions fields")
-    allowed = [f.name for f in dataclasses.fields(AutoOptions)]
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise ValueError(f"unknown auto_options key(s) {unknown}; allowed: {', '.join(allowed)}")
-    return AutoOptions(**options)
 
 
 def _zero_report() -> TrafficReport:

@@ -29,7 +29,7 @@ __all__ = ["ALGORITHMS", "CALLBACKS", "CLASS_SOURCES", "LOGGERS", "MODELS", "OPT
 
 #: Algorithms a recipe can enable under ``algorithms: {name: {kwargs}}``: name -> "module:Class".
 ALGORITHMS: dict[str, str] = {
-    "qsdp": "composer_qsdp.algorithms.qsdp:QSDP",
+    "qsdp": "composer_qsdp.algorithms.qsdp:QSDPFromYaml",
     "zero_one_adam": "composer_qsdp.algorithms.zero_one_adam:ZeroOneAdamDDP",
 }
 #: Algorithms whose keyword arguments change a named preset (``preset: sdp4bit``): name -> the preset of a section

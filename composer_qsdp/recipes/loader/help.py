@@ -190,7 +190,8 @@ def recipe_help() -> str:
                       "switches off one that a base recipe enabled; algorithms={} none at all")
     lines += [f"  {name}: {target.replace(':', '.')}" for name, target in ALGORITHMS.items()]
     lines += _wrapped("algorithms.qsdp.preset names a QSDP preset (sdp4bit, zeropp, w8g4, ...); the other keys change "
-                      "it. A recipe or override that names another preset than the section it inherits gets that "
+                      "it: the section is QSDPConfig.from_preset(preset, **the other keys), policy and auto_options "
+                      "among them. A recipe or override that names another preset than the section it inherits gets that "
                       "preset: the inherited per-side options (weight_*, grad_*, bucket_size) are dropped, the "
                       "inherited run options (exclude, seed, ranks_per_node, ...) and the options given with the new "
                       "preset kept: algorithms.qsdp={preset: sdp4bit} and algorithms.qsdp.preset=sdp4bit both "

@@ -200,9 +200,9 @@ def _switch_preset(name: str, base_entry: object, entry: object) -> None:
     if not (isinstance(base_entry, DictConfig) and isinstance(entry, DictConfig)):
         return
     preset = entry.get("preset")
-    inherited = base_entry.get("preset", base_entry.get("recipe", PRESET_DEFAULTS[name]))  # recipe: the old key
+    inherited = base_entry.get("preset", PRESET_DEFAULTS[name])
     if isinstance(preset, str) and preset != inherited:
-        dropped = preset_options(name) | {"preset", "recipe"}
+        dropped = preset_options(name) | {"preset"}
         for key in [k for k in base_entry if k in dropped]:
             base_entry.pop(key)
 
