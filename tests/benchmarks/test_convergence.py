@@ -315,14 +315,13 @@ def test_corpus_manifest_fingerprint_and_checks(tiny_recipes, tmp_path):
     (copy / "pkg0" / "m0.py").write_text("changed = True\n")
     assert convergence.source_fingerprint("pysource", [str(copy)])["sha256"] != manifest["input"]["sha256"]
 
-    # The other kinds build from the same roots: docstrings from the *.py files, csource from C/C++/CUDA files.
+    # Another kind builds from the same roots with its own files (the sources themselves: test_code_corpora.py).
     for i in range(40):
         (tree / f"h{i}.h").write_text(f"/* header {i} */\nint f{i}(int x);\n" * 20)
-        (tree / f"pkg{i % 3}" / f"m{i}.py").write_text(f'"""Module {i}. {"Words of prose here. " * 20}"""\n')
-    for kind, files in (("csource", 40), ("docstrings", 40)):
-        built = convergence.build_corpus(tmp_path / kind, 16, 0.25, str(tree), None, kind=kind)
-        assert built["kind"] == kind and built["input"]["files"] == files and built["samples"]["train"] > 0
-        assert built["command"].split()[3] == kind
+    built = convergence.build_corpus(tmp_path / "csource", 16, 0.25, str(tree), None, kind="csource")
+    assert built["kind"] == "csource" and built["input"]["files"] == 40 and built["samples"]["train"] > 0
+    assert built["command"].split()[3] == "csource"
+    assert built["input"]["sha256"] != manifest["input"]["sha256"]
 
     plan = plan_for(tiny_recipes, tmp_path, "--steps", "1000", "--seq-len", "16")  # the corpus above
     with pytest.raises(SystemExit, match="train samples but 1000 steps x 8 = 8000 are needed"):
