@@ -1248,7 +1248,8 @@ def arm_progress(plan: Plan, arm: str) -> dict[str, Any]:
     elif arm in running_launches(plan):
         state = "running"
     else:
-        state = "failed" if "Traceback" in text else "stopped"
+        # A SIGTERM (the driver's budget, a preemption) saves and raises Preempted: that launch stopped, resumable.
+        state = "failed" if "Traceback" in text and "Preempted: " not in text else "stopped"
     return {"arm": arm, "state": state, "ranks": plan.nproc(arm), "launches": len(logs),
             "last_eval": list(curve[-1]) if curve else None, "checkpoint": checkpoint, "log_tail": tail}
 

@@ -44,7 +44,7 @@ def test_merged_metrics_later_launch_wins(tmp_path):
 
 
 def test_summary_csv_markdown_png(tiny_recipes, tmp_path):
-    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", "w4g4")
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", "w4g4", "w8g4")
     out = plan.out_dir
     write_segment(out / "baseline" / "metrics-00.json", {10: 5.0, 20: 4.0},
                   time__train={1: 1 / 3600, 2: 3 / 3600, 3: 4 / 3600})
@@ -240,13 +240,16 @@ def test_noise_band_and_gaps_to_both_seeds(tiny_recipes, tmp_path):
 
 
 def test_status_and_collect_report_each_arm_and_pack_the_results(tiny_recipes, tmp_path, capsys):
-    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", "w4g4")
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", "w4g4", "w8g4")
     out = plan.out_dir
     write_segment(out / "baseline" / "metrics-00.json", {10: 5.0, 20: 4.0})
     (out / "baseline" / "log-00.txt").write_text("$ composer ...\nfinished\n")
     (out / "baseline" / "done.json").write_text("{}")
     write_segment(out / "w8g8" / "metrics-00.json", {10: 5.1})
     (out / "w8g8" / "log-00.txt").write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
+    (out / "w8g4").mkdir()  # stopped by the driver's SIGTERM: saved, resumable, not failed
+    (out / "w8g4" / "log-00.txt").write_text(
+        "Traceback (most recent call last):\ncomposer_qsdp.recipes.train.Preempted: rank 1: stopped by SIGTERM\n")
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "manifest.json").write_text(json.dumps(
@@ -257,6 +260,7 @@ def test_status_and_collect_report_each_arm_and_pack_the_results(tiny_recipes, t
     assert "baseline         done" in text and "val loss 4.0000 at step 20" in text
     assert "w8g8             failed" in text and "RuntimeError: boom" in text
     assert "w4g4             not started" in text
+    assert "w8g4             stopped" in text
     stem = f"convergence-{plan.name}"
     names = {p.name for p in collected.iterdir()}
     assert {f"{stem}.csv", f"{stem}.md", f"{stem}.json", "progress.json", "arms-logs.tar.gz"} <= names
