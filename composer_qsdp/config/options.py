@@ -90,14 +90,20 @@ class DifferenceOptions:
         keyframe_every: optimizer steps between full-precision gathers that reset the reference (0: only when
             needed).
         checkpoint_reference: checkpoints hold the reference, so a resume continues exactly.
+        sharded_reference: each rank keeps ``1 / g`` of the reference (``g`` ranks per node: ``ranks_per_node``)
+            and every gather all-gathers it within the node (ZeRO++ hpZ's idea): ``2 P / g`` bytes per GPU instead
+            of ``2 P`` for ``P`` bf16 weights, the same weights bit for bit, and bf16 traffic on the fast links at
+            every gather (on one node, every gather's whole traffic).
     """
 
     keyframe_every: int = 0
     checkpoint_reference: bool = True
+    sharded_reference: bool = False
 
     def __post_init__(self) -> None:
         check_int("keyframe_every", self.keyframe_every)
         check_bool("checkpoint_reference", self.checkpoint_reference)
+        check_bool("sharded_reference", self.sharded_reference)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ error feedback on the inter-node hop). All-reduce (full replicas, DDP): ``"onebi
 """
 
 from composer_qsdp.schemes.base import AllReduceScheme, GatherLayout, GradScheme, Scheme, WeightScheme
-from composer_qsdp.schemes.difference import DifferenceAllGather
+from composer_qsdp.schemes.difference import DifferenceAllGather, ShardedReferenceWarning
 from composer_qsdp.schemes.direct import DirectAllGather
 from composer_qsdp.schemes.flat import FlatReduceScatter
 from composer_qsdp.schemes.loco import LoCoReduceScatter, LoCoResidualWarning
@@ -33,6 +33,7 @@ __all__ = [
     "LoCoResidualWarning",
     "OneBitAllReduce",
     "Scheme",
+    "ShardedReferenceWarning",
     "TwoLevelLoCoReduceScatter",
     "TwoLevelReduceScatter",
     "WEIGHT_SCHEMES",

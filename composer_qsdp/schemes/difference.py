@@ -25,26 +25,63 @@ When each kind of call happens:
   reference or it may be stale: the first gather, after ``on_weights_changed`` (a load, an edit outside the
   optimizer), and every ``keyframe_every`` optimizer steps if set.
 
-Cost: ``w_ref`` is one replica of the unit's weights per rank (``memory_bytes``), the price SDP4Bit pays too
-(Megatron keeps one). Checkpoints hold the reference once, per parameter in the parameters' shapes (every rank
-holds the same replica), so a resumed run continues exactly, on the same or on another number of ranks.
+Cost: ``w_ref`` is one replica of the unit's weights per rank (``memory_bytes``; ``2 P`` bytes for ``P`` bf16
+weights), the price SDP4Bit pays too (Megatron keeps one). Checkpoints hold the reference once, per parameter in
+the parameters' shapes (every rank holds the same replica), so a resumed run continues exactly, on the same or on
+another number of ranks.
+
+**Sharded reference** (``sharded_reference=True``; ZeRO++ hpZ's idea, a secondary copy sharded within the node).
+With the unit's group on ``N`` nodes of ``g`` ranks (:func:`~composer_qsdp.comm.node_groups`: the ``topology``'s
+``ranks_per_node``), the rank of local index ``j`` keeps only ``R_j``: the ``N`` chunks of the reference that the
+ranks of local index ``j`` own (one per node), ``1 / g`` of the unit (``2 P / g`` bytes in bf16). A gather is two
+hops:
+
+1. inter-node, over the ranks of local index ``j`` (one per node): the update's codes of the difference, exactly
+   the replicated reference's codes (same codec, same noise key), and ``R_j += decode(codes)`` on each of them, the
+   owner included; a keyframe gathers the shards in full precision into ``R_j`` instead;
+2. intra-node, over the node's ``g`` ranks: the ``R_j`` in the all-gather dtype, permuted into FSDP's output (the
+   unit's full weights, transient as FSDP's own unsharded buffer is; with several nodes the gather lands in a
+   transient buffer of the unit's size first).
+
+The outputs are the replicated reference's bit for bit, in every call. The gathers the replicated reference serves
+locally run hop 2 again: they count as collectives (``sent`` and ``native``/``bf16`` baselines, no inter-node
+bytes), not as ``served_locally``. Bytes per rank and call, for chunks of ``n`` elements of ``e`` bytes and ``c``
+bytes of codes: an update sends ``(N - 1) c`` across nodes (the replicated reference: ``(N - 1) g c``) and
+``(g - 1) N n e`` within the node; a keyframe ``(N - 1) n e`` across nodes and the same within; any other gather
+``(g - 1) N n e`` within the node only. Checkpoints keep the replicated reference's format (the full reference per
+parameter, reassembled by hop 2 in :meth:`~DifferenceAllGather.state_dict`, which is then collective over the
+node's ranks: every rank calls it, as Composer's and ``torch.distributed.checkpoint``'s saves do), so a checkpoint
+of either variant resumes either, on any number of ranks and nodes.
+
+Degenerate layouts: with one rank per node (``g = 1``) ``R_0`` is the whole unit and the scheme is the replicated
+one. On one node (``N = 1``, ``g`` the group size, also what a run without ``ranks_per_node`` or
+``LOCAL_WORLD_SIZE`` assumes) hop 1 has no peer (each rank applies its own codes) and every gather is hop 2, the
+whole unit in the all-gather dtype within the node, as plain FSDP sends it: exact (the replicated reference's
+outputs) and ``1 / g`` of the memory, but the weight codec saves no bytes; :meth:`~DifferenceAllGather.setup`
+warns with :class:`ShardedReferenceWarning` then.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import replace
+import warnings
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from composer_qsdp.comm import CallTraffic, call_traffic, mix_seed, relative_error
+from composer_qsdp.comm import CallTraffic, Topology, call_traffic, mix_seed, node_groups, relative_error
 from composer_qsdp.quant import FLOAT_DTYPES, Codec
-from composer_qsdp.schemes.base import WeightScheme
-from composer_qsdp.validate import check_int
+from composer_qsdp.schemes.base import GatherLayout, WeightScheme
+from composer_qsdp.validate import check_bool, check_int
 
-__all__ = ["DifferenceAllGather"]
+__all__ = ["DifferenceAllGather", "ShardedReferenceWarning"]
+
+
+class ShardedReferenceWarning(UserWarning):
+    """A sharded qWD reference on one node: every gather sends the whole unit in the all-gather dtype within the
+    node, so the weight codec saves no bytes (see :mod:`composer_qsdp.schemes.difference`)."""
 
 
 class _Next(enum.Enum):
@@ -53,6 +90,59 @@ class _Next(enum.Enum):
     KEYFRAME = "keyframe"  # no (valid) reference: gather the weights in full precision
     UPDATE = "update"  # the weights moved since the reference was built: send the difference
     CURRENT = "current"  # the reference holds this step's weights: send nothing
+
+
+@dataclass(frozen=True, eq=False)
+class _Placement:
+    """Which chunks of the unit this rank's reference holds, who exchanges codes for them, and how they reach the
+    gather's output. Chunk ``r`` (elements ``[r n, (r + 1) n)`` of the output) is group rank ``r``'s shard.
+
+    Attributes:
+        chunks: the output chunk of each reference row, in row order (row ``i`` is rank ``i`` of ``rows_group``).
+        row: this rank's own row (its shard's chunk).
+        rows_group: the ranks that exchange the rows' codes, each owning one row (``None``: this rank alone).
+        rows_off_node: peers of ``rows_group`` on other nodes.
+        spread_group: the ranks whose references together make the unit, gathered into the output (``None``: the
+            reference is the whole unit, copied).
+        spread_off_node: peers of ``spread_group`` on other nodes.
+        spread_order: the output chunk of each row of the spread's gather, ``[spread rank][row]`` flattened
+            (``None``: the gather lands in output order).
+        nodes, per_node: the node split (sharded placements) for :meth:`DifferenceAllGather.describe`.
+    """
+
+    chunks: tuple[int, ...]
+    row: int
+    rows_group: dist.ProcessGroup | None
+    rows_off_node: int
+    spread_group: dist.ProcessGroup | None = None
+    spread_off_node: int = 0
+    spread_order: tuple[int, ...] | None = None
+    nodes: int = 0
+    per_node: int = 0
+
+    @property
+    def rows(self) -> int:
+        return len(self.chunks)
+
+    @classmethod
+    def replicated(cls, group: dist.ProcessGroup, off_node_peers: int) -> _Placement:
+        """The whole unit on every rank: codes over ``group``, no spread."""
+        return cls(tuple(range(group.size())), group.rank(), group, off_node_peers)
+
+    @classmethod
+    def sharded(cls, group: dist.ProcessGroup, topology: Topology) -> _Placement:
+        """The chunks of this rank's local index on every node (collective the first time ``group`` is split)."""
+        split = node_groups(topology, group)
+        layout = {"nodes": split.nodes, "per_node": split.ranks_per_node}
+        if split.two_level:
+            assert split.inter is not None and split.intra is not None
+            chunks = tuple(split.chunks[a][split.local] for a in range(split.nodes))
+            return cls(chunks, split.node, split.inter, topology.off_node_peers(split.inter), split.intra,
+                       topology.off_node_peers(split.intra), split.send_order, **layout)
+        if split.nodes == 1 and group.size() > 1:  # one node: own chunk only, gathered over the whole group
+            return cls((group.rank(),), 0, None, 0, group, topology.off_node_peers(group), **layout)
+        # One rank per node (or one rank): the reference is the whole unit, as the replicated one.
+        return replace(cls.replicated(group, topology.off_node_peers(group)), **layout)
 
 
 class DifferenceAllGather(WeightScheme):
@@ -65,6 +155,12 @@ class DifferenceAllGather(WeightScheme):
         keyframe_every: also send a keyframe every this many optimizer steps (0: only when needed).
         checkpoint_reference: save the reference in :meth:`state_dict` so a resume continues exactly; False keeps
             checkpoints smaller and resumes with a keyframe (the run then differs from an uninterrupted one).
+        sharded_reference: keep only ``1 / g`` of the reference per rank (``g`` ranks per node) and gather it
+            within the node at every call (the module docstring's "Sharded reference"); the outputs are the same.
+
+    Attributes:
+        reference: this rank's reference (the unit's ``W * n`` gathered elements, or with ``sharded_reference`` the
+            ``N * n`` of its local index's chunks), ``None`` before the first gather.
 
     Raises:
         ValueError: no codec, or an option out of range.
@@ -79,19 +175,42 @@ class DifferenceAllGather(WeightScheme):
         error_sample_interval: int = 0,
         keyframe_every: int = 0,
         checkpoint_reference: bool = True,
+        sharded_reference: bool = False,
     ) -> None:
         if codec is None:
             raise ValueError("the difference weight scheme quantizes differences and needs a codec (weight bits)")
         super().__init__(codec, error_sample_interval)
         self.keyframe_every = check_int("keyframe_every", keyframe_every)
-        if not isinstance(checkpoint_reference, bool):
-            raise ValueError(f"checkpoint_reference={checkpoint_reference!r} is invalid; it must be True or False")
-        self.checkpoint_reference = checkpoint_reference
+        self.checkpoint_reference = check_bool("checkpoint_reference", checkpoint_reference)
+        self.sharded_reference = check_bool("sharded_reference", sharded_reference)
         self.reference: torch.Tensor | None = None
         self.keyframes = 0
         self._next = _Next.KEYFRAME
         self._steps_since_keyframe = 0
         self._restored: dict[str, torch.Tensor] | None = None
+        self._placement: _Placement | None = None
+        self._spread_index: dict[torch.device, torch.Tensor] = {}
+
+    def setup(self, group: dist.ProcessGroup, topology: Topology, layout: GatherLayout | None = None) -> None:
+        """:meth:`WeightScheme.setup`; with ``sharded_reference`` also split ``group`` into the nodes of
+        ``topology`` (collective over the default group the first time a group is seen, as ``two_level``'s).
+
+        Warns:
+            ShardedReferenceWarning: ``sharded_reference`` on a group within one node (module docstring).
+        """
+        super().setup(group, topology, layout)
+        if not self.sharded_reference:
+            self._placement = _Placement.replicated(group, self._off_node_peers)
+            return
+        self._placement = _Placement.sharded(group, topology)
+        if self._placement.rows_group is None and self._placement.spread_group is not None:
+            warnings.warn(
+                f"the difference weight scheme's sharded_reference on one node of {group.size()} ranks (ranks_per_node="
+                f"{topology.ranks_per_node}): no difference crosses a node, and every gather sends the unit's weights "
+                "in the all-gather dtype within the node, as plain FSDP does (exact, with 1/"
+                f"{group.size()} of the reference per rank, but the weight codec saves no bytes). Set ranks_per_node "
+                "to the ranks each node really holds, or turn sharded_reference off on one node",
+                ShardedReferenceWarning, stacklevel=2)
 
     # ------------------------------------------------------------------ step boundary
     def on_optimizer_step(self) -> None:
@@ -116,56 +235,126 @@ class DifferenceAllGather(WeightScheme):
                 f"input of {n} elements into {output.numel()} (FSDP gathers uint8 when a unit mixes parameter "
                 "dtypes: use the direct scheme for such a unit)"
             )
+        place = self._placement
+        assert place is not None  # set with the group, which _check_group required
         if self._restored is not None:
-            self._restore(output)
-        if self.reference is not None and (self.reference.dtype != input.dtype or self.reference.numel() != output.numel()):
-            self._next = _Next.KEYFRAME  # the gather's dtype or size changed (e.g. another mixed precision)
-        plain = call_traffic(world, n, n * input.element_size(), input.element_size(), self._off_node_peers)
-        if self._next is _Next.KEYFRAME:
-            dist.all_gather_into_tensor(output, input, group=group)
-            self._keep(output)
-            return plain
+            self._restore(output, world, n)
         ref = self.reference
-        assert ref is not None
-        if self._next is _Next.CURRENT:
-            output.copy_(ref)
-            return CallTraffic(sent=0, bf16=0, native=0, served_locally=True, served_native=plain.native)
-        own = ref.view(world, n)[rank]
-        # Encoded before `output` (which `input` may alias) is written.
-        wire = self.codec.encode_difference_rows(input.reshape(1, n), own.view(1, n), seed=mix_seed(seed, rank))[0]
-        gathered = torch.empty(world * wire.numel(), dtype=torch.uint8, device=input.device)
-        dist.all_gather_into_tensor(gathered, wire, group=group)
-        error = relative_error(own.to(torch.float32) + self.codec.decode(wire, n), input) if measure_error else None
-        self.codec.decode_add_rows(gathered.view(world, -1), ref.view(world, n))
-        output.copy_(ref)
-        self._next = _Next.CURRENT
-        traffic = call_traffic(world, n, wire.numel(), input.element_size(), self._off_node_peers)
-        return replace(traffic, rel_error=error)
+        if ref is not None and (ref.dtype != input.dtype or ref.numel() != place.rows * n):
+            self._next = _Next.KEYFRAME  # the gather's dtype or size changed (e.g. another mixed precision)
+        element = input.element_size()
+        if self._next is _Next.KEYFRAME:
+            ref = self._keyframe(input, place.rows * n)
+            rows_wire = n * element
+            if place.rows_group is None:
+                ref.copy_(input)
+            else:
+                dist.all_gather_into_tensor(ref, input, group=place.rows_group)
+            traffic = self._traffic(world, n, element, rows_wire)
+        elif self._next is _Next.CURRENT:
+            assert ref is not None
+            if place.spread_group is None:  # the whole unit is here: no collective
+                output.view(-1).copy_(ref)
+                plain = call_traffic(world, n, n * element, element, self._off_node_peers)
+                return CallTraffic(sent=0, bf16=0, native=0, served_locally=True, served_native=plain.native)
+            traffic = self._traffic(world, n, element, None)
+        else:
+            assert ref is not None
+            rows = ref.view(place.rows, n)
+            own = rows[place.row]
+            # Encoded before `output` (which `input` may alias) is written.
+            wire = self.codec.encode_difference_rows(input.reshape(1, n), own.view(1, n), seed=mix_seed(seed, rank))[0]
+            if place.rows_group is None:
+                gathered = wire
+            else:
+                gathered = torch.empty(place.rows * wire.numel(), dtype=torch.uint8, device=input.device)
+                dist.all_gather_into_tensor(gathered, wire, group=place.rows_group)
+            error = relative_error(own.to(torch.float32) + self.codec.decode(wire, n), input) if measure_error else None
+            self.codec.decode_add_rows(gathered.view(place.rows, -1), rows)
+            self._next = _Next.CURRENT
+            traffic = replace(self._traffic(world, n, element, wire.numel()), rel_error=error)
+        self._spread(ref, output)
+        return traffic
 
-    def _keep(self, gathered: torch.Tensor) -> None:
-        if self.reference is None or self.reference.dtype != gathered.dtype or self.reference.shape != gathered.shape:
+    def _traffic(self, world: int, n: int, element: int, rows_wire: int | None) -> CallTraffic:
+        """One gather's bytes: the rows' exchange (``rows_wire`` bytes per row; ``None``: none) and the spread,
+        against the flat gather's baselines."""
+        place = self._placement
+        assert place is not None
+        flat = call_traffic(world, n, 0, element, self._off_node_peers)
+        sent = inter = 0
+        if rows_wire is not None:
+            sent, inter = (place.rows - 1) * rows_wire, place.rows_off_node * rows_wire
+        if place.spread_group is not None:
+            spread = place.rows * n * element  # one rank's reference, in the all-gather dtype
+            sent += (place.spread_group.size() - 1) * spread
+            inter += place.spread_off_node * spread
+        return replace(flat, sent=sent, inter_node=inter)
+
+    def _spread(self, ref: torch.Tensor, output: torch.Tensor) -> None:
+        """Write the unit's weights into ``output`` from the references of the spread group (collective over it)."""
+        place = self._placement
+        assert place is not None
+        if place.spread_group is None:
+            output.view(-1).copy_(ref)
+        elif place.spread_order is None:
+            dist.all_gather_into_tensor(output, ref, group=place.spread_group)
+        else:
+            landed = torch.empty_like(output)
+            dist.all_gather_into_tensor(landed, ref, group=place.spread_group)
+            shape = (len(place.spread_order), output.numel() // len(place.spread_order))
+            output.view(shape).index_copy_(0, self._order(output.device), landed.view(shape))
+
+    def _order(self, device: torch.device) -> torch.Tensor:
+        """The spread's chunk order as an index tensor on ``device``, copied there once."""
+        if device not in self._spread_index:
+            assert self._placement is not None and self._placement.spread_order is not None
+            self._spread_index[device] = torch.tensor(self._placement.spread_order, dtype=torch.long, device=device)
+        return self._spread_index[device]
+
+    def _keyframe(self, like: torch.Tensor, numel: int) -> torch.Tensor:
+        """The reference to fill with a keyframe (``numel`` elements of ``like``'s dtype), allocated if needed."""
+        ref = self.reference
+        if ref is None or ref.dtype != like.dtype or ref.numel() != numel or ref.device != like.device:
             self.reference = None  # free the old one before allocating
             try:
-                self.reference = torch.empty_like(gathered)
+                self.reference = torch.empty(numel, dtype=like.dtype, device=like.device)
             except torch.OutOfMemoryError as err:
                 raise torch.OutOfMemoryError(
-                    f"the difference weight scheme cannot allocate its reference replica of {gathered.numel()} "
-                    f"elements ({gathered.numel() * gathered.element_size()} bytes) on {gathered.device}: {err}. Use "
-                    "it for fewer units (weight_scheme_overrides={pattern: 'direct'}) or free memory."
+                    f"the difference weight scheme cannot allocate its reference of {numel} elements "
+                    f"({numel * like.element_size()} bytes) on {like.device}: {err}. Use it for fewer units "
+                    "(weight_scheme_overrides={pattern: 'direct'}), shard the reference within the node "
+                    "(sharded_reference), or free memory."
                 ) from None
-        self.reference.copy_(gathered)
         self.keyframes += 1
         self._steps_since_keyframe = 0
         self._next = _Next.CURRENT
+        return self.reference
 
-    def _restore(self, output: torch.Tensor) -> None:
+    def _restore(self, output: torch.Tensor, world: int, n: int) -> None:
         """Build the reference from checkpointed parameter tensors (no communication: every rank has them all)."""
         restored, self._restored = self._restored, None
         if self.layout is None:
             raise RuntimeError("the difference weight scheme was set up without a gather layout; it cannot restore")
-        reference = torch.empty_like(output)
-        self.layout.join({k: v.to(device=output.device, dtype=output.dtype) for k, v in restored.items()}, reference)
-        self.reference = reference
+        assert self._placement is not None
+        full = torch.empty(output.numel(), dtype=output.dtype, device=output.device)
+        self.layout.join({k: v.to(device=output.device, dtype=output.dtype) for k, v in restored.items()}, full)
+        chunks = self._placement.chunks
+        if chunks == tuple(range(world)):
+            self.reference = full
+        else:
+            index = torch.tensor(chunks, dtype=torch.long, device=full.device)
+            self.reference = full.view(world, n).index_select(0, index).view(-1)
+
+    def _full_reference(self) -> torch.Tensor:
+        """The whole unit's reference: this rank's own, or the spread group's gathered (collective over it)."""
+        ref, place = self.reference, self._placement
+        assert ref is not None and place is not None and self.group is not None
+        if place.spread_group is None:
+            return ref
+        full = torch.empty(self.group.size() * (ref.numel() // place.rows), dtype=ref.dtype, device=ref.device)
+        self._spread(ref, full)  # a checkpoint's gather, not training traffic: not counted
+        return full
 
     # ------------------------------------------------------------------ state
     def memory_bytes(self) -> int:
@@ -173,7 +362,12 @@ class DifferenceAllGather(WeightScheme):
 
     def describe(self) -> str:
         keyframes = f", keyframe every {self.keyframe_every} steps" if self.keyframe_every else ""
-        return f"difference of {self.codec!r}{keyframes}"
+        sharded = ""
+        if self.sharded_reference:
+            place = self._placement
+            split = f" on {place.nodes} nodes x {place.per_node} (1/{place.per_node} per rank)" if place else ""
+            sharded = f", reference sharded within the node{split}"
+        return f"difference of {self.codec!r}{keyframes}{sharded}"
 
     def state_dict(self) -> dict[str, Any]:
         """Byte counters, the step state and (with ``checkpoint_reference``) the reference per parameter, on the
@@ -181,7 +375,8 @@ class DifferenceAllGather(WeightScheme):
 
         Before there is a reference the tensors are uninitialized placeholders of the same shapes (and
         ``reference_valid`` is False), so a fresh scheme's state dict is a template ``torch.distributed.checkpoint``
-        can load into.
+        can load into. With ``sharded_reference`` the full reference is gathered within the node first: the call is
+        then collective over the node's ranks of the group (every rank calls it, in the same order of units).
         """
         state = super().state_dict()
         valid = self.reference is not None and self._next is not _Next.KEYFRAME
@@ -189,7 +384,8 @@ class DifferenceAllGather(WeightScheme):
             if self.layout is None:
                 raise RuntimeError("the difference weight scheme was set up without a gather layout; it cannot save")
             if valid:
-                state["reference"] = {k: v.detach().to("cpu", copy=True) for k, v in self.layout.split(self.reference).items()}
+                full = self._full_reference()
+                state["reference"] = {k: v.detach().to("cpu", copy=True) for k, v in self.layout.split(full).items()}
             else:
                 state["reference"] = {k: torch.empty(shape) for k, shape in self.layout.shapes().items()}
         state["reference_valid"] = valid and self.checkpoint_reference
@@ -200,7 +396,8 @@ class DifferenceAllGather(WeightScheme):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output; the reference is rebuilt at the next gather (for this run's number of
-        ranks). A state without a valid reference (or from the direct scheme) means a keyframe next."""
+        ranks and nodes, replicated or sharded, whichever variant saved it). A state without a valid reference (or
+        from the direct scheme) means a keyframe next."""
         super().load_state_dict(state)
         self.keyframes = int(state.get("keyframes", 0))
         self._steps_since_keyframe = int(state.get("steps_since_keyframe", 0))

@@ -184,3 +184,24 @@ def test_the_preset_table_imports_nothing_of_the_package():
                 for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
                 for alias in node.names]
     assert not [name for name in imported if name and name.startswith("composer_qsdp")], imported
+
+
+def test_the_sharded_reference_is_an_option_of_the_difference_scheme():
+    from omegaconf import OmegaConf
+
+    from composer_qsdp.config import DifferenceOptions
+
+    config = from_preset("sdp4bit", weight_scheme_options={"sharded_reference": True})
+    assert config.weights.scheme_options == DifferenceOptions(sharded_reference=True)
+    scheme = config.weight_scheme(4)
+    assert scheme.sharded_reference and scheme.keyframe_every == 0 and scheme.checkpoint_reference
+    assert not from_preset("sdp4bit").weight_scheme(4).sharded_reference  # the presets keep the replica
+    yaml = OmegaConf.create({"sharded_reference": True, "keyframe_every": 50})  # a recipe's section
+    assert from_preset("qwd-w4g4", weight_scheme_options=yaml).weights.scheme_options == DifferenceOptions(
+        keyframe_every=50, sharded_reference=True)
+    with pytest.raises(ValueError, match=r"unknown option 'shard_reference' of scheme 'difference'; did you mean "
+                                         r"'sharded_reference'\?; allowed: keyframe_every, checkpoint_reference, "
+                                         r"sharded_reference"):
+        from_preset("sdp4bit", weight_scheme_options={"shard_reference": True})
+    with pytest.raises(ValueError, match="sharded_reference='true' is invalid; it must be True or False"):
+        from_preset("sdp4bit", weight_scheme_options={"sharded_reference": "true"})

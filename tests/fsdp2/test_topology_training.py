@@ -3,8 +3,9 @@ nodes x 2.
 
 Scenarios (one spawn): the two-level gradient schemes (SDP4Bit's TLq-HS, ZeRO++'s qgZ) against the flat one and
 an exact single-process reference, ZeRO++'s hpZ (``reshard_after_forward=2``: the backward re-gathers the
-forward's weights within the node) with direct and with difference (qWD) weights, and HSDP (a 2 x 2 replicate x
-shard mesh). The model, data, exact reference and weight capture are those of test_fsdp_training.py.
+forward's weights within the node) with direct and with difference (qWD) weights, qWD with its reference sharded
+within the node (``sharded_reference``: the same weights, bit for bit, from half the memory), and HSDP (a 2 x 2
+replicate x shard mesh). The model, data, exact reference and weight capture are those of test_fsdp_training.py.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ TLQ_HS = from_preset("tlq-hs", weight_bucket_size=64, ranks_per_node=PER_NODE, s
 QGZ = from_preset("w8g8", grad_codec="symmetric", grad_bits=4, grad_bucket_size=64, grad_scheme="two_level",
                   weight_bucket_size=64, ranks_per_node=PER_NODE, seed=7)  # fmt: skip
 QWD = from_preset("sdp4bit", ranks_per_node=PER_NODE, seed=7)  # SDP4Bit's weight differences: a replica per rank
+# the same, each rank keeping the reference of its local index's shards only (1 / PER_NODE of the replica)
+QWD_SHARDED = from_preset("sdp4bit", ranks_per_node=PER_NODE, seed=7, weight_scheme_options={"sharded_reference": True})
 FLAT_INT4 = from_preset("w8g8", grad_codec="symmetric", grad_bits=4, grad_bucket_size=64, weight_bucket_size=64,
                         ranks_per_node=PER_NODE, seed=7)  # fmt: skip
 
@@ -50,6 +53,7 @@ def _run(info: RankInfo, config, **shard) -> dict:
     out = _train(info, model, STEPS, capture=Capture(model))
     out["traffic"] = handle.traffic()
     out["grad_schemes"] = [u.grads.describe() for u in handle.units]
+    out["memory"] = handle.memory_bytes()
     return out
 
 
@@ -63,6 +67,7 @@ def _worker(info: RankInfo) -> dict:
         "flat_int4": _run(info, FLAT_INT4),
         "qwd": _run(info, QWD),
         "qwd_hpz": _run(info, QWD, reshard_after_forward=PER_NODE),
+        "qwd_sharded": _run(info, QWD_SHARDED),
     }
     records: list[str] = []
     handler = logging.Handler()
@@ -90,7 +95,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-SCENARIOS = ("tlq_hs", "tlq_hs_hpz", "qgz", "hsdp", "qwd", "qwd_hpz")
+SCENARIOS = ("tlq_hs", "tlq_hs_hpz", "qgz", "hsdp", "qwd", "qwd_hpz", "qwd_sharded")
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -133,6 +138,25 @@ def test_hpz_with_weight_differences_keeps_backward_bytes_inside_the_node(result
     assert hpz.inter_node == plain.inter_node > 0 and hpz.sent > plain.sent
     for rank in range(WORLD):
         assert results[rank]["qwd"]["losses"] == results[rank]["qwd_hpz"]["losses"]
+
+
+def test_a_sharded_reference_trains_exactly_as_the_replicated_one_from_half_the_memory(results):
+    for rank in range(WORLD):
+        plain, sharded = results[rank]["qwd"], results[rank]["qwd_sharded"]
+        for step in range(STEPS):  # the same weights in every forward and backward, bit for bit
+            for pass_ in ("forward", "backward"):
+                for name, weight in plain[pass_][step].items():
+                    assert torch.equal(sharded[pass_][step][name], weight), (rank, step, pass_, name)
+        assert sharded["losses"] == plain["losses"]
+        for name, value in plain["params"].items():
+            assert torch.equal(sharded["params"][name], value), name
+        assert sharded["memory"] * PER_NODE == plain["memory"] > 0
+        weights, replicated = sharded["traffic"].weights, plain["traffic"].weights
+        # the codes reach one rank per node (half the inter-node bytes); the backward re-gathers, which the
+        # replicated reference serves locally, gather the reference slices within the node
+        assert weights.inter_node * PER_NODE == replicated.inter_node > 0
+        assert weights.served_locally == 0 and replicated.served_locally == 3 * STEPS
+        assert weights.sent > replicated.sent
 
 
 def test_two_level_gradients_send_one_chunk_per_node_across_nodes(results):
