@@ -379,11 +379,14 @@ class DifferenceAllGather(WeightScheme):
         then collective over the node's ranks of the group (every rank calls it, in the same order of units).
         """
         state = super().state_dict()
-        valid = self.reference is not None and self._next is not _Next.KEYFRAME
+        restored = self._restored  # loaded but not rebuilt yet (a save before the first gather): saved as loaded
+        valid = (self.reference is not None or restored is not None) and self._next is not _Next.KEYFRAME
         if self.checkpoint_reference:
             if self.layout is None:
                 raise RuntimeError("the difference weight scheme was set up without a gather layout; it cannot save")
-            if valid:
+            if valid and restored is not None:
+                state["reference"] = {k: v.detach().to("cpu", copy=True) for k, v in restored.items()}
+            elif valid:
                 full = self._full_reference()
                 state["reference"] = {k: v.detach().to("cpu", copy=True) for k, v in self.layout.split(full).items()}
             else:

@@ -148,12 +148,15 @@ def _restore_side(info: RankInfo, state: dict | None) -> dict:
             out.copy_(params["0.w"])
 
     scheme.setup(dist.group.WORLD, Topology(info.world_size), Flat())
+    resaved = None
     if state is not None:
         scheme.load_state_dict(state)
+        resaved = scheme.state_dict()  # saved again before any gather: the loaded reference, not a keyframe's
     out = torch.empty(info.world_size * N)
     shard = _weights(info.world_size, 3, 1e-3)[info.rank * N:(info.rank + 1) * N]
     scheme.all_gather(out, shard, seed=3)
-    return {"state": scheme.state_dict(), "out": out, "keyframes": scheme.keyframes, "sent": scheme.traffic.sent}
+    return {"state": scheme.state_dict(), "out": out, "keyframes": scheme.keyframes, "sent": scheme.traffic.sent,
+            "resaved": resaved}
 
 
 def test_checkpointed_reference_restores_without_traffic_and_unknown_state_keyframes():
@@ -163,6 +166,9 @@ def test_checkpointed_reference_restores_without_traffic_and_unknown_state_keyfr
     resumed = run_ranks(_restore_side, 2, saved)  # the reference is current: served without a byte
     for res in resumed:
         assert torch.equal(res["out"], first[0]["out"]) and res["keyframes"] == 1 and res["sent"] == saved["traffic"]["sent"]
+        again = res["resaved"]
+        assert again["reference_valid"] and again["current"]
+        assert torch.equal(again["reference"]["0.w"], saved["reference"]["0.w"])
     from_direct = {"traffic": saved["traffic"]}  # a direct scheme's state: no reference, so a keyframe
     for res in run_ranks(_restore_side, 2, from_direct):
         assert res["keyframes"] == 1 and torch.equal(res["out"], _weights(2, 3, 1e-3))
