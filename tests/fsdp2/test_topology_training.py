@@ -4,7 +4,8 @@ nodes x 2.
 Scenarios (one spawn): the two-level gradient schemes (SDP4Bit's TLq-HS, ZeRO++'s qgZ) against the flat one and
 an exact single-process reference, ZeRO++'s hpZ (``reshard_after_forward=2``: the backward re-gathers the
 forward's weights within the node) with direct and with difference (qWD) weights, qWD with its reference sharded
-within the node (``sharded_reference``: the same weights, bit for bit, from half the memory), and HSDP (a 2 x 2
+within the node (``sharded_reference``: the same weights, bit for bit, from half the memory), ``qwd-w3g3-loco``
+with that reference and its LoCo residual on the node's shard (``two_level_loco``), and HSDP (a 2 x 2
 replicate x shard mesh). The model, data, exact reference and weight capture are those of test_fsdp_training.py.
 """
 
@@ -32,6 +33,11 @@ QGZ = from_preset("w8g8", grad_codec="symmetric", grad_bits=4, grad_bucket_size=
 QWD = from_preset("sdp4bit", ranks_per_node=PER_NODE, seed=7)  # SDP4Bit's weight differences: a replica per rank
 # the same, each rank keeping the reference of its local index's shards only (1 / PER_NODE of the replica)
 QWD_SHARDED = from_preset("sdp4bit", ranks_per_node=PER_NODE, seed=7, weight_scheme_options={"sharded_reference": True})
+# qwd-w3g3-loco as it runs on one node per rank group today, and lean: its reference sharded within the node and its
+# LoCo residual kept for the node's shard only (two_level_loco), the 6.7B-scale memory layout
+LOCO = from_preset("qwd-w3g3-loco", ranks_per_node=PER_NODE, seed=7)
+LOCO_LEAN = from_preset("qwd-w3g3-loco", ranks_per_node=PER_NODE, seed=7, grad_scheme="two_level_loco",
+                        weight_scheme_options={"sharded_reference": True})
 FLAT_INT4 = from_preset("w8g8", grad_codec="symmetric", grad_bits=4, grad_bucket_size=64, weight_bucket_size=64,
                         ranks_per_node=PER_NODE, seed=7)  # fmt: skip
 
@@ -68,6 +74,8 @@ def _worker(info: RankInfo) -> dict:
         "qwd": _run(info, QWD),
         "qwd_hpz": _run(info, QWD, reshard_after_forward=PER_NODE),
         "qwd_sharded": _run(info, QWD_SHARDED),
+        "loco": _run(info, LOCO),
+        "loco_lean": _run(info, LOCO_LEAN),
     }
     records: list[str] = []
     handler = logging.Handler()
@@ -95,7 +103,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-SCENARIOS = ("tlq_hs", "tlq_hs_hpz", "qgz", "hsdp", "qwd", "qwd_hpz", "qwd_sharded")
+SCENARIOS = ("tlq_hs", "tlq_hs_hpz", "qgz", "hsdp", "qwd", "qwd_hpz", "qwd_sharded", "loco", "loco_lean")
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -180,3 +188,14 @@ def test_hsdp_warns_that_the_replicate_all_reduce_is_unquantized(results):
         assert res["traffic"].grads.inter_node == 0 and res["traffic"].weights.inter_node == 0
         assert "two-level on 1 nodes x 2" in res["grad_schemes"][1]
         assert results[rank]["one_d_note"] is None
+
+
+def test_lean_loco_keeps_one_over_g_of_the_reference_and_the_residual_and_sends_less_across_nodes(results):
+    # docs/presets.md's memory model: 2 P + (1 + 4 / b) P per rank for qwd-w3g3-loco, the same over g when the
+    # reference is sharded and the residual covers the node's shard (training: the exact-reference test above)
+    for rank in range(WORLD):
+        loco, lean = results[rank]["loco"], results[rank]["loco_lean"]
+        assert lean["memory"] * PER_NODE == loco["memory"] > 0
+        for side in ("weights", "grads"):
+            flat, two_level = getattr(loco["traffic"], side), getattr(lean["traffic"], side)
+            assert two_level.inter_node * PER_NODE == flat.inter_node > 0, side
