@@ -5,9 +5,8 @@ of each candidate collective on the FSDP group, each unit's forward time over th
 hold the same numbers (an all-reduce of the maximum), calls :func:`decide` and applies its :class:`Decision`.
 So the decision can be tested with injected timings, and identical inputs give identical decisions on every rank.
 
-**Candidates.** Per unit and side, one of a few settings, each a preset side whose accuracy we measured
-(:data:`CANDIDATES`, by name per side, most accurate first). The default ones (:data:`WEIGHT_CANDIDATES`,
-:data:`GRAD_CANDIDATES`):
+**Candidates.** Per unit and side, one of a few settings, each a preset's side (:data:`CANDIDATES`, by name per
+side, most accurate first). The default ones (:data:`WEIGHT_CANDIDATES`, :data:`GRAD_CANDIDATES`):
 
 * weights: ``off`` (unquantized), ``w8`` (the ``w8g8`` preset's 8-bit min-max weights, stochastic rounding),
   ``qwd4`` (the ``qwd-w4g4`` preset's weights: 4-bit symmetric differences against a per-GPU reference, SDP4Bit's
@@ -15,30 +14,21 @@ So the decision can be tested with injected timings, and identical inputs give i
 * gradients: ``off``, ``g8`` (8-bit min-max, stochastic), ``g4`` (the ``w8g4`` preset's 4-bit min-max gradients,
   stochastic rounding).
 
-Two more are opt-in (``AutoOptions(weight_candidates=..., grad_candidates=...)``): the automatic policy with them
-has not been measured end to end. No candidate, default or opt-in, is proven lossless yet by the seed protocol
-(``docs/presets.md`` labels the presets they come from):
+Two more are opt-in (``AutoOptions(weight_candidates=..., grad_candidates=...)``):
 
 * weights: ``qwd3`` (the ``qwd-w3g3-loco`` preset's weights: 3-bit symmetric differences in groups of 2048);
 * gradients: ``g3loco`` (the ``qwd-w4g3-loco`` preset's gradients: 3-bit min-max, Hadamard-rotated groups of 256,
   round to nearest, with LoCo's error feedback, the ``loco`` scheme, ``beta`` 0.5, an int8 residual of about one
   byte per parameter of the unit on every rank).
 
-**Accuracy rule** (:func:`accuracy_violation`), from GPT-125M and GPT-350M convergence runs
-(``benchmarks/convergence.py``; ``benchmarks/RESULTS.md``, the 600-step matrix): directly quantized 4-bit weights
-raise the validation loss (``w4g4`` +9.1% / +9.9%, as SDP4Bit §3.5, Table 3 reports), far more than 8-bit weights and
-4-bit stochastic gradients (``w8g8`` +0.78%, ``w8g4`` +1.18% from the two plain seeds' mean: above their spread, so
-the rule bounds the loss these candidates may cost rather than proving them lossless); qWD is SDP4Bit's lossless weight mode (its
-error feedback holds for any compressor, SDP4Bit Theorem 4.1), and at 3 bits it still ends within the spread
-(``qwd-w3g3-loco`` against plain FSDP2 of the same seed: GPT-125M -0.66% / +0.06% for seeds 17 / 18, GPT-350M
-+1.21% / +0.09%, where the two 350M seeds' own runs end 1.58% apart; ``qwd-w3g4-loco``, seed 17: -0.90% at
-GPT-125M, -0.44% at GPT-350M).
-Gradients with LoCo's error feedback carry each call's rounding error into the next call, so a biased (nearest)
-code is allowed there: 3 bits end within the spread (``qwd-w4g3-loco``: GPT-125M +0.22%, GPT-350M -0.53%), 2 bits
-do not (``qwd-w4g2-loco``: GPT-125M +1.76% / +2.44% against the two seeds' plain FSDP2 runs). So: weights never
-below 8 bits unless in the difference scheme (there, not below 3); gradients with error feedback not below 3 bits;
-other gradients not below 4 bits, and below 8 bits only with an unbiased (stochastic) codec. :func:`decide` never
-picks a candidate that breaks the rule, whatever it is offered.
+**Accuracy rule** (:func:`accuracy_violation`): weights never below :data:`MIN_DIRECT_WEIGHT_BITS` unless in the
+difference scheme (whose error feedback holds for any compressor, SDP4Bit Theorem 4.1), and there not below
+:data:`MIN_DIFFERENCE_WEIGHT_BITS`; gradients with error feedback not below :data:`MIN_FEEDBACK_GRAD_BITS`, rounding
+either way (each call's rounding error is carried into the next call); other gradients not below
+:data:`MIN_GRAD_BITS`, and below :data:`MIN_BIASED_GRAD_BITS` only with an unbiased (stochastic) codec.
+:func:`decide` never picks a candidate that breaks the rule, whatever it is offered. The convergence runs behind
+each bound are in the QSDP algorithm's README (section "policy=auto", *The rule* and *Opt-in 3-bit candidates*)
+and ``docs/presets.md`` (each preset's label).
 
 **Cost of one collective** (:class:`LinkFit`): ``latency_s + wire_bytes / bytes_per_s``, fitted per candidate (its
 codec kernels, launches and the transport included) on the probe's timings; wire bytes are counted as the schemes
@@ -104,19 +94,17 @@ __all__ = [
 ]
 
 SIDES = ("weights", "grads")
-#: Directly quantized weights need at least this many bits (4 bits: +8-9% validation loss at GPT-125M).
+#: Directly quantized weights need at least this many bits (4-bit ones lose accuracy: SDP4Bit §3.5, Table 3).
 MIN_DIRECT_WEIGHT_BITS = 8
-#: Weight differences (qWD) need at least this many bits (3 bits end within the run-to-run spread at GPT-125M and
-#: GPT-350M; lower is unmeasured).
+#: Weight differences (qWD) need at least this many bits (the fewest our convergence runs cover).
 MIN_DIFFERENCE_WEIGHT_BITS = 3
-#: Gradients without error feedback need at least this many bits (4-bit stochastic gradients are free in our runs;
-#: lower is unmeasured).
+#: Gradients without error feedback need at least this many bits (the fewest our convergence runs cover).
 MIN_GRAD_BITS = 4
 #: Gradients without error feedback below this many bits need an unbiased (stochastic rounding) codec: biased
 #: errors do not average out.
 MIN_BIASED_GRAD_BITS = 8
 #: Gradients with error feedback (a scheme of ``FEEDBACK_GRAD_SCHEMES``, rounding either way) need at least this many
-#: bits (3-bit LoCo gradients end within the spread; 2-bit ones +1.8% to +2.4% at GPT-125M).
+#: bits (2-bit LoCo gradients lost accuracy in our convergence runs).
 MIN_FEEDBACK_GRAD_BITS = 3
 
 
@@ -211,13 +199,13 @@ def accuracy_violation(candidate: Candidate) -> str | None:
             if bits < MIN_DIFFERENCE_WEIGHT_BITS:
                 return f"weight differences below {MIN_DIFFERENCE_WEIGHT_BITS} bits are unmeasured"
         elif bits < MIN_DIRECT_WEIGHT_BITS:
-            return (f"directly quantized weights below {MIN_DIRECT_WEIGHT_BITS} bits lose accuracy (4 bits: +8-9% "
-                    "validation loss); use the difference scheme")
+            return (f"directly quantized weights below {MIN_DIRECT_WEIGHT_BITS} bits lose accuracy (SDP4Bit §3.5); "
+                    "use the difference scheme")
         return None
     if candidate.scheme in FEEDBACK_GRAD_SCHEMES:
         if bits < MIN_FEEDBACK_GRAD_BITS:
-            return (f"gradients with error feedback below {MIN_FEEDBACK_GRAD_BITS} bits lose accuracy (2-bit LoCo: "
-                    "+1.8% to +2.4% validation loss)")
+            return (f"gradients with error feedback below {MIN_FEEDBACK_GRAD_BITS} bits lose accuracy in our "
+                    "convergence runs (2-bit LoCo)")
         return None
     if bits < MIN_GRAD_BITS:
         return f"gradients below {MIN_GRAD_BITS} bits without error feedback are unmeasured"
