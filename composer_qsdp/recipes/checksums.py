@@ -149,17 +149,22 @@ def verify_checkpoint(checkpoint: str | os.PathLike) -> bool:
     return True
 
 
-def short_file(checkpoint: str | os.PathLike) -> tuple[Path, str] | None:
+def short_file(checkpoint: str | os.PathLike, *, trust_checkpoint: bool = False) -> tuple[Path, str] | None:
     """Without a manifest: the file of a sharded ``checkpoint`` folder that is unreadable (``.metadata``), missing
     or shorter than ``.metadata`` says (each stored item's offset and length), with what is wrong with it; None
-    when none is found, or when ``checkpoint`` is a file."""
+    when none is found, or when ``checkpoint`` is a file. ``.metadata`` is read as the run reads it: through the
+    unpickler that finds only ``torch.distributed.checkpoint``'s metadata classes unless ``trust_checkpoint``
+    (:func:`composer_qsdp.recipes.safe_load.checkpoint_loading`)."""
     checkpoint = Path(checkpoint)
     if not checkpoint.is_dir():
         return None
     from torch.distributed.checkpoint import FileSystemReader
 
+    from composer_qsdp.recipes.safe_load import checkpoint_loading
+
     try:
-        storage = FileSystemReader(checkpoint).read_metadata().storage_data
+        with checkpoint_loading(trust_checkpoint=trust_checkpoint):
+            storage = FileSystemReader(checkpoint).read_metadata().storage_data
     except Exception as err:  # noqa: BLE001 - any failure to read it is the answer
         return checkpoint / ".metadata", f"{type(err).__name__}: {err}"
     needed: dict[str, int] = {}

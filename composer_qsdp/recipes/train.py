@@ -338,21 +338,35 @@ def _disk_full(err: BaseException, paths: RunPaths, metrics_file: str | None) ->
                        f"system of {existing}. Free space there{f' or point {key} at another disk' if key else ''}")
 
 
+def _untrusted(err: BaseException | None) -> BaseException | None:
+    """The :class:`~composer_qsdp.recipes.safe_load.UntrustedCheckpointError` among ``err`` and its
+    :func:`_causes` (a sharded load raises it inside a ``CheckpointException``), else None."""
+    from composer_qsdp.recipes.safe_load import UntrustedCheckpointError
+
+    return next((cause for cause in _causes(err) if isinstance(cause, UntrustedCheckpointError)), None)
+
+
 @contextlib.contextmanager
-def _reading_checkpoint(autoresume: bool, paths: RunPaths, checkpoint: Path | None) -> Iterator[None]:
+def _reading_checkpoint(autoresume: bool, paths: RunPaths, checkpoint: Path | None,
+                        trust_checkpoint: bool) -> Iterator[None]:
     """Turn a failure to read ``checkpoint`` inside the block into a :class:`RecipeError` naming the file and the
-    fix."""
+    fix: a checkpoint refused for what it would run, or one that is truncated or corrupt."""
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
     try:
         yield
     except (Exception, CheckpointException) as err:
+        refused = _untrusted(err)
+        if refused is not None:
+            chosen = checkpoint is not None or paths.load_path is not None  # else a callback's checkpoint
+            key = _resume_key(autoresume, paths) if chosen else "recipe key 'trust_checkpoint' = False"
+            raise RecipeError(f"{key}: {refused}") from None
         why = _unreadable(err) if checkpoint is not None else None
         if why is None:
             raise
         from composer_qsdp.recipes.checksums import remedy, short_file
 
-        found = short_file(checkpoint)
+        found = short_file(checkpoint, trust_checkpoint=trust_checkpoint)
         what = f"checkpoint file {found[0]}" if found else f"checkpoint {checkpoint}"
         raise RecipeError(f"{_resume_key(autoresume, paths)}: {what} is truncated or corrupt "
                           f"({found[1] if found else why}); {remedy(checkpoint)}") from err
@@ -360,7 +374,8 @@ def _reading_checkpoint(autoresume: bool, paths: RunPaths, checkpoint: Path | No
 
 def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
     """Build the data, model, optimizer, schedule, parallelism, loggers, callbacks and algorithms of ``recipe``,
-    then train.
+    then train; every checkpoint the run reads loads as data only, unless the recipe sets ``trust_checkpoint``
+    (:func:`~composer_qsdp.recipes.safe_load.checkpoint_loading`).
 
     Args:
         recipe: the checked recipe.
@@ -376,10 +391,28 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
         RecipeError: the machine cannot run the recipe (:func:`~composer_qsdp.recipes.loader.check_machine`), the shards
             named in ``data`` are missing or do not fit the model, an algorithm cannot run
             on the installed torch, or the checkpoint to resume from is truncated or corrupt (naming the file:
-            :mod:`~composer_qsdp.recipes.checksums`).
+            :mod:`~composer_qsdp.recipes.checksums`) or needs more than the data a checkpoint may load without
+            ``trust_checkpoint`` (naming the file and the global).
         CollectiveTimeoutError: a collective waited ``dist_timeout`` seconds for the other processes (a stalled or
             dead process), naming the ranks that did not answer where it can.
     """
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+    from composer_qsdp.recipes.safe_load import checkpoint_loading
+
+    with checkpoint_loading(trust_checkpoint=recipe.cfg.trust_checkpoint):
+        try:
+            return _train(recipe, StartupClock() if clock is None else clock)
+        except (Exception, CheckpointException) as err:
+            refused = _untrusted(err) if not isinstance(err, RecipeError) else None
+            if refused is None:
+                raise
+            # A checkpoint a callback loads while training (Composer's LoadCheckpoint at a later event).
+            raise RecipeError(f"recipe key 'trust_checkpoint' = False: {refused}") from None
+
+
+def _train(recipe: ValidatedRecipe, clock: StartupClock) -> Any:
+    """:func:`train`, inside its checkpoint loading context."""
     from composer import Evaluator, Trainer
     from composer.algorithms import GradientClipping
     from composer.callbacks import CheckpointSaver
@@ -392,7 +425,6 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
     from composer_qsdp.recipes.preemption import SigtermCheckpoint
     from composer_qsdp.recipes.run_files import OwnerRecord, check_logger_files, claim_save_folder, run_name, run_paths
 
-    clock = StartupClock() if clock is None else clock
     clock.lap("imports")
     cfg = recipe.cfg
     check_machine(recipe)
@@ -458,7 +490,7 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
 
     clock.lap("model")
     progress_bar, log_to_console = console_output(cfg.progress_bar, cfg.log_to_console, sys.stdout.isatty())
-    with _reading_checkpoint(cfg.autoresume, paths, resume):  # the Trainer loads it
+    with _reading_checkpoint(cfg.autoresume, paths, resume, cfg.trust_checkpoint):  # the Trainer loads it
         trainer = Trainer(
             run_name=paths.run_name,
             model=model,

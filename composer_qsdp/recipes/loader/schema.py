@@ -154,6 +154,10 @@ class TrainRecipe:
                                        "unsaved")
     load_path: Optional[str] = _key(None, "checkpoint to resume from")
     autoresume: bool = _key(False, "resume from the newest checkpoint in save_folder (needs run_name)")
+    trust_checkpoint: bool = _key(False, "load the checkpoint (load_path, autoresume) as Composer does even where it "
+                                         "needs more than tensors and Composer's training state: unpickling it then "
+                                         "runs what it names; only for checkpoints whose writers you trust "
+                                         "(docs/trust.md)")
     progress_bar: Optional[bool] = _key(None, "show Composer's progress bar; null: only when standard output is a "
                                                "terminal (no ANSI redraws in log files, CI logs and notebooks)")
     log_to_console: Optional[bool] = _key(None, "print the logged metrics every console_log_interval; null: when no "
