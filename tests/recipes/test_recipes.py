@@ -30,6 +30,7 @@ PAPER = {
     "gpt-350m": ("350m", 1024, 24, 16, 256, 3e-4, 350e6),
     "gpt-1.3b": ("1.3b", 2048, 24, 16, 512, 2e-4, 1.3e9),
     "gpt-6.7b": ("6.7b", 4096, 32, 32, 1024, 1.2e-4, 6.7e9),
+    "gpt-13b": ("13b", 5120, 40, 40, 1024, 1.0e-4, 13e9),
 }
 
 
@@ -68,7 +69,7 @@ def test_recipe_validates_and_builds_its_model(path):
         assert cfg.data.local == f"data/wiki-gpt2-t{config.max_seq_len}"
     # The large GPTs initialise each shard on its GPU; DDP cannot, and the smaller recipes keep the CPU init that
     # their convergence records used.
-    meta = path.parent.name in ("gpt-1.3b", "gpt-6.7b") and cfg.fsdp is not None
+    meta = path.parent.name in ("gpt-1.3b", "gpt-6.7b", "gpt-13b") and cfg.fsdp is not None
     assert recipe.init_device == ("meta" if meta else "cpu")
     # The benchmarks' and the notebook's step times are the speed monitor's time/train.
     assert recipe.callback_kwargs["speed_monitor"] == {"window_size": 10}
@@ -83,6 +84,10 @@ def test_recipe_validates_and_builds_its_model(path):
                        "zeropp"):
         assert recipe.algorithm_kwargs == {"qsdp": {"preset": path.stem}}
         assert build_algorithm("qsdp", recipe.algorithm_kwargs["qsdp"]).config == from_preset(path.stem)
+    elif path.stem == "qwd-w3g3-loco-lean":  # the preset with its reference and residual divided by the node
+        lean = from_preset("qwd-w3g3-loco", grad_scheme="two_level_loco",
+                           weight_scheme_options={"sharded_reference": True})
+        assert build_algorithm("qsdp", recipe.algorithm_kwargs["qsdp"]).config == lean
     elif path.stem == "qsdp-auto":  # the policy's recipe value, built into the algorithm at validation
         qsdp = build_algorithm("qsdp", recipe.algorithm_kwargs["qsdp"])
         assert qsdp.policy == "auto" and qsdp.config.auto_options == AutoOptions(**recipe.algorithm_kwargs["qsdp"]

@@ -89,6 +89,8 @@ GPT_PRESETS: dict[str, GPTConfig] = {
     "350m": GPTConfig(d_model=1024, n_layers=24, n_heads=16),
     "1.3b": GPTConfig(d_model=2048, n_layers=24, n_heads=16),
     "6.7b": GPTConfig(d_model=4096, n_layers=32, n_heads=32),
+    # GPT-3's 13B (Brown et al., 2020, Table 2.1) lists width 5140 for 40 heads of 128; 5120 = 40 x 128 divides.
+    "13b": GPTConfig(d_model=5120, n_layers=40, n_heads=40),
     # Small enough that a CPU step with the full 50K-token head stays well under a second.
     "tiny": GPTConfig(d_model=64, n_layers=2, n_heads=4, max_seq_len=64),
 }
@@ -98,7 +100,7 @@ def gpt_config(preset: str | None = None, **overrides: Any) -> GPTConfig:
     """Build a :class:`GPTConfig` from a named preset and field overrides.
 
     Args:
-        preset: a key of :data:`GPT_PRESETS` (``"125m"``, ``"350m"``, ``"1.3b"``, ``"6.7b"``, ``"tiny"``), or None to give
+        preset: a key of :data:`GPT_PRESETS` (``"125m"``, ``"350m"``, ``"1.3b"``, ``"6.7b"``, ``"13b"``, ``"tiny"``), or None to give
             every required field (``d_model``, ``n_layers``, ``n_heads``) in ``overrides``.
         **overrides: :class:`GPTConfig` fields that replace the preset's values.
 
