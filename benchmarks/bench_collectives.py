@@ -69,6 +69,7 @@ from composer_qsdp.comm import (Topology, node_groups, quantized_all_gather, qua
                                 two_level_reduce_scatter)
 from composer_qsdp.config import from_preset
 from composer_qsdp.quant import make_codec
+from composer_qsdp.schemes import build_scheme
 
 import e2e_common as common
 from provenance import git_revision
@@ -178,7 +179,7 @@ def _two_level_cases(args: argparse.Namespace, rs_in: torch.Tensor, rs_out: torc
               (world - 1) * rs_out.numel() * BF16, 0)]
     for preset in ("tlq-hs", "zeropp"):
         config = from_preset(preset)
-        scheme = config.grad_scheme(config.grads.bits)
+        scheme = build_scheme("grads", config.grads, config.grads.bits)
 
         def call(i: int, s=scheme):
             return two_level_reduce_scatter(rs_out, rs_in, s.intra_codec, s.codec, group, split, dist.ReduceOp.AVG,

@@ -55,12 +55,13 @@ import torch
 import triton
 
 import kernel_timing as timing
-from composer_qsdp.config.presets import PRESETS, preset_names
+from composer_qsdp.config import preset_names
 from composer_qsdp.kernels import backend, bucket_decode
 from composer_qsdp.kernels import hadamard as hadamard_kernels
 from composer_qsdp.kernels import minmax as minmax_kernels
 from composer_qsdp.quant import Codec, CodedResidual, HadamardCodec, MinMaxCodec, SymmetricCodec
 from composer_qsdp.quant.hadamard import hadamard_rows
+from composer_qsdp.registry import PRESETS
 
 BLOCK_1_3B = 12 * 2048 * 2048 + 13 * 2048  # GPT-1.3B block: attention and MLP matrices, biases, two norms
 
@@ -163,7 +164,7 @@ class _Sweep:
     (fixed seed); ``reference``: also the torch reference's outputs, which every launch shape must give."""
 
     def __init__(self, preset: str, ranks: int, reference: bool) -> None:
-        options = PRESETS[preset]
+        options = PRESETS.lookup(preset)
         self.bits, self.bucket = options["grad_bits"], options["grad_bucket_size"]
         self.ranks, self.n = ranks, -(-BLOCK_1_3B // ranks)
         self.inner = MinMaxCodec(bits=self.bits, bucket_size=self.bucket, rounding="nearest")

@@ -65,3 +65,35 @@ def test_importing_the_registry_loads_no_other_composer_qsdp_module():
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root).stdout
     # _names (the suggestions) is a bottom module too: it imports nothing of the package.
     assert loaded.strip() == "['composer_qsdp', 'composer_qsdp._names', 'composer_qsdp.registry']"
+
+
+def test_check_names_without_importing_and_options_name_the_option_class(tmp_path, monkeypatch):
+    (tmp_path / "lazy_options_target.py").write_text("class Thing:\n    pass\n\nclass ThingOptions:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "lazy_options_target", raising=False)
+    table = Registry("thing")
+    table.register("thing", "lazy_options_target:Thing", options="lazy_options_target:ThingOptions")
+    table.register("bare", "collections:deque")
+    assert table.check("thing") == "thing" and "lazy_options_target" not in sys.modules
+    assert table.options("thing").__name__ == "ThingOptions" and table.options("bare") is None
+    with pytest.raises(ValueError, match=r"^unknown thing 'thnig'; did you mean 'thing'\?; allowed: bare, thing$"):
+        table.check("thnig")
+    with pytest.raises(ValueError, match=r"target 'nowhere' of thing 'x' is invalid; it must be 'module:attr'"):
+        table.register("x", "collections:deque", options="nowhere")
+    assert table.names() == ("thing", "bare")
+
+
+def test_the_package_names_every_table_in_the_registry_module():
+    """One name table: every name a user types (presets, codecs, schemes, policies, candidates) is looked up in
+    composer_qsdp.registry, and no other module of the package makes a table of its own."""
+    assert registry.PRESETS.names()[0] == "w8g8" and "sdp4bit" in registry.PRESETS.names()
+    assert registry.CODECS.names() == ("minmax", "random_shift", "learned", "symmetric", "sign")
+    assert (registry.WEIGHT_SCHEMES.names(), registry.GRAD_SCHEMES.names(), registry.ALL_REDUCE_SCHEMES.names()) == (
+        ("direct", "difference"), ("flat", "two_level", "loco", "two_level_loco"), ("onebit",))
+    assert registry.POLICIES.names() == ("fixed", "auto")
+    assert {side: table.names() for side, table in registry.CANDIDATES.items()} == {
+        "weights": ("off", "w8", "qwd4", "qwd3"), "grads": ("off", "g8", "g4", "g3loco")}
+    package = Path(registry.__file__).parent
+    makers = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
+                    if p != Path(registry.__file__) and "Registry(" in p.read_text())
+    assert makers == []

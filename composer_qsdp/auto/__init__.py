@@ -3,7 +3,6 @@ probes the network and reconfigures a :class:`~composer_qsdp.engine.QSDPHandle` 
 
 from composer_qsdp.auto.choice import Candidate, Decision, LinkFit, UnitProfile, decide
 from composer_qsdp.auto.runtime import AutoPolicy, AutoRecord
-from composer_qsdp.config.options import POLICIES, AutoOptions
+from composer_qsdp.config.options import AutoOptions
 
-__all__ = ["AutoOptions", "AutoPolicy", "AutoRecord", "Candidate", "Decision", "LinkFit", "POLICIES", "UnitProfile",
-           "decide"]
+__all__ = ["AutoOptions", "AutoPolicy", "AutoRecord", "Candidate", "Decision", "LinkFit", "UnitProfile", "decide"]

@@ -5,8 +5,9 @@ of each candidate collective on the FSDP group, each unit's forward time over th
 hold the same numbers (an all-reduce of the maximum), calls :func:`decide` and applies its :class:`Decision`.
 So the decision can be tested with injected timings, and identical inputs give identical decisions on every rank.
 
-**Candidates.** Per unit and side, one of a few settings, each a preset's side (:data:`CANDIDATES`, by name per
-side, most accurate first). The default ones (:data:`WEIGHT_CANDIDATES`, :data:`GRAD_CANDIDATES`):
+**Candidates.** Per unit and side, one of a few settings, each a preset's side (the constants below, named per side
+in :data:`composer_qsdp.registry.CANDIDATES`, most accurate first; :func:`candidates`). The default ones
+(:data:`WEIGHT_CANDIDATES`, :data:`GRAD_CANDIDATES`):
 
 * weights: ``off`` (unquantized), ``w8`` (the ``w8g8`` preset's 8-bit min-max weights, stochastic rounding),
   ``qwd4`` (the ``qwd-w4g4`` preset's weights: 4-bit symmetric differences against a per-GPU reference, SDP4Bit's
@@ -65,13 +66,13 @@ from dataclasses import dataclass
 import torch
 
 from composer_qsdp.comm import call_traffic
-from composer_qsdp.config.options import CANDIDATE_PRESETS, DEFAULT_CANDIDATES, candidate_names
-from composer_qsdp.config.settings import FEEDBACK_GRAD_SCHEMES, SideConfig, build_scheme, from_preset
+from composer_qsdp.config.options import DEFAULT_CANDIDATES, candidate_names
+from composer_qsdp.config.settings import FEEDBACK_GRAD_SCHEMES, SideConfig, from_preset
 from composer_qsdp.quant import Codec
-from composer_qsdp.schemes import GradScheme, WeightScheme
+from composer_qsdp.registry import CANDIDATES
+from composer_qsdp.schemes import GradScheme, WeightScheme, build_codec, build_scheme
 
 __all__ = [
-    "CANDIDATES",
     "Candidate",
     "Decision",
     "GRAD_CANDIDATES",
@@ -85,6 +86,7 @@ __all__ = [
     "WEIGHT_CANDIDATES",
     "accuracy_violation",
     "candidate_names",
+    "candidates",
     "decide",
     "fit_link",
     "pack_profiles",
@@ -150,7 +152,7 @@ class Candidate:
     @functools.cached_property
     def codec(self) -> Codec | None:
         """The codec on the wire (``None``: unquantized)."""
-        return None if self.config is None or self.bits is None else self.config.make_codec(self.bits)
+        return None if self.config is None or self.bits is None else build_codec(self.config, self.bits)
 
     def wire_bytes(self, numel: int, world_size: int, element_size: int) -> int:
         """Bytes one rank sends in this candidate's collective of a unit of ``numel`` elements (NCCL convention:
@@ -161,8 +163,7 @@ class Candidate:
 
     def build(self, error_sample_interval: int = 0) -> WeightScheme | GradScheme:
         """A new scheme of this candidate (not set up)."""
-        side = self.config or SideConfig(bits=None)
-        return build_scheme(self.side, side, self.bits, self.scheme, error_sample_interval)
+        return build_scheme(self.side, self.config, self.bits, self.scheme, error_sample_interval)
 
     def probe_candidate(self) -> Candidate:
         """What the network probe times for this candidate: itself, except that the difference scheme is timed as
@@ -174,19 +175,40 @@ class Candidate:
         return dataclasses.replace(self, config=dataclasses.replace(self.config, scheme="direct", scheme_options={}))
 
 
-def _candidate(side: str, name: str) -> Candidate:
-    preset = CANDIDATE_PRESETS[side][name]
-    return Candidate(name, side, None if preset is None else getattr(from_preset(preset), side))
+def _preset_side(name: str, side: str, preset: str) -> Candidate:
+    """The candidate ``name`` that moves ``side`` as the preset ``preset`` does."""
+    return Candidate(name, side, getattr(from_preset(preset), side))
 
 
-#: Every candidate, ``{side: {name: candidate}}``, most accurate first per side (:data:`CANDIDATE_PRESETS`): the
-#: defaults, then the opt-in ones (module docstring).
-CANDIDATES: dict[str, dict[str, Candidate]] = {
-    side: {name: _candidate(side, name) for name in names} for side, names in CANDIDATE_PRESETS.items()}
+# The candidates, each named in composer_qsdp.registry.CANDIDATES (module docstring): the defaults, then the opt-in
+# ones, most accurate first per side.
+OFF_WEIGHTS = Candidate("off", "weights")
+W8 = _preset_side("w8", "weights", "w8g8")
+QWD4 = _preset_side("qwd4", "weights", "qwd-w4g4")
+QWD3 = _preset_side("qwd3", "weights", "qwd-w3g3-loco")
+OFF_GRADS = Candidate("off", "grads")
+G8 = _preset_side("g8", "grads", "w8g8")
+G4 = _preset_side("g4", "grads", "w8g4")
+G3LOCO = _preset_side("g3loco", "grads", "qwd-w4g3-loco")
+
+
+def candidates(side: str, names: Sequence[str] | None = None) -> tuple[Candidate, ...]:
+    """The candidates of ``side`` named ``names`` (``None``: every registered one, most accurate first), from
+    :data:`composer_qsdp.registry.CANDIDATES`.
+
+    Raises:
+        ValueError: an unknown side or name, naming it and the allowed ones.
+    """
+    if side not in CANDIDATES:
+        raise ValueError(f"side {side!r} is invalid; allowed: {', '.join(CANDIDATES)}")
+    table = CANDIDATES[side]
+    return tuple(table.lookup(name) for name in (table.names() if names is None else names))
+
+
 #: The default weight candidates, most accurate first (ties keep the earlier one).
-WEIGHT_CANDIDATES: tuple[Candidate, ...] = tuple(CANDIDATES["weights"][n] for n in DEFAULT_CANDIDATES["weights"])
+WEIGHT_CANDIDATES: tuple[Candidate, ...] = candidates("weights", DEFAULT_CANDIDATES["weights"])
 #: The default gradient candidates, most accurate first.
-GRAD_CANDIDATES: tuple[Candidate, ...] = tuple(CANDIDATES["grads"][n] for n in DEFAULT_CANDIDATES["grads"])
+GRAD_CANDIDATES: tuple[Candidate, ...] = candidates("grads", DEFAULT_CANDIDATES["grads"])
 
 
 def accuracy_violation(candidate: Candidate) -> str | None:

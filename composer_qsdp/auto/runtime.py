@@ -42,9 +42,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from composer_qsdp.comm import Topology
-from composer_qsdp.auto.choice import (CANDIDATES, Candidate, Decision, LinkFit,
-                                       UnitProfile, decide, fit_link, pack_profiles, predict_step,
-                                       unpack_profiles)
+from composer_qsdp.auto.choice import (Candidate, Decision, LinkFit, UnitProfile, candidates, decide, fit_link,
+                                       pack_profiles, predict_step, unpack_profiles)
 from composer_qsdp.config.options import AutoOptions
 from composer_qsdp.engine.handle import QSDPHandle
 
@@ -322,7 +321,7 @@ class AutoPolicy:
         options: :class:`AutoOptions`.
         weight_candidates, grad_candidates: candidates given as objects (tests, candidates outside the registry),
             most accurate first; ``None`` (default): those ``options`` names, from
-            :data:`~composer_qsdp.auto.choice.CANDIDATES`.
+            :data:`composer_qsdp.registry.CANDIDATES`.
         network: injected instead of probing (tests, or a network measured elsewhere): ``network(policy)`` returns
             a :class:`LinkFit` per candidate key.
         forward_times: injected instead of timing: ``forward_times(policy)`` returns each unit's forward seconds per
@@ -350,8 +349,8 @@ class AutoPolicy:
         self.options = options or AutoOptions()
         given = {"weights": weight_candidates, "grads": grad_candidates}
         named = {"weights": self.options.weight_candidates, "grads": self.options.grad_candidates}
-        self.candidates = {side: tuple(given[side]) if given[side] is not None else
-                           tuple(CANDIDATES[side][name] for name in named[side]) for side in given}
+        self.candidates = {side: tuple(given[side]) if given[side] is not None else candidates(side, named[side])
+                           for side in given}
         self._network_fn = network
         self._forward_fn = forward_times
         n = len(handle.units)

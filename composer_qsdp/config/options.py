@@ -1,11 +1,11 @@
 """Typed options of each codec and scheme (what ``SideConfig.codec_options`` and ``SideConfig.scheme_options``
-hold) and of the automatic policy (``QSDPConfig.auto_options``), with the names of the policies and of the
-automatic policy's candidates.
+hold) and of the automatic policy (``QSDPConfig.auto_options``).
 
-A mapping (a yaml section, a dict) is turned into the option class of the codec or scheme it configures, so a
-misspelled key fails at construction with the allowed keys and the closest one. An option left at its default is
-not passed on, so the codec or scheme applies its own default. A codec or scheme registered without an option
-class here (a plug-in) takes its options as a mapping, checked by its constructor.
+Each option class is registered beside its codec, scheme or policy in :mod:`composer_qsdp.registry`
+(``options=``). A mapping (a yaml section, a dict) is turned into the option class of the codec or scheme it
+configures, so a misspelled key fails at construction with the allowed keys and the closest one, and each class
+checks its values with its scheme's own rules, building no scheme. A codec or scheme registered without an option
+class (a plug-in) takes its options as a mapping, checked by its constructor.
 """
 
 from __future__ import annotations
@@ -16,12 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from composer_qsdp._names import did_you_mean
-from composer_qsdp.validate import check_bool, check_choice, check_int, is_fraction
+from composer_qsdp.registry import CANDIDATES
+from composer_qsdp.schemes.direct import check_direct_options
+from composer_qsdp.schemes.loco import check_feedback_options
+from composer_qsdp.schemes.two_level import check_two_level_options
+from composer_qsdp.validate import check_bool, check_int
 
 __all__ = [
-    "CANDIDATE_PRESETS", "CODEC_OPTIONS", "DEFAULT_CANDIDATES", "POLICIES", "SCHEME_OPTIONS", "AutoOptions",
-    "CodecOptions", "DifferenceOptions", "DirectOptions", "FlatOptions", "LearnedOptions", "LoCoOptions",
-    "TwoLevelLoCoOptions", "TwoLevelOptions", "candidate_names", "option_kwargs", "typed_options",
+    "DEFAULT_CANDIDATES", "AutoOptions", "CodecOptions", "DifferenceOptions", "DirectOptions", "FlatOptions",
+    "LearnedOptions", "LoCoOptions", "TwoLevelLoCoOptions", "TwoLevelOptions", "candidate_names", "typed_options",
 ]
 
 
@@ -76,9 +79,7 @@ class DirectOptions:
     unquantized_params: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        check_bool("align_buckets", self.align_buckets)
-        if isinstance(self.unquantized_params, str):
-            raise ValueError(f"unquantized_params={self.unquantized_params!r} is invalid; it must be a list of names")
+        check_direct_options(self.align_buckets, self.unquantized_params)
         object.__setattr__(self, "unquantized_params", tuple(self.unquantized_params))
 
 
@@ -128,14 +129,7 @@ class LoCoOptions:
     residual_dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        _check_feedback("loco", self.beta, self.reset_every)
-
-
-def _check_feedback(scheme: str, beta: object, reset_every: object) -> None:
-    """Raise a ``ValueError`` naming the value unless ``beta`` is in [0, 1) and ``reset_every`` an integer >= 0."""
-    if not is_fraction(beta):
-        raise ValueError(f"beta={beta!r} is invalid for the {scheme} gradient scheme; allowed: a number in [0, 1)")
-    check_int("reset_every", reset_every)
+        check_feedback_options("loco", self.beta, self.reset_every, self.residual_dtype)
 
 
 @dataclass(frozen=True)
@@ -158,6 +152,7 @@ class TwoLevelOptions:
             object.__setattr__(self, "intra_codec", dict(self.intra_codec))
         if self.rotation_block is not None:
             check_int("rotation_block", self.rotation_block, minimum=1)
+        check_two_level_options(self.intra_codec, self.rotation_block)
 
 
 @dataclass(frozen=True)
@@ -176,37 +171,18 @@ class TwoLevelLoCoOptions(TwoLevelOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_feedback("two_level_loco", self.beta, self.reset_every)
+        check_feedback_options("two_level_loco", self.beta, self.reset_every, self.residual_dtype)
 
 
-#: Codec name -> its option class.
-CODEC_OPTIONS: dict[str, type[CodecOptions]] = {
-    "minmax": CodecOptions,
-    "random_shift": CodecOptions,
-    "symmetric": CodecOptions,
-    "sign": CodecOptions,
-    "learned": LearnedOptions,
-}
-#: Scheme name -> its option class.
-SCHEME_OPTIONS: dict[str, type] = {
-    "direct": DirectOptions,
-    "difference": DifferenceOptions,
-    "flat": FlatOptions,
-    "loco": LoCoOptions,
-    "two_level": TwoLevelOptions,
-    "two_level_loco": TwoLevelLoCoOptions,
-}
-
-
-def typed_options(kind: str, name: str, value: object, table: Mapping[str, type]) -> Any:
-    """``value`` (a mapping, ``None`` or an option object) as the option class of ``name`` in ``table``; a
-    mapping stays a mapping when ``name`` has no option class.
+def typed_options(kind: str, name: str, value: object, cls: type | None) -> Any:
+    """``value`` (a mapping, ``None`` or an option object) as ``cls``, the option class of the codec, scheme or policy
+    ``name`` (:meth:`Registry.options <composer_qsdp.registry.Registry.options>`); a mapping stays a mapping when
+    ``cls`` is ``None``.
 
     Raises:
         ValueError: an unknown key (naming the allowed ones and the closest), a value out of range, or an option
             object of another codec or scheme.
     """
-    cls = table.get(name)
     if value is None:
         value = {}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -225,32 +201,14 @@ def typed_options(kind: str, name: str, value: object, table: Mapping[str, type]
     return cls(**value)
 
 
-def option_kwargs(options: Any) -> dict[str, Any]:
-    """The keyword arguments ``options`` passes on: an option object's fields that differ from their defaults
-    (so the codec or scheme applies its own default otherwise), or a plug-in's mapping as it is."""
-    if not dataclasses.is_dataclass(options):
-        return dict(options)
-    return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
-            if getattr(options, f.name) != f.default}
-
-
-#: Values of ``QSDPConfig.policy``: ``"fixed"`` (the configured settings) or ``"auto"``
-#: (:mod:`composer_qsdp.auto`: measure, then choose per unit among the candidates).
-POLICIES = ("fixed", "auto")
-#: The automatic policy's candidates by name, per side, most accurate first: each moves its side as the preset it
-#: names does (``None``: unquantized). Plain names, so that options can be checked here; :mod:`composer_qsdp.auto`
-#: builds the candidates from them.
-CANDIDATE_PRESETS: dict[str, dict[str, str | None]] = {
-    "weights": {"off": None, "w8": "w8g8", "qwd4": "qwd-w4g4", "qwd3": "qwd-w3g3-loco"},
-    "grads": {"off": None, "g8": "w8g8", "g4": "w8g4", "g3loco": "qwd-w4g3-loco"},
-}
-#: The candidates offered unless ``AutoOptions`` names others: the measured ones; ``qwd3`` and ``g3loco`` are opt-in.
+#: The candidates (:data:`composer_qsdp.registry.CANDIDATES`) offered unless ``AutoOptions`` names others: the
+#: measured ones; ``qwd3`` and ``g3loco`` are opt-in.
 DEFAULT_CANDIDATES: dict[str, tuple[str, ...]] = {"weights": ("off", "w8", "qwd4"), "grads": ("off", "g8", "g4")}
 
 
 def candidate_names(option: str, side: str, value: object) -> tuple[str, ...]:
-    """``value`` (a list of candidate names of ``side``, e.g. from YAML) as a tuple in :data:`CANDIDATE_PRESETS`
-    order.
+    """``value`` (a list of candidate names of ``side``, e.g. from YAML) as a tuple in the order of
+    :data:`composer_qsdp.registry.CANDIDATES` (most accurate first).
 
     YAML 1.1 reads a bare ``off`` as ``False``, so ``False`` stands for ``"off"``.
 
@@ -258,13 +216,17 @@ def candidate_names(option: str, side: str, value: object) -> tuple[str, ...]:
         ValueError: not a list of names, an unknown name (naming it, the allowed ones and the closest), a repeated
             name, or no ``"off"``; the message names ``option``.
     """
-    allowed = tuple(CANDIDATE_PRESETS[side])
+    table = CANDIDATES[side]
+    allowed = table.names()
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise ValueError(f"{option}={value!r} is invalid; it must be a list of candidate names from "
                          f"{', '.join(allowed)}")
     names = ["off" if v is False else v for v in value]
     for name in names:
-        check_choice(option, name, allowed)
+        try:
+            table.check(name)
+        except ValueError as err:
+            raise ValueError(f"{option}: {err}") from None
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated or "off" not in names:
         raise ValueError(f"{option}={list(names)!r} is invalid; it must name 'off' (the unquantized start) and each "
@@ -287,7 +249,7 @@ class AutoOptions:
             capped here; 2**24 elements are 32 MiB in bf16).
         probe_repeats: timed calls per probe size (>= 1; one untimed call precedes them; the median counts).
         weight_candidates, grad_candidates: the candidates to choose from per side, by name
-            (:data:`CANDIDATE_PRESETS`; a list from YAML is accepted, and a bare YAML ``off``, read as ``False``,
+            (:data:`composer_qsdp.registry.CANDIDATES`; a list from YAML is accepted, and a bare YAML ``off``, read as ``False``,
             is ``"off"``), ``"off"`` among them. Stored in the table's order, most accurate first, whatever order
             they are given in (ties between candidates keep the more accurate). Default:
             :data:`DEFAULT_CANDIDATES`.

@@ -1,6 +1,5 @@
 """Named presets: the flat options of each ``QSDPConfig`` preset, which ``QSDPConfig.from_preset("w8g4",
-exclude=[...])`` builds with flat keyword changes (:mod:`composer_qsdp.config.settings`). Plain data: this module
-imports nothing of the package.
+exclude=[...])`` builds with flat keyword changes (:mod:`composer_qsdp.config.settings`).
 
 * ``w8g8``: QSDP's headline setting (8-bit weights and gradients, min-max, stochastic rounding, buckets of 1024).
   The default everywhere.
@@ -45,6 +44,9 @@ imports nothing of the package.
 What each preset costs in validation loss, and which are proven lossless (none yet, by the seed protocol), is
 measured, not stated here: ``docs/presets.md`` labels each preset from ``benchmarks/RESULTS.md``.
 
+Each preset is a constant of this module (``W8G8``, ``QWD_W4G2_LOCO``...) that :data:`composer_qsdp.registry.PRESETS`
+names; plain data: this module imports nothing of the package.
+
 Flat options name one field of one side as ``weight_<field>`` / ``grad_<field>`` (the fields of
 :class:`~composer_qsdp.config.SideConfig`: ``weight_bits``, ``grad_codec``, ``weight_bucket_size``,
 ``grad_rounding``, ``weight_codec_options``, ``grad_scheme``, ``weight_scheme_options``,
@@ -57,41 +59,37 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PRESETS", "preset_names"]
+__all__ = [
+    "QWD_W3G2_LOCO", "QWD_W3G3_LOCO", "QWD_W4G2_LOCO", "QWD_W4G3_LOCO", "QWD_W4G4", "SDP4BIT", "TLQ_HS", "W4G4", "W8G4",
+    "W8G8", "ZEROPP",
+]
 
 # SDP4Bit's two halves (§3.1 qWD weights, §3.2 TLq-HS gradients), shared by the presets that use them.
 _QWD_W4: dict[str, Any] = {
     "weight_scheme": "difference", "weight_codec": "symmetric", "weight_bits": 4, "weight_bucket_size": 2048,
-}
-_TLQ_HS: dict[str, Any] = {
-    "grad_codec": "symmetric", "grad_bits": 4, "grad_bucket_size": 128, "grad_scheme": "two_level",
-    "grad_scheme_options": {"intra_codec": {"name": "symmetric", "bits": 8, "bucket_size": 128}, "rotation_block": 32},
 }
 # LoCo's error feedback on one-hop gradients (the "loco" gradient scheme).
 _LOCO: dict[str, Any] = {
     "grad_scheme": "loco", "grad_rounding": "nearest", "grad_bucket_size": 256,
     "grad_codec_options": {"hadamard": True}, "grad_scheme_options": {"beta": 0.5, "residual_dtype": "int8"},
 }
-#: Each preset as flat options over the defaults (``QSDPConfig()``); :meth:`QSDPConfig.from_preset
-#: <composer_qsdp.config.QSDPConfig.from_preset>` builds them.
-PRESETS: dict[str, dict[str, Any]] = {
-    "w8g8": {},
-    "w8g4": {"grad_bits": 4},
-    "w4g4": {"weight_bits": 4, "grad_bits": 4},
-    "zeropp": {
-        "weight_codec": "symmetric", "weight_bits": 8, "weight_bucket_size": 4096,
-        "grad_codec": "symmetric", "grad_bits": 4, "grad_bucket_size": 2048, "grad_scheme": "two_level",
-    },
-    "tlq-hs": _TLQ_HS,
-    "sdp4bit": {**_QWD_W4, **_TLQ_HS},
-    "qwd-w4g4": {**_QWD_W4, "grad_bits": 4, "grad_bucket_size": 128, "grad_codec_options": {"hadamard": True}},
-    "qwd-w4g2-loco": {**_QWD_W4, **_LOCO, "grad_bits": 2},
-    "qwd-w4g3-loco": {**_QWD_W4, **_LOCO, "grad_bits": 3},
-    "qwd-w3g3-loco": {**_QWD_W4, "weight_bits": 3, **_LOCO, "grad_bits": 3},
-    "qwd-w3g2-loco": {**_QWD_W4, "weight_bits": 3, **_LOCO, "grad_bits": 2},
+# Each preset as flat options over the defaults (``QSDPConfig()``), registered by name in
+# :data:`composer_qsdp.registry.PRESETS`; :meth:`QSDPConfig.from_preset <composer_qsdp.config.QSDPConfig.from_preset>`
+# builds them.
+W8G8: dict[str, Any] = {}
+W8G4: dict[str, Any] = {"grad_bits": 4}
+W4G4: dict[str, Any] = {"weight_bits": 4, "grad_bits": 4}
+ZEROPP: dict[str, Any] = {
+    "weight_codec": "symmetric", "weight_bits": 8, "weight_bucket_size": 4096,
+    "grad_codec": "symmetric", "grad_bits": 4, "grad_bucket_size": 2048, "grad_scheme": "two_level",
 }
-
-
-def preset_names() -> tuple[str, ...]:
-    """Names accepted by :meth:`QSDPConfig.from_preset <composer_qsdp.config.QSDPConfig.from_preset>`."""
-    return tuple(PRESETS)
+TLQ_HS: dict[str, Any] = {
+    "grad_codec": "symmetric", "grad_bits": 4, "grad_bucket_size": 128, "grad_scheme": "two_level",
+    "grad_scheme_options": {"intra_codec": {"name": "symmetric", "bits": 8, "bucket_size": 128}, "rotation_block": 32},
+}
+SDP4BIT: dict[str, Any] = {**_QWD_W4, **TLQ_HS}
+QWD_W4G4: dict[str, Any] = {**_QWD_W4, "grad_bits": 4, "grad_bucket_size": 128, "grad_codec_options": {"hadamard": True}}
+QWD_W4G2_LOCO: dict[str, Any] = {**_QWD_W4, **_LOCO, "grad_bits": 2}
+QWD_W4G3_LOCO: dict[str, Any] = {**_QWD_W4, **_LOCO, "grad_bits": 3}
+QWD_W3G3_LOCO: dict[str, Any] = {**_QWD_W4, "weight_bits": 3, **_LOCO, "grad_bits": 3}
+QWD_W3G2_LOCO: dict[str, Any] = {**_QWD_W4, "weight_bits": 3, **_LOCO, "grad_bits": 2}

@@ -1,11 +1,14 @@
 """``SideConfig`` (how one side's traffic is quantized and moved) and ``QSDPConfig`` (both sides, which units,
-seeds, checks and the policy): frozen, validated at construction, built by name from the presets of
+seeds, checks and the policy): frozen plain data, validated at construction, built by name from the presets of
 :mod:`composer_qsdp.config.presets` (:meth:`QSDPConfig.from_preset`, the one place presets are merged, whose flat
-options the module docstring there lists)."""
+options the module docstring there lists).
+
+A configuration holds no scheme or codec: :func:`composer_qsdp.schemes.build_scheme` builds each unit's from it when
+QSDP installs (``composer_qsdp.engine.plan_units``). Every name it holds is checked against
+:mod:`composer_qsdp.registry`."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import warnings
@@ -16,26 +19,23 @@ from typing import Any
 import torch.nn as nn
 
 from composer_qsdp._names import did_you_mean
-from composer_qsdp.config.options import (CODEC_OPTIONS, POLICIES, SCHEME_OPTIONS, AutoOptions, CodecOptions,
-                                          option_kwargs, typed_options)
-from composer_qsdp.config.presets import PRESETS, preset_names
-from composer_qsdp.quant import Codec, make_codec
-from composer_qsdp.registry import Registry
-from composer_qsdp.schemes import (GRAD_SCHEMES, WEIGHT_SCHEMES, GradScheme, WeightScheme, make_grad_scheme,
-                                   make_weight_scheme)
-from composer_qsdp.validate import check_choice, check_int, check_seed
+from composer_qsdp.config.options import AutoOptions, CodecOptions, typed_options
+from composer_qsdp.registry import CODECS, GRAD_SCHEMES, POLICIES, PRESETS, WEIGHT_SCHEMES, Registry
+from composer_qsdp.schemes import build_codec, build_scheme
+from composer_qsdp.validate import check_int, check_seed
 
 __all__ = [
-    "FEEDBACK_GRAD_SCHEMES", "LowBitGradientWarning", "ModuleFilter", "QSDPConfig", "SideConfig", "build_scheme",
-    "from_preset", "option_names",
+    "FEEDBACK_GRAD_SCHEMES", "LowBitGradientWarning", "ModuleFilter", "QSDPConfig", "SideConfig", "from_preset",
+    "option_names", "preset_names",
 ]
 
 #: ``filter(module, name) -> bool``: True keeps a unit quantized (torchao float8's ``module_filter_fn`` order).
 ModuleFilter = Callable[[nn.Module, str], bool]
 #: Gradient schemes with error feedback, which carry each call's compression error into the next call.
 FEEDBACK_GRAD_SCHEMES = ("loco",)
-#: The preset :meth:`QSDPConfig.from_preset` starts from when none is named (and the only one ``policy="auto"`` takes).
-DEFAULT_PRESET = "w8g8"
+#: The preset :meth:`QSDPConfig.from_preset` starts from when none is named (and the only one ``policy="auto"`` takes):
+#: the first of :data:`composer_qsdp.registry.PRESETS`, ``"w8g8"``.
+DEFAULT_PRESET = PRESETS.names()[0]
 #: Gradient bit widths at or below which a scheme without error feedback costs loss.
 LOW_GRAD_BITS = 2
 
@@ -51,14 +51,15 @@ class SideConfig:
 
     Attributes:
         bits: bits per code (the codec's range, 1..8), or ``None`` to send this side unquantized.
-        codec: registry name of the codec (:func:`composer_qsdp.quant.codec_names`).
+        codec: name of the codec (:data:`composer_qsdp.registry.CODECS`).
         bucket_size: elements sharing one set of codec metadata (scale/offset/levels).
         rounding: the codec's ``rounding`` option (min-max: ``"stochastic"`` or ``"nearest"``); ``None`` keeps
             the codec's default (min-max: stochastic) and is required for codecs without that option.
         codec_options: the codec's other options, an option object of :mod:`composer_qsdp.config.options`
             (``CodecOptions(hadamard=True)``, ``LearnedOptions(...)``) or a mapping of its fields
             (``{"hadamard": True}``), which becomes that object.
-        scheme: how the traffic moves (:mod:`composer_qsdp.schemes`): weights ``"direct"`` (default) or
+        scheme: how the traffic moves (:data:`composer_qsdp.registry.WEIGHT_SCHEMES` / ``GRAD_SCHEMES``,
+            :mod:`composer_qsdp.schemes`): weights ``"direct"`` (default) or
             ``"difference"``, gradients ``"flat"`` (default), ``"loco"`` (flat with LoCo's error feedback),
             ``"two_level"`` or ``"two_level_loco"`` (two-level with LoCo's error feedback on the inter-node hop);
             ``None`` is the side's default.
@@ -85,13 +86,11 @@ class SideConfig:
         # Normalize containers: YAML recipes pass OmegaConf DictConfig.
         for name in ("bits_overrides", "scheme_overrides"):
             object.__setattr__(self, name, _mapping(name, getattr(self, name)))
-        if not isinstance(self.codec, str) or not self.codec:
-            raise ValueError(f"codec={self.codec!r} is invalid; it must be a codec name")
-        object.__setattr__(self, "codec_options",
-                           typed_options("codec", self.codec, self.codec_options, CODEC_OPTIONS))
-        # Without a scheme name the side's default types the options, in build_scheme.
+        object.__setattr__(self, "codec_options", typed_options("codec", self.codec, self.codec_options,
+                                                                CODECS.options(self.codec)))
+        # Without a scheme name the side's default types the options, in QSDPConfig (which knows the side).
         object.__setattr__(self, "scheme_options", typed_options("scheme", self.scheme, self.scheme_options,
-                                                                 SCHEME_OPTIONS) if self.scheme else
+                                                                 _scheme_options(self.scheme)) if self.scheme else
                            _mapping("scheme_options", self.scheme_options))
         _patterns("bits_overrides", tuple(self.bits_overrides))
         _patterns("scheme_overrides", tuple(self.scheme_overrides))
@@ -107,20 +106,6 @@ class SideConfig:
         """Every scheme this side can use (``scheme``, else ``default``, then the overrides'), without repeats."""
         return list(dict.fromkeys([self.scheme or default, *self.scheme_overrides.values()]))
 
-    def make_codec(self, bits: int) -> Codec:
-        """A codec of this side at ``bits`` bits: the one place its options are put together.
-
-        Raises:
-            ValueError: the codec rejects its options; the message names the codec and the options.
-        """
-        rounding = {} if self.rounding is None else {"rounding": self.rounding}
-        extra = option_kwargs(self.codec_options)
-        try:
-            return make_codec(self.codec, bits=bits, bucket_size=self.bucket_size, **rounding, **extra)
-        except (ValueError, TypeError) as err:
-            options = {"bits": bits, "bucket_size": self.bucket_size, **rounding, **extra}
-            raise ValueError(f"codec {self.codec!r} with {options}: {err}") from None
-
 
 @dataclass(frozen=True)
 class QSDPConfig:
@@ -130,9 +115,12 @@ class QSDPConfig:
     buffer) is the granularity of every decision. Unit names are the qualified names of ``named_modules()`` of
     the model QSDP is applied to (``''`` is that model); patterns are ``fnmatch`` patterns on them.
 
-    Every scheme the configuration can produce is built once here, as a prototype, so a bad option fails at
-    construction; each unit then gets its own copy (:meth:`weight_scheme` / :meth:`grad_scheme`), because
-    schemes and some codecs (learned levels) keep per-unit state.
+    Plain frozen data: it builds no scheme. Every name and option is checked at construction, so a bad one fails
+    here, naming it: names against :mod:`composer_qsdp.registry`, a scheme's options against its registered option
+    class (a plug-in's without one by building it once), and each bit width's codec by building it once (a codec
+    is a small value object, so building one is how its options are checked) and dropping it. When QSDP installs,
+    :func:`composer_qsdp.schemes.build_scheme` builds each unit's own schemes and codecs from it
+    (:func:`composer_qsdp.engine.plan_units`), because schemes and some codecs (learned levels) keep per-unit state.
 
     Attributes:
         weights: the weight all-gather (default: 8 bits, min-max, stochastic rounding, buckets of 1024).
@@ -151,10 +139,11 @@ class QSDPConfig:
             its traffic (one extra decode); ``0`` never measures.
         ranks_per_node: ranks sharing a node, for per-hop byte counts and topology-aware schemes; ``None``
             reads ``LOCAL_WORLD_SIZE`` from the launcher (one node when unset).
-        policy: ``"fixed"`` (the settings above) or ``"auto"``: start unquantized, measure the network and each
-            unit's compute over the first steps, then choose per unit and side among the candidates
-            (:mod:`composer_qsdp.auto`). Under ``"auto"`` both sides must be unquantized (``bits`` ``None``, no
-            ``bits_overrides``): the policy chooses them; ``from_preset(policy="auto")`` builds that.
+        policy: a name of :data:`composer_qsdp.registry.POLICIES`: ``"fixed"`` (the settings above) or ``"auto"``:
+            start unquantized, measure the network and each unit's compute over the first steps, then choose per
+            unit and side among the candidates (:mod:`composer_qsdp.auto`). Under ``"auto"`` both sides must be
+            unquantized (``bits`` ``None``, no ``bits_overrides``): the policy chooses them;
+            ``from_preset(policy="auto")`` builds that.
         auto_options: the automatic policy's options, an :class:`~composer_qsdp.config.options.AutoOptions` or a
             mapping of its fields (which becomes one); ``None`` is the defaults under ``"auto"`` and is required
             under ``"fixed"``.
@@ -181,15 +170,12 @@ class QSDPConfig:
     policy: str = "fixed"
     auto_options: AutoOptions | Mapping[str, Any] | None = None
     preset: str | None = field(default=None, init=False, compare=False)
-    _weight_prototypes: dict[tuple[str, int | None], WeightScheme] = field(init=False, repr=False, compare=False)
-    _grad_prototypes: dict[tuple[str, int | None], GradScheme] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        set_ = object.__setattr__
         for name in ("weights", "grads"):
             if not isinstance(getattr(self, name), SideConfig):
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid; it must be a SideConfig")
-        set_(self, "exclude", _patterns("exclude", self.exclude))
+        object.__setattr__(self, "exclude", _patterns("exclude", self.exclude))
         if self.module_filter is not None and not callable(self.module_filter):
             raise ValueError(f"module_filter={self.module_filter!r} is invalid; it must be callable (module, name)")
         for name in ("min_numel", "error_sample_interval"):
@@ -200,18 +186,17 @@ class QSDPConfig:
         if self.ranks_per_node is not None:
             check_int("ranks_per_node", self.ranks_per_node, minimum=1)
         self._check_policy()
-        set_(self, "_weight_prototypes", self._prototypes("weights", WEIGHT_SCHEMES, make_weight_scheme))
-        set_(self, "_grad_prototypes", self._prototypes("grads", GRAD_SCHEMES, make_grad_scheme))
+        for name, table in _SIDE_TABLES.items():
+            self._check_side(name, table)
         self._warn_low_bit_grads()
 
     def _check_policy(self) -> None:
-        check_choice("policy", self.policy, POLICIES)
-        if self.policy == "fixed":
+        options = POLICIES.options(self.policy)
+        if options is None:  # a policy without options: "fixed"
             if self.auto_options is not None:
-                raise ValueError(f"auto_options={self.auto_options!r} needs policy='auto' (policy='fixed')")
+                raise ValueError(f"auto_options={self.auto_options!r} needs policy='auto' (policy={self.policy!r})")
             return
-        object.__setattr__(self, "auto_options", typed_options("policy", "auto", self.auto_options,
-                                                               {"auto": AutoOptions}))
+        object.__setattr__(self, "auto_options", typed_options("policy", self.policy, self.auto_options, options))
         quantized = {side: getattr(self, side).all_bits() for side in _SIDES.values() if getattr(self, side).all_bits()}
         if quantized:
             raise ValueError(
@@ -219,25 +204,34 @@ class QSDPConfig:
                 f"{', '.join(f'{side} use bits {bits}' for side, bits in quantized.items())}; build it with "
                 "QSDPConfig.from_preset(policy='auto', ...) or use policy='fixed'")
 
+    def _check_side(self, name: str, table: Registry[Any]) -> None:
+        """Raise what building the side ``name``'s schemes would raise, without building one (but a plug-in scheme
+        registered without an option class, whose constructor is its only check)."""
+        side: SideConfig = getattr(self, name)
+        default = table.names()[0]
+        try:
+            schemes = [table.check(scheme) for scheme in side.all_schemes(default)]
+            configured = side.scheme or default
+            typed_options("scheme", configured, side.scheme_options, table.options(configured))
+            for bits in side.all_bits():
+                build_codec(side, bits)  # its constructor checks the codec's options; the codec is dropped
+                for scheme in schemes:
+                    if table.options(scheme) is None:  # a plug-in without an option class: its constructor checks
+                        build_scheme(name, side, bits, scheme, self.error_sample_interval)
+        except ValueError as err:
+            raise ValueError(f"QSDPConfig {name}: {err}") from None
+
     def _warn_low_bit_grads(self) -> None:
-        lossy = sorted(f"{scheme} at {bits} bit(s)" for scheme, bits in self._grad_prototypes
-                       if bits is not None and bits <= LOW_GRAD_BITS and scheme not in FEEDBACK_GRAD_SCHEMES)
+        default = GRAD_SCHEMES.names()[0]
+        lossy = sorted(f"{scheme} at {bits} bit(s)" for scheme in self.grads.all_schemes(default)
+                       for bits in self.grads.all_bits()
+                       if bits <= LOW_GRAD_BITS and scheme not in FEEDBACK_GRAD_SCHEMES)
         if lossy:
             warnings.warn(
                 f"QSDPConfig: gradients of {', '.join(lossy)} without error feedback lose each step's compression "
                 f"error, which costs loss; use the gradient scheme {' or '.join(map(repr, FEEDBACK_GRAD_SCHEMES))} "
                 "(grad_scheme='loco', or a preset with it, e.g. QSDPConfig.from_preset('qwd-w4g2-loco')) or 3 or "
                 "more gradient bits", LowBitGradientWarning, stacklevel=4)
-
-    def _prototypes(self, name: str, table: Registry[Any], make: Callable[..., Any]) -> dict[tuple[str, int | None], Any]:
-        side: SideConfig = getattr(self, name)
-        default = table.names()[0]
-        # Unquantized units (bits None) always take the side's default scheme: there is nothing to encode.
-        prototypes = {(default, None): make(default, None, self.error_sample_interval)}
-        for scheme in side.all_schemes(default):
-            for bits in side.all_bits():
-                prototypes[scheme, bits] = build_scheme(name, side, bits, scheme, self.error_sample_interval)
-        return prototypes
 
     @classmethod
     def from_preset(cls, name: str = DEFAULT_PRESET, **options: Any) -> QSDPConfig:
@@ -272,25 +266,7 @@ class QSDPConfig:
     def matching_preset(self) -> str | None:
         """The name of the preset this configuration equals (``from_preset(name)`` with no options), else ``None``
         (a preset with changed options, or a configuration built field by field that no preset matches)."""
-        return next((name for name in PRESETS if _preset_config(name) == self), None)
-
-    def weight_scheme(self, bits: int | None, scheme: str | None = None) -> WeightScheme:
-        """A new weight scheme for one unit: ``scheme`` (``None``: ``weights.scheme``) at ``bits`` bits
-        (``None``: the default scheme, unquantized).
-
-        Raises:
-            ValueError: a scheme or bit width this configuration does not use.
-        """
-        return _copy_of(self._weight_prototypes, self.weights.scheme, scheme, bits, "weights")
-
-    def grad_scheme(self, bits: int | None, scheme: str | None = None) -> GradScheme:
-        """A new gradient scheme for one unit: ``scheme`` (``None``: ``grads.scheme``) at ``bits`` bits
-        (``None``: the default scheme, unquantized).
-
-        Raises:
-            ValueError: a scheme or bit width this configuration does not use.
-        """
-        return _copy_of(self._grad_prototypes, self.grads.scheme, scheme, bits, "grads")
+        return next((name for name in PRESETS.names() if _preset_config(name) == self), None)
 
     def summary(self) -> dict[str, Any]:
         """The quantization settings as plain values, for logging hyperparameters and for the algorithm's
@@ -298,7 +274,7 @@ class QSDPConfig:
         algorithm's ``qsdp/policy`` and ``qsdp/preset``), so that the summary keeps the keys checkpoints hold."""
         out: dict[str, Any] = {}
         for f in fields(self):
-            if f.name.startswith("_") or f.name in _NOT_SUMMARIZED:
+            if f.name in _NOT_SUMMARIZED:
                 continue
             value = getattr(self, f.name)
             if isinstance(value, SideConfig):
@@ -307,40 +283,16 @@ class QSDPConfig:
         return out
 
 
-def build_scheme(
-    side_name: str, side: SideConfig, bits: int | None, scheme: str | None = None, error_sample_interval: int = 0
-) -> WeightScheme | GradScheme:
-    """A new scheme of ``side`` (``side_name``: ``"weights"`` or ``"grads"``) at ``bits`` bits (``None``: the
-    side's default scheme, unquantized), by ``scheme`` (``None``: ``side.scheme``, else the registry's default).
-
-    The one place a side's codec and scheme options are put together (configurations' prototypes and the
-    automatic policy's candidates both build through it).
-
-    Raises:
-        ValueError: an unknown side, scheme or option, naming it.
-    """
-    table, make = {"weights": (WEIGHT_SCHEMES, make_weight_scheme), "grads": (GRAD_SCHEMES, make_grad_scheme)}.get(
-        side_name, (None, None))
-    if table is None:
-        raise ValueError(f"side {side_name!r} is invalid; allowed: weights, grads")
-    default = table.names()[0]
-    if bits is None:
-        return make(default, None, error_sample_interval)
-    name = scheme or side.scheme or default
-    options = side.scheme_options
-    if dataclasses.is_dataclass(options) and name != side.scheme:
-        options = {}  # a unit that scheme_overrides moved off the configured scheme: its own defaults
-    try:
-        options = typed_options("scheme", name, options, SCHEME_OPTIONS)
-        return make(name, side.make_codec(bits), error_sample_interval, **option_kwargs(options))
-    except ValueError as err:
-        raise ValueError(f"QSDPConfig {side_name}: {err}") from None
-
-
 _SIDES = {"weight_": "weights", "grad_": "grads"}
+_SIDE_TABLES: dict[str, Registry[Any]] = {"weights": WEIGHT_SCHEMES, "grads": GRAD_SCHEMES}
 _SIDE_FIELDS = tuple(f.name for f in fields(SideConfig))
 _RUN_FIELDS = tuple(f.name for f in fields(QSDPConfig) if f.init and f.name not in _SIDES.values())
 _NOT_SUMMARIZED = ("policy", "auto_options", "preset")
+
+
+def preset_names() -> tuple[str, ...]:
+    """Names accepted by :meth:`QSDPConfig.from_preset` (:data:`composer_qsdp.registry.PRESETS`)."""
+    return PRESETS.names()
 
 
 def option_names() -> tuple[str, ...]:
@@ -350,9 +302,7 @@ def option_names() -> tuple[str, ...]:
 
 def from_preset(name: str = DEFAULT_PRESET, **options: Any) -> QSDPConfig:
     """:meth:`QSDPConfig.from_preset` (the method is the spelling to use; this module-level function is it)."""
-    if not isinstance(name, str) or name not in PRESETS:
-        hint = did_you_mean(name, PRESETS) if isinstance(name, str) else ""
-        raise ValueError(f"unknown QSDP preset {name!r}{hint}; allowed: {', '.join(PRESETS)}")
+    preset = PRESETS.lookup(name)
     allowed = option_names()
     for key in options:
         if key not in allowed:
@@ -365,7 +315,7 @@ def from_preset(name: str = DEFAULT_PRESET, **options: Any) -> QSDPConfig:
             raise ValueError(f"policy='auto' chooses each unit's weight and gradient settings itself, so {what} "
                              f"cannot be given with it; remove {'them' if sided else 'it'} or use policy='fixed'")
         options = {**options, "weight_bits": None, "grad_bits": None}  # the safe start: unquantized while measuring
-    options = {**PRESETS[name], **options, **_merged_options(PRESETS[name], options)}
+    options = {**preset, **options, **_merged_options(preset, options)}
     sides: dict[str, dict[str, Any]] = {side: {} for side in _SIDES.values()}
     if "bucket_size" in options:
         for changes in sides.values():
@@ -404,18 +354,6 @@ def _preset_config(name: str) -> QSDPConfig:
     return from_preset(name)
 
 
-def _copy_of(
-    prototypes: dict[tuple[str, int | None], Any], configured: str | None, scheme: str | None, bits: int | None,
-    side: str,
-) -> Any:
-    defaults = [s for s, b in prototypes if b is None]
-    key = (defaults[0], None) if bits is None else (scheme or configured or defaults[0], bits)
-    if key not in prototypes:
-        configured_keys = sorted(f"{s}@{b}" for s, b in prototypes if b is not None)
-        raise ValueError(f"{side} scheme {key[0]!r} at bits={bits!r} is not configured; configured: {configured_keys}")
-    return copy.deepcopy(prototypes[key])
-
-
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
@@ -426,6 +364,12 @@ def _plain(value: Any) -> Any:
     if callable(value):
         return getattr(value, "__qualname__", repr(value))
     return value
+
+
+def _scheme_options(name: str) -> type | None:
+    """The option class of the scheme ``name`` of either side (``None``: unknown here, or registered without one)."""
+    table = next((t for t in _SIDE_TABLES.values() if name in t.names()), None)
+    return None if table is None else table.options(name)
 
 
 def _patterns(name: str, value: object) -> tuple[str, ...]:

@@ -1,4 +1,5 @@
-"""Which units QSDP quantizes, and with which scheme on each side."""
+"""Which units QSDP quantizes, and with which scheme on each side: the plan, whose schemes and codecs are built here,
+once per unit, from the configuration's settings (:func:`composer_qsdp.schemes.build_scheme`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from composer_qsdp.config.settings import QSDPConfig, SideConfig
-from composer_qsdp.schemes import GradScheme, WeightScheme
+from composer_qsdp.schemes import GradScheme, WeightScheme, build_scheme
 
 __all__ = ["Unit", "UnitPlan", "plan_units"]
 
@@ -69,7 +70,8 @@ class UnitPlan:
 
 
 def plan_units(units: Sequence[Unit], config: QSDPConfig) -> list[UnitPlan]:
-    """Decide the scheme of each side of every unit.
+    """Decide the scheme of each side of every unit, and build it: a new scheme with a codec of its own per unit and
+    side (:func:`~composer_qsdp.schemes.build_scheme`).
 
     Rules: ``exclude`` patterns, ``module_filter`` and ``min_numel`` leave the unit unquantized on both sides;
     else the first pattern of a side's ``bits_overrides`` that matches sets its bits; else the side's ``bits``.
@@ -80,9 +82,10 @@ def plan_units(units: Sequence[Unit], config: QSDPConfig) -> list[UnitPlan]:
     plans = []
     for index, unit in enumerate(units):
         note = _exclusion(unit, config)
-        weights = config.weight_scheme(None if note else _bits(config.weights, unit.name),
-                                       _scheme(config.weights, unit.name))
-        grads = config.grad_scheme(None if note else _bits(config.grads, unit.name), _scheme(config.grads, unit.name))
+        weights = build_scheme("weights", config.weights, None if note else _bits(config.weights, unit.name),
+                               _scheme(config.weights, unit.name), config.error_sample_interval)
+        grads = build_scheme("grads", config.grads, None if note else _bits(config.grads, unit.name),
+                             _scheme(config.grads, unit.name), config.error_sample_interval)
         plans.append(UnitPlan(index, unit.name, unit.module, unit.numel, unit.params, weights, grads, note))
     _warn_costlier_than_bf16(plans)
     return plans

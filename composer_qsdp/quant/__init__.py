@@ -3,7 +3,8 @@
 Pure math with a torch reference implementation; on CUDA tensors the hot codecs dispatch to the Triton
 kernels of :mod:`composer_qsdp.kernels`. Knows nothing of distributed training.
 
-Other layers build codecs by name with :func:`make_codec` (:func:`codec_names` lists the names) and talk to the
+Other layers build codecs by name with :func:`make_codec` (:func:`codec_names` lists the names of
+:data:`composer_qsdp.registry.CODECS`) and talk to the
 :class:`Codec` interface only. The codec classes are exported for direct use and for tests; the general argument
 checks are in :mod:`composer_qsdp.validate`.
 """
@@ -13,7 +14,7 @@ from composer_qsdp.quant.hadamard import FusedRotation, HadamardCodec, hadamard_
 from composer_qsdp.quant.learned import LearnedLevelsCodec
 from composer_qsdp.quant.minmax import MinMaxCodec
 from composer_qsdp.quant.random_shift import RandomShiftCodec
-from composer_qsdp.quant.registry import codec_names, make_codec
+from composer_qsdp.quant.build import codec_names, make_codec
 from composer_qsdp.quant.residual import CodedResidual
 from composer_qsdp.quant.sign import SignCodec
 from composer_qsdp.quant.symmetric import SymmetricCodec

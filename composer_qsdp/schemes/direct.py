@@ -13,7 +13,18 @@ from composer_qsdp.comm import CallTraffic, Segments, Topology, quantized_all_ga
 from composer_qsdp.quant import Codec
 from composer_qsdp.schemes.base import GatherLayout, WeightScheme
 
-__all__ = ["DirectAllGather"]
+__all__ = ["DirectAllGather", "check_direct_options"]
+
+
+def check_direct_options(align_buckets: object, unquantized_params: object) -> None:
+    """Raise the ``ValueError`` that :class:`DirectAllGather` raises for these options, building nothing."""
+    if not isinstance(align_buckets, bool):
+        raise ValueError(f"align_buckets={align_buckets!r} is invalid; it must be True or False")
+    if isinstance(unquantized_params, str) or not all(isinstance(p, str) for p in unquantized_params):
+        raise ValueError(
+            f"unquantized_params={unquantized_params!r} is invalid; it must be a list of fnmatch patterns of "
+            "parameter names, e.g. ['*.bias', '*ln_*']"
+        )
 
 
 class DirectAllGather(WeightScheme):
@@ -49,13 +60,7 @@ class DirectAllGather(WeightScheme):
         unquantized_params: Sequence[str] = (),
     ) -> None:
         super().__init__(codec, error_sample_interval)
-        if not isinstance(align_buckets, bool):
-            raise ValueError(f"align_buckets={align_buckets!r} is invalid; it must be True or False")
-        if isinstance(unquantized_params, str) or not all(isinstance(p, str) for p in unquantized_params):
-            raise ValueError(
-                f"unquantized_params={unquantized_params!r} is invalid; it must be a list of fnmatch patterns of "
-                "parameter names, e.g. ['*.bias', '*ln_*']"
-            )
+        check_direct_options(align_buckets, unquantized_params)
         self.align_buckets = align_buckets
         self.unquantized_params = tuple(unquantized_params)
         self.segments: Segments | None = None

@@ -63,11 +63,20 @@ from composer_qsdp.schemes.base import GradScheme
 from composer_qsdp.schemes.flat import FlatReduceScatter
 from composer_qsdp.validate import check_choice, check_int, is_fraction
 
-__all__ = ["RESIDUAL_DTYPES", "LoCoFeedback", "LoCoReduceScatter", "LoCoResidualWarning"]
+__all__ = ["RESIDUAL_DTYPES", "LoCoFeedback", "LoCoReduceScatter", "LoCoResidualWarning", "check_feedback_options"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}
 #: The residual storages: a float dtype, or int8 codes (:class:`~composer_qsdp.quant.CodedResidual`).
 RESIDUAL_DTYPES = tuple(_DTYPES)
+
+
+def check_feedback_options(scheme: str, beta: object, reset_every: object, residual_dtype: object) -> None:
+    """Raise the ``ValueError`` that the error-feedback scheme ``scheme`` raises for these options, building nothing:
+    ``beta`` must be in [0, 1), ``reset_every`` an integer >= 0, ``residual_dtype`` one of :data:`RESIDUAL_DTYPES`."""
+    if not is_fraction(beta):
+        raise ValueError(f"beta={beta!r} is invalid for the {scheme} gradient scheme; allowed: a number in [0, 1)")
+    check_int("reset_every", reset_every)
+    check_choice("residual_dtype", residual_dtype, RESIDUAL_DTYPES)
 
 
 class LoCoResidualWarning(UserWarning):
@@ -99,12 +108,10 @@ class LoCoFeedback(GradScheme):
         if self.codec is None:
             raise ValueError(f"the {self.name} gradient scheme feeds back quantization errors and needs a codec "
                              "(grad bits)")
-        if not is_fraction(beta):
-            raise ValueError(f"beta={beta!r} is invalid for the {self.name} gradient scheme; allowed: a number in "
-                             "[0, 1)")
+        check_feedback_options(self.name, beta, reset_every, residual_dtype)
         self.beta = float(beta)
-        self.reset_every = check_int("reset_every", reset_every)
-        self.residual_dtype = _DTYPES[check_choice("residual_dtype", residual_dtype, RESIDUAL_DTYPES)]
+        self.reset_every = reset_every
+        self.residual_dtype = _DTYPES[residual_dtype]
         self.residual: torch.Tensor | CodedResidual | None = None
         self._steps_since_reset = 0
         self._restored: torch.Tensor | CodedResidual | None = None

@@ -28,7 +28,7 @@ from composer_qsdp.comm.two_level import is_power_of_two
 from composer_qsdp.quant import Codec, codec_names, make_codec
 from composer_qsdp.schemes.base import GradScheme
 
-__all__ = ["TwoLevelReduceScatter"]
+__all__ = ["TwoLevelReduceScatter", "check_two_level_options"]
 
 #: ``intra_codec`` value that reuses the side's (inter-node) codec on the intra-node hop.
 SAME = "same"
@@ -65,12 +65,7 @@ class TwoLevelReduceScatter(GradScheme):
     ) -> None:
         super().__init__(codec, error_sample_interval)
         self.intra_codec = _intra_codec(intra_codec, codec)
-        if rotation_block is not None and not is_power_of_two(rotation_block):
-            raise ValueError(
-                f"rotation_block={rotation_block!r} is invalid; allowed: a power of two (elements per Hadamard block, "
-                "SDP4Bit uses 32), or None"
-            )
-        self.rotation_block = rotation_block
+        self.rotation_block = _check_rotation_block(rotation_block)
         self.node_split: NodeGroups | None = None
 
     def setup(self, group: dist.ProcessGroup, topology: Topology) -> None:
@@ -105,6 +100,22 @@ class TwoLevelReduceScatter(GradScheme):
         """Error-feedback arguments of the collective for this call's ``input``: none here (``two_level_loco``
         keeps a residual of the inter-node hop)."""
         return {}
+
+
+def check_two_level_options(intra_codec: object, rotation_block: object) -> None:
+    """Raise the ``ValueError`` that :class:`TwoLevelReduceScatter` raises for these options, building no scheme (an
+    intra-node codec given by its options is built to check them, and dropped)."""
+    _intra_codec(intra_codec, None)
+    _check_rotation_block(rotation_block)
+
+
+def _check_rotation_block(rotation_block: Any) -> int | None:
+    if rotation_block is not None and not is_power_of_two(rotation_block):
+        raise ValueError(
+            f"rotation_block={rotation_block!r} is invalid; allowed: a power of two (elements per Hadamard block, "
+            "SDP4Bit uses 32), or None"
+        )
+    return rotation_block
 
 
 def _intra_codec(spec: str | Mapping[str, Any] | None, side_codec: Codec | None) -> Codec | None:

@@ -18,12 +18,10 @@ from sharded_mlp import Adapter, _train
 from composer_qsdp import (QSDP, CodecOptions, DifferenceOptions, LearnedOptions, QSDPConfig, SideConfig,
                            TwoLevelOptions, apply_qsdp)
 from composer_qsdp.config import preset_names
-from composer_qsdp.config.options import CODEC_OPTIONS, SCHEME_OPTIONS
-from composer_qsdp.config.presets import PRESETS
 from composer_qsdp.quant import make_codec
-from composer_qsdp.quant.registry import _CODECS
 from composer_qsdp.recipes.loader import RecipeError, load_recipe
-from composer_qsdp.schemes import GRAD_SCHEMES, WEIGHT_SCHEMES
+from composer_qsdp.registry import CODECS, GRAD_SCHEMES, PRESETS, WEIGHT_SCHEMES
+from composer_qsdp.schemes import build_codec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +48,7 @@ def test_a_typo_names_the_allowed_options_and_the_closest():
         QSDPConfig.from_preset("w8g4", weight_bit=4)
     with pytest.raises(ValueError, match=r"unknown QSDP option 'polcy'; did you mean 'policy'\?"):
         QSDPConfig.from_preset(polcy="auto")
-    with pytest.raises(ValueError, match=r"policy='autp' is not supported; allowed: fixed, auto; did you mean 'auto'"):
+    with pytest.raises(ValueError, match=r"unknown policy 'autp'; did you mean 'auto'\?; allowed: auto, fixed"):
         QSDPConfig.from_preset(policy="autp")
     with pytest.raises(ValueError, match=r"unknown QSDP preset 'sdp4bits'; did you mean 'sdp4bit'\?"):
         QSDPConfig.from_preset("sdp4bits")
@@ -109,16 +107,16 @@ def test_options_become_their_typed_class():
         LearnedOptions(fit_steps=0)
 
 
-@pytest.mark.parametrize("name,cls", [*((n, _CODECS.lookup(n)) for n in _CODECS.names()),
-                                      *((n, t.lookup(n)) for t in (WEIGHT_SCHEMES, GRAD_SCHEMES) for n in t.names())])
-def test_option_classes_mirror_their_constructors(name, cls):
+@pytest.mark.parametrize("table,name", [(t, n) for t in (CODECS, WEIGHT_SCHEMES, GRAD_SCHEMES) for n in t.names()])
+def test_option_classes_mirror_their_constructors(table, name):
     """Every registered codec and scheme has an option class whose fields and defaults are its constructor's
     (``SideConfig`` holds a codec's ``bits``, ``bucket_size`` and ``rounding``)."""
-    if name in _CODECS.names():
-        options, skip = CODEC_OPTIONS[name], {"bits", "bucket_size", "rounding"}
+    cls, options = table.lookup(name), table.options(name)
+    if table is CODECS:
+        skip = {"bits", "bucket_size", "rounding"}
         expected = {"hadamard": inspect.signature(make_codec).parameters["hadamard"].default}
     else:
-        options, skip, expected = SCHEME_OPTIONS[name], {"codec", "error_sample_interval"}, {}
+        skip, expected = {"codec", "error_sample_interval"}, {}
     expected |= {p.name: p.default for p in inspect.signature(cls).parameters.values() if p.name not in skip}
     assert {f.name: f.default for f in dataclasses.fields(options)} == expected
 
@@ -126,11 +124,11 @@ def test_option_classes_mirror_their_constructors(name, cls):
 @pytest.mark.parametrize("preset", preset_names())
 def test_presets_encode_the_same_bytes_as_their_raw_options(preset):
     """A preset's typed codec encodes exactly as ``make_codec`` with the preset's raw option mapping."""
-    raw = PRESETS[preset]
+    raw = PRESETS.lookup(preset)
     config = QSDPConfig.from_preset(preset)
     x = torch.randn(3000, generator=torch.Generator().manual_seed(0))
     for prefix, side in (("weight_", config.weights), ("grad_", config.grads)):
-        codec = side.make_codec(side.bits)
+        codec = build_codec(side, side.bits)
         rounding = {"rounding": raw[prefix + "rounding"]} if prefix + "rounding" in raw else {}
         reference = make_codec(raw.get(prefix + "codec", "minmax"), bits=raw.get(prefix + "bits", 8),
                                bucket_size=raw.get(prefix + "bucket_size", 1024), **rounding,

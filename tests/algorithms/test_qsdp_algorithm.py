@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from composer_qsdp import QSDP, QSDPConfig
 from composer_qsdp.config import from_preset
 from composer_qsdp.algorithms.qsdp import check_run
+from composer_qsdp.schemes import build_scheme
 from composer_qsdp.fsdp2 import HAS_CUSTOM_COMM_API, compat
 
 
@@ -43,7 +44,7 @@ def _trainer(**kwargs) -> Trainer:
     (dict(bucket_size=-1), r"bucket_size=-1"),
     (dict(exclude="model.wte"), r"must be a list of fnmatch patterns"),
     (dict(min_numel="big"), r"min_numel='big' is invalid"),
-    (dict(preset="w3g3"), r"unknown QSDP preset .w3g3.; allowed: w8g8, w8g4, w4g4, zeropp, tlq-hs, sdp4bit, qwd-w4g4, qwd-w4g2-loco, qwd-w4g3-loco, qwd-w3g3-loco, qwd-w3g2-loco"),
+    (dict(preset="w3g3"), r"unknown QSDP preset .w3g3.; allowed: qwd-w3g2-loco, qwd-w3g3-loco, qwd-w4g2-loco, qwd-w4g3-loco, qwd-w4g4, sdp4bit, tlq-hs, w4g4, w8g4, w8g8, zeropp"),
 ])
 def test_out_of_range_options_fail_at_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -54,7 +55,8 @@ def test_defaults_are_w8g8_stochastic():
     config = QSDP().config
     assert config == from_preset("w8g8")
     assert (config.weights.bits, config.grads.bits, config.weights.bucket_size) == (8, 8, 1024)
-    assert config.weight_scheme(8).codec.rounding == config.grad_scheme(8).codec.rounding == "stochastic"
+    weights, grads = build_scheme("weights", config.weights, 8), build_scheme("grads", config.grads, 8)
+    assert weights.codec.rounding == grads.codec.rounding == "stochastic"
 
 
 def test_options_change_the_preset():

@@ -15,9 +15,9 @@ import torch.nn as nn
 from composer_qsdp import QSDP, QSDPConfig
 from composer_qsdp.auto import AutoOptions
 from composer_qsdp.config import SideConfig, from_preset
-from composer_qsdp.auto.choice import (CANDIDATES, GRAD_CANDIDATES, WEIGHT_CANDIDATES, Candidate, LinkFit, UnitProfile,
-                                       accuracy_violation, decide, fit_link, pack_profiles, predict_step,
-                                       schedule_step, unpack_profiles)
+from composer_qsdp.auto.choice import (G3LOCO, GRAD_CANDIDATES, QWD3, WEIGHT_CANDIDATES, Candidate, LinkFit,
+                                       UnitProfile, accuracy_violation, candidates, decide, fit_link, pack_profiles,
+                                       predict_step, schedule_step, unpack_profiles)
 from composer_qsdp.auto.runtime import AutoRecord, probe_sizes
 
 GB = 1e9
@@ -147,9 +147,9 @@ def test_accuracy_rule_table():
     assert "below 4 bits" in accuracy_violation(G2)
     assert accuracy_violation(Candidate("g6n", "grads", SideConfig(bits=8, rounding="nearest"))) is None
     # The opt-in candidates: 3-bit weight differences, 3-bit biased gradients with LoCo's error feedback ...
-    assert accuracy_violation(CANDIDATES["weights"]["qwd3"]) is None
-    assert accuracy_violation(CANDIDATES["grads"]["g3loco"]) is None
-    assert CANDIDATES["grads"]["g3loco"].scheme == "loco" and not CANDIDATES["grads"]["g3loco"].codec.unbiased
+    assert accuracy_violation(QWD3) is None
+    assert accuracy_violation(G3LOCO) is None
+    assert G3LOCO.scheme == "loco" and not G3LOCO.codec.unbiased
     # ... and nothing weaker: the same 3-bit biased code without feedback, 2-bit LoCo, 2-bit differences.
     assert "below 4 bits without error feedback" in accuracy_violation(G3_NEAREST)
     assert "error feedback below 3 bits" in accuracy_violation(G2_LOCO)
@@ -159,22 +159,22 @@ def test_accuracy_rule_table():
 def test_registry_holds_every_candidate_most_accurate_first_and_the_defaults_unchanged():
     assert [c.name for c in WEIGHT_CANDIDATES] == ["off", "w8", "qwd4"]
     assert [c.name for c in GRAD_CANDIDATES] == ["off", "g8", "g4"]
-    assert list(CANDIDATES["weights"]) == ["off", "w8", "qwd4", "qwd3"]
-    assert list(CANDIDATES["grads"]) == ["off", "g8", "g4", "g3loco"]
+    assert [c.name for c in candidates("weights")] == ["off", "w8", "qwd4", "qwd3"]
+    assert [c.name for c in candidates("grads")] == ["off", "g8", "g4", "g3loco"]
     # The opt-in ones are their presets' sides.
-    assert CANDIDATES["weights"]["qwd3"].config == from_preset("qwd-w3g3-loco").weights
-    assert CANDIDATES["grads"]["g3loco"].config == from_preset("qwd-w4g3-loco").grads
-    g3 = CANDIDATES["grads"]["g3loco"].config
+    assert QWD3.config == from_preset("qwd-w3g3-loco").weights
+    assert G3LOCO.config == from_preset("qwd-w4g3-loco").grads
+    g3 = G3LOCO.config
     assert (g3.bits, g3.codec, g3.bucket_size, g3.rounding, g3.scheme) == (3, "minmax", 256, "nearest", "loco")
     assert (g3.scheme_options.beta, g3.scheme_options.residual_dtype) == (0.5, "int8")
-    w3 = CANDIDATES["weights"]["qwd3"].config
+    w3 = QWD3.config
     assert (w3.bits, w3.codec, w3.bucket_size, w3.scheme) == (3, "symmetric", 2048, "difference")
 
 
 def test_accuracy_rule_holds_over_random_inputs():
     rng = random.Random(0)
-    weights = (*CANDIDATES["weights"].values(), *FORBIDDEN["weights"])  # the opt-in candidates too
-    grads = (*CANDIDATES["grads"].values(), *FORBIDDEN["grads"])
+    weights = (*candidates("weights"), *FORBIDDEN["weights"])  # the opt-in candidates too
+    grads = (*candidates("grads"), *FORBIDDEN["grads"])
     extra = (*FORBIDDEN["weights"], *FORBIDDEN["grads"])
     refused = {c.key for c in extra}
     chose_quantized = 0
@@ -183,7 +183,7 @@ def test_accuracy_rule_holds_over_random_inputs():
         units = [UnitProfile(f"u{i}", rng.randint(10_000, 50_000_000), rng.uniform(0, 5e-3), rng.uniform(0, 1e-2),
                              rng.random() < 0.8) for i in range(n)]
         net = {c.key: LinkFit(rng.uniform(0, 2e-4), 10 ** rng.uniform(8.5, 11.5))
-               for side in CANDIDATES.values() for c in side.values()}
+               for side in ("weights", "grads") for c in candidates(side)}
         for c in extra:  # the refused candidates get the best link of all: they would win if allowed
             net[c.key] = LinkFit(0.0, 1e12)
         world = rng.choice([2, 4, 8])
@@ -291,7 +291,7 @@ def test_probe_sizes():
 
 # ---------------------------------------------------------------------------------------------- options
 def test_options_errors_name_the_value_and_what_is_allowed():
-    with pytest.raises(ValueError, match="policy='fast' is not supported; allowed: fixed, auto"):
+    with pytest.raises(ValueError, match="unknown policy 'fast'; allowed: auto, fixed"):
         QSDPConfig.from_preset(policy="fast")
     with pytest.raises(ValueError, match=r"policy='auto' chooses .* \['grad_bits', 'weight_bits'\]"):
         QSDPConfig.from_preset(policy="auto", weight_bits=8, grad_bits=4)
@@ -309,10 +309,10 @@ def test_options_errors_name_the_value_and_what_is_allowed():
         AutoOptions(warmup_steps=1)
     with pytest.raises(ValueError, match=r"min_gain=1 is invalid; allowed: a number in \[0, 1\)"):
         AutoOptions(min_gain=1)
-    with pytest.raises(ValueError, match=r"weight_candidates='qwd5' is not supported; allowed: off, w8, qwd4, qwd3; "
-                                         r"did you mean 'qwd4'\?"):
+    with pytest.raises(ValueError, match=r"weight_candidates: unknown weight candidate 'qwd5'; did you mean 'qwd4'\?; "
+                                         r"allowed: off, qwd3, qwd4, w8"):
         AutoOptions(weight_candidates=("off", "qwd5"))
-    with pytest.raises(ValueError, match=r"grad_candidates='g3' is not supported; allowed: off, g8, g4, g3loco"):
+    with pytest.raises(ValueError, match=r"grad_candidates: unknown grad candidate 'g3'.*; allowed: g3loco, g4, g8, off"):
         AutoOptions(grad_candidates=["off", "g3"])
     with pytest.raises(ValueError, match=r"grad_candidates=\['g8', 'g4'\] is invalid; it must name 'off'"):
         AutoOptions(grad_candidates=["g8", "g4"])

@@ -15,7 +15,7 @@ from sharded_mlp import HID, IN, LAYERS, LR, ODD, OUT, Adapter, Capture, batch, 
 
 from composer_qsdp.config import from_preset
 from composer_qsdp.auto import AutoOptions, AutoPolicy, LinkFit, UnitProfile, decide
-from composer_qsdp.auto.choice import CANDIDATES, GRAD_CANDIDATES, WEIGHT_CANDIDATES
+from composer_qsdp.auto.choice import G3LOCO, GRAD_CANDIDATES, QWD3, WEIGHT_CANDIDATES, candidates
 from composer_qsdp.auto.runtime import probe_network, probe_sizes
 
 pytestmark = pytest.mark.requires_custom_comm
@@ -28,7 +28,7 @@ UNIT_NUMEL = {"l1": 32 * 128 + 128, "l2": 128 * 67 + 67, "l3": 67 * 16 + 16}
 
 def links(gbs: float) -> dict[str, LinkFit]:
     """Every candidate of the registry (the opt-in ones too) at ``gbs`` GB/s of wire bytes and 50 us per call."""
-    return {c.key: LinkFit(50e-6, gbs * 1e9) for side in CANDIDATES.values() for c in side.values()}
+    return {c.key: LinkFit(50e-6, gbs * 1e9) for side in ("weights", "grads") for c in candidates(side)}
 
 
 # 5 MB/s: communication dominates, so the fewest bytes win (the 3-bit candidates, where offered); 1 TB/s: it never pays
@@ -97,7 +97,7 @@ def _probe_loco(info: RankInfo) -> dict:
     """The real probe of the opt-in candidates at three sizes (the LoCo scheme keeps a residual of one size)."""
     sizes = probe_sizes(list(UNIT_NUMEL.values()), info.world_size)
     fits, samples = probe_network(torch.distributed.group.WORLD,
-                                  [CANDIDATES["weights"]["qwd3"], CANDIDATES["grads"]["g3loco"]], sizes,
+                                  [QWD3, G3LOCO], sizes,
                                   weight_dtype=torch.float32, grad_dtype=torch.float32, device=torch.device("cpu"),
                                   repeats=2)
     return {"sizes": sizes, "fits": fits, "samples": samples}
@@ -204,7 +204,7 @@ def test_opt_in_3_bit_candidates_are_chosen_only_when_named(results):
     decided = results[0]["decide"]["events"][WARMUP - 1]
     assert not {*decided[1], *decided[2]} & {"qwd3", "g3loco"}
     # LOCO_OPTIONS names every candidate of the registry.
-    expected = _expected_decision(tuple(CANDIDATES["weights"].values()), tuple(CANDIDATES["grads"].values()))
+    expected = _expected_decision(candidates("weights"), candidates("grads"))
     assert expected.weights == ("qwd3",) * 3 and expected.grads == ("g3loco",) * 3
     for res in results:
         run = res["loco"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import warnings
 from pathlib import Path
 
@@ -13,17 +14,19 @@ from composer_qsdp.config import (LowBitGradientWarning, QSDPConfig, SideConfig,
                                   preset_names)
 from composer_qsdp.config import presets
 from composer_qsdp.config.options import CodecOptions
-from composer_qsdp.schemes import DirectAllGather, FlatReduceScatter
+from composer_qsdp.quant import Codec
+from composer_qsdp.schemes import DirectAllGather, FlatReduceScatter, Scheme, build_scheme
 
 
 def test_defaults_are_the_paper_headline_setting():
     config = QSDPConfig()
-    for side, scheme in ((config.weights, config.weight_scheme(8)), (config.grads, config.grad_scheme(8))):
+    for name, side in (("weights", config.weights), ("grads", config.grads)):
+        scheme = build_scheme(name, side, 8)
         assert (side.bits, side.codec, side.bucket_size) == (8, "minmax", 1024)
         # rounding=None: the min-max codec's default, stochastic (unbiased)
         assert scheme.codec.name == "minmax" and scheme.codec.rounding == "stochastic" and scheme.codec.unbiased
-    assert isinstance(config.weight_scheme(8), DirectAllGather)
-    assert isinstance(config.grad_scheme(8), FlatReduceScatter)
+    assert isinstance(build_scheme("weights", config.weights, 8), DirectAllGather)
+    assert isinstance(build_scheme("grads", config.grads, 8), FlatReduceScatter)
     assert config == from_preset("w8g8") == from_preset()
 
 
@@ -61,19 +64,63 @@ def test_bad_options_raise_value_errors_naming_them(kwargs, message):
 def test_codecs_without_a_rounding_option_work_with_the_defaults(codec):
     config = QSDPConfig(weights=SideConfig(codec=codec, codec_options={"hadamard": True}),
                         grads=SideConfig(codec=codec, bits=4))
-    assert config.grad_scheme(4).codec.bits == 4
-    assert config.weight_scheme(8).codec.name == "hadamard"
+    assert build_scheme("grads", config.grads, 4).codec.bits == 4
+    assert build_scheme("weights", config.weights, 8).codec.name == "hadamard"
 
 
-def test_each_unit_gets_its_own_scheme_and_codec_built_from_one_prototype():
+def _objects(value):
+    """Every value reachable through ``value``'s dataclass fields, mappings and sequences."""
+    yield value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            yield from _objects(getattr(value, f.name))
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _objects(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _objects(item)
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_a_config_is_plain_data_holding_no_scheme_or_codec(name):
+    config = from_preset(name, weight_bits_overrides={"head": None})
+    assert not [v for v in _objects(config) if isinstance(v, (Scheme, Codec))]
+    assert copy.deepcopy(config) == config and {f.name for f in dataclasses.fields(config)} == {
+        "weights", "grads", "exclude", "module_filter", "min_numel", "seed", "check_finite", "error_sample_interval",
+        "ranks_per_node", "policy", "auto_options", "preset"}
+
+
+def test_each_unit_gets_its_own_scheme_and_codec_built_from_the_config():
     config = QSDPConfig(grads=SideConfig(codec="learned"))
-    first, second = config.grad_scheme(8), config.grad_scheme(8)
+    first, second = build_scheme("grads", config.grads, 8), build_scheme("grads", config.grads, 8)
     assert first is not second and first.codec is not second.codec  # learned levels are per-unit state
     assert repr(first.codec) == repr(second.codec)
-    assert config.weight_scheme(None).codec is None  # unquantized units: the default scheme, no codec
-    with pytest.raises(ValueError, match=r"weights scheme 'direct' at bits=4 is not configured; configured: \['direct@8'\]"):
-        config.weight_scheme(4)
-    assert copy.deepcopy(config) == config
+    assert build_scheme("weights", config.weights, None).codec is None  # unquantized units: the default scheme, no codec
+    difference = from_preset("sdp4bit")
+    assert build_scheme("weights", difference.weights, None).name == "direct"  # whatever the side's scheme
+    assert build_scheme("weights", difference.weights, 4, "direct").name == "direct"  # an override: its defaults
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: from_preset("qwd-w4g3-loco", grad_scheme_options={"residual_dtype": "float16"}),
+     r"residual_dtype='float16' is not supported; allowed: float32, bfloat16, int8"),
+    (lambda: from_preset("tlq-hs", grad_scheme_options={"rotation_block": 48}),
+     r"rotation_block=48 is invalid; allowed: a power of two"),
+    (lambda: from_preset("tlq-hs", grad_scheme_options={"intra_codec": {"name": "symmetric", "bits": 1}}),
+     r"intra_codec=\{'name': 'symmetric', 'bits': 1\}: bits=1 is not supported"),
+    (lambda: from_preset("tlq-hs", grad_scheme_options={"intra_codec": "symmetric"}),
+     r"intra_codec='symmetric' is invalid; allowed: 'same'"),
+    (lambda: from_preset("w8g8", weight_scheme_options={"unquantized_params": [3]}),
+     r"unquantized_params=\[3\] is invalid; it must be a list of fnmatch patterns"),
+    (lambda: from_preset("w8g8", weight_codec="symmetric", weight_bits=1), r"weights: codec 'symmetric'.*bits=1"),
+    (lambda: from_preset("w8g8", grad_codec="minmax", grad_bucket_size=3, grad_codec_options={"hadamard": True}),
+     r"grads: codec 'minmax'.*bucket_size"),
+])
+def test_scheme_and_codec_options_fail_at_construction_naming_the_value(call, message):
+    """What a scheme's or codec's constructor refuses, the config refuses first, without building a scheme."""
+    with pytest.raises(ValueError, match=message):
+        call()
 
 
 def test_yaml_containers_are_normalized():
@@ -116,7 +163,7 @@ def test_changing_one_option_of_a_preset_keeps_its_others():
 
 
 @pytest.mark.parametrize("call,message", [
-    (lambda: from_preset("w2g2"), r"unknown QSDP preset .w2g2.; allowed: w8g8, w8g4, w4g4, zeropp, tlq-hs, sdp4bit, qwd-w4g4, qwd-w4g2-loco, qwd-w4g3-loco, qwd-w3g3-loco, qwd-w3g2-loco"),
+    (lambda: from_preset("w2g2"), r"unknown QSDP preset .w2g2.; allowed: qwd-w3g2-loco, qwd-w3g3-loco, qwd-w4g2-loco, qwd-w4g3-loco, qwd-w4g4, sdp4bit, tlq-hs, w4g4, w8g4, w8g8, zeropp"),
     (lambda: from_preset(["w8g8"]), r"unknown QSDP preset \['w8g8'\]"),
     (lambda: from_preset("w8g8", weight_bitz=4), r"unknown QSDP option 'weight_bitz'; did you mean 'weight_bits'\?; allowed: weight_bits"),
     (lambda: from_preset("w8g8", weights=SideConfig()), r"unknown QSDP option 'weights'"),
@@ -136,10 +183,10 @@ def test_summary_is_plain_values():
 def test_sdp4bit_presets_are_qwd_int4_weights_with_tlq_hs_or_one_hop_4bit_gradients():
     sdp4bit, one_hop = from_preset("sdp4bit"), from_preset("qwd-w4g4")
     for config in (sdp4bit, one_hop):
-        weights = config.weight_scheme(4)
+        weights = build_scheme("weights", config.weights, 4)
         assert weights.name == "difference" and repr(weights.codec) == "SymmetricCodec(bits=4, bucket_size=2048)"
     assert sdp4bit.grads == from_preset("tlq-hs").grads  # SDP4Bit's two halves
-    grads = one_hop.grad_scheme(4)
+    grads = build_scheme("grads", one_hop.grads, 4)
     assert grads.name == "flat" and grads.codec.name == "hadamard" and grads.codec.inner.bits == 4
     assert grads.codec.bucket_size == 128 and grads.codec.unbiased
 
@@ -177,8 +224,9 @@ def test_a_config_names_the_preset_it_equals():
     assert QSDPConfig(grads=SideConfig(bits=6)).matching_preset() is None
 
 
-def test_the_preset_table_imports_nothing_of_the_package():
-    """settings builds on presets, never the reverse (no import cycle): presets is plain data."""
+def test_the_presets_import_nothing_of_the_package():
+    """settings builds on presets, never the reverse (no import cycle): presets is plain data, named in the
+    registry."""
     tree = ast.parse(Path(presets.__file__).read_text())
     imported = [node.module if isinstance(node, ast.ImportFrom) else alias.name
                 for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
@@ -193,9 +241,9 @@ def test_the_sharded_reference_is_an_option_of_the_difference_scheme():
 
     config = from_preset("sdp4bit", weight_scheme_options={"sharded_reference": True})
     assert config.weights.scheme_options == DifferenceOptions(sharded_reference=True)
-    scheme = config.weight_scheme(4)
+    scheme = build_scheme("weights", config.weights, 4)
     assert scheme.sharded_reference and scheme.keyframe_every == 0 and scheme.checkpoint_reference
-    assert not from_preset("sdp4bit").weight_scheme(4).sharded_reference  # the presets keep the replica
+    assert not build_scheme("weights", from_preset("sdp4bit").weights, 4).sharded_reference  # the presets keep the replica
     yaml = OmegaConf.create({"sharded_reference": True, "keyframe_every": 50})  # a recipe's section
     assert from_preset("qwd-w4g4", weight_scheme_options=yaml).weights.scheme_options == DifferenceOptions(
         keyframe_every=50, sharded_reference=True)

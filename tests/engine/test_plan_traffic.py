@@ -12,6 +12,7 @@ import torch.nn as nn
 from composer_qsdp.config import from_preset
 from composer_qsdp.comm.accounting import TrafficCounter, TrafficReport
 from composer_qsdp.engine.plan import Unit, plan_units
+from composer_qsdp.schemes import build_scheme
 
 UNITS = [Unit("blocks.0", nn.Linear(64, 64), 64 * 64 + 64), Unit("", nn.Linear(8, 8), 8 * 8 + 8)]
 
@@ -19,7 +20,7 @@ UNITS = [Unit("blocks.0", nn.Linear(64, 64), 64 * 64 + 64), Unit("", nn.Linear(8
 def test_buckets_too_small_to_save_bytes_are_reported():
     # 8-bit codes plus per-bucket metadata of every 3 elements: above bf16's 2 bytes per element on both sides.
     config = from_preset("w8g8", bucket_size=3)
-    wire = config.weight_scheme(8, None).codec.wire_bytes(UNITS[0].numel)
+    wire = build_scheme("weights", config.weights, 8).codec.wire_bytes(UNITS[0].numel)
     assert wire > 2 * UNITS[0].numel  # the premise, from the codec's own wire size
     with pytest.warns(UserWarning) as record:
         plan_units(UNITS, config)

@@ -16,6 +16,7 @@ from dist_spawn import RankInfo, run_ranks, skip_unless_backend, spawn_params
 from sharded_mlp import HID, IN, LR, ODD, OUT, STEPS, Adapter, Capture, MLP, _train, batch, reference_training
 
 from composer_qsdp.config import from_preset
+from composer_qsdp.schemes import build_scheme
 
 W8G8 = from_preset("w8g8", bucket_size=64, seed=7)
 QWD = from_preset("w8g8", weight_scheme="difference", weight_bits=4, weight_codec="symmetric", bucket_size=64,
@@ -178,7 +179,7 @@ def test_weight_differences_on_flat_parameters_send_one_keyframe(results):
     _check_training(results, "flat_params_difference")
     res = results[0]["flat_params_difference"]
     assert res["keyframes"] == [1, 1, 1]  # the optimizer's updates of the flat parameter are no outside edits
-    codec = QWD.weight_scheme(4).codec
+    codec = build_scheme("weights", QWD.weights, 4).codec
     per_rank = [-(-numel // 2) for numel in UNITS.values()]  # each flat parameter padded to a multiple of 2
     assert res["traffic"].weights.sent == sum(4 * n + (STEPS - 1) * codec.wire_bytes(n) for n in per_rank)
 

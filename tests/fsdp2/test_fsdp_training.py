@@ -37,6 +37,7 @@ from sharded_mlp import (
 )
 
 from composer_qsdp.config import from_preset
+from composer_qsdp.schemes import build_scheme
 from composer_qsdp.fsdp2 import HAS_CUSTOM_COMM_API, check_custom_comm_support
 from composer_qsdp.engine import NonFiniteWeightError
 
@@ -479,7 +480,7 @@ def test_weight_differences_train_with_identical_weights_and_free_regathers(run)
     assert max(abs(a - b) for a, b in zip(res["losses"], ref_losses)) < 1e-2
     traffic = res["traffic"].weights
     # One keyframe (fp32) and STEPS - 1 updates (4-bit codes) per unit; the backward re-gathers send nothing.
-    codec = QWD.weight_scheme(4).codec
+    codec = build_scheme("weights", QWD.weights, 4).codec
     shards = [(IN * HID + HID), (HID * ODD + ODD), (ODD * OUT + OUT)]  # unsharded elements per unit
     if results[0]["adapter"] == "fsdp1":  # one flat parameter per unit, padded to a multiple of the world size
         per_rank = [-(-numel // world) for numel in shards]

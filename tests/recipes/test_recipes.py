@@ -101,8 +101,8 @@ def test_recipe_validates_and_builds_its_model(path):
 
 
 def test_recipe_with_an_unknown_policy_names_the_allowed_ones():
-    with pytest.raises(RecipeError, match="algorithms.qsdp' is invalid: .*policy='autoo' is not supported; "
-                                          "allowed: fixed, auto; did you mean 'auto'"):
+    with pytest.raises(RecipeError, match="algorithms.qsdp' is invalid: .*unknown policy 'autoo'; did you mean "
+                                          "'auto'\\?; allowed: auto, fixed"):
         load_recipe(ROOT / "yamls" / "gpt-1.3b" / "qsdp-auto.yaml", [*PAPER_C4, "algorithms.qsdp.policy=autoo"])
     with pytest.raises(RecipeError, match="policy='auto' chooses .*'weight_bits'"):
         load_recipe(ROOT / "yamls" / "gpt-1.3b" / "qsdp-auto.yaml", [*PAPER_C4, "algorithms.qsdp.weight_bits=8"])

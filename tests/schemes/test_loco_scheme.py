@@ -33,7 +33,7 @@ from sharded_mlp import LR, Adapter, _train, load_sharded, save_sharded
 from composer_qsdp.config import from_preset
 from composer_qsdp.comm import Topology, mix_seed, quantized_reduce_scatter
 from composer_qsdp.quant import CodedResidual, SymmetricCodec, make_codec
-from composer_qsdp.schemes import LoCoReduceScatter, LoCoResidualWarning, make_grad_scheme
+from composer_qsdp.schemes import LoCoReduceScatter, LoCoResidualWarning, build_scheme, make_grad_scheme
 
 N = 37  # elements per rank's chunk: no bucket size here divides it
 CALLS, PER_STEP = 6, 2  # reduce-scatter calls, and calls per optimizer step
@@ -277,8 +277,9 @@ def test_loco_needs_a_codec_and_a_fitting_residual():
     with pytest.raises(ValueError, match="grads scheme 'locco'.*did you mean|unknown grad scheme 'locco'"):
         from_preset("qwd-w4g4", grad_scheme="locco")
     config = from_preset("qwd-w4g4", grad_scheme="loco", grad_bits=2, grad_scheme_options={"beta": 0.5})
-    assert isinstance(config.grad_scheme(2), LoCoReduceScatter) and config.grad_scheme(2).beta == 0.5
-    assert config.grad_scheme(None).name == "flat"  # unquantized units keep the plain reduce-scatter
+    scheme = build_scheme("grads", config.grads, 2)
+    assert isinstance(scheme, LoCoReduceScatter) and scheme.beta == 0.5
+    assert build_scheme("grads", config.grads, None).name == "flat"  # unquantized units keep the plain reduce-scatter
 
 
 def _bad_residual(info: RankInfo) -> list[str]:

@@ -38,7 +38,8 @@ from composer_qsdp.comm import Topology, mix_seed, node_groups, two_level_reduce
 from composer_qsdp.comm.two_level import INTER_HOP
 from composer_qsdp.config import TwoLevelLoCoOptions, from_preset
 from composer_qsdp.quant import CodedResidual, SymmetricCodec, hadamard_rows, make_codec
-from composer_qsdp.schemes import (GRAD_SCHEMES, GradScheme, LoCoResidualWarning, TwoLevelLoCoReduceScatter,
+from composer_qsdp.registry import GRAD_SCHEMES
+from composer_qsdp.schemes import (GradScheme, LoCoResidualWarning, TwoLevelLoCoReduceScatter, build_scheme,
                                    make_grad_scheme)
 
 WORLD, PER_NODE = 4, 2
@@ -359,7 +360,7 @@ def test_registered_with_typed_options():
     config = from_preset("tlq-hs", grad_scheme="two_level_loco",
                          grad_scheme_options={**tlq_hs, "beta": 0.5, "residual_dtype": "int8"})
     assert config.grads.scheme_options == TwoLevelLoCoOptions(**tlq_hs, beta=0.5, residual_dtype="int8")
-    scheme = config.grad_scheme(4)
+    scheme = build_scheme("grads", config.grads, 4)
     assert isinstance(scheme, TwoLevelLoCoReduceScatter) and (scheme.beta, scheme.rotation_block) == (0.5, 32)
     assert (scheme.intra_codec.bits, scheme.codec.bits, scheme.residual_dtype) == (8, 4, torch.int8)
     with pytest.raises(ValueError, match=r"beta=1.5 is invalid for the two_level_loco gradient scheme"):

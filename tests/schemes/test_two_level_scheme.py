@@ -9,7 +9,8 @@ import pytest
 
 from composer_qsdp.config import from_preset
 from composer_qsdp.quant import make_codec
-from composer_qsdp.schemes import GRAD_SCHEMES, TwoLevelReduceScatter, make_grad_scheme
+from composer_qsdp.registry import GRAD_SCHEMES
+from composer_qsdp.schemes import TwoLevelReduceScatter, build_scheme, make_grad_scheme
 
 
 def test_registered_with_its_codecs():
@@ -46,15 +47,15 @@ def test_bad_options_are_value_errors(options, message):
 @pytest.mark.filterwarnings("ignore::composer_qsdp.config.LowBitGradientWarning")  # INT2 across nodes, on purpose
 def test_presets_carry_the_papers_settings():
     zeropp = from_preset("zeropp")
-    weights, grads = zeropp.weight_scheme(8), zeropp.grad_scheme(4)
+    weights, grads = build_scheme("weights", zeropp.weights, 8), build_scheme("grads", zeropp.grads, 4)
     assert (weights.name, weights.codec.name, weights.codec.bits, weights.codec.bucket_size) == (
         "direct", "symmetric", 8, 4096)  # qwZ: INT8 blocks
     assert isinstance(grads, TwoLevelReduceScatter) and grads.intra_codec is grads.codec  # qgZ: INT4 both hops
     assert (grads.codec.name, grads.codec.bits, grads.codec.bucket_size, grads.rotation_block) == (
         "symmetric", 4, 2048, None)
-    tlq = from_preset("tlq-hs").grad_scheme(4)
+    tlq = build_scheme("grads", from_preset("tlq-hs").grads, 4)
     assert (tlq.intra_codec.bits, tlq.codec.bits) == (8, 4)  # TLq: INT8 within nodes, INT4 across
     assert tlq.intra_codec.bucket_size == tlq.codec.bucket_size == 128
     assert tlq.rotation_block == 32 and tlq.codec.name == tlq.intra_codec.name == "symmetric"
     # flat options still change one field: INT2 across nodes, the preset's intra hop kept
-    assert from_preset("tlq-hs", grad_bits=2).grad_scheme(2).intra_codec.bits == 8
+    assert build_scheme("grads", from_preset("tlq-hs", grad_bits=2).grads, 2).intra_codec.bits == 8

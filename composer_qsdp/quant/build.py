@@ -1,4 +1,5 @@
-"""Codec registry: ``make_codec(name, **options)`` is the only way other layers build a codec."""
+"""Building codecs by name: ``make_codec(name, **options)``, from :data:`composer_qsdp.registry.CODECS`, is the only
+way other layers build a codec."""
 
 from __future__ import annotations
 
@@ -6,23 +7,15 @@ import inspect
 from typing import Any
 
 from composer_qsdp.quant.codec import Codec
+from composer_qsdp.registry import CODECS
 from composer_qsdp.validate import check_bool
-from composer_qsdp.registry import Registry
 
 __all__ = ["make_codec", "codec_names"]
-
-# The names recipes and configs use for codecs.
-_CODECS: Registry[type[Codec]] = Registry("codec")
-_CODECS.register("minmax", "composer_qsdp.quant.minmax:MinMaxCodec")
-_CODECS.register("random_shift", "composer_qsdp.quant.random_shift:RandomShiftCodec")
-_CODECS.register("learned", "composer_qsdp.quant.learned:LearnedLevelsCodec")
-_CODECS.register("symmetric", "composer_qsdp.quant.symmetric:SymmetricCodec")
-_CODECS.register("sign", "composer_qsdp.quant.sign:SignCodec")
 
 
 def codec_names() -> tuple[str, ...]:
     """Names accepted by :func:`make_codec`."""
-    return _CODECS.names()
+    return CODECS.names()
 
 
 def make_codec(name: str, *, hadamard: bool = False, **options: Any) -> Codec:
@@ -39,7 +32,7 @@ def make_codec(name: str, *, hadamard: bool = False, **options: Any) -> Codec:
     Raises:
         ValueError: unknown name or invalid option, naming the value and what is allowed.
     """
-    cls = _CODECS.lookup(name)
+    cls = CODECS.lookup(name)
     accepted = inspect.signature(cls).parameters
     unknown = sorted(set(options) - set(accepted))
     if unknown:
