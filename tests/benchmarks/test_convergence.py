@@ -116,13 +116,13 @@ def test_every_arm_plans_valid_launches_for_the_125m_family(tmp_path):
 
 
 def test_policy_auto_loco_names_the_opt_in_candidates_as_bench_e2e_does(tmp_path):
-    import bench_e2e
+    import bench_e2e_configs
 
     from composer_qsdp.recipes.loader import build_algorithm
     from composer_qsdp.recipes.train import load_recipe
 
     arm = convergence_arms.ARMS["policy-auto-loco"]
-    assert set(arm.overrides) <= set(bench_e2e.CONFIGS["qsdp-auto-loco"].overrides)
+    assert set(arm.overrides) <= set(bench_e2e_configs.CONFIGS["qsdp-auto-loco"].overrides)
     assert "policy-auto-loco" not in convergence_arms.DEFAULT_ARMS + convergence_arms.MATRIX_ARMS
     args = convergence._parser().parse_args(["--model", "125m", "--out-dir", str(tmp_path), "--corpus",
                                              str(tmp_path / "c"), "--eval-batches", "-1", "--arms", "policy-auto-loco"])
