@@ -36,6 +36,9 @@ ENV_PREFIXES = ("NCCL_", "TORCH_NCCL", "CUDA_VISIBLE_DEVICES", "TORCH_SYMM_MEM",
 
 #: Seconds a killed launch gets between SIGTERM and SIGKILL.
 KILL_GRACE_S = 15.0
+#: The units of the records' bandwidths and sizes: GB (bandwidths, wire bytes) and GiB (memory).
+GB = 1e9
+GIB = 2**30
 #: Recipe overrides giving policy=auto the opt-in 3-bit candidates too (``qwd3``: ``qwd-w3g3-loco``'s weights;
 #: ``g3loco``: ``qwd-w4g3-loco``'s gradients), shared by the benchmark's and the convergence driver's auto runs. YAML
 #: reads the bare ``off`` as false, which AutoOptions takes as ``"off"``.

@@ -5,6 +5,7 @@ The optimizer owns the synchronization of the replicas (through :mod:`composer_q
 """
 
 from composer_qsdp.optim.schedule import SchedulePlan, ScheduledStep, ZeroOneSchedule
-from composer_qsdp.optim.zero_one_adam import ZeroOneAdam, default_bucket_size
+from composer_qsdp.optim.zero_one_adam import ZeroOneAdam
+from composer_qsdp.optim.zero_one_options import default_bucket_size
 
 __all__ = ["SchedulePlan", "ScheduledStep", "ZeroOneAdam", "ZeroOneSchedule", "default_bucket_size"]

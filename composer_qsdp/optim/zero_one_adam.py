@@ -1,3 +1,5 @@
+# Over 600 lines on purpose: one optimizer class and its specification (this docstring); its flat layout, its
+# variance_rescale statistics and the checks of its options are modules of their own.
 """``ZeroOneAdam``: Adam for plain data parallelism that communicates 1 bit per element, and rarely (0/1 Adam).
 
 Lu, Li, Zhang, De Sa, He, "Maximizing Communication Efficiency for Large-scale Training via 0/1 Adam" (ICLR 2023),
@@ -34,8 +36,9 @@ layout (``bucket_size`` elements of one tensor), from one fp32 per bucket per sy
 ``c_b / r_b`` is how much the ranks' squared gradients in the bucket changed since the variance was last updated;
 the ratio is set at a synchronization and used until the next one, computed from all-reduced values only, so the
 replicas stay bit-identical. ``v`` itself stays frozen (the checkpoints hold it, ``e``, ``r``, the ratio and every
-rank's ``q``). The bounds (:data:`RESCALE_BOUNDS`: a tenfold change of ``sqrt(v)`` either way) keep a bucket whose
-gradient is rarely non-zero (an embedding row of a rare token) from taking a hundredfold step when one comes.
+rank's ``q``). The bounds (:data:`~composer_qsdp.optim.bucket_statistics.RESCALE_BOUNDS`: a tenfold change of
+``sqrt(v)`` either way) keep a bucket whose gradient is rarely non-zero (an embedding row of a rare token) from
+taking a hundredfold step when one comes.
 
 ``B = max(1, sqrt((1 - beta1) / (1 - beta2)))`` (``bound_updates=True``, the default) is a bound that Adam with a
 current variance never exceeds (see ``_update_bound``); with a stale or frozen ``v`` an element whose gradient grew
@@ -97,7 +100,6 @@ What differs from DeepSpeed, on purpose:
 from __future__ import annotations
 
 import math
-import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -106,29 +108,23 @@ import torch
 import torch.distributed as dist
 
 from composer_qsdp.comm import Topology, TrafficCounter, error_feedback_chunk_numel
+from composer_qsdp.optim.bucket_statistics import LOCAL_BUFFER, SHARED_BUFFERS, BucketStatistics
+from composer_qsdp.optim.flat_layout import FlatLayout
 from composer_qsdp.optim.schedule import ScheduledStep, ZeroOneSchedule
-from composer_qsdp.quant import Codec, make_codec
+from composer_qsdp.optim.zero_one_options import (bits_per_element, check_group, check_max_grad_norm, check_param,
+                                                   default_bucket_size, make_variance_codec, param_tensors)
+from composer_qsdp.quant import make_codec
 from composer_qsdp.schemes import AllReduceScheme, OneBitAllReduce, make_all_reduce_scheme
 from composer_qsdp.validate import check_int
 
-__all__ = ["ZeroOneAdam", "default_bucket_size"]
+__all__ = ["ZeroOneAdam"]
 
 #: Per-parameter state tensors, kept as views of one flat fp32 buffer each (``synced_param``: ``x_sync``).
 _TENSORS = ("exp_avg", "exp_avg_sq", "synced_param")
 #: Per-parameter tensors that differ between ranks between two synchronizations of the local-step phase.
 _LOCAL = {"param": "local_param", "exp_avg": "local_exp_avg"}
-#: Per-bucket state shared by the ranks (``variance_rescale``), views of one flat fp32 buffer each: the EMA of the
-#: per-bucket sums of squared local gradients, its bias-corrected value at the last variance update, and the ratio
-#: of the two that scales the frozen variance.
-_BUCKET_TENSORS = ("grad_sq_ema", "grad_sq_ref", "grad_sq_ratio")
-#: This rank's per-bucket sums of squared gradients since the last statistics synchronization (differs by rank).
-_BUCKET_LOCAL = "grad_sq_local"
 #: Keys a saved per-parameter entry holds beyond the standard ones.
-_EXTRA = ("worker_error", "server_error", "zero_one", _BUCKET_LOCAL, *_LOCAL.values())
-#: The bounds of ``variance_rescale``'s ratio: a hundredfold change of a bucket's squared gradients either way (a
-#: tenfold change of ``sqrt(v)``, the step size), beyond which the ratio says more about the noise of a rarely
-#: touched bucket than about the variance.
-RESCALE_BOUNDS = (1e-2, 1e2)
+_EXTRA = ("worker_error", "server_error", "zero_one", LOCAL_BUFFER, *_LOCAL.values())
 
 
 class ZeroOneAdam(torch.optim.Optimizer):
@@ -202,7 +198,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
         group: dist.ProcessGroup | None = None,
         ranks_per_node: int | None = None,
     ) -> None:
-        _check_max_grad_norm(max_grad_norm)
+        check_max_grad_norm(max_grad_norm)
         if not isinstance(bound_updates, bool):
             raise ValueError(f"bound_updates={bound_updates!r} is invalid; allowed: True, False")
         if not isinstance(variance_rescale, bool):
@@ -219,25 +215,21 @@ class ZeroOneAdam(torch.optim.Optimizer):
             check_int("local_step_clipper", local_step_clipper, minimum=1),
         )
         # Read twice (for the default bucket, then by torch's Optimizer): generators become lists.
-        params = [{**item, "params": _tensors(item)} if isinstance(item, dict) else item for item in params]
+        params = [{**item, "params": param_tensors(item)} if isinstance(item, dict) else item for item in params]
         if bucket_size is None:
-            bucket_size = default_bucket_size(t for item in params for t in _tensors(item))
+            bucket_size = default_bucket_size(t for item in params for t in param_tensors(item))
         bucket_size = check_int("bucket_size", bucket_size, minimum=1)
         self._codec = None if codec is None else make_codec(codec, bucket_size=bucket_size)
         if self._codec is not None and self._codec.unbiased:
             raise ValueError(f"codec={codec!r} rounds stochastically; 0/1 Adam's error feedback needs a "
                              "deterministic codec (allowed: 'sign', 'symmetric', or None)")
-        self._variance_codec = _variance_codec(variance_codec, bucket_size)
+        self._variance_codec = make_variance_codec(variance_codec, bucket_size)
         self._group = group
         self._ranks_per_node = ranks_per_node
         # The flat layout, filled by add_param_group in group order: every parameter starts on a codec bucket, so
         # that no bucket (one scale, one variance statistic) mixes two tensors' elements; the gaps carry no data.
         bucketed = self._codec is not None or self._variance_codec is not None or variance_rescale
-        self._align = bucket_size if bucketed else 1
-        self._params: list[torch.Tensor] = []
-        self._offsets: list[int] = []
-        self._numel = 0  # the flat layout's length, gaps included
-        self._slices: list[slice] = []  # each group's part of the flat layout
+        self._layout = FlatLayout(bucket_size if bucketed else 1)
         self._constructed = False
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
                     "bias_correction": bias_correction}
@@ -246,10 +238,10 @@ class ZeroOneAdam(torch.optim.Optimizer):
         # Lazy: the parameters may still move to their device (Composer moves the model after the optimizer is
         # built), and the process group may not exist yet. Entries exist from the start so that
         # torch.distributed.checkpoint never initializes the state with a fake zero-gradient step.
-        for p in self._params:
+        for p in self._layout.params:
             self.state[p] = {}
         self._flat: dict[str, torch.Tensor] | None = None
-        self._buckets: dict[str, torch.Tensor] = {}  # variance_rescale's per-bucket state (_BUCKET_TENSORS, local)
+        self._stats: BucketStatistics | None = None  # variance_rescale's per-bucket statistics
         self._valid: torch.Tensor | None = None  # the flat elements that belong to a parameter
         self._scheme: OneBitAllReduce | None = None
         # The variance updates' all-reduce with variance_codec, and variance_rescale's all-reduce of the per-bucket
@@ -272,15 +264,12 @@ class ZeroOneAdam(torch.optim.Optimizer):
                              "fixed flat layout of all parameters")
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        _check_group(group, len(self.param_groups) - 1)
-        start = self._numel
-        for p in group["params"]:
-            if p.requires_grad:
-                _check_param(p, len(self._params), self._params[0] if self._params else None)
-                self._params.append(p)
-                self._offsets.append(self._numel)
-                self._numel += -(-p.numel() // self._align) * self._align
-        self._slices.append(slice(start, self._numel))
+        check_group(group, len(self.param_groups) - 1)
+        trainable = [p for p in group["params"] if p.requires_grad]
+        known = self._layout.params
+        for index, p in enumerate(trainable):
+            check_param(p, len(known) + index, (known or trainable)[0])
+        self._layout.add_group(trainable)
 
     # ------------------------------------------------------------------ public
     @property
@@ -295,7 +284,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
 
     @max_grad_norm.setter
     def max_grad_norm(self, value: float | None) -> None:
-        _check_max_grad_norm(value)
+        check_max_grad_norm(value)
         self._max_grad_norm = value
 
     @property
@@ -306,19 +295,19 @@ class ZeroOneAdam(torch.optim.Optimizer):
     @property
     def bits_per_element(self) -> float:
         """Bits a 1-bit synchronization sends per element, scales included (32 without a codec)."""
-        return _bits_per_element(self._codec)
+        return bits_per_element(self._codec)
 
     @property
     def variance_bits_per_element(self) -> float:
         """Bits a variance update (a ``T_v`` step) sends per element, scales included: 32 (an fp32 all-reduce)
         without ``variance_codec``."""
-        return _bits_per_element(self._variance_codec)
+        return bits_per_element(self._variance_codec)
 
     @property
     def stats_bits_per_element(self) -> float:
         """Bits per element that ``variance_rescale`` adds to every variance update and local-phase
         synchronization (one fp32 statistic per bucket: ``32 / bucket_size``); 0 without it."""
-        return 32.0 / self._align if self._rescale else 0.0
+        return 32.0 / self._layout.align if self._rescale else 0.0
 
     @property
     def variance_rescale(self) -> bool:
@@ -341,7 +330,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
             return TrafficCounter()
         counted = self._counted()
         # DDP's all-reduce of the gradients: a reduce-scatter and an all-gather of W chunks each.
-        elements = 2 * (self.world_size - 1) * -(-sum(p.numel() for p in self._params) // self.world_size)
+        elements = 2 * (self.world_size - 1) * -(-sum(p.numel() for p in self._layout.params) // self.world_size)
         steps = self._schedule.step
         return TrafficCounter(calls=counted.calls, sent=counted.sent, bf16=steps * elements * 2,
                               native=steps * elements * 4, inter_node=counted.inter_node)
@@ -375,7 +364,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
         self._restored_params = {}
         plan = self._schedule.advance()
         scheme = self._scheme
-        grads = self._flat_grads()
+        grads = self._layout.flat_grads()
         silent = None
         if not plan.update_variance:
             # Elements whose variance is zero (every variance step saw a zero gradient, as for a dead unit or an
@@ -385,7 +374,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
             silent = flat["exp_avg_sq"] == 0
             grads.masked_fill_(silent, 0)
         if plan.enter_local:
-            self._flat["synced_param"].copy_(self._flat_params(self._whole))
+            self._flat["synced_param"].copy_(self._layout.flat_params(self._layout.whole))
             if scheme is not None:
                 # The error buffers held the gradients' residue; from now on they compress the accumulated updates.
                 scheme.reset_errors()
@@ -395,7 +384,8 @@ class ZeroOneAdam(torch.optim.Optimizer):
             # bound too. Clipping the decoded 1-bit mean instead would clip the error feedback's residue with it.
             _clip_norm_(grads, clip)
         # variance_rescale's statistic: this rank's squared gradient per bucket, as the step uses it (clipped).
-        squares = self._bucket_sums_of_squares(grads) if self._rescale else None
+        stats = self._stats
+        squares = None if stats is None else stats.sums_of_squares(grads)
         if not plan.local and scheme is not None:
             valid = self._valid if silent is None else ~silent
             if plan.update_variance and self._variance_scheme is not None:
@@ -416,10 +406,10 @@ class ZeroOneAdam(torch.optim.Optimizer):
             factor = _clip_norm_(grads, clip)  # the exact mean, as DDP's clipping
             if squares is not None:
                 squares.mul_(factor * factor)
-        if squares is not None:
-            self._accumulate_squares(squares)
+        if stats is not None:
+            stats.accumulate(squares, self._bucket_parts())
         # A frozen variance follows the gradients' synchronized statistics (variance_rescale): v * ratio per bucket.
-        ratio = self._buckets["grad_sq_ratio"].repeat_interleave(self._align) if self._rescale and plan.local else None
+        ratio = stats.element_ratio() if stats is not None and plan.local else None
         denoms = []
         for index, (group, part) in enumerate(self._group_slices()):
             beta1, beta2 = group["betas"]
@@ -433,21 +423,21 @@ class ZeroOneAdam(torch.optim.Optimizer):
                 bound = _update_bound(group)
                 update.clamp_(-bound, bound)
             if group["weight_decay"] > 0:
-                update.add_(self._flat_params(part), alpha=group["weight_decay"])
-            self._add_to_params(part, update.masked_fill_(v == 0, 0), -group["lr"])
+                update.add_(self._layout.flat_params(part), alpha=group["weight_decay"])
+            self._layout.add_to_params(part, update.masked_fill_(v == 0, 0), -group["lr"])
             if plan.local:
                 self._lrs[index] += group["lr"]
             denoms.append(denom)
         if plan.local and plan.sync:
             self._synchronize(plan, denoms)
-        if self._rescale and (plan.update_variance or (plan.local and plan.sync)):
-            self._synchronize_statistics(plan)
+        if stats is not None and (plan.update_variance or (plan.local and plan.sync)):
+            stats.synchronize(plan.step, plan.update_variance, self._bucket_parts(), self._stats_scheme)
         return loss
 
     def _synchronize(self, plan: ScheduledStep, denoms: list[torch.Tensor]) -> None:
         """The local-step phase's synchronization (after this step's local update)."""
         synced = self._flat["synced_param"]
-        u = self._flat_params(self._whole).sub_(synced)
+        u = self._layout.flat_params(self._layout.whole).sub_(synced)
         slices = list(self._group_slices())
         if self._scheme is not None:
             # u is compressed as it is, in the preconditioned coordinates (lr-weighted m / (sqrt(v) + eps)), for
@@ -459,42 +449,11 @@ class ZeroOneAdam(torch.optim.Optimizer):
                 self._flat["exp_avg"][part].copy_(self._uncorrect_momentum(group, mean_momentum, plan.step))
             synced[part].add_(u[part])
             self._lrs[index] = 0.0
-        self._copy_to_params(synced)
+        self._layout.copy_to_params(synced)
 
-    # ------------------------------------------------------------------ variance_rescale
-    def _bucket_sums_of_squares(self, grads: torch.Tensor) -> torch.Tensor:
-        """The sum of ``grads ** 2`` over each bucket of the flat layout."""
-        return grads.view(-1, self._align).square().sum(1)
-
-    def _accumulate_squares(self, squares: torch.Tensor) -> None:
-        """Fold this step's per-bucket squares into the local accumulator and age the shared EMA by one step, with
-        each group's beta2: after a synchronization ``ema`` is the per-step EMA of the ranks' mean."""
-        local, ema = self._buckets[_BUCKET_LOCAL], self._buckets["grad_sq_ema"]
-        for group, part in self._group_bucket_slices():
-            beta2 = group["betas"][1]
-            local[part].mul_(beta2).add_(squares[part], alpha=1 - beta2)
-            ema[part].mul_(beta2)
-
-    def _synchronize_statistics(self, plan: ScheduledStep) -> None:
-        """All-reduce the accumulated per-bucket squares into the shared EMA (one fp32 per bucket); on a variance
-        update record its bias-corrected value as the reference of the variance just written; after the freeze set
-        the ratio that scales the frozen variance, bounded to :data:`RESCALE_BOUNDS` (1 where the reference is 0)."""
-        local, b = self._buckets[_BUCKET_LOCAL], self._buckets
-        if self._stats_scheme is not None:
-            self._stats_scheme.all_reduce(local, exact=True)
-        b["grad_sq_ema"].add_(local)
-        local.zero_()
-        for group, part in self._group_bucket_slices():
-            current = b["grad_sq_ema"][part] / (1 - group["betas"][1] ** plan.step)
-            ref = b["grad_sq_ref"][part]
-            if plan.update_variance:
-                ref.copy_(current)
-            ratio = torch.where(ref > 0, current / ref, 1.0).clamp_(*RESCALE_BOUNDS)
-            b["grad_sq_ratio"][part].copy_(ratio)
-
-    def _group_bucket_slices(self) -> Iterable[tuple[dict[str, Any], slice]]:
-        """Each group's part of the per-bucket buffers."""
-        return ((g, slice(part.start // self._align, part.stop // self._align)) for g, part in self._group_slices())
+    def _bucket_parts(self) -> list[tuple[float, slice]]:
+        """Each group's ``beta2`` and its part of variance_rescale's per-bucket buffers."""
+        return [(g["betas"][1], self._layout.bucket_part(part)) for g, part in self._group_slices()]
 
     # ------------------------------------------------------------------ math helpers
     def _denominator(self, group: dict[str, Any], v: torch.Tensor) -> torch.Tensor:
@@ -515,64 +474,16 @@ class ZeroOneAdam(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------ flat layout
     def _group_slices(self) -> Iterable[tuple[dict[str, Any], slice]]:
-        return zip(self.param_groups, self._slices)
-
-    @property
-    def _whole(self) -> slice:
-        return slice(0, self._numel)
-
-    def _params_in(self, part: slice) -> list[tuple[torch.Tensor, int]]:
-        """The trainable parameters inside ``part`` of the flat layout, with their offsets in ``part``."""
-        return [(p, o - part.start) for p, o in zip(self._params, self._offsets) if part.start <= o < part.stop]
-
-    def _bucket_views(self, per_bucket: torch.Tensor) -> list[torch.Tensor]:
-        """Each parameter's view of a per-bucket tensor of the whole flat layout (its buckets, 1-D)."""
-        return [per_bucket[self._bucket_slice(p, o)] for p, o in zip(self._params, self._offsets)]
-
-    def _bucket_slice(self, p: torch.Tensor, offset: int) -> slice:
-        """The buckets of parameter ``p``, which starts at ``offset`` of the flat layout."""
-        return slice(offset // self._align, (offset + p.numel() - 1) // self._align + 1)
-
-    def _views(self, part: slice, flat_values: torch.Tensor) -> list[torch.Tensor]:
-        """Each parameter's view of ``flat_values``, laid out like ``part`` of the flat layout."""
-        return [flat_values[o : o + p.numel()].view_as(p) for p, o in self._params_in(part)]
-
-    def _add_to_params(self, part: slice, flat_values: torch.Tensor, alpha: float) -> None:
-        """``p += alpha * values`` for the parameters of ``part``, ``flat_values`` laid out like ``part``."""
-        torch._foreach_add_([p for p, _ in self._params_in(part)], self._views(part, flat_values), alpha=alpha)
-
-    def _flat_params(self, part: slice) -> torch.Tensor:
-        """A new flat tensor laid out like ``part``: the values of its parameters, zeros in the gaps."""
-        flat = torch.zeros(part.stop - part.start, device=self._flat["exp_avg"].device)
-        torch._foreach_copy_(self._views(part, flat), [p.detach() for p, _ in self._params_in(part)])
-        return flat
-
-    def _copy_to_params(self, flat_values: torch.Tensor) -> None:
-        """Set every parameter to its elements of the whole flat ``flat_values``."""
-        torch._foreach_copy_(self._params, self._views(self._whole, flat_values))
-
-    def _flat_grads(self) -> torch.Tensor:
-        """The gradients in the flat layout (zeros in the gaps, and for parameters without a gradient)."""
-        flat = torch.zeros(self._numel, device=self._flat["exp_avg"].device)
-        pairs = [(view, p.grad) for view, p in zip(self._views(self._whole, flat), self._params) if p.grad is not None]
-        if any(g.is_sparse for _, g in pairs):
-            raise RuntimeError("ZeroOneAdam does not support sparse gradients")
-        if pairs:
-            torch._foreach_copy_([v for v, _ in pairs], [g for _, g in pairs])
-        return flat
+        return zip(self.param_groups, self._layout.slices)
 
     def _materialize(self) -> dict[str, torch.Tensor]:
         """The flat state buffers (zeros at first use, on the parameters' device) and the communication."""
-        device = self._params[0].device if self._params else torch.device("cpu")
+        layout, device = self._layout, self._layout.device
         if self._flat is None:
-            self._flat = {k: torch.zeros(self._numel, device=device) for k in _TENSORS}
+            self._flat = {k: torch.zeros(layout.numel, device=device) for k in _TENSORS}
             if self._rescale:
-                self._buckets = {k: torch.zeros(self._numel // self._align, device=device)
-                                 for k in (*_BUCKET_TENSORS, _BUCKET_LOCAL)}
-                self._buckets["grad_sq_ratio"].fill_(1)
-            self._valid = torch.zeros(self._numel, dtype=torch.bool, device=device)
-            for view in self._views(self._whole, self._valid):
-                view.fill_(True)
+                self._stats = BucketStatistics(layout.numel // layout.align, layout.align, device)
+            self._valid = layout.valid()
             self._point_state_at_flat()
             self._setup_communication()
         elif self._flat["exp_avg"].device != device:
@@ -582,10 +493,11 @@ class ZeroOneAdam(torch.optim.Optimizer):
 
     def _point_state_at_flat(self) -> None:
         """Make every parameter's state tensors views of the flat buffers, keeping values already there."""
-        views = {key: self._views(self._whole, self._flat[key]) for key in _TENSORS}
-        views.update({key: self._bucket_views(self._buckets[key]) for key in _BUCKET_TENSORS if self._rescale})
+        views = {key: self._layout.views(self._layout.whole, self._flat[key]) for key in _TENSORS}
+        if self._stats is not None:
+            views.update({key: self._layout.bucket_views(self._stats.buffers[key]) for key in SHARED_BUFFERS})
         for key, per_param in views.items():
-            for p, view in zip(self._params, per_param):
+            for p, view in zip(self._layout.params, per_param):
                 current = self.state[p].get(key)
                 if current is not None and current is not view:
                     view.copy_(current)
@@ -626,7 +538,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
         group_of = {id(p): index_of[id(group)] for group in self.param_groups for p in group["params"]}
         extras = self._gathered_extras(flat)
         traffic = self._counted().state_dict()
-        offset_of = {id(p): o for p, o in zip(self._params, self._offsets)}
+        offset_of = {id(p): o for p, o in zip(self._layout.params, self._layout.offsets)}
         for key, p in zip(keys, (p for g in self.param_groups for p in g["params"])):
             if id(p) not in offset_of:
                 continue
@@ -637,8 +549,8 @@ class ZeroOneAdam(torch.optim.Optimizer):
             entry["zero_one"] = {**self._schedule.state_dict(), "lrs": self._lrs[group_of[id(p)]],
                                  "world_size": self.world_size, "traffic": traffic}
             for name, (tensor, per_rank) in extras.items():
-                if name == _BUCKET_LOCAL:  # per bucket: [W, buckets of p]
-                    entry[name] = tensor[:, self._bucket_slice(p, offset)]
+                if name == LOCAL_BUFFER:  # per bucket: [W, buckets of p]
+                    entry[name] = tensor[:, self._layout.bucket_slice(p, offset)]
                     continue
                 values = tensor[:, offset : offset + p.numel()] if per_rank else tensor[offset : offset + p.numel()]
                 entry[name] = values.reshape(*values.shape[:-1], *p.shape)
@@ -648,21 +560,21 @@ class ZeroOneAdam(torch.optim.Optimizer):
     def _gathered_extras(self, flat: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, bool]]:
         """name -> (flat tensor, whether it has a leading rank dimension) of the state that differs between ranks,
         gathered from every rank."""
-        local_squares = self._buckets.get(_BUCKET_LOCAL)
+        local_squares = None if self._stats is None else self._stats.buffers[LOCAL_BUFFER]
         if self._scheme is None:
-            return {} if local_squares is None else {_BUCKET_LOCAL: (local_squares.view(1, -1).clone(), True)}
+            return {} if local_squares is None else {LOCAL_BUFFER: (local_squares.view(1, -1).clone(), True)}
         group, world = self._scheme.group, self.world_size
         worker, server = self._scheme.worker_error, self._scheme.server_error
         if worker is None:  # no synchronization yet: the errors are zeros
-            chunk = error_feedback_chunk_numel(self._numel, world, self._codec)
+            chunk = error_feedback_chunk_numel(self._layout.numel, world, self._codec)
             worker, server = flat["exp_avg"].new_zeros(world * chunk), flat["exp_avg"].new_zeros(chunk)
-        extras = {"worker_error": (_all_gather(worker, group).view(world, -1)[:, : self._numel], True),
-                  "server_error": (_all_gather(server, group)[: self._numel], False)}
+        extras = {"worker_error": (_all_gather(worker, group).view(world, -1)[:, : self._layout.numel], True),
+                  "server_error": (_all_gather(server, group)[: self._layout.numel], False)}
         if self._schedule.between_syncs:
-            local = {"param": self._flat_params(self._whole), "exp_avg": flat["exp_avg"]}
+            local = {"param": self._layout.flat_params(self._layout.whole), "exp_avg": flat["exp_avg"]}
             extras.update({_LOCAL[k]: (_all_gather(v, group).view(world, -1), True) for k, v in local.items()})
         if local_squares is not None:
-            extras[_BUCKET_LOCAL] = (_all_gather(local_squares, group).view(world, -1), True)
+            extras[LOCAL_BUFFER] = (_all_gather(local_squares, group).view(world, -1), True)
         return extras
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -678,23 +590,23 @@ class ZeroOneAdam(torch.optim.Optimizer):
         keys = [k for g in state_dict["param_groups"] for k in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
         # Without variance_rescale its saved statistics are dropped (the run continues without them).
-        dropped = set(_EXTRA) | (set() if self._rescale else set(_BUCKET_TENSORS))
+        dropped = set(_EXTRA) | (set() if self._rescale else set(SHARED_BUFFERS))
         cleaned = {key: {k: v for k, v in entry.items() if k not in dropped}
                    for key, entry in state_dict["state"].items()}
         extras = {p: state_dict["state"][key] for key, p in zip(keys, params) if key in state_dict["state"]}
         super().load_state_dict({**state_dict, "state": cleaned})
-        for buffer in (*flat.values(), *self._buckets.values()):  # what the checkpoint does not hold starts from zero
+        for buffer in flat.values():  # what the checkpoint does not hold starts from zero
             buffer.zero_()
-        if self._rescale:
-            self._buckets["grad_sq_ratio"].fill_(1)
+        if self._stats is not None:
+            self._stats.reset()
         self._point_state_at_flat()
-        entries = [extras.get(p, {}) for p in self._params]
+        entries = [extras.get(p, {}) for p in self._layout.params]
         if not any("zero_one" in e for e in entries):
             return  # a state saved before the first step, or by another optimizer: Adam's tensors only
         if not all("zero_one" in e for e in entries):
             raise ValueError("the checkpoint holds 0/1 Adam's state for some trainable parameters only; it was "
                              "saved over other parameters")
-        if self._rescale and not all(_BUCKET_TENSORS[0] in e for e in entries):
+        if self._rescale and not all(SHARED_BUFFERS[0] in e for e in entries):
             raise ValueError("variance_rescale=True, but the checkpoint was saved without it (no grad_sq_ema "
                              "statistics to scale the frozen variance by); resume with variance_rescale=False")
         run = {k: v for k, v in entries[0]["zero_one"].items() if k != "lrs"}  # lrs: per group
@@ -711,9 +623,9 @@ class ZeroOneAdam(torch.optim.Optimizer):
         local = _LOCAL["param"] in entries[0]
         for scheme in self._schemes():  # the checkpoint's counter holds every scheme's bytes: the main one's now
             scheme.traffic.load_state_dict(TrafficCounter().state_dict())
-        if self._rescale and saved_world == self.world_size:  # else this rank's squares restart from zero
-            for view, e in zip(self._bucket_views(self._buckets[_BUCKET_LOCAL]), entries):
-                view.copy_(e[_BUCKET_LOCAL][rank])
+        if self._stats is not None and saved_world == self.world_size:  # else this rank's squares restart from zero
+            for view, e in zip(self._layout.bucket_views(self._stats.buffers[LOCAL_BUFFER]), entries):
+                view.copy_(e[LOCAL_BUFFER][rank])
         if saved_world != self.world_size:
             if local:
                 raise ValueError(f"the checkpoint was taken by {saved_world} ranks between two synchronizations of "
@@ -726,7 +638,8 @@ class ZeroOneAdam(torch.optim.Optimizer):
                 self._scheme.traffic.load_state_dict(traffic)
             return
         if local:
-            for p, view, e in zip(self._params, self._views(self._whole, self._flat["exp_avg"]), entries):
+            views = self._layout.views(self._layout.whole, self._flat["exp_avg"])
+            for p, view, e in zip(self._layout.params, views, entries):
                 view.copy_(e["local_exp_avg"][rank])
                 own = e["local_param"][rank].to(p.device)
                 with torch.no_grad():
@@ -734,25 +647,16 @@ class ZeroOneAdam(torch.optim.Optimizer):
                 self._restored_params[p] = own
         if self._scheme is None:
             return
-        chunk = error_feedback_chunk_numel(self._numel, self.world_size, self._codec)
+        chunk = error_feedback_chunk_numel(self._layout.numel, self.world_size, self._codec)
         device = self._flat["exp_avg"].device
         worker = torch.zeros(self.world_size * chunk, device=device)
         servers = torch.zeros(self.world_size * chunk, device=device)
-        for view, e in zip(self._views(self._whole, worker), entries):
+        for view, e in zip(self._layout.views(self._layout.whole, worker), entries):
             view.copy_(e["worker_error"][rank])
-        for view, e in zip(self._views(self._whole, servers), entries):
+        for view, e in zip(self._layout.views(self._layout.whole, servers), entries):
             view.copy_(e["server_error"])
         self._scheme.load_state_dict({"traffic": traffic, "worker_error": worker,
                                       "server_error": servers[rank * chunk : (rank + 1) * chunk]})
-
-
-def default_bucket_size(params: Iterable[torch.Tensor]) -> int:
-    """The default bucket of ZeroOneAdam over ``params`` (elements): the largest power of two up to 256 that divides
-    the row length (last dimension) of every trainable matrix, so that no bucket spans two rows (two tokens'
-    embeddings, two units' weights), which can differ in scale by orders of magnitude; 256 when that power of two
-    would be below 32 (odd widths: the scales' overhead, 32 bits each, would outweigh the 1-bit codes)."""
-    size = math.gcd(256, *(p.shape[-1] for p in params if p.dim() >= 2 and p.requires_grad))
-    return size if size >= 32 else 256
 
 
 def _update_bound(group: dict[str, Any]) -> float:
@@ -768,45 +672,6 @@ def _update_bound(group: dict[str, Any]) -> float:
     return max(1.0, math.sqrt((1 - beta1) / (1 - beta2)))
 
 
-def _variance_codec(spec: str | Mapping[str, Any] | None, bucket_size: int) -> Codec | None:
-    """The codec of ``variance_codec``: a codec name (its default bits: ``"symmetric"`` is 8-bit) or a mapping of
-    :func:`~composer_qsdp.quant.make_codec` options with the name, at the optimizer's bucket size unless given."""
-    if spec is None:
-        return None
-    allowed = ("allowed: None (fp32 all-reduces), a deterministic codec name such as 'symmetric' (8 bits), or a "
-               "mapping such as {'name': 'symmetric', 'bits': 8}")
-    options = {"name": spec} if isinstance(spec, str) else dict(spec) if isinstance(spec, Mapping) else None
-    if options is None or not isinstance(options.get("name"), str):
-        raise ValueError(f"variance_codec={spec!r} is invalid; {allowed}")
-    options.setdefault("bucket_size", bucket_size)
-    if isinstance(options["bucket_size"], int) and options["bucket_size"] > 0 and bucket_size % options["bucket_size"]:
-        raise ValueError(f"variance_codec={spec!r} has bucket_size={options['bucket_size']}, which does not divide the "
-                         f"optimizer's bucket_size={bucket_size} (its buckets would span two tensors); allowed: a "
-                         "divisor of it, or no bucket_size (the optimizer's)")
-    try:
-        codec = make_codec(**options)
-    except ValueError as err:
-        raise ValueError(f"variance_codec={spec!r}: {err}") from None
-    if codec.unbiased:
-        raise ValueError(f"variance_codec={spec!r} rounds stochastically; {allowed} (minmax needs "
-                         "rounding='nearest')")
-    return codec
-
-
-def _bits_per_element(codec: Codec | None) -> float:
-    """Bits ``codec`` sends per element, scales included (32 without a codec: fp32)."""
-    if codec is None:
-        return 32.0
-    numel = codec.bucket_size * 1024
-    return codec.wire_bytes(numel) * 8 / numel
-
-
-def _check_max_grad_norm(value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                              or not 0 < value < math.inf):
-        raise ValueError(f"max_grad_norm={value!r} is invalid; it must be a finite number > 0, or None (no clipping)")
-
-
 def _clip_norm_(flat: torch.Tensor, max_norm: float) -> torch.Tensor:
     """Scale ``flat`` in place to an L2 norm of at most ``max_norm`` (torch's ``clip_grad_norm_`` rule); returns
     the factor (a 0-dim tensor, at most 1)."""
@@ -816,50 +681,7 @@ def _clip_norm_(flat: torch.Tensor, max_norm: float) -> torch.Tensor:
     return factor
 
 
-def _tensors(item: torch.Tensor | dict[str, Any]) -> list[torch.Tensor]:
-    """The parameters of one entry of an optimizer's ``params`` (a tensor or a parameter group)."""
-    if not isinstance(item, dict):
-        return [item]
-    group = item["params"]
-    return [group] if isinstance(group, torch.Tensor) else list(group)
-
-
 def _all_gather(tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     out = tensor.new_empty(group.size() * tensor.numel())
     dist.all_gather_into_tensor(out, tensor.contiguous(), group=group)
     return out
-
-
-def _check_group(group: dict[str, Any], index: int) -> None:
-    """Raise a ValueError naming the first option of parameter group ``index`` that is out of range."""
-    lr, betas, eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 <= lr < math.inf:
-        raise ValueError(f"lr={lr!r} (parameter group {index}) is invalid; it must be a finite number >= 0")
-    if (not isinstance(betas, (tuple, list)) or len(betas) != 2
-            or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)):
-        raise ValueError(f"betas={betas!r} (parameter group {index}) is invalid; it must be two numbers in [0, 1)")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < math.inf:
-        # eps = 0 divides by sqrt(v) = 0 where a variance update saw no gradient since the element last moved.
-        raise ValueError(f"eps={eps!r} (parameter group {index}) is invalid; it must be a finite number > 0")
-    if isinstance(wd, bool) or not isinstance(wd, (int, float)) or not 0 <= wd < math.inf:
-        raise ValueError(f"weight_decay={wd!r} (parameter group {index}) is invalid; it must be a finite number >= 0")
-    if not isinstance(group["bias_correction"], bool):
-        raise ValueError(f"bias_correction={group['bias_correction']!r} (parameter group {index}) is invalid; "
-                         "allowed: True, False")
-    group["betas"] = tuple(float(b) for b in betas)
-
-
-def _check_param(p: torch.Tensor, index: int, first: torch.Tensor | None) -> None:
-    """Raise a ValueError naming trainable parameter ``index`` when 0/1 Adam cannot hold it."""
-    # A DTensor exists only once its module is imported (importing it here would cost seconds); FSDP1's
-    # FlatParameter lives in a private module: compare the name.
-    dtensor = sys.modules.get("torch.distributed.tensor")
-    if (dtensor is not None and isinstance(p, dtensor.DTensor)) or type(p).__name__ == "FlatParameter":
-        raise ValueError(f"parameter {index} is sharded ({type(p).__name__}): 0/1 Adam synchronizes full replicas "
-                         "(plain data parallelism) and, as in DeepSpeed, does not work with FSDP/ZeRO sharding")
-    if p.dtype != torch.float32:
-        raise ValueError(f"parameter {index} has dtype {p.dtype}; ZeroOneAdam needs float32 parameters (mixed "
-                         "precision keeps fp32 master weights, e.g. Composer's amp_bf16)")
-    if first is not None and p.device != first.device:
-        raise ValueError(f"parameter {index} is on {p.device} but parameter 0 is on {first.device}; all "
-                         "parameters must be on one device")

@@ -1,6 +1,7 @@
-"""``benchmarks/bench_e2e.py``: the measurement arithmetic against hand-computed references, the table's ratios,
-random-token shards, the planned launches of every paper recipe family, and (slow) the whole sweep on 2 CPU
-processes: probe, baseline, QSDP, the compute-only bound, skipping what is finished on a rerun."""
+"""``benchmarks/bench_e2e.py`` and its modules (configs, measure, sweep, report): the measurement arithmetic against
+hand-computed references, the table's ratios, random-token shards, the planned launches of every paper recipe
+family, and (slow) the whole sweep on 2 CPU processes: probe, baseline, QSDP, the compute-only bound, skipping what
+is finished on a rerun."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ import pytest
 from streaming import StreamingDataset
 
 import bench_e2e
+import bench_e2e_configs
+import bench_e2e_measure
+import bench_e2e_report
+import bench_e2e_sweep
 import e2e_common
+from composer_qsdp.auto import AutoOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +38,7 @@ def test_measure_against_hand_computed_reference():
                "communication": {"QSDP": {side: {"sent": 500, "bf16": 1000, "native": 2000, "calls": 5}
                                           for side in ("weights", "grads", "total")}},
                "memory": {"peak_allocated_bytes": 7, "peak_reserved_bytes": 9}}
-    r = bench_e2e.measure(metrics, warmup=2, steps=3, tokens_per_step=1000)
+    r = bench_e2e_measure.measure(metrics, warmup=2, steps=3, tokens_per_step=1000)
     assert r["step_times_s"] == pytest.approx([1.5, 1.0, 1.5])  # batches 3, 4, 5
     assert r["step_time_s"] == pytest.approx(4.0 / 3)
     assert (r["step_time_min_s"], r["step_time_max_s"], r["step_time_median_s"]) == pytest.approx((1.0, 1.5, 1.5))
@@ -41,10 +47,11 @@ def test_measure_against_hand_computed_reference():
     assert r["memory"] == {"peak_allocated_bytes": 7, "peak_reserved_bytes": 9}
     assert r["gc_gen2_ms"] is None  # no gc_monitor
     logged = metrics | {"metrics": metrics["metrics"] | {"gc/gen2_ms": [[b, 100.0 * b] for b in (1, 2, 4, 5)]}}
-    assert bench_e2e.measure(logged, warmup=2, steps=3, tokens_per_step=1000)["gc_gen2_ms"] == [0.0, 400.0, 500.0]
-    assert bench_e2e.measure({"metrics": {"time/train": hours([1.0, 2.0])}}, 1, 1, 10)["wire_per_step"] is None
+    gc_ms = bench_e2e_measure.measure(logged, warmup=2, steps=3, tokens_per_step=1000)["gc_gen2_ms"]
+    assert gc_ms == [0.0, 400.0, 500.0]
+    assert bench_e2e_measure.measure({"metrics": {"time/train": hours([1.0, 2.0])}}, 1, 1, 10)["wire_per_step"] is None
     with pytest.raises(ValueError, match=r"no time/train for batch\(es\) \[3\]"):
-        bench_e2e.measure(metrics | {"metrics": {"time/train": hours([1.0, 2.0])}}, 1, 2, 10)
+        bench_e2e_measure.measure(metrics | {"metrics": {"time/train": hours([1.0, 2.0])}}, 1, 2, 10)
 
 
 def result(nproc: int, tokens_per_s: float, wire: dict | None, status: str = "ok") -> dict:
@@ -58,8 +65,8 @@ def test_rows_ratios_bound_and_targets():
     network = {"results": {"baseline": result(4, 100.0, None), "qsdp-w8g8": result(4, 200.0, wire),
                            "qsdp-w4g4": result(4, 300.0, {"total": {**wire["total"], "sent": 5e9}}),
                            "baseline-pure": result(4, 0.0, None, status="failed")}}
-    rows = {r["config"]: r for r in bench_e2e.rows(network, {"compute-bound": result(1, 90.0, None)}, nproc=4,
-                                                   plain_bytes_per_step=40e9)}
+    bounds = {"compute-bound": result(1, 90.0, None)}
+    rows = {r["config"]: r for r in bench_e2e_report.rows(network, bounds, nproc=4, plain_bytes_per_step=40e9)}
     assert rows["qsdp-w8g8"]["vs_baseline"] == pytest.approx(2.0)
     assert rows["qsdp-w4g4"]["vs_baseline"] == pytest.approx(3.0)
     assert rows["compute-bound"]["tokens_per_s"] == pytest.approx(360.0)  # 4 GPUs x the one-GPU run
@@ -70,12 +77,12 @@ def test_rows_ratios_bound_and_targets():
     assert rows["qsdp-w8g8"]["peak_allocated_gib"] == pytest.approx(1.0)
     assert rows["baseline-pure"] == {"config": "baseline-pure", "failed": "the launch exited with status 1"}
 
-    socket = bench_e2e.targets("socket", list(rows.values()))
+    socket = bench_e2e_report.targets("socket", list(rows.values()))
     assert socket == ["qsdp-w8g8 tokens/s = 2.00x baseline (target >= 1.8x): met",
                       "qsdp-w4g4 tokens/s = 3.00x baseline (target >= 3.0x): met",
                       "best QSDP (qsdp-w4g4) = 83% of the compute-only bound (target >= 85%): NOT met",
                       "peak memory <= 1.10x plain FSDP2's for every preset: met"]
-    assert bench_e2e.targets("nvlink", list(rows.values())) == [
+    assert bench_e2e_report.targets("nvlink", list(rows.values())) == [
         "qsdp-w8g8 tokens/s = 2.00x baseline (target >= 0.97x): met",
         "qsdp-w4g4 tokens/s = 3.00x baseline (target >= 0.97x): met",
         "peak memory <= 1.10x plain FSDP2's for every preset: met"]
@@ -92,7 +99,7 @@ def test_rows_ratios_bound_and_targets():
     (0.64, 0.85, True, "64%"),
 ])
 def test_target_lines_never_print_a_missed_goal_as_reached(value, goal, percent, shown):
-    assert bench_e2e._shown(value, goal, percent) == shown
+    assert bench_e2e_report._shown(value, goal, percent) == shown
 
 
 def test_ddp_rows_compare_with_the_ddp_baseline_and_bound():
@@ -100,13 +107,13 @@ def test_ddp_rows_compare_with_the_ddp_baseline_and_bound():
     network = {"results": {"baseline": result(2, 50.0, None), "ddp-baseline": result(2, 100.0, None),
                            "zero-one-adam": result(2, 250.0, zoa_wire)}}
     bounds = {"compute-bound": result(1, 60.0, None), "ddp-compute-bound": result(1, 150.0, None)}
-    rows = {r["config"]: r for r in bench_e2e.rows(network, bounds, nproc=2, plain_bytes_per_step=1e9)}
+    rows = {r["config"]: r for r in bench_e2e_report.rows(network, bounds, nproc=2, plain_bytes_per_step=1e9)}
     assert rows["zero-one-adam"]["vs_baseline"] == pytest.approx(2.5)  # against ddp-baseline, not FSDP's
     assert rows["zero-one-adam"]["of_bound"] == pytest.approx(250 / 300)  # against 2 x the DDP one-GPU run
     assert rows["ddp-baseline"]["wire_gb_per_step"] == pytest.approx(16.0)  # DDP's fp32 all-reduce
     assert rows["zero-one-adam"]["wire_vs_baseline"] == pytest.approx(1 / 16)
     assert rows["baseline"]["of_bound"] == pytest.approx(50 / 120) and rows["baseline"]["wire_gb_per_step"] == 1.0
-    assert bench_e2e.targets("socket", list(rows.values())) == [
+    assert bench_e2e_report.targets("socket", list(rows.values())) == [
         "zero-one-adam tokens/s = 2.50x ddp-baseline (target >= 2.0x): met"]
 
 
@@ -115,7 +122,7 @@ def test_measure_takes_zero_one_adams_bytes_from_the_timed_window():
     per_batch = [[1, 24], [2, 0], [3, 6]]
     metrics = {"metrics": {"time/train": hours([1.0, 2.0, 3.0]), "zero_one_adam/bytes_sent": per_batch},
                "communication": {"ZeroOneAdamDDP": counts}}
-    wire = bench_e2e.measure(metrics, 1, 2, 10)["wire_per_step"]  # warm-up: batch 1 (its fp32 all-reduce)
+    wire = bench_e2e_measure.measure(metrics, 1, 2, 10)["wire_per_step"]  # warm-up: batch 1 (its fp32 all-reduce)
     assert wire["total"] == pytest.approx({"sent": 3, "bf16": 15, "native": 30})
     assert wire["grads"]["sent"] == pytest.approx(3) and wire["weights"]["sent"] == pytest.approx(10)
 
@@ -128,10 +135,10 @@ def test_zero_one_adam_windows_time_the_regime_they_name(model, tmp_path):
     configs = ["ddp-baseline", "zero-one-adam", "zero-one-adam-1bit", "ddp-compute-bound"]
     args = bench_e2e.parse_args(["--model", model, "--nproc", "2", "--out-dir", str(tmp_path),
                                            "--configs", *configs])
-    plan = bench_e2e._plan(args)
+    plan = bench_e2e_sweep.make_plan(args)
     assert plan.synthetic_samples == (65 + 1) * 2 * plan.micro  # the longest window, zero-one-adam's
     for name in ("zero-one-adam", "zero-one-adam-1bit"):
-        config = bench_e2e.CONFIGS[name]
+        config = bench_e2e_configs.CONFIGS[name]
         overrides = plan.overrides(config, 2, tmp_path / "m.json")
         warmup, steps = config.window
         assert f"max_duration={warmup + steps}ba" in overrides
@@ -145,20 +152,20 @@ def test_zero_one_adam_windows_time_the_regime_they_name(model, tmp_path):
             assert schedule.local_step_interval == 16
         else:
             assert all(s.sync and not s.local for s in timed)
-    base = plan.overrides(bench_e2e.CONFIGS["ddp-baseline"], 2, tmp_path / "m.json")
+    base = plan.overrides(bench_e2e_configs.CONFIGS["ddp-baseline"], 2, tmp_path / "m.json")
     assert f"max_duration={args.warmup + args.steps}ba" in base and not any(o.startswith("algorithms.") for o in base)
 
 
 def test_random_token_shards_are_seeded_and_reused(tmp_path):
-    out = bench_e2e.random_token_shards(tmp_path / "a", samples=10, seq_len=16, vocab_size=100)
+    out = bench_e2e_sweep.random_token_shards(tmp_path / "a", samples=10, seq_len=16, vocab_size=100)
     dataset = StreamingDataset(local=str(out), split="train", shuffle=False)
     tokens = np.stack([dataset[i]["tokens"] for i in range(dataset.num_samples)])
     assert tokens.shape == (10, 16) and tokens.dtype == np.uint16 and tokens.max() < 100
     assert len(np.unique(tokens)) > 50  # spread over the vocabulary, not a constant
-    again = bench_e2e.random_token_shards(tmp_path / "b", samples=10, seq_len=16, vocab_size=100)
+    again = bench_e2e_sweep.random_token_shards(tmp_path / "b", samples=10, seq_len=16, vocab_size=100)
     assert (again / "train" / "shard.00000.mds").read_bytes() == (out / "train" / "shard.00000.mds").read_bytes()
     stamp = (out / "train" / "index.json").stat().st_mtime_ns
-    bench_e2e.random_token_shards(out, samples=10, seq_len=16, vocab_size=100)
+    bench_e2e_sweep.random_token_shards(out, samples=10, seq_len=16, vocab_size=100)
     assert (out / "train" / "index.json").stat().st_mtime_ns == stamp
 
 
@@ -168,29 +175,29 @@ def test_every_paper_family_plans_valid_launches(model, tmp_path):
     from composer_qsdp.recipes.train import load_recipe
 
     args = bench_e2e.parse_args(["--model", model, "--nproc", "4", "--out-dir", str(tmp_path),
-                                           "--configs", *bench_e2e.CONFIGS, "--ranks-per-node", "2"])
-    plan = bench_e2e._plan(args)  # loads every configuration's recipe with its overrides
+                                           "--configs", *bench_e2e_configs.CONFIGS, "--ranks-per-node", "2"])
+    plan = bench_e2e_sweep.make_plan(args)  # loads every configuration's recipe with its overrides
     micro = plan.settings["micro_batch"]
     assert micro == {"125m": 16, "350m": 8, "1.3b": 16}[model]  # the recipe's device_train_microbatch_size
     assert plan.seq_len == 2048 and plan.global_batch(4) == 4 * micro and plan.global_batch(1) == micro
-    qsdp = plan.overrides(bench_e2e.CONFIGS["qsdp-w8g8"], 4, tmp_path / "m.json")
-    base = plan.overrides(bench_e2e.CONFIGS["baseline"], 4, tmp_path / "m.json")
+    qsdp = plan.overrides(bench_e2e_configs.CONFIGS["qsdp-w8g8"], 4, tmp_path / "m.json")
+    base = plan.overrides(bench_e2e_configs.CONFIGS["baseline"], 4, tmp_path / "m.json")
     assert "algorithms.qsdp.error_sample_interval=0" in qsdp and not any("qsdp" in o for o in base)
     for needed in ("max_duration=13ba", "data.eval_split=null", "save_folder=null",
                    f"global_train_batch_size={4 * micro}"):
         assert needed in base
-    hpz = plan.overrides(bench_e2e.CONFIGS["qsdp-tlq-hs-hpz"], 4, tmp_path / "m.json")
+    hpz = plan.overrides(bench_e2e_configs.CONFIGS["qsdp-tlq-hs-hpz"], 4, tmp_path / "m.json")
     assert {"algorithms.qsdp.preset=tlq-hs", "algorithms.qsdp.ranks_per_node=2",
             "fsdp.reshard_after_forward=2"} <= set(hpz)
     assert "algorithms.qsdp.ranks_per_node=2" in qsdp and "fsdp.reshard_after_forward=2" not in qsdp
     # policy=auto decides and re-checks within 2 x 4 steps, then a keyframe and a compiling step: they stay untimed
     # (10 timed steps after them).
-    auto = plan.overrides(bench_e2e.CONFIGS["qsdp-auto"], 4, tmp_path / "m.json")
+    auto = plan.overrides(bench_e2e_configs.CONFIGS["qsdp-auto"], 4, tmp_path / "m.json")
     assert {"algorithms.qsdp.policy=auto", "algorithms.qsdp.error_sample_interval=0", "max_duration=20ba"} <= set(auto)
-    assert plan.window(bench_e2e.CONFIGS["qsdp-auto"]) == (10, 10)
+    assert plan.window(bench_e2e_configs.CONFIGS["qsdp-auto"]) == (10, 10)
     # qsdp-auto-loco: the same launch with the opt-in 3-bit candidates named, which reach AutoOptions.
-    loco = bench_e2e.CONFIGS["qsdp-auto-loco"]
-    assert plan.window(loco) == (10, 10) and "qsdp-auto-loco" not in bench_e2e.DEFAULT_CONFIGS
+    loco = bench_e2e_configs.CONFIGS["qsdp-auto-loco"]
+    assert plan.window(loco) == (10, 10) and "qsdp-auto-loco" not in bench_e2e_configs.DEFAULT_CONFIGS
     loco_overrides = plan.overrides(loco, 4, tmp_path / "m.json")
     assert set(auto) < set(loco_overrides)
     qsdp_kwargs = load_recipe(plan.recipe_dir / loco.recipe, loco_overrides, world_size=4).algorithm_kwargs["qsdp"]
@@ -198,17 +205,17 @@ def test_every_paper_family_plans_valid_launches(model, tmp_path):
     assert (options.weight_candidates, options.grad_candidates) == (("off", "w8", "qwd4", "qwd3"),
                                                                     ("off", "g8", "g4", "g3loco"))
     with pytest.raises(SystemExit, match="-hpz configurations reshard to the node: pass --ranks-per-node"):
-        bench_e2e._plan(bench_e2e.parse_args(["--model", model, "--nproc", "4", "--out-dir", str(tmp_path),
+        bench_e2e_sweep.make_plan(bench_e2e.parse_args(["--model", model, "--nproc", "4", "--out-dir", str(tmp_path),
                                                         "--configs", "qsdp-zeropp-hpz"]))
 
 
 def test_settings_of_one_directory_cannot_be_mixed(tmp_path, tiny_recipes):
-    parse = bench_e2e.parse_args
-    plan = bench_e2e._plan(parse(["--recipe-dir", str(tiny_recipes), "--nproc", "2", "--out-dir", str(tmp_path)]))
+    parse, make_plan = bench_e2e.parse_args, bench_e2e_sweep.make_plan
+    plan = make_plan(parse(["--recipe-dir", str(tiny_recipes), "--nproc", "2", "--out-dir", str(tmp_path)]))
     e2e_common.check_settings(plan.out_dir, plan.settings)
     e2e_common.check_settings(plan.out_dir, plan.settings)  # same settings: fine
-    other = bench_e2e._plan(parse(["--recipe-dir", str(tiny_recipes), "--nproc", "2", "--out-dir", str(tmp_path),
-                                   "--micro-batch", "2"]))
+    other = make_plan(parse(["--recipe-dir", str(tiny_recipes), "--nproc", "2", "--out-dir", str(tmp_path),
+                             "--micro-batch", "2"]))
     with pytest.raises(SystemExit, match="other settings \\(data, micro_batch: "):
         e2e_common.check_settings(other.out_dir, other.settings)
 
@@ -216,9 +223,9 @@ def test_settings_of_one_directory_cannot_be_mixed(tmp_path, tiny_recipes):
 def test_network_environments(monkeypatch):
     monkeypatch.setenv("NCCL_NET", "Socket")
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
-    nvlink, socket = bench_e2e._network_env("nvlink"), bench_e2e._network_env("socket")
+    nvlink, socket = bench_e2e_configs.network_env("nvlink"), bench_e2e_configs.network_env("socket")
     assert "NCCL_NET" not in nvlink and nvlink["NCCL_NVLS_ENABLE"] == "0"
-    assert {k: socket[k] for k in bench_e2e._NETWORK_VARS} == {
+    assert {k: socket[k] for k in bench_e2e_configs._NETWORK_VARS} == {
         "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "lo"}
 
 
@@ -234,12 +241,13 @@ def test_bad_arguments_are_named(tmp_path):
 
 
 def test_profile_records_a_warm_up_batch_an_untimed_one_follows(tmp_path):
-    plan = bench_e2e._plan(bench_e2e.parse_args(
+    plan = bench_e2e_sweep.make_plan(bench_e2e.parse_args(
         ["--model", "1.3b", "--nproc", "4", "--warmup", "4", "--profile", "--out-dir", str(tmp_path)]))
-    overrides = plan.overrides(bench_e2e.CONFIGS["qsdp-w8g8"], 4, tmp_path / "socket" / "qsdp-w8g8.metrics.json")
+    metrics_file = tmp_path / "socket" / "qsdp-w8g8.metrics.json"
+    overrides = plan.overrides(bench_e2e_configs.CONFIGS["qsdp-w8g8"], 4, metrics_file)
     assert "callbacks.step_profile.start=3" in overrides and "callbacks.step_profile.batches=1" in overrides
     assert f"callbacks.step_profile.out_dir={tmp_path / 'socket' / 'qsdp-w8g8.profile'}" in overrides
-    bound = plan.overrides(bench_e2e.CONFIGS["compute-bound"], 1, tmp_path / "compute-bound.metrics.json")
+    bound = plan.overrides(bench_e2e_configs.CONFIGS["compute-bound"], 1, tmp_path / "compute-bound.metrics.json")
     assert f"callbacks.step_profile.out_dir={tmp_path / 'compute-bound.profile'}" in bound
 
 
@@ -329,14 +337,14 @@ def test_cpu_sweep_measures_every_config_and_skips_finished_ones(tiny_recipes, t
 def test_ranks_sharing_a_gpu_get_no_throughput(monkeypatch, tmp_path, tiny_recipes):
     monkeypatch.setattr(bench_e2e.torch.cuda, "device_count", lambda: 1)
     with pytest.raises(SystemExit, match=r"--nproc 2 needs a GPU per process, 1 visible: .* not a network measurement"):
-        bench_e2e._plan(bench_e2e.parse_args(["--recipe-dir", str(tiny_recipes), "--nproc", "2",
+        bench_e2e_sweep.make_plan(bench_e2e.parse_args(["--recipe-dir", str(tiny_recipes), "--nproc", "2",
                                                         "--out-dir", str(tmp_path)]))
 
 
 def test_every_launch_refuses_shared_gpus(tmp_path, tiny_recipes):
-    plan = bench_e2e._plan(bench_e2e.parse_args(["--recipe-dir", str(tiny_recipes), "--nproc", "2",
+    plan = bench_e2e_sweep.make_plan(bench_e2e.parse_args(["--recipe-dir", str(tiny_recipes), "--nproc", "2",
                                                            "--out-dir", str(tmp_path), "-o", "shared_gpu=true"]))
-    overrides = plan.overrides(bench_e2e.CONFIGS["baseline"], 2, tmp_path / "m.json")
+    overrides = plan.overrides(bench_e2e_configs.CONFIGS["baseline"], 2, tmp_path / "m.json")
     assert overrides[-1] == "shared_gpu=false"  # after the user's overrides: the last value wins
 
 
@@ -344,9 +352,9 @@ def test_every_preset_has_a_configuration_on_the_baseline_recipe():
     from composer_qsdp.config import QSDPConfig
 
     for preset in QSDPConfig.preset_names():
-        config = bench_e2e.CONFIGS[f"qsdp-{preset}"]
+        config = bench_e2e_configs.CONFIGS[f"qsdp-{preset}"]
         assert config.recipe == "baseline.yaml" and f"algorithms.qsdp.preset={preset}" in config.overrides
-        assert f"qsdp-{preset}" in bench_e2e.DEFAULT_CONFIGS
+        assert f"qsdp-{preset}" in bench_e2e_configs.DEFAULT_CONFIGS
 
 
 def test_plain_fsdp2_bytes_pad_each_parameter_to_the_ranks():
@@ -355,8 +363,8 @@ def test_plain_fsdp2_bytes_pad_each_parameter_to_the_ranks():
     model = nn.Sequential(nn.Linear(5, 7), nn.LayerNorm(6))  # weights [7, 5] and [6]; biases [7] and [6]
     # Padded to 4 ranks: 8 x 5 + 8 + 8 + 8 = 64 elements; per micro-batch 3/4 of two bf16 gathers and one fp32
     # reduce-scatter of them.
-    assert bench_e2e.plain_fsdp2_bytes(model, 4, gather_bytes=2) == 3 * 64 * (2 + 2 + 4) // 4
-    assert bench_e2e.plain_fsdp2_bytes(model, 1, gather_bytes=2) == 0
+    assert bench_e2e_measure.plain_fsdp2_bytes(model, 4, gather_bytes=2) == 3 * 64 * (2 + 2 + 4) // 4
+    assert bench_e2e_measure.plain_fsdp2_bytes(model, 1, gather_bytes=2) == 0
 
 
 def test_profile_table_names_the_host_ranges_that_hold_the_idle_time():
@@ -368,38 +376,38 @@ def test_profile_table_names_the_host_ranges_that_hold_the_idle_time():
 
     record = {"per_batch": [batch(3, 150.0, 120.0), batch(4, 170.0, 140.0)],
               "scheme_memory_bytes": {"weights": 0, "grads": 0}}
-    summary = bench_e2e.profile_summary(record)
+    summary = bench_e2e_measure.profile_summary(record)
     assert summary["gpu_idle"] == pytest.approx(160.0)
     assert summary["idle_by_range_ms"] == pytest.approx({"Optimizer.step#AdamW.step": 130.0, "(no range)": 10.0})
-    line = bench_e2e.profile_lines([{"config": "baseline", "profile": summary}])[-1]
+    line = bench_e2e_report.profile_lines([{"config": "baseline", "profile": summary}])[-1]
     assert "| 160 | Optimizer.step#AdamW.step 130, (no range) 10 | 3 |" in line
 
 
 def test_auto_is_timed_and_profiled_only_after_it_settles():
     """policy=auto may re-decide at the end of step 2 x warmup_steps: the next step is a keyframe and the one after
     it compiles the new difference kernels, so neither is timed, nor profiled."""
-    auto = bench_e2e.CONFIGS["qsdp-auto"]
-    settled = 2 * bench_e2e.AutoOptions().warmup_steps + 2
-    assert bench_e2e.window(auto, bench_e2e.parse_args(["--steps", "4"])) == (settled, 4)
+    auto = bench_e2e_configs.CONFIGS["qsdp-auto"]
+    settled = 2 * AutoOptions().warmup_steps + 2
+    assert bench_e2e_configs.window(auto, bench_e2e.parse_args(["--steps", "4"])) == (settled, 4)
     profiled = bench_e2e.parse_args(["--steps", "4", "--profile"])  # --warmup defaults to 4 with --profile
     assert profiled.warmup == 4
-    warmup, _ = bench_e2e.window(auto, profiled)
+    warmup, _ = bench_e2e_configs.window(auto, profiled)
     assert warmup - 1 == settled + 1  # the profiled batch: the first one after settling
-    assert bench_e2e.window(bench_e2e.CONFIGS["qsdp-w8g8"], profiled) == (4, 4)
+    assert bench_e2e_configs.window(bench_e2e_configs.CONFIGS["qsdp-w8g8"], profiled) == (4, 4)
 
 
 def test_gc_lines_name_the_timed_steps_that_held_full_collections():
     table = [{"config": "baseline", "gc_gen2_ms": [0.0, 0.0]}, {"config": "qsdp-auto", "gc_gen2_ms": [0.0, 412.4]},
              {"config": "compute-bound", "gc_gen2_ms": None}]
-    assert bench_e2e.gc_lines(table)[1].endswith("timed step: ms): qsdp-auto 2: 412")
-    assert bench_e2e.gc_lines(table[:1])[1].endswith("none")
-    assert bench_e2e.gc_lines(table[2:]) == []
+    assert bench_e2e_report.gc_lines(table)[1].endswith("timed step: ms): qsdp-auto 2: 412")
+    assert bench_e2e_report.gc_lines(table[:1])[1].endswith("none")
+    assert bench_e2e_report.gc_lines(table[2:]) == []
 
 
 def test_startup_lines_list_each_launch_by_phase():
     phases = {"recipe": 13.2, "imports": 0.1, "process_group": 1.4, "total": 14.7}
     table = [{"config": "baseline", "startup_s": phases}, {"config": "compute-bound", "startup_s": None}]
-    assert bench_e2e.startup_lines(table) == [
+    assert bench_e2e_report.startup_lines(table) == [
         "", "Start-up before the first batch (s, process 0; the recipe entrypoint's phases: recipe, imports, "
             "process_group): baseline 15 (13 + 0 + 1)"]
-    assert bench_e2e.startup_lines(table[1:]) == []
+    assert bench_e2e_report.startup_lines(table[1:]) == []

@@ -1,7 +1,7 @@
-"""``benchmarks/convergence.py``: merging a resumed arm's metrics, the summary (final losses, gaps), CSV,
-markdown and PNG against hand-computed values, the corpus manifest and checks, the planned launches of every arm,
-and (slow) the whole driver on 2 CPU processes: killed mid-run, resumed from the checkpoint, finished arms
-skipped."""
+"""``benchmarks/convergence.py`` and its modules (arms, corpus, plan, runner, report): merging a resumed arm's
+metrics, the summary (final losses, gaps), CSV, markdown and PNG against hand-computed values, the corpus manifest
+and checks, the planned launches of every arm, and (slow) the whole driver on 2 CPU processes: killed mid-run,
+resumed from the checkpoint, finished arms skipped."""
 
 from __future__ import annotations
 
@@ -18,13 +18,19 @@ from pathlib import Path
 import pytest
 
 import convergence
+import convergence_arms
+import convergence_corpus
+import convergence_plan
+import convergence_report
+import convergence_runner
+import e2e_common
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def write_segment(path: Path, val: dict[int, float], **series: dict[int, float]) -> None:
-    metrics = {convergence.VAL_LOSS: [[b, v] for b, v in val.items()]}
+    metrics = {convergence_runner.VAL_LOSS: [[b, v] for b, v in val.items()]}
     metrics |= {name.replace("__", "/"): [[b, v] for b, v in s.items()] for name, s in series.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"metrics": metrics, "communication": {}, "memory": None}))
@@ -34,13 +40,14 @@ def plan_for(tiny_recipes, tmp_path, *extra):
     args = convergence._parser().parse_args(
         ["--recipe-dir", str(tiny_recipes), "--steps", "20", "--seq-len", "32", "--global-batch", "8",
          "--out-dir", str(tmp_path / "out"), "--corpus", str(tmp_path / "corpus"), *extra])
-    return convergence._plan(args)
+    return convergence_plan.make_plan(args)
 
 
 def test_merged_metrics_later_launch_wins(tmp_path):
     write_segment(tmp_path / "metrics-00.json", {5: 3.0, 10: 2.5, 15: 2.4})  # killed after step 15
     write_segment(tmp_path / "metrics-01.json", {15: 2.3, 20: 2.0})  # resumed from the checkpoint at step 10
-    assert convergence.merged_metrics(tmp_path)[convergence.VAL_LOSS] == {5: 3.0, 10: 2.5, 15: 2.3, 20: 2.0}
+    merged = convergence_runner.merged_metrics(tmp_path)[convergence_runner.VAL_LOSS]
+    assert merged == {5: 3.0, 10: 2.5, 15: 2.3, 20: 2.0}
 
 
 def test_summary_csv_markdown_png(tiny_recipes, tmp_path):
@@ -56,7 +63,7 @@ def test_summary_csv_markdown_png(tiny_recipes, tmp_path):
     write_segment(out / "w4g4" / "metrics-00.json", {10: 5.5})  # still running
     for arm in ("baseline", "w8g8"):
         (out / arm / "done.json").write_text("{}")
-    arms = convergence.summarize(plan)
+    arms = convergence_report.summarize(plan)
     assert arms["w8g8"]["gap_vs_baseline_pct"] == pytest.approx(1.25)
     assert arms["w4g4"]["gap_vs_baseline_pct"] == pytest.approx(10.0)  # at its last step, 10
     assert (arms["w4g4"]["final_step"], arms["w4g4"]["complete"]) == (10, False)
@@ -67,14 +74,14 @@ def test_summary_csv_markdown_png(tiny_recipes, tmp_path):
     assert arms["w8g8"]["rel_error"] == pytest.approx({"weights": 0.01, "grads": 0.03})
     assert arms["baseline"]["step_time_s_median"] == pytest.approx(1.5)  # median of 2 s and 1 s
 
-    rows = list(csv.reader(io.StringIO(convergence.csv_text(plan.tokens_per_step, arms))))
+    rows = list(csv.reader(io.StringIO(convergence_report.csv_text(plan.tokens_per_step, arms))))
     assert rows == [["step", "tokens", "baseline", "w8g8", "w4g4"],
                     ["10", str(10 * 8 * 32), "5.000000", "5.100000", "5.500000"],
                     ["20", str(20 * 8 * 32), "4.000000", "4.050000", ""]]
 
     manifest = {"command": "python -m composer_qsdp.recipes.data.build pysource X", "tokens": {"train": 1000, "val": 100},
                 "input": {"files": 3, "bytes": 4000, "sha256": "ab" * 32}}
-    record = convergence.write_results(plan, manifest, "incomplete")
+    record = convergence_report.write_results(plan, manifest, "incomplete")
     stem = f"convergence-{plan.name}"
     md = (out / f"{stem}.md").read_text()
     assert "| w4g4 | 2 | 10 (partial) | 5.5000 | +10.00% | n/a | n/a |" in md
@@ -92,8 +99,9 @@ def test_summary_csv_markdown_png(tiny_recipes, tmp_path):
 
 def test_every_arm_plans_valid_launches_for_the_125m_family(tmp_path):
     args = convergence._parser().parse_args(["--model", "125m", "--out-dir", str(tmp_path), "--corpus",
-                                             str(tmp_path / "c"), "--eval-batches", "-1", "--arms", *convergence.ARMS])
-    plan = convergence._plan(args)  # loads every arm's recipe with its overrides
+                                             str(tmp_path / "c"), "--eval-batches", "-1", "--arms",
+                                             *convergence_arms.ARMS])
+    plan = convergence_plan.make_plan(args)  # loads every arm's recipe with its overrides
     assert plan.micro("baseline") == 16 and plan.tokens_per_step == 32 * 512
     assert (plan.nproc("sdp4bit-2x2"), plan.micro("sdp4bit-2x2")) == (4, 8)
     assert "algorithms.qsdp.ranks_per_node=2" in plan.overrides("zeropp-2x2", 0)
@@ -104,21 +112,21 @@ def test_every_arm_plans_valid_launches_for_the_125m_family(tmp_path):
     for needed in ("autoresume=true", "max_duration=2000ba", "model.max_seq_len=512", "global_train_batch_size=32"):
         assert needed in hadamard
     assert "algorithms.zero_one_adam.local_step_clipper=1" in plan.overrides("zero-one-adam-1bit", 0)
-    assert convergence._parser().parse_args([]).arms == list(convergence.DEFAULT_ARMS)  # DDP arms when named
+    assert convergence._parser().parse_args([]).arms == list(convergence_arms.DEFAULT_ARMS)  # DDP arms when named
 
 
 def test_policy_auto_loco_names_the_opt_in_candidates_as_bench_e2e_does(tmp_path):
-    import bench_e2e
+    import bench_e2e_configs
 
     from composer_qsdp.recipes.loader import build_algorithm
     from composer_qsdp.recipes.train import load_recipe
 
-    arm = convergence.ARMS["policy-auto-loco"]
-    assert set(arm.overrides) <= set(bench_e2e.CONFIGS["qsdp-auto-loco"].overrides)
-    assert "policy-auto-loco" not in convergence.DEFAULT_ARMS + convergence.MATRIX_ARMS
+    arm = convergence_arms.ARMS["policy-auto-loco"]
+    assert set(arm.overrides) <= set(bench_e2e_configs.CONFIGS["qsdp-auto-loco"].overrides)
+    assert "policy-auto-loco" not in convergence_arms.DEFAULT_ARMS + convergence_arms.MATRIX_ARMS
     args = convergence._parser().parse_args(["--model", "125m", "--out-dir", str(tmp_path), "--corpus",
                                              str(tmp_path / "c"), "--eval-batches", "-1", "--arms", "policy-auto-loco"])
-    plan = convergence._plan(args)
+    plan = convergence_plan.make_plan(args)
     recipe = load_recipe(plan.recipe_dir / arm.recipe, plan.overrides("policy-auto-loco", 0), world_size=2)
     options = build_algorithm("qsdp", recipe.algorithm_kwargs["qsdp"]).config.auto_options
     assert (options.weight_candidates, options.grad_candidates) == (("off", "w8", "qwd4", "qwd3"),
@@ -126,13 +134,13 @@ def test_policy_auto_loco_names_the_opt_in_candidates_as_bench_e2e_does(tmp_path
 
 
 def test_shared_gpus_put_every_arm_on_them_over_gloo(tiny_recipes, tmp_path, monkeypatch):
-    monkeypatch.setattr(convergence, "_visible_gpus", lambda: ["0"])
+    monkeypatch.setattr(convergence_plan, "_visible_gpus", lambda: ["0"])
     gpu = ["-o", "device=gpu", "-o", "precision=amp_bf16"]  # shared_gpu=true is for GPU recipes
     with pytest.raises(SystemExit, match=r"arms of 2 and 4 processes evaluate --eval-batches 8 .*--eval-batches -1"):
         plan_for(tiny_recipes, tmp_path, "--matrix", *gpu)
     plan = plan_for(tiny_recipes, tmp_path, "--matrix", "--micro-batch", "2", "--eval-batches", "-1", *gpu)
     assert plan.shared and plan.max_ranks == 4  # default: the widest arm alone
-    assert plan.args.arms == list(convergence.MATRIX_ARMS)
+    assert plan.args.arms == list(convergence_arms.MATRIX_ARMS)
     for arm in plan.args.arms:
         assert "shared_gpu=true" in plan.overrides(arm, 0)
         assert plan.nproc(arm) == (4 if arm.endswith("-2x2") else 2)
@@ -144,7 +152,7 @@ def test_shared_gpus_put_every_arm_on_them_over_gloo(tiny_recipes, tmp_path, mon
 
 
 def test_arms_with_a_gpu_per_rank_keep_nccl_beside_shared_ones(tiny_recipes, tmp_path, monkeypatch):
-    monkeypatch.setattr(convergence, "_visible_gpus", lambda: ["0", "1"])
+    monkeypatch.setattr(convergence_plan, "_visible_gpus", lambda: ["0", "1"])
     gpu = ["-o", "device=gpu", "-o", "precision=amp_bf16"]
     plan = plan_for(tiny_recipes, tmp_path, "--matrix", "--micro-batch", "2", "--eval-batches", "-1",
                     "--max-ranks", "8", *gpu)
@@ -159,7 +167,7 @@ def test_arms_with_a_gpu_per_rank_keep_nccl_beside_shared_ones(tiny_recipes, tmp
 
 
 def test_a_gpu_per_rank_changes_nothing(tiny_recipes, tmp_path, monkeypatch):
-    monkeypatch.setattr(convergence, "_visible_gpus", lambda: [str(i) for i in range(8)])
+    monkeypatch.setattr(convergence_plan, "_visible_gpus", lambda: [str(i) for i in range(8)])
     plan = plan_for(tiny_recipes, tmp_path, "--matrix", "--eval-batches", "-1")
     assert not plan.shared and plan.max_ranks == 8
     assert not any(o.startswith("shared_gpu") for o in plan.overrides("baseline", 0))
@@ -171,7 +179,7 @@ def test_a_gpu_per_rank_changes_nothing(tiny_recipes, tmp_path, monkeypatch):
 
 
 def test_scheduler_keeps_the_running_ranks_within_the_budget(tiny_recipes, tmp_path, monkeypatch):
-    monkeypatch.setattr(convergence, "_visible_gpus", lambda: ["0", "1", "2", "3", "4", "5"])
+    monkeypatch.setattr(convergence_plan, "_visible_gpus", lambda: ["0", "1", "2", "3", "4", "5"])
     plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", "sdp4bit-2x2", "zeropp-2x2", "w4g4",
                     "--shared-gpu", "false", "--stagger-s", "0", "--results-interval-s", "0", "--eval-batches", "-1")
     events, held = [], {}
@@ -181,9 +189,9 @@ def test_scheduler_keeps_the_running_ranks_within_the_budget(tiny_recipes, tmp_p
         events.append(("start", arm))
         return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.4)"])
 
-    monkeypatch.setattr(convergence, "_start_arm", fake_start)
+    monkeypatch.setattr(convergence_runner, "_start_arm", fake_start)
     progress = []
-    assert convergence.run_arms(plan, convergence.common.Budget(None), lambda: progress.append(1)) == "complete"
+    assert convergence_runner.run_arms(plan, e2e_common.Budget(None), lambda: progress.append(1)) == "complete"
     starts = [arm for kind, arm in events]
     assert starts[:3] == ["baseline", "w8g8", "w4g4"]  # --arms order; the first that fits the free ranks
     assert sorted(starts) == sorted(plan.args.arms) and progress
@@ -191,11 +199,11 @@ def test_scheduler_keeps_the_running_ranks_within_the_budget(tiny_recipes, tmp_p
     first = [set(held[arm]) for arm in starts[:3]]  # they run together: their GPUs never overlap
     assert len(set.union(*first)) == sum(map(len, first))
     assert all((plan.arm_dir(arm) / "done.json").is_file() for arm in plan.args.arms)
-    assert convergence.running_launches(plan) == {}
+    assert convergence_runner.running_launches(plan) == {}
 
 
 def test_shared_arms_over_nccl_spread_over_the_least_used_gpus(tiny_recipes, tmp_path, monkeypatch):
-    monkeypatch.setattr(convergence, "_visible_gpus", lambda: ["4", "5", "6", "7"])
+    monkeypatch.setattr(convergence_plan, "_visible_gpus", lambda: ["4", "5", "6", "7"])
     gpu = ["-o", "device=gpu", "-o", "precision=amp_bf16"]
     arms = ["baseline", "w8g8", "w4g4", "w8g4", "sdp4bit-2x2", "qwd-w4g4"]
     plan = plan_for(tiny_recipes, tmp_path, "--arms", *arms, "--max-ranks", "12", "--stagger-s", "0",
@@ -212,8 +220,8 @@ def test_shared_arms_over_nccl_spread_over_the_least_used_gpus(tiny_recipes, tmp
         return subprocess.Popen([sys.executable, "-c", "import os, time\n"
                                  f"while not os.path.exists({str(flag)!r}): time.sleep(0.01)"])
 
-    monkeypatch.setattr(convergence, "_start_arm", fake_start)
-    assert convergence.run_arms(plan, convergence.common.Budget(None)) == "complete"
+    monkeypatch.setattr(convergence_runner, "_start_arm", fake_start)
+    assert convergence_runner.run_arms(plan, e2e_common.Budget(None)) == "complete"
     # Two processes on each GPU after the first four arms (baseline, w8g8, w4g4, w8g4), instead of eight on 4 and 5.
     assert [held[arm] for arm in arms[:4]] == [["4", "5"], ["6", "7"], ["4", "5"], ["6", "7"]]
     assert held["sdp4bit-2x2"] == ["4", "5", "6", "7"]  # as wide as the GPUs
@@ -228,13 +236,13 @@ def test_noise_band_and_gaps_to_both_seeds(tiny_recipes, tmp_path):
     write_segment(out / "baseline-seed2" / "metrics-00.json", {10: 5.0, 20: 4.04})
     write_segment(out / "w8g8" / "metrics-00.json", {10: 5.0, 20: 4.02})
     write_segment(out / "ddp-baseline" / "metrics-00.json", {10: 5.0, 20: 4.1})
-    arms = convergence.summarize(plan)
-    assert convergence.noise_band_pct(arms) == pytest.approx(1.0)
+    arms = convergence_report.summarize(plan)
+    assert convergence_report.noise_band_pct(arms) == pytest.approx(1.0)
     assert arms["w8g8"]["gap_vs_baseline_pct"] == pytest.approx(0.5)
     assert arms["w8g8"]["gap_vs_baseline_seed2_pct"] == pytest.approx(100 * (4.02 - 4.04) / 4.04)
     assert "gap_vs_baseline_seed2_pct" not in arms["ddp-baseline"]  # DDP arms: ddp-baseline only
     manifest = {"command": "c", "tokens": {"train": 1, "val": 1}, "input": {"files": 1, "bytes": 1, "sha256": "ab"}}
-    md = convergence.markdown(plan, {"device": "cpu", "git": "x"}, manifest, arms, "complete")
+    md = convergence_report.markdown(plan, {"device": "cpu", "git": "x"}, manifest, arms, "complete")
     assert "Noise band: the FSDP2 baselines of seeds 17 and 18 end 1.00% apart" in md
     assert "w8g8 -0.50%" in md
 
@@ -281,12 +289,12 @@ def test_ddp_arms_compare_with_ddp_adamw_and_count_their_bytes(tiny_recipes, tmp
                   zero_one_adam__total_bytes_sent={1: 1e9, 20: 2.5e9})
     write_segment(out / "zero-one-adam-rescale" / "metrics-00.json", {10: 5.0, 20: 3.98},
                   zero_one_adam__compression_vs_fp32_allreduce={20: 9.5}, zero_one_adam__total_bytes_sent={20: 3e9})
-    arms = convergence.summarize(plan)
+    arms = convergence_report.summarize(plan)
     assert arms["zero-one-adam"]["gap_vs_baseline_pct"] == pytest.approx(0.5)  # against ddp-baseline's 4.0
     assert arms["zero-one-adam"]["compression_vs_unquantized"] == 12.5  # the whole run's, its last value
     assert arms["zero-one-adam"]["total_bytes_sent"] == 2.5e9 and arms["ddp-baseline"]["total_bytes_sent"] is None
     manifest = {"command": "c", "tokens": {"train": 1, "val": 1}, "input": {"files": 1, "bytes": 1, "sha256": "ab"}}
-    md = convergence.markdown(plan, {"device": "cpu", "git": "x"}, manifest, arms, "complete")
+    md = convergence_report.markdown(plan, {"device": "cpu", "git": "x"}, manifest, arms, "complete")
     assert "| zero-one-adam | 2 | 20 (partial) | 4.0200 | +0.50% | 12.50x | n/a | 2.500 |" in md
     assert ("0/1 Adam final validation loss within 1% of DDP AdamW: +0.50% (met); bytes sent per rank at least 10x "
             "fewer than DDP's fp32 all-reduce: 12.5x (met)") in md
@@ -299,37 +307,37 @@ def test_corpus_manifest_fingerprint_and_checks(tiny_recipes, tmp_path):
     for i in range(40):
         (tree / f"pkg{i % 3}").mkdir(parents=True, exist_ok=True)
         (tree / f"pkg{i % 3}" / f"m{i}.py").write_text(f"def f{i}(x):\n    return x ** {i} + {i}\n" * 20)
-    manifest = convergence.build_corpus(tmp_path / "corpus", 16, 0.25, str(tree), None)
-    assert manifest["samples"] == {split: convergence.split_samples(tmp_path / "corpus", split)
+    manifest = convergence_corpus.build_corpus(tmp_path / "corpus", 16, 0.25, str(tree), None)
+    assert manifest["samples"] == {split: convergence_corpus.split_samples(tmp_path / "corpus", split)
                                    for split in ("train", "val")}
     assert manifest["samples"]["val"] > 0 and manifest["input"]["files"] == 40
-    assert convergence.build_corpus(tmp_path / "corpus", 16, 0.25, str(tree), None) == manifest  # no rebuild
+    assert convergence_corpus.build_corpus(tmp_path / "corpus", 16, 0.25, str(tree), None) == manifest  # no rebuild
     with pytest.raises(SystemExit, match="was built from pysource with val_fraction=0.25"):
-        convergence.build_corpus(tmp_path / "corpus", 16, 0.1, str(tree), None)
+        convergence_corpus.build_corpus(tmp_path / "corpus", 16, 0.1, str(tree), None)
     with pytest.raises(SystemExit, match="was built from pysource"):  # another kind of text: not this corpus
-        convergence.build_corpus(tmp_path / "corpus", 16, 0.25, str(tree), None, kind="docstrings")
+        convergence_corpus.build_corpus(tmp_path / "corpus", 16, 0.25, str(tree), None, kind="docstrings")
     (tmp_path / "other").mkdir()
     with pytest.raises(SystemExit, match="exists but has no manifest.json"):
-        convergence.build_corpus(tmp_path / "other", 16, 0.25, str(tree), None)
+        convergence_corpus.build_corpus(tmp_path / "other", 16, 0.25, str(tree), None)
 
     # The fingerprint depends on relative paths and contents only.
     copy = tmp_path / "copy"
     subprocess.run(["cp", "-r", str(tree), str(copy)], check=True)
-    assert convergence.source_fingerprint("pysource", [str(copy)])["sha256"] == manifest["input"]["sha256"]
+    assert convergence_corpus.source_fingerprint("pysource", [str(copy)])["sha256"] == manifest["input"]["sha256"]
     (copy / "pkg0" / "m0.py").write_text("changed = True\n")
-    assert convergence.source_fingerprint("pysource", [str(copy)])["sha256"] != manifest["input"]["sha256"]
+    assert convergence_corpus.source_fingerprint("pysource", [str(copy)])["sha256"] != manifest["input"]["sha256"]
 
     # Another kind builds from the same roots with its own files (the sources themselves: test_code_corpora.py).
     for i in range(40):
         (tree / f"h{i}.h").write_text(f"/* header {i} */\nint f{i}(int x);\n" * 20)
-    built = convergence.build_corpus(tmp_path / "csource", 16, 0.25, str(tree), None, kind="csource")
+    built = convergence_corpus.build_corpus(tmp_path / "csource", 16, 0.25, str(tree), None, kind="csource")
     assert built["kind"] == "csource" and built["input"]["files"] == 40 and built["samples"]["train"] > 0
     assert built["command"].split()[3] == "csource"
     assert built["input"]["sha256"] != manifest["input"]["sha256"]
 
     plan = plan_for(tiny_recipes, tmp_path, "--steps", "1000", "--seq-len", "16")  # the corpus above
     with pytest.raises(SystemExit, match="train samples but 1000 steps x 8 = 8000 are needed"):
-        convergence._check_corpus(plan, manifest)
+        convergence_corpus.check_corpus(manifest, plan.args.steps, plan.args.global_batch)
 
 
 # ------------------------------------------------------------------------------------------------------- slow
@@ -461,12 +469,12 @@ def test_combine_refuses_runs_that_differ(change, message):
     for key, value in change.items():
         second[key] = {**second[key], **value}
     with pytest.raises(ValueError, match=message):
-        convergence.combine_records([first, second])
+        convergence_report.combine_records([first, second])
     with pytest.raises(ValueError, match="at least 2 records, got 1"):
-        convergence.combine_records([first])
+        convergence_report.combine_records([first])
     alike = second | {"settings": first["settings"], "corpus": first["corpus"]}
     with pytest.raises(ValueError, match="record 2 is itself a combined record"):
-        convergence.combine_records([first, convergence.combine_records([first, alike])])
+        convergence_report.combine_records([first, convergence_report.combine_records([first, alike])])
 
 
 def test_combine_compares_with_both_baseline_seeds_and_ignores_how_many_ran_at_once_and_how():
@@ -474,10 +482,10 @@ def test_combine_compares_with_both_baseline_seeds_and_ignores_how_many_ran_at_o
     first["settings"] = {**first["settings"], "shared_gpu": False}
     second = fake_record("b", {"qwd-w3g3-loco": {20: 4.05}})
     second["settings"] = {**second["settings"], "max_ranks": 12, "shared_gpu": True}
-    record = convergence.combine_records([first, second])
+    record = convergence_report.combine_records([first, second])
     assert record["arms"]["qwd-w3g3-loco"]["gap_vs_baselines_pct"] == pytest.approx(
         {"baseline": 1.25, "baseline-seed2": 4.05 / 4.1 * 100 - 100})
-    md = convergence.combined_markdown(record)
+    md = convergence_report.combined_markdown(record)
     assert "Baseline run-to-run spread: 2.50% between the final losses of baseline, baseline-seed2." in md
     # each run says how its ranks communicated
     assert "git `a`, 2 CPU processes, NCCL, a GPU per rank:" in md
@@ -494,22 +502,23 @@ def test_combine_sets_each_arms_seeds_against_its_baselines_seeds():
         for name, r in record["arms"].items():
             r["baseline"] = "baseline" + name[name.index("@"):] if name.startswith("baseline") else \
                 "baseline-1r" + name[name.index("@"):]
-    record = convergence.combine_records([first, second])
+    record = convergence_report.combine_records([first, second])
     group = record["seed_groups"]["w8g8-nearest"]
     assert group["baseline"] == "baseline-1r" and group["seeds"] == [17, 18, 19]
     comparison = group["comparison"]
     assert comparison["step"] == 20 and comparison["verdict"] == "inside"  # run 2's finished seed 17 counts
     assert comparison["gap_pct"] == pytest.approx(0.0)
-    md = convergence.combined_markdown(record)
+    md = convergence_report.combined_markdown(record)
     assert _cells(md, "| w8g8-nearest |")[-1] == "inside"
 
 
 def test_combined_table_without_a_baseline_has_as_many_titles_as_cells():
-    record = convergence.combine_records([fake_record("a", {"w8g8": {20: 4.0}}), fake_record("b", {"w8g8": {20: 4.1}})])
-    table = [line for line in convergence.combined_markdown(record).splitlines() if line.startswith("|")]
+    record = convergence_report.combine_records([fake_record("a", {"w8g8": {20: 4.0}}),
+                                                 fake_record("b", {"w8g8": {20: 4.1}})])
+    table = [line for line in convergence_report.combined_markdown(record).splitlines() if line.startswith("|")]
     assert len(table) == 4  # titles, rule, two arms
     assert len({line.count("|") for line in table}) == 1
-    assert "Target" not in convergence.combined_markdown(record)  # no baseline, no gap to judge
+    assert "Target" not in convergence_report.combined_markdown(record)  # no baseline, no gap to judge
 
 
 def test_the_shipped_schedule_plans_at_least_10x_fewer_bytes(tmp_path, capsys):
@@ -518,13 +527,13 @@ def test_the_shipped_schedule_plans_at_least_10x_fewer_bytes(tmp_path, capsys):
     args = convergence._parser().parse_args(["--model", "125m", "--out-dir", str(tmp_path), "--corpus",
                                              str(tmp_path / "c"), "--eval-batches", "-1", "--steps", "600", "--plan",
                                              "--arms", *arms])
-    assert convergence.print_zero_one_plans(convergence._plan(args)) == 0
+    assert convergence.print_zero_one_plans(convergence_plan.make_plan(args)) == 0
     lines = dict(line.split(" (", 1) for line in capsys.readouterr().out.splitlines())
     # DeepSpeed's schedule plans the ratio its GPU run measured (11.87x, RESULTS.md).
     assert "11.87x fewer bytes" in lines["zero-one-adam-deepspeed"]
     for arm in arms[1:]:
         ratio = float(lines[arm].split("; ")[-1].split("x fewer")[0])
-        assert ratio >= convergence.ZERO_ONE_BYTES_TARGET and "below" not in lines[arm]
+        assert ratio >= convergence_report.ZERO_ONE_BYTES_TARGET and "below" not in lines[arm]
         assert "exact_steps=150, onebit_steps=0" in lines[arm]  # dense variance until 0.25dur: 150 8-bit updates
     # The recipe's interval reaches 4 at three quarters of the run; local2 stops at 2, local4 reaches 4 before
     # 0.6dur; no local steps: 1.
@@ -556,8 +565,8 @@ def _launch_recipe(plan, arm):
 def test_lr_scales_sweep_every_arm_and_keep_the_recipe_rate_in_the_middle(tmp_path):
     common = ["--model", "125m", "--out-dir", str(tmp_path), "--corpus", str(tmp_path / "c"), "--steps", "600",
               "--eval-batches", "-1", "--arms", "ddp-baseline", "zero-one-adam"]
-    base = convergence._plan(convergence._parser().parse_args(common))
-    plan = convergence._plan(convergence._parser().parse_args([*common, "--lr-scales", "0.5", "1", "2"]))
+    base = convergence_plan.make_plan(convergence._parser().parse_args(common))
+    plan = convergence_plan.make_plan(convergence._parser().parse_args([*common, "--lr-scales", "0.5", "1", "2"]))
     assert plan.args.arms == ["ddp-baseline@lr0.5x", "ddp-baseline@lr1x", "ddp-baseline@lr2x",
                               "zero-one-adam@lr0.5x", "zero-one-adam@lr1x", "zero-one-adam@lr2x"]
     # The middle arm trains with exactly the recipe's configuration (6e-4 in yamls/gpt-125m/baseline.yaml).
@@ -573,13 +582,13 @@ def test_lr_scales_sweep_every_arm_and_keep_the_recipe_rate_in_the_middle(tmp_pa
     assert f"metrics_file={tmp_path / 'zero-one-adam@lr2x' / 'metrics-00.json'}" in plan.overrides(
         "zero-one-adam@lr2x", 0)
     # -o changes the rate that is scaled; the swept rate is applied after it.
-    moved = convergence._plan(convergence._parser().parse_args(
+    moved = convergence_plan.make_plan(convergence._parser().parse_args(
         [*common, "--lr-scales", "2", "-o", "optimizer.lr=1e-3"]))
     assert _launch_recipe(moved, "zero-one-adam@lr2x")[1]["lr"] == pytest.approx(2e-3, rel=1e-12)
     with pytest.raises(SystemExit, match=r"--lr-scales 0 is invalid; every scale must be > 0"):
-        convergence._plan(convergence._parser().parse_args([*common, "--lr-scales", "1", "0"]))
+        convergence_plan.make_plan(convergence._parser().parse_args([*common, "--lr-scales", "1", "0"]))
     with pytest.raises(SystemExit, match=r"two scales share the name @lr1x"):
-        convergence._plan(convergence._parser().parse_args([*common, "--lr-scales", "1", "1.0000001"]))
+        convergence_plan.make_plan(convergence._parser().parse_args([*common, "--lr-scales", "1", "1.0000001"]))
 
 
 def test_lr_sweep_table_names_each_rate_and_compares_the_best(tiny_recipes, tmp_path):
@@ -592,16 +601,16 @@ def test_lr_sweep_table_names_each_rate_and_compares_the_best(tiny_recipes, tmp_
     for arm, loss in losses.items():
         # zero-one-adam@lr2x stopped at step 10: the best is taken among the arms that finished.
         write_segment(out / arm / "metrics-00.json", {10: 5.0} if arm == "zero-one-adam@lr2x" else {10: 5.0, 20: loss})
-    arms = convergence.summarize(plan)
+    arms = convergence_report.summarize(plan)
     assert arms["zero-one-adam@lr1x"]["gap_vs_baseline_pct"] == pytest.approx(-5.0)  # vs ddp-baseline@lr1x's 4.0
     assert arms["zero-one-adam@lr0.5x"]["gap_vs_baseline_pct"] == pytest.approx(100 * (4.1 - 4.2) / 4.2)
     assert (arms["ddp-baseline@lr2x"]["lr"], arms["ddp-baseline@lr2x"]["lr_scale"]) == (2 * lr, 2.0)
-    sweep = convergence.lr_sweep(arms, 20)
+    sweep = convergence_report.lr_sweep(arms, 20)
     assert (sweep["ddp-baseline"]["best_scale"], sweep["zero-one-adam"]["best_scale"]) == ("2", "1")
     assert sweep["zero-one-adam"]["best_vs_baseline_best_pct"] == pytest.approx(100 * (3.8 - 3.9) / 3.9)
     assert sweep["ddp-baseline"]["best_vs_baseline_best_pct"] is None
     manifest = {"command": "c", "tokens": {"train": 1, "val": 1}, "input": {"files": 1, "bytes": 1, "sha256": "ab"}}
-    record = convergence.write_results(plan, manifest, "incomplete")
+    record = convergence_report.write_results(plan, manifest, "incomplete")
     assert record["lr_sweep"] == sweep
     md = (out / f"convergence-{plan.name}.md").read_text()
     assert _cells(md, "| arm | 0.5x ") == ["arm", "0.5x", "1x", "2x", "best", "best vs its baseline's best"]
@@ -621,7 +630,7 @@ def test_each_arm_keeps_its_color_in_both_panels():
     curves = {"early": [(100, 3.6)], "a": [(100, 3.5), (300, 2.8), (600, 2.3)], "b": [(100, 3.4), (600, 2.2)]}
     record = {"settings": {"steps": 600, "global_batch": 32, "seq_len": 512, "recipe_dir": "yamls/gpt-125m"},
               "header": {"git": "abc"}, "arms": {arm: {"curve": c} for arm, c in curves.items()}}
-    fig = convergence._figure(record, plt)
+    fig = convergence_report._figure(record, plt)
     colors = [{line.get_label(): line.get_color() for line in ax.get_lines()} for ax in fig.axes]
     plt.close(fig)
     assert set(colors[0]) == {"early", "a", "b"} and set(colors[1]) == {"a", "b"}

@@ -1,5 +1,6 @@
-"""The cluster cost model's arithmetic (benchmarks/cost_model.py): collective volumes and times by hand, the
-FSDP2 schedule on a two-unit model by hand, the calibration round trip, and its recorded validation."""
+"""The cluster cost model's arithmetic (benchmarks/cluster_model.py): collective volumes and times by hand, the
+FSDP2 schedule on a two-unit model by hand, the calibration round trip; and its recorded validation, predictions
+and command line (benchmarks/cost_model.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import dataclasses
 
 import pytest
 
-import cost_model as cm
+import cluster_model as cm
+import cost_model
 from composer_qsdp.quant import make_codec
 
 GB = 1e9
@@ -109,33 +111,33 @@ def test_calibration_recovers_the_parameters_it_generated():
 
 
 def test_recorded_end_to_end_runs_stay_predicted_within_20_percent():
-    rows = cm.validate_e2e()
+    rows = cost_model.validate_e2e()
     worst = max(abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in rows)
     assert worst < 0.2, worst
 
 
 def test_prediction_table_and_cli(tmp_path, capsys):
-    rows = cm.prediction_table(models=("1.3b",), gbps=(100,))
+    rows = cost_model.prediction_table(models=("1.3b",), gbps=(100,))
     by_name = {r["setting"]: r for r in rows}
     assert by_name["plain FSDP2"]["speedup"] == 1.0
     # the flat quantized reduce-scatter is an all-to-all: at 8 GPUs per node 8-bit codes cross the network in
     # larger volume than the fp32 ring's; the two-level scheme sends 1/8 of its chunks
     assert by_name["QSDP W8G8 (flat)"]["cross_node_gb"] > by_name["plain FSDP2"]["cross_node_gb"]
     assert by_name["W8 + TLq-HS"]["cross_node_gb"] < by_name["QSDP W4G4 (flat)"]["cross_node_gb"]
-    assert cm.main(["predict", "--model", "125m", "--gbps", "200", "--out-dir", str(tmp_path)]) == 0
+    assert cost_model.main(["predict", "--model", "125m", "--gbps", "200", "--out-dir", str(tmp_path)]) == 0
     written = (tmp_path / "cost_model-predict.md").read_text()
     assert "- git: `" in written and "| 125m | 200 | plain FSDP2 |" in written
     assert "| 125m | 200 | plain FSDP2 |" in capsys.readouterr().out
 
 
 def test_paper_conditions_table():
-    rows = cm.paper_table()
+    rows = cost_model.paper_table()
     assert [(r["model"], r["gpu"], r["gbps"], r["published"]) for r in rows] == [
         ("1.3b", "A100", 100, 2.39), ("6.7b", "A100", 100, 3.44), ("1.3b", "H800", 3200, 1.53),
         ("6.7b", "H800", 3200, 2.97)]
     # the re-gather and fp32 gradients make plain FSDP2 the slower baseline wherever the network is the limit
     assert all(r["vs_fsdp2"] >= r["vs_megatron"] >= 1.0 for r in rows)
-    assert "| 1.3b | 4 x A100 | 100 | 2.39x |" in cm.markdown_papers(rows)
+    assert "| 1.3b | 4 x A100 | 100 | 2.39x |" in cost_model.markdown_papers(rows)
 
 
 def test_bad_cluster_is_a_value_error():

@@ -20,7 +20,7 @@ from dist_spawn import RankInfo, run_ranks
 
 from composer_qsdp.comm import error_feedback_chunk_numel
 from composer_qsdp.optim import ZeroOneAdam, ZeroOneSchedule
-from composer_qsdp.optim.zero_one_adam import RESCALE_BOUNDS
+from composer_qsdp.optim.bucket_statistics import RESCALE_BOUNDS
 from composer_qsdp.quant import make_codec
 
 WORLD = 2

@@ -1,0 +1,471 @@
+"""The convergence driver's report: each arm's summary from its metrics files (curve, final loss, gap to its
+baseline at the same step, bytes and their compression, sampled errors, step time), the noise band of the two
+FSDP2 seeds, the learning-rate sweep and the seed comparisons, written as ``convergence-<name>`` .csv (validation
+loss per arm and evaluation step), .json (the record), .md (the table and the targets' lines) and .png (all
+curves, and their second half zoomed); and several runs' records combined into one, each arm with its gap to every
+run's baseline.
+
+The targets are measured and reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import io
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import e2e_common as common
+import seed_stats
+from convergence_arms import FSDP_BASELINES, SEED_MARK, arm_seed, base_arm
+from convergence_plan import Plan
+from convergence_runner import VAL_LOSS, launch_count, merged_metrics
+
+W8G8_TARGET_PCT = 1.0  # the project's target: W8G8 final validation loss within 1% of plain FSDP
+ZERO_ONE_TARGET_PCT = 1.0  # issue 13: 0/1 Adam's final validation loss within 1% of DDP AdamW
+ZERO_ONE_BYTES_TARGET = 10.0  # ... with at least 10x fewer bytes sent per rank than DDP's fp32 all-reduce
+#: The 0/1 Adam arms whose target line the summary prints (the ablations attribute a gap and have none).
+ZERO_ONE_TARGET_ARMS = ("zero-one-adam", "zero-one-adam-4r", "zero-one-adam-4r-sync", "zero-one-adam-local2",
+                        "zero-one-adam-local2-4r", "zero-one-adam-local4", "zero-one-adam-local4-4r",
+                        "zero-one-adam-rescale", "zero-one-adam-rescale-4r")
+
+
+def _mean(series: dict[int, float] | None) -> float | None:
+    return statistics.fmean(series.values()) if series else None
+
+
+def _training_ratio(metrics: dict[str, dict[int, float]],
+                    name: str = "qsdp/compression_vs_unquantized") -> float | None:
+    """QSDP's bytes over all training batches against a baseline, from the per-batch ratio ``name`` (the same
+    collectives unquantized, or ``qsdp/compression_vs_plain_fsdp``: plain FSDP2): the sum of each batch's baseline
+    bytes (its ratio times its bytes sent) over the sum of its bytes sent (a ratio of sums, so a batch that sends
+    little, e.g. the one after a qWD evaluation, weighs what its bytes weigh). None where the run did not log it."""
+    ratios = metrics.get(name)
+    if not ratios:
+        return None
+    sides = [metrics.get(f"qsdp/{side}/bytes_sent", {}) for side in ("weights", "grads")]
+    sent = {b: sum(side.get(b, 0.0) for side in sides) for b in ratios}
+    total = sum(sent.values())
+    return sum(ratios[b] * sent[b] for b in ratios) / total if total else None
+
+
+def summarize(plan: Plan) -> dict[str, Any]:
+    """Per arm: its validation curve, final loss, gap to its baseline's loss at the same step, the bytes it sent
+    and their compression, QSDP's sampled errors, the median step time."""
+    arms: dict[str, Any] = {}
+    for arm in plan.args.arms:
+        metrics = merged_metrics(plan.arm_dir(arm))
+        curve = sorted(metrics.get(VAL_LOSS, {}).items())
+        wall = sorted(metrics.get("time/train", {}).items())
+        step_times = [(t1 - t0) * 3600.0 for (b0, t0), (b1, t1) in zip(wall, wall[1:]) if b1 == b0 + 1]
+        arms[arm] = {
+            "description": plan.arms[arm].description,
+            "overrides": list(plan.arms[arm].overrides),
+            "lr": plan.arms[arm].lr,
+            "lr_scale": plan.arms[arm].lr_scale,
+            "nproc": plan.nproc(arm),
+            "micro_batch": plan.micro(arm),
+            "backend": plan.backend(arm),
+            "complete": (plan.arm_dir(arm) / "done.json").is_file(),
+            "launches": launch_count(plan.arm_dir(arm)),
+            "curve": [[step, loss] for step, loss in curve],
+            "final_step": curve[-1][0] if curve else None,
+            "final_val_loss": curve[-1][1] if curve else None,
+            # QSDP's over its training batches; 0/1 Adam logs the run's cumulative ratio, so its last value is the run's.
+            "compression_vs_unquantized": (_training_ratio(metrics)
+                                           or _last(metrics.get("zero_one_adam/compression_vs_fp32_allreduce"))),
+            # Against plain FSDP2 on the same stack (every microbatch's gathers, the backward re-gather included).
+            "compression_vs_plain_fsdp": _training_ratio(metrics, "qsdp/compression_vs_plain_fsdp"),
+            "total_bytes_sent": (_last(metrics.get("qsdp/total_bytes_sent"))
+                                 or _last(metrics.get("zero_one_adam/total_bytes_sent"))),
+            "rel_error": {side: _mean(metrics.get(f"qsdp/{side}/rel_error")) for side in ("weights", "grads")},
+            "step_time_s_median": statistics.median(step_times) if step_times else None,
+        }
+    for arm, record in arms.items():
+        base = arms.get(plan.arms[arm].baseline)
+        record["baseline"] = plan.arms[arm].baseline
+        record["gap_vs_baseline_pct"] = _gap_pct(record, dict(base["curve"])) if base else None
+        seed2 = arms.get("baseline-seed2")
+        if plan.arms[arm].baseline == "baseline" and seed2 is not None:
+            record["gap_vs_baseline_seed2_pct"] = _gap_pct(record, dict(seed2["curve"]))
+    return arms
+
+
+def seed_groups(arms: dict[str, Any], steps: int) -> dict[str, dict[str, Any]]:
+    """``--seeds``: each arm's seeds against its baseline's seeds (:func:`seed_stats.compare`), by the arm's name
+    without its seed; {} for a run without seeds. In a combined record an arm found in several runs (labelled
+    ``@run<i>``) takes part under no seed."""
+    curves: dict[str, dict[int, dict[int, float]]] = {}
+    baselines: dict[str, str] = {}
+    for name, r in arms.items():
+        seed = arm_seed(name)
+        if seed is None or arm_seed(r.get("baseline") or "") is None:
+            continue
+        group = name[:name.rindex(SEED_MARK)]
+        curves.setdefault(group, {})[seed] = dict(r["curve"])
+        baselines[group] = r["baseline"][:r["baseline"].rindex(SEED_MARK)]
+    groups = {}
+    for group, baseline in baselines.items():
+        result = seed_stats.compare(curves[group], curves.get(baseline, {}), steps) if group != baseline else None
+        groups[group] = {"baseline": baseline, "seeds": sorted(curves[group]),
+                         "comparison": result.to_json() if result else None}
+    return groups
+
+
+def _mean_std(mean: float, std: float | None) -> str:
+    return f"{mean:.4f}" if std is None else f"{mean:.4f} ({std:.4f})"
+
+
+def _seed_lines(groups: dict[str, dict[str, Any]]) -> list[str]:
+    rows = [(group, g, g["comparison"]) for group, g in groups.items() if g["comparison"]]
+    if not rows:
+        return []
+    lines = ["", f"Seeds: each arm's final losses against its baseline's at the last step every seed of both reached; "
+                 f"lossless when the arm's mean lies inside the baseline's seed range with >= {seed_stats.MIN_SEEDS} "
+                 "complete seeds a side.", "",
+             *_table_head(["arm", "vs", "step", "seeds", "mean (std)", "baseline mean (std)", "baseline range",
+                           "gap of means", "paired gap", "Welch 95% CI (p)", "verdict"])]
+    for group, g, c in rows:
+        ci = "n/a" if c["ci95_pct"] is None else \
+            f"{c['ci95_pct'][0]:+.2f}% .. {c['ci95_pct'][1]:+.2f}% (p {c['p_value']:.2f})"
+        paired = "n/a" if c["paired_gap_pct"] is None else f"{c['paired_gap_pct']:+.2f}%"
+        lines.append(f"| {group} | {g['baseline']} | {c['step']} | {len(c['arm_losses'])} vs "
+                     f"{len(c['baseline_losses'])} | {_mean_std(c['arm_mean'], c['arm_std'])} | "
+                     f"{_mean_std(c['baseline_mean'], c['baseline_std'])} | {c['baseline_range'][0]:.4f} .. "
+                     f"{c['baseline_range'][1]:.4f} | {c['gap_pct']:+.2f}% | {paired} | {ci} | {c['verdict']} |")
+    return lines
+
+
+def noise_band_pct(arms: dict[str, Any]) -> float | None:
+    """|gap| (%) between the two FSDP2 baselines' final validation losses (seeds 17 and 18) at the same step: what
+    two runs of one system differ by; None unless both reached the same final step."""
+    if "baseline" not in arms or "baseline-seed2" not in arms:
+        return None
+    gap = _gap_pct(arms["baseline-seed2"], dict(arms["baseline"]["curve"]))
+    return None if gap is None else abs(gap)
+
+
+def _last(series: dict[int, float] | None) -> float | None:
+    return series[max(series)] if series else None
+
+
+def _gap_pct(arm: dict[str, Any], baseline_curve: dict[int, float]) -> float | None:
+    """The gap (%) of an arm's final validation loss to the baseline's at the same step; None where the baseline
+    has no evaluation at that step."""
+    step = arm["final_step"]
+    if step not in baseline_curve:
+        return None
+    return 100.0 * (arm["final_val_loss"] - baseline_curve[step]) / baseline_curve[step]
+
+
+def csv_text(tokens_per_step: int, arms: dict[str, Any]) -> str:
+    """``step,tokens,<arm>...``: validation loss (nats/token) of each arm at each evaluation step; empty where
+    an arm has no evaluation (yet)."""
+    curves = {arm: dict(r["curve"]) for arm, r in arms.items()}
+    steps = sorted({s for c in curves.values() for s in c})
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["step", "tokens", *arms])
+    for step in steps:
+        writer.writerow([step, step * tokens_per_step,
+                         *(f"{curves[a][step]:.6f}" if step in curves[a] else "" for a in arms)])
+    return buf.getvalue()
+
+
+def markdown(plan: Plan, head: dict[str, str], manifest: dict[str, Any], arms: dict[str, Any],
+             status: str) -> str:
+    a = plan.args
+    m = manifest
+    lines = [f"### convergence: {plan.recipe_dir.name} on {head['device']}", "", *common.header_lines(head),
+             f"- settings: {a.steps} steps x {a.global_batch} samples x {a.seq_len} tokens = "
+             f"{a.steps * plan.tokens_per_step:,} tokens per arm; {_ranks_text(plan, arms)}; evaluation every "
+             f"{a.eval_interval} steps on "
+             + ("the whole held-out split" if a.eval_batches == -1 else
+                f"{a.eval_batches} batches x {a.eval_batch_size} samples per process of the held-out split"),
+             f"- corpus: `{m['command']}`: {m['input']['files']} files, {m['input']['bytes'] / 1e6:.1f} MB of "
+             f"{m.get('kind', 'pysource')} text -> {m['tokens']['train']:,} train / {m['tokens']['val']:,} val tokens; input sha256 "
+             f"`{m['input']['sha256'][:16]}`",
+             f"- status: {status}", "", *_table_head(["arm", "ranks", *_arm_columns()])]
+    lines += [_arm_row(arm, r, str(r["nproc"])) for arm, r in arms.items()]
+    band = noise_band_pct(arms)
+    if band is not None:
+        gaps = {arm: r["gap_vs_baseline_seed2_pct"] for arm, r in arms.items()
+                if r.get("gap_vs_baseline_seed2_pct") is not None and arm != "baseline-seed2"}
+        lines += ["", f"Noise band: the FSDP2 baselines of seeds 17 and 18 end {band:.2f}% apart; an FSDP arm's gap "
+                      "within that band is not a measured difference. Gaps to baseline-seed2: "
+                      + ", ".join(f"{arm} {gap:+.2f}%" for arm, gap in gaps.items())]
+    gap = arms.get("w8g8", {}).get("gap_vs_baseline_pct")
+    lines += _w8g8_target({} if gap is None else {"": gap})
+    for arm, r in arms.items():
+        if base_arm(arm) in ZERO_ONE_TARGET_ARMS:
+            lines += _zero_one_target(arm, r)
+    lines += _lr_sweep_lines(lr_sweep(arms, a.steps))
+    lines += _seed_lines(seed_groups(arms, a.steps))
+    return "\n".join(lines) + "\n"
+
+
+def lr_sweep(arms: dict[str, Any], steps: int) -> dict[str, Any]:
+    """The learning-rate sweep (``--lr-scales``) by arm: each scale's learning rate and final validation loss,
+    the best scale among those that finished all ``steps`` (``best_at_edge``: the smallest or largest swept, so the
+    best rate may lie beyond), and the best loss's gap (%) to the best of the arm's baseline (so whether one arm's
+    lead over another survives tuning each one's rate); {} without a sweep."""
+    sweep: dict[str, Any] = {}
+    for label, r in arms.items():
+        if r.get("lr_scale") is None:
+            continue
+        entry = sweep.setdefault(base_arm(label), {"baseline": base_arm(r["baseline"]), "scales": {}})
+        entry["scales"][f"{r['lr_scale']:g}"] = {"lr": r["lr"], "final_step": r["final_step"],
+                                                  "final_val_loss": r["final_val_loss"],
+                                                  "finished": r["final_step"] == steps}
+    for entry in sweep.values():
+        done = {scale: s["final_val_loss"] for scale, s in entry["scales"].items() if s["finished"]}
+        entry["best_scale"] = min(done, key=done.get) if done else None
+        entry["best_val_loss"] = done[entry["best_scale"]] if done else None
+        swept = sorted(entry["scales"], key=float)
+        entry["best_at_edge"] = len(swept) > 1 and entry["best_scale"] in (swept[0], swept[-1])
+    for arm, entry in sweep.items():
+        base = sweep.get(entry["baseline"], {}).get("best_val_loss")
+        own = entry["best_val_loss"]
+        entry["best_vs_baseline_best_pct"] = (None if arm == entry["baseline"] or base is None or own is None
+                                              else 100.0 * (own - base) / base)
+    return sweep
+
+
+def _lr_sweep_lines(sweep: dict[str, Any]) -> list[str]:
+    """The sweep's table: per arm, each scale's final loss (its lr), the best scale and its gap to the baseline's
+    best; nothing without a sweep."""
+    if not sweep:
+        return []
+    scales = list(dict.fromkeys(scale for entry in sweep.values() for scale in entry["scales"]))
+    lines = ["", "Learning-rate sweep: final validation loss (lr) per multiple of the recipe's lr; best among the "
+                 "arms that finished every step:", "",
+             *_table_head(["arm", *(f"{scale}x" for scale in scales), "best", "best vs its baseline's best"])]
+    for arm, entry in sweep.items():
+        cells = [f"{common.fmt(s['final_val_loss'], '.4f')} ({s['lr']:.3g}){'' if s['finished'] else ' (partial)'}"
+                 if (s := entry["scales"].get(scale)) else "" for scale in scales]
+        best = ("n/a" if entry["best_scale"] is None else
+                f"{entry['best_scale']}x{' (edge of the sweep)' if entry['best_at_edge'] else ''}")
+        gap = "" if arm == entry["baseline"] else common.fmt(entry["best_vs_baseline_best_pct"], "+.2f", "%")
+        lines.append(f"| {' | '.join([arm, *cells, best, gap])} |")
+    return lines
+
+
+def _ranks_text(plan: Plan, arms: dict[str, Any]) -> str:
+    """Processes and micro-batches of the arms, and where their ranks ran."""
+    by_n: dict[tuple[int, int], list[str]] = {}
+    for arm, r in arms.items():
+        by_n.setdefault((r["nproc"], r["micro_batch"]), []).append(arm)
+    groups = "; ".join(f"{n} processes, micro-batch {m}: {', '.join(names)}" for (n, m), names in by_n.items())
+    gloo = [arm for arm in arms if plan.gloo(arm)]
+    where = (f"ranks sharing {len(plan.gpus)} GPU(s); over gloo (shared_gpu: the numerics of a GPU per rank): "
+             f"{', '.join(gloo) or 'none'}; the others over NCCL, a GPU per rank; step times are not network "
+             "measurements" if plan.shared else
+             "a GPU per rank" if plan.gpus else "CPU processes (gloo)")
+    return f"{groups}; {where}, at most {plan.max_ranks} processes at once"
+
+
+def _arm_columns(gap: str = "vs baseline") -> list[str]:
+    """The titles of ``_arm_row``'s columns after its leading cells; ``gap`` titles the gap to the baseline."""
+    return ["final step", "final val loss", gap, "compression vs unquantized", "compression vs plain FSDP2",
+            "GB sent per rank", "rel. error w / g",
+            "step time (ms, median; arms may share GPUs)", "description"]
+
+
+def _table_head(columns: list[str]) -> list[str]:
+    """A markdown table's title row and rule."""
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
+def _arm_row(label: str, r: dict[str, Any], *extra: str) -> str:
+    """A table row of one arm's record: ``label``, the ``extra`` cells, then the columns of ``_arm_columns``."""
+    fmt = common.fmt
+    err = r["rel_error"]
+    step = "n/a" if r["final_step"] is None else f"{r['final_step']}{'' if r['complete'] else ' (partial)'}"
+    step_ms = None if r["step_time_s_median"] is None else r["step_time_s_median"] * 1e3
+    return (f"| {' | '.join([label, *extra])} | {step} | {fmt(r['final_val_loss'], '.4f')} "
+            f"| {fmt(r['gap_vs_baseline_pct'], '+.2f', '%')} "
+            f"| {fmt(r['compression_vs_unquantized'], '.2f', 'x')} "
+            f"| {fmt(r.get('compression_vs_plain_fsdp'), '.2f', 'x')} "
+            f"| {fmt(None if r.get('total_bytes_sent') is None else r['total_bytes_sent'] / 1e9, '.3f')} "
+            f"| {fmt(err['weights'], '.3f')} / "
+            f"{fmt(err['grads'], '.3f')} | {fmt(step_ms, '.0f')} | {r['description']} |")
+
+
+def _w8g8_target(gaps_pct: dict[str, float]) -> list[str]:
+    """The W8G8 target's lines: its gap to each baseline, by label ("" for its own run's only baseline)."""
+    if not gaps_pct:
+        return []
+    verdicts = "; ".join(f"{f'vs {label}: ' if label else ''}{gap:+.2f}% "
+                         f"({'met' if abs(gap) <= W8G8_TARGET_PCT else 'NOT met'}; W8G8 ended "
+                         f"{'below' if gap < 0 else 'above'} the baseline)" for label, gap in gaps_pct.items())
+    return ["", f"Target (measured, never asserted): W8G8 final validation loss within {W8G8_TARGET_PCT:.0f}% of "
+                f"plain FSDP: {verdicts}"]
+
+
+def _zero_one_target(arm: str, r: dict[str, Any] | None) -> list[str]:
+    """The 0/1 Adam target's line of ``arm``: its final gap to DDP AdamW and its byte saving over the run."""
+    if not r or r["gap_vs_baseline_pct"] is None:
+        return []
+    gap, ratio = r["gap_vs_baseline_pct"], r["compression_vs_unquantized"]
+    loss = "met" if abs(gap) <= ZERO_ONE_TARGET_PCT else "NOT met"
+    saved = "n/a" if ratio is None else f"{ratio:.1f}x ({'met' if ratio >= ZERO_ONE_BYTES_TARGET else 'NOT met'})"
+    name = "0/1 Adam" if arm == "zero-one-adam" else f"0/1 Adam ({arm})"
+    return ["", f"Target (measured, never asserted): {name} final validation loss within {ZERO_ONE_TARGET_PCT:.0f}% "
+                f"of DDP AdamW: {gap:+.2f}% ({loss}); bytes sent per rank at least {ZERO_ONE_BYTES_TARGET:.0f}x fewer "
+                f"than DDP's fp32 all-reduce: {saved}"]
+
+
+def png_bytes(record: dict[str, Any]) -> bytes | None:
+    """All arms' validation-loss curves (left) and their second half zoomed (right), as PNG; None without
+    matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no PNG; redraw it elsewhere with --replot <the .json record>")
+        return None
+    fig = _figure(record, plt)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _figure(record: dict[str, Any], plt: Any) -> Any:
+    """The figure of :func:`png_bytes`. Each arm keeps one color in both panels: an arm that stopped before the
+    zoomed half is missing there, and the color cycle would otherwise shift every later arm's color."""
+    s = record["settings"]
+    arms = list(record["arms"])
+    palette = plt.get_cmap("tab10" if len(arms) <= 10 else "tab20").colors
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    for ax, start in zip(axes, (0, s["steps"] // 2)):
+        for i, (arm, r) in enumerate(record["arms"].items()):
+            points = [(step, loss) for step, loss in r["curve"] if step >= start]
+            if points:
+                ax.plot(*zip(*points), marker=".", label=arm, color=palette[i % len(palette)])
+        ax.set_xlabel(f"step ({s['global_batch']} x {s['seq_len']} tokens each)")
+        ax.set_ylabel("validation loss (nats/token)")
+        ax.grid(alpha=0.3)
+    axes[0].set_title("validation loss")
+    axes[1].set_title(f"from step {s['steps'] // 2}")
+    axes[0].legend()
+    tokens = s["steps"] * s["global_batch"] * s["seq_len"]
+    fig.suptitle(f"{Path(s['recipe_dir']).name}: same seed, data order and hyperparameters; "
+                 f"{tokens:,} tokens per arm ({record['header']['git']})")
+    return fig
+
+
+def write_results(plan: Plan, manifest: dict[str, Any], status: str, quiet: bool = False) -> dict[str, Any]:
+    """Summarize every arm's metrics files into ``convergence-<name>`` .csv/.json/.md/.png in the results
+    directory (printing the table unless ``quiet``: the progress writes while arms run); returns the record."""
+    head = common.header(min(len(plan.gpus), plan.max_ranks) if plan.gpus else plan.max_ranks)
+    if plan.shared:
+        head["device"] += (f"; arms share the GPU(s), at most {plan.max_ranks} processes at once; arms with more "
+                           "processes than GPUs over gloo (shared_gpu)")
+    arms = summarize(plan)
+    record = {"header": head, "settings": {**plan.settings, "max_ranks": plan.max_ranks}, "status": status,
+              "corpus": manifest, "arms": arms, "noise_band_pct": noise_band_pct(arms),
+              "lr_sweep": lr_sweep(arms, plan.args.steps), "seed_groups": seed_groups(arms, plan.args.steps)}
+    md = markdown(plan, head, manifest, arms, status)
+    _write_record(f"convergence-{plan.name}", plan.out_dir, record, csv_text(plan.tokens_per_step, arms), md)
+    if not quiet:
+        print(md)
+    return record
+
+
+def _write_record(stem: str, out_dir: Path, record: dict[str, Any], csv_body: str, md: str) -> list[Path]:
+    """``stem`` .csv, .json, .md and (with matplotlib) .png into ``out_dir``; the paths written."""
+    files: dict[str, str | bytes] = {".csv": csv_body, ".json": json.dumps(record, indent=1), ".md": md}
+    png = png_bytes(record)
+    if png is not None:
+        files[".png"] = png
+    return common.write_outputs(stem, out_dir, files)
+
+
+def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One record from several runs of the same settings and corpus, e.g. an arm finished on a later machine, or
+    a second baseline run that measures the run-to-run spread (GPU kernels are not bitwise deterministic).
+
+    An arm that stopped early in one run and finished in another is taken from the finished one (a later run
+    that completed it supersedes the partial one). An arm name then found in one run keeps its name; one found in
+    several becomes ``<arm>@run<i>`` (1-based, in the order given). Each arm keeps its gap to its own run's
+    baseline (``gap_vs_baseline_pct``) and gains ``gap_vs_baselines_pct``: its gap to every run's baseline at its
+    final step, by baseline label. Raises ``ValueError`` naming the first setting or corpus fingerprint that
+    differs between runs."""
+    if len(records) < 2:
+        raise ValueError(f"combining needs at least 2 records, got {len(records)}")
+    combined = [i for i, record in enumerate(records, start=1) if "runs" in record]
+    if combined:
+        raise ValueError(f"record {combined[0]} is itself a combined record: pass the runs' own records it names")
+    first = records[0]
+    for i, record in enumerate(records[1:], start=2):
+        # How many processes ran at once changes the step times, not an arm's numerics; nor does the transport:
+        # ranks sharing GPUs over gloo compute what NCCL ranks do, up to the order of a reduction's sums.
+        differ = [k for k in common.differing_keys(first["settings"], record["settings"])
+                  if k not in ("max_ranks", "shared_gpu")]
+        if differ:
+            key = differ[0]
+            raise ValueError(f"run {i} differs from run 1 in setting {key!r}: "
+                             f"{record['settings'].get(key)!r} != {first['settings'].get(key)!r}")
+        if record["corpus"]["input"]["sha256"] != first["corpus"]["input"]["sha256"]:
+            raise ValueError(f"run {i} used another corpus (input sha256 {record['corpus']['input']['sha256'][:16]}"
+                             f" != {first['corpus']['input']['sha256'][:16]})")
+    finished = {arm for record in records for arm, r in record["arms"].items() if r["complete"]}
+    kept = [{arm: r for arm, r in record["arms"].items() if r["complete"] or arm not in finished}
+            for record in records]
+    counts = collections.Counter(arm for record_arms in kept for arm in record_arms)
+    arms: dict[str, Any] = {}
+    for i, record_arms in enumerate(kept, start=1):
+        for arm, r in record_arms.items():
+            arms[arm if counts[arm] == 1 else f"{arm}@run{i}"] = {**r, "arm": arm, "run": i}
+    baselines = {label: dict(r["curve"]) for label, r in arms.items() if r["arm"] in FSDP_BASELINES}
+    for r in arms.values():
+        gaps = {label: _gap_pct(r, curve) for label, curve in baselines.items()}
+        r["gap_vs_baselines_pct"] = {label: gap for label, gap in gaps.items() if gap is not None}
+    runs = [{**record["header"], "shared_gpu": record["settings"].get("shared_gpu")} for record in records]
+    return {"header": {"git": " + ".join(dict.fromkeys(h["git"] for h in runs))}, "runs": runs,
+            "settings": first["settings"], "corpus": first["corpus"],
+            "status": "complete" if all(r["status"] == "complete" for r in records) else "incomplete", "arms": arms,
+            "seed_groups": seed_groups(arms, first["settings"]["steps"])}
+
+
+def combined_markdown(record: dict[str, Any]) -> str:
+    """The summary table of a combined record: the runs, each arm with its run and its gap to every baseline."""
+    s = record["settings"]
+    labels = [label for label, r in record["arms"].items() if r["arm"] in FSDP_BASELINES]
+    lines = [f"### convergence: {Path(s['recipe_dir']).name}, {len(record['runs'])} runs combined", ""]
+    transport = {True: ", ranks sharing GPUs over gloo", False: ", NCCL, a GPU per rank", None: ""}
+    lines += [f"- run {i}: {h['date']}, git `{h['git']}`, {h['device']}{transport[h.get('shared_gpu')]}: "
+              f"`{h['command']}`" for i, h in enumerate(record["runs"], start=1)]
+    lines += [f"- settings: {s['steps']} steps x {s['global_batch']} samples x {s['seq_len']} tokens per arm, the "
+              f"same seed and data order in every run; corpus input sha256 "
+              f"`{record['corpus']['input']['sha256'][:16]}`", f"- status: {record['status']}", "",
+              *_table_head(["arm", "run", *(f"vs {label}" for label in labels),
+                            *_arm_columns("vs its run's baseline")])]
+    for label, r in record["arms"].items():
+        gaps = [common.fmt(r["gap_vs_baselines_pct"].get(b), "+.2f", "%") for b in labels]
+        lines.append(_arm_row(label, r, str(r["run"]), *gaps))
+    finals = [record["arms"][b]["final_val_loss"] for b in labels]
+    if len(labels) > 1 and None not in finals:
+        lines += ["", f"Baseline run-to-run spread: {100.0 * (max(finals) - min(finals)) / min(finals):.2f}% "
+                      f"between the final losses of {', '.join(labels)}."]
+    lines += _w8g8_target(record["arms"].get("w8g8", {}).get("gap_vs_baselines_pct", {}))
+    lines += _seed_lines(record.get("seed_groups", {}))
+    return "\n".join(lines) + "\n"
+
+
+def write_combined(paths: list[Path], out_dir: Path | None) -> dict[str, Any]:
+    """Combine the ``convergence-*.json`` records at ``paths`` and write ``<first stem>-combined`` .csv, .json,
+    .md and .png (when matplotlib is there) into ``out_dir`` (default: the first record's directory)."""
+    record = combine_records([common.read_json(path) for path in paths])
+    s = record["settings"]
+    md = combined_markdown(record)
+    written = _write_record(f"{paths[0].stem}-combined", out_dir or paths[0].parent, record,
+                            csv_text(s["global_batch"] * s["seq_len"], record["arms"]), md)
+    print(md + "\n".join(f"wrote {path}" for path in written))
+    return record

@@ -1,0 +1,201 @@
+"""The convergence driver's runner: launching, scheduling and resuming the arms of a :class:`~convergence_plan.Plan`,
+and where each arm stands.
+
+Each arm's directory holds one ``log-<i>.txt`` and one ``metrics-<i>.json`` per launch (the recipe rewrites its
+metrics file after every evaluation), its checkpoints, and ``done.json`` once a launch finished the run; a launch
+resumes from the arm's newest checkpoint, so a rerun continues unfinished arms and skips finished ones. Arms start
+in ``--arms`` order (the first that fits) while the processes of all running arms fit ``--max-ranks``;
+``running.json`` in the results directory names the driver's and its running launches' process ids for another
+process (``--status``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import e2e_common as common
+from convergence_plan import Plan
+
+#: The metric every arm is compared on: the validation loss (nats/token) at each evaluation.
+VAL_LOSS = "metrics/val/LanguageCrossEntropy"
+
+
+def _segments(arm_dir: Path) -> list[Path]:
+    return sorted(arm_dir.glob("metrics-*.json"))
+
+
+def launch_count(arm_dir: Path) -> int:
+    """The launches of the arm so far (its logs): the index of its next launch."""
+    return len(list(arm_dir.glob("log-*.txt")))
+
+
+def merged_metrics(arm_dir: Path) -> dict[str, dict[int, float]]:
+    """Metric name -> {batch: value} over an arm's launches; a later launch's value wins (a resumed launch
+    redoes the batches after its checkpoint)."""
+    merged: dict[str, dict[int, float]] = {}
+    for path in _segments(arm_dir):
+        for name, series in common.read_json(path)["metrics"].items():
+            merged.setdefault(name, {}).update({int(b): float(v) for b, v in series})
+    return merged
+
+
+def _queue(plan: Plan) -> list[str]:
+    """The unfinished arms in launch order: ``--arms`` order, which is the priority when the time budget cannot
+    finish every arm (the first queued arm that fits the free ranks starts next)."""
+    return [arm for arm in plan.args.arms if not (plan.arm_dir(arm) / "done.json").is_file()]
+
+
+def run_arms(plan: Plan, budget: common.Budget, on_progress: Callable[[], None] = lambda: None) -> str:
+    """Run (or continue) every unfinished arm, as many at once as ``plan.max_ranks`` processes allow; calls
+    ``on_progress`` about every ``--results-interval-s`` seconds while arms run. Returns ``"complete"``,
+    ``"incomplete"`` (budget or signal) or ``"failed"`` (an arm's launch failed; it continues from its checkpoint
+    on the next invocation)."""
+    queue = _queue(plan)
+    running: dict[str, tuple[subprocess.Popen, list[str]]] = {}  # arm -> (its launch, the GPUs it holds)
+    free_gpus = [] if plan.shared else list(plan.gpus)
+    failures = dict.fromkeys(queue, 0)
+    failed, last_start, last_progress = False, float("-inf"), time.monotonic()
+    try:
+        while queue or running:
+            for arm, (proc, held) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                del running[arm]
+                _write_running(plan, running)
+                free_gpus += held
+                if proc.returncode == 0:
+                    common.write_json(plan.arm_dir(arm) / "done.json", {"segments": launch_count(plan.arm_dir(arm))})
+                    print(f"{arm}: finished", flush=True)
+                elif failures[arm] < plan.args.retries:
+                    # A launch can fail for reasons outside the arm (a port taken by a concurrent job, a node
+                    # hiccup): continue from the checkpoint, after the other queued arms.
+                    failures[arm] += 1
+                    queue.append(arm)
+                    print(f"{arm}: launch failed (status {proc.returncode}); retrying later "
+                          f"({failures[arm]} of {plan.args.retries}); log in {plan.arm_dir(arm)}", flush=True)
+                else:
+                    failed = True
+                    print(f"{arm}: launch failed (status {proc.returncode}); log in {plan.arm_dir(arm)}", flush=True)
+            if running and budget.remaining() == 0:
+                print("time budget spent: stopping the running arms (they resume from their checkpoints)")
+                return "incomplete"
+            if time.monotonic() - last_progress >= plan.args.results_interval_s:
+                on_progress()
+                last_progress = time.monotonic()
+            busy = sum(plan.nproc(arm) for arm in running)
+            fits = [arm for arm in queue if busy + plan.nproc(arm) <= plan.max_ranks]
+            # Starts are spaced by --stagger-s: every launch's start-up (imports, CUDA contexts, shard reads)
+            # competes for the same cores.
+            spaced = not running or time.monotonic() - last_start >= plan.args.stagger_s
+            if fits and spaced and budget.allows(plan.args.min_launch_s):
+                arm = fits[0]
+                queue.remove(arm)
+                held = (_least_loaded_gpus(plan, arm, running) if plan.shared else
+                        [] if not plan.gpus else free_gpus[:plan.nproc(arm)])
+                free_gpus = [] if plan.shared else free_gpus[len(held):]
+                running[arm] = (_start_arm(plan, arm, held), held)
+                _write_running(plan, running)
+                last_start = time.monotonic()
+                continue
+            if not running:
+                if queue:
+                    print(f"time budget nearly spent ({budget.remaining():.0f} s left): rerun to continue "
+                          f"{', '.join(queue)}")
+                    return "incomplete"
+                break
+            time.sleep(1.0)
+    except common.Interrupted as sig:
+        print(f"stopped by {sig}: the arms resume from their checkpoints on the next run")
+        return "incomplete"
+    finally:
+        common.kill(*(proc for proc, _ in running.values()))
+        _write_running(plan, {})
+    return "failed" if failed else "complete"
+
+
+def _least_loaded_gpus(plan: Plan, arm: str, running: dict[str, tuple[subprocess.Popen, list[str]]]) -> list[str]:
+    """In a shared plan, the GPUs of ``arm``'s ranks: an arm over NCCL (a GPU per rank) takes those that the
+    fewest processes of the ``running`` arms use, so that arms spread over every GPU instead of all putting rank r
+    on the r-th; [] for an arm over gloo (its ranks use every GPU, rank r on the (r mod GPUs)-th)."""
+    if plan.gloo(arm):
+        return []
+    load = dict.fromkeys(plan.gpus, 0)
+    for other, (_, gpus) in running.items():
+        used = gpus or plan.gpus
+        for rank in range(plan.nproc(other)):
+            load[used[rank % len(used)]] += 1
+    chosen = sorted(plan.gpus, key=load.__getitem__)[:plan.nproc(arm)]  # stable: ties go to the first GPUs
+    return sorted(chosen, key=plan.gpus.index)
+
+
+def _start_arm(plan: Plan, arm: str, gpus: list[str]) -> subprocess.Popen:
+    """Start the next launch of ``arm``: on ``gpus`` (one per rank), or on every visible GPU when the ranks share
+    them."""
+    arm_dir = plan.arm_dir(arm)
+    segment = launch_count(arm_dir)
+    command = common.train_command(plan.nproc(arm), plan.recipe_dir / plan.arms[arm].recipe,
+                                   plan.overrides(arm, segment))
+    env = dict(os.environ)
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    common.write_json(arm_dir / "arm.json", {"arm": arm, **dataclasses.asdict(plan.arms[arm]),
+                                             "nproc": plan.nproc(arm), "micro_batch": plan.micro(arm),
+                                             "backend": plan.backend(arm), "settings": plan.settings})
+    where = (f"GPUs {','.join(gpus)}{', shared with other arms (nccl)' if plan.shared else ''}" if gpus else
+             "shared GPUs (gloo)" if plan.gloo(arm) else "CPU")
+    print(f"{arm}: launch {segment}, {plan.nproc(arm)} processes on {where}", flush=True)
+    return common.start(command, arm_dir / f"log-{segment:02d}.txt", env)
+
+
+def _write_running(plan: Plan, running: dict[str, tuple[subprocess.Popen, list[str]]]) -> None:
+    """Record the driver's and its running launches' process ids for ``--status`` (another process)."""
+    common.write_json(plan.out_dir / "running.json",
+                      {"driver": os.getpid(), "launches": {arm: proc.pid for arm, (proc, _) in running.items()}})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def running_launches(plan: Plan) -> dict[str, int]:
+    """Arm -> launcher process id of the launches the driver recorded as running and that are still alive."""
+    path = plan.out_dir / "running.json"
+    if not path.is_file():
+        return {}
+    return {arm: pid for arm, pid in common.read_json(path)["launches"].items() if _alive(pid)}
+
+
+def arm_progress(plan: Plan, arm: str) -> dict[str, Any]:
+    """Where ``arm`` stands, from its directory: state (done / running / stopped / failed / not started), last
+    evaluation, last checkpoint, launches, and its newest log's last line."""
+    arm_dir = plan.arm_dir(arm)
+    curve = sorted(merged_metrics(arm_dir).get(VAL_LOSS, {}).items()) if arm_dir.is_dir() else []
+    logs = sorted(arm_dir.glob("log-*.txt"))
+    latest = arm_dir / "checkpoints" / "latest-rank0.pt"
+    checkpoint = os.readlink(latest).rsplit("ba", 1)[-1].split("-")[0] if latest.is_symlink() else None
+    text = logs[-1].read_text(errors="replace") if logs else ""
+    lines = [line for line in text.splitlines() if line.strip()]
+    tail = lines[-1][-160:] if lines else ""
+    if (arm_dir / "done.json").is_file():
+        state = "done"
+    elif not logs:
+        state = "not started"
+    elif arm in running_launches(plan):
+        state = "running"
+    else:
+        # A SIGTERM (the driver's budget, a preemption) saves and raises Preempted: that launch stopped, resumable.
+        state = "failed" if "Traceback" in text and "Preempted: " not in text else "stopped"
+    return {"arm": arm, "state": state, "ranks": plan.nproc(arm), "launches": len(logs),
+            "last_eval": list(curve[-1]) if curve else None, "checkpoint": checkpoint, "log_tail": tail}
