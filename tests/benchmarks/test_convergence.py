@@ -51,7 +51,7 @@ def test_merged_metrics_later_launch_wins(tmp_path):
 
 
 def test_summary_csv_markdown_png(tiny_recipes, tmp_path):
-    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", "w4g4", "w8g4")
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", "w4g4")
     out = plan.out_dir
     write_segment(out / "baseline" / "metrics-00.json", {10: 5.0, 20: 4.0},
                   time__train={1: 1 / 3600, 2: 3 / 3600, 3: 4 / 3600})
