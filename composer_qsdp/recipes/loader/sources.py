@@ -137,7 +137,8 @@ def _read_recipe(path: Path) -> DictConfig:
 
 
 def _load_yaml(path: Path, chain: tuple[Path, ...] = ()) -> DictConfig:
-    """Load ``path``, first merging the recipe named by its ``base:`` key (recursively)."""
+    """Load ``path``, first merging the recipe named by its ``base:`` key (recursively); ``chain``: the recipes
+    that extend it."""
     path = path.resolve()
     if path in chain:
         raise RecipeError(f"recipe base chain loops: {' -> '.join(map(str, chain + (path,)))}")
@@ -150,7 +151,11 @@ def _load_yaml(path: Path, chain: tuple[Path, ...] = ()) -> DictConfig:
         return _merge_sources(OmegaConf.create(), cfg)
     if not isinstance(base, str):
         raise RecipeError(f"'base' in {str(path)!r} must be a path string, got {base!r}")
-    return _merge_sources(_load_yaml(path.parent / base, chain + (path,)), cfg)
+    target = (path.parent / base).resolve()
+    if not target.is_file():  # name the key, what it says and the recipe that says it
+        raise RecipeError(f"recipe {str(path)!r}: its 'base: {base}' names {str(target)!r}, which does not exist (a "
+                          "base path is relative to the recipe that names it); fix that line")
+    return _merge_sources(_load_yaml(target, chain + (path,)), cfg)
 
 
 def _merge_sources(base: DictConfig, override: DictConfig) -> DictConfig:
