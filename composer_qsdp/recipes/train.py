@@ -569,6 +569,11 @@ def _train(recipe: ValidatedRecipe, clock: StartupClock) -> Any:
                       f"{int(trainer.state.timestamp.batch)} batches:\n{algorithm.traffic().summary()}")
                 if callable(getattr(algorithm, "eval_traffic", None)) and algorithm.eval_traffic().total.calls:
                     print(f"of which during evaluation:\n{algorithm.eval_traffic().summary()}")
+        print(f"\nrun {paths.run_name}: {int(trainer.state.timestamp.batch)} batches; "
+              + (f"metrics in {metrics.path} (JSON: docs/recipes.md, 'Reading the metrics')" if metrics is not None
+                 else "no metrics file (metrics_file=PATH keeps the logged metrics as JSON)")
+              + (f"; checkpoints in {paths.save_folder}" if paths.save_folder is not None else "; no checkpoints"),
+              flush=True)
     return trainer
 
 

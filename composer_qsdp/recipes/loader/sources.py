@@ -238,7 +238,31 @@ def _merge_schema(*configs: DictConfig) -> DictConfig:
         raise RecipeError(f"recipe key '{getattr(err, 'full_key', '?')}': {err.msg.splitlines()[0]}") from None
 
 
+def _with_override_files(overrides: Sequence[str]) -> list[str]:
+    """``overrides`` with each ``@FILE`` replaced by the overrides that FILE holds, one ``key=value`` a line (blank
+    lines and lines starting with ``#`` skipped), in place: a later override wins, as on the command line."""
+    expanded = []
+    for override in overrides:
+        if not override.startswith("@"):
+            expanded.append(override)
+            continue
+        path = override[1:]
+        try:
+            with open(path, "rb") as f:
+                data = f.read(MAX_RECIPE_BYTES + 1)
+            text = data.decode("utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise RecipeError(f"command-line overrides file {override!r} cannot be read: "
+                              f"{getattr(err, 'strerror', None) or err}") from None
+        if len(data) > MAX_RECIPE_BYTES:
+            raise RecipeError(f"command-line overrides file {override!r} is larger than {MAX_RECIPE_BYTES // 1024} "
+                              "KiB")
+        expanded += [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return expanded
+
+
 def _cli_overrides(overrides: Sequence[str]) -> DictConfig:
+    overrides = _with_override_files(overrides)
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise RecipeError(f"command-line override(s) {', '.join(map(repr, bad))} must have the form key=value")
@@ -255,7 +279,7 @@ def _cli_overrides(overrides: Sequence[str]) -> DictConfig:
 def merged_recipe(path: str | os.PathLike, overrides: Sequence[str] = ()) -> DictConfig:
     """The recipe at ``path`` (with its ``base:`` chain) and the ``key=value`` ``overrides`` merged onto the
     :class:`~.schema.TrainRecipe` schema, the optimizer's and schedule's recipe defaults added; every required key
-    is set.
+    is set. An override ``@FILE`` adds the ``key=value`` lines of FILE there.
 
     Raises:
         RecipeError: a YAML or schema problem (an unknown key, a wrong type, a missing key), naming the key.
