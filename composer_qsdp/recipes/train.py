@@ -599,8 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     clock = StartupClock()
     previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
-        recipe = load_recipe(argv[0], argv[1:])
-        check_machine(recipe)
+        recipe = load_recipe(argv[0], argv[1:], machine=True)  # the machine's problems with the recipe's
     except RecipeError as err:
         print(f"recipe error: {err}", file=sys.stderr, flush=True)
         return _end_launched(RECIPE_ERROR_STATUS)  # a launched process: no exit-time SIGTERM either
