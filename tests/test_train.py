@@ -368,8 +368,10 @@ def test_help_lists_every_key_without_importing_torch():
 
 def test_missing_keys_and_base_loops(tmp_path):
     (tmp_path / "partial.yaml").write_text("model: {preset: tiny}\ndata: {local: x}\n")
-    with pytest.raises(RecipeError, match="missing required key.*: global_train_batch_size, max_duration$"):
+    with pytest.raises(RecipeError) as err:  # both missing-key problems in one error
         load_recipe(tmp_path / "partial.yaml")
+    assert err.value.problems[0] == "recipe is missing required key(s): global_train_batch_size, max_duration"
+    assert err.value.problems[1].startswith("recipe is missing required key(s): optimizer.lr (")
     with pytest.raises(RecipeError, match=r"missing required key\(s\): optimizer.lr \(the keyword arguments of "
                                           "optimizer.name 'decoupled_adamw' without a default; an optimizer's lr is "
                                           "always required"):
@@ -399,14 +401,15 @@ def test_errors_stop_before_anything_is_built(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(composer_qsdp.recipes.models, "ComposerGPT", must_not_run)
     monkeypatch.setattr(composer_qsdp.recipes.data, "build_token_dataloader", must_not_run)
     assert main([str(BASELINE), "optimizer.lr=0", f"save_folder={tmp_path / 'ckpt'}"]) == 2
-    assert "recipe error: recipe key 'optimizer.lr' = 0.0 is invalid" in capsys.readouterr().err
+    assert "recipe key 'optimizer.lr' = 0.0 is invalid" in capsys.readouterr().err
     assert not (tmp_path / "ckpt").exists()
 
 
 def test_missing_shards_stop_before_the_model_is_built(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(composer_qsdp.recipes.models, "ComposerGPT", lambda *a, **k: pytest.fail("model built without data"))
     assert main([str(BASELINE), f"data.local={tmp_path / 'nothing'}"]) == 2
-    assert "recipe section 'data': no MDS shards for split 'train'" in capsys.readouterr().err
+    assert (f"recipe error: recipe key 'data.local' = '{tmp_path / 'nothing'}': no MDS token shards there for split(s) "
+            "train, val") in capsys.readouterr().err  # at the recipe's check, before any process group
 
 
 # ------------------------------------------------------------------------------------------------------ GPU

@@ -569,6 +569,11 @@ def _train(recipe: ValidatedRecipe, clock: StartupClock) -> Any:
                       f"{int(trainer.state.timestamp.batch)} batches:\n{algorithm.traffic().summary()}")
                 if callable(getattr(algorithm, "eval_traffic", None)) and algorithm.eval_traffic().total.calls:
                     print(f"of which during evaluation:\n{algorithm.eval_traffic().summary()}")
+        print(f"\nrun {paths.run_name}: {int(trainer.state.timestamp.batch)} batches; "
+              + (f"metrics in {metrics.path} (JSON: docs/recipes.md, 'Reading the metrics')" if metrics is not None
+                 else "no metrics file (metrics_file=PATH keeps the logged metrics as JSON)")
+              + (f"; checkpoints in {paths.save_folder}" if paths.save_folder is not None else "; no checkpoints"),
+              flush=True)
     return trainer
 
 
@@ -594,8 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     clock = StartupClock()
     previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
-        recipe = load_recipe(argv[0], argv[1:])
-        check_machine(recipe)
+        recipe = load_recipe(argv[0], argv[1:], machine=True)  # the machine's problems with the recipe's
     except RecipeError as err:
         print(f"recipe error: {err}", file=sys.stderr, flush=True)
         return _end_launched(RECIPE_ERROR_STATUS)  # a launched process: no exit-time SIGTERM either

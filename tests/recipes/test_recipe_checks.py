@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ZERO_ONE_ADAM = ROOT / "yamls" / "gpt-125m" / "zero-one-adam.yaml"
 GPT_1_3B = ROOT / "yamls" / "gpt-1.3b" / "baseline.yaml"
 PAPER_DATA = ["data.remote=s3://bucket/c4-gpt2-t2048"]
+# Shards downloaded at start-up: the machine's checks look for no local ones (data/ exists only after make demo).
+REMOTE_DATA = "data.remote=s3://bucket/wiki-gpt2-t64"
 
 
 # ------------------------------------------------------------------ removing what a base recipe enabled
@@ -85,15 +87,15 @@ def test_a_save_folder_that_cannot_be_written_is_refused(tmp_path, unwritable_di
 
 def test_a_save_folder_that_can_be_created_is_accepted_and_not_created(tmp_path):
     folder = tmp_path / "runs" / "{run_name}" / "ckpt"  # Composer formats the name itself
-    check_machine(load_recipe(BASELINE, [f"save_folder={folder}"]))
+    check_machine(load_recipe(BASELINE, [f"save_folder={folder}", REMOTE_DATA]))
     assert list(tmp_path.iterdir()) == []
-    check_machine(load_recipe(BASELINE, ["save_folder=s3://bucket/ckpt"]))
+    check_machine(load_recipe(BASELINE, ["save_folder=s3://bucket/ckpt", REMOTE_DATA]))
 
 
 def test_machine_errors_stop_the_entrypoint_before_any_process_group(monkeypatch, capsys, unwritable_dir):
     """main() reports them as recipe errors (status 2) before distributed set-up, where Composer used to fail."""
     monkeypatch.setattr(composer_qsdp.recipes.train, "train", lambda *a: pytest.fail("training started"))
-    assert main([str(BASELINE), f"save_folder={unwritable_dir / 'ckpt'}"]) == 2
+    assert main([str(BASELINE), f"save_folder={unwritable_dir / 'ckpt'}", REMOTE_DATA]) == 2
     assert "recipe error: recipe key 'save_folder'" in capsys.readouterr().err
 
 

@@ -56,7 +56,7 @@ def test_the_entrypoint_refuses_a_popen_callback_with_the_recipe_status(tmp_path
     monkeypatch.setattr(composer_qsdp.recipes.train, "train", lambda *a: pytest.fail("training started"))
     marker = tmp_path / "ran"
     assert main([str(BASELINE), f"callbacks={{'subprocess:Popen': {{args: [touch, {marker}]}}}}"]) == 2
-    assert "recipe error: recipe key 'callbacks.subprocess:Popen'" in capsys.readouterr().err
+    assert "recipe key 'callbacks.subprocess:Popen'" in capsys.readouterr().err
     assert not marker.exists()
 
 
@@ -183,7 +183,7 @@ def test_a_submodule_that_acts_on_import_is_not_imported_unless_named_exactly(ac
                                                     "imports only the modules that the registries name")):
         load_recipe(BASELINE, [*overrides, f"callbacks={{'{path}': {{}}}}"])
     assert main([str(BASELINE), *overrides, f"callbacks={{'{path}': {{}}}}"]) == 2
-    assert f"recipe error: recipe key 'callbacks.{path}'" in capsys.readouterr().err
+    assert f"recipe key 'callbacks.{path}'" in capsys.readouterr().err
     assert not marker.exists() and f"{pkg}.acts" not in sys.modules
 
 
@@ -220,7 +220,7 @@ def test_a_module_of_this_package_that_no_registry_names_is_not_imported(tmp_pat
 def test_a_callback_missing_required_arguments_stops_the_entrypoint(entry, missing, monkeypatch, capsys):
     monkeypatch.setattr(composer_qsdp.recipes.train, "train", lambda *a: pytest.fail("training started"))
     assert main([str(BASELINE), f"callbacks.{entry}={{}}"]) == 2
-    assert f"recipe error: recipe is missing required key(s): {missing}" in capsys.readouterr().err
+    assert f"recipe is missing required key(s): {missing}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("recipe, overrides", [

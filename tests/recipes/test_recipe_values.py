@@ -67,7 +67,7 @@ def test_the_entrypoint_refuses_values_that_fail_later_before_training(tmp_path,
     monkeypatch.setattr(composer_qsdp.recipes.train, "train", lambda *a: pytest.fail("training started"))
     assert main([str(BASELINE), f"save_folder={tmp_path / 'ckpt'}", override]) == RECIPE_ERROR_STATUS
     error = capsys.readouterr().err
-    assert f"recipe error: recipe key '{key}' = " in error, error
+    assert f"recipe key '{key}' = " in error, error
     assert "use null for none" in error or "it must be -1 (keep all) or >= 1" in error, error
 
 

@@ -131,15 +131,16 @@ def test_the_machine_check_sees_the_formatted_save_folder(tmp_path, monkeypatch)
     from composer_qsdp.recipes.train import RecipeError, load_recipe
 
     (tmp_path / "named").write_text("a file where the folder would be")
-    recipe = load_recipe(BASELINE, [f"save_folder={tmp_path}/{{run_name}}", "run_name=named"])
+    remote = "data.remote=s3://bucket/wiki-gpt2-t64"  # no local shards to look for (data/ exists after make demo)
+    recipe = load_recipe(BASELINE, [f"save_folder={tmp_path}/{{run_name}}", "run_name=named", remote])
     with pytest.raises(RecipeError, match=re.escape(f"recipe key 'save_folder' = '{tmp_path / 'named'}' is invalid; "
                                                     f"it: '{tmp_path / 'named'}' is a file, not a folder")):
         check_machine(recipe)
     monkeypatch.setenv("COMPOSER_RUN_NAME", "other")  # Composer's name for a run without run_name
-    check_machine(load_recipe(BASELINE, [f"save_folder={tmp_path}/{{run_name}}", "run_name=null"]))
+    check_machine(load_recipe(BASELINE, [f"save_folder={tmp_path}/{{run_name}}", "run_name=null", remote]))
     monkeypatch.setenv("COMPOSER_RUN_NAME", "named")
     with pytest.raises(RecipeError, match="is a file, not a folder"):
-        check_machine(load_recipe(BASELINE, [f"save_folder={tmp_path}/{{run_name}}", "run_name=null"]))
+        check_machine(load_recipe(BASELINE, [f"save_folder={tmp_path}/{{run_name}}", "run_name=null", remote]))
 
 
 def test_autoresume_without_latest_link_resumes_from_the_newest_verified_checkpoint(corpus_shards, tmp_path, capsys):

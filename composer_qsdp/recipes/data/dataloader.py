@@ -17,7 +17,7 @@ from streaming import StreamingDataset
 from torch.utils.data import DataLoader
 
 from composer_qsdp.recipes.data.integrity import REBUILD_HINT, UnreadableShardError, verify_shard_file
-from composer_qsdp.recipes.data.shards import TOKENS_COLUMN, check_sample_length, shards_exist
+from composer_qsdp.recipes.data.shards import TOKENS_COLUMN, build_command, check_sample_length, shards_exist
 
 __all__ = ["TokenSamples", "build_token_dataloader", "registering_shared_memory"]
 
@@ -224,7 +224,8 @@ def build_token_dataloader(
     """
     if remote is None and not shards_exist(local, (split,)):
         raise ValueError(f"no MDS shards for split {split!r} in {os.fspath(local)!r} (missing {split}/index.json); "
-                         "build them with: python -m composer_qsdp.recipes.data.build")
+                         f"build them with: {build_command(None, local, max_seq_len)} (SOURCE: the text, e.g. "
+                         "wikipedia or c4; python -m composer_qsdp.recipes.data.build --help lists them)")
     check_sample_length(local, split, max_seq_len)  # local shards: before streaming registers anything
     with registering_shared_memory():
         dataset = TokenSamples(max_seq_len=max_seq_len, vocab_size=vocab_size, local=os.fspath(local),

@@ -20,6 +20,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,10 +34,33 @@ from composer_qsdp.recipes.data.integrity import SHARD_HASHES
 from composer_qsdp.recipes.data.sources import TRAIN_SPLIT, VAL_SPLIT
 from composer_qsdp.recipes.data.tokenizer import load_tokenizer
 
-__all__ = ["SplitStats", "TOKENS_COLUMN", "check_sample_length", "sample_length", "shards_exist", "write_token_shards"]
+__all__ = ["LARGE_SOURCES", "SplitStats", "TOKENS_COLUMN", "build_command", "check_sample_length", "sample_length",
+           "shards_exist", "write_token_shards"]
 
 #: Name of the MDS column holding a sample's token ids.
 TOKENS_COLUMN = "tokens"
+#: The sources of ``python -m composer_qsdp.recipes.data.build`` that hold far more text than a run reads: the command
+#: :func:`build_command` writes for a run stops them at the tokens it trains on (``--max-train-tokens``).
+LARGE_SOURCES = ("c4",)
+
+
+def build_command(source: str | None, out_dir: str | os.PathLike, seq_len: int | str,
+                  train_tokens: int | None = None) -> str:  # fmt: skip
+    """The shell command that builds the shards a run reads: ``python -m composer_qsdp.recipes.data.build SOURCE
+    OUT_DIR --seq-len N [OPTIONS]``.
+
+    Args:
+        source: the source and its options as a recipe's ``data.source`` gives them (``c4``, ``textdir --input
+            DIR``); None: the placeholder ``SOURCE``.
+        out_dir: where the run reads the shards.
+        seq_len: the model's ``max_seq_len``.
+        train_tokens: the tokens the run trains on, which caps a source of :data:`LARGE_SOURCES`; None: no cap.
+    """
+    name, *options = shlex.split(source) if source else ["SOURCE"]
+    words = [name, os.fspath(out_dir), "--seq-len", str(seq_len), *options]
+    if name in LARGE_SOURCES and train_tokens is not None and "--max-train-tokens" not in options:
+        words += ["--max-train-tokens", str(train_tokens)]
+    return "python -m composer_qsdp.recipes.data.build " + " ".join(map(shlex.quote, words))
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 A recipe is checked against :class:`TrainRecipe` (unknown keys, missing values, wrong types) and then
 semantically (value ranges, model, durations, loggers, callbacks, algorithm arguments, batch size vs world size)
-before anything is built; every problem raises :class:`RecipeError` naming the key and what is allowed.
+before anything is built; the independent problems found are reported together, in one :class:`RecipeError`
+naming each problem's key and what is allowed (:class:`Problems` gathers them).
 
 llm-foundry's spellings are accepted where the meaning is the same (``fsdp_config``, the ``optimizer`` and
 ``scheduler`` sections, ``model.name: hf_causal_lm`` with its keys, the ``loggers``/``callbacks`` names); the others
@@ -42,7 +43,7 @@ from composer_qsdp.recipes.loader.components import (
     load_class,
     optim_class,
 )
-from composer_qsdp.recipes.loader.errors import RecipeError
+from composer_qsdp.recipes.loader.errors import Problems, RecipeError
 from composer_qsdp.recipes.loader.help import recipe_help
 from composer_qsdp.recipes.loader.schema import (
     CLASS_SECTIONS,
@@ -68,6 +69,7 @@ __all__ = [
     "Builder",
     "RecipeError",
     "OPTIMIZERS",
+    "Problems",
     "SCHEDULERS",
     "TrainRecipe",
     "ValidatedRecipe",
@@ -86,16 +88,20 @@ __all__ = [
 
 
 def load_recipe(path: str | os.PathLike, overrides: Sequence[str] = (), *,
-                world_size: int | None = None) -> ValidatedRecipe:  # fmt: skip
+                world_size: int | None = None, machine: bool = False) -> ValidatedRecipe:  # fmt: skip
     """Load a YAML recipe, apply ``key=value`` overrides, and validate all of it; builds nothing heavy.
 
     Args:
         path: the recipe.
-        overrides: ``key=value`` strings.
+        overrides: ``key=value`` strings; ``@FILE`` adds the ``key=value`` lines of FILE there.
         world_size: the processes the run will have, for a driver that checks launches it has not started yet;
             None: this process's world.
+        machine: also check what the recipe needs of this machine (:func:`check_machine`), as the entrypoint does.
 
     Raises:
-        RecipeError: a YAML, schema or value problem; the message names the key.
+        RecipeError: the YAML, schema and value problems (and with ``machine``, the machine's); the message names
+            each problem's key, numbered where there are several. A problem that leaves nothing to check (an
+            unreadable file, a missing ``base:``) is reported alone.
     """
-    return validate(merged_recipe(path, overrides), world_size)
+    problems = Problems()
+    return validate(merged_recipe(path, overrides, problems), world_size, problems=problems, machine=machine)

@@ -79,6 +79,9 @@ class DataSettings:
     eval_split: Optional[str] = _key("val", "subdirectory of the evaluation samples; null: no evaluation")
     shuffle: bool = _key(True, "shuffle the training samples (seeded by seed)")
     num_workers: int = _key(0, "DataLoader worker processes")
+    source: Optional[str] = _key(None, "what the shards are built from: a source of python -m "
+                                       "composer_qsdp.recipes.data.build with its options (c4, wikipedia, 'textdir "
+                                       "--input DIR'); a missing-shards error prints the whole build command")
 
 
 @dataclass

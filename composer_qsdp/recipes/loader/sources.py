@@ -22,7 +22,7 @@ from composer_qsdp.recipes.loader.components import (
     optim_class,
     preset_options,
 )
-from composer_qsdp.recipes.loader.errors import RecipeError
+from composer_qsdp.recipes.loader.errors import Problems, RecipeError
 from composer_qsdp.recipes.loader.schema import (
     CLASS_SECTIONS,
     COMPONENT_SECTIONS,
@@ -137,7 +137,8 @@ def _read_recipe(path: Path) -> DictConfig:
 
 
 def _load_yaml(path: Path, chain: tuple[Path, ...] = ()) -> DictConfig:
-    """Load ``path``, first merging the recipe named by its ``base:`` key (recursively)."""
+    """Load ``path``, first merging the recipe named by its ``base:`` key (recursively); ``chain``: the recipes
+    that extend it."""
     path = path.resolve()
     if path in chain:
         raise RecipeError(f"recipe base chain loops: {' -> '.join(map(str, chain + (path,)))}")
@@ -150,7 +151,11 @@ def _load_yaml(path: Path, chain: tuple[Path, ...] = ()) -> DictConfig:
         return _merge_sources(OmegaConf.create(), cfg)
     if not isinstance(base, str):
         raise RecipeError(f"'base' in {str(path)!r} must be a path string, got {base!r}")
-    return _merge_sources(_load_yaml(path.parent / base, chain + (path,)), cfg)
+    target = (path.parent / base).resolve()
+    if not target.is_file():  # name the key, what it says and the recipe that says it
+        raise RecipeError(f"recipe {str(path)!r}: its 'base: {base}' names {str(target)!r}, which does not exist (a "
+                          "base path is relative to the recipe that names it); fix that line")
+    return _merge_sources(_load_yaml(target, chain + (path,)), cfg)
 
 
 def _merge_sources(base: DictConfig, override: DictConfig) -> DictConfig:
@@ -221,19 +226,68 @@ def unknown_key_message(key: str) -> str:
     return f"unknown recipe key '{key}'{did_you_mean(name, allowed)}{where}"
 
 
-def _merge_schema(*configs: DictConfig) -> DictConfig:
-    """Merge ``configs`` onto the :class:`TrainRecipe` schema, turning omegaconf errors into RecipeErrors."""
+def _schema_error(err: OmegaConfBaseException) -> RecipeError:
+    """omegaconf's error merging a recipe onto the :class:`TrainRecipe` schema, as a RecipeError naming the key."""
+    if isinstance(err, ConfigKeyError):
+        return RecipeError(unknown_key_message(err.full_key))
+    if isinstance(err, ValidationError):
+        return RecipeError(f"recipe key '{err.full_key}' has the wrong type: {err.msg.splitlines()[0]}")
+    return RecipeError(f"recipe key '{getattr(err, 'full_key', '?')}': {err.msg.splitlines()[0]}")
+
+
+def _merge_schema(raw: DictConfig, problems: Problems) -> tuple[DictConfig, list[str]]:
+    """``raw`` merged onto the :class:`TrainRecipe` schema, and the keys that could not be merged.
+
+    Where the whole does not merge, it is merged key by key (a section of the schema's own, ``data`` or ``fsdp``,
+    key by key within it), so that every unknown key and wrong type is recorded in ``problems``; the keys that
+    failed keep the schema's value (a required one stays missing).
+    """
     try:
-        return OmegaConf.merge(OmegaConf.structured(TrainRecipe), *configs)
-    except ConfigKeyError as err:
-        raise RecipeError(unknown_key_message(err.full_key)) from None
-    except ValidationError as err:
-        raise RecipeError(f"recipe key '{err.full_key}' has the wrong type: {err.msg.splitlines()[0]}") from None
-    except OmegaConfBaseException as err:
-        raise RecipeError(f"recipe key '{getattr(err, 'full_key', '?')}': {err.msg.splitlines()[0]}") from None
+        return OmegaConf.merge(OmegaConf.structured(TrainRecipe), raw), []
+    except OmegaConfBaseException:
+        pass  # find each problem below
+    schema = OmegaConf.structured(TrainRecipe)
+    cfg, failed = schema, []
+    for key in raw:
+        node = raw._get_node(key)
+        section = schema.get(key) if key in schema else None
+        if isinstance(section, DictConfig) and isinstance(node, DictConfig):  # a section of the schema's own
+            pieces = [(f"{key}.{sub}", OmegaConf.create({key: OmegaConf.masked_copy(node, [sub])})) for sub in node]
+        else:
+            pieces = [(str(key), OmegaConf.masked_copy(raw, [key]))]
+        for name, piece in pieces:
+            try:
+                cfg = OmegaConf.merge(cfg, piece)
+            except OmegaConfBaseException as err:
+                problems.add(_schema_error(err))
+                failed.append(name)
+    return cfg, failed
+
+def _with_override_files(overrides: Sequence[str]) -> list[str]:
+    """``overrides`` with each ``@FILE`` replaced by the overrides that FILE holds, one ``key=value`` a line (blank
+    lines and lines starting with ``#`` skipped), in place: a later override wins, as on the command line."""
+    expanded = []
+    for override in overrides:
+        if not override.startswith("@"):
+            expanded.append(override)
+            continue
+        path = override[1:]
+        try:
+            with open(path, "rb") as f:
+                data = f.read(MAX_RECIPE_BYTES + 1)
+            text = data.decode("utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise RecipeError(f"command-line overrides file {override!r} cannot be read: "
+                              f"{getattr(err, 'strerror', None) or err}") from None
+        if len(data) > MAX_RECIPE_BYTES:
+            raise RecipeError(f"command-line overrides file {override!r} is larger than {MAX_RECIPE_BYTES // 1024} "
+                              "KiB")
+        expanded += [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return expanded
 
 
 def _cli_overrides(overrides: Sequence[str]) -> DictConfig:
+    overrides = _with_override_files(overrides)
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise RecipeError(f"command-line override(s) {', '.join(map(repr, bad))} must have the form key=value")
@@ -247,24 +301,58 @@ def _cli_overrides(overrides: Sequence[str]) -> DictConfig:
     return _accept_llm_foundry_spellings(cfg, "the command line")
 
 
-def merged_recipe(path: str | os.PathLike, overrides: Sequence[str] = ()) -> DictConfig:
+def _missing_message(missing: Sequence[str], path: str | os.PathLike) -> str:
+    """The error text of the required keys ``missing``; for the shards' location, how to give or build them."""
+    message = f"recipe is missing required key(s): {', '.join(missing)}"
+    if "data.remote" in missing:
+        message += (" (data.remote: the URL of the recipe's token shards, e.g. data.remote=s3://BUCKET/DIR; or "
+                    "data.remote=null data.local=DIR for shards on this machine, which the error then names with "
+                    "the command that builds them. To try the recipe on this machine's CPU with the bundled "
+                    f"sample instead: make try RECIPE={os.fspath(path)}, docs/recipes.md)")
+    return message
+
+
+def merged_recipe(path: str | os.PathLike, overrides: Sequence[str] = (),
+                  problems: Problems | None = None) -> DictConfig:  # fmt: skip
     """The recipe at ``path`` (with its ``base:`` chain) and the ``key=value`` ``overrides`` merged onto the
     :class:`~.schema.TrainRecipe` schema, the optimizer's and schedule's recipe defaults added; every required key
-    is set.
+    is set. An override ``@FILE`` adds the ``key=value`` lines of FILE there.
+
+    Args:
+        path: the recipe.
+        overrides: ``key=value`` strings and ``@FILE`` names.
+        problems: where to record the problems that leave the rest checkable (unknown keys, wrong types, missing
+            keys: the recipe returned then lacks those), for :func:`~.validate.validate` to report with its own;
+            None: raise them here, together.
 
     Raises:
-        RecipeError: a YAML or schema problem (an unknown key, a wrong type, a missing key), naming the key.
+        RecipeError: a YAML or schema problem (an unknown key, a wrong type, a missing key), naming the key; every
+            such problem of the recipe in one error.
     """
+    own = problems is None
+    problems = Problems() if problems is None else problems
     raw = _merge_sources(_load_yaml(Path(path)), _cli_overrides(overrides))
-    cfg = _merge_schema(raw)
-    check_allow_imports(cfg.allow_imports)  # before any lookup consults it
-    for section in CLASS_SECTIONS:  # before any interpolation (``${scheduler.t_warmup}``) is resolved
-        add_defaults(cfg, section)
-    # Merging never lets '???' replace a schema default, so look for it in the recipe as written too.
+    cfg, failed = _merge_schema(raw, problems)
     try:
-        missing = sorted(OmegaConf.missing_keys(raw) | OmegaConf.missing_keys(cfg))
-    except InterpolationResolutionError as err:
-        raise unresolved(err, "") from None
-    if missing:
-        raise RecipeError(f"recipe is missing required key(s): {', '.join(missing)}")
+        check_allow_imports(cfg.allow_imports)  # before any lookup consults it
+    except RecipeError as err:
+        problems.add(err)
+        problems.raise_if_any()  # every lookup below depends on it
+    for section in CLASS_SECTIONS:  # before any interpolation (``${scheduler.t_warmup}``) is resolved
+        with problems.collect():
+            add_defaults(cfg, section)
+    # Merging never lets '???' replace a schema default, so look for it in the recipe as written too.
+    with problems.collect():
+        try:
+            missing = sorted(OmegaConf.missing_keys(raw) | OmegaConf.missing_keys(cfg))
+        except InterpolationResolutionError as err:
+            raise unresolved(err, "") from None
+        # A key that failed to merge is reported as that failure, not again as missing.
+        missing = [key for key in missing if not any(key == f or key.startswith(f + ".") for f in failed)]
+        if missing:
+            for key in missing:  # where a schema default hid the recipe's '???': unset, so that no check reads it
+                OmegaConf.update(cfg, key, "???", merge=False)
+            raise RecipeError(_missing_message(missing, path))
+    if own:
+        problems.raise_if_any()
     return cfg
