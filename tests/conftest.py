@@ -4,8 +4,9 @@ On a machine without CUDA the Triton kernels run under the Triton interpreter, w
 before any ``@triton.jit`` function is decorated, i.e. before ``composer_qsdp.kernels`` is imported.
 The codecs still use the torch reference on CPU tensors; kernel tests call the launchers directly.
 
-What the installed stack cannot run is decided here, once, from markers (CI runs the suite on two stacks: the
-pinned GPU-machine stack and a stock Composer with the torch it resolves to, see ``.ci/run``):
+What the installed stack cannot run is decided here, once, from markers (CI runs the suite on the pinned GPU-machine
+stack, and its torch-version-dependent directories on a stock Composer with the torch it resolves to, see
+``.ci/run``):
 
 * ``gpu``: needs a CUDA GPU.
 * ``requires_custom_comm``: needs FSDP2's custom collectives (torch >= 2.9), as QSDP's FSDP2 path does; the
