@@ -120,6 +120,7 @@ def test_two_processes_through_the_launcher(corpus_shards, tmp_path):
     assert sum(int(v) for _, v in logged) == summary["grads"]["sent"]
 
 
+@pytest.mark.slow  # a check of the seed protocol's one-rank baseline (benchmarks/README.md), about 100 s on 2 cores
 def test_one_rank_with_accumulation_trains_what_two_ranks_train(corpus_shards, tmp_path):
     """The convergence driver's ``baseline-1r`` arm: plain FSDP2 on one rank, the global batch in two micro-batches,
     reads the same samples per step as two ranks of one micro-batch each and averages the same gradients, so every
