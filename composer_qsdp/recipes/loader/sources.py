@@ -249,7 +249,10 @@ def _merge_schema(raw: DictConfig, problems: Problems) -> tuple[DictConfig, list
     schema = OmegaConf.structured(TrainRecipe)
     cfg, failed = schema, []
     for key in raw:
-        node = raw._get_node(key)
+        try:
+            node = raw[key]
+        except OmegaConfBaseException:  # a missing (???) or unresolvable value: not a section
+            node = None
         section = schema.get(key) if key in schema else None
         if isinstance(section, DictConfig) and isinstance(node, DictConfig):  # a section of the schema's own
             pieces = [(f"{key}.{sub}", OmegaConf.create({key: OmegaConf.masked_copy(node, [sub])})) for sub in node]
