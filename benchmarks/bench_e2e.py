@@ -113,7 +113,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_common as common  # noqa: E402
 from bench_e2e_configs import CONFIGS, DEFAULT_CONFIGS, NETWORKS  # noqa: E402
 from bench_e2e_report import collect, render  # noqa: E402
-from bench_e2e_sweep import make_plan, random_token_shards, sweep  # noqa: E402
+from bench_e2e_sweep import make_plan, sweep  # noqa: E402
 from bench_e2e_workers import layer_bound_worker, probe_worker  # noqa: E402
 
 
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     with common.stop_on_signals():
         try:
             if plan.synthetic_samples is not None:
-                random_token_shards(plan.data, plan.synthetic_samples, plan.seq_len, plan.vocab_size)
+                common.random_token_shards(plan.data, plan.synthetic_samples, plan.seq_len, plan.vocab_size)
             status = sweep(plan, budget)
         except common.Interrupted as sig:
             print(f"stopped by {sig}")

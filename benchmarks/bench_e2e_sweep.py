@@ -1,22 +1,19 @@
 """The end-to-end benchmark's sweep: the plan of one invocation (:class:`Plan`: the recipe family, batch, data and
-every configuration's recipe overrides, checked by loading each recipe before any GPU time is spent), the
-random-token shards it trains on, and the launches: the bandwidth probe and each configuration per network, each
-recorded as one JSON file under the results directory. A rerun skips what is recorded (failed launches too, unless
-``--retry-failed``), so a time budget can cut a sweep into several commands.
+every configuration's recipe overrides, checked by loading each recipe before any GPU time is spent) and the
+launches: the bandwidth probe and each configuration per network, each recorded as one JSON file under the results
+directory. A rerun skips what is recorded (failed launches too, unless ``--retry-failed``), so a time budget can cut
+a sweep into several commands.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 import e2e_common as common
@@ -26,28 +23,6 @@ from bench_e2e_measure import measure, plain_fsdp2_bytes, profile_summary
 #: The command line the sweep starts its worker processes through (its internal ``--probe-worker`` and
 #: ``--layer-bound-worker`` options).
 ENTRY_POINT = Path(__file__).resolve().with_name("bench_e2e.py")
-
-
-def random_token_shards(out: Path, samples: int, seq_len: int, vocab_size: int) -> Path:
-    """MDS shards (a ``train`` split) of ``samples`` uniformly random token sequences, in the files of
-    :func:`composer_qsdp.recipes.data.write_token_shards`; reused when ``out`` already exists. Seeded: the same
-    arguments give the same tokens."""
-    from streaming import MDSWriter
-
-    from composer_qsdp.recipes.data.integrity import SHARD_HASHES
-    from composer_qsdp.recipes.data.shards import TOKENS_COLUMN, TRAIN_SPLIT, shards_exist
-
-    if shards_exist(out, (TRAIN_SPLIT,)):
-        return out
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    rng = np.random.default_rng(0)
-    with MDSWriter(out=str(tmp / "train"), columns={TOKENS_COLUMN: f"ndarray:uint16:{seq_len}"},
-                   hashes=list(SHARD_HASHES), size_limit="64mb") as writer:
-        for _ in range(samples):
-            writer.write({TOKENS_COLUMN: rng.integers(0, vocab_size, seq_len, dtype=np.uint16)})
-    tmp.rename(out)
-    return out
 
 
 @dataclass
@@ -70,11 +45,8 @@ class Plan(common.DriverPlan):
         return window(config, self.args)
 
     def overrides(self, config: Config, nproc: int, metrics_file: Path) -> list[str]:
-        return [f"max_duration={sum(self.window(config))}ba",
-                f"global_train_batch_size={self.global_batch(nproc)}", f"device_train_microbatch_size={self.micro}",
-                "data.remote=null", f"data.local={self.data}", "data.eval_split=null", "save_folder=null",
-                "load_path=null", "autoresume=false", "progress_bar=false", "log_to_console=false",
-                f"metrics_file={metrics_file}",
+        return [*common.short_run_overrides(sum(self.window(config)), self.global_batch(nproc), self.micro,
+                                            self.data, metrics_file),
                 *config.overrides, *self._topology(config), *self._profile(config, metrics_file),
                 *self.args.override,
                 # Last, so no override turns it off: ranks sharing a GPU over gloo measure no network.
@@ -104,8 +76,6 @@ def profile_dir(metrics_file: Path) -> Path:
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
-    from composer_qsdp.recipes.train import RecipeError, load_recipe
-
     if args.ranks_per_node is None and any(CONFIGS[c].hpz for c in args.configs):
         raise SystemExit("the -hpz configurations reshard to the node: pass --ranks-per-node (below --nproc)")
     gpus = torch.cuda.device_count()
@@ -116,33 +86,19 @@ def make_plan(args: argparse.Namespace) -> Plan:
     recipe_dir = common.recipe_dir(args.model, args.recipe_dir)
     name = recipe_dir.name
     out_dir = Path(args.out_dir or common.ROOT / "runs" / "bench_e2e" / f"{name}-{args.nproc}x").resolve()
-    try:
-        base = load_recipe(recipe_dir / "baseline.yaml", ["data.remote=null", "data.local=unused"])
-    except RecipeError as err:
-        raise SystemExit(f"recipe error: {err}") from None
-    micro = args.micro_batch or base.cfg.device_train_microbatch_size
-    if not micro:
-        raise SystemExit("the baseline recipe sets no device_train_microbatch_size: pass --micro-batch")
-    seq_len, vocab = base.model_config.max_seq_len, base.model_config.vocab_size
-    samples = None
-    if args.data:
-        data = Path(args.data).resolve()
-        if not (data / "train" / "index.json").is_file():
-            raise SystemExit(f"--data {str(data)!r} holds no train/index.json (build shards with "
-                             "python -m composer_qsdp.recipes.data.build)")
-    else:
-        # One spare step: running out of samples would start a new epoch (a dataloader restart) in a timed step.
-        # Sized for the default configurations too, so that a sweep of some of them and a later one of the rest
-        # share the data (and the output directory's settings).
-        longest = max(sum(window(CONFIGS[c], args)) for c in {*DEFAULT_CONFIGS, *args.configs})
-        samples = (longest + 1) * args.nproc * micro * args.grad_accum
-        data = out_dir / f"synthetic-t{seq_len}-n{samples}"
+    family = common.load_family(recipe_dir, args.micro_batch)
+    micro, seq_len, vocab = family.micro, family.seq_len, family.vocab_size
+    # One spare step: running out of samples would start a new epoch (a dataloader restart) in a timed step.
+    # Sized for the default configurations too, so that a sweep of some of them and a later one of the rest
+    # share the data (and the output directory's settings).
+    longest = max(sum(window(CONFIGS[c], args)) for c in {*DEFAULT_CONFIGS, *args.configs})
+    data, samples = common.train_data(args.data, out_dir, (longest + 1) * args.nproc * micro * args.grad_accum,
+                                      seq_len)
     from composer_qsdp.recipes.models import ComposerGPT
 
     with torch.device("meta"):
-        model = ComposerGPT(base.model_config)
-    gather_bytes = 4 if base.cfg.precision == "fp32" or base.cfg.fsdp.mixed_precision == "FULL" else 2
-    plain = plain_fsdp2_bytes(model, args.nproc, gather_bytes) * args.grad_accum
+        model = ComposerGPT(family.base.model_config)
+    plain = plain_fsdp2_bytes(model, args.nproc, family.gather_bytes) * args.grad_accum
     settings = {"recipe_dir": str(recipe_dir), "nproc": args.nproc, "micro_batch": micro,
                 "grad_accum": args.grad_accum, "seq_len": seq_len, "warmup": args.warmup, "steps": args.steps,
                 "data": str(data), "overrides": list(args.override), "ranks_per_node": args.ranks_per_node}
@@ -150,11 +106,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
     # Every launch's recipe must load with its overrides, at its launch's world size, before any GPU time is spent.
     for config in map(CONFIGS.get, args.configs):
         nproc = 1 if config.single_gpu else args.nproc
-        try:
-            load_recipe(recipe_dir / config.recipe, plan.overrides(config, nproc, out_dir / "check.json"),
-                        world_size=nproc)
-        except RecipeError as err:
-            raise SystemExit(f"recipe error in {config.name} ({config.recipe}): {err}") from None
+        common.check_launch(config.name, recipe_dir / config.recipe,
+                            plan.overrides(config, nproc, out_dir / "check.json"), nproc)
     return plan
 
 
@@ -162,12 +115,6 @@ def result_path(plan: Plan, network: str, config: Config) -> Path:
     """The JSON file that records ``config``'s result on ``network``."""
     # A compute-only bound sends nothing between GPUs: one measurement serves every network.
     return plan.out_dir / (f"{config.name}.json" if config.single_gpu else f"{network}/{config.name}.json")
-
-
-def _pending(path: Path, retry_failed: bool) -> bool:
-    if not path.is_file():
-        return True
-    return retry_failed and common.read_json(path)["status"] != "ok"
 
 
 def _run_probe(plan: Plan, network: str, budget: common.Budget) -> bool | None:
@@ -242,7 +189,7 @@ def sweep(plan: Plan, budget: common.Budget) -> str:
             todo = [(plan.out_dir / network / "nccl_probe.json", None)]
             todo += [(result_path(plan, network, CONFIGS[c]), CONFIGS[c]) for c in plan.args.configs]
             for path, config in todo:
-                if not _pending(path, plan.args.retry_failed):
+                if not common.pending(path, plan.args.retry_failed):
                     continue
                 if not budget.allows(plan.args.min_launch_s):
                     print(f"time budget nearly spent ({budget.remaining():.0f} s left): rerun to continue")

@@ -1,7 +1,8 @@
-"""Shared plumbing of the end-to-end drivers (``bench_e2e.py``, ``convergence.py``): launching
-``composer_qsdp.recipes.train`` through Composer's launcher, time budgets that end a command cleanly before an outer
-limit, process-group kills, the record header (device, date, git revision, command), output files and the
-fields every driver's plan starts with.
+"""Shared plumbing of the end-to-end drivers (``bench_e2e.py``, ``bench_memory.py``, ``convergence.py``): launching
+``composer_qsdp.recipes.train`` through Composer's launcher, what a recipe family fixes for every launch (micro-batch,
+sequence, vocabulary, gather dtype), the random-token shards and the overrides of a short benchmark launch, time
+budgets that end a command cleanly before an outer limit, process-group kills, the record header (device, date, git
+revision, command), output files and the fields every driver's plan starts with.
 
 Not a benchmark itself; the drivers import it from this directory.
 """
@@ -14,6 +15,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,14 +27,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from provenance import git_revision
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: Environment variables worth recording with a measurement (the NCCL transport and the visible devices).
-ENV_PREFIXES = ("NCCL_", "TORCH_NCCL", "CUDA_VISIBLE_DEVICES", "TORCH_SYMM_MEM", "OMP_NUM_THREADS")
+#: Environment variables worth recording with a measurement (the NCCL transport, the visible devices, the caching
+#: allocator's settings).
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL", "CUDA_VISIBLE_DEVICES", "TORCH_SYMM_MEM", "OMP_NUM_THREADS",
+                "PYTORCH_CUDA_ALLOC_CONF")
 
 #: Seconds a killed launch gets between SIGTERM and SIGKILL.
 KILL_GRACE_S = 15.0
@@ -56,6 +61,116 @@ class DriverPlan:
     recipe_dir: Path  #: the recipe family (``baseline.yaml``, ``qsdp-*.yaml``), see :func:`recipe_dir`
     name: str  #: the run's name, part of its output paths
     out_dir: Path  #: where the results and ``settings.json`` go
+
+
+@dataclass(frozen=True)
+class Family:
+    """What a recipe family's ``baseline.yaml`` fixes for every launch of a driver.
+
+    Attributes:
+        base: the loaded baseline recipe (:class:`composer_qsdp.recipes.train.Recipe`).
+        micro: samples per forward/backward and rank: the driver's ``--micro-batch``, else the recipe's.
+        seq_len: tokens per sample.
+        vocab_size: the model's vocabulary.
+        gather_bytes: bytes per element of FSDP's weight all-gathers: 2 (bf16) in the recipes' mixed precision,
+            4 in fp32 (``precision: fp32`` or ``fsdp.mixed_precision: FULL``).
+    """
+
+    base: Any
+    micro: int
+    seq_len: int
+    vocab_size: int
+    gather_bytes: int
+
+
+def load_family(recipe_dir: Path, micro_batch: int | None) -> Family:
+    """The :class:`Family` of ``recipe_dir`` (its ``baseline.yaml``) at ``micro_batch`` (None: the recipe's).
+
+    Raises:
+        SystemExit: the recipe does not load, or neither it nor ``micro_batch`` sets a micro-batch.
+    """
+    from composer_qsdp.recipes.train import RecipeError, load_recipe
+
+    try:
+        base = load_recipe(recipe_dir / "baseline.yaml", ["data.remote=null", "data.local=unused"])
+    except RecipeError as err:
+        raise SystemExit(f"recipe error: {err}") from None
+    micro = micro_batch or base.cfg.device_train_microbatch_size
+    if not micro:
+        raise SystemExit("the baseline recipe sets no device_train_microbatch_size: pass --micro-batch")
+    full = base.cfg.precision == "fp32" or (base.cfg.fsdp is not None and base.cfg.fsdp.mixed_precision == "FULL")
+    return Family(base, micro, base.model_config.max_seq_len, base.model_config.vocab_size, 4 if full else 2)
+
+
+def check_launch(name: str, recipe: Path, overrides: Sequence[str], world_size: int) -> Any:
+    """Load ``recipe`` with a launch's ``overrides`` at its world size, as every launch of a driver is checked
+    before any GPU time is spent; returns the loaded recipe.
+
+    Raises:
+        SystemExit: the recipe refuses them, naming the configuration ``name``.
+    """
+    from composer_qsdp.recipes.train import RecipeError, load_recipe
+
+    try:
+        return load_recipe(recipe, list(overrides), world_size=world_size)
+    except RecipeError as err:
+        raise SystemExit(f"recipe error in {name} ({recipe.name}): {err}") from None
+
+
+def train_data(data: str | None, out_dir: Path, samples: int, seq_len: int) -> tuple[Path, int | None]:
+    """Where a driver's launches read their samples: ``data`` (real MDS shards, checked), else random-token shards
+    of ``samples`` samples under ``out_dir``, which :func:`random_token_shards` writes before the first launch.
+    Returns the folder and the samples to generate there (None for real shards).
+
+    Raises:
+        SystemExit: ``data`` holds no ``train`` split.
+    """
+    if data:
+        found = Path(data).resolve()
+        if not (found / "train" / "index.json").is_file():
+            raise SystemExit(f"--data {str(found)!r} holds no train/index.json (build shards with "
+                             "python -m composer_qsdp.recipes.data.build)")
+        return found, None
+    return out_dir / f"synthetic-t{seq_len}-n{samples}", samples
+
+
+def random_token_shards(out: Path, samples: int, seq_len: int, vocab_size: int) -> Path:
+    """MDS shards (a ``train`` split) of ``samples`` uniformly random token sequences, in the files of
+    :func:`composer_qsdp.recipes.data.write_token_shards`; reused when ``out`` already exists. Seeded: the same
+    arguments give the same tokens. Throughput and memory do not depend on the token values."""
+    from streaming import MDSWriter
+
+    from composer_qsdp.recipes.data.integrity import SHARD_HASHES
+    from composer_qsdp.recipes.data.shards import TOKENS_COLUMN, TRAIN_SPLIT, shards_exist
+
+    if shards_exist(out, (TRAIN_SPLIT,)):
+        return out
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    rng = np.random.default_rng(0)
+    with MDSWriter(out=str(tmp / "train"), columns={TOKENS_COLUMN: f"ndarray:uint16:{seq_len}"},
+                   hashes=list(SHARD_HASHES), size_limit="64mb") as writer:
+        for _ in range(samples):
+            writer.write({TOKENS_COLUMN: rng.integers(0, vocab_size, seq_len, dtype=np.uint16)})
+    tmp.rename(out)
+    return out
+
+
+def short_run_overrides(batches: int, global_batch: int, micro: int, data: Path, metrics_file: Path) -> list[str]:
+    """Recipe overrides of a benchmark launch: ``batches`` optimizer steps of ``global_batch`` samples in
+    micro-batches of ``micro`` from the local shards ``data``, evaluation, checkpoints, resumption and console
+    output off, the metrics file at ``metrics_file``."""
+    return [f"max_duration={batches}ba", f"global_train_batch_size={global_batch}",
+            f"device_train_microbatch_size={micro}", "data.remote=null", f"data.local={data}", "data.eval_split=null",
+            "save_folder=null", "load_path=null", "autoresume=false", "progress_bar=false", "log_to_console=false",
+            f"metrics_file={metrics_file}"]
+
+
+def pending(path: Path, retry_failed: bool) -> bool:
+    """Whether the result recorded at ``path`` is still to run: missing, or not ``ok`` with ``retry_failed``."""
+    if not path.is_file():
+        return True
+    return retry_failed and read_json(path)["status"] != "ok"
 
 
 class Interrupted(Exception):

@@ -46,6 +46,8 @@ from typing import Any
 from composer.core import Callback, Event, State
 from composer.loggers import Logger
 
+from composer_qsdp.recipes.rank_memory import scheme_memory
+
 __all__ = ["CATEGORIES", "MIN_GAP_US", "StepProfile", "attribute_idle", "categorize", "host_syncs", "merge_intervals",
            "overlap_length", "summarize_kernels"]
 
@@ -180,18 +182,6 @@ def host_syncs(calls: list[tuple[str, float, float]]) -> dict[str, list[float]]:
     return syncs
 
 
-def _scheme_memory(state: State) -> dict[str, int]:
-    """Device bytes QSDP's schemes keep between steps on this rank, by side (0 without QSDP)."""
-    memory = {"weights": 0, "grads": 0}
-    for algorithm in state.algorithms:
-        handle = getattr(algorithm, "handle", None)
-        for unit in getattr(handle, "units", ()):
-            for side in memory:
-                scheme = getattr(unit, side, None)
-                memory[side] += scheme.memory_bytes() if scheme is not None else 0
-    return memory
-
-
 class StepProfile(Callback):
     """Profile batches ``start .. start + batches - 1`` (1-based, as Composer counts them) and write a summary.
 
@@ -301,7 +291,7 @@ class StepProfile(Callback):
                               "host_syncs": {k: [n, t / 1e3] for k, (n, t) in syncs.items()},
                               "top": [[n, c, t / 1e3] for n, c, t in summary["top"]]})
         record = {"rank": rank, "start": self.start, "batches": self.batches, "device": torch.cuda.get_device_name(),
-                  "scheme_memory_bytes": _scheme_memory(state),
+                  "scheme_memory_bytes": scheme_memory(state),
                   "peak_allocated_bytes": torch.cuda.max_memory_allocated(), "per_batch": per_batch}
         (self.out_dir / f"step_profile-rank{rank}.json").write_text(json.dumps(record, indent=1))
 

@@ -157,15 +157,15 @@ def test_zero_one_adam_windows_time_the_regime_they_name(model, tmp_path):
 
 
 def test_random_token_shards_are_seeded_and_reused(tmp_path):
-    out = bench_e2e_sweep.random_token_shards(tmp_path / "a", samples=10, seq_len=16, vocab_size=100)
+    out = e2e_common.random_token_shards(tmp_path / "a", samples=10, seq_len=16, vocab_size=100)
     dataset = StreamingDataset(local=str(out), split="train", shuffle=False)
     tokens = np.stack([dataset[i]["tokens"] for i in range(dataset.num_samples)])
     assert tokens.shape == (10, 16) and tokens.dtype == np.uint16 and tokens.max() < 100
     assert len(np.unique(tokens)) > 50  # spread over the vocabulary, not a constant
-    again = bench_e2e_sweep.random_token_shards(tmp_path / "b", samples=10, seq_len=16, vocab_size=100)
+    again = e2e_common.random_token_shards(tmp_path / "b", samples=10, seq_len=16, vocab_size=100)
     assert (again / "train" / "shard.00000.mds").read_bytes() == (out / "train" / "shard.00000.mds").read_bytes()
     stamp = (out / "train" / "index.json").stat().st_mtime_ns
-    bench_e2e_sweep.random_token_shards(out, samples=10, seq_len=16, vocab_size=100)
+    e2e_common.random_token_shards(out, samples=10, seq_len=16, vocab_size=100)
     assert (out / "train" / "index.json").stat().st_mtime_ns == stamp
 
 

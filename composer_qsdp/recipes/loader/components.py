@@ -62,6 +62,7 @@ CALLBACKS: dict[str, Builder] = {
     "lr_monitor": Builder("composer.callbacks:LRMonitor"),
     "memory_monitor": Builder("composer.callbacks:MemoryMonitor"),
     "optimizer_monitor": Builder("composer.callbacks:OptimizerMonitor"),
+    "rank_memory": Builder("composer_qsdp.recipes.rank_memory:RankMemory"),
     "runtime_estimator": Builder("composer.callbacks:RuntimeEstimator"),
     "speed_monitor": Builder("composer.callbacks:SpeedMonitor"),
     "step_profile": Builder("composer_qsdp.recipes.step_profile:StepProfile"),
