@@ -264,7 +264,15 @@ def _ranks_text(plan: Plan, arms: dict[str, Any]) -> str:
              f"{', '.join(gloo) or 'none'}; the others over NCCL, a GPU per rank; step times are not network "
              "measurements" if plan.shared else
              "a GPU per rank" if plan.gpus else "CPU processes (gloo)")
-    return f"{groups}; {where}, at most {plan.max_ranks} processes at once"
+    return f"{groups}; {where}{_concurrency(plan)}"
+
+
+def _concurrency(plan: Plan) -> str:
+    """How many processes ran at once, where this command knows it: ``--status`` and ``--collect`` read arms that
+    other commands ran, so without their ``--max-ranks`` the default would misstate it."""
+    if plan.args.max_ranks is None and (plan.args.status or plan.args.collect):
+        return ""
+    return f", at most {plan.max_ranks} processes at once"
 
 
 def _arm_columns(gap: str = "vs baseline") -> list[str]:
@@ -365,8 +373,8 @@ def write_results(plan: Plan, manifest: dict[str, Any], status: str, quiet: bool
     directory (printing the table unless ``quiet``: the progress writes while arms run); returns the record."""
     head = common.header(min(len(plan.gpus), plan.max_ranks) if plan.gpus else plan.max_ranks)
     if plan.shared:
-        head["device"] += (f"; arms share the GPU(s), at most {plan.max_ranks} processes at once; arms with more "
-                           "processes than GPUs over gloo (shared_gpu)")
+        head["device"] += (f"; arms share the GPU(s){_concurrency(plan)}; arms with more processes than GPUs over "
+                           "gloo (shared_gpu)")
     arms = summarize(plan)
     record = {"header": head, "settings": {**plan.settings, "max_ranks": plan.max_ranks}, "status": status,
               "corpus": manifest, "arms": arms, "noise_band_pct": noise_band_pct(arms),

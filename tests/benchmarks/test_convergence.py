@@ -278,6 +278,20 @@ def test_status_and_collect_report_each_arm_and_pack_the_results(tiny_recipes, t
         assert {"baseline/metrics-00.json", "baseline/log-00.txt", "w8g8/log-00.txt"} <= set(tar.getnames())
 
 
+def test_a_status_command_states_the_concurrency_only_when_told(tiny_recipes, tmp_path):
+    # --status and --collect read arms that earlier commands ran: their own default --max-ranks says nothing about
+    # how many processes those ran at once, so the settings line says it only when the command is given it.
+    manifest = {"command": "c", "tokens": {"train": 1, "val": 1}, "input": {"files": 1, "bytes": 1, "sha256": "ab"}}
+    texts = {}
+    for extra in ((), ("--status",), ("--status", "--max-ranks", "3"), ("--collect", str(tmp_path / "c"))):
+        plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", *extra)
+        texts[extra[:1] + extra[2:]] = convergence_report.markdown(plan, {"device": "cpu", "git": "x"}, manifest, {},
+                                                                  "incomplete")
+    assert "at most 2 processes at once" in texts[()]  # a run: the widest arm's 2 processes by default
+    assert "processes at once" not in texts[("--status",)] and "processes at once" not in texts[("--collect",)]
+    assert "at most 3 processes at once" in texts[("--status", "3")]
+
+
 def test_ddp_arms_compare_with_ddp_adamw_and_count_their_bytes(tiny_recipes, tmp_path):
     plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "ddp-baseline", "zero-one-adam",
                     "zero-one-adam-rescale")
