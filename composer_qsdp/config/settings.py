@@ -32,7 +32,7 @@ __all__ = [
 #: ``filter(module, name) -> bool``: True keeps a unit quantized (torchao float8's ``module_filter_fn`` order).
 ModuleFilter = Callable[[nn.Module, str], bool]
 #: Gradient schemes with error feedback, which carry each call's compression error into the next call.
-FEEDBACK_GRAD_SCHEMES = ("loco",)
+FEEDBACK_GRAD_SCHEMES = ("loco", "two_level_loco")
 #: The preset :meth:`QSDPConfig.from_preset` starts from when none is named (and the only one ``policy="auto"`` takes):
 #: the first of :data:`composer_qsdp.registry.PRESETS`, ``"w8g8"``.
 DEFAULT_PRESET = PRESETS.names()[0]

@@ -210,6 +210,7 @@ def test_one_or_two_bit_gradients_without_error_feedback_warn_once_with_the_fix(
     lambda: from_preset("qwd-w4g4", grad_scheme="loco", grad_bits=1, grad_rounding="nearest"),
     lambda: from_preset("w8g8", grad_bits=3),
     lambda: from_preset("w8g8", weight_bits=2),  # weights: no feedback to give
+    lambda: from_preset("qwd-w3g2-loco", grad_scheme="two_level_loco", ranks_per_node=2),  # feedback across nodes
 ])
 def test_error_feedback_or_three_bits_or_more_do_not_warn(make):
     with warnings.catch_warnings():
