@@ -134,17 +134,9 @@ def _parser() -> argparse.ArgumentParser:
                         "the hpZ group of the -hpz ones (default: one node of all GPUs)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed first steps (default 3; 4 with --profile)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps after the warm-up (default 10)")
-    parser.add_argument("--data", help="real MDS token shards (default: random tokens generated here)")
-    parser.add_argument("--out-dir", help="results directory (default runs/bench_e2e/<family>-<nproc>x)")
-    parser.add_argument("--time-budget", type=float, help="seconds this command may use; it stops launching, "
-                                                          "kills a launch that would overrun, writes the table")
-    parser.add_argument("--min-launch-s", type=float, default=120.0,
-                        help="start no launch with less budget left than this (default 120 s)")
-    parser.add_argument("--retry-failed", action="store_true", help="rerun configurations recorded as failed")
+    common.add_sweep_arguments(parser, "bench_e2e")
     parser.add_argument("--probe-mb", type=int, nargs="+", default=[64, 256],
                         help="NCCL probe message sizes in MB (default 64 256)")
-    parser.add_argument("-o", "--override", action="append", default=[],
-                        help="extra recipe override key=value for every launch (repeatable)")
     parser.add_argument("--profile", action="store_true", help="profile the second-to-last warm-up batch of each "
                         "recipe launch (torch.profiler) and add where the step goes to the table")
     parser.add_argument("--probe-worker", help=argparse.SUPPRESS)  # one rank of the probe (internal)

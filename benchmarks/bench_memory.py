@@ -121,16 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps of each launch (default 3)")
     parser.add_argument("--tolerance", type=float, default=0.10,
                         help="largest |measured / predicted - 1| reported as a match (default 0.10)")
-    parser.add_argument("--data", help="real MDS token shards (default: random tokens generated in --out-dir)")
-    parser.add_argument("--out-dir", help="results directory (default runs/bench_memory/<family>-<nproc>x)")
-    parser.add_argument("--time-budget", type=float, help="seconds this command may use; it stops launching, "
-                                                          "kills a launch that would overrun, writes the table")
-    parser.add_argument("--min-launch-s", type=float, default=120.0,
-                        help="start no launch with less budget left than this (default 120 s)")
-    parser.add_argument("--retry-failed", action="store_true",
-                        help="rerun configurations recorded as failed or out of memory")
-    parser.add_argument("-o", "--override", action="append", default=[],
-                        help="extra recipe override key=value for every launch (repeatable)")
+    common.add_sweep_arguments(parser, "bench_memory", failed="failed or out of memory")
     return parser
 
 

@@ -166,6 +166,21 @@ def short_run_overrides(batches: int, global_batch: int, micro: int, data: Path,
             f"metrics_file={metrics_file}"]
 
 
+def add_sweep_arguments(parser: argparse.ArgumentParser, driver: str, failed: str = "failed") -> None:
+    """The options of a driver that launches one recipe configuration after the other into a resumable results
+    directory (``bench_e2e.py``, ``bench_memory.py``): data, results directory, time budget, retries, overrides.
+    ``failed`` says which recorded results ``--retry-failed`` reruns."""
+    parser.add_argument("--data", help="real MDS token shards (default: random tokens generated in --out-dir)")
+    parser.add_argument("--out-dir", help=f"results directory (default runs/{driver}/<family>-<nproc>x)")
+    parser.add_argument("--time-budget", type=float, help="seconds this command may use; it stops launching, "
+                                                          "kills a launch that would overrun, writes the table")
+    parser.add_argument("--min-launch-s", type=float, default=120.0,
+                        help="start no launch with less budget left than this (default 120 s)")
+    parser.add_argument("--retry-failed", action="store_true", help=f"rerun configurations recorded as {failed}")
+    parser.add_argument("-o", "--override", action="append", default=[],
+                        help="extra recipe override key=value for every launch (repeatable)")
+
+
 def pending(path: Path, retry_failed: bool) -> bool:
     """Whether the result recorded at ``path`` is still to run: missing, or not ``ok`` with ``retry_failed``."""
     if not path.is_file():
