@@ -432,14 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     plan = make_plan(args)
     common.check_settings(plan.out_dir, plan.settings)
     with common.stop_on_signals():
-        try:
-            if plan.synthetic_samples is not None:
-                common.random_token_shards(plan.data, plan.synthetic_samples, plan.family.seq_len,
-                                           plan.family.vocab_size)
-            status = sweep(plan, budget)
-        except common.Interrupted as sig:
-            print(f"stopped by {sig}")
-            status = "incomplete"
+        synthetic = (None if plan.synthetic_samples is None else
+                     (plan.data, plan.synthetic_samples, plan.family.seq_len, plan.family.vocab_size))
+        status = common.sweep_or_stop(lambda: sweep(plan, budget), synthetic)
         # The header only now: querying the device earlier could leave a CUDA context of this process on the GPU
         # the ranks measure.
         head = common.header(min(args.nproc, torch.cuda.device_count()) or args.nproc)

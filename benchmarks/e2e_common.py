@@ -408,6 +408,19 @@ def run(command: Sequence[str], log_path: Path, env: Mapping[str, str], budget: 
         kill(proc)  # also on Interrupted: never leave ranks behind
 
 
+def sweep_or_stop(sweep: Callable[[], str], synthetic: tuple[Path, int, int, int] | None) -> str:
+    """``sweep()``'s status, after writing the random-token shards ``synthetic`` (``random_token_shards``'
+    arguments) when the run has no data of its own; ``"incomplete"`` when a signal stops it (inside
+    :func:`stop_on_signals`)."""
+    try:
+        if synthetic is not None:
+            random_token_shards(*synthetic)
+        return sweep()
+    except Interrupted as sig:
+        print(f"stopped by {sig}")
+        return "incomplete"
+
+
 @contextmanager
 def stop_on_signals() -> Iterator[None]:
     """Turn SIGTERM and SIGINT into :class:`Interrupted` inside the block, so a driver killed by an outer time
