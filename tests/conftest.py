@@ -19,7 +19,9 @@ stack, and its torch-version-dependent directories on a stock Composer with the 
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -88,3 +90,32 @@ def one_rank():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def _release_streaming_datasets(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Release the streaming datasets that a test builds itself, as a recipe run releases its own
+    (:func:`composer_qsdp.recipes.compat.release_streaming_dataset`).
+
+    A dataset left behind keeps its prefetch threads and shared memory until the session ends, and every dataset
+    built after it in the process attaches to that shared memory until exit too (mosaicml-streaming's look-up of a
+    free shared-memory prefix), so the session's open files would grow with each later dataset up to the limit.
+    """
+    streaming = sys.modules.get("streaming")
+    if streaming is None:  # no test module imports it: no test builds a dataset of its own
+        yield
+        return
+    built = []
+    init = streaming.StreamingDataset.__init__
+
+    def recording(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        built.append(self)
+
+    monkeypatch.setattr(streaming.StreamingDataset, "__init__", recording)
+    yield
+    if built:
+        from composer_qsdp.recipes.compat import release_streaming_dataset
+
+        for dataset in built:
+            release_streaming_dataset(dataset)

@@ -1,5 +1,5 @@
-"""The GPT harness's private torch and Composer names: the default process group's rendezvous store, and the hooks
-that make a checkpoint load as data, never as code.
+"""The GPT harness's private torch, Composer and mosaicml-streaming names: the default process group's rendezvous
+store, the hooks that make a checkpoint load as data, never as code, and the release of a streaming dataset.
 
 When a collective times out, :mod:`composer_qsdp.recipes.train` has every rank that timed out report itself in the
 store all ranks rendezvoused through, to name the silent ones. torch has no public reader for that store, and no
@@ -18,12 +18,20 @@ its members land (``download_checkpoint``); ``torch.distributed.checkpoint`` unp
 * a tar archive is not extracted.
 
 Anything else is refused with :class:`UntrustedCheckpointError` at the pickle opcode that names it, before it is
-called. Private names in the package live in the FSDP adapters' compat modules (:mod:`composer_qsdp.fsdp2.compat`,
+called.
+
+A run that ends before its epoch does (``max_duration`` inside one, an error, a signal) leaves each
+``StreamingDataset`` it read with the prepare and ready threads of ``__iter__`` waiting for samples that nobody asks
+for, and with its shared memory open until the process exits. mosaicml-streaming has no public way to end either;
+:func:`release_streaming_dataset` does, through the dataset's own stop flag and thread pool.
+
+Private names in the package live in the FSDP adapters' compat modules (:mod:`composer_qsdp.fsdp2.compat`,
 :mod:`composer_qsdp.fsdp1.compat`) and here; ``tests/test_private_access.py`` keeps it so.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import io
@@ -31,7 +39,7 @@ import os
 import pathlib
 import pickle
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 import numpy
@@ -40,13 +48,15 @@ import torch.distributed.checkpoint.filesystem as dcp_filesystem
 import torch.distributed.checkpoint.metadata as dcp_metadata
 from composer.utils import checkpoint as composer_checkpoint
 from composer.utils import is_tar
+from streaming import StreamingDataset
+from streaming.base.shared import SharedArray, SharedBarrier, SharedMemory, SharedScalar
 from torch.distributed import Store, distributed_c10d
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.torch_version import TorchVersion
 
 __all__ = ["CHECKPOINT_GLOBALS", "METADATA_GLOBALS", "UntrustedCheckpointError", "default_store",
-           "load_checkpoint_file", "load_dcp_metadata", "restricted_checkpoint_loads"]
+           "load_checkpoint_file", "load_dcp_metadata", "release_streaming_dataset", "restricted_checkpoint_loads"]
 
 
 def default_store() -> Store:
@@ -243,3 +253,35 @@ def restricted_checkpoint_loads() -> Iterator[None]:
     finally:
         (composer_checkpoint._torch_load_with_validation, composer_checkpoint.download_checkpoint,
          dcp_filesystem.pickle, DefaultLoadPlanner.load_bytes, _read.folder) = saved
+
+
+# ------------------------------------------------------------------------------------------ streaming datasets
+def release_streaming_dataset(dataset: StreamingDataset) -> None:
+    """Stop ``dataset``'s prefetch threads and free its shared memory for good: it cannot be read afterwards.
+
+    Until then, a dataset whose iteration stopped mid-epoch stays alive, held by its threads, and every shared-memory
+    name it opened stays open (two descriptors each) until the process exits, held by streaming's ``atexit``
+    callbacks: runs in one process (tests, notebooks) pile them up to the open-file limit. The stop flag and the
+    thread pool are private attributes of mosaicml-streaming 0.12 and 0.13, looked up so that a release without one
+    skips it. Waits for a thread in the middle of a shard's download until that download ends.
+    """
+    stop = getattr(dataset, "_event", None)
+    if stop is not None:
+        stop.set()  # both threads check it in every loop, the ready thread also while it waits for a shard
+    pool = getattr(dataset, "_executor", None)
+    if pool is not None:
+        pool.shutdown(wait=True)
+    for shared in _shared_memory(vars(dataset).values()):
+        shared.cleanup()  # closes it, and unlinks the names this process created
+        # Else kept until exit, and unlinked once more then, when another dataset may have taken the name.
+        atexit.unregister(shared.cleanup)
+
+
+def _shared_memory(values: Iterable[object]) -> Iterator[SharedMemory]:
+    """The streaming ``SharedMemory`` objects among ``values`` and inside the shared arrays, scalars and barriers
+    among them: a ``StreamingDataset`` keeps each of its shared-memory names in one of these."""
+    for value in values:
+        if isinstance(value, SharedMemory):
+            yield value
+        elif isinstance(value, (SharedArray, SharedBarrier, SharedScalar)):
+            yield from _shared_memory(vars(value).values())

@@ -54,7 +54,7 @@ class SigtermCheckpoint(Callback):
     def handling(self) -> Iterator[None]:
         """Install the SIGTERM handler for the block (``trainer.fit``); the previous one (Composer's: ``sys.exit``)
         is restored after it, and also handles a second SIGTERM, so that a second signal still ends a run whose save
-        hangs."""
+        hangs. The gloo group of the flags' all-reduce ends with the block too."""
         previous = signal.getsignal(signal.SIGTERM)
 
         def handler(signum: int, frame: FrameType | None) -> None:
@@ -67,6 +67,10 @@ class SigtermCheckpoint(Callback):
             yield
         finally:
             signal.signal(signal.SIGTERM, previous)
+            if self._group is not None:
+                # Its sockets and threads would outlive the run: one more group for each run of a process.
+                torch_dist.destroy_process_group(self._group)
+                self._group = None
 
     def run_event(self, event: Event, state: State, logger: Logger) -> None:
         if event == Event.BATCH_END:
@@ -81,7 +85,7 @@ class SigtermCheckpoint(Callback):
 
     def _anyone_received(self) -> bool:
         """Whether any process received SIGTERM: this process's flag, MAX-reduced over a gloo group on the CPU (made
-        at the first batch end, when every process reaches it in the same order)."""
+        at the first batch end of :meth:`handling`'s block, when every process reaches it in the same order)."""
         if not torch_dist.is_available() or not torch_dist.is_initialized():
             return self.received
         if self._group is None:

@@ -51,21 +51,26 @@ __all__ = ["ALGORITHMS", "RECIPE_ERROR_STATUS", "CollectiveTimeoutError", "PeerE
            "main", "set_aside_incomplete_checkpoints", "train"]
 
 
-def _dataloader(recipe: ValidatedRecipe, split: str, batch_size: int, training: bool) -> Any:
+def _dataloader(recipe: ValidatedRecipe, split: str, batch_size: int, training: bool,
+                run: contextlib.ExitStack) -> Any:
+    """A dataloader of ``split``, whose dataset ``run`` releases when it closes."""
     # Training shuffles (unless data.shuffle is false) and keeps full batches only; evaluation reads every
     # sample in order.
+    from composer_qsdp.recipes.compat import release_streaming_dataset
     from composer_qsdp.recipes.data import build_token_dataloader
     from composer_qsdp.recipes.models import HFCausalLMConfig, causal_lm_batch
 
     cfg = recipe.cfg
     collate = causal_lm_batch if isinstance(recipe.model_config, HFCausalLMConfig) else None
     try:
-        return build_token_dataloader(cfg.data.local, split, batch_size, recipe.model_config.max_seq_len,
-                                      remote=cfg.data.remote, shuffle=training and cfg.data.shuffle,
-                                      shuffle_seed=cfg.seed, num_workers=cfg.data.num_workers, drop_last=training,
-                                      collate_fn=collate, vocab_size=recipe.model_config.vocab_size)
+        loader = build_token_dataloader(cfg.data.local, split, batch_size, recipe.model_config.max_seq_len,
+                                        remote=cfg.data.remote, shuffle=training and cfg.data.shuffle,
+                                        shuffle_seed=cfg.seed, num_workers=cfg.data.num_workers, drop_last=training,
+                                        collate_fn=collate, vocab_size=recipe.model_config.vocab_size)
     except ValueError as err:
         raise RecipeError(f"recipe section 'data': {err}") from None
+    run.callback(release_streaming_dataset, loader.dataset)
+    return loader
 
 
 def console_output(progress_bar: bool | None, log_to_console: bool | None, is_terminal: bool) -> tuple[bool, bool]:
@@ -384,7 +389,9 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
             hyperparameters.
 
     Returns:
-        The finished (closed) Composer ``Trainer``.
+        The finished (closed) Composer ``Trainer``. Its datasets are released however the run ends (their prefetch
+        threads stopped, their shared memory freed: :func:`~composer_qsdp.recipes.compat.release_streaming_dataset`),
+        after its last checkpoint: its dataloaders cannot be read again.
 
     Raises:
         Preempted: the run received SIGTERM (``save_on_sigterm``) and stopped after saving the batch it was in.
@@ -400,9 +407,9 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
 
     from composer_qsdp.recipes.safe_load import checkpoint_loading
 
-    with checkpoint_loading(trust_checkpoint=recipe.cfg.trust_checkpoint):
+    with checkpoint_loading(trust_checkpoint=recipe.cfg.trust_checkpoint), contextlib.ExitStack() as run:
         try:
-            return _train(recipe, StartupClock() if clock is None else clock)
+            return _train(recipe, StartupClock() if clock is None else clock, run)
         except (Exception, CheckpointException) as err:
             refused = _untrusted(err) if not isinstance(err, RecipeError) else None
             if refused is None:
@@ -411,8 +418,8 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
             raise RecipeError(f"recipe key 'trust_checkpoint' = False: {refused}") from None
 
 
-def _train(recipe: ValidatedRecipe, clock: StartupClock) -> Any:
-    """:func:`train`, inside its checkpoint loading context."""
+def _train(recipe: ValidatedRecipe, clock: StartupClock, run: contextlib.ExitStack) -> Any:
+    """:func:`train`, inside its checkpoint loading context; ``run`` releases the datasets when it closes."""
     from composer import Evaluator, Trainer
     from composer.algorithms import GradientClipping
     from composer.callbacks import CheckpointSaver
@@ -459,12 +466,13 @@ def _train(recipe: ValidatedRecipe, clock: StartupClock) -> Any:
         except CorruptCheckpointError as err:
             raise RecipeError(f"{_resume_key(cfg.autoresume, paths)}: {err}") from None
     world = dist.get_world_size()
-    train_dl = _dataloader(recipe, cfg.data.train_split, cfg.global_train_batch_size // world, training=True)
+    train_dl = _dataloader(recipe, cfg.data.train_split, cfg.global_train_batch_size // world, training=True,
+                           run=run)
     eval_dl = None
     if cfg.data.eval_split is not None:
         eval_dl = Evaluator(label="val", metric_names=["LanguageCrossEntropy", "LanguagePerplexity"],
                             dataloader=_dataloader(recipe, cfg.data.eval_split, cfg.device_eval_batch_size,
-                                                   training=False),
+                                                   training=False, run=run),
                             subset_num_batches=cfg.eval_subset_num_batches)
 
     clock.lap("data")

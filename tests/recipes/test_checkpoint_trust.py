@@ -25,10 +25,6 @@ from composer_qsdp.recipes.safe_load import UntrustedCheckpointError, checkpoint
 from composer_qsdp.recipes.train import RECIPE_ERROR_STATUS, RecipeError, load_recipe, main, train
 from test_train import BASELINE, corpus_shards, tiny_overrides, train_losses  # noqa: F401 (fixture)
 
-# Slow: each in-process run leaves its dataloaders' shared memory open (about 2,000 descriptors for this module),
-# which pushed the default suite past the process's open-file limit.
-pytestmark = pytest.mark.slow
-
 COMMON = ["max_duration=4ba", "eval_interval=4ba", "save_interval=2ba"]
 #: What each kind of checkpoint needs on the command line: a full checkpoint is written and read as one file.
 KINDS = {"sharded": [], "full": ["fsdp.state_dict_type=full"]}

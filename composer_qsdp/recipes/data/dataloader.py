@@ -197,7 +197,9 @@ def build_token_dataloader(
     """A ``DataLoader`` of this rank's ``[device_batch_size, max_seq_len]`` token batches from one split.
 
     Each rank reads a disjoint part of the split (``StreamingDataset`` partitions by the launcher's ``RANK`` and
-    ``WORLD_SIZE``), deterministically for a given ``shuffle_seed``, and resumes mid-epoch from a checkpoint.
+    ``WORLD_SIZE``), deterministically for a given ``shuffle_seed``, and resumes mid-epoch from a checkpoint. Its
+    dataset holds threads and shared memory until the process exits unless it is given to
+    :func:`~composer_qsdp.recipes.compat.release_streaming_dataset` when it is no longer read.
 
     Args:
         local: the shard directory (holding ``<split>/index.json``) when ``remote`` is None, else the local cache
@@ -231,9 +233,20 @@ def build_token_dataloader(
         dataset = TokenSamples(max_seq_len=max_seq_len, vocab_size=vocab_size, local=os.fspath(local),
                                remote=remote, split=split, shuffle=shuffle, shuffle_seed=shuffle_seed,
                                batch_size=device_batch_size)
-    if dataset.num_samples == 0:
-        raise ValueError(f"split {split!r} in {os.fspath(local)!r} holds no samples")
-    check_sample_length(local, split, max_seq_len)  # a remote's index.json is local now
-    dataset[0]  # fails now, naming the key, if the shards were built for another sequence length or vocabulary
+    try:
+        if dataset.num_samples == 0:
+            raise ValueError(f"split {split!r} in {os.fspath(local)!r} holds no samples")
+        # Preparing a shard takes streaming's cache lock, whose file marks this dataset's shared-memory prefix as
+        # taken: a later dataset's prefix look-up passes over it instead of attaching to each of its names, and
+        # streaming keeps such an attachment open until that process exits.
+        dataset.prepare_shard(0)
+        check_sample_length(local, split, max_seq_len)  # a remote's index.json is local now
+        dataset[0]  # fails now, naming the key, if the shards were built for another sequence length or vocabulary
+    except BaseException:
+        # Imported here: the compat module imports Composer, which reading shards does not need otherwise.
+        from composer_qsdp.recipes.compat import release_streaming_dataset
+
+        release_streaming_dataset(dataset)  # no caller gets it to release
+        raise
     return DataLoader(dataset, batch_size=device_batch_size, num_workers=num_workers, drop_last=drop_last,
                       collate_fn=collate_fn)
