@@ -28,7 +28,7 @@ from composer.core import Callback, Event, State
 from composer.loggers import Logger
 from composer.utils import dist
 
-from composer_qsdp.recipes.train import Preempted
+from composer_qsdp.recipes.failures import Preempted
 
 __all__ = ["SigtermCheckpoint"]
 

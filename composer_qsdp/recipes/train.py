@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import errno
 import os
-import pickle
-import shutil
 import signal
 import sys
 import traceback
 import warnings
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 from composer_qsdp.recipes.loader import (
     ALGORITHMS,
@@ -41,10 +37,23 @@ from composer_qsdp.recipes.loader import (
     load_recipe,
     recipe_help,
 )
+from composer_qsdp.recipes.failures import (
+    CollectiveTimeoutError,
+    PeerExitedError,
+    Preempted,
+    collective_timeout,
+    disk_full,
+    peer_exit,
+    untrusted,
+)
+from composer_qsdp.recipes.resume import (
+    link_latest_checkpoint,
+    reading_checkpoint,
+    resume_checkpoint,
+    resume_key,
+    set_aside_incomplete_checkpoints,
+)
 from composer_qsdp.recipes.startup import StartupClock
-
-if TYPE_CHECKING:
-    from composer_qsdp.recipes.run_files import RunPaths
 
 __all__ = ["ALGORITHMS", "RECIPE_ERROR_STATUS", "CollectiveTimeoutError", "PeerExitedError", "Preempted",
            "RecipeError", "TrainRecipe", "ValidatedRecipe", "console_output", "link_latest_checkpoint", "load_recipe",
@@ -108,275 +117,6 @@ def _device(recipe: ValidatedRecipe) -> tuple[Any, Any]:
         raise RecipeError(f"recipe key 'device' = 'gpu': {err}") from None
 
 
-class CollectiveTimeoutError(RuntimeError):
-    """A collective waited ``dist_timeout`` seconds for the other processes: one stalled or died."""
-
-
-class PeerExitedError(RuntimeError):
-    """Another process of the job ended while this one waited for it in a collective; that process's own error (in
-    its output, which the launcher prints) is the cause."""
-
-
-class Preempted(Exception):
-    """The run stopped on a signal after the batch its processes agreed on; the message names the signal, the batch
-    and the checkpoint saved there (or that none was: no ``save_folder``)."""
-
-    def __init__(self, message: str, signum: int) -> None:
-        super().__init__(message)
-        #: The exit status a process stopped by ``signum`` reports: 128 + the signal's number, the shell's convention.
-        self.status = 128 + signum
-
-
-#: What gloo reports when the other end of a collective's connection is gone (its process ended).
-_PEER_EXIT_MESSAGES = ("connection closed by peer", "connection reset by peer", "broken pipe")
-
-
-def _peer_exit(err: BaseException | None) -> str | None:
-    """The message of ``err`` (or an exception it was raised from) if it says that a peer process's connection
-    closed, else None."""
-    while err is not None:
-        if isinstance(err, RuntimeError) and any(m in str(err).lower() for m in _PEER_EXIT_MESSAGES):
-            return str(err).splitlines()[0]
-        err = err.__cause__ or err.__context__
-    return None
-
-
-#: How long a rank whose collective timed out waits for the other ranks' reports of theirs (seconds, at most).
-_REPORT_GRACE_S = 10.0
-
-
-def _is_timeout(err: BaseException | None) -> bool:
-    """Whether ``err`` (or an exception it was raised from) is a collective's timeout (gloo: "Timed out waiting
-    ...ms for recv"; NCCL's watchdog: "... timeout ...")."""
-    while err is not None:
-        if isinstance(err, RuntimeError) and ("timed out" in str(err).lower() or "timeout" in str(err).lower()):
-            return True
-        err = err.__cause__ or err.__context__
-    return False
-
-
-def _collective_timeout(err: BaseException, timeout_s: float) -> CollectiveTimeoutError | None:
-    """A :class:`CollectiveTimeoutError` naming the ranks that did not answer, if ``err`` is a collective's timeout.
-
-    Every rank whose collective timed out reports itself in the process group's rendezvous store and waits briefly
-    for the others' reports: the ranks that never report are the stalled (or dead) ones. The store lives in rank 0;
-    when rank 0 itself is the stalled one, the message says that it cannot tell.
-    """
-    if not _is_timeout(err):
-        return None
-    import time
-    from datetime import timedelta
-
-    import torch.distributed as torch_dist
-
-    from composer_qsdp.recipes.compat import default_store
-
-    rank, world = torch_dist.get_rank(), torch_dist.get_world_size()
-    grace = min(_REPORT_GRACE_S, timeout_s)
-    try:
-        store = default_store()
-        store.set_timeout(timedelta(seconds=grace))
-        store.set(f"composer_qsdp/timed_out/{rank}", "1")
-        deadline = time.monotonic() + grace
-        while True:
-            silent = [r for r in range(world) if not store.check([f"composer_qsdp/timed_out/{r}"])]
-            if not silent or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        who = (f"rank(s) {', '.join(map(str, silent))} of {world} did not answer: stalled (stopped, deadlocked, "
-               "swapped out) or dead" if silent else "every rank reports the same timeout: the processes may wait in "
-               "different collectives (a rank took another code path)")
-    except Exception:  # noqa: BLE001 - the store itself does not answer: it is served by rank 0
-        who = "which rank stalled is unknown: the rendezvous store (served by rank 0) does not answer either, so " \
-              "rank 0 may be the stalled one"
-    return CollectiveTimeoutError(
-        f"rank {rank}: a collective waited dist_timeout={timeout_s:g} s for the other processes and timed out; {who}. "
-        "If a step legitimately takes longer (a slow first step, a large checkpoint), raise the recipe key "
-        "dist_timeout.")
-
-
-def set_aside_incomplete_checkpoints(save_folder: str | os.PathLike) -> list[Path]:
-    """Rename the checkpoints of ``save_folder`` that are newer than the one ``latest-rank0.pt`` names (all of them
-    when there is no such link) to ``NAME.incomplete``; returns the new paths.
-
-    Composer links ``latest`` only after a checkpoint is complete, so a newer one is the remains of a save that a
-    dying process never finished (a folder without its metadata, half a file). Autoresume loads the one ``latest``
-    names, but Composer refuses to start while such remains might be overwritten by the resumed run; set aside,
-    nothing is deleted.
-    """
-    from composer_qsdp.recipes.checksums import checkpoint_batch
-
-    folder = Path(save_folder)
-    latest = folder / "latest-rank0.pt"
-    newest = -1
-    if latest.is_symlink():
-        linked = checkpoint_batch(Path(os.readlink(latest)).name)
-        if linked is None:
-            return []  # not a name this recipe writes: leave the folder alone
-        newest = linked
-    moved = []
-    for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
-        batch = checkpoint_batch(entry.name)
-        if batch is not None and batch > newest:
-            target = entry.with_name(entry.name + ".incomplete")
-            suffix = 1
-            while target.exists():
-                target, suffix = entry.with_name(f"{entry.name}.incomplete{suffix}"), suffix + 1
-            entry.rename(target)
-            moved.append(target)
-    return moved
-
-
-def link_latest_checkpoint(save_folder: str | os.PathLike) -> Path | None:
-    """Where ``save_folder`` holds checkpoints but no ``latest-rank0.pt`` link, link it to the newest checkpoint
-    whose checksum manifest verifies it, and return that checkpoint; None where the link exists or there are no
-    checkpoints. Collective (every process calls it).
-
-    Composer's autoresume starts from batch 0 when the link is missing (deleted, or a copy that dropped symlinks),
-    and the later set-aside would move every checkpoint away: the run would silently repeat all its work. Only a
-    manifest proves that a checkpoint was complete (it is written after the save), so one without is not picked.
-
-    Raises:
-        RecipeError: no checkpoint of the folder has a manifest that verifies it; naming the folder and its
-            checkpoints.
-    """
-    from composer.utils import dist
-
-    from composer_qsdp.recipes.checksums import CorruptCheckpointError, checkpoint_batch, verify_checkpoint
-
-    folder = Path(save_folder)
-    latest = folder / "latest-rank0.pt"
-    found: list[Any] = [[]]  # process 0's view of the folder: every process then verifies the same checkpoints
-    if dist.get_global_rank() == 0 and folder.is_dir() and not latest.is_symlink():
-        batches = {p.name: checkpoint_batch(p.name) for p in folder.iterdir()}
-        found[0] = sorted((name for name, batch in batches.items() if batch is not None), key=batches.get,
-                          reverse=True)
-    dist.broadcast_object_list(found, src=0)
-    names: list[str] = found[0]
-    if not names:
-        return None
-    for checkpoint in (folder / name for name in names):
-        try:
-            if verify_checkpoint(checkpoint):  # same answer on every process: the manifest is broadcast
-                break
-        except CorruptCheckpointError:
-            continue
-    else:
-        raise RecipeError(
-            f"recipe key 'autoresume': save_folder {folder} holds checkpoint(s) {', '.join(names)} "
-            f"but no {latest.name} link naming the last complete one, and none has a checksum manifest that verifies "
-            "it; autoresume would start again from batch 0. Resume from one of them with load_path=PATH (autoresume "
-            f"false), or link {latest} to it, or move them out of the folder to start again")
-    if dist.get_global_rank() == 0:
-        os.symlink(checkpoint.name, latest)
-    return checkpoint
-
-
-def _resume_checkpoint(autoresume: bool, paths: RunPaths) -> Path | None:
-    """The local checkpoint the Trainer will load, as Composer picks it from the formatted ``paths``: with
-    ``autoresume``, the one that ``save_folder/latest-rank0.pt`` names, if any; else ``load_path``. None when it
-    loads none or a remote one."""
-    folder = paths.local_save_folder
-    if autoresume and folder is not None and (folder / "latest-rank0.pt").exists():
-        return (folder / "latest-rank0.pt").resolve()
-    return paths.local_load_path
-
-
-def _resume_key(autoresume: bool, paths: RunPaths) -> str:
-    """The recipe key that chose the checkpoint to load, with the formatted path, for error messages."""
-    folder = paths.local_save_folder
-    if autoresume and folder is not None and (folder / "latest-rank0.pt").exists():
-        return f"recipe key 'autoresume' (the checkpoint {folder / 'latest-rank0.pt'} names)"
-    return f"recipe key 'load_path' = {paths.load_path!r}"
-
-
-#: What reading a truncated or corrupt checkpoint raises, by the first line of its message: torch.load's zip reader,
-#: pickle, and torch.distributed.checkpoint's reads.
-_UNREADABLE_MESSAGES = ("pytorchstreamreader", "unpickling", "ran out of input", "unexpected eof", "truncated",
-                        "invalid load key", "corrupt")
-
-
-def _causes(err: BaseException | None) -> Iterator[BaseException]:
-    """``err``, then what it was raised from; a ``torch.distributed.checkpoint`` ``CheckpointException``'s per-rank
-    failures (and their causes) come before it."""
-    while err is not None:
-        for failure, _trace in getattr(err, "failures", {}).values():
-            yield from _causes(failure)
-        yield err
-        err = err.__cause__ or err.__context__
-
-
-def _unreadable(err: BaseException | None) -> str | None:
-    """The first line of ``err`` or one of its :func:`_causes` if it says a checkpoint file could not be read, else
-    None."""
-    for cause in _causes(err):
-        first = (str(cause).strip().splitlines() or [""])[0]
-        if isinstance(cause, (EOFError, pickle.UnpicklingError)) or any(m in first.lower()
-                                                                        for m in _UNREADABLE_MESSAGES):
-            return f"{type(cause).__name__}: {first}"
-    return None
-
-
-def _disk_full(err: BaseException, paths: RunPaths, metrics_file: str | None) -> RecipeError | None:
-    """A :class:`RecipeError` naming the file, the recipe key that put it there and the bytes free on its disk, if
-    ``err`` or one of its :func:`_causes` is an ``ENOSPC`` ``OSError`` (a checkpoint or a metrics file that did not
-    fit); else None. Without the error's own file name, the save folder is named."""
-    full = next((c for c in _causes(err) if isinstance(c, OSError) and c.errno == errno.ENOSPC), None)
-    if full is None:
-        return None
-    path = Path(full.filename) if full.filename else paths.local_save_folder
-    if path is None:
-        return None  # nothing of the recipe's to name: the error as it is
-    path = path.absolute()
-    metrics = Path(metrics_file).absolute() if metrics_file is not None else None
-    # The metrics file is written through a temporary file beside it (metrics.json.tmp).
-    if metrics is not None and path.parent == metrics.parent and path.name.startswith(metrics.name):
-        key = "metrics_file"
-    elif paths.local_save_folder is not None and path.is_relative_to(paths.local_save_folder.absolute()):
-        key = "save_folder"
-    else:
-        key = None
-    existing = next(p for p in (path, *path.parents) if p.exists())
-    usage = shutil.disk_usage(existing)
-    return RecipeError(f"{f'recipe key {key!r}' if key else 'a file of the run'}: the disk is full: writing {path} "
-                       f"failed with ENOSPC ({full.strerror}); {usage.free} bytes free of {usage.total} on the file "
-                       f"system of {existing}. Free space there{f' or point {key} at another disk' if key else ''}")
-
-
-def _untrusted(err: BaseException | None) -> BaseException | None:
-    """The :class:`~composer_qsdp.recipes.safe_load.UntrustedCheckpointError` among ``err`` and its
-    :func:`_causes` (a sharded load raises it inside a ``CheckpointException``), else None."""
-    from composer_qsdp.recipes.safe_load import UntrustedCheckpointError
-
-    return next((cause for cause in _causes(err) if isinstance(cause, UntrustedCheckpointError)), None)
-
-
-@contextlib.contextmanager
-def _reading_checkpoint(autoresume: bool, paths: RunPaths, checkpoint: Path | None,
-                        trust_checkpoint: bool) -> Iterator[None]:
-    """Turn a failure to read ``checkpoint`` inside the block into a :class:`RecipeError` naming the file and the
-    fix: a checkpoint refused for what it would run, or one that is truncated or corrupt."""
-    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
-
-    try:
-        yield
-    except (Exception, CheckpointException) as err:
-        refused = _untrusted(err)
-        if refused is not None:
-            chosen = checkpoint is not None or paths.load_path is not None  # else a callback's checkpoint
-            key = _resume_key(autoresume, paths) if chosen else "recipe key 'trust_checkpoint' = False"
-            raise RecipeError(f"{key}: {refused}") from None
-        why = _unreadable(err) if checkpoint is not None else None
-        if why is None:
-            raise
-        from composer_qsdp.recipes.checksums import remedy, short_file
-
-        found = short_file(checkpoint, trust_checkpoint=trust_checkpoint)
-        what = f"checkpoint file {found[0]}" if found else f"checkpoint {checkpoint}"
-        raise RecipeError(f"{_resume_key(autoresume, paths)}: {what} is truncated or corrupt "
-                          f"({found[1] if found else why}); {remedy(checkpoint)}") from err
-
-
 def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
     """Build the data, model, optimizer, schedule, parallelism, loggers, callbacks and algorithms of ``recipe``,
     then train; every checkpoint the run reads loads as data only, unless the recipe sets ``trust_checkpoint``
@@ -411,7 +151,7 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
         try:
             return _train(recipe, StartupClock() if clock is None else clock, run)
         except (Exception, CheckpointException) as err:
-            refused = _untrusted(err) if not isinstance(err, RecipeError) else None
+            refused = untrusted(err) if not isinstance(err, RecipeError) else None
             if refused is None:
                 raise
             # A checkpoint a callback loads while training (Composer's LoadCheckpoint at a later event).
@@ -459,12 +199,12 @@ def _train(recipe: ValidatedRecipe, clock: StartupClock, run: contextlib.ExitSta
                               "complete one (latest-rank0.pt), left by a save that never finished; set aside so "
                               "that the run resumes from the last complete checkpoint", stacklevel=2)
         dist.barrier()
-    resume = _resume_checkpoint(cfg.autoresume, paths)
+    resume = resume_checkpoint(cfg.autoresume, paths)
     if resume is not None:
         try:
             verify_checkpoint(resume)
         except CorruptCheckpointError as err:
-            raise RecipeError(f"{_resume_key(cfg.autoresume, paths)}: {err}") from None
+            raise RecipeError(f"{resume_key(cfg.autoresume, paths)}: {err}") from None
     world = dist.get_world_size()
     train_dl = _dataloader(recipe, cfg.data.train_split, cfg.global_train_batch_size // world, training=True,
                            run=run)
@@ -498,7 +238,7 @@ def _train(recipe: ValidatedRecipe, clock: StartupClock, run: contextlib.ExitSta
 
     clock.lap("model")
     progress_bar, log_to_console = console_output(cfg.progress_bar, cfg.log_to_console, sys.stdout.isatty())
-    with _reading_checkpoint(cfg.autoresume, paths, resume, cfg.trust_checkpoint):  # the Trainer loads it
+    with reading_checkpoint(cfg.autoresume, paths, resume, cfg.trust_checkpoint):  # the Trainer loads it
         trainer = Trainer(
             run_name=paths.run_name,
             model=model,
@@ -556,18 +296,18 @@ def _train(recipe: ValidatedRecipe, clock: StartupClock, run: contextlib.ExitSta
         # dist_timeout while the other processes wait in a collective that this one never joins. Closing the engine
         # alone still flushes the loggers; this process then exits, its connections close, and the others' pending
         # collectives fail at once.
-        stalled = _collective_timeout(err, cfg.dist_timeout)
+        stalled = collective_timeout(err, cfg.dist_timeout)
         if stalled is not None:
             raise stalled from err
         trainer.engine.close()
-        full = _disk_full(err, paths, cfg.metrics_file)
+        full = disk_full(err, paths, cfg.metrics_file)
         if full is not None:
             raise full from err
-        peer_exit = _peer_exit(err)
-        if peer_exit is not None:
+        peer = peer_exit(err)
+        if peer is not None:
             raise PeerExitedError(
                 f"rank {dist.get_global_rank()}: another process of the job ended while this one waited for it in a "
-                f"collective ({peer_exit}); the launcher prints that process's error") from err
+                f"collective ({peer}); the launcher prints that process's error") from err
         raise
     trainer.close()
     if dist.get_global_rank() == 0:

@@ -7,7 +7,7 @@ import time
 
 from dist_spawn import RankInfo, run_ranks
 
-from composer_qsdp.recipes.train import CollectiveTimeoutError, _collective_timeout, _is_timeout
+from composer_qsdp.recipes.failures import CollectiveTimeoutError, collective_timeout, is_timeout
 
 GLOO_TIMEOUT = RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 1000ms for recv operation")
 
@@ -18,7 +18,7 @@ def _report(info: RankInfo, silent_rank: int | None) -> str | None:
         time.sleep(3)  # alive, holding its part of the group, reporting nothing
         return None
     start = time.monotonic()
-    error = _collective_timeout(GLOO_TIMEOUT, timeout_s=1.5)
+    error = collective_timeout(GLOO_TIMEOUT, timeout_s=1.5)
     assert isinstance(error, CollectiveTimeoutError)
     assert time.monotonic() - start < 5  # bounded by the report grace, min(10 s, dist_timeout)
     return str(error)
@@ -38,8 +38,8 @@ def test_a_timeout_on_every_rank_names_none():
 
 
 def test_timeouts_are_found_through_wrapping_exceptions():
-    assert _collective_timeout(RuntimeError("Read error: Connection reset by peer"), 10) is None  # a dead peer
-    assert not _is_timeout(ValueError("timed out"))  # not a collective's error
+    assert collective_timeout(RuntimeError("Read error: Connection reset by peer"), 10) is None  # a dead peer
+    assert not is_timeout(ValueError("timed out"))  # not a collective's error
     wrapped = ValueError("Composer's wrapper")
     wrapped.__cause__ = GLOO_TIMEOUT
-    assert _is_timeout(wrapped)
+    assert is_timeout(wrapped)
