@@ -282,6 +282,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--collect", metavar="DIR",
                         help="like --status, then copy the results (csv, md, png, json) and the arms' logs and "
                              "metrics (one .tar.gz) into DIR")
+    parser.add_argument("--header-from", nargs="+", metavar="RECORD_JSON",
+                        help="with --status or --collect on another machine: the records' header (device, versions, "
+                             "date, git revision, command) is that of these convergence-*.json records of the hosts "
+                             "that ran the arms (several: one per session; dates, revisions and commands joined), "
+                             "and this command is added as 'tables'")
     parser.add_argument("--replot", metavar="RECORD_JSON", help="only redraw the PNG of a convergence-*.json record "
                                                                 "(written beside it)")
     parser.add_argument("--combine", nargs="+", metavar="RECORD_JSON",
@@ -317,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("num_workers", "retries"):
         if getattr(args, name) < 0:
             raise SystemExit(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid; it must be >= 0")
+    if args.header_from and not (args.status or args.collect):
+        raise SystemExit("--header-from rewrites the tables of arms another host ran: use it with --status or --collect")
     budget = common.Budget(args.time_budget)
     plan = make_plan(args)
     if args.plan:

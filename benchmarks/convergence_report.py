@@ -22,7 +22,7 @@ import e2e_common as common
 import seed_stats
 from convergence_arms import FSDP_BASELINES, SEED_MARK, arm_seed, base_arm
 from convergence_plan import Plan
-from convergence_runner import VAL_LOSS, launch_count, merged_metrics
+from convergence_runner import VAL_LOSS, launch_count, merged_metrics, recorded_backend
 
 W8G8_TARGET_PCT = 1.0  # the project's target: W8G8 final validation loss within 1% of plain FSDP
 ZERO_ONE_TARGET_PCT = 1.0  # issue 13: 0/1 Adam's final validation loss within 1% of DDP AdamW
@@ -68,7 +68,7 @@ def summarize(plan: Plan) -> dict[str, Any]:
             "lr_scale": plan.arms[arm].lr_scale,
             "nproc": plan.nproc(arm),
             "micro_batch": plan.micro(arm),
-            "backend": plan.backend(arm),
+            "backend": recorded_backend(plan.arm_dir(arm)) or plan.backend(arm),
             "complete": (plan.arm_dir(arm) / "done.json").is_file(),
             "launches": launch_count(plan.arm_dir(arm)),
             "curve": [[step, loss] for step, loss in curve],
@@ -259,6 +259,10 @@ def _ranks_text(plan: Plan, arms: dict[str, Any]) -> str:
     for arm, r in arms.items():
         by_n.setdefault((r["nproc"], r["micro_batch"]), []).append(arm)
     groups = "; ".join(f"{n} processes, micro-batch {m}: {', '.join(names)}" for (n, m), names in by_n.items())
+    if plan.args.header_from:  # tables of another host's arms: where they ran is what their launches logged
+        backends = {b: [arm for arm, r in arms.items() if r["backend"] == b] for b in ("gloo", "nccl")}
+        return (f"{groups}; as the arms' launches logged it: over gloo {', '.join(backends['gloo']) or 'none'}, over "
+                f"NCCL {', '.join(backends['nccl']) or 'none'}")
     gloo = [arm for arm in arms if plan.gloo(arm)]
     where = (f"ranks sharing {len(plan.gpus)} GPU(s); over gloo (shared_gpu: the numerics of a GPU per rank): "
              f"{', '.join(gloo) or 'none'}; the others over NCCL, a GPU per rank; step times are not network "
@@ -368,11 +372,35 @@ def _figure(record: dict[str, Any], plt: Any) -> Any:
     return fig
 
 
+def recorded_header(records: list[Path]) -> dict[str, str]:
+    """The header of the hosts that ran the arms, from their ``convergence-*.json`` records (one per session): the
+    first record's device and versions, every distinct date, git revision and command, and this command as
+    ``tables``.
+
+    Raises:
+        SystemExit: a record that cannot be read or has no header, naming it.
+    """
+    heads = []
+    for path in records:
+        try:
+            heads.append(common.read_json(path)["header"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise SystemExit(f"--header-from {path}: not a convergence record with a header ({err!r})") from None
+    head = dict(heads[0])
+    for key, sep in (("date", " + "), ("git", " + "), ("command", " ; ")):
+        head[key] = sep.join(dict.fromkeys(h[key] for h in heads if key in h))
+    head["tables"] = common.header(1)["command"]
+    return head
+
+
 def write_results(plan: Plan, manifest: dict[str, Any], status: str, quiet: bool = False) -> dict[str, Any]:
     """Summarize every arm's metrics files into ``convergence-<name>`` .csv/.json/.md/.png in the results
     directory (printing the table unless ``quiet``: the progress writes while arms run); returns the record."""
-    head = common.header(min(len(plan.gpus), plan.max_ranks) if plan.gpus else plan.max_ranks)
-    if plan.shared:
+    if plan.args.header_from:
+        head = recorded_header([Path(p) for p in plan.args.header_from])
+    else:
+        head = common.header(min(len(plan.gpus), plan.max_ranks) if plan.gpus else plan.max_ranks)
+    if plan.shared and not plan.args.header_from:  # a recorded header says it already
         head["device"] += (f"; arms share the GPU(s){_concurrency(plan)}; arms with more processes than GPUs over "
                            "gloo (shared_gpu)")
     arms = summarize(plan)

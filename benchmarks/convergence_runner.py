@@ -30,6 +30,16 @@ def _segments(arm_dir: Path) -> list[Path]:
     return sorted(arm_dir.glob("metrics-*.json"))
 
 
+def recorded_backend(arm_dir: Path) -> str | None:
+    """The collective back end an arm's last launch logged (the entrypoint's ``dist_backend`` hyperparameter in its
+    metrics file), None before one logged it."""
+    for path in reversed(_segments(arm_dir)):
+        backend = (common.read_json(path).get("hyperparameters") or {}).get("dist_backend")
+        if backend is not None:
+            return str(backend)
+    return None
+
+
 def launch_count(arm_dir: Path) -> int:
     """The launches of the arm so far (its logs): the index of its next launch."""
     return len(list(arm_dir.glob("log-*.txt")))

@@ -292,6 +292,40 @@ def test_a_status_command_states_the_concurrency_only_when_told(tiny_recipes, tm
     assert "at most 3 processes at once" in texts[("--status", "3")]
 
 
+def test_tables_rewritten_elsewhere_keep_the_header_and_backends_of_the_host_that_ran_the_arms(tiny_recipes,
+                                                                                               tmp_path):
+    # Arms of two sessions on a GPU host, their logs unpacked on a CPU machine: the tables must name that host, both
+    # sessions' revisions and how the arms' ranks communicated, not this machine.
+    records = []
+    for session, (git, date) in enumerate((("aaa1111", "2026-11-28 10:00 UTC"), ("bbb2222", "2026-11-29 11:00 UTC"))):
+        records.append(tmp_path / f"record-{session}.json")
+        records[-1].write_text(json.dumps({"header": {
+            "device": "1 x NVIDIA H200 (140 GiB) of 1 visible; arms share the GPU(s)", "torch": "2.11.0+cu130",
+            "nccl": "2.28.9", "python": "3.12.3", "date": date, "git": git, "command": f"python3 convergence.py s{session}"}}))
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", "--status", "--header-from", *map(str, records))
+    for arm, backend in (("baseline", "nccl"), ("w8g8", "gloo")):
+        write_segment(plan.out_dir / arm / "metrics-00.json", {10: 5.0})
+        segment = plan.out_dir / arm / "metrics-00.json"
+        segment.write_text(json.dumps(json.loads(segment.read_text()) | {"hyperparameters": {"dist_backend": backend}}))
+    manifest = {"command": "c", "tokens": {"train": 1, "val": 1}, "input": {"files": 1, "bytes": 1, "sha256": "ab"}}
+    record = convergence_report.write_results(plan, manifest, "incomplete", quiet=True)
+    head = record["header"]
+    assert head["device"] == "1 x NVIDIA H200 (140 GiB) of 1 visible; arms share the GPU(s)"
+    assert (head["git"], head["torch"]) == ("aaa1111 + bbb2222", "2.11.0+cu130")
+    assert head["command"] == "python3 convergence.py s0 ; python3 convergence.py s1" and head["tables"]  # this command
+    assert (record["arms"]["baseline"]["backend"], record["arms"]["w8g8"]["backend"]) == ("nccl", "gloo")
+    md = (plan.out_dir / f"convergence-{plan.name}.md").read_text()
+    assert "over gloo w8g8, over NCCL baseline" in md and "CPU processes" not in md
+
+    with pytest.raises(SystemExit, match="with --status or --collect"):
+        convergence.main(["--recipe-dir", str(tiny_recipes), "--header-from", str(records[0])])
+    (tmp_path / "not-a-record.json").write_text("[]")
+    bad = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "--status", "--header-from",
+                   str(tmp_path / "not-a-record.json"))
+    with pytest.raises(SystemExit, match="not-a-record.json: not a convergence record"):
+        convergence_report.write_results(bad, manifest, "incomplete", quiet=True)
+
+
 def test_ddp_arms_compare_with_ddp_adamw_and_count_their_bytes(tiny_recipes, tmp_path):
     plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "ddp-baseline", "zero-one-adam",
                     "zero-one-adam-rescale")
