@@ -65,12 +65,25 @@ class SigtermCheckpoint(Callback):
         signal.signal(signal.SIGTERM, handler)
         try:
             yield
+        except Preempted:
+            self._end_group()  # every process stopped after the same batch
+            raise
+        except BaseException:
+            # A failed process ends now, and its group with it; tearing the group down could wait on a peer that
+            # stalled or died, which is what failed.
+            self._group = None
+            raise
+        else:
+            self._end_group()
         finally:
             signal.signal(signal.SIGTERM, previous)
-            if self._group is not None:
-                # Its sockets and threads would outlive the run: one more group for each run of a process.
-                torch_dist.destroy_process_group(self._group)
-                self._group = None
+
+    def _end_group(self) -> None:
+        """Destroy the flags' gloo group, whose sockets and threads would otherwise outlive the run (one more group
+        for each run of a process)."""
+        if self._group is not None:
+            torch_dist.destroy_process_group(self._group)
+            self._group = None
 
     def run_event(self, event: Event, state: State, logger: Logger) -> None:
         if event == Event.BATCH_END:

@@ -131,7 +131,8 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
     Returns:
         The finished (closed) Composer ``Trainer``. Its datasets are released however the run ends (their prefetch
         threads stopped, their shared memory freed: :func:`~composer_qsdp.recipes.compat.release_streaming_dataset`),
-        after its last checkpoint: its dataloaders cannot be read again.
+        after its last checkpoint: its dataloaders cannot be read again. A failed process of a launched job
+        (``WORLD_SIZE`` > 1) leaves them to its exit, which follows at once.
 
     Raises:
         Preempted: the run received SIGTERM (``save_on_sigterm``) and stopped after saving the batch it was in.
@@ -150,8 +151,15 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
     with checkpoint_loading(trust_checkpoint=recipe.cfg.trust_checkpoint), contextlib.ExitStack() as run:
         try:
             return _train(recipe, StartupClock() if clock is None else clock, run)
-        except (Exception, CheckpointException) as err:
-            refused = untrusted(err) if not isinstance(err, RecipeError) else None
+        except BaseException as err:
+            if _launched():
+                # A launched process ends right after its report (main), its threads with it. Releasing the datasets
+                # would join their prefetch threads, and one may wait for ever on streaming's cache lock held by
+                # the peer that stalled, which is what failed.
+                run.pop_all()
+            if not isinstance(err, (Exception, CheckpointException)) or isinstance(err, RecipeError):
+                raise
+            refused = untrusted(err)
             if refused is None:
                 raise
             # A checkpoint a callback loads while training (Composer's LoadCheckpoint at a later event).
