@@ -72,7 +72,7 @@ from composer_qsdp.quant import make_codec
 from composer_qsdp.schemes import build_scheme
 
 import e2e_common as common
-from provenance import git_revision
+from provenance import command_line, git_revision
 
 MB = 10**6
 BF16 = 2
@@ -295,7 +295,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench_collectives needs CUDA GPUs", file=sys.stderr)
         return 2
-    command = " ".join([os.path.basename(sys.executable), *sys.argv])
+    command = command_line()
     if "RANK" in os.environ:  # torchrun
         _worker(int(os.environ["LOCAL_RANK"]), args, int(os.environ["WORLD_SIZE"]), command)
         return 0

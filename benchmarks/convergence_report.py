@@ -23,6 +23,7 @@ import seed_stats
 from convergence_arms import FSDP_BASELINES, SEED_MARK, arm_seed, base_arm
 from convergence_plan import Plan
 from convergence_runner import VAL_LOSS, launch_count, merged_metrics, recorded_backend
+from provenance import command_line
 
 W8G8_TARGET_PCT = 1.0  # the project's target: W8G8 final validation loss within 1% of plain FSDP
 ZERO_ONE_TARGET_PCT = 1.0  # issue 13: 0/1 Adam's final validation loss within 1% of DDP AdamW
@@ -389,7 +390,7 @@ def recorded_header(records: list[Path]) -> dict[str, str]:
     head = dict(heads[0])
     for key, sep in (("date", " + "), ("git", " + "), ("command", " ; ")):
         head[key] = sep.join(dict.fromkeys(h[key] for h in heads if key in h))
-    head["tables"] = common.header(1)["command"]
+    head["tables"] = command_line()
     return head
 
 

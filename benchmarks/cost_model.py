@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,7 +59,7 @@ from typing import Any
 
 from cluster_model import (GB, HBM_GBS, MEGATRON, OPTIMIZER_BYTES_PER_PARAM, SETTINGS, Cluster, NetworkFit, Unit,
                            collective_row_prediction, fit_network, model_shape, model_units, predict)
-from provenance import git_revision
+from provenance import command_line, git_revision
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -294,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out_dir:
         records = [*COLLECTIVE_RECORDS.values(), *(r[0] for r in E2E_RECORDS)]
         header = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                  "git": git_revision(), "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+                  "git": git_revision(), "command": command_line(),
                   "records": ", ".join(sorted(set(records)))}
         lines = [f"### cost_model {args.command} (predictions, computed on a CPU)", ""]
         lines += [f"- {k}: `{v}`" for k, v in header.items()]

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from provenance import git_revision
+from provenance import command_line, git_revision
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -241,7 +241,7 @@ def header(nproc: int) -> dict[str, str]:
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "git": git_revision(("composer_qsdp", "benchmarks", "yamls")),  # the recipes too
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "command": command_line(),
     }
 
 

@@ -1,4 +1,4 @@
-"""Where a benchmark record comes from: the git revision of the code it measured.
+"""Where a benchmark record comes from: the git revision of the code it measured, and the command.
 
 Not a benchmark itself; the benchmarks import it from this directory.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,3 +29,8 @@ def git_revision(watched: Sequence[str] = ("composer_qsdp", "benchmarks")) -> st
         return rev + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown (set GIT_REV)"
+
+
+def command_line() -> str:
+    """This process's command line as a record states it (the interpreter's name, then its arguments)."""
+    return " ".join([os.path.basename(sys.executable), *sys.argv])
