@@ -148,22 +148,23 @@ def train(recipe: ValidatedRecipe, clock: StartupClock | None = None) -> Any:
 
     from composer_qsdp.recipes.safe_load import checkpoint_loading
 
-    with checkpoint_loading(trust_checkpoint=recipe.cfg.trust_checkpoint), contextlib.ExitStack() as run:
-        try:
-            return _train(recipe, StartupClock() if clock is None else clock, run)
-        except BaseException as err:
-            if _launched():
-                # A launched process ends right after its report (main), its threads with it. Releasing the datasets
-                # would join their prefetch threads, and one may wait for ever on streaming's cache lock held by
-                # the peer that stalled, which is what failed.
-                run.pop_all()
-            if not isinstance(err, (Exception, CheckpointException)) or isinstance(err, RecipeError):
+    try:
+        with checkpoint_loading(trust_checkpoint=recipe.cfg.trust_checkpoint), contextlib.ExitStack() as run:
+            try:
+                return _train(recipe, StartupClock() if clock is None else clock, run)
+            except BaseException:
+                if _launched():
+                    # A launched process ends right after its report (main), its threads with it. Releasing the
+                    # datasets would join their prefetch threads, and one may wait for ever on streaming's cache lock
+                    # held by the peer that stalled, which is what failed.
+                    run.pop_all()
                 raise
-            refused = untrusted(err)
-            if refused is None:
-                raise
-            # A checkpoint a callback loads while training (Composer's LoadCheckpoint at a later event).
-            raise RecipeError(f"recipe key 'trust_checkpoint' = False: {refused}") from None
+    except (Exception, CheckpointException) as err:
+        refused = untrusted(err) if not isinstance(err, RecipeError) else None
+        if refused is None:
+            raise
+        # A checkpoint a callback loads while training (Composer's LoadCheckpoint at a later event).
+        raise RecipeError(f"recipe key 'trust_checkpoint' = False: {refused}") from None
 
 
 def _train(recipe: ValidatedRecipe, clock: StartupClock, run: contextlib.ExitStack) -> Any:
