@@ -19,6 +19,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 import traceback
 import warnings
 from collections.abc import Sequence
@@ -377,6 +378,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             status = err.status
         elif isinstance(err, PeerExitedError):
             print(f"{type(err).__name__}: {err}", file=sys.stderr)
+            if launched:
+                _leave_the_launcher_the_first_exit()
             status = 1
         elif not launched:
             raise
@@ -394,6 +397,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _launched() -> bool:
     """Whether this process is one of several that a launcher started (``WORLD_SIZE`` > 1)."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+#: How long a process whose peer ended waits for the launcher's SIGTERM before it exits itself (seconds, at most).
+_PEER_EXIT_GRACE_S = 10.0
+
+
+def _leave_the_launcher_the_first_exit() -> None:
+    """Wait until the launcher sends SIGTERM, at most ``_PEER_EXIT_GRACE_S``; later SIGTERMs are only noted.
+
+    A peer's death closes its sockets, so this process learns of it within milliseconds and would exit within the
+    launcher's polling interval. Composer's launcher polls its processes in rank order and names the first failed one
+    it finds, so a survivor of lower rank that had already exited would be named as the cause. The launcher's SIGTERM
+    says that it has seen a failed process; without a launcher that sends one, the process ends after the grace. The
+    handler is Python's, not a blocked-signal wait, because the signal may be delivered to any thread that does not
+    block it.
+    """
+    received: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: received.append(signum))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    deadline = time.monotonic() + _PEER_EXIT_GRACE_S
+    while not received and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _end_launched(status: int) -> int:

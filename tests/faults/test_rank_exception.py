@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -84,3 +85,28 @@ def test_a_failed_launched_process_ends_without_joining_its_threads(error, statu
                           text=True, timeout=60)
     assert proc.returncode == status, proc.stderr
     assert report in proc.stderr and "atexit callbacks ran" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_process_whose_peer_ended_exits_after_the_launcher_has_seen_the_peer():
+    """A survivor learns of its peer's death at once; it waits for the launcher's SIGTERM (the launcher has found the
+    failed process then) before it ends, so that a launcher polling in rank order names the peer, not the survivor."""
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0"}
+    error = "entry.PeerExitedError('rank 0: another process ended')"
+    proc = subprocess.Popen([sys.executable, "-c", _FAILING_PROCESS.format(error=error)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        reported = ""
+        while "PeerExitedError" not in reported:
+            line = proc.stderr.readline()
+            assert line, reported  # the process ended before reporting
+            reported += line
+        time.sleep(2.0)
+        assert proc.poll() is None, "the survivor exited before the launcher's SIGTERM"
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert time.monotonic() - sent < 5, "the launcher's SIGTERM did not end the wait"
+    assert proc.returncode == 1, reported + stderr
+    assert "atexit callbacks ran" in stdout, stdout + stderr
