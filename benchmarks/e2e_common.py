@@ -39,8 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL", "CUDA_VISIBLE_DEVICES", "TORCH_SYMM_MEM", "OMP_NUM_THREADS",
                 "PYTORCH_CUDA_ALLOC_CONF")
 
-#: Seconds a killed launch gets between SIGTERM and SIGKILL.
-KILL_GRACE_S = 15.0
+#: Seconds a killed launch gets between SIGTERM and SIGKILL: its processes save a checkpoint of the batch they are
+#: in (recipes' ``save_on_sigterm``), and Composer's launcher gives them 30 s for it before its own SIGKILL.
+KILL_GRACE_S = 40.0
 #: The units of the records' bandwidths and sizes: GB (bandwidths, wire bytes) and GiB (memory).
 GB = 1e9
 GIB = 2**30

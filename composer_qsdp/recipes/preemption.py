@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -32,6 +33,9 @@ from composer_qsdp.recipes.failures import Preempted
 
 __all__ = ["SigtermCheckpoint"]
 
+#: Seconds after a process's first SIGTERM within which another is the same request, not a second one.
+_REPEAT_WINDOW_S = 5.0
+
 
 class SigtermCheckpoint(Callback):
     """Stops the run at the end of the batch in which any process received SIGTERM, after Composer's
@@ -44,6 +48,7 @@ class SigtermCheckpoint(Callback):
         self.received = False  # this process's flag: set by the handler
         self.stopping = False  # every process's agreement, from BATCH_END's all-reduce
         self._group: Any | None = None  # the gloo group of that all-reduce
+        self._first_signal: float | None = None  # when the handler first ran (time.monotonic(), seconds)
         if saver is not None:
             # The saver's schedule is a public attribute (a callable of state and event): wrapping it makes the
             # agreed batch one more scheduled checkpoint, saved by Composer's own code.
@@ -53,12 +58,17 @@ class SigtermCheckpoint(Callback):
     @contextlib.contextmanager
     def handling(self) -> Iterator[None]:
         """Install the SIGTERM handler for the block (``trainer.fit``); the previous one (Composer's: ``sys.exit``)
-        is restored after it, and also handles a second SIGTERM, so that a second signal still ends a run whose save
-        hangs. The gloo group of the flags' all-reduce ends with the block too."""
+        is restored after it. A SIGTERM more than ``_REPEAT_WINDOW_S`` after the first goes to the previous one,
+        so that a second request still ends a run whose save hangs; those within it are the same request arriving
+        twice (a scheduler that signals every process of the job and the launcher, which forwards its own). The gloo
+        group of the flags' all-reduce ends with the block too."""
         previous = signal.getsignal(signal.SIGTERM)
 
         def handler(signum: int, frame: FrameType | None) -> None:
-            if self.received and callable(previous):
+            now = time.monotonic()
+            if self._first_signal is None:
+                self._first_signal = now
+            elif now - self._first_signal > _REPEAT_WINDOW_S and callable(previous):
                 previous(signum, frame)
             self.received = True
 

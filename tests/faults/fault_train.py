@@ -16,6 +16,8 @@ tests)::
   peer was preparing, which interpreter exit would wait for forever;
 * ``sigterm``: writes the time to ``QSDP_FAULT_DIR/signalled`` and sends SIGTERM to the launcher (its parent
   process), as a cluster scheduler preempting the job does; the launcher forwards it to every process;
+* ``sigterm-all``: the same, and SIGTERM to every process of the job too (Slurm's ``scancel`` signals them all), so
+  that each process receives it twice within milliseconds;
 * ``slow-check``: (the third field is seconds, not a batch) takes that much longer over the recipe check, so that
   the other ranks reach a recipe error first.
 
@@ -90,17 +92,22 @@ def _arm(kind: str, rank: int, batch: int) -> None:
         write_file = checkpoint._write_checkpoint_file
         checkpoint._write_checkpoint_file = half_then_die
         return
-    if kind not in ("stop", "raise", "sigterm"):
+    if kind not in ("stop", "raise", "sigterm", "sigterm-all"):
         raise ValueError(f"QSDP_FAULT kind {kind!r} is unknown; allowed: stop, kill-in-save, raise, sigterm, "
-                         "slow-check")
+                         "sigterm-all, slow-check")
 
     class Fault(Callback):
         def batch_end(self, state: Any, logger: Any) -> None:
             if int(state.timestamp.batch) != batch:
                 return
-            if kind == "sigterm":
-                Path(os.environ["QSDP_FAULT_DIR"], "signalled").write_text(str(time.time()))
-                os.kill(os.getppid(), signal.SIGTERM)
+            if kind in ("sigterm", "sigterm-all"):
+                fault_dir = Path(os.environ["QSDP_FAULT_DIR"])
+                fault_dir.joinpath("signalled").write_text(str(time.time()))
+                pids = [os.getppid()]
+                if kind == "sigterm-all":
+                    pids += [int(path.read_text()) for path in sorted(fault_dir.glob("rank*.pid"))]
+                for pid in pids:
+                    os.kill(pid, signal.SIGTERM)
                 return
             if kind == "raise":
                 Path(os.environ["QSDP_FAULT_DIR"], "raised").write_text(str(time.time()))

@@ -3,7 +3,7 @@
 agree on one batch, save its checkpoint, and exit naming SIGTERM; autoresume continues from that checkpoint to the
 losses of the uninterrupted run.
 
-Three launches (about 25 s each on 2 CPU cores): ``slow``.
+Four launches (about 25 s each on 2 CPU cores): ``slow``.
 """
 
 from __future__ import annotations
@@ -52,3 +52,21 @@ def test_sigterm_saves_the_batch_and_autoresume_continues_exactly(corpus_shards,
     assert resumed.returncode == 0, _log(resumed)
     expected = train_losses(tmp_path / "full")
     assert train_losses(tmp_path / "resumed") == {b: expected[b] for b in range(batch, BATCHES)}
+
+
+def test_sigterm_to_the_launcher_and_every_process_still_saves(corpus_shards, tmp_path):
+    """A scheduler that signals every process of the job as well as the launcher (Slurm's ``scancel``): each process
+    receives SIGTERM twice within milliseconds, its own and the launcher's, and must take them as one request."""
+    ckpt = tmp_path / "ckpt"
+    stopped = _launch(2, QSDP_RECIPE, _overrides(corpus_shards, tmp_path / "stopped", f"save_folder={ckpt}",
+                                                 f"save_interval={SAVE_EVERY}ba", "run_name=preempted"),
+                      tmp_path / "pids", f"sigterm-all:1:{SIGNAL_AT}")
+    log = _log(stopped)
+    assert stopped.returncode == 143, log
+    reports = re.findall(r"rank (\d): stopped by SIGTERM after batch (\d+); checkpoint saved at (\S+): autoresume",
+                         log)
+    assert sorted(rank for rank, _, _ in reports) == ["0", "1"], log
+    assert len({(batch, path) for _, batch, path in reports}) == 1, reports
+    batch = int(reports[0][1])
+    assert os.readlink(ckpt / "latest-rank0.pt").startswith(f"ep0-ba{batch}")
+    assert (ckpt / f"ep0-ba{batch}" / "checksums.json").is_file()
