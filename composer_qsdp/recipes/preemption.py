@@ -9,8 +9,9 @@ signals each process on its own). At that batch's ``Event.BATCH_CHECKPOINT`` Com
 saves as at any scheduled checkpoint (its ``latest`` link, then the manifest and the owner record of the callbacks
 after it), and :class:`Preempted` ends ``fit``. The flags travel as a CPU tensor over a gloo group of their own, so
 the agreement adds no host-device synchronization to a GPU run's batch (an NCCL all-reduce read back on the host
-would wait for the batch's kernels). Composer's launcher SIGKILLs its processes 30 s after it forwarded
-the signal, so the save must fit in that time.
+would wait for the batch's kernels); its all-reduce waits ``dist_timeout`` for a silent peer, as the run's other
+collectives do. Composer's launcher SIGKILLs its processes 30 s after it forwarded the signal, so the save must fit in
+that time.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import contextlib
 import signal
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any, Callable
@@ -41,10 +43,12 @@ class SigtermCheckpoint(Callback):
     """Stops the run at the end of the batch in which any process received SIGTERM, after Composer's
     ``CheckpointSaver`` ``saver`` (None: the run saves none) saved that batch; must run after the saver and the
     callbacks that act on its saves (append it last to ``state.callbacks`` once the Trainer is built). The handler is
-    live inside :meth:`handling` only."""
+    live inside :meth:`handling` only. ``dist_timeout`` (seconds) bounds the flags' all-reduce, as the run's process
+    group bounds its collectives."""
 
-    def __init__(self, saver: Any | None) -> None:
+    def __init__(self, saver: Any | None, dist_timeout: float) -> None:
         self.saver = saver
+        self.dist_timeout = dist_timeout
         self.received = False  # this process's flag: set by the handler
         self.stopping = False  # every process's agreement, from BATCH_END's all-reduce
         self._group: Any | None = None  # the gloo group of that all-reduce
@@ -112,7 +116,10 @@ class SigtermCheckpoint(Callback):
         if not torch_dist.is_available() or not torch_dist.is_initialized():
             return self.received
         if self._group is None:
-            self._group = torch_dist.new_group(backend="gloo")
+            # A new group does not inherit the default group's timeout: it would wait torch's default (30 min) here
+            # for a peer stopped after its step, the first wait of a stalled run, instead of timing out after
+            # dist_timeout into the report that names the silent rank.
+            self._group = torch_dist.new_group(backend="gloo", timeout=timedelta(seconds=self.dist_timeout))
         flag = torch.tensor([int(self.received)], dtype=torch.int32)
         torch_dist.all_reduce(flag, op=torch_dist.ReduceOp.MAX, group=self._group)
         return bool(flag.item())

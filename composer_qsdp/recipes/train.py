@@ -284,7 +284,7 @@ def _train(recipe: ValidatedRecipe, clock: StartupClock, run: contextlib.ExitSta
         trainer.state.callbacks.append(OwnerRecord(saver, paths.local_save_folder, owner, logger_files))
     # Last: it stops the run after the saver and the callbacks above have acted on the batch's checkpoint.
     preemption = SigtermCheckpoint(next((cb for cb in trainer.state.callbacks if isinstance(cb, CheckpointSaver)),
-                                        None)) if cfg.save_on_sigterm else None
+                                        None), cfg.dist_timeout) if cfg.save_on_sigterm else None
     if preemption is not None:
         trainer.state.callbacks.append(preemption)
     if placement is not None:
