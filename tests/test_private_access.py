@@ -1,5 +1,6 @@
 """Private torch names live in the compat modules only (issue 52, "one way in"): FSDP2's and FSDP1's internals in
-``fsdp2/compat.py`` and ``fsdp1/compat.py``, the harness's rendezvous store in ``recipes/compat.py``. A torch
+``fsdp2/compat.py`` and ``fsdp1/compat.py``, the harness's rendezvous store in ``recipes/compat.py``, a process
+group's timeout in ``comm/compat.py``. A torch
 release that moves a private name then breaks one known file, which checks it against the installed torch.
 
 The scan (``ast``, no import) flags in every other module of ``composer_qsdp/``:
@@ -25,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "composer_qsdp"
 
 #: The modules allowed to read torch's private names.
-COMPAT = ("composer_qsdp/fsdp2/compat.py", "composer_qsdp/fsdp1/compat.py", "composer_qsdp/recipes/compat.py")
+COMPAT = ("composer_qsdp/fsdp2/compat.py", "composer_qsdp/fsdp1/compat.py", "composer_qsdp/recipes/compat.py",
+          "composer_qsdp/comm/compat.py")
 
 #: Private-looking attributes of other libraries than torch, which are those libraries' conventions for users.
 FOREIGN = {

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from composer_qsdp.comm.compat import group_timeout
 from composer_qsdp.comm.topology import Topology
 
 __all__ = ["NodeGroups", "chunk_table", "node_groups"]
@@ -106,7 +107,8 @@ def node_groups(topology: Topology, group: dist.ProcessGroup) -> NodeGroups:
     The first call for a group is collective over the **default** process group: every rank calls it for its
     own group (HSDP gives ranks different shard groups), in the same order. The ranks exchange their topology
     and group, check them, and every rank creates the subgroups of every distinct group (``new_group`` must be
-    called by all ranks, in one order, for NCCL's communicator split). Later calls are local.
+    called by all ranks, in one order, for NCCL's communicator split), with the default group's timeout. Later calls
+    are local.
 
     Args:
         topology: this rank's topology.
@@ -141,7 +143,7 @@ def node_groups(topology: Topology, group: dist.ProcessGroup) -> NodeGroups:
         for m, table in tables.items():  # the same order on every rank
             for ranks in _subgroup_ranks(m, table):
                 if ranks not in subgroups:
-                    subgroups[ranks] = dist.new_group(list(ranks))
+                    subgroups[ranks] = dist.new_group(list(ranks), timeout=group_timeout(default))
         splits[key] = _split(members, tables[members], topology, subgroups)
     return splits[key]
 
