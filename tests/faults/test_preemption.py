@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -29,8 +30,29 @@ def test_sigterm_saves_the_batch_and_autoresume_continues_exactly(corpus_shards,
                                               *saving), tmp_path / "pids")
     assert full.returncode == 0, _log(full)
 
-    stopped = _launch(2, QSDP_RECIPE, _overrides(corpus_shards, tmp_path / "stopped", f"save_folder={ckpt}", *saving),
-                      tmp_path / "pids", f"sigterm:1:{SIGNAL_AT}")
+    batch = _stopped_and_saved(corpus_shards, tmp_path, ckpt, saving, "sigterm")
+    assert sorted(train_losses(tmp_path / "stopped")) == list(range(batch))
+
+    resumed = _launch(2, QSDP_RECIPE, _overrides(corpus_shards, tmp_path / "resumed", f"save_folder={ckpt}",
+                                                 *saving), tmp_path / "pids")
+    assert resumed.returncode == 0, _log(resumed)
+    expected = train_losses(tmp_path / "full")
+    assert train_losses(tmp_path / "resumed") == {b: expected[b] for b in range(batch, BATCHES)}
+
+
+def test_sigterm_to_the_launcher_and_every_process_still_saves(corpus_shards, tmp_path):
+    """A scheduler that signals every process of the job as well as the launcher (Slurm's ``scancel``): each process
+    receives SIGTERM twice within milliseconds, its own and the launcher's, and must take them as one request."""
+    _stopped_and_saved(corpus_shards, tmp_path, tmp_path / "ckpt", [f"save_interval={SAVE_EVERY}ba",
+                                                                    "run_name=preempted"], "sigterm-all")
+
+
+def _stopped_and_saved(shards: Path, tmp_path: Path, ckpt: Path, saving: list[str], fault: str) -> int:
+    """Launch the recipe with the SIGTERM ``fault`` sent by rank 1 after batch SIGNAL_AT; check that both processes
+    name the signal and one batch, the job exits 143, and ``latest`` names that batch's complete checkpoint. Returns
+    the batch."""
+    stopped = _launch(2, QSDP_RECIPE, _overrides(shards, tmp_path / "stopped", f"save_folder={ckpt}", *saving),
+                      tmp_path / "pids", f"{fault}:1:{SIGNAL_AT}")
     log = _log(stopped)
     assert (tmp_path / "pids" / "signalled").exists(), log
     assert stopped.returncode == 143, log
@@ -45,28 +67,4 @@ def test_sigterm_saves_the_batch_and_autoresume_continues_exactly(corpus_shards,
     assert reports[0][2] == str(ckpt / f"ep0-ba{batch}")
     assert os.readlink(ckpt / "latest-rank0.pt").startswith(f"ep0-ba{batch}")
     assert (ckpt / f"ep0-ba{batch}" / "checksums.json").is_file()
-    assert sorted(train_losses(tmp_path / "stopped")) == list(range(batch))
-
-    resumed = _launch(2, QSDP_RECIPE, _overrides(corpus_shards, tmp_path / "resumed", f"save_folder={ckpt}",
-                                                 *saving), tmp_path / "pids")
-    assert resumed.returncode == 0, _log(resumed)
-    expected = train_losses(tmp_path / "full")
-    assert train_losses(tmp_path / "resumed") == {b: expected[b] for b in range(batch, BATCHES)}
-
-
-def test_sigterm_to_the_launcher_and_every_process_still_saves(corpus_shards, tmp_path):
-    """A scheduler that signals every process of the job as well as the launcher (Slurm's ``scancel``): each process
-    receives SIGTERM twice within milliseconds, its own and the launcher's, and must take them as one request."""
-    ckpt = tmp_path / "ckpt"
-    stopped = _launch(2, QSDP_RECIPE, _overrides(corpus_shards, tmp_path / "stopped", f"save_folder={ckpt}",
-                                                 f"save_interval={SAVE_EVERY}ba", "run_name=preempted"),
-                      tmp_path / "pids", f"sigterm-all:1:{SIGNAL_AT}")
-    log = _log(stopped)
-    assert stopped.returncode == 143, log
-    reports = re.findall(r"rank (\d): stopped by SIGTERM after batch (\d+); checkpoint saved at (\S+): autoresume",
-                         log)
-    assert sorted(rank for rank, _, _ in reports) == ["0", "1"], log
-    assert len({(batch, path) for _, batch, path in reports}) == 1, reports
-    batch = int(reports[0][1])
-    assert os.readlink(ckpt / "latest-rank0.pt").startswith(f"ep0-ba{batch}")
-    assert (ckpt / f"ep0-ba{batch}" / "checksums.json").is_file()
+    return batch

@@ -1,8 +1,8 @@
 """The CPU try-out of a shipped recipe (issue 52 point 9): ``make try RECIPE=...`` runs the recipe with
 ``@yamls/cpu/try-out.overrides`` on 2 CPU processes over gloo; it trains, says where its metrics are and writes no
-checkpoint. Every GPT recipe passes the try-out's checks; one 125m recipe trains in the default suite (5 minutes on
-2 cores shared with other jobs), one recipe of each size and kind (qWD/LoCo, policy=auto, two-level gradients, DDP
-with 0/1 Adam) in the ``slow`` group."""
+checkpoint. Every GPT recipe passes the try-out's checks; in the default suite one 125m recipe trains its 30 batches
+(2-4 minutes on 2 cores) and one recipe of every larger size 12 batches (75-85 s each); the ``slow`` group runs the
+30 batches of a recipe of each size and kind (qWD/LoCo, policy=auto, two-level gradients, DDP with 0/1 Adam)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ EACH_SIZE = ["yamls/gpt-125m/qwd-w4g3-loco.yaml", "yamls/gpt-125m/sdp4bit.yaml",
              "yamls/gpt-1.3b/ddp-baseline.yaml", "yamls/gpt-6.7b/qsdp-w8g8.yaml", "yamls/gpt-6.7b/qwd-w4g2-loco.yaml",
              "yamls/gpt-6.7b/qsdp-auto.yaml", "yamls/gpt-13b/qwd-w3g3-loco-lean.yaml"]
 STEPS = 30
+#: One recipe of each size but GPT-125M's (DEFAULT), for the default suite's short try-outs.
+ONE_OF_EACH_LARGER_SIZE = ["yamls/gpt-350m/qwd-w3g2-loco.yaml", "yamls/gpt-1.3b/qsdp-auto.yaml",
+                           "yamls/gpt-6.7b/qsdp-w8g8.yaml", "yamls/gpt-13b/qwd-w3g3-loco-lean.yaml"]
 
 
 @pytest.fixture(scope="module")
@@ -72,21 +75,22 @@ def test_every_gpt_recipe_passes_the_try_outs_checks(recipe, try_dir, monkeypatc
     assert cfg.metrics_file == f"runs/try/{cfg.run_name}/metrics.json"
 
 
-def run_try_out(recipe: str, cwd: Path) -> None:
-    """Run the documented try-out of ``recipe`` in ``cwd`` and check what it leaves: a falling loss, the metrics file
-    the summary names, and nothing else under runs/ (no checkpoint)."""
+def run_try_out(recipe: str, cwd: Path, *keys: str, steps: int = STEPS, drop: float = 0.1) -> None:
+    """Run the documented try-out of ``recipe`` in ``cwd`` (with the override ``keys`` after it, as the docs say to
+    change more) for ``steps`` batches and check what it leaves: a loss that falls by ``drop`` from its first five
+    batches to its last five, the metrics file the summary names, and nothing else under runs/ (no checkpoint)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run([*e2e_common.launcher(2), "-m", "composer_qsdp.recipes.train", str(ROOT / recipe),
-                             f"@{OVERRIDES}"], cwd=cwd, env=env, capture_output=True, text=True, timeout=1200)
+                             f"@{OVERRIDES}", *keys], cwd=cwd, env=env, capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stderr[-6000:]
     run_name = load_recipe(ROOT / recipe, [f"@{OVERRIDES}"], world_size=2).cfg.run_name
     metrics = Path("runs") / "try" / run_name / "metrics.json"
-    assert f"run {run_name}: {STEPS} batches; metrics in {metrics} " in result.stdout, result.stdout[-3000:]
+    assert f"run {run_name}: {steps} batches; metrics in {metrics} " in result.stdout, result.stdout[-3000:]
     assert "; no checkpoints" in result.stdout
     losses = [loss for _, loss in json.loads((cwd / metrics).read_text())["metrics"]["loss/train/total"]]
-    assert len(losses) == STEPS and all(math.isfinite(loss) for loss in losses), losses
+    assert len(losses) == steps and all(math.isfinite(loss) for loss in losses), losses
     # It trains, at the recipe's learning rate (GPT-6.7B's 1.2e-4: about 10.85 -> 10.5 in 30 steps).
-    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.1, losses
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - drop, losses
     written = [p for p in (cwd / "runs" / "try" / run_name).rglob("*") if p.is_file()]
     assert written == [cwd / metrics], written  # no checkpoint, no manifest, no folder of one
     assert not any(p.suffix in (".pt", ".distcp") for p in cwd.rglob("*")), "a checkpoint file was written"
@@ -94,6 +98,14 @@ def run_try_out(recipe: str, cwd: Path) -> None:
 
 def test_the_try_out_of_a_125m_recipe_trains_without_checkpoints(try_dir):
     run_try_out(DEFAULT, try_dir)
+
+
+@pytest.mark.parametrize("recipe", ONE_OF_EACH_LARGER_SIZE)
+def test_the_try_out_of_a_recipe_of_each_larger_size_trains_without_checkpoints(recipe, try_dir):
+    """The other sizes' try-outs, 12 batches each (the whole 30 take 1-2 minutes a launch on 2 cores: the slow group
+    runs them), so that the default suite launches one recipe of every size."""
+    run_try_out(recipe, try_dir, "max_duration=12ba", "scheduler.t_warmup=2ba", "eval_interval=12ba", steps=12,
+                drop=0.0)
 
 
 @pytest.mark.slow
