@@ -19,7 +19,9 @@ TIMEOUT_S = 2.0
 
 
 def _stall_in_the_intra_node_hop(info: RankInfo) -> dict:
-    dist.group.WORLD.set_timeout(timedelta(seconds=TIMEOUT_S))  # as init_process_group(timeout=...) sets it
+    # What init_process_group(timeout=...) sets (the harness's group has torch's default); torch 2.7's process group
+    # has no public setter.
+    dist.group.WORLD._get_backend(torch.device("cpu"))._set_default_timeout(timedelta(seconds=TIMEOUT_S))
     groups = node_groups(Topology(ranks_per_node=2), dist.group.WORLD)
     out = {"intra": group_timeout(groups.intra), "inter": group_timeout(groups.inter)}
     if info.rank == 1:  # rank 0's node peer stays silent, alive
