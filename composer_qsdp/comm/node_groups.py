@@ -140,10 +140,11 @@ def node_groups(topology: Topology, group: dist.ProcessGroup) -> NodeGroups:
             )
         tables = {m: chunk_table(m, topology) for m in sorted({m for _, m in gathered})}
         subgroups = _SUBGROUPS.setdefault(default, {})
+        timeout = group_timeout(default)
         for m, table in tables.items():  # the same order on every rank
             for ranks in _subgroup_ranks(m, table):
                 if ranks not in subgroups:
-                    subgroups[ranks] = dist.new_group(list(ranks), timeout=group_timeout(default))
+                    subgroups[ranks] = dist.new_group(list(ranks), timeout=timeout)
         splits[key] = _split(members, tables[members], topology, subgroups)
     return splits[key]
 

@@ -49,7 +49,6 @@ class SigtermCheckpoint(Callback):
     def __init__(self, saver: Any | None, dist_timeout: float) -> None:
         self.saver = saver
         self.dist_timeout = dist_timeout
-        self.received = False  # this process's flag: set by the handler
         self.stopping = False  # every process's agreement, from BATCH_END's all-reduce
         self._group: Any | None = None  # the gloo group of that all-reduce
         self._first_signal: float | None = None  # when the handler first ran (time.monotonic(), seconds)
@@ -58,6 +57,11 @@ class SigtermCheckpoint(Callback):
             # agreed batch one more scheduled checkpoint, saved by Composer's own code.
             scheduled: Callable[[State, Event], bool] = saver.save_interval
             saver.save_interval = lambda state, event: self.stopping or scheduled(state, event)
+
+    @property
+    def received(self) -> bool:
+        """This process's flag: whether the handler has run."""
+        return self._first_signal is not None
 
     @contextlib.contextmanager
     def handling(self) -> Iterator[None]:
@@ -74,7 +78,6 @@ class SigtermCheckpoint(Callback):
                 self._first_signal = now
             elif now - self._first_signal > _REPEAT_WINDOW_S and callable(previous):
                 previous(signum, frame)
-            self.received = True
 
         signal.signal(signal.SIGTERM, handler)
         try:
