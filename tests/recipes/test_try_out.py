@@ -1,7 +1,7 @@
 """The CPU try-out of a shipped recipe (issue 52 point 9): ``make try RECIPE=...`` runs the recipe with
 ``@yamls/cpu/try-out.overrides`` on 2 CPU processes over gloo; it trains, says where its metrics are and writes no
 checkpoint. Every GPT recipe passes the try-out's checks; in the default suite one 125m recipe trains its 30 batches
-(2-4 minutes on 2 cores) and one recipe of every larger size 12 batches (75-85 s each); the ``slow`` group runs the
+(2-4 minutes on 2 cores) and one recipe of every larger size 12 batches (73-85 s each); the ``slow`` group runs the
 30 batches of a recipe of each size and kind (qWD/LoCo, policy=auto, two-level gradients, DDP with 0/1 Adam)."""
 
 from __future__ import annotations
