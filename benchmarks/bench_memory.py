@@ -32,6 +32,14 @@ per GPU, where there are fewer GPUs than ranks; ``true`` always. The launches ge
 cannot use each other's cached blocks, and expandable segments keep what each reserves close to what it allocates
 (the allocated bytes this driver compares do not depend on it).
 
+Optimizer: ``--optimizer recipe`` (default) trains with the recipe's own (the paper recipes' AdamW); ``--optimizer
+sgd`` with plain torch SGD (momentum 0, weight decay 0: torch's is coupled, not the recipe's decoupled one; not fused,
+as DTensor has no fused SGD), which keeps no state per parameter. The formula's extra bytes are the QSDP schemes' state
+beyond plain FSDP2's peak and do not depend on the optimizer, so the comparison (the QSDP peak less plain FSDP2's
+against the formula) holds with either; SGD shrinks plain FSDP2's own state from ``16 P / W`` bytes per rank (fp32
+weights, gradients and Adam's two moments) to ``8 P / W`` (fp32 weights and gradients), which lets GPT-6.7B's 2 ranks
+share one H200 (139 GiB) with a qWD preset's extra (3.02 P per rank for ``qwd-w3g3-loco``).
+
 Resumable: each configuration's result is ``<out-dir>/<config>.json`` (the ranks' records under ``<config>.memory/``,
 the launch's log and metrics file beside it); a rerun skips recorded ones (out-of-memory and failed ones too, unless
 ``--retry-failed``), so ``--time-budget`` can split a run into several commands. Outputs in ``--out-dir``:
@@ -42,6 +50,8 @@ Usage::
 
     python3 benchmarks/bench_memory.py --model 1.3b --nproc 4 --ranks-per-node 2 --micro-batch 2 \\
         --configs baseline qsdp-w8g8 qsdp-qwd-w3g3-loco qsdp-qwd-w3g3-loco-lean --time-budget 540 --out-dir DIR
+    python3 benchmarks/bench_memory.py --model 6.7b --nproc 2 --micro-batch 1 --grad-accum 2 --steps 2 \
+        --optimizer sgd --configs baseline qsdp-qwd-w3g3-loco --time-budget 400 --out-dir DIR
 """
 
 from __future__ import annotations
@@ -99,6 +109,12 @@ DEFAULT_CONFIGS = ("baseline", "qsdp-w8g8", "qsdp-qwd-w3g3-loco", "qsdp-qwd-w3g3
 _OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory")
 #: The placement the recipe entrypoint logs as hyperparameters (composer_qsdp.shared_gpu.GPUPlacement).
 _PLACEMENT = ("shared_gpu", "ranks_per_gpu", "dist_backend", "visible_gpus")
+#: Recipe overrides of each ``--optimizer``: ``recipe`` keeps the recipe's; ``sgd`` is torch's SGD without state
+#: (momentum 0; weight decay 0, as torch's is coupled; fused off, which DTensor parameters do not support).
+OPTIMIZER_OVERRIDES: dict[str, tuple[str, ...]] = {
+    "recipe": (),
+    "sgd": ("optimizer.name=sgd", "optimizer.momentum=0", "optimizer.weight_decay=0", "optimizer.fused=false"),
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -119,6 +135,10 @@ def _parser() -> argparse.ArgumentParser:
                                                         "recipe's device_train_microbatch_size)")
     parser.add_argument("--grad-accum", type=int, default=2, help="micro-batches per optimizer step (default 2)")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps of each launch (default 3)")
+    parser.add_argument("--optimizer", choices=tuple(OPTIMIZER_OVERRIDES), default="recipe",
+                        help="recipe (default): the recipe's optimizer; sgd: torch SGD keeping no state, plain "
+                             "FSDP2's own state 8 P / W bytes per rank instead of AdamW's 16 P / W (the formula's "
+                             "extra does not depend on it)")
     parser.add_argument("--tolerance", type=float, default=0.10,
                         help="largest |measured / predicted - 1| reported as a match (default 0.10)")
     common.add_sweep_arguments(parser, "bench_memory", failed="failed or out of memory")
@@ -180,7 +200,7 @@ class Plan(common.DriverPlan):
         return [*common.short_run_overrides(a.steps, self.global_batch, self.family.micro, self.data,
                                             self.out_dir / f"{config.name}.metrics.json"),
                 *config.overrides, *topology, f"callbacks.rank_memory.out_dir={self.memory_dir(config.name)}",
-                *a.override,
+                *OPTIMIZER_OVERRIDES[a.optimizer], *a.override,
                 # Last, so that no override changes the placement the settings record.
                 f"shared_gpu={a.shared_gpu}"]
 
@@ -204,7 +224,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
                                       (args.steps + 1) * args.nproc * family.micro * args.grad_accum, family.seq_len)
     settings = {"recipe_dir": str(recipe_dir), "nproc": args.nproc, "ranks_per_node": args.ranks_per_node,
                 "shared_gpu": args.shared_gpu, "micro_batch": family.micro, "grad_accum": args.grad_accum,
-                "steps": args.steps, "seq_len": family.seq_len, "data": str(data), "overrides": list(args.override)}
+                "steps": args.steps, "seq_len": family.seq_len, "data": str(data), "optimizer": args.optimizer,
+                "overrides": list(args.override)}
     plan = Plan(args, recipe_dir, name, out_dir, family, data, samples, {}, settings)
     for config in map(CONFIGS.__getitem__, args.configs):
         recipe = common.check_launch(config.name, recipe_dir / config.recipe, plan.overrides(config), args.nproc)
@@ -372,6 +393,13 @@ _CSV_FIELDS = ("config", "status", "rank", "params", "peak_bytes", "peak_reserve
                "within", "measured_extra_bytes", "extra_ratio", "handle_bytes", "formula_vs_handle", "error")
 
 
+def _optimizer_text(optimizer: str) -> str:
+    """The report's words for ``--optimizer``."""
+    if optimizer == "recipe":
+        return "the recipe's (--optimizer recipe)"
+    return f"`{optimizer}` without state (--optimizer {optimizer}: {' '.join(OPTIMIZER_OVERRIDES[optimizer])})"
+
+
 def render(plan: Plan, head: dict[str, str], results: dict[str, dict[str, Any]],
            status: str) -> tuple[str, str, dict[str, Any]]:
     """The markdown report, the CSV rows and the compact JSON record."""
@@ -384,7 +412,7 @@ def render(plan: Plan, head: dict[str, str], results: dict[str, dict[str, Any]],
     lines = [f"### bench_memory: {plan.name}, {a.nproc} ranks on {head['device']}", "", *common.header_lines(head),
              f"- settings: sequence {s['seq_len']}, micro-batch {s['micro_batch']}, grad accumulation "
              f"{s['grad_accum']}, {s['steps']} steps, global batch {plan.global_batch}, data `{s['data']}`, weight "
-             f"gathers in {plan.family.gather_bytes}-byte elements",
+             f"gathers in {plan.family.gather_bytes}-byte elements, optimizer {_optimizer_text(s['optimizer'])}",
              f"- placement (the baseline launch's): {placement}; QSDP's ranks per node "
              f"{a.ranks_per_node or a.nproc} (--ranks-per-node)",
              f"- status: {status}", "",

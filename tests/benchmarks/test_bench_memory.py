@@ -149,6 +149,26 @@ def test_the_plan_of_the_1_3b_family(tmp_path):
     assert plan.family.gather_bytes == 2  # bf16 mixed precision
 
 
+
+def test_sgd_keeps_the_6_7b_launches_stateless_and_the_report_says_so(tmp_path):
+    import e2e_common
+
+    args = bench_memory.parse_args(["--model", "6.7b", "--nproc", "2", "--micro-batch", "1", "--steps", "2",
+                                    "--optimizer", "sgd", "--configs", "qsdp-qwd-w3g3-loco",
+                                    "--out-dir", str(tmp_path)])
+    plan = bench_memory.make_plan(args)  # loads both launches' recipes with the SGD overrides
+    assert plan.settings["optimizer"] == "sgd" and set(plan.qsdp) == {"qsdp-qwd-w3g3-loco"}
+    for name in args.configs:
+        config = bench_memory.CONFIGS[name]
+        recipe = e2e_common.check_launch(name, plan.recipe_dir / config.recipe, plan.overrides(config), 2)
+        assert recipe.cfg.optimizer.name == "sgd"
+        assert recipe.optimizer_kwargs == {"lr": 1.2e-4, "momentum": 0.0, "weight_decay": 0.0, "fused": False}
+    md, _, record = bench_memory.render(plan, {"device": "1 x GPU", "git": "abc1234", "command": "c"}, {}, "complete")
+    assert "optimizer `sgd` without state (--optimizer sgd: optimizer.name=sgd optimizer.momentum=0" in md
+    assert record["settings"]["optimizer"] == "sgd"
+    recipe_default = bench_memory.parse_args(["--model", "6.7b"])
+    assert recipe_default.optimizer == "recipe" and bench_memory.OPTIMIZER_OVERRIDES["recipe"] == ()
+
 def ranks(peaks: list[int | None], params: int, handle: int) -> list[dict]:
     """Fabricated ``rank_memory`` records of one launch."""
     return [{"rank": r, "world_size": len(peaks), "batches": 3, "peak_allocated_bytes": peak,
