@@ -8,7 +8,7 @@
 # key), so one GPU runs every multi-rank case; NCCL runs where there is a GPU per rank. Stages
 # (benchmarks/README.md, "The GPU suite", says how long each takes):
 #   tests-kernels tests-comm tests-fsdp tests-train   the GPU-marked tests (pytest -m gpu) in four parts; tests = all
-#   faults-saving faults-other                        the launcher fault cases, ranks on the GPU; faults = both
+#   faults-saving faults-other faults-rank            the launcher fault cases, ranks on the GPU; faults = all three
 #   kernels sign learned sweep                        kernel benchmark tables
 #   collectives                                       NVLink and emulated-socket collective tables (2+ GPUs)
 # A pytest stage NAME stops after ${NAME}_TIMEOUT_S seconds (upper case, '-' as '_', e.g. TESTS_COMM_TIMEOUT_S;
@@ -41,8 +41,9 @@ TESTS_KERNELS=(tests/quant tests/kernels)
 TESTS_COMM=(tests/comm tests/schemes tests/config tests/engine tests/auto tests/optim)
 TESTS_FSDP=(tests/fsdp2 tests/fsdp1 tests/ddp)
 TESTS_TRAIN=(tests/algorithms tests/recipes/models tests/test_train.py tests/test_shared_gpu.py)
-FAULTS=(tests/faults/test_launcher_faults.py tests/faults/test_rank_exception.py)
-STAGES="tests tests-kernels tests-comm tests-fsdp tests-train faults faults-saving faults-other"
+LAUNCHER_FAULTS=(tests/faults/test_launcher_faults.py)
+RANK_FAULTS=(tests/faults/test_rank_exception.py)
+STAGES="tests tests-kernels tests-comm tests-fsdp tests-train faults faults-saving faults-other faults-rank"
 STAGES+=" kernels sign learned sweep collectives"
 
 for stage in "${stages[@]}"; do  # refuse a misspelt stage before anything is written
@@ -109,7 +110,7 @@ expanded=()
 for stage in "${stages[@]}"; do
   case $stage in
     tests) expanded+=(tests-kernels tests-comm tests-fsdp tests-train) ;;
-    faults) expanded+=(faults-saving faults-other) ;;
+    faults) expanded+=(faults-saving faults-other faults-rank) ;;
     *) expanded+=("$stage") ;;
   esac
 done
@@ -119,12 +120,14 @@ for stage in "${expanded[@]}"; do
     tests-comm) pytest_stage "$stage" -m gpu "${TESTS_COMM[@]}" ;;
     tests-fsdp) pytest_stage "$stage" -m gpu "${TESTS_FSDP[@]}" ;;
     tests-train) pytest_stage "$stage" -m gpu "${TESTS_TRAIN[@]}" ;;
-    # The launcher fault cases (slow and fast) with their ranks on the GPU: a rank killed while saving (4 schemes,
-    # 3 launches each), then the stalled rank, the resumes and the rank exception.
-    faults-saving) QSDP_FAULT_OVERRIDES="device=gpu" pytest_stage "$stage" -m "slow or not slow" "${FAULTS[@]}" \
-      -k "killed_while_saving" ;;
-    faults-other) QSDP_FAULT_OVERRIDES="device=gpu" pytest_stage "$stage" -m "slow or not slow" "${FAULTS[@]}" \
-      -k "not killed_while_saving" ;;
+    # The launcher fault cases (slow and fast) with their ranks on the GPU, in stages that each fit a 600 s command
+    # on one H200: a rank killed while saving (4 schemes, 3 launches each); the stalled rank, the resumes and QSDP
+    # off and on; one rank's exception and the recipe error.
+    faults-saving) QSDP_FAULT_OVERRIDES="device=gpu" pytest_stage "$stage" -m "slow or not slow" \
+      "${LAUNCHER_FAULTS[@]}" -k "killed_while_saving" ;;
+    faults-other) QSDP_FAULT_OVERRIDES="device=gpu" pytest_stage "$stage" -m "slow or not slow" \
+      "${LAUNCHER_FAULTS[@]}" -k "not killed_while_saving" ;;
+    faults-rank) QSDP_FAULT_OVERRIDES="device=gpu" pytest_stage "$stage" -m "slow or not slow" "${RANK_FAULTS[@]}" ;;
     sweep) run bench_kernels_sweep timeout 100 python3 benchmarks/bench_kernels.py --sweep --out-dir "$RESULTS" ;;
     kernels)
       run bench_kernels timeout 170 python3 benchmarks/bench_kernels.py --out-dir "$RESULTS"
