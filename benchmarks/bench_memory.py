@@ -17,6 +17,8 @@ own), its QSDP handle's ``memory_bytes()`` and the parameters ``P`` of the units
                                within the node (``weight_scheme_options.sharded_reference=true``) and, for the LoCo
                                presets, the residual on the inter-node hop only (``grad_scheme=two_level_loco``):
                                ``yamls/gpt-13b/qwd-w3g3-loco-lean.yaml``'s layout
+``qsdp-<preset>-host``,        the same presets with the reference (replicated, or in the lean layout sharded) in
+``qsdp-<preset>-lean-host``    pinned host memory (``weight_scheme_options.reference_on_host=true``)
 =============================  =====================================================================================
 
 The QSDP configurations run at ``algorithms.qsdp.ranks_per_node=--ranks-per-node`` (``g``; without it, one node of all
@@ -84,24 +86,34 @@ from e2e_common import GIB  # noqa: E402
 from memory_model import SIDES, extra_bytes, side_costs  # noqa: E402
 
 
-def _lean(preset: str) -> Config | None:
-    """``qsdp-<preset>-lean`` for a preset with weight differences; None for the others."""
+def _layout(preset: str, lean: bool, host: bool) -> Config | None:
+    """``qsdp-<preset>-lean``, ``-host`` or ``-lean-host`` for a preset with weight differences; None for the
+    others."""
     options = PRESETS.lookup(preset)
     if options.get("weight_scheme") != "difference":
         return None
     base = E2E_CONFIGS[f"qsdp-{preset}"]
     loco = options.get("grad_scheme") == "loco"
-    return Config(f"{base.name}-lean", base.recipe,
-                  (*base.overrides, "algorithms.qsdp.weight_scheme_options.sharded_reference=true",
-                   *(("algorithms.qsdp.grad_scheme=two_level_loco",) if loco else ())), False,
-                  f"{base.description} in the lean layout: the reference sharded within the node"
-                  + (", the LoCo residual on the inter-node hop only (two_level_loco)" if loco else ""))
+    overrides, words = list(base.overrides), []
+    if lean:
+        overrides.append("algorithms.qsdp.weight_scheme_options.sharded_reference=true")
+        words.append("the reference sharded within the node")
+        if loco:
+            overrides.append("algorithms.qsdp.grad_scheme=two_level_loco")
+            words.append("the LoCo residual on the inter-node hop only (two_level_loco)")
+    if host:
+        overrides.append("algorithms.qsdp.weight_scheme_options.reference_on_host=true")
+        words.append("the reference in host memory")
+    suffix = "-lean" * lean + "-host" * host
+    return Config(f"{base.name}{suffix}", base.recipe, tuple(overrides), False,
+                  f"{base.description}{' in the lean layout' if lean else ''}: {', '.join(words)}")
 
 
 CONFIGS: dict[str, Config] = {
     "baseline": E2E_CONFIGS["baseline"],
     **{f"qsdp-{p}": E2E_CONFIGS[f"qsdp-{p}"] for p in QSDPConfig.preset_names()},
-    **{c.name: c for c in map(_lean, QSDPConfig.preset_names()) if c is not None},
+    **{c.name: c for lean, host in ((True, False), (False, True), (True, True))
+       for c in (_layout(p, lean, host) for p in QSDPConfig.preset_names()) if c is not None},
 }
 DEFAULT_CONFIGS = ("baseline", "qsdp-w8g8", "qsdp-qwd-w3g3-loco", "qsdp-qwd-w3g3-loco-lean")
 #: What a launch's log says when a rank ran out of device memory: the allocator's error, or CUDA's own (a context,

@@ -7,6 +7,7 @@ weights ``direct``                         0 (each call's codes are freed after 
 weights ``difference`` (qWD)               ``e P``: one replica of the weights in the all-gather dtype, ``e``
                                            bytes per element (2: bf16, the recipes' mixed precision)
 weights ``difference``, sharded_reference  ``e P / g``: each rank keeps its local index's shards, one per node
+weights ``difference``, reference_on_host  0: the reference (either of the above) is in host memory
 gradients ``flat``, ``two_level``          0
 gradients ``loco``                         ``r P``: the residual, ``r`` = 4 (fp32), 2 (bf16), ``1 + 4 / b``
                                            (int8 codes and one fp32 scale per gradient bucket of ``b``)
@@ -79,6 +80,8 @@ def side_costs(config: QSDPConfig, world_size: int, ranks_per_node: int, gather_
         options = settings.scheme_options
         if settings.bits is None or scheme in _STATELESS[side]:
             costs[side] = SideCost(0.0, "0")
+        elif scheme == "difference" and getattr(options, "reference_on_host", False):
+            costs[side] = SideCost(0.0, "0 (reference in host memory)")
         elif scheme == "difference":
             sharded = getattr(options, "sharded_reference", False)
             over = ranks_per_node if sharded else 1

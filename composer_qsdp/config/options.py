@@ -95,16 +95,21 @@ class DifferenceOptions:
             and every gather all-gathers it within the node (ZeRO++ hpZ's idea): ``2 P / g`` bytes per GPU instead
             of ``2 P`` for ``P`` bf16 weights, the same weights bit for bit, and bf16 traffic on the fast links at
             every gather (on one node, every gather's whole traffic).
+        reference_on_host: the reference lives in the host's pinned memory (replicated or sharded) and every
+            gather copies it to the device and an update back: no device memory between calls, the same weights bit
+            for bit, and ``e P`` bytes (``e P / g`` sharded) over the host link each way per gather.
     """
 
     keyframe_every: int = 0
     checkpoint_reference: bool = True
     sharded_reference: bool = False
+    reference_on_host: bool = False
 
     def __post_init__(self) -> None:
         check_int("keyframe_every", self.keyframe_every)
         check_bool("checkpoint_reference", self.checkpoint_reference)
         check_bool("sharded_reference", self.sharded_reference)
+        check_bool("reference_on_host", self.reference_on_host)
 
 
 @dataclass(frozen=True)

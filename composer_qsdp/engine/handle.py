@@ -392,6 +392,11 @@ class QSDPHandle:
         """Device memory the schemes keep between steps (bytes per rank), e.g. weight-difference references."""
         return sum(s.memory_bytes() for s in self._schemes())
 
+    def host_memory_bytes(self) -> int:
+        """Host memory the schemes keep between steps in place of device memory (bytes per rank), e.g. a
+        weight-difference reference kept on the host."""
+        return sum(s.host_memory_bytes() for s in self._schemes())
+
     def describe(self) -> str:
         """The adapter (when set), then one line per unit: its size and each side's scheme."""
         lines = [u.describe() for u in self.units]

@@ -12,6 +12,9 @@ at the end of every batch (written whole, then renamed) with:
   reached;
 * ``scheme_memory_bytes``: the device bytes QSDP's schemes keep on this rank (``QSDPHandle.memory_bytes()``, logged
   as ``qsdp/scheme_memory_bytes``), and ``scheme_memory_by_side``: the same for the weights and the gradients;
+* ``scheme_host_memory_bytes``: the host bytes the schemes keep in place of device memory (a weight-difference
+  reference with ``reference_on_host``; ``QSDPHandle.host_memory_bytes()``, logged as
+  ``qsdp/scheme_host_memory_bytes``);
 * ``params``: the model's parameters (unsharded elements), and ``quantized_params``: for each side, the parameters of
   the units whose side QSDP quantizes (the ``P`` of ``docs/presets.md``'s memory table; 0 without QSDP);
 * ``rank``, ``world_size``, ``device`` and ``batches`` (finished).
@@ -75,6 +78,7 @@ class RankMemory(Callback):
             "peak_reserved_bytes": torch.cuda.max_memory_reserved(device) if gpu else None,
             "peak_allocated_by_batch": self._by_batch if gpu else None,
             "scheme_memory_bytes": sum(h.memory_bytes() for h in _handles(state)),
+            "scheme_host_memory_bytes": sum(h.host_memory_bytes() for h in _handles(state)),
             "scheme_memory_by_side": scheme_memory(state),
             # DTensor parameters (FSDP2) count their global, unsharded elements.
             "params": sum(p.numel() for p in params),

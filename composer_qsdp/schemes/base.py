@@ -126,6 +126,10 @@ class Scheme(ABC):
         """Device memory this scheme keeps between calls (bytes per rank; 0 for stateless schemes)."""
         return 0
 
+    def host_memory_bytes(self) -> int:
+        """Host memory this scheme keeps between calls in place of device memory (bytes per rank)."""
+        return 0
+
     def describe(self) -> str:
         """A short description for logs: the codec (schemes with more to say extend it)."""
         return "unquantized" if self.codec is None else repr(self.codec)

@@ -38,6 +38,10 @@ QWD_SHARDED = from_preset("sdp4bit", ranks_per_node=PER_NODE, seed=7, weight_sch
 LOCO = from_preset("qwd-w3g3-loco", ranks_per_node=PER_NODE, seed=7)
 LOCO_LEAN = from_preset("qwd-w3g3-loco", ranks_per_node=PER_NODE, seed=7, grad_scheme="two_level_loco",
                         weight_scheme_options={"sharded_reference": True})
+# the same two, with the reference in host memory instead of on the device
+QWD_HOST = from_preset("sdp4bit", ranks_per_node=PER_NODE, seed=7, weight_scheme_options={"reference_on_host": True})
+LOCO_LEAN_HOST = from_preset("qwd-w3g3-loco", ranks_per_node=PER_NODE, seed=7, grad_scheme="two_level_loco",
+                             weight_scheme_options={"sharded_reference": True, "reference_on_host": True})
 FLAT_INT4 = from_preset("w8g8", grad_codec="symmetric", grad_bits=4, grad_bucket_size=64, weight_bucket_size=64,
                         ranks_per_node=PER_NODE, seed=7)  # fmt: skip
 
@@ -60,6 +64,8 @@ def _run(info: RankInfo, config, **shard) -> dict:
     out["traffic"] = handle.traffic()
     out["grad_schemes"] = [u.grads.describe() for u in handle.units]
     out["memory"] = handle.memory_bytes()
+    out["host_memory"] = handle.host_memory_bytes()
+    out["weights_memory"] = sum(u.weights.memory_bytes() for u in handle.units)
     return out
 
 
@@ -76,6 +82,8 @@ def _worker(info: RankInfo) -> dict:
         "qwd_sharded": _run(info, QWD_SHARDED),
         "loco": _run(info, LOCO),
         "loco_lean": _run(info, LOCO_LEAN),
+        "qwd_host": _run(info, QWD_HOST),
+        "loco_lean_host": _run(info, LOCO_LEAN_HOST),
     }
     records: list[str] = []
     handler = logging.Handler()
@@ -103,7 +111,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-SCENARIOS = ("tlq_hs", "tlq_hs_hpz", "qgz", "hsdp", "qwd", "qwd_hpz", "qwd_sharded", "loco", "loco_lean")
+SCENARIOS = ("tlq_hs", "tlq_hs_hpz", "qgz", "hsdp", "qwd", "qwd_hpz", "qwd_sharded", "loco", "loco_lean", "qwd_host",
+             "loco_lean_host")
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -199,3 +208,22 @@ def test_lean_loco_keeps_one_over_g_of_the_reference_and_the_residual_and_sends_
         for side in ("weights", "grads"):
             flat, two_level = getattr(loco["traffic"], side), getattr(lean["traffic"], side)
             assert two_level.inter_node * PER_NODE == flat.inter_node > 0, side
+
+
+@pytest.mark.parametrize(("device_run", "host_run"), [("qwd", "qwd_host"), ("loco_lean", "loco_lean_host")])
+def test_a_reference_in_host_memory_trains_exactly_as_on_the_device_from_no_device_memory(results, device_run,
+                                                                                          host_run):
+    for rank in range(WORLD):
+        on_device, on_host = results[rank][device_run], results[rank][host_run]
+        for step in range(STEPS):  # the same weights in every forward and backward, bit for bit
+            for pass_ in ("forward", "backward"):
+                for name, weight in on_device[pass_][step].items():
+                    assert torch.equal(on_host[pass_][step][name], weight), (rank, step, pass_, name)
+        assert on_host["losses"] == on_device["losses"]
+        for name, value in on_device["params"].items():
+            assert torch.equal(on_host["params"][name], value), name
+        # the reference moved from the device's count to the host's; the gradients' residual stays on the device
+        assert on_host["weights_memory"] == 0 and on_host["host_memory"] == on_device["weights_memory"] > 0
+        assert on_host["memory"] == on_device["memory"] - on_device["weights_memory"]
+        assert on_device["host_memory"] == 0
+        assert on_host["traffic"].weights.sent == on_device["traffic"].weights.sent

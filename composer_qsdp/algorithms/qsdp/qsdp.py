@@ -336,6 +336,7 @@ class QSDP(Algorithm):
             "qsdp/weights/bytes_inter_node": batch.weights.inter_node,
             "qsdp/grads/bytes_inter_node": batch.grads.inter_node,
             "qsdp/scheme_memory_bytes": self.handle.memory_bytes(),
+            "qsdp/scheme_host_memory_bytes": self.handle.host_memory_bytes(),
         }
         for side, error in self.handle.take_quantization_errors().items():
             metrics[f"qsdp/{side}/rel_error"] = float(error)  # a host sync, only on sampling steps
