@@ -17,8 +17,9 @@ own), its QSDP handle's ``memory_bytes()`` and the parameters ``P`` of the units
                                within the node (``weight_scheme_options.sharded_reference=true``) and, for the LoCo
                                presets, the residual on the inter-node hop only (``grad_scheme=two_level_loco``):
                                ``yamls/gpt-13b/qwd-w3g3-loco-lean.yaml``'s layout
-``qsdp-<preset>-host``,        the same presets with the reference (replicated, or in the lean layout sharded) in
-``qsdp-<preset>-lean-host``    pinned host memory (``weight_scheme_options.reference_on_host=true``)
+``qsdp-<preset>-host``,        the same presets with the reference (replicated, or in the lean layout sharded) and
+``qsdp-<preset>-lean-host``    a LoCo residual in pinned host memory (``weight_scheme_options.reference_on_host=true``,
+                               ``grad_scheme_options.residual_on_host=true``)
 =============================  =====================================================================================
 
 The QSDP configurations run at ``algorithms.qsdp.ranks_per_node=--ranks-per-node`` (``g``; without it, one node of all
@@ -104,6 +105,9 @@ def _layout(preset: str, lean: bool, host: bool) -> Config | None:
     if host:
         overrides.append("algorithms.qsdp.weight_scheme_options.reference_on_host=true")
         words.append("the reference in host memory")
+        if loco:
+            overrides.append("algorithms.qsdp.grad_scheme_options.residual_on_host=true")
+            words.append("the LoCo residual in host memory")
     suffix = "-lean" * lean + "-host" * host
     return Config(f"{base.name}{suffix}", base.recipe, tuple(overrides), False,
                   f"{base.description}{' in the lean layout' if lean else ''}: {', '.join(words)}")

@@ -12,6 +12,7 @@ gradients ``flat``, ``two_level``          0
 gradients ``loco``                         ``r P``: the residual, ``r`` = 4 (fp32), 2 (bf16), ``1 + 4 / b``
                                            (int8 codes and one fp32 scale per gradient bucket of ``b``)
 gradients ``two_level_loco``               ``r P / g`` on several nodes (the inter-node hop's residual), 0 on one
+gradients ``*loco``, residual_on_host      0: the residual (either of the above) is in host memory
 =========================================  ====================================================================
 
 So ``qwd-w3g3-loco`` adds ``(2 + 1 + 4/256) P`` in bf16, and its lean layout (``grad_scheme=two_level_loco``,
@@ -86,6 +87,8 @@ def side_costs(config: QSDPConfig, world_size: int, ranks_per_node: int, gather_
             sharded = getattr(options, "sharded_reference", False)
             over = ranks_per_node if sharded else 1
             costs[side] = SideCost(gather_bytes / over, f"{gather_bytes} P{_over(over)}")
+        elif scheme in ("loco", "two_level_loco") and getattr(options, "residual_on_host", False):
+            costs[side] = SideCost(0.0, "0 (residual in host memory)")
         elif scheme in ("loco", "two_level_loco"):
             dtype = getattr(options, "residual_dtype", "float32")
             per_element, text = {"float32": (4.0, "4"), "bfloat16": (2.0, "2"),

@@ -127,14 +127,17 @@ class LoCoOptions:
         reset_every: zero the residual every this many optimizer steps (0: never).
         residual_dtype: the residual's storage, ``"float32"``, ``"bfloat16"`` or ``"int8"`` (bytes per gradient
             element: 4, 2, or ``1 + 4 / bucket_size``: 8-bit symmetric codes, one fp32 scale per gradient bucket).
+        residual_on_host: the residual lives in pinned host memory and each call copies it to the device and back:
+            no device memory between calls, the same results, its bytes over the host link each way per call.
     """
 
     beta: float = 0.8
     reset_every: int = 0
     residual_dtype: str = "float32"
+    residual_on_host: bool = False
 
     def __post_init__(self) -> None:
-        check_feedback_options("loco", self.beta, self.reset_every, self.residual_dtype)
+        check_feedback_options("loco", self.beta, self.reset_every, self.residual_dtype, self.residual_on_host)
 
 
 @dataclass(frozen=True)
@@ -167,16 +170,19 @@ class TwoLevelLoCoOptions(TwoLevelOptions):
 
     Attributes:
         intra_codec, rotation_block: as :class:`TwoLevelOptions`.
-        beta, reset_every, residual_dtype: as :class:`LoCoOptions`, for the inter-node hop's residual.
+        beta, reset_every, residual_dtype, residual_on_host: as :class:`LoCoOptions`, for the inter-node hop's
+            residual.
     """
 
     beta: float = 0.8
     reset_every: int = 0
     residual_dtype: str = "float32"
+    residual_on_host: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_feedback_options("two_level_loco", self.beta, self.reset_every, self.residual_dtype)
+        check_feedback_options("two_level_loco", self.beta, self.reset_every, self.residual_dtype,
+                               self.residual_on_host)
 
 
 def typed_options(kind: str, name: str, value: object, cls: type | None) -> Any:

@@ -85,9 +85,17 @@ class CodedResidual:
         """This residual with its wire on ``device`` (self when already there)."""
         if self.wire.device == torch.device(device):
             return self
-        moved = object.__new__(CodedResidual)
-        moved.codec, moved.rows, moved.numel, moved.wire = self.codec, self.rows, self.numel, self.wire.to(device)
-        return moved
+        return self.with_wire(self.wire.to(device))
+
+    def with_wire(self, wire: torch.Tensor) -> CodedResidual:
+        """A residual of this one's codec and shape stored in ``wire`` (``uint8``, this one's wire shape), e.g. a
+        copy of it in other memory."""
+        if wire.dtype != torch.uint8 or wire.shape != self.wire.shape:
+            raise ValueError(f"a coded residual's wire is uint8 {tuple(self.wire.shape)}; got {wire.dtype} "
+                             f"{tuple(wire.shape)}")
+        other = object.__new__(CodedResidual)
+        other.codec, other.rows, other.numel, other.wire = self.codec, self.rows, self.numel, wire
+        return other
 
     def __repr__(self) -> str:
         return f"CodedResidual({self.codec!r}, rows={self.rows}, numel={self.numel}, device={self.device})"

@@ -59,8 +59,8 @@ transient buffer of the rank's rows), applies the update there and copies the re
 device memory between calls. The outputs are the device reference's bit for bit, and checkpoints are the same. The
 cost moves to the host link: one copy of the rank's reference in per gather and one back per update or keyframe,
 ``2 P`` bytes each way (``2 P / g`` sharded) for ``P`` bf16 weights: far below what the slow network carries for plain
-FSDP's gather of the same unit, far above what NVLink does. The copies run on the gather's stream, ordered against
-each other across streams by an event.
+FSDP's gather of the same unit, far above what NVLink does. The copies run on the gather's stream, in order
+(:class:`~composer_qsdp.schemes.host_copies.HostCopies`).
 
 Degenerate layouts: with one rank per node (``g = 1``) ``R_0`` is the whole unit and the scheme is the replicated
 one. On one node (``N = 1``, ``g`` the group size, also what a run without ``ranks_per_node`` or
@@ -83,6 +83,7 @@ import torch.distributed as dist
 from composer_qsdp.comm import CallTraffic, Topology, call_traffic, mix_seed, node_groups, relative_error
 from composer_qsdp.quant import FLOAT_DTYPES, Codec
 from composer_qsdp.schemes.base import GatherLayout, WeightScheme
+from composer_qsdp.schemes.host_copies import HostCopies
 from composer_qsdp.validate import check_bool, check_int
 
 __all__ = ["DifferenceAllGather", "ShardedReferenceWarning"]
@@ -199,7 +200,7 @@ class DifferenceAllGather(WeightScheme):
         self.reference_on_host = check_bool("reference_on_host", reference_on_host)
         self.reference: torch.Tensor | None = None
         self._device: torch.device | None = None  # the gathers' device
-        self._host_access: torch.cuda.Event | None = None  # after the last copy to or from a host reference
+        self._host = HostCopies()  # with reference_on_host: the copies to and from the reference
         self.keyframes = 0
         self._next = _Next.KEYFRAME
         self._steps_since_keyframe = 0
@@ -311,42 +312,18 @@ class DifferenceAllGather(WeightScheme):
         else:
             work = torch.empty(ref.numel(), dtype=ref.dtype, device=output.device)
         if load:
-            self._copy_host(work, ref)
+            self._host.copy(work, ref)
         return work
 
     def _to_device(self, ref: torch.Tensor, device: torch.device) -> torch.Tensor:
         """``ref`` (a part of the reference) on ``device``: itself, or a transient copy of a host reference."""
-        if not self.reference_on_host:
-            return ref
-        out = torch.empty(ref.shape, dtype=ref.dtype, device=device)
-        self._copy_host(out, ref)
-        return out
+        return self._host.to_device(ref, device) if self.reference_on_host else ref
 
     def _store(self, work: torch.Tensor) -> None:
         """Write the updated ``work`` back to a host reference (nothing to do for a device one)."""
         if self.reference_on_host:
             assert self.reference is not None
-            self._copy_host(self.reference, work)
-
-    def _copy_host(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """Copy between the host reference and the device, on the current stream, after every earlier copy to or
-        from it on any stream: a gather's copy must not read the host reference before an update's copy back has
-        written it, nor write it while an earlier copy still reads it."""
-        device = dst.device if dst.is_cuda else src.device
-        if device.type != "cuda":
-            dst.copy_(src)
-            return
-        stream = torch.cuda.current_stream(device)
-        if self._host_access is not None:
-            stream.wait_event(self._host_access)
-        dst.copy_(src, non_blocking=True)
-        self._host_access = torch.cuda.Event()
-        self._host_access.record(stream)
-
-    def _host_settled(self) -> None:
-        """Wait until the copies to and from a host reference are done, before the host reads it."""
-        if self._host_access is not None:
-            self._host_access.synchronize()
+            self._host.copy(self.reference, work)
 
     def _traffic(self, world: int, n: int, element: int, rows_wire: int | None) -> CallTraffic:
         """One gather's bytes: the rows' exchange (``rows_wire`` bytes per row; ``None``: none) and the spread,
@@ -388,12 +365,14 @@ class DifferenceAllGather(WeightScheme):
     def _keyframe(self, like: torch.Tensor, numel: int) -> torch.Tensor:
         """The reference to fill with a keyframe (``numel`` elements of ``like``'s dtype), allocated if needed."""
         ref = self.reference
-        home = self._home(like.device)
+        home = torch.device("cpu") if self.reference_on_host else like.device
         if ref is None or ref.dtype != like.dtype or ref.numel() != numel or ref.device != home:
             self.reference = None  # free the old one before allocating
-            self._host_settled()
             try:
-                self.reference = torch.empty(numel, dtype=like.dtype, device=home, pin_memory=self._pinned(like.device))
+                if self.reference_on_host:
+                    self.reference = HostCopies.empty(numel, like.dtype, like.device)
+                else:
+                    self.reference = torch.empty(numel, dtype=like.dtype, device=like.device)
             except torch.OutOfMemoryError as err:
                 raise torch.OutOfMemoryError(
                     f"the difference weight scheme cannot allocate its reference of {numel} elements "
@@ -405,14 +384,6 @@ class DifferenceAllGather(WeightScheme):
         self._steps_since_keyframe = 0
         self._next = _Next.CURRENT
         return self.reference
-
-    def _home(self, device: torch.device) -> torch.device:
-        """Where the reference of gathers on ``device`` lives."""
-        return torch.device("cpu") if self.reference_on_host else device
-
-    def _pinned(self, device: torch.device) -> bool:
-        """Whether a reference for gathers on ``device`` is allocated in pinned host memory."""
-        return self.reference_on_host and device.type == "cuda"
 
     def _restore(self, output: torch.Tensor, world: int, n: int) -> None:
         """Build the reference from checkpointed parameter tensors (no communication: every rank has them all)."""
@@ -427,8 +398,8 @@ class DifferenceAllGather(WeightScheme):
             index = torch.tensor(chunks, dtype=torch.long, device=full.device)
             full = full.view(world, n).index_select(0, index).view(-1)
         if self.reference_on_host:
-            self.reference = torch.empty(full.numel(), dtype=full.dtype, pin_memory=self._pinned(full.device))
-            self._copy_host(self.reference, full)
+            self.reference = HostCopies.empty(full.numel(), full.dtype, full.device)
+            self._host.copy(self.reference, full)
         else:
             self.reference = full
 
@@ -437,7 +408,7 @@ class DifferenceAllGather(WeightScheme):
         ref, place = self.reference, self._placement
         assert ref is not None and place is not None and self.group is not None
         if place.spread_group is None:
-            self._host_settled()
+            self._host.settle()
             return ref
         if self.reference_on_host:  # the spread group's collective needs it on the gathers' device
             assert self._device is not None

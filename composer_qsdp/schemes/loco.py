@@ -33,6 +33,9 @@ What the residual is, and what it costs:
 * a NaN/Inf gradient still reaches the output (a grad scaler skips the step), but the residual's non-finite
   entries are reset to zero (DeepSpeed drops the whole buffer on overflow).
 * ``reset_every``: the residual is zeroed every this many optimizer steps (DeepSpeed's ``reset_T``; 0: never).
+* ``residual_on_host``: the residual lives in pinned host memory instead of device memory; each call copies it to the
+  device and the updated one back (:class:`~composer_qsdp.schemes.host_copies.HostCopies`): no device memory between
+  calls, the same results, the residual's bytes over the host link each way per call.
 
 Checkpoints: :meth:`state_dict` holds this rank's residual as its own piece, with no communication: a ``DTensor``
 over a 1-D mesh of the scheme's group, ``Shard(0)``, local shape ``(1, W * n)`` (int8: ``(1, W * b)``, the ``W``
@@ -57,11 +60,14 @@ from abc import abstractmethod
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from composer_qsdp.comm import CallTraffic
 from composer_qsdp.quant import Codec, CodedResidual, SymmetricCodec
 from composer_qsdp.schemes.base import GradScheme
 from composer_qsdp.schemes.flat import FlatReduceScatter
-from composer_qsdp.validate import check_choice, check_int, is_fraction
+from composer_qsdp.schemes.host_copies import HostCopies
+from composer_qsdp.validate import check_bool, check_choice, check_int, is_fraction
 
 __all__ = ["RESIDUAL_DTYPES", "LoCoFeedback", "LoCoReduceScatter", "LoCoResidualWarning", "check_feedback_options"]
 
@@ -70,13 +76,16 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.i
 RESIDUAL_DTYPES = tuple(_DTYPES)
 
 
-def check_feedback_options(scheme: str, beta: object, reset_every: object, residual_dtype: object) -> None:
+def check_feedback_options(scheme: str, beta: object, reset_every: object, residual_dtype: object,
+                           residual_on_host: object = False) -> None:
     """Raise the ``ValueError`` that the error-feedback scheme ``scheme`` raises for these options, building nothing:
-    ``beta`` must be in [0, 1), ``reset_every`` an integer >= 0, ``residual_dtype`` one of :data:`RESIDUAL_DTYPES`."""
+    ``beta`` must be in [0, 1), ``reset_every`` an integer >= 0, ``residual_dtype`` one of :data:`RESIDUAL_DTYPES`,
+    ``residual_on_host`` a bool."""
     if not is_fraction(beta):
         raise ValueError(f"beta={beta!r} is invalid for the {scheme} gradient scheme; allowed: a number in [0, 1)")
     check_int("reset_every", reset_every)
     check_choice("residual_dtype", residual_dtype, RESIDUAL_DTYPES)
+    check_bool("residual_on_host", residual_on_host)
 
 
 class LoCoResidualWarning(UserWarning):
@@ -95,11 +104,12 @@ class LoCoFeedback(GradScheme):
         beta: the residual's moving-average coefficient, in ``[0, 1)``.
         reset_every: optimizer steps between zeroings of the residual (0: never).
         residual_dtype: the residual's storage (``torch.float32``, ``torch.bfloat16``, or ``torch.int8``: codes).
+        residual_on_host: the residual lives in pinned host memory; each call copies it to the device and back.
         residual: this rank's residual (a float tensor, or a :class:`~composer_qsdp.quant.CodedResidual` of
             :meth:`_residual_rows` rows), ``None`` before the first call that feeds one back.
     """
 
-    def _init_feedback(self, beta: float, reset_every: int, residual_dtype: str) -> None:
+    def _init_feedback(self, beta: float, reset_every: int, residual_dtype: str, residual_on_host: bool) -> None:
         """Check and keep the options (after :meth:`Scheme.__init__` set the codec).
 
         Raises:
@@ -108,7 +118,10 @@ class LoCoFeedback(GradScheme):
         if self.codec is None:
             raise ValueError(f"the {self.name} gradient scheme feeds back quantization errors and needs a codec "
                              "(grad bits)")
-        check_feedback_options(self.name, beta, reset_every, residual_dtype)
+        check_feedback_options(self.name, beta, reset_every, residual_dtype, residual_on_host)
+        self.residual_on_host = residual_on_host
+        self._host = HostCopies()  # with residual_on_host: the copies to and from the residual
+        self._work: torch.Tensor | CodedResidual | None = None  # the device copy of a host residual, within a call
         self.beta = float(beta)
         self.reset_every = reset_every
         self.residual_dtype = _DTYPES[residual_dtype]
@@ -144,14 +157,42 @@ class LoCoFeedback(GradScheme):
             else:
                 if pending:
                     warnings.warn(pending, LoCoResidualWarning, stacklevel=4)
-                self.residual = restored.to(input.device)
+                self.residual = self._at_home(restored, input.device)
         if self.residual is None:
-            self.residual = self._zero_residual(numel, input.device)
+            self.residual = self._at_home(self._zero_residual(numel, input.device), input.device)
         elif _elements(self.residual) != numel:
             raise ValueError(f"the {self.name} gradient scheme serves one gradient size per unit: its residual has "
                              f"{_elements(self.residual)} elements, but this reduce-scatter input of {input.numel()} "
                              f"elements feeds back {numel}")
-        return self.residual
+        if not self.residual_on_host:
+            return self.residual
+        self._work = _with_storage(self.residual, self._host.to_device(_storage(self.residual), input.device))
+        return self._work
+
+    def _at_home(self, residual: torch.Tensor | CodedResidual, device: torch.device) -> torch.Tensor | CodedResidual:
+        """``residual`` where this scheme keeps it for calls on ``device``: there, or in (pinned) host memory."""
+        if not self.residual_on_host:
+            return residual.to(device)
+        storage = _storage(residual)
+        host = HostCopies.empty(storage.numel(), storage.dtype, device).view(storage.shape)
+        host.copy_(storage)
+        return _with_storage(residual, host)
+
+    def _reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: dist.ReduceOp | dist.ReduceOp.RedOpType,
+        seed: int,
+        group: dist.ProcessGroup,
+        measure_error: bool,
+    ) -> CallTraffic:
+        traffic = super()._reduce_scatter(output, input, op, seed, group, measure_error)  # type: ignore[safe-super]
+        if self._work is not None:  # the call updated the device copy of a host residual: write it back
+            assert self.residual is not None
+            self._host.copy(_storage(self.residual), _storage(self._work))
+            self._work = None
+        return traffic
 
     def _zero_residual(self, numel: int, device: torch.device | str) -> torch.Tensor | CodedResidual:
         """A zero residual of ``numel`` elements (:meth:`_residual_rows` rows) in this scheme's storage."""
@@ -167,6 +208,7 @@ class LoCoFeedback(GradScheme):
         if self.reset_every and self._steps_since_reset >= self.reset_every:
             self._steps_since_reset = 0
             if self.residual is not None:
+                self._host.settle()  # a copy back still on its way must not land after the zeros
                 self.residual.zero_()
 
     # ------------------------------------------------------------------ state
@@ -181,6 +223,7 @@ class LoCoFeedback(GradScheme):
         if self.group is None:
             raise RuntimeError(f"{type(self).__name__}.state_dict was called before setup(group, topology)")
         state = super().state_dict()
+        self._host.settle()
         state["steps_since_reset"] = self._steps_since_reset
         local = self.residual if self.residual is not None else self._restored
         state.update(self._partition())
@@ -255,7 +298,14 @@ class LoCoFeedback(GradScheme):
                                   shape=torch.Size([world, numel]), stride=(numel, 1))
 
     def memory_bytes(self) -> int:
-        """Bytes of this rank's residual (its storage: floats, or int8 codes and their scales); 0 without one."""
+        """Device bytes of this rank's residual (its storage: floats, or int8 codes and their scales); 0 without one
+        or with ``residual_on_host``."""
+        return 0 if self.residual_on_host else self._residual_bytes()
+
+    def host_memory_bytes(self) -> int:
+        return self._residual_bytes() if self.residual_on_host else 0
+
+    def _residual_bytes(self) -> int:
         if self.residual is None:
             return 0
         storage = _storage(self.residual)
@@ -267,7 +317,8 @@ class LoCoFeedback(GradScheme):
     def _feedback_text(self) -> str:
         """The feedback's settings, for :meth:`describe`."""
         reset = f", reset every {self.reset_every} steps" if self.reset_every else ""
-        return f"LoCo error feedback (beta {self.beta:g}, {self._dtype_name()} residual{reset})"
+        host = " in host memory" if self.residual_on_host else ""
+        return f"LoCo error feedback (beta {self.beta:g}, {self._dtype_name()} residual{host}{reset})"
 
 
 class LoCoReduceScatter(LoCoFeedback, FlatReduceScatter):
@@ -282,6 +333,7 @@ class LoCoReduceScatter(LoCoFeedback, FlatReduceScatter):
         reset_every: zero the residual every this many optimizer steps (DeepSpeed's ``reset_T``; 0: never).
         residual_dtype: how the residual is stored between calls: ``"float32"``, ``"bfloat16"`` or ``"int8"`` (8-bit
             symmetric codes, one fp32 scale per bucket of the codec's ``bucket_size``).
+        residual_on_host: keep the residual in pinned host memory and copy it to the device for each call and back.
 
     Attributes:
         residual: this rank's residual (``W * n`` elements: a float tensor, or a
@@ -294,9 +346,9 @@ class LoCoReduceScatter(LoCoFeedback, FlatReduceScatter):
     name = "loco"
 
     def __init__(self, codec: Codec | None, error_sample_interval: int = 0, beta: float = 0.8,
-                 reset_every: int = 0, residual_dtype: str = "float32") -> None:
+                 reset_every: int = 0, residual_dtype: str = "float32", residual_on_host: bool = False) -> None:
         super().__init__(codec, error_sample_interval)
-        self._init_feedback(beta, reset_every, residual_dtype)
+        self._init_feedback(beta, reset_every, residual_dtype, residual_on_host)
 
     def _feedback(self, input: torch.Tensor) -> dict[str, Any]:
         return {"residual": self._residual_for(input), "residual_beta": self.beta}
@@ -321,6 +373,11 @@ def _partition_text(partition: dict[str, Any]) -> str:
 def _storage(residual: torch.Tensor | CodedResidual) -> torch.Tensor:
     """The tensor that holds a residual: itself, or a coded residual's wire rows."""
     return residual.wire if isinstance(residual, CodedResidual) else residual
+
+
+def _with_storage(residual: torch.Tensor | CodedResidual, storage: torch.Tensor) -> torch.Tensor | CodedResidual:
+    """A residual like ``residual`` held in ``storage`` (a tensor of its storage's shape and dtype)."""
+    return residual.with_wire(storage) if isinstance(residual, CodedResidual) else storage
 
 
 def _elements(residual: torch.Tensor | CodedResidual) -> int:

@@ -55,6 +55,7 @@ class TwoLevelLoCoReduceScatter(LoCoFeedback, TwoLevelReduceScatter):
         reset_every: zero the residual every this many optimizer steps (0: never).
         residual_dtype: the residual's storage: ``"float32"``, ``"bfloat16"`` or ``"int8"`` (8-bit symmetric
             codes, one fp32 scale per bucket of the codec's ``bucket_size``).
+        residual_on_host: keep the residual in pinned host memory and copy it to the device for each call and back.
 
     Attributes:
         residual: this rank's residual (``M * m`` elements: ``M`` nodes, ``m`` the chunk's elements, padded to
@@ -77,9 +78,10 @@ class TwoLevelLoCoReduceScatter(LoCoFeedback, TwoLevelReduceScatter):
         beta: float = 0.8,
         reset_every: int = 0,
         residual_dtype: str = "float32",
+        residual_on_host: bool = False,
     ) -> None:
         super().__init__(codec, error_sample_interval, intra_codec=intra_codec, rotation_block=rotation_block)
-        self._init_feedback(beta, reset_every, residual_dtype)
+        self._init_feedback(beta, reset_every, residual_dtype, residual_on_host)
 
     def _feedback(self, input: torch.Tensor) -> dict[str, Any]:
         assert self.node_split is not None  # set with the group

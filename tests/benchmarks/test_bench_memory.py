@@ -28,9 +28,10 @@ LIVE_CONFIGS = {
     "w8g8": from_preset("w8g8", ranks_per_node=PER_NODE, seed=7),
     "qwd-w3g3-loco": from_preset("qwd-w3g3-loco", ranks_per_node=PER_NODE, seed=7),
     "qwd-w3g3-loco-lean": from_preset("qwd-w3g3-loco", ranks_per_node=PER_NODE, seed=7, **LEAN),
-    "qwd-w3g3-loco-lean-host": from_preset("qwd-w3g3-loco", ranks_per_node=PER_NODE, seed=7, grad_scheme="two_level_loco",
-                                           weight_scheme_options={"sharded_reference": True,
-                                                                  "reference_on_host": True}),
+    "qwd-w3g3-loco-lean-host": from_preset(
+        "qwd-w3g3-loco", ranks_per_node=PER_NODE, seed=7, grad_scheme="two_level_loco",
+        weight_scheme_options={"sharded_reference": True, "reference_on_host": True},
+        grad_scheme_options={"beta": 0.5, "residual_dtype": "int8", "residual_on_host": True}),
 }
 
 
@@ -81,7 +82,7 @@ def live():
 @pytest.mark.requires_custom_comm
 @pytest.mark.parametrize("name,per_param", [("w8g8", 0.0), ("qwd-w3g3-loco", 2 + 1 + 4 / 256),
                                             ("qwd-w3g3-loco-lean", (2 + 1 + 4 / 256) / PER_NODE),
-                                            ("qwd-w3g3-loco-lean-host", (1 + 4 / 256) / PER_NODE)])
+                                            ("qwd-w3g3-loco-lean-host", 0.0)])
 def test_the_formula_is_what_the_live_schemes_keep_on_2_nodes_of_2(live, name, per_param):
     for rank in range(WORLD):
         measured = live[rank][name]
@@ -134,10 +135,12 @@ def test_the_lean_layout_exists_for_the_presets_with_weight_differences_only():
                     "qsdp-qwd-w3g3-loco-lean", "qsdp-qwd-w3g2-loco-lean"]
     assert "algorithms.qsdp.grad_scheme=two_level_loco" not in bench_memory.CONFIGS["qsdp-sdp4bit-lean"].overrides
     host = "algorithms.qsdp.weight_scheme_options.reference_on_host=true"
-    for name in lean:  # each layout also with the reference in host memory, replicated and sharded
-        assert bench_memory.CONFIGS[f"{name}-host"].overrides == (*bench_memory.CONFIGS[name].overrides, host)
+    residual = "algorithms.qsdp.grad_scheme_options.residual_on_host=true"
+    for name in lean:  # each layout also with the reference (and a LoCo residual) in host memory
+        moved = (host, residual) if "loco" in name else (host,)
+        assert bench_memory.CONFIGS[f"{name}-host"].overrides == (*bench_memory.CONFIGS[name].overrides, *moved)
         replicated = bench_memory.CONFIGS[name.removesuffix("-lean") + "-host"]
-        assert replicated.overrides == (*bench_memory.CONFIGS[name.removesuffix("-lean")].overrides, host)
+        assert replicated.overrides == (*bench_memory.CONFIGS[name.removesuffix("-lean")].overrides, *moved)
 
 
 def test_the_plan_of_the_1_3b_family(tmp_path):
