@@ -209,7 +209,9 @@ def _feedback_variants(aligned_rows: bool) -> list[dict]:
                           "BPP": bpp, "VEC": 4 if log_row and rdtype == "fp32" else 8, "STOCHASTIC": stochastic,
                           "FRACTION": fraction_bits(bits) if stochastic else 0, "ALIGNED": True,
                           "PARTIAL_GROUPS": False, "ROTATE": rotate, "LOG_B": bucket.bit_length() - 1,
-                          "LOG_ROW": log_row, "EMULATE_BF16_RNE": False, "CODED": rdtype == "u8"},
+                          "LOG_ROW": log_row, "EMULATE_BF16_RNE": False, "CODED": rdtype == "u8",
+                          # A coded row's stride: a multiple of 16 bytes, or of 8 (numel + 4 * buckets, often).
+                          "R_ALIGN": 16 if aligned_rows else 8},
             "num_warps": warps,
             "divisible": ["x_row_stride", "r_row_stride", "wire_row_stride"] if aligned_rows else []})
     return variants
@@ -410,3 +412,11 @@ def test_feedback_reference_is_the_loco_recursion():
         codec.encode_rows_feedback(x, residual.clone(), 1.0)
     with pytest.raises(ValueError, match="contiguous tensor of 600 elements"):
         codec.encode_rows_feedback(x, residual[:10].clone(), 0.5)
+
+
+def test_coded_row_alignment_is_what_the_row_stride_guarantees():
+    """The feedback kernel reads a coded residual's rows with the alignment their byte stride guarantees (capped at 16;
+    one row: 16); CODED_FEEDBACK_CASES run all three (616, 508 and 528 bytes per row)."""
+    for rows, stride, align in [(2, 616, 8), (2, 508, 4), (2, 528, 16), (1, 508, 16)]:
+        wire = torch.zeros(rows, stride, dtype=torch.uint8)
+        assert kernels._coded_row_alignment(wire) == align
