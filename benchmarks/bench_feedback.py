@@ -12,7 +12,11 @@ owner's decode-and-sum, as the qwd-*-loco presets run them (Hadamard-rotated min
 =============  ====================================================================================================
 
 The input is the reduce-scatter input of one GPT-1.3B block (50.3M parameters) on ``--ranks`` ranks (``W`` rows of
-``n`` elements, bf16). The residual (column ``residual``) is fp32, bf16, or ``int8``: a ``CodedResidual`` of
+``n`` elements, bf16). The decode-sum (the owner's side) sums the ``W`` wire rows in fp32 and rotates the sum back:
+``kernels`` is ``HadamardCodec.decode_sum``, one kernel that rotates the sum in registers
+(``MinMaxCodec.decode_sum_rotated``); ``unfused`` the two launches it replaced (the min-max decode-sum writing the
+fp32 sum, then ``hadamard_rows`` reading and rewriting it); both against the floor of the one pass: the ``W`` wire
+rows read, ``n * 4`` bytes written. The residual (column ``residual``) is fp32, bf16, or ``int8``: a ``CodedResidual`` of
 ``SymmetricCodec(8, 256)``, 1 byte per element plus one fp32 scale per bucket of 256 (the reference and the unfused
 composition run with fp32 and int8, the fused kernel with all three). Each call is timed with
 ``triton.testing.do_bench`` (median of two medians; their spread is the noise). Bytes counted for the fused call are
@@ -22,13 +26,15 @@ same number of bytes.
 ``--sweep`` times the kernels of the preset's codec (``--preset``, default ``qwd-w4g3-loco``: 3 bits, groups of
 256) over the launch shapes of :data:`SWEEP_GRID` (buckets per program x warps; the results never depend on them),
 on the same rows: the fused feedback quantize (rotated and not; fp32, bf16 and int8 residual), the min-max decode-sum of
-the ``--ranks`` wire rows (fp32, as the rotated codec sums before rotating back) and that sum's inverse rotation
-(``hadamard_rows``). Worker processes first compile every shape and check its output against the torch
-reference (Triton's on-disk cache then serves the timing process); a shape that fails to compile or spills
-registers is recorded and not timed. Bytes per launch, read plus written: feedback ``R*n*2`` (bf16 gradient) +
+the ``--ranks`` wire rows (fp32, as the rotated codec sums before rotating back), that sum's inverse rotation
+(``hadamard_rows``), and the decode-sum that rotates back in the same kernel (``decode_sum rotated``, what
+``HadamardCodec.decode_sum`` runs). The two decode-sums also run their default shape at each of
+:data:`SWEEP_ROWS_PER_STEP` rows per loop step (column ``rows_per_step``; empty: the default). Worker processes first
+compile every shape and check its output against the torch reference (Triton's on-disk cache then serves the timing
+process); a shape that fails to compile or spills registers is recorded and not timed. Bytes per launch, read plus written: feedback ``R*n*2`` (bf16 gradient) +
 twice the residual (read and written: ``R*n*s`` for ``s``-byte floats, the ``R`` coded rows ``R*(n + 4*ceil(n/256))``
-bytes (up to 3 bytes of padding each) for int8) + the ``R`` wire rows; decode-sum the ``R`` wire rows + ``n*4``;
-rotation ``2*n*4``. % of copy is against a device copy moving the same number of bytes.
+bytes (up to 3 bytes of padding each) for int8) + the ``R`` wire rows; decode-sum the ``R`` wire rows + ``n*4``
+(the padded ``n`` unrotated); rotation ``2*n*4``. % of copy is against a device copy moving the same number of bytes.
 
 Usage::
 
@@ -125,7 +131,9 @@ def measure(bits: int, ranks: int) -> list[dict]:
     def unfused(kind: str) -> Callable[[], object]:
         return lambda: Codec._encode_rows_feedback(codec, x, residuals[kind], 0.5, 0, 0)
 
-    with mock.patch.object(minmax_kernels, "supports", _packed_widths_only):
+    # The reference ran the two-pass decode-sum (sum, then rotation) where the min-max kernels covered the width.
+    with mock.patch.object(minmax_kernels, "supports", _packed_widths_only), \
+            mock.patch.object(MinMaxCodec, "decode_sum_rotated", lambda *args: None):  # fmt: skip
         record("reference", "feedback encode", "fp32", unfused("fp32"), None)
         wire = codec.encode_rows(x.float())
         record("reference", "decode_sum", "", lambda: codec.decode_sum(wire, n), None)
@@ -134,7 +142,13 @@ def measure(bits: int, ranks: int) -> list[dict]:
     for kind in RESIDUALS:
         record("fused", "feedback encode", kind, lambda kind=kind: codec.encode_rows_feedback(x, residuals[kind], 0.5),
                floors[kind], roofs[kind])  # fmt: skip
-    record("kernels", "decode_sum", "", lambda: codec.decode_sum(wire, n), wire_bytes + n * 4, roofs["fp32"])
+    sum_floor = wire_bytes + n * 4  # the wire rows read, the fp32 sum written once
+    sum_roof = timing.copy_gbps(sum_floor // 8, torch.float32)
+    padded = codec.padded(n)
+    two_passes = lambda: hadamard_kernels.hadamard_rows(  # noqa: E731
+        codec.inner.decode_sum(wire, padded).view(1, -1), bucket, n, torch.float32)
+    record("unfused", "decode_sum", "", two_passes, sum_floor, sum_roof)
+    record("kernels", "decode_sum", "", lambda: codec.decode_sum(wire, n), sum_floor, sum_roof)
     return rows
 
 
@@ -150,13 +164,18 @@ SWEEP_GRID: dict[str, tuple[tuple[int, int], ...]] = {
     "feedback": ((1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 2), (8, 4), (8, 8), (16, 4), (16, 8), (16, 16)),
     "decode_sum": ((1, 1), (1, 2), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (4, 4), (4, 8), (8, 1), (8, 2), (8, 4),
                    (8, 8), (8, 16), (16, 2), (16, 4), (16, 8), (16, 16)),
+    "decode_sum rotated": ((1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (8, 4), (8, 8), (16, 2),
+                           (16, 4), (16, 8), (32, 4), (32, 8)),
     "hadamard": ((2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (4, 4), (4, 8), (8, 1), (8, 2), (8, 4), (8, 8), (8, 16),
                  (16, 2), (16, 4), (16, 8), (16, 16), (32, 4), (32, 8), (32, 16)),
 }  # fmt: skip
-SWEEP_COLUMNS = ("op", "residual", "bpp", "warps", "el_per_thread", "status", "regs", "spills", "smem", "ms",
-                 "spread_pct", "bytes", "gbps", "pct_copy")  # fmt: skip
+#: Rows per loop step of the decode-sums' extra default-shape launches (``rows_per_step``; at most ``--ranks``).
+SWEEP_ROWS_PER_STEP = (1, 2, 4, 8)
+SWEEP_COLUMNS = ("op", "residual", "bpp", "warps", "rows_per_step", "el_per_thread", "status", "regs", "spills", "smem",
+                 "ms", "spread_pct", "bytes", "gbps", "pct_copy")  # fmt: skip
+_DECODE_SUMS = ("decode_sum", "decode_sum rotated")
 _SWEEP_CASES = tuple((op, kind) for op in ("feedback rotated", "feedback") for kind in RESIDUALS) + (
-    ("decode_sum", ""), ("hadamard", ""))  # fmt: skip
+    ("decode_sum", ""), ("hadamard", ""), ("decode_sum rotated", ""))  # fmt: skip
 
 
 class _Sweep:
@@ -188,13 +207,16 @@ class _Sweep:
                 self.expected["decode_sum", ""] = self.total
                 self.expected["hadamard", ""] = hadamard_rows(self.total.view(1, -1), self.bucket, self.n,
                                                               torch.float32)  # fmt: skip
+                self.expected["decode_sum rotated", ""] = self.expected["hadamard", ""][0]
 
     def nbytes(self, op: str, residual: str) -> int:
         """Bytes one launch of ``op`` reads plus writes (module docstring)."""
         wire = self.ranks * self.inner.wire_bytes(self.padded if op != "feedback" else self.n)
         if op.startswith("feedback"):
             return self.x.numel() * 2 + 2 * residual_bytes(residual, self.ranks, self.n, self.bucket) + wire
-        return wire + self.padded * 4 if op == "decode_sum" else 2 * self.n * 4
+        if op == "decode_sum":
+            return wire + self.padded * 4
+        return wire + self.n * 4 if op == "decode_sum rotated" else 2 * self.n * 4
 
     def call(self, spec: dict[str, Any], residual: torch.Tensor | CodedResidual | None = None) -> Any:
         """Launch ``spec`` once; the feedback quantize updates ``residual`` (default: the sweep's own)."""
@@ -207,9 +229,11 @@ class _Sweep:
             fmt = self.inner.wire_format(self.padded if rotate else self.n)
             return minmax_kernels.encode_rows_feedback(self.x, r, 0.5, self.bits, self.bucket, fmt, False, 0, 0,
                                                        rotate, buckets_per_program=bpp, num_warps=warps)  # fmt: skip
-        if op == "decode_sum":
+        if op in _DECODE_SUMS:
+            rotate = op == "decode_sum rotated"
             return minmax_kernels.decode_sum(self.wire, self.bits, self.bucket, self.inner.wire_format(self.padded),
-                                             buckets_per_program=bpp, num_warps=warps)  # fmt: skip
+                                             rotate=rotate, numel=self.n if rotate else None, buckets_per_program=bpp,
+                                             num_warps=warps, rows_per_step=spec.get("rows_per_step"))  # fmt: skip
         return hadamard_kernels.hadamard_rows(self.total.view(1, -1), self.bucket, self.n, torch.float32, bpp, warps)
 
     def matches_reference(self, spec: dict[str, Any]) -> bool:
@@ -277,9 +301,12 @@ def _compile_and_check(preset: str, ranks: int, specs: list[dict[str, Any]]) -> 
     return results
 
 
-def _sweep_specs(bucket: int) -> list[dict[str, Any]]:
-    """Every (op, residual, launch shape) of the sweep, the default launches (``bpp`` and ``warps`` None) first."""
+def _sweep_specs(bucket: int, ranks: int) -> list[dict[str, Any]]:
+    """Every (op, residual, launch shape) of the sweep, the default launches (``bpp`` and ``warps`` None) first, then
+    the decode-sums' default shapes at each of :data:`SWEEP_ROWS_PER_STEP` up to ``ranks``."""
     specs = [{"op": op, "residual": residual, "bpp": None, "warps": None} for op, residual in _SWEEP_CASES]
+    specs += [{"op": op, "residual": "", "bpp": None, "warps": None, "rows_per_step": step}
+              for op in _DECODE_SUMS for step in SWEEP_ROWS_PER_STEP if step <= ranks]  # fmt: skip
     specs += [{"op": op, "residual": residual, "bpp": bpp, "warps": warps}
               for op, residual in _SWEEP_CASES for bpp, warps in SWEEP_GRID[op]]  # fmt: skip
     for spec in specs:
@@ -293,7 +320,7 @@ def sweep(preset: str, ranks: int, jobs: int, budget_s: float) -> tuple[list[dic
     facts (copy roofs, bytes per launch)."""
     start = time.monotonic()
     probe = _Sweep(preset, ranks, reference=False)
-    specs = _sweep_specs(probe.bucket)
+    specs = _sweep_specs(probe.bucket, ranks)
     chunks = [specs[i::jobs] for i in range(jobs)]
     spawn = multiprocessing.get_context("spawn")  # CUDA does not survive fork
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=spawn) as pool:
@@ -309,8 +336,8 @@ def sweep(preset: str, ranks: int, jobs: int, budget_s: float) -> tuple[list[dic
     print(f"compiled and checked {len(specs)} launches in {compiled_s:.0f} s", flush=True)
     for spec in specs:
         if spec["status"] != "ok":
-            print(f"  not timed: {spec['op']} {spec['residual']} bpp {spec['bpp']} warps {spec['warps']}: "
-                  f"{spec['status']}", flush=True)  # fmt: skip
+            print(f"  not timed: {spec['op']} {spec['residual']} bpp {spec['bpp']} warps {spec['warps']} rows per "
+                  f"step {spec.get('rows_per_step')}: {spec['status']}", flush=True)  # fmt: skip
     nbytes = {f"{op} {residual}".strip(): probe.nbytes(op, residual) for op, residual in _SWEEP_CASES}
     roofs = {name: timing.copy_gbps(b // 8, torch.float32) for name, b in nbytes.items()}  # same bytes moved
     for spec in specs:
@@ -324,8 +351,9 @@ def sweep(preset: str, ranks: int, jobs: int, budget_s: float) -> tuple[list[dic
         spec["ms"], spec["spread_pct"] = timing.median_ms_twice(lambda: probe.call(spec))
         spec["gbps"] = timing.gbps(spec["bytes"], spec["ms"])
         spec["pct_copy"] = 100 * spec["gbps"] / roofs[name]
-        print(f"  {name:<22} bpp {spec['bpp'] or 'default':>7} warps {spec['warps'] or '':>2} regs "
-              f"{spec.get('regs', '?'):>3} {spec['ms'] * 1e3:7.1f} us {spec['pct_copy']:5.1f}% of copy", flush=True)
+        print(f"  {name:<22} bpp {spec['bpp'] or 'default':>7} warps {spec['warps'] or '':>2} rows/step "
+              f"{spec.get('rows_per_step') or '':>1} regs {spec.get('regs', '?'):>3} {spec['ms'] * 1e3:7.1f} us "
+              f"{spec['pct_copy']:5.1f}% of copy", flush=True)  # fmt: skip
     facts = {"preset": preset, "bits": probe.bits, "bucket_size": probe.bucket, "ranks": ranks, "n": probe.n,
              "bytes_per_launch": nbytes, "copy_gbps": roofs, "compile_s": compiled_s,
              "total_s": time.monotonic() - start}  # fmt: skip

@@ -8,6 +8,11 @@ BPP)`` -> fp32 values on the tile), as the constexpr ``DECODE_TILE``: Triton com
 the loops, stores and launch logic live here once. Tiles are :func:`composer_qsdp.kernels.groups.split_tile`'s
 (coalesced stores); outputs go through :func:`composer_qsdp.kernels.cast.store_cast` (round to nearest even);
 the sum runs over rows in order from +0.0 and divides with ``div_rn``, as the codecs' torch references do.
+
+``decode_sum`` can also rotate the sum back (``rotate``): the sum of a ``HadamardCodec``'s rotated rows, each bucket
+multiplied by the normalized Walsh-Hadamard matrix in registers (:func:`composer_qsdp.kernels.hadamard.rotated_store`,
+the reference's additions in its order) before the store, in one pass instead of the fp32 sum written, read back
+and rewritten by ``hadamard_rows``.
 """
 
 from __future__ import annotations
@@ -19,10 +24,19 @@ import triton
 import triton.language as tl
 
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
-from composer_qsdp.kernels.groups import cdiv, output_buffer, row_stride, rows_aligned, split_tile, vec
+from composer_qsdp.kernels.groups import (GPU_TILE, INTERPRETER_TILE, cdiv, launch_shape, output_buffer, row_stride,
+                                          rows_aligned, split_tile, tile, vec)
+from composer_qsdp.kernels.hadamard import rotated_store, rotation_scale
 from composer_qsdp.kernels.wire_format import WireFormat, aligned_rows
 
-__all__ = ["BucketDecoder"]
+__all__ = ["BucketDecoder", "ROTATED_ELEMENTS_PER_THREAD", "ROWS_PER_STEP"]
+
+#: Elements per thread of a decode-sum that rotates back. Compiled for sm_90, the 8-bit sum of 8 rows over buckets of
+#: 1024 spills at 32 (255 registers) and takes 135 at 16; 3 bits over buckets of 256, 4 rows: 96 at 32, 56 at 16.
+ROTATED_ELEMENTS_PER_THREAD = 16
+#: Rows a decode-sum loop step decodes, unrolled: a loop step's loads wait for the previous step's adds, so a program
+#: has the codes of ``ROWS_PER_STEP`` rows in flight rather than one.
+ROWS_PER_STEP = 4
 
 
 @triton.jit
@@ -43,19 +57,32 @@ def _dequantize_kernel(
 @triton.jit
 def _dequantize_sum_kernel(
     wire_ptr, meta_ptr, out_ptr,
-    n, num_buckets, meta_offset, wire_row_stride, divisor,
+    n, n_out, num_buckets, meta_offset, wire_row_stride, divisor, scale_rot,
     DECODE_TILE: tl.constexpr, ROWS: tl.constexpr, BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr,
     BPP: tl.constexpr, VEC: tl.constexpr, DIVIDE: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
+    STEP: tl.constexpr, ROTATE: tl.constexpr, LOG_B: tl.constexpr,
 ):  # fmt: skip
+    """Sum the decodes of the ``ROWS`` wire rows, ``STEP`` rows per loop step (unrolled); with ``ROTATE`` rotate each
+    bucket of the sum back and store its first ``n_out`` columns."""
     pid = tl.program_id(0)
-    b, g, lane, e, valid = split_tile(pid, n, BUCKET, GROUPS, BPP, VEC)
+    if ROTATE:  # the rotation rearranges the tile anyway
+        b, g, lane, e, valid = tile(pid, n, BUCKET, GROUPS, BPP, VEC)
+    else:
+        b, g, lane, e, valid = split_tile(pid, n, BUCKET, GROUPS, BPP, VEC)
     acc = tl.zeros(e.shape, tl.float32)
-    for row in range(ROWS):  # in row order, like the references
+    for first in range(0, ROWS - ROWS % STEP, STEP):  # in row order, like the references
+        for k in tl.static_range(STEP):
+            acc += DECODE_TILE(wire_ptr, meta_ptr, tl.cast(first + k, tl.int64), b, g, lane, e, valid, n,
+                               num_buckets, meta_offset, wire_row_stride, BITS, BUCKET, BPP)  # fmt: skip
+    for row in tl.static_range(ROWS - ROWS % STEP, ROWS):
         acc += DECODE_TILE(wire_ptr, meta_ptr, tl.cast(row, tl.int64), b, g, lane, e, valid, n, num_buckets,
                            meta_offset, wire_row_stride, BITS, BUCKET, BPP)  # fmt: skip
     if DIVIDE:  # an average: the references' fp32 division, then one rounding to the output dtype
         acc = tl.math.div_rn(acc, tl.full(acc.shape, divisor, tl.float32))
-    store_cast(out_ptr + e, acc, valid, EMULATE_BF16_RNE)
+    if ROTATE:
+        rotated_store(out_ptr, acc, pid, n_out, BUCKET, LOG_B, scale_rot, EMULATE_BF16_RNE)
+    else:
+        store_cast(out_ptr + e, acc, valid, EMULATE_BF16_RNE)
 
 
 class BucketDecoder:
@@ -85,32 +112,56 @@ class BucketDecoder:
         return self._decode(wire, bits, bucket_size, fmt, dtype, False, out, 1, buckets_per_program, num_warps)
 
     def decode_sum(self, wire: torch.Tensor, bits: int, bucket_size: int, fmt: WireFormat, *,
-                   out: torch.Tensor | None = None, divisor: int = 1, buckets_per_program: int | None = None,
-                   num_warps: int | None = None) -> torch.Tensor:  # fmt: skip
+                   out: torch.Tensor | None = None, divisor: int = 1, rotate: bool = False, numel: int | None = None,
+                   buckets_per_program: int | None = None, num_warps: int | None = None,
+                   rows_per_step: int | None = None) -> torch.Tensor:  # fmt: skip
         """Sum of the fp32 decodes of the rows of a ``[R, fmt.wire_bytes]`` wire, in row order, divided by
-        ``divisor`` in fp32: fp32 ``[numel]``, or rounded into ``out`` (``[numel]``, any float dtype) when given."""
+        ``divisor`` in fp32: fp32 ``[numel]``, or rounded into ``out`` (``[numel]``, any float dtype) when given.
+
+        ``rotate``: the sum's buckets (``bucket_size`` a power of two) are rotated back, ``HadamardCodec``'s
+        ``decode_sum`` of this codec, and its first ``numel <= fmt.numel`` (default ``fmt.numel``) elements kept;
+        ``divisor`` 1 and no ``out`` then. ``buckets_per_program``, ``num_warps`` and ``rows_per_step`` (rows a loop
+        step decodes, default :data:`ROWS_PER_STEP`) override the launch for benchmark sweeps, never the result.
+        """
+        numel = fmt.numel if numel is None else numel
+        if numel != fmt.numel and not rotate:
+            raise ValueError(f"numel={numel} differs from the wire's {fmt.numel} elements without rotate")
+        if rotate and (divisor != 1 or out is not None or not 0 < numel <= fmt.numel
+                       or bucket_size & (bucket_size - 1)):  # fmt: skip
+            raise ValueError(f"a rotated decode_sum needs a power-of-two bucket_size, 0 < numel <= {fmt.numel}, "
+                             f"divisor 1 and no out; got bucket_size={bucket_size}, numel={numel}, "
+                             f"divisor={divisor}, out={out is not None}")  # fmt: skip
+        if rows_per_step is not None and rows_per_step < 1:
+            raise ValueError(f"rows_per_step={rows_per_step} must be >= 1")
         dtype = torch.float32 if out is None else out.dtype
         return self._decode(wire, bits, bucket_size, fmt, dtype, True, out, divisor, buckets_per_program,
-                            num_warps)  # fmt: skip
+                            num_warps, rotate, numel, rows_per_step)  # fmt: skip
 
     def _decode(self, wire: torch.Tensor, bits: int, bucket_size: int, fmt: WireFormat, dtype: torch.dtype,
                 sum_rows: bool, out: torch.Tensor | None, divisor: int, buckets_per_program: int | None,
-                num_warps: int | None) -> torch.Tensor:  # fmt: skip
+                num_warps: int | None, rotate: bool = False, numel: int | None = None,
+                rows_per_step: int | None = None) -> torch.Tensor:  # fmt: skip
         self._check(bits, bucket_size, wire.shape[0], fmt)
         wire = aligned_rows(wire)
-        shape = (fmt.numel,) if sum_rows else (wire.shape[0], fmt.numel)
+        shape = (fmt.numel if numel is None else numel,) if sum_rows else (wire.shape[0], fmt.numel)
         out = output_buffer(shape, dtype, wire.device, out)
-        # The sum's output is one row, which starts aligned.
-        launch = self._launch_shape(bucket_size, fmt.num_buckets, out.is_cuda, sum_rows or rows_aligned(out),
-                                    buckets_per_program, num_warps)  # fmt: skip
-        return _launch(wire, fmt, out, sum_rows, self._decode_tile, bits, bucket_size, launch, divisor)
+        if rotate:  # the flat rotation holds more per element than the sum alone: ROTATED_ELEMENTS_PER_THREAD
+            launch = launch_shape(bucket_size, fmt.num_buckets, out.is_cuda, GPU_TILE, INTERPRETER_TILE,
+                                  ROTATED_ELEMENTS_PER_THREAD, buckets_per_program, num_warps)  # fmt: skip
+        else:  # the sum's output is one row, which starts aligned
+            launch = self._launch_shape(bucket_size, fmt.num_buckets, out.is_cuda, sum_rows or rows_aligned(out),
+                                        buckets_per_program, num_warps)  # fmt: skip
+        step = min(wire.shape[0], ROWS_PER_STEP if rows_per_step is None else rows_per_step)
+        return _launch(wire, fmt, out, sum_rows, self._decode_tile, bits, bucket_size, launch, divisor, rotate, step)
 
 
 
 def _launch(wire: torch.Tensor, fmt: WireFormat, out: torch.Tensor, sum_rows: bool, decode_tile: object,
-            bits: int, bucket_size: int, launch: tuple[int, int, int], divisor: int) -> torch.Tensor:  # fmt: skip
+            bits: int, bucket_size: int, launch: tuple[int, int, int], divisor: int, rotate: bool = False,
+            step: int = 1) -> torch.Tensor:  # fmt: skip
     """Decode the ``[R, wire_bytes]`` ``wire`` (rows 4-byte aligned) into ``out`` with ``decode_tile``; ``launch``
-    is ``(GROUPS, buckets per program, warps)``; a sum is divided by ``divisor`` in fp32. Returns ``out``."""
+    is ``(GROUPS, buckets per program, warps)``; a sum is divided by ``divisor`` in fp32, decodes ``step`` rows per
+    loop step and, with ``rotate``, is rotated back into the ``out.numel()`` elements of ``out``. Returns ``out``."""
     groups, bpp, warps = launch
     nb = fmt.num_buckets
     constants = {"DECODE_TILE": decode_tile, "BITS": bits, "BUCKET": bucket_size, "GROUPS": groups, "BPP": bpp,
@@ -119,8 +170,10 @@ def _launch(wire: torch.Tensor, fmt: WireFormat, out: torch.Tensor, sum_rows: bo
     meta = wire.view(torch.float32)
     if sum_rows:
         _dequantize_sum_kernel[(cdiv(nb, bpp),)](
-            wire, meta, out, fmt.numel, nb, fmt.meta_offset, row_stride(wire), float(divisor),
-            ROWS=wire.shape[0], DIVIDE=divisor != 1, **constants,
+            wire, meta, out, fmt.numel, out.numel(), nb, fmt.meta_offset, row_stride(wire), float(divisor),
+            rotation_scale(bucket_size) if rotate else 1.0,
+            ROWS=wire.shape[0], DIVIDE=divisor != 1, STEP=step, ROTATE=rotate, LOG_B=bucket_size.bit_length() - 1,
+            **constants,
         )  # fmt: skip
     else:
         _dequantize_kernel[(cdiv(nb, bpp), wire.shape[0])](

@@ -22,7 +22,8 @@ import torch
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
 from composer_qsdp.kernels.groups import cdiv, next_power_of_2, row_stride
 
-__all__ = ["MAX_BUCKET", "supports", "hadamard_rows", "butterflies", "butterflies_rows", "rotation_scale"]
+__all__ = ["MAX_BUCKET", "supports", "hadamard_rows", "butterflies", "butterflies_rows", "rotated_store",
+           "rotation_scale"]
 
 #: Largest bucket (elements) a program transforms in registers.
 MAX_BUCKET = 8192
@@ -73,6 +74,17 @@ def butterflies_rows(v, LOG_R: tl.constexpr, LOG_C: tl.constexpr):
     t = _butterflies_first(tl.reshape(tl.permute(v, (2, 3, 0, 1)), (H * V, R * BPP)), LOG_C)
     v = tl.permute(tl.reshape(t, (H, V, R, BPP)), (2, 3, 0, 1))
     return tl.reshape(_butterflies_first(tl.reshape(v, (R, BPP * H * V)), LOG_R), (R, BPP, H, V))
+
+
+@triton.jit
+def rotated_store(out_ptr, v, pid, n_out, BUCKET: tl.constexpr, LOG_B: tl.constexpr, scale,
+                  EMULATE_BF16_RNE: tl.constexpr):  # fmt: skip
+    """Store the first ``n_out`` columns of the Hadamard rotation (``scale``: :func:`rotation_scale`) of the buckets
+    of program ``pid``'s ``[G, BPP, H, V]`` tile of groups of 8 (``composer_qsdp.kernels.groups.tile``)."""
+    BPP: tl.constexpr = v.shape[1]
+    flat = butterflies(tl.reshape(tl.permute(v, (1, 0, 2, 3)), (BPP * BUCKET,)), BUCKET, LOG_B)
+    col = (pid * BPP + tl.arange(0, BPP))[:, None] * BUCKET + tl.arange(0, BUCKET)[None, :]
+    store_cast(out_ptr + col, tl.reshape(flat, (BPP, BUCKET)) * scale, col < n_out, EMULATE_BF16_RNE)
 
 
 @triton.jit

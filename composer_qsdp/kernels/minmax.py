@@ -189,7 +189,7 @@ def _quantize_feedback_kernel(
     BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, VEC: tl.constexpr,
     STOCHASTIC: tl.constexpr, FRACTION: tl.constexpr, ALIGNED: tl.constexpr, PARTIAL_GROUPS: tl.constexpr,
     ROTATE: tl.constexpr, LOG_B: tl.constexpr, LOG_ROW: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
-    CODED: tl.constexpr,
+    CODED: tl.constexpr, R_ALIGN: tl.constexpr,
 ):  # fmt: skip
     """Error feedback in one pass: quantize ``c = x + r`` (Hadamard-rotated per bucket with ``ROTATE``; ``n`` is then
     the padded row length) and write ``r <- fresh - beta * (fresh - r)``, ``fresh = c - decode(encode(c))`` (rotated
@@ -200,8 +200,9 @@ def _quantize_feedback_kernel(
     (:func:`composer_qsdp.kernels.hadamard.butterflies_rows`). ``LOG_ROW = 0``: groups of 8, rotated flat.
 
     ``CODED``: ``r_ptr`` holds the residual as 8-bit symmetric wire rows of the first ``n_in`` columns, in buckets of
-    ``BUCKET`` (scales at byte ``r_meta_offset``; ``r_row_stride`` in bytes), read and written as that codec's
-    decode and encode (:mod:`composer_qsdp.kernels.abs_max`); else as ``n_in`` floats per row."""
+    ``BUCKET`` (scales at byte ``r_meta_offset``; ``r_row_stride`` in bytes, a multiple of ``R_ALIGN``), read and
+    written as that codec's decode and encode (:mod:`composer_qsdp.kernels.abs_max`); else as ``n_in`` floats per
+    row."""
     ROWS: tl.constexpr = LOG_ROW > 0
     FLAT: tl.constexpr = ROTATE and not ROWS
     GS: tl.constexpr = (1 << LOG_ROW) if ROWS else 8
@@ -209,8 +210,8 @@ def _quantize_feedback_kernel(
     row = tl.program_id(1).to(tl.int64)
     b, g, lane, e, valid = tile(pid, n, BUCKET, GROUPS, BPP, VEC, GS)
     x_row = x_ptr + row * x_row_stride
-    if CODED:  # a coded row's scales are fp32 words: its rows start on multiples of 4 bytes
-        r_row = r_ptr + row * tl.multiple_of(r_row_stride, 4)
+    if CODED:  # stated as a product by the constant R_ALIGN, which Triton's alignment analysis follows
+        r_row = r_ptr + row * (r_row_stride // R_ALIGN) * R_ALIGN
     else:
         r_row = r_ptr + row * r_row_stride
     if FLAT:  # bucket-major [BPP, BUCKET], as the rotation kernel loads
@@ -389,10 +390,21 @@ def encode_rows_feedback(
         BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=tile_vec, STOCHASTIC=stochastic,
         FRACTION=fraction_bits(bits) if stochastic else 0, ALIGNED=offset % 8 == 0 and (rows == 1 or n % 8 == 0),
         PARTIAL_GROUPS=bits < 8 and fmt.numel % 8 != 0, ROTATE=rotate, LOG_B=bucket_size.bit_length() - 1,
-        LOG_ROW=log_row, EMULATE_BF16_RNE=emulate_bf16_rne(), CODED=coded, num_warps=warps,
-        enable_fp_fusion=False,
+        LOG_ROW=log_row, EMULATE_BF16_RNE=emulate_bf16_rne(), CODED=coded, R_ALIGN=_coded_row_alignment(r) if coded else 4,
+        num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
     return wire
+
+
+def _coded_row_alignment(residual: torch.Tensor) -> int:
+    """Bytes (4, 8 or 16) that every row start of the ``[R, m]`` residual is a multiple of, as far as its row stride
+    tells (one row: 16, torch allocations being 16-byte aligned); only a coded residual's rows are read with it.
+
+    Triton specializes a stride on divisibility by 16 only, and a coded row of ``SymmetricCodec(8, b)``'s wire is
+    ``numel + 4 * buckets`` bytes (often 8 mod 16): without this, its codes would load and store one byte per access.
+    """
+    stride = row_stride(residual)
+    return 16 if stride == 0 else min(16, stride & -stride)
 
 
 def rotation_rows(bits: int, bucket_size: int) -> int:

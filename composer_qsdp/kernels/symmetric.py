@@ -36,7 +36,7 @@ from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
 from composer_qsdp.kernels.groups import ELEMENTS_PER_THREAD, GPU_TILE, INTERPRETER_TILE
 from composer_qsdp.kernels.groups import MAX_BUCKET, MAX_ROWS, launch_fits, launch_shape, load_codes
 from composer_qsdp.kernels.groups import cdiv, output_buffer, row_stride, split_tile, store_codes, tile, vec
-from composer_qsdp.kernels.hadamard import butterflies, rotation_scale
+from composer_qsdp.kernels.hadamard import butterflies, rotated_store, rotation_scale
 from composer_qsdp.kernels.wire_format import WireFormat, aligned_rows
 
 __all__ = ["MAX_BUCKET", "SUPPORTED_BITS", "supports", "encode_rows", "decode_rows", "decode_add_rows", "decode_sum"]
@@ -66,16 +66,6 @@ def _rotated_load(x_ptr, pid, n_in, BUCKET: tl.constexpr, LOG_B: tl.constexpr, G
     v = tl.reshape(butterflies(tl.reshape(v, (BPP * BUCKET,)), BUCKET, LOG_B), (BPP, BUCKET)) * scale
     absmax = tl.reduce(tl.abs(v), 1, abs_max)
     return tl.permute(tl.reshape(v, (BPP, GROUPS, 8 // VEC, VEC)), (1, 0, 2, 3)), absmax[None, :, None, None]
-
-
-@triton.jit
-def _rotated_store(out_ptr, v, pid, n_out, BUCKET: tl.constexpr, LOG_B: tl.constexpr, scale,
-                   EMULATE_BF16_RNE: tl.constexpr):  # fmt: skip
-    """Store the first ``n_out`` columns of the Hadamard rotation of the buckets of a ``[G, BPP, H, V]`` tile."""
-    BPP: tl.constexpr = v.shape[1]
-    flat = butterflies(tl.reshape(tl.permute(v, (1, 0, 2, 3)), (BPP * BUCKET,)), BUCKET, LOG_B)
-    col = (pid * BPP + tl.arange(0, BPP))[:, None] * BUCKET + tl.arange(0, BUCKET)[None, :]
-    store_cast(out_ptr + col, tl.reshape(flat, (BPP, BUCKET)) * scale, col < n_out, EMULATE_BF16_RNE)
 
 
 @triton.jit
@@ -133,7 +123,7 @@ def _decode_kernel(
             row_wire = wire_ptr + tl.cast(row, tl.int64) * tl.multiple_of(wire_row_stride, 4)
             acc += _decode_tile(row_wire, b, g, lane, e, valid, n, num_buckets, meta_offset, BITS, BUCKET, BPP, QMAX)
         if ROTATE:  # the sum of the rotated rows, rotated back once
-            _rotated_store(out_ptr, acc, pid, n_out, BUCKET, LOG_B, scale_rot, False)
+            rotated_store(out_ptr, acc, pid, n_out, BUCKET, LOG_B, scale_rot, False)
         else:
             tl.store(out_ptr + e, acc, mask=valid)
     else:
@@ -141,7 +131,7 @@ def _decode_kernel(
         row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)
         val = _decode_tile(row_wire, b, g, lane, e, valid, n, num_buckets, meta_offset, BITS, BUCKET, BPP, QMAX)
         if ROTATE:
-            _rotated_store(out_ptr + row * out_row_stride, val, pid, n_out, BUCKET, LOG_B, scale_rot,
+            rotated_store(out_ptr + row * out_row_stride, val, pid, n_out, BUCKET, LOG_B, scale_rot,
                            EMULATE_BF16_RNE)  # fmt: skip
         else:
             if ADD:  # out += decoded, added in fp32 (not contracted: enable_fp_fusion=False) and rounded once

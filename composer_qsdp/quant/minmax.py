@@ -152,6 +152,28 @@ class MinMaxCodec(KernelDecodes):
         return kernels.encode_rows_feedback(x, fused, beta, self.bits, self.bucket_size, self.wire_format(padded),
                                             self.stochastic, seed, offset, rotate=True)  # fmt: skip
 
+    # ------------------------------------------------------------------ fused Hadamard rotation (FusedRotation)
+    def encode_rows_rotated(self, x: torch.Tensor, seed: int = 0, offset: int = 0) -> None:
+        """:class:`~composer_qsdp.quant.hadamard.FusedRotation`: no fused rotated encode (``None``; the feedback
+        encode the LoCo presets run is :meth:`encode_rows_feedback_rotated`)."""
+        return None
+
+    def decode_rows_rotated(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> None:
+        """:class:`~composer_qsdp.quant.hadamard.FusedRotation`: no fused rotated decode (``None``)."""
+        return None
+
+    def decode_sum_rotated(self, wire: torch.Tensor, numel: int) -> torch.Tensor | None:
+        """:class:`~composer_qsdp.quant.hadamard.FusedRotation`: :meth:`decode_sum` of a ``[R, wire_bytes(padded)]``
+        wire rotated back, its first ``numel`` elements (fp32), in one kernel pass; ``None`` where no kernel covers
+        the call (a CPU tensor, ``bucket_size`` not a power of two)."""
+        padded = self.num_buckets(numel) * self.bucket_size
+        self._check_wire_rows(wire, padded)
+        kernels = self._kernels(wire, padded)
+        if kernels is None or self.bucket_size & (self.bucket_size - 1):
+            return None
+        return kernels.decode_sum(wire, self.bits, self.bucket_size, self.wire_format(padded), rotate=True,
+                                  numel=numel)  # fmt: skip
+
     def _fused_residual(self, residual: torch.Tensor | CodedResidual) -> torch.Tensor | None:
         """The residual as the feedback kernel takes it (a float tensor, or a coded residual's wire rows), or
         ``None`` for a coded residual it does not read: the kernel stores only ``SymmetricCodec(8, bucket_size)``'s

@@ -6,7 +6,7 @@ from bitwise import assert_dispatch_matches_torch, assert_falls_back_to_torch, a
 from hopper import assert_no_spills_and_exact
 from kernel_device import DEVICE
 
-from composer_qsdp.kernels import backend, use_triton
+from composer_qsdp.kernels import backend, bucket_decode, use_triton
 from composer_qsdp.kernels import learned as kernels
 from composer_qsdp.kernels.groups import vec
 from composer_qsdp.quant import LearnedLevelsCodec
@@ -217,8 +217,9 @@ def test_kernels_compile_for_hopper_without_spills():
     ]
     variants += [
         _hopper_variant(f"decode_sum {bits}b bucket {bucket}", "_dequantize_sum_kernel",
-                        {"out_ptr": "*fp32", "divisor": "fp32"},
-                        {"ROWS": 8, "BITS": bits, "DIVIDE": False, "EMULATE_BF16_RNE": False}, bucket)  # fmt: skip
+                        {"out_ptr": "*fp32", "divisor": "fp32", "scale_rot": "fp32"},
+                        {"ROWS": 8, "BITS": bits, "DIVIDE": False, "EMULATE_BF16_RNE": False,
+                         "STEP": bucket_decode.ROWS_PER_STEP, "ROTATE": False, "LOG_B": 0}, bucket)  # fmt: skip
         for bits, bucket in [(8, 1024), (4, 8192)]
     ]
     assert_no_spills_and_exact(variants)

@@ -6,7 +6,7 @@ from bitwise import assert_dispatch_matches_torch, assert_falls_back_to_torch, a
 from hopper import assert_no_spills_and_exact
 from kernel_device import DEVICE
 
-from composer_qsdp.kernels import backend, use_triton
+from composer_qsdp.kernels import backend, bucket_decode, use_triton
 from composer_qsdp.kernels import minmax as kernels
 from composer_qsdp.kernels.groups import vec
 from composer_qsdp.kernels.fixed_point import fraction_bits
@@ -141,7 +141,11 @@ def _hopper_variant(name: str, kernel: str, types: dict, constants: dict, bucket
         types.get("x_ptr", types.get("out_ptr"))]
     kind = "encode" if kernel == "_quantize_kernel" else "decode"
     wide = constants.get("STOCHASTIC", False) and constants["BITS"] == 8 and streamed.itemsize == 2  # as encode_rows
-    groups, bpp, warps = kernels._config(bucket, 1 << 16, True, aligned_rows, None, None, kind, wide)
+    if constants.get("ROTATE"):  # a decode-sum rotated back
+        groups, bpp, warps = kernels.launch_shape(bucket, 1 << 16, True, kernels.GPU_TILE, kernels.INTERPRETER_TILE,
+                                                  bucket_decode.ROTATED_ELEMENTS_PER_THREAD, None, None)
+    else:
+        groups, bpp, warps = kernels._config(bucket, 1 << 16, True, aligned_rows, None, None, kind, wide)
     decode = kernel != "_quantize_kernel"  # the decoders are bucket_decode's, given this codec's tile decoder
     if decode:
         constants = {"DECODE_TILE": "jit:composer_qsdp.kernels.minmax:_decode_tile", **constants}
@@ -174,11 +178,16 @@ def test_kernels_compile_for_hopper_without_spills(aligned_rows):
         for bits, dtype, bucket in [(8, "bf16", 1024), (4, "fp32", 8192), (2, "fp16", 64), (1, "bf16", 200)]
     ]
     variants += [
-        _hopper_variant(f"decode_sum {bits}b bucket {bucket} into {dtype}", "_dequantize_sum_kernel",
-                        {"out_ptr": "*" + dtype, "divisor": "fp32"},
-                        {"ROWS": 8, "BITS": bits, "DIVIDE": dtype != "fp32", "EMULATE_BF16_RNE": False}, bucket,
-                        aligned_rows)  # fmt: skip
-        for bits, bucket, dtype in [(8, 1024, "fp32"), (4, 8192, "fp32"), (4, 1024, "bf16")]
+        _hopper_variant(f"decode_sum {bits}b bucket {bucket} {rows} rows into {dtype} rotate={rotate}",
+                        "_dequantize_sum_kernel", {"out_ptr": "*" + dtype, "divisor": "fp32", "scale_rot": "fp32"},
+                        {"ROWS": rows, "BITS": bits, "DIVIDE": dtype != "fp32", "EMULATE_BF16_RNE": False,
+                         "STEP": bucket_decode.ROWS_PER_STEP, "ROTATE": rotate, "LOG_B": bucket.bit_length() - 1},
+                        bucket, aligned_rows)  # fmt: skip
+        for bits, bucket, rows, dtype, rotate in [
+            (8, 1024, 8, "fp32", False), (4, 8192, 8, "fp32", False), (4, 1024, 8, "bf16", False),
+            (3, 256, 8, "fp32", False), (3, 256, 4, "fp32", True), (3, 256, 8, "fp32", True),
+            (2, 256, 7, "fp32", True), (8, 1024, 8, "fp32", True),
+        ]
     ]
     assert_no_spills_and_exact(variants)
 
@@ -209,7 +218,9 @@ def _feedback_variants(aligned_rows: bool) -> list[dict]:
                           "BPP": bpp, "VEC": 4 if log_row and rdtype == "fp32" else 8, "STOCHASTIC": stochastic,
                           "FRACTION": fraction_bits(bits) if stochastic else 0, "ALIGNED": True,
                           "PARTIAL_GROUPS": False, "ROTATE": rotate, "LOG_B": bucket.bit_length() - 1,
-                          "LOG_ROW": log_row, "EMULATE_BF16_RNE": False, "CODED": rdtype == "u8"},
+                          "LOG_ROW": log_row, "EMULATE_BF16_RNE": False, "CODED": rdtype == "u8",
+                          # A coded row's stride: a multiple of 16 bytes, or of 8 (numel + 4 * buckets, often).
+                          "R_ALIGN": 16 if aligned_rows else 8},
             "num_warps": warps,
             "divisible": ["x_row_stride", "r_row_stride", "wire_row_stride"] if aligned_rows else []})
     return variants
@@ -410,3 +421,52 @@ def test_feedback_reference_is_the_loco_recursion():
         codec.encode_rows_feedback(x, residual.clone(), 1.0)
     with pytest.raises(ValueError, match="contiguous tensor of 600 elements"):
         codec.encode_rows_feedback(x, residual[:10].clone(), 0.5)
+
+
+def test_coded_row_alignment_is_what_the_row_stride_guarantees():
+    """The feedback kernel reads a coded residual's rows with the alignment their byte stride guarantees (capped at 16;
+    one row: 16); CODED_FEEDBACK_CASES run all three (616, 508 and 528 bytes per row)."""
+    for rows, stride, align in [(2, 616, 8), (2, 508, 4), (2, 528, 16), (1, 508, 16)]:
+        wire = torch.zeros(rows, stride, dtype=torch.uint8)
+        assert kernels._coded_row_alignment(wire) == align
+
+
+ROTATED_SUM_CASES = [  # rows, n, bucket_size, bits
+    (4, 1000, 256, 3),  # the qwd-w4g3-loco gradients on 4 ranks: padded rows, one loop step of 4 rows
+    (3, 601, 256, 2),  # fewer rows than a step
+    (6, 300, 64, 4),  # a loop step and 2 rows after it
+    (2, 96, 32, 8),
+]
+
+
+@pytest.mark.parametrize("nonfinite", [False, True])
+@pytest.mark.parametrize("rows,n,bucket,bits", ROTATED_SUM_CASES)
+def test_rotated_decode_sum_matches_two_passes(rows, n, bucket, bits, nonfinite):
+    """``HadamardCodec(MinMaxCodec)``'s decode-sum in one kernel (the sum rotated back in registers) gives the torch
+    reference's two passes (sum, then ``hadamard_rows``) bit for bit, whatever the rows per loop step."""
+    from composer_qsdp.quant import HadamardCodec
+
+    inner = MinMaxCodec(bits=bits, bucket_size=bucket, rounding="nearest")
+    codec = HadamardCodec(inner)
+    x = _data(rows, n, torch.bfloat16, seed=n + bits, nonfinite=nonfinite)
+    with backend("torch"):
+        wire = codec.encode_rows(x)
+        expected = codec.decode_sum(wire, n)
+    with backend("triton"):
+        assert_same_values(codec.decode_sum(wire, n), expected)
+    fmt = inner.wire_format(codec.padded(n))
+    for step in (1, 3):
+        got = kernels.decode_sum(wire, bits, bucket, fmt, rotate=True, numel=n, rows_per_step=step)
+        assert_same_values(got, expected)
+
+
+def test_rotated_decode_sum_rejects_what_it_does_not_compute():
+    inner = MinMaxCodec(bits=3, bucket_size=64, rounding="nearest")
+    wire = inner.encode_rows(_data(2, 128, torch.float32, seed=1, nonfinite=False))
+    fmt = inner.wire_format(128)
+    with pytest.raises(ValueError, match="divisor 1 and no out"):
+        kernels.decode_sum(wire, 3, 64, fmt, rotate=True, divisor=2)
+    with pytest.raises(ValueError, match="numel=100 differs"):
+        kernels.decode_sum(wire, 3, 64, fmt, numel=100)
+    with pytest.raises(ValueError, match="rows_per_step=0"):
+        kernels.decode_sum(wire, 3, 64, fmt, rows_per_step=0)

@@ -112,9 +112,10 @@ class _RecordingMinMax(MinMaxCodec):
 
 
 def test_fused_rotation_is_discovered_by_protocol_and_none_falls_back_to_two_passes():
-    assert isinstance(SymmetricCodec(4, 64), FusedRotation) and not isinstance(MinMaxCodec(4, 64), FusedRotation)
+    # Min-max fuses only the decode-sum, on its kernels: on CPU tensors every fused method declines.
+    assert isinstance(SymmetricCodec(4, 64), FusedRotation) and isinstance(MinMaxCodec(4, 64), FusedRotation)
     x = torch.randn(3, 150)
-    reference = HadamardCodec(MinMaxCodec(bits=4, bucket_size=64))  # two passes: no fused methods
+    reference = HadamardCodec(MinMaxCodec(bits=4, bucket_size=64))  # two passes: its fused methods decline
     wire = reference.encode_rows(x, seed=5, offset=2)
     expected = (wire, reference.decode_rows(wire, 150, torch.bfloat16), reference.decode_sum(wire, 150))
     for declines in (False, True):
