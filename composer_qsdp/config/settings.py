@@ -334,18 +334,35 @@ def from_preset(name: str = DEFAULT_PRESET, **options: Any) -> QSDPConfig:
 
 
 def _merged_options(preset: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``*_codec_options`` / ``*_scheme_options`` mappings of ``given`` merged key by key over the preset's, where
-    the side keeps the preset's codec or scheme: changing one option (``residual_dtype``) keeps the preset's others
-    (``beta``). With another codec or scheme the preset's options would not apply, so the given ones replace them."""
+    """The ``*_codec_options`` / ``*_scheme_options`` mappings of ``given`` merged key by key over the preset's:
+    changing one option (``residual_dtype``) keeps the preset's others (``beta``). Where ``given`` names another codec
+    or scheme, only the preset's options that the new one also takes carry over (``qwd-w3g3-loco`` with
+    ``grad_scheme="two_level_loco"`` keeps its ``beta`` and int8 residual; with ``"flat"`` it has none to keep)."""
     merged = {}
-    for prefix in _SIDES:
+    for prefix, side in _SIDES.items():
         for kind in ("codec", "scheme"):
             key, owner = f"{prefix}{kind}_options", f"{prefix}{kind}"
-            base, value = preset.get(key), given.get(key)
-            same_owner = owner not in given or given[owner] == preset.get(owner)
-            if isinstance(base, Mapping) and isinstance(value, Mapping) and same_owner:
-                merged[key] = {**base, **value}
+            base, value = preset.get(key), given.get(key, {})
+            if not isinstance(base, Mapping) or not isinstance(value, Mapping):
+                continue
+            if owner in given and given[owner] != preset.get(owner):
+                taken = _option_fields(side, kind, given[owner])
+                base = {k: v for k, v in base.items() if taken is None or k in taken}
+            merged[key] = {**base, **value}
     return merged
+
+
+def _option_fields(side: str, kind: str, name: object) -> frozenset[str] | None:
+    """The option names that ``side``'s codec or scheme ``name`` takes (none for ``None``, the side's default
+    scheme or no codec); ``None`` where that is not known here (an unknown name, which the configuration then
+    refuses, or one registered without an option class)."""
+    if name is None:
+        return frozenset()
+    table = CODECS if kind == "codec" else _SIDE_TABLES[side]
+    if not isinstance(name, str) or name not in table.names():
+        return None
+    options = table.options(name)
+    return None if options is None else frozenset(f.name for f in fields(options))
 
 
 @functools.cache

@@ -13,7 +13,7 @@ import pytest
 from composer_qsdp.config import (LowBitGradientWarning, QSDPConfig, SideConfig, from_preset, option_names,
                                   preset_names)
 from composer_qsdp.config import presets
-from composer_qsdp.config.options import CodecOptions
+from composer_qsdp.config.options import CodecOptions, FlatOptions, TwoLevelOptions
 from composer_qsdp.quant import Codec
 from composer_qsdp.schemes import DirectAllGather, FlatReduceScatter, Scheme, build_scheme
 
@@ -148,9 +148,9 @@ def test_presets_and_flat_options():
 
 
 def test_changing_one_option_of_a_preset_keeps_its_others():
-    """A codec or scheme options mapping merges over the preset's while the side keeps the preset's codec or scheme
-    (``residual_dtype`` must not reset ``qwd-w4g3-loco``'s beta 0.5 to the scheme's default 0.8); with another scheme
-    or codec it replaces them, since the preset's would not apply."""
+    """A codec or scheme options mapping merges over the preset's (``residual_dtype`` must not reset
+    ``qwd-w4g3-loco``'s beta 0.5 to the scheme's default 0.8); with another scheme or codec, over those of the preset's
+    options that the new one takes."""
     int8 = from_preset("qwd-w4g3-loco", grad_scheme_options={"residual_dtype": "int8"})
     assert (int8.grads.scheme_options.beta, int8.grads.scheme_options.residual_dtype) == (0.5, "int8")
     assert int8.grads.codec_options == CodecOptions(hadamard=True)
@@ -160,6 +160,14 @@ def test_changing_one_option_of_a_preset_keeps_its_others():
     unrotated = from_preset("qwd-w4g3-loco", grad_codec_options={"hadamard": False})
     assert unrotated.grads.codec_options == CodecOptions(hadamard=False)
     assert from_preset("qwd-w4g3-loco", grad_scheme_options={"beta": 0.9}).grads.scheme_options.beta == 0.9
+    # another scheme that takes the preset's options keeps them, with or without options of its own
+    for given in ({}, {"grad_scheme_options": {"residual_on_host": True}}):
+        lean = from_preset("qwd-w4g3-loco", grad_scheme="two_level_loco", **given).grads.scheme_options
+        assert (lean.beta, lean.residual_dtype, lean.residual_on_host) == (0.5, "int8", bool(given)), given
+    # one that does not take them drops them instead of refusing options the user never gave
+    assert from_preset("qwd-w4g3-loco", grad_scheme="flat").grads.scheme_options == FlatOptions()
+    rotated = from_preset("qwd-w4g3-loco", grad_scheme="two_level", grad_scheme_options={"rotation_block": 32})
+    assert rotated.grads.scheme_options == TwoLevelOptions(rotation_block=32)
 
 
 @pytest.mark.parametrize("call,message", [
