@@ -87,37 +87,36 @@ from e2e_common import GIB  # noqa: E402
 from memory_model import SIDES, extra_bytes, side_costs  # noqa: E402
 
 
-def _layout(preset: str, lean: bool, host: bool) -> Config | None:
-    """``qsdp-<preset>-lean``, ``-host`` or ``-lean-host`` for a preset with weight differences; None for the
-    others."""
+#: Each layout's changes to a preset with weight differences: (weights' override and what it does, the same for a
+#: LoCo preset's gradients).
+_LAYOUT_CHANGES = {
+    "lean": (("algorithms.qsdp.weight_scheme_options.sharded_reference=true", "the reference sharded within the node"),
+             ("algorithms.qsdp.grad_scheme=two_level_loco",
+              "the LoCo residual on the inter-node hop only (two_level_loco)")),
+    "host": (("algorithms.qsdp.weight_scheme_options.reference_on_host=true", "the reference in host memory"),
+             ("algorithms.qsdp.grad_scheme_options.residual_on_host=true", "the LoCo residual in host memory")),
+}
+
+
+def _layout(preset: str, layouts: tuple[str, ...]) -> Config | None:
+    """``qsdp-<preset>-lean``, ``-host`` or ``-lean-host`` (``layouts``: keys of :data:`_LAYOUT_CHANGES`) for a preset
+    with weight differences; None for the others."""
     options = PRESETS.lookup(preset)
     if options.get("weight_scheme") != "difference":
         return None
     base = E2E_CONFIGS[f"qsdp-{preset}"]
-    loco = options.get("grad_scheme") == "loco"
-    overrides, words = list(base.overrides), []
-    if lean:
-        overrides.append("algorithms.qsdp.weight_scheme_options.sharded_reference=true")
-        words.append("the reference sharded within the node")
-        if loco:
-            overrides.append("algorithms.qsdp.grad_scheme=two_level_loco")
-            words.append("the LoCo residual on the inter-node hop only (two_level_loco)")
-    if host:
-        overrides.append("algorithms.qsdp.weight_scheme_options.reference_on_host=true")
-        words.append("the reference in host memory")
-        if loco:
-            overrides.append("algorithms.qsdp.grad_scheme_options.residual_on_host=true")
-            words.append("the LoCo residual in host memory")
-    suffix = "-lean" * lean + "-host" * host
-    return Config(f"{base.name}{suffix}", base.recipe, tuple(overrides), False,
-                  f"{base.description}{' in the lean layout' if lean else ''}: {', '.join(words)}")
+    sides = 2 if options.get("grad_scheme") == "loco" else 1
+    changes = [change for layout in layouts for change in _LAYOUT_CHANGES[layout][:sides]]
+    lean = " in the lean layout" if "lean" in layouts else ""
+    return Config(f"{base.name}-{'-'.join(layouts)}", base.recipe, (*base.overrides, *(o for o, _ in changes)), False,
+                  f"{base.description}{lean}: {', '.join(words for _, words in changes)}")
 
 
 CONFIGS: dict[str, Config] = {
     "baseline": E2E_CONFIGS["baseline"],
     **{f"qsdp-{p}": E2E_CONFIGS[f"qsdp-{p}"] for p in QSDPConfig.preset_names()},
-    **{c.name: c for lean, host in ((True, False), (False, True), (True, True))
-       for c in (_layout(p, lean, host) for p in QSDPConfig.preset_names()) if c is not None},
+    **{c.name: c for layouts in (("lean",), ("host",), ("lean", "host"))
+       for c in (_layout(p, layouts) for p in QSDPConfig.preset_names()) if c is not None},
 }
 DEFAULT_CONFIGS = ("baseline", "qsdp-w8g8", "qsdp-qwd-w3g3-loco", "qsdp-qwd-w3g3-loco-lean")
 #: What a launch's log says when a rank ran out of device memory: the allocator's error, or CUDA's own (a context,
