@@ -15,7 +15,6 @@ import logging
 
 import pytest
 import torch
-import torch.distributed as dist
 from dist_spawn import RankInfo, run_ranks, skip_unless_backend
 from test_fsdp_training import STEPS, Capture, MLP, _train, reference_training
 
@@ -158,16 +157,22 @@ def test_hpz_with_weight_differences_keeps_backward_bytes_inside_the_node(result
         assert results[rank]["qwd"]["losses"] == results[rank]["qwd_hpz"]["losses"]
 
 
+def _assert_same_training(run: dict, expected: dict, rank: int) -> None:
+    """``run`` computed with ``expected``'s weights in every forward and backward, bit for bit, and so trained to
+    the same losses and parameters."""
+    for step in range(STEPS):
+        for pass_ in ("forward", "backward"):
+            for name, weight in expected[pass_][step].items():
+                assert torch.equal(run[pass_][step][name], weight), (rank, step, pass_, name)
+    assert run["losses"] == expected["losses"]
+    for name, value in expected["params"].items():
+        assert torch.equal(run["params"][name], value), name
+
+
 def test_a_sharded_reference_trains_exactly_as_the_replicated_one_from_half_the_memory(results):
     for rank in range(WORLD):
         plain, sharded = results[rank]["qwd"], results[rank]["qwd_sharded"]
-        for step in range(STEPS):  # the same weights in every forward and backward, bit for bit
-            for pass_ in ("forward", "backward"):
-                for name, weight in plain[pass_][step].items():
-                    assert torch.equal(sharded[pass_][step][name], weight), (rank, step, pass_, name)
-        assert sharded["losses"] == plain["losses"]
-        for name, value in plain["params"].items():
-            assert torch.equal(sharded["params"][name], value), name
+        _assert_same_training(sharded, plain, rank)
         assert sharded["memory"] * PER_NODE == plain["memory"] > 0
         weights, replicated = sharded["traffic"].weights, plain["traffic"].weights
         # the codes reach one rank per node (half the inter-node bytes); the backward re-gathers, which the
@@ -215,13 +220,7 @@ def test_lean_loco_keeps_one_over_g_of_the_reference_and_the_residual_and_sends_
 def test_state_in_host_memory_trains_exactly_as_on_the_device_from_no_device_memory(results, device_run, host_run):
     for rank in range(WORLD):
         on_device, on_host = results[rank][device_run], results[rank][host_run]
-        for step in range(STEPS):  # the same weights in every forward and backward, bit for bit
-            for pass_ in ("forward", "backward"):
-                for name, weight in on_device[pass_][step].items():
-                    assert torch.equal(on_host[pass_][step][name], weight), (rank, step, pass_, name)
-        assert on_host["losses"] == on_device["losses"]
-        for name, value in on_device["params"].items():
-            assert torch.equal(on_host["params"][name], value), name
+        _assert_same_training(on_host, on_device, rank)
         # the reference and the residual moved from the device's count to the host's
         assert on_host["memory"] == on_device["host_memory"] == 0
         assert on_host["host_memory"] == on_device["memory"] >= on_device["weights_memory"] > 0

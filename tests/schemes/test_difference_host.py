@@ -15,51 +15,18 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from difference_unit import EDIT_AT, P, Padded, walk_weights
 from dist_spawn import RankInfo, run_ranks, spawn_params
 
 from composer_qsdp.comm import Topology
 from composer_qsdp.quant import make_codec
-from composer_qsdp.schemes import DifferenceAllGather, GatherLayout, make_weight_scheme
+from composer_qsdp.schemes import DifferenceAllGather, make_weight_scheme
 
-P = 1001  # elements of the unit's one parameter: padded to whole shards on 2 and 4 ranks
 STEPS = 9
 SAVE_AT = 5  # the state is saved after this many steps
 GATHERS = 3  # per step: the forward's (in place), the backward re-gather, an evaluation's
 KEYFRAME_EVERY = 4
-EDIT_AT = 7  # on_weights_changed before this step's gathers
 DTYPES = (torch.float32, torch.bfloat16)
-
-
-class Padded(GatherLayout):
-    """One 1-D parameter of ``P`` elements, padded with zeros to ``W`` shards of ``ceil(P / W)``, as FSDP pads."""
-
-    def __init__(self, world: int) -> None:
-        self.n = -(-P // world)
-
-    def segments(self):
-        return [("w", self.n)]
-
-    def shapes(self):
-        return {"w": torch.Size([P])}
-
-    def split(self, gathered):
-        return {"w": gathered[:P]}
-
-    def join(self, params, out):
-        out.zero_()
-        out[:P].copy_(params["w"])
-
-
-def _weights(step: int, world: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The padded full weights of ``step``: a fixed start plus a random walk, halved from ``EDIT_AT``."""
-    w = torch.randn(P, generator=torch.Generator().manual_seed(0)) * 0.02
-    for t in range(1, step + 1):
-        w += 1e-3 * torch.randn(P, generator=torch.Generator().manual_seed(t))
-    if step >= EDIT_AT:
-        w *= 0.5
-    padded = torch.zeros(world * -(-P // world))
-    padded[:P] = w
-    return padded.to(dtype=dtype, device=device)
 
 
 def _scheme(info: RankInfo, per_node: int, sharded: bool, on_host: bool) -> DifferenceAllGather:
@@ -81,7 +48,7 @@ def _steps(info: RankInfo, scheme: DifferenceAllGather, dtype: torch.dtype, firs
             scheme.on_optimizer_step()
         if step == EDIT_AT:
             scheme.on_weights_changed()
-        full = _weights(step, world, dtype, device)
+        full = walk_weights(step, world, dtype, device)
         for call in range(GATHERS):
             out = torch.full((world * n,), float("nan"), dtype=dtype, device=device)
             if call == 0:  # FSDP2 gathers in place: the input aliases this rank's slot
