@@ -1,7 +1,8 @@
 """Quantized collectives over ``torch.distributed`` (NCCL or gloo), byte accounting, seeds and topology.
 
 ``quantized_all_gather`` and ``quantized_reduce_scatter`` have the semantics of ``all_gather_into_tensor``
-and ``reduce_scatter_tensor`` but send :class:`~composer_qsdp.quant.Codec` wire buffers. ``StepSeeds`` is the
+and ``reduce_scatter_tensor`` but send :class:`~composer_qsdp.quant.Codec` wire buffers; ``plain_all_gather`` and
+``plain_reduce_scatter`` are those collectives as FSDP issues them, with their byte counts (the unquantized path). ``StepSeeds`` is the
 per-step noise schedule, ``Topology`` says which ranks share a node, and ``TrafficCounter``/``TrafficReport``
 count bytes per rank (NCCL's convention) and per hop. Stateless: no FSDP, no Composer, no per-run state.
 ``two_level_reduce_scatter`` is the hierarchical reduce-scatter (ZeRO++ qgZ, SDP4Bit TLq-HS) over the intra- and
@@ -11,11 +12,11 @@ inter-node subgroups that ``node_groups`` creates once per process group and cac
 """
 
 from composer_qsdp.comm.accounting import CallTraffic, TrafficCounter, TrafficReport, call_traffic
-from composer_qsdp.comm.all_gather import quantized_all_gather
+from composer_qsdp.comm.all_gather import plain_all_gather, quantized_all_gather
 from composer_qsdp.comm.node_groups import NodeGroups, node_groups
 from composer_qsdp.comm.error_feedback import compressed_all_reduce, error_feedback_chunk_numel
 from composer_qsdp.comm.quality import relative_error
-from composer_qsdp.comm.reduce_scatter import quantized_reduce_scatter
+from composer_qsdp.comm.reduce_scatter import plain_reduce_scatter, quantized_reduce_scatter
 from composer_qsdp.comm.seeds import SeedStream, StepSeeds, mix_seed
 from composer_qsdp.comm.segments import Segments
 from composer_qsdp.comm.topology import Topology
@@ -35,6 +36,8 @@ __all__ = [
     "error_feedback_chunk_numel",
     "mix_seed",
     "node_groups",
+    "plain_all_gather",
+    "plain_reduce_scatter",
     "quantized_all_gather",
     "quantized_reduce_scatter",
     "relative_error",

@@ -14,7 +14,36 @@ from composer_qsdp.comm.segments import Segments
 from composer_qsdp.comm.validation import check_collective_buffers
 from composer_qsdp.quant.codec import FLOAT_DTYPES, Codec
 
-__all__ = ["quantized_all_gather"]
+__all__ = ["plain_all_gather", "quantized_all_gather"]
+
+
+def plain_all_gather(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group: dist.ProcessGroup,
+    *,
+    async_op: bool = False,
+    off_node_peers: int = 0,
+) -> tuple[CallTraffic, dist.Work | None]:
+    """``all_gather_into_tensor(output, input)`` exactly as FSDP issues it, ``async_op`` included, and its bytes.
+
+    The unquantized path: nothing but the collective runs (no check, copy or allocation; the collective checks its
+    buffers itself), so a unit QSDP leaves unquantized communicates as plain FSDP does.
+
+    Args:
+        output: contiguous tensor of ``W * n`` elements (W = group size).
+        input: contiguous chunk of ``n`` elements, same dtype/device.
+        group: process group.
+        async_op: return the collective's ``Work`` instead of ordering it on the current stream.
+        off_node_peers: peers of this rank in ``group`` on other nodes, for the per-hop count (0: one node).
+
+    Returns:
+        The bytes this rank put on the wire ((W-1)/W of the volume, in ``input``'s dtype) and the ``Work`` when
+        ``async_op``, else ``None``.
+    """
+    work = dist.all_gather_into_tensor(output, input, group=group, async_op=async_op)
+    n, size = input.numel(), input.element_size()
+    return call_traffic(group.size(), n, n * size, size, off_node_peers), work
 
 
 @torch.no_grad()
@@ -57,8 +86,7 @@ def quantized_all_gather(
     world_size, rank = group.size(), group.rank()
     n = check_collective_buffers("quantized_all_gather", output, input, world_size, gathers=True)
     if codec is None or input.dtype not in FLOAT_DTYPES or n == 0:
-        dist.all_gather_into_tensor(output, input, group=group)
-        return call_traffic(world_size, n, n * input.element_size(), input.element_size(), off_node_peers)
+        return plain_all_gather(output, input, group, off_node_peers=off_node_peers)[0]
     if segments is not None:
         return _segmented_all_gather(output, input, codec, group, seed, measure_error, off_node_peers, segments)
     wire = codec.encode(input, seed=mix_seed(seed, rank))

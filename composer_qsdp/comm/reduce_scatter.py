@@ -15,7 +15,7 @@ from composer_qsdp.quant import CodedResidual
 from composer_qsdp.quant.codec import FLOAT_DTYPES, Codec
 from composer_qsdp.validate import is_fraction
 
-__all__ = ["quantized_reduce_scatter", "is_average"]
+__all__ = ["is_average", "plain_reduce_scatter", "quantized_reduce_scatter"]
 
 _SUPPORTED = {dist.ReduceOp.SUM: False, dist.ReduceOp.AVG: True}
 
@@ -38,6 +38,37 @@ def is_average(op: dist.ReduceOp | dist.ReduceOp.RedOpType) -> bool:
         else ""
     )
     raise ValueError(f"quantized reduce-scatter supports ReduceOp SUM and AVG, got {name}{hint}")
+
+
+def plain_reduce_scatter(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group: dist.ProcessGroup,
+    op: dist.ReduceOp | dist.ReduceOp.RedOpType,
+    *,
+    async_op: bool = False,
+    off_node_peers: int = 0,
+) -> tuple[CallTraffic, dist.Work | None]:
+    """``reduce_scatter_tensor(output, input, op)`` exactly as FSDP issues it, ``async_op`` included, and its bytes.
+
+    The unquantized path: nothing but the collective runs (no check, copy or allocation; the collective checks its
+    buffers itself), with ``op`` as given (any op the backend has).
+
+    Args:
+        output: contiguous chunk of ``n`` elements.
+        input: contiguous tensor of ``W * n`` elements (W = group size), same dtype/device.
+        group: process group.
+        op: the reduction.
+        async_op: return the collective's ``Work`` instead of ordering it on the current stream.
+        off_node_peers: peers of this rank in ``group`` on other nodes, for the per-hop count (0: one node).
+
+    Returns:
+        The bytes this rank put on the wire ((W-1)/W of the volume, in ``input``'s dtype) and the ``Work`` when
+        ``async_op``, else ``None``.
+    """
+    work = dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
+    n, size = output.numel(), input.element_size()
+    return call_traffic(group.size(), n, n * size, size, off_node_peers), work
 
 
 @torch.no_grad()
@@ -91,8 +122,7 @@ def quantized_reduce_scatter(
     world_size = group.size()
     n = check_collective_buffers("quantized_reduce_scatter", output, input, world_size, gathers=False)
     if codec is None or input.dtype not in FLOAT_DTYPES or n == 0:
-        dist.reduce_scatter_tensor(output, input, op=op, group=group)
-        return call_traffic(world_size, n, n * input.element_size(), input.element_size(), off_node_peers)
+        return plain_reduce_scatter(output, input, group, op, off_node_peers=off_node_peers)[0]
     average = is_average(op)
     if residual is not None and not is_fraction(residual_beta):
         raise ValueError(f"quantized_reduce_scatter: residual_beta={residual_beta!r} is invalid; allowed: a number in "

@@ -133,8 +133,9 @@ class QSDPConfig:
         seed: base key of all rounding noise, an integer in ``[0, 2**32)`` (:data:`~composer_qsdp.validate.SEED_BITS`,
             Composer's seed range); with the optimizer step, the microbatch, the unit and the rank it determines
             every random draw, so runs are reproducible and resumable.
-        check_finite: detect non-finite all-gathered weights (one fused reduction per all-gather, checked at
-            the next forward) and raise :class:`~composer_qsdp.engine.NonFiniteWeightError`.
+        check_finite: detect non-finite all-gathered weights of the units whose weights QSDP quantizes (one fused
+            reduction per such all-gather, read at a later forward without waiting for the device) and raise
+            :class:`~composer_qsdp.engine.NonFiniteWeightError`. Unquantized weights are FSDP's own gather, unchecked.
         error_sample_interval: every this many calls, a unit also measures the relative quantization error of
             its traffic (one extra decode); ``0`` never measures.
         ranks_per_node: ranks sharing a node, for per-hop byte counts and topology-aware schemes; ``None``

@@ -19,9 +19,10 @@ class WeightFiniteMonitor:
     :meth:`record` adds one fused reduction per all-gather (the minimum and maximum of the gathered weights: a
     NaN makes both NaN, an infinity shows in one of them, and neither can overflow the way a sum of large
     finite weights does) and never syncs. :meth:`poll`, called at the start of each forward, reads the
-    flags: on CUDA it starts an asynchronous copy of the current flags and inspects the copy started at the
-    previous poll (so the error surfaces one step late, without stalling the CPU); elsewhere it reads them
-    directly. Every rank decodes the same gathered weights, so every rank raises at the same step.
+    flags: on CUDA it never waits for the device: it reads the host copy of the flags that an earlier poll started,
+    once the device has made it, and then starts the next copy (so the error surfaces a forward or more late, and
+    the host may run ahead of the device as far as it would without QSDP); elsewhere it reads them directly. Every
+    rank decodes the same gathered weights, so every rank raises once its copy shows the flag.
 
     Args:
         unit_names: names of the FSDP units, by unit index (for the error message).
@@ -30,7 +31,8 @@ class WeightFiniteMonitor:
     def __init__(self, unit_names: Sequence[str]) -> None:
         self._names = list(unit_names)
         self._flags: torch.Tensor | None = None
-        self._pending: tuple[torch.Tensor, torch.cuda.Event] | None = None
+        # CUDA: a pinned host copy of the flags and the event after which it is complete (one pair, reused).
+        self._copy: tuple[torch.Tensor, torch.cuda.Event] | None = None
 
     def record(self, unit_index: int, gathered: torch.Tensor) -> None:
         """Flag unit ``unit_index`` if ``gathered`` (its all-gather output) holds a NaN or Inf."""
@@ -41,7 +43,7 @@ class WeightFiniteMonitor:
         torch.logical_or(flag, ~(torch.isfinite(low) & torch.isfinite(high)), out=flag)
 
     def poll(self) -> None:
-        """Raise for flags visible now (see the class docstring for the one-step lag on CUDA).
+        """Raise for flags visible now, never waiting for the device (the class docstring says how late on CUDA).
 
         Raises:
             NonFiniteWeightError: naming the units whose weights were non-finite.
@@ -51,15 +53,16 @@ class WeightFiniteMonitor:
         if self._flags.device.type != "cuda":
             self._raise_if_flagged(self._flags)
             return
-        if self._pending is not None:
-            host, event = self._pending
-            event.synchronize()
+        if self._copy is None:
+            self._copy = (torch.empty(self._flags.shape, dtype=torch.bool, pin_memory=True), torch.cuda.Event())
+        else:
+            host, done = self._copy
+            if not done.query():
+                return  # the device has not reached the previous copy yet: look again at the next forward
             self._raise_if_flagged(host)
-        host = torch.empty(self._flags.shape, dtype=torch.bool, pin_memory=True)
+        host, done = self._copy
         host.copy_(self._flags, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        self._pending = (host, event)
+        done.record()
 
     def check(self) -> None:
         """Raise for every flag recorded so far, waiting for the device (a host sync).
@@ -68,7 +71,6 @@ class WeightFiniteMonitor:
             NonFiniteWeightError: naming the units whose weights were non-finite.
         """
         if self._flags is not None:
-            self._pending = None
             self._raise_if_flagged(self._flags.cpu())
 
     def _raise_if_flagged(self, flags: torch.Tensor) -> None:

@@ -206,14 +206,30 @@ class QSDPHandle:
 
     # ------------------------------------------------------------------ events from the adapter
     def all_gather(
-        self, unit_index: int, output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup | None = None
-    ) -> None:
-        """Unit ``unit_index``'s weight all-gather (semantics of ``all_gather_into_tensor``)."""
-        unit = self.units[unit_index]
+        self,
+        unit_index: int,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        group: dist.ProcessGroup | None = None,
+        async_op: bool = False,
+    ) -> dist.Work | None:
+        """Unit ``unit_index``'s weight all-gather (semantics of ``all_gather_into_tensor``).
+
+        A unit whose weights QSDP leaves unquantized (a passthrough scheme) runs the framework's collective as the
+        framework would, ``async_op`` included, and nothing else: no seed, no non-finite check (its weights are
+        the framework's own, where a NaN stays a NaN). A quantized gather runs on the current stream.
+
+        Returns:
+            The collective's ``Work`` for an unquantized gather with ``async_op``, else ``None``.
+        """
+        weights = self.units[unit_index].weights
         self.wire_dtypes["weights"] = input.dtype
-        unit.weights.all_gather(output, input, self.seeds.seed(unit_index, unit.weights.seed_stream), group)
+        if weights.passthrough:
+            return weights.plain_all_gather(output, input, group, async_op)
+        weights.all_gather(output, input, self.seeds.seed(unit_index, weights.seed_stream), group)
         if self._monitor is not None and output.is_floating_point():
             self._monitor.record(unit_index, output)
+        return None
 
     def reduce_scatter(
         self,
@@ -222,11 +238,22 @@ class QSDPHandle:
         input: torch.Tensor,
         op: dist.ReduceOp | dist.ReduceOp.RedOpType,
         group: dist.ProcessGroup | None = None,
-    ) -> None:
-        """Unit ``unit_index``'s gradient reduce-scatter (semantics of ``reduce_scatter_tensor``)."""
-        unit = self.units[unit_index]
+        async_op: bool = False,
+    ) -> dist.Work | None:
+        """Unit ``unit_index``'s gradient reduce-scatter (semantics of ``reduce_scatter_tensor``).
+
+        Unquantized gradients (a passthrough scheme) run the framework's collective as the framework would,
+        ``async_op`` and ``op`` included, and nothing else; a quantized reduce-scatter runs on the current stream.
+
+        Returns:
+            The collective's ``Work`` for an unquantized reduce-scatter with ``async_op``, else ``None``.
+        """
+        grads = self.units[unit_index].grads
         self.wire_dtypes["grads"] = input.dtype
-        unit.grads.reduce_scatter(output, input, op, self.seeds.seed(unit_index, unit.grads.seed_stream), group)
+        if grads.passthrough:
+            return grads.plain_reduce_scatter(output, input, op, group, async_op)
+        grads.reduce_scatter(output, input, op, self.seeds.seed(unit_index, grads.seed_stream), group)
+        return None
 
     def on_forward(self) -> None:
         """A forward pass of the model begins: report non-finite weights seen so far, start a new microbatch.

@@ -35,8 +35,9 @@ class _UnitComm:
 
 
 class QSDPAllGather(_UnitComm, AllGather):
-    """A unit's weight all-gather. Returns ``None`` to FSDP: the work is stream-ordered on FSDP's all-gather
-    stream, after which FSDP records the event its consumers wait on.
+    """A unit's weight all-gather. A quantized gather returns ``None`` to FSDP: the work is stream-ordered on FSDP's
+    all-gather stream, after which FSDP records the event its consumers wait on. An unquantized one is FSDP's own
+    call (:meth:`~composer_qsdp.engine.QSDPHandle.all_gather`) and returns what FSDP's default returns.
 
     With ``reshard_after_forward=<int>`` (ZeRO++'s hpZ) FSDP2 calls the same object in backward with the
     post-forward mesh's smaller group, to gather the secondary shard it kept of the forward's weights: that goes
@@ -49,18 +50,17 @@ class QSDPAllGather(_UnitComm, AllGather):
         input_tensor: torch.Tensor,
         group: dist.ProcessGroup,
         async_op: bool = False,
-    ) -> None:
+    ) -> dist.Work | None:
         weights = self.handle.units[self.unit_index].weights
         if group is not weights.group and weights.group is not None and group.size() < weights.group.size():
             weights.secondary_all_gather(output_tensor, input_tensor, group)
-        else:
-            self.handle.all_gather(self.unit_index, output_tensor, input_tensor, group)
-        return None
+            return None
+        return self.handle.all_gather(self.unit_index, output_tensor, input_tensor, group, async_op)
 
 
 class QSDPReduceScatter(_UnitComm, ReduceScatter):
     """A unit's gradient reduce-scatter; FSDP passes ``ReduceOp.AVG`` (or ``SUM`` after
-    ``set_force_sum_reduction_for_comms(True)``)."""
+    ``set_force_sum_reduction_for_comms(True)``). Unquantized gradients are FSDP's own call, as for the gather."""
 
     def __call__(
         self,
@@ -69,6 +69,5 @@ class QSDPReduceScatter(_UnitComm, ReduceScatter):
         group: dist.ProcessGroup,
         op: dist.ReduceOp | dist.ReduceOp.RedOpType,
         async_op: bool = False,
-    ) -> None:
-        self.handle.reduce_scatter(self.unit_index, output_tensor, input_tensor, op, group)
-        return None
+    ) -> dist.Work | None:
+        return self.handle.reduce_scatter(self.unit_index, output_tensor, input_tensor, op, group, async_op)

@@ -89,7 +89,7 @@ def _hadamard_rows_reference(x: torch.Tensor, bucket_size: int, out_cols: int, d
         pairs = y.view(-1, 2, half)
         y = torch.stack((pairs[:, 0] + pairs[:, 1], pairs[:, 0] - pairs[:, 1]), dim=1).view(-1)
         half *= 2
-    y = y * torch.tensor(bucket_size**-0.5, dtype=torch.float32, device=y.device)
+    y = y * bucket_size**-0.5  # multiplied as fp32 (y's dtype); a Python float needs no copy to the device
     return y.view(rows, padded)[:, :out_cols].to(dtype)
 
 

@@ -30,7 +30,7 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     stream = ((codes.unsqueeze(-1) >> bit_idx) & 1).reshape(nb, bucket * bits)
     nbytes = packed_bytes(bucket, bits)
     stream = torch.nn.functional.pad(stream, (0, nbytes * 8 - bucket * bits))
-    weights = torch.tensor([1 << i for i in range(8)], dtype=torch.int32, device=codes.device)
+    weights = 1 << torch.arange(8, dtype=torch.int32, device=codes.device)  # made on the device: no host copy
     return (stream.view(nb, nbytes, 8).to(torch.int32) * weights).sum(-1).to(torch.uint8)
 
 
@@ -45,5 +45,5 @@ def unpack_codes(packed: torch.Tensor, bits: int, bucket_size: int) -> torch.Ten
         return ((packed.unsqueeze(-1) >> shifts) & mask).reshape(nb, bucket_size)
     bit_idx = torch.arange(8, dtype=torch.uint8, device=packed.device)
     stream = ((packed.unsqueeze(-1) >> bit_idx) & 1).reshape(nb, -1)[:, : bucket_size * bits]
-    weights = torch.tensor([1 << i for i in range(bits)], dtype=torch.int32, device=packed.device)
+    weights = 1 << torch.arange(bits, dtype=torch.int32, device=packed.device)
     return (stream.reshape(nb, bucket_size, bits).to(torch.int32) * weights).sum(-1).to(torch.uint8)

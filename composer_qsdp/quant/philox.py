@@ -99,7 +99,8 @@ def uniform(seed: int, offsets: torch.Tensor, n_rounds: int = N_ROUNDS) -> torch
     word = randint(seed, offsets, n_rounds)
     signed = torch.where(word >= 2**31, word - 2**32, word)
     folded = torch.where(signed < 0, -signed - 1, signed).to(torch.int32)
-    return folded.to(torch.float32) * torch.tensor(_UNIFORM_SCALE, dtype=torch.float32, device=word.device)
+    # A Python float is multiplied as fp32 (the tensor's dtype), as Triton does, and needs no copy to the device.
+    return folded.to(torch.float32) * _UNIFORM_SCALE
 
 
 def _bits_from_words(words: tuple[torch.Tensor, ...]) -> torch.Tensor:

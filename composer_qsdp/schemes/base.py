@@ -23,7 +23,8 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from composer_qsdp.comm import CallTraffic, SeedStream, Topology, TrafficCounter, call_traffic
+from composer_qsdp.comm import (CallTraffic, SeedStream, Topology, TrafficCounter, plain_all_gather,
+                                plain_reduce_scatter)
 from composer_qsdp.quant import Codec
 
 __all__ = ["AllReduceScheme", "GatherLayout", "GradScheme", "Scheme", "WeightScheme"]
@@ -130,6 +131,18 @@ class Scheme(ABC):
         """Host memory this scheme keeps between calls in place of device memory (bytes per rank)."""
         return 0
 
+    @property
+    def passthrough(self) -> bool:
+        """The scheme's call is the framework's own collective on the tensors as they are (no codec, no state, no
+        other exchange), so an adapter's call goes to :meth:`WeightScheme.plain_all_gather` or
+        :meth:`GradScheme.plain_reduce_scatter`, which run nothing else. ``False`` unless a scheme says so."""
+        return False
+
+    def _check_passthrough(self) -> None:
+        if not self.passthrough:
+            raise RuntimeError(f"{type(self).__name__} ({self.describe()}) is no passthrough scheme; its calls are "
+                               "all_gather / reduce_scatter")
+
     def describe(self) -> str:
         """A short description for logs: the codec (schemes with more to say extend it)."""
         return "unquantized" if self.codec is None else repr(self.codec)
@@ -213,6 +226,30 @@ class WeightScheme(Scheme):
     ) -> CallTraffic:
         """The scheme's all-gather (arguments validated, group resolved)."""
 
+    def plain_all_gather(self, output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup | None = None,
+                         async_op: bool = False) -> dist.Work | None:
+        """A :attr:`passthrough` scheme's all-gather: ``all_gather_into_tensor`` exactly as the framework issues it
+        (:func:`~composer_qsdp.comm.plain_all_gather`), counted; no seed, no sampling.
+
+        Args:
+            output: contiguous tensor of ``W * n`` elements.
+            input: this rank's contiguous chunk of ``n`` elements.
+            group: the group the caller was given, checked against the one of :meth:`setup` (``None``: skip).
+            async_op: return the collective's ``Work`` (the framework waits on it) instead of ordering it on the
+                current stream.
+
+        Returns:
+            The ``Work`` when ``async_op``, else ``None``.
+
+        Raises:
+            RuntimeError: the scheme is no passthrough scheme.
+        """
+        self._check_passthrough()
+        traffic, work = plain_all_gather(output, input, self._check_group(group), async_op=async_op,
+                                         off_node_peers=self._off_node_peers)
+        self._count(traffic)
+        return work
+
     def secondary_all_gather(self, output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup) -> CallTraffic:
         """Re-gather the secondary shard of ZeRO++'s hpZ (FSDP2's ``reshard_after_forward=<int>``) over ``group``.
 
@@ -240,9 +277,7 @@ class WeightScheme(Scheme):
                 f"them on other nodes; choose reshard_after_forward to divide the ranks per node "
                 f"({self.topology.ranks_per_node}) to keep it within the node", stacklevel=2,
             )
-        dist.all_gather_into_tensor(output, input, group=group)
-        n = input.numel()
-        return self._count(call_traffic(group.size(), n, n * input.element_size(), input.element_size(), peers))
+        return self._count(plain_all_gather(output, input, group, off_node_peers=peers)[0])
 
 
 class GradScheme(Scheme):
@@ -285,6 +320,36 @@ class GradScheme(Scheme):
         measure_error: bool,
     ) -> CallTraffic:
         """The scheme's reduce-scatter (arguments validated, group resolved)."""
+
+    def plain_reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: dist.ReduceOp | dist.ReduceOp.RedOpType,
+        group: dist.ProcessGroup | None = None,
+        async_op: bool = False,
+    ) -> dist.Work | None:
+        """A :attr:`passthrough` scheme's reduce-scatter: ``reduce_scatter_tensor`` exactly as the framework issues
+        it (:func:`~composer_qsdp.comm.plain_reduce_scatter`, ``op`` as given), counted; no seed, no sampling.
+
+        Args:
+            output: this rank's contiguous chunk of ``n`` elements.
+            input: contiguous tensor of ``W * n`` elements.
+            op: the framework's reduction.
+            group: the group the caller was given, checked against the one of :meth:`setup` (``None``: skip).
+            async_op: return the collective's ``Work`` instead of ordering it on the current stream.
+
+        Returns:
+            The ``Work`` when ``async_op``, else ``None``.
+
+        Raises:
+            RuntimeError: the scheme is no passthrough scheme.
+        """
+        self._check_passthrough()
+        traffic, work = plain_reduce_scatter(output, input, self._check_group(group), op, async_op=async_op,
+                                             off_node_peers=self._off_node_peers)
+        self._count(traffic)
+        return work
 
 
 class AllReduceScheme(Scheme):

@@ -66,6 +66,11 @@ class DirectAllGather(WeightScheme):
         self.segments: Segments | None = None
 
     @property
+    def passthrough(self) -> bool:
+        """Without a codec the gather is the framework's own."""
+        return self.codec is None
+
+    @property
     def needs_layout(self) -> bool:
         return self.codec is not None and (self.align_buckets or bool(self.unquantized_params))
 

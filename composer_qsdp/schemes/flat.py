@@ -23,6 +23,11 @@ class FlatReduceScatter(GradScheme):
 
     name = "flat"
 
+    @property
+    def passthrough(self) -> bool:
+        """Without a codec the reduce-scatter is the framework's own (error-feedback subclasses need a codec)."""
+        return self.codec is None
+
     def _reduce_scatter(
         self,
         output: torch.Tensor,
