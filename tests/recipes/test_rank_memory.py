@@ -19,13 +19,17 @@ class _Scheme:
 
 
 class _Handle:
-    """Two units: one quantized on both sides (a reference of 40 bytes, a residual of 21), one unquantized."""
+    """Two units: one quantized on both sides (a reference of 40 bytes, a residual of 21), one unquantized; 12
+    bytes of state in host memory."""
 
     units = [SimpleNamespace(numel=20, weights=_Scheme(40, "codec"), grads=_Scheme(21, "codec")),
              SimpleNamespace(numel=7, weights=_Scheme(0, None), grads=_Scheme(0, None))]
 
     def memory_bytes(self) -> int:
         return 61
+
+    def host_memory_bytes(self) -> int:
+        return 12
 
 
 def test_each_batch_rewrites_the_record_of_this_rank(tmp_path):
@@ -39,7 +43,7 @@ def test_each_batch_rewrites_the_record_of_this_rank(tmp_path):
     record = json.loads((tmp_path / "memory" / "rank_memory-rank0.json").read_text())
     assert record == {"rank": 0, "world_size": 1, "device": "cpu", "batches": 2, "peak_allocated_bytes": None,
                       "peak_reserved_bytes": None, "peak_allocated_by_batch": None, "scheme_memory_bytes": 61,
-                      "scheme_memory_by_side": {"weights": 40, "grads": 21}, "params": 15,
+                      "scheme_host_memory_bytes": 12, "scheme_memory_by_side": {"weights": 40, "grads": 21}, "params": 15,
                       "quantized_params": {"weights": 20, "grads": 20}}
     assert not list((tmp_path / "memory").glob("*.tmp"))
 
