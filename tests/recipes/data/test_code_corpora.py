@@ -70,6 +70,19 @@ def test_docstring_documents_skip_short_duplicate_and_unparsable_files(tmp_path)
     assert documents[0][0] == assign_split(documents[0][1], 0.5)
 
 
+def test_docstring_documents_are_the_same_from_worker_processes(tmp_path):
+    for i in range(40):  # several chunks' worth of files, some skipped, some repeated
+        body = MODULE.replace("Await nothing.", f"Await nothing {i % 30}.") if i % 7 else '"""Too short."""\n'
+        (tmp_path / f"m{i:02d}.py").write_text(body)
+    (tmp_path / "z_latin1.py").write_bytes(f'"""{LONG}'.encode() + b'\xe9"""\n')  # not UTF-8: skipped there too
+    serial = list(python_docstring_documents(0.5, [tmp_path], workers=1))
+    # 34 long files, 7 of them repeating an earlier one's docstrings (i and i + 30), in file order
+    assert len(serial) == 27
+    assert list(python_docstring_documents(0.5, [tmp_path], workers=2)) == serial
+    with pytest.raises(ValueError, match="workers=0"):
+        python_docstring_documents(0.5, [tmp_path], workers=0)
+
+
 def test_c_sources_are_every_c_cpp_and_cuda_file_once(tmp_path):
     files = {"inc/a.h": "int a(void);\n", "src/b.cpp": "int b() { return 1; }\n", "k/c.cuh": "__device__ int c;\n",
              "k/d.cu": "__global__ void d() {}\n", "x/e.py": "E = 1\n", "x/f.hpp": "int a(void);\n"}
