@@ -251,7 +251,7 @@ def python_docstring_documents(val_fraction: float, roots: Sequence[str | os.Pat
     one document: natural-language text about code. Files whose docstrings hold fewer than
     :data:`MIN_DOCSTRING_CHARS` characters are skipped; otherwise as :func:`python_source_documents`.
 
-    Parsing every file is the slow part (about 5 ms a file on one core, some 50,000 files in a full environment), so
+    Parsing every file is the slow part (5-11 ms a file on one core here, some 47,000 files in a full environment), so
     ``workers`` processes parse them (default: every CPU this process may use, at most one per
     :data:`_FILES_PER_WORKER` files, as a spawned process takes seconds to start); the documents and their order are
     the same with any number.
@@ -269,8 +269,9 @@ def python_docstring_documents(val_fraction: float, roots: Sequence[str | os.Pat
     return _file_documents(files, val_fraction, _docstring_prose, workers)
 
 
-#: Files a worker process of :func:`python_docstring_documents` parses at least, by default (a few seconds of work).
-_FILES_PER_WORKER = 500
+#: Files a worker process of :func:`python_docstring_documents` parses at least, by default: about 10 s of work, what a
+#: spawned process takes to start here (it imports the package and torch).
+_FILES_PER_WORKER = 2000
 
 
 def _docstring_prose(text: str) -> str:
