@@ -54,7 +54,8 @@ class WeightFiniteMonitor:
             self._raise_if_flagged(self._flags)
             return
         if self._copy is None:
-            self._copy = (torch.empty(self._flags.shape, dtype=torch.bool, pin_memory=True), torch.cuda.Event())
+            self._copy = (torch.empty(self._flags.shape, dtype=torch.bool, device="cpu", pin_memory=True),
+                          torch.cuda.Event())
         else:
             host, done = self._copy
             if not done.query():

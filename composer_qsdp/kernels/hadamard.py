@@ -15,6 +15,8 @@ the kernel gives the reference's fp32 results (checked bit for bit under the int
 
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 import torch
@@ -126,9 +128,13 @@ def hadamard_rows(
     return y
 
 
+# Every launch that rotates reads it: rounded once per bucket size, through a tensor placed on the CPU by name. On the
+# default device, which a caller may have made CUDA (``torch.set_default_device``), that tensor would be copied to
+# the GPU and read back, two host syncs per launch.
+@functools.cache
 def rotation_scale(bucket_size: int) -> float:
     """``1 / sqrt(bucket_size)`` rounded to fp32, the factor the torch reference applies after the butterflies."""
-    return torch.tensor(bucket_size**-0.5, dtype=torch.float32).item()
+    return torch.tensor(bucket_size**-0.5, dtype=torch.float32, device="cpu").item()
 
 
 def _launch_shape(device: torch.device, bucket_size: int, out_cols: int, buckets_per_program: int | None,

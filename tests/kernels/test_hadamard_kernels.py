@@ -79,6 +79,25 @@ def test_unsupported_bucket_sizes():
         assert torch.equal(hadamard_rows(x, 16384, 20000, torch.float32), _reference(x, 16384, 20000, torch.float32))
 
 
+# The min-max kernels warn under the interpreter, whose numpy evaluates IEEE special cases that a GPU computes
+# silently (as in test_minmax_kernels.py).
+@pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+@pytest.mark.parametrize("name", ["minmax", "symmetric"])
+def test_rotated_launches_make_no_tensor_on_the_default_device(name):
+    """Every launch that rotates reads the rotation's fp32 scale: a tensor made for it on the default device, which a
+    caller may have made CUDA, would be copied there and read back, two host syncs per launch. On the meta device
+    any such tensor fails, so the codec's rotated encode, decode and sum must run there as anywhere."""
+    codec = make_codec(name, bits=4, bucket_size=64, hadamard=True)
+    x = torch.randn(3, 300, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    with backend("triton"):
+        wire = codec.encode_rows(x, seed=5)
+        expected = codec.decode_rows(wire, 300, torch.bfloat16), codec.decode_sum(wire, 300)
+    kernels.rotation_scale.cache_clear()  # computed again below, under the meta device
+    with torch.device("meta"), backend("triton"):
+        got = codec.encode_rows(x, seed=5), codec.decode_rows(wire, 300, torch.bfloat16), codec.decode_sum(wire, 300)
+    assert all(torch.equal(a, b) for a, b in zip(got, (wire, *expected)))
+
+
 def test_kernel_compiles_for_hopper_without_spills():
     variants = []
     for bucket, in_type, out_type in [(32, "*fp32", "*fp32"), (128, "*bf16", "*fp32"), (1024, "*fp32", "*bf16"),
