@@ -471,6 +471,7 @@ def test_eval_weights_both_is_a_recipe_setting_that_adds_the_quantized_evaluator
         load_recipe(QSDP_RECIPE, tiny_overrides(corpus_shards, tmp_path, "algorithms.qsdp.eval_weights=exakt"))
 
 
+@pytest.mark.slow  # 2 processes through the launcher: 145 s on 2 shared cores
 def test_eval_weights_both_logs_the_exact_and_the_quantized_loss_of_each_evaluation(corpus_shards, tmp_path):
     result = launch(2, QSDP_RECIPE, tiny_overrides(corpus_shards, tmp_path, "max_duration=4ba", "eval_interval=2ba",
                                                    "algorithms.qsdp.eval_weights=both"))

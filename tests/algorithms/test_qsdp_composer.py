@@ -137,6 +137,7 @@ def test_loco_preset_bytes_with_gradient_accumulation_and_evaluation(tmp_path, p
     assert max(result["param_rel_error"].values()) < 5e-2, result["param_rel_error"]
 
 
+@pytest.mark.slow  # a 2-process Composer run: 88 s on 2 shared cores
 def test_exact_evaluations_send_plain_gathers_and_leave_training_traffic_as_without_them(tmp_path):
     """The default ``eval_weights="exact"`` with the LoCo qWD preset, two microbatches and an evaluation of 2 batches
     every 4: every evaluation gather is FSDP's own fp32 gather, counted apart, and the training batches' bytes are
