@@ -389,7 +389,7 @@ def test_ddp_arms_compare_with_ddp_adamw_and_count_their_bytes(tiny_recipes, tmp
     assert arms["zero-one-adam"]["total_bytes_sent"] == 2.5e9 and arms["ddp-baseline"]["total_bytes_sent"] is None
     manifest = {"command": "c", "tokens": {"train": 1, "val": 1}, "input": {"files": 1, "bytes": 1, "sha256": "ab"}}
     md = convergence_report.markdown(plan, {"device": "cpu", "git": "x"}, manifest, arms, "complete")
-    assert "| zero-one-adam | 2 | 20 (partial) | 4.0200 | +0.50% | 12.50x | n/a | 2.500 |" in md
+    assert "| zero-one-adam | 2 | 20 (partial) | 4.0200 | n/a | +0.50% | 12.50x | n/a | 2.500 |" in md
     assert ("0/1 Adam final validation loss within 1% of DDP AdamW: +0.50% (met); bytes sent per rank at least 10x "
             "fewer than DDP's fp32 all-reduce: 12.5x (met)") in md
     assert ("0/1 Adam (zero-one-adam-rescale) final validation loss within 1% of DDP AdamW: -0.50% (met); "
