@@ -271,6 +271,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="relaunches of a failed arm within one run, from its checkpoint (default 1)")
     parser.add_argument("--stagger-s", type=float, default=10.0,
                         help="seconds between two launches that would overlap (default 10)")
+    parser.add_argument("--eval-weights", choices=("exact", "quantized", "both"), default="exact",
+                        help="the weights the QSDP arms evaluate (algorithms.qsdp.eval_weights; the baseline has no "
+                             "QSDP): exact (default: the full-precision weights, as plain FSDP2 evaluates), "
+                             "quantized (as training's forward sees them: how runs before this option evaluated), or "
+                             "both (a second evaluator, val_quantized, on the same batches: the report's 'final val "
+                             "loss, quantized weights' column; evaluations take twice as long)")
     parser.add_argument("-o", "--override", action="append", default=[],
                         help="extra recipe override key=value for every arm (repeatable)")
     parser.add_argument("--plan", action="store_true",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ class Plan(common.DriverPlan):
     max_ranks: int  #: processes of all running arms together, at most
     settings: dict[str, Any]
     arms: dict[str, Arm]  #: every arm of the run by name: those of :data:`ARMS`, or their learning-rate variants
+    _qsdp: dict[str, bool] = field(default_factory=dict)  #: has_qsdp's answers
 
     @property
     def tokens_per_step(self) -> int:
@@ -59,8 +60,22 @@ class Plan(common.DriverPlan):
         """The collective back end of ``arm``'s ranks."""
         return "gloo" if self.gloo(arm) or not self.gpus else "nccl"
 
-    def overrides(self, arm: str, segment: int) -> list[str]:
+    def has_qsdp(self, arm: str) -> bool:
+        """Whether ``arm``'s recipe, with its overrides, runs the QSDP algorithm (loaded once per arm)."""
+        if arm not in self._qsdp:
+            from composer_qsdp.recipes.train import load_recipe
+
+            recipe = load_recipe(self.recipe_dir / self.arms[arm].recipe, self.overrides(arm, 0, eval_weights=False),
+                                 world_size=self.nproc(arm))
+            self._qsdp[arm] = "qsdp" in recipe.algorithm_kwargs
+        return self._qsdp[arm]
+
+    def overrides(self, arm: str, segment: int, eval_weights: bool = True) -> list[str]:
+        """``arm``'s recipe overrides for its launch ``segment``; ``eval_weights``: with ``--eval-weights`` for a
+        QSDP arm (the recipes' default, exact, needs none)."""
         a, d = self.args, self.arm_dir(arm)
+        evaluation = ([f"algorithms.qsdp.eval_weights={a.eval_weights}"]
+                      if eval_weights and a.eval_weights != "exact" and self.has_qsdp(arm) else [])
         return [f"run_name={arm}", "data.remote=null", f"data.local={self.corpus}", "data.train_split=train",
                 "data.eval_split=val", f"model.max_seq_len={a.seq_len}", f"global_train_batch_size={a.global_batch}",
                 f"device_train_microbatch_size={self.micro(arm)}", f"max_duration={a.steps}ba",
@@ -70,7 +85,7 @@ class Plan(common.DriverPlan):
                 "load_path=null", "progress_bar=false", "log_to_console=false", f"data.num_workers={a.num_workers}",
                 f"metrics_file={d / f'metrics-{segment:02d}.json'}",
                 *([f"shared_gpu={str(self.gloo(arm)).lower()}"] if self.shared else []), *self.arms[arm].overrides,
-                *a.override,
+                *evaluation, *a.override,
                 # Last: a swept rate scales what the recipe and every other override would set.
                 *([f"optimizer.lr={self.arms[arm].lr!r}"] if self.arms[arm].lr is not None else [])]
 
@@ -115,7 +130,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
                 "global_batch": args.global_batch, "micro_batch": args.micro_batch, "nproc": args.nproc,
                 "eval_interval": args.eval_interval, "eval_batches": args.eval_batches,
                 "eval_batch_size": args.eval_batch_size, "corpus": str(corpus), "overrides": list(args.override),
-                "shared_gpu": shared}
+                "shared_gpu": shared,
+                # Absent for quantized: the evaluation of every directory written before --eval-weights existed.
+                **({"eval_weights": args.eval_weights} if args.eval_weights != "quantized" else {})}
     plan = Plan(args, recipe_dir, name, out_dir, corpus, gpus, shared, max_ranks, settings,
                 {arm: ARMS[arm] for arm in args.arms})
     recipes = _check_recipes(plan)

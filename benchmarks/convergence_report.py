@@ -22,7 +22,8 @@ import e2e_common as common
 import seed_stats
 from convergence_arms import FSDP_BASELINES, SEED_MARK, arm_seed, base_arm
 from convergence_plan import Plan
-from convergence_runner import VAL_LOSS, launch_count, merged_metrics, recorded_backend
+from convergence_runner import (VAL_LOSS, VAL_QUANTIZED_LOSS, launch_count, merged_metrics, recorded_backend,
+                                recorded_eval_weights)
 from provenance import command_line
 
 W8G8_TARGET_PCT = 1.0  # the project's target: W8G8 final validation loss within 1% of plain FSDP
@@ -60,6 +61,7 @@ def summarize(plan: Plan) -> dict[str, Any]:
     for arm in plan.args.arms:
         metrics = merged_metrics(plan.arm_dir(arm))
         curve = sorted(metrics.get(VAL_LOSS, {}).items())
+        quantized_curve = sorted(metrics.get(VAL_QUANTIZED_LOSS, {}).items())
         wall = sorted(metrics.get("time/train", {}).items())
         step_times = [(t1 - t0) * 3600.0 for (b0, t0), (b1, t1) in zip(wall, wall[1:]) if b1 == b0 + 1]
         arms[arm] = {
@@ -75,6 +77,12 @@ def summarize(plan: Plan) -> dict[str, Any]:
             "curve": [[step, loss] for step, loss in curve],
             "final_step": curve[-1][0] if curve else None,
             "final_val_loss": curve[-1][1] if curve else None,
+            # What "val" evaluated: "exact" (the full-precision weights, as plain FSDP2), the modes by evaluator
+            # label ("val=exact, val_quantized=quantized"), or None (no QSDP, or a run from before QSDP evaluated exact weights: quantized ones).
+            "eval_weights": recorded_eval_weights(plan.arm_dir(arm)),
+            # The same evaluations with QSDP's quantized weights (--eval-weights both); [] / None otherwise.
+            "quantized_curve": [[step, loss] for step, loss in quantized_curve],
+            "final_val_loss_quantized": quantized_curve[-1][1] if quantized_curve else None,
             # QSDP's over its training batches; 0/1 Adam logs the run's cumulative ratio, so its last value is the run's.
             "compression_vs_unquantized": (_training_ratio(metrics)
                                            or _last(metrics.get("zero_one_adam/compression_vs_fp32_allreduce"))),
@@ -166,13 +174,16 @@ def csv_text(tokens_per_step: int, arms: dict[str, Any]) -> str:
     """``step,tokens,<arm>...``: validation loss (nats/token) of each arm at each evaluation step; empty where
     an arm has no evaluation (yet)."""
     curves = {arm: dict(r["curve"]) for arm, r in arms.items()}
+    # An arm evaluated with the quantized weights too (--eval-weights both) adds a column "<arm> (quantized weights)".
+    curves.update({f"{arm} (quantized weights)": dict(r["quantized_curve"]) for arm, r in arms.items()
+                   if r.get("quantized_curve")})
     steps = sorted({s for c in curves.values() for s in c})
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["step", "tokens", *arms])
+    writer.writerow(["step", "tokens", *curves])
     for step in steps:
         writer.writerow([step, step * tokens_per_step,
-                         *(f"{curves[a][step]:.6f}" if step in curves[a] else "" for a in arms)])
+                         *(f"{curves[a][step]:.6f}" if step in curves[a] else "" for a in curves)])
     return buf.getvalue()
 
 
@@ -189,6 +200,7 @@ def markdown(plan: Plan, head: dict[str, str], manifest: dict[str, Any], arms: d
              f"- corpus: `{m['command']}`: {m['input']['files']} files, {m['input']['bytes'] / 1e6:.1f} MB of "
              f"{m.get('kind', 'pysource')} text -> {m['tokens']['train']:,} train / {m['tokens']['val']:,} val tokens; input sha256 "
              f"`{m['input']['sha256'][:16]}`",
+             f"- evaluation: {_eval_weights_text(plan.args.eval_weights, arms)}",
              f"- status: {status}", "", *_table_head(["arm", "ranks", *_arm_columns()])]
     lines += [_arm_row(arm, r, str(r["nproc"])) for arm, r in arms.items()]
     band = noise_band_pct(arms)
@@ -280,9 +292,22 @@ def _concurrency(plan: Plan) -> str:
     return f", at most {plan.max_ranks} processes at once"
 
 
+def _eval_weights_text(option: str, arms: dict[str, Any]) -> str:
+    """What the val loss of the QSDP arms is: the weights their evaluations gathered, as the arms recorded it."""
+    recorded = {arm: r.get("eval_weights") for arm, r in arms.items() if r.get("eval_weights") is not None}
+    kinds = sorted({f"'{v}'" for v in recorded.values()})
+    text = (f"QSDP arms' val loss with {'the exact weights' if option != 'quantized' else 'the quantized weights'} "
+            f"(--eval-weights {option}")
+    text += f"; the arms recorded: {', '.join(kinds)})" if kinds else ")"
+    if option == "both":
+        text += "; 'final val loss, quantized weights': the same evaluations with the weights quantized as in training"
+    return text + ("; arms without a recorded qsdp/eval_weights and QSDP predate exact evaluation: their val loss is "
+                   "of the quantized weights")
+
+
 def _arm_columns(gap: str = "vs baseline") -> list[str]:
     """The titles of ``_arm_row``'s columns after its leading cells; ``gap`` titles the gap to the baseline."""
-    return ["final step", "final val loss", gap, "compression vs unquantized", "compression vs plain FSDP2",
+    return ["final step", "final val loss", "final val loss, quantized weights", gap, "compression vs unquantized", "compression vs plain FSDP2",
             "GB sent per rank", "rel. error w / g",
             "step time (ms, median; arms may share GPUs)", "description"]
 
@@ -299,6 +324,7 @@ def _arm_row(label: str, r: dict[str, Any], *extra: str) -> str:
     step = "n/a" if r["final_step"] is None else f"{r['final_step']}{'' if r['complete'] else ' (partial)'}"
     step_ms = None if r["step_time_s_median"] is None else r["step_time_s_median"] * 1e3
     return (f"| {' | '.join([label, *extra])} | {step} | {fmt(r['final_val_loss'], '.4f')} "
+            f"| {fmt(r.get('final_val_loss_quantized'), '.4f')} "
             f"| {fmt(r['gap_vs_baseline_pct'], '+.2f', '%')} "
             f"| {fmt(r['compression_vs_unquantized'], '.2f', 'x')} "
             f"| {fmt(r.get('compression_vs_plain_fsdp'), '.2f', 'x')} "

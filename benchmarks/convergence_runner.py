@@ -24,6 +24,8 @@ from convergence_plan import Plan
 
 #: The metric every arm is compared on: the validation loss (nats/token) at each evaluation.
 VAL_LOSS = "metrics/val/LanguageCrossEntropy"
+#: The same evaluation with QSDP's quantized weights: logged by arms run with ``--eval-weights both``.
+VAL_QUANTIZED_LOSS = "metrics/val_quantized/LanguageCrossEntropy"
 
 
 def _segments(arm_dir: Path) -> list[Path]:
@@ -43,6 +45,16 @@ def recorded_backend(arm_dir: Path) -> str | None:
 def launch_count(arm_dir: Path) -> int:
     """The launches of the arm so far (its logs): the index of its next launch."""
     return len(list(arm_dir.glob("log-*.txt")))
+
+
+def recorded_eval_weights(arm_dir: Path) -> Any:
+    """What the arm's QSDP evaluated (the hyperparameter ``qsdp/eval_weights`` of its latest launch): ``"exact"``,
+    ``"quantized"`` or modes by evaluator label (``"val=exact, val_quantized=quantized"``); ``None`` where no launch recorded one (no QSDP, no metrics yet,
+    or a run from before the setting existed, whose evaluations gathered the quantized weights)."""
+    found = None
+    for path in _segments(arm_dir):
+        found = (common.read_json(path).get("hyperparameters") or {}).get("qsdp/eval_weights", found)
+    return found
 
 
 def merged_metrics(arm_dir: Path) -> dict[str, dict[int, float]]:

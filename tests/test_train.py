@@ -454,3 +454,32 @@ def test_gpu_two_processes_qsdp_recipe(tmp_path):
     hyperparameters = json.loads((tmp_path / "metrics.json").read_text())["hyperparameters"]
     assert (hyperparameters["shared_gpu"], hyperparameters["dist_backend"]) == (shared, "gloo" if shared else "nccl")
     assert ("shared_gpu: 2 rank(s) on 1 GPU(s)" in result.stdout + result.stderr) == shared
+
+
+# ------------------------------------------------------------------------------------------- eval_weights
+def test_eval_weights_both_is_a_recipe_setting_that_adds_the_quantized_evaluator(corpus_shards, tmp_path):
+    both = load_recipe(QSDP_RECIPE, tiny_overrides(corpus_shards, tmp_path, "algorithms.qsdp.eval_weights=both"))
+    assert both.eval_labels == ("val", "val_quantized")
+    assert both.algorithm_kwargs["qsdp"]["eval_weights"] == {"val": "exact", "val_quantized": "quantized"}
+    quantized = load_recipe(QSDP_RECIPE, tiny_overrides(corpus_shards, tmp_path,
+                                                        "algorithms.qsdp.eval_weights=quantized"))
+    assert quantized.eval_labels == ("val",) and quantized.algorithm_kwargs["qsdp"]["eval_weights"] == "quantized"
+    with pytest.raises(RecipeError, match="data.eval_split must be set"):
+        load_recipe(QSDP_RECIPE, tiny_overrides(corpus_shards, tmp_path, "algorithms.qsdp.eval_weights=both",
+                                                "data.eval_split=null"))
+    with pytest.raises(RecipeError, match="eval_weights='exakt' is invalid.*did you mean 'exact'"):
+        load_recipe(QSDP_RECIPE, tiny_overrides(corpus_shards, tmp_path, "algorithms.qsdp.eval_weights=exakt"))
+
+
+@pytest.mark.slow  # 2 processes through the launcher: 145 s on 2 shared cores
+def test_eval_weights_both_logs_the_exact_and_the_quantized_loss_of_each_evaluation(corpus_shards, tmp_path):
+    result = launch(2, QSDP_RECIPE, tiny_overrides(corpus_shards, tmp_path, "max_duration=4ba", "eval_interval=2ba",
+                                                   "algorithms.qsdp.eval_weights=both"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    logged = json.loads((tmp_path / "metrics.json").read_text())
+    exact = dict(logged["metrics"]["metrics/val/LanguageCrossEntropy"])
+    quantized = dict(logged["metrics"]["metrics/val_quantized/LanguageCrossEntropy"])
+    assert sorted(exact) == sorted(quantized) == [2, 4]
+    for batch in exact:  # the same batches and weights, gathered exactly and 8-bit quantized
+        assert exact[batch] != quantized[batch] and abs(exact[batch] - quantized[batch]) < 0.05 * exact[batch]
+    assert logged["hyperparameters"]["qsdp/eval_weights"] == "val=exact, val_quantized=quantized"

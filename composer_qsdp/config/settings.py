@@ -25,7 +25,7 @@ from composer_qsdp.schemes import build_codec, build_scheme
 from composer_qsdp.validate import check_int, check_seed
 
 __all__ = [
-    "FEEDBACK_GRAD_SCHEMES", "LowBitGradientWarning", "ModuleFilter", "QSDPConfig", "SideConfig", "from_preset",
+    "EVAL_WEIGHTS", "FEEDBACK_GRAD_SCHEMES", "LowBitGradientWarning", "ModuleFilter", "QSDPConfig", "SideConfig", "from_preset",
     "option_names", "preset_names",
 ]
 
@@ -38,6 +38,10 @@ FEEDBACK_GRAD_SCHEMES = ("loco", "two_level_loco")
 DEFAULT_PRESET = PRESETS.names()[0]
 #: Gradient bit widths at or below which a scheme without error feedback costs loss.
 LOW_GRAD_BITS = 2
+#: What :attr:`QSDPConfig.eval_weights` allows per evaluator: the exact weights, or those training's forward sees.
+EVAL_WEIGHTS = ("exact", "quantized")
+#: The default of :attr:`QSDPConfig.eval_weights`, and the mode of every evaluator label a mapping leaves out.
+DEFAULT_EVAL_WEIGHTS = "exact"
 
 
 class LowBitGradientWarning(UserWarning):
@@ -148,6 +152,17 @@ class QSDPConfig:
         auto_options: the automatic policy's options, an :class:`~composer_qsdp.config.options.AutoOptions` or a
             mapping of its fields (which becomes one); ``None`` is the defaults under ``"auto"`` and is required
             under ``"fixed"``.
+        eval_weights: which weights Composer's evaluations compute with: ``"exact"`` (default) gathers the exact
+            full-precision weights, as plain FSDP does, so a validation loss is that of the model being trained
+            and saved; ``"quantized"`` gathers them as training's forward does (quantized, through each unit's
+            scheme), which reports the loss of the quantized-weight model (and, unlike ``"exact"``, advances the
+            seed schedule and scheme state as a training forward would). A mapping ``{evaluator label: mode}``
+            chooses per evaluator (Composer's ``Evaluator(label=...)``); labels it does not name are
+            ``"exact"``. An evaluation is no training step: ``"exact"`` leaves every piece of training state as it
+            was (:meth:`QSDPHandle.set_weight_gathers <composer_qsdp.engine.QSDPHandle.set_weight_gathers>`).
+            Not part of the quantization settings: :meth:`summary` and checkpoints leave it out, and
+            :meth:`matching_preset` ignores it (the algorithm logs it as ``qsdp/eval_weights``). Recipes also
+            take ``both`` (an evaluator of each kind); here a mapping says that.
         preset: the preset :meth:`from_preset` started from (its options may have been changed), else ``None``.
             A record of where the settings came from, not a setting: not a constructor argument, not compared.
 
@@ -170,6 +185,7 @@ class QSDPConfig:
     ranks_per_node: int | None = None
     policy: str = "fixed"
     auto_options: AutoOptions | Mapping[str, Any] | None = None
+    eval_weights: str | Mapping[str, str] = DEFAULT_EVAL_WEIGHTS
     preset: str | None = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -187,6 +203,7 @@ class QSDPConfig:
         if self.ranks_per_node is not None:
             check_int("ranks_per_node", self.ranks_per_node, minimum=1)
         self._check_policy()
+        object.__setattr__(self, "eval_weights", _eval_weights(self.eval_weights))
         for name, table in _SIDE_TABLES.items():
             self._check_side(name, table)
         self._warn_low_bit_grads()
@@ -266,8 +283,16 @@ class QSDPConfig:
 
     def matching_preset(self) -> str | None:
         """The name of the preset this configuration equals (``from_preset(name)`` with no options), else ``None``
-        (a preset with changed options, or a configuration built field by field that no preset matches)."""
-        return next((name for name in PRESETS.names() if _preset_config(name) == self), None)
+        (a preset with changed options, or a configuration built field by field that no preset matches).
+        :attr:`eval_weights` is no quantization setting and is not compared."""
+        mine = _quantization_settings(self)
+        return next((name for name in PRESETS.names() if _quantization_settings(_preset_config(name)) == mine), None)
+
+    def eval_weights_for(self, label: str) -> str:
+        """The :attr:`eval_weights` mode of the evaluator labelled ``label``: ``"exact"`` or ``"quantized"``."""
+        if isinstance(self.eval_weights, str):
+            return self.eval_weights
+        return self.eval_weights.get(label, DEFAULT_EVAL_WEIGHTS)
 
     def summary(self) -> dict[str, Any]:
         """The quantization settings as plain values, for logging hyperparameters and for the algorithm's
@@ -288,7 +313,7 @@ _SIDES = {"weight_": "weights", "grad_": "grads"}
 _SIDE_TABLES: dict[str, Registry[Any]] = {"weights": WEIGHT_SCHEMES, "grads": GRAD_SCHEMES}
 _SIDE_FIELDS = tuple(f.name for f in fields(SideConfig))
 _RUN_FIELDS = tuple(f.name for f in fields(QSDPConfig) if f.init and f.name not in _SIDES.values())
-_NOT_SUMMARIZED = ("policy", "auto_options", "preset")
+_NOT_SUMMARIZED = ("policy", "auto_options", "preset", "eval_weights")
 
 
 def preset_names() -> tuple[str, ...]:
@@ -382,6 +407,37 @@ def _plain(value: Any) -> Any:
     if callable(value):
         return getattr(value, "__qualname__", repr(value))
     return value
+
+
+def _quantization_settings(config: QSDPConfig) -> tuple[Any, ...]:
+    """The compared fields of ``config`` but :attr:`QSDPConfig.eval_weights`."""
+    return tuple(getattr(config, f.name) for f in fields(config) if f.compare and f.name != "eval_weights")
+
+
+def _eval_weights(value: object) -> str | dict[str, str]:
+    """:attr:`QSDPConfig.eval_weights` checked: a mode of :data:`EVAL_WEIGHTS`, or a plain dict of them by label."""
+    allowed = ", ".join(map(repr, EVAL_WEIGHTS))
+    if isinstance(value, str):
+        if value == "both":
+            raise ValueError(
+                "eval_weights='both' is a recipe setting (algorithms.qsdp.eval_weights=both builds a second evaluator "
+                "'val_quantized'); QSDPConfig takes one mode for all evaluators or a mapping by evaluator label, e.g. "
+                "{'val': 'exact', 'val_quantized': 'quantized'} with Evaluators of those labels")
+        if value not in EVAL_WEIGHTS:
+            raise ValueError(f"eval_weights={value!r} is invalid; allowed: {allowed}, or a mapping from evaluator "
+                             f"label to one of them{did_you_mean(value, EVAL_WEIGHTS)}")
+        return value
+    if not hasattr(value, "items"):
+        raise ValueError(f"eval_weights={value!r} is invalid; it must be one of {allowed} or a mapping from "
+                         "evaluator label to one of them, e.g. {'val': 'exact', 'val_quantized': 'quantized'}")
+    modes = dict(value.items())  # type: ignore[union-attr]  # a yaml recipe passes an OmegaConf DictConfig
+    for label, mode in modes.items():
+        if not isinstance(label, str) or not label:
+            raise ValueError(f"eval_weights has the label {label!r}; labels are Composer evaluator labels (strings)")
+        if not isinstance(mode, str) or mode not in EVAL_WEIGHTS:
+            near = did_you_mean(mode, EVAL_WEIGHTS) if isinstance(mode, str) else ""
+            raise ValueError(f"eval_weights[{label!r}]={mode!r} is invalid; allowed: {allowed}{near}")
+    return modes
 
 
 def _scheme_options(name: str) -> type | None:

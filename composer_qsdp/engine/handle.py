@@ -16,6 +16,12 @@ version counters (read by the adapter, :meth:`QSDPHandle.weight_versions`: torch
 forward with those after the last step and tells such schemes (``on_weights_changed``). A change that bypasses
 version counters (``param.data.copy_(...)``, a ``foreach`` op) needs :meth:`QSDPHandle.refresh`.
 
+Evaluation can gather the exact weights (:meth:`QSDPHandle.set_weight_gathers`, :meth:`QSDPHandle.exact_weights`):
+then every unit's weight all-gather is the framework's own collective on the full-precision shards, so the model
+evaluated is the one trained and saved, and the handle's training state (seed schedule, scheme state such as a
+weight-difference reference, byte counters of the schemes, the non-finite monitor) is left as if no evaluation had
+happened. Its bytes are counted apart (:meth:`QSDPHandle.exact_traffic`) and included in :meth:`QSDPHandle.traffic`.
+
 A checkpoint holds the settings it was written under (the configuration and the world's shape); a handle that
 loads one written under other settings (W8G8 -> W4G4, another scheme, another world size) continues with its own
 settings and warns with :class:`ResumeSettingsWarning`, naming every setting that changed. Scheme state that
@@ -24,10 +30,11 @@ no longer fits is rebuilt (a weight-difference reference becomes a keyframe); th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -41,11 +48,14 @@ from composer_qsdp.engine.finite_check import WeightFiniteMonitor
 from composer_qsdp.engine.plan import UnitPlan
 from composer_qsdp.schemes import GatherLayout, GradScheme, Scheme, WeightScheme
 
-__all__ = ["QSDPHandle", "ResumeSettingsWarning", "settings_changes"]
+__all__ = ["WEIGHT_GATHERS", "QSDPHandle", "ResumeSettingsWarning", "settings_changes"]
 
 _STATE_FORMAT = 2
 #: The model attribute that holds the handle QSDP installed on it.
 _HANDLE_ATTR = "_qsdp_handle"
+#: The modes of :meth:`QSDPHandle.set_weight_gathers`: ``"quantized"`` (training's gathers, the default) and
+#: ``"exact"`` (the framework's own gather of the full-precision shards, for evaluation).
+WEIGHT_GATHERS = ("quantized", "exact")
 
 
 class ResumeSettingsWarning(UserWarning):
@@ -130,6 +140,8 @@ class QSDPHandle:
         self.wire_dtypes: dict[str, torch.dtype] = {}
         self.resume_changes: list[str] = []
         self._forward_hook: torch.utils.hooks.RemovableHandle | None = None
+        self._weight_gathers = "quantized"
+        self._exact_traffic = TrafficCounter()
 
     # ------------------------------------------------------------------ the model it is applied to
     @staticmethod
@@ -217,19 +229,36 @@ class QSDPHandle:
 
         A unit whose weights QSDP leaves unquantized (a passthrough scheme) runs the framework's collective as the
         framework would, ``async_op`` included, and nothing else: no seed, no non-finite check (its weights are
-        the framework's own, where a NaN stays a NaN). A quantized gather runs on the current stream.
+        the framework's own, where a NaN stays a NaN). A quantized gather runs on the current stream. Under
+        :meth:`set_weight_gathers` ``("exact")`` every unit runs the framework's collective on its exact shard
+        (:meth:`~composer_qsdp.schemes.WeightScheme.exact_all_gather`), counted in :meth:`exact_traffic` only.
 
         Returns:
-            The collective's ``Work`` for an unquantized gather with ``async_op``, else ``None``.
+            The collective's ``Work`` for an unquantized or exact gather with ``async_op``, else ``None``.
         """
         weights = self.units[unit_index].weights
         self.wire_dtypes["weights"] = input.dtype
+        if self._weight_gathers == "exact":
+            traffic, work = weights.exact_all_gather(output, input, group, async_op)
+            self._exact_traffic.add(traffic)
+            return work
         if weights.passthrough:
             return weights.plain_all_gather(output, input, group, async_op)
         weights.all_gather(output, input, self.seeds.seed(unit_index, weights.seed_stream), group)
         if self._monitor is not None and output.is_floating_point():
             self._monitor.record(unit_index, output)
         return None
+
+    def secondary_all_gather(self, unit_index: int, output: torch.Tensor, input: torch.Tensor,
+                             group: dist.ProcessGroup) -> None:
+        """Unit ``unit_index``'s re-gather of the secondary weight shard FSDP2 keeps after a forward under
+        ``reshard_after_forward=<int>`` (:meth:`~composer_qsdp.schemes.WeightScheme.secondary_all_gather`); under
+        :meth:`set_weight_gathers` ``("exact")`` its bytes go to :meth:`exact_traffic`, not to the scheme."""
+        weights = self.units[unit_index].weights
+        if self._weight_gathers == "exact":
+            self._exact_traffic.add(weights.secondary_all_gather(output, input, group, count=False))
+        else:
+            weights.secondary_all_gather(output, input, group)
 
     def reduce_scatter(
         self,
@@ -258,9 +287,14 @@ class QSDPHandle:
     def on_forward(self) -> None:
         """A forward pass of the model begins: report non-finite weights seen so far, start a new microbatch.
 
+        Under :meth:`set_weight_gathers` ``("exact")`` it does nothing: an evaluation's forward is no microbatch of
+        the seed schedule, and the weights it reads are not training's.
+
         Raises:
             NonFiniteWeightError: naming the units whose all-gathered weights were non-finite.
         """
+        if self._weight_gathers == "exact":
+            return
         if self._monitor is not None:
             self._monitor.poll()
         versions = self._current_versions()
@@ -269,6 +303,66 @@ class QSDPHandle:
                 unit.weights.on_weights_changed()
         self._versions = versions
         self.seeds.begin_microbatch()
+
+    # ------------------------------------------------------------------ exact weights for evaluation
+    @property
+    def weight_gathers(self) -> str:
+        """The current weight all-gather mode, one of :data:`WEIGHT_GATHERS` (see :meth:`set_weight_gathers`)."""
+        return self._weight_gathers
+
+    def set_weight_gathers(self, mode: str) -> str:
+        """Choose what the weight all-gathers send from now on; returns the previous mode.
+
+        ``"quantized"`` (the default, training): each unit's scheme, as in training. ``"exact"``: every unit's
+        weight all-gather is the framework's own collective on its full-precision shard
+        (:meth:`~composer_qsdp.schemes.WeightScheme.exact_all_gather`), quantized units included, so a forward
+        computes what plain FSDP computes with the same weights. For evaluation: in ``"exact"`` mode nothing of the
+        training state moves, so training after it continues bit for bit as if no evaluation had happened: no
+        seed is drawn and the microbatch counter does not advance (:meth:`on_forward` does nothing), no scheme is
+        called (a weight-difference reference, LoCo residuals, learned levels and the schemes' byte counters stay
+        as they are), the non-finite monitor records nothing (the gathered weights are the framework's own), and
+        weight versions are not compared. Its bytes (in the gathered dtype, as plain FSDP sends: bf16 under bf16
+        mixed precision) are counted in :meth:`exact_traffic`, which :meth:`traffic` includes on the weight side.
+        Gradients are untouched: a backward in ``"exact"`` mode reduce-scatters as in training.
+
+        A change of mode also releases any weights a unit still holds gathered (the adapter's
+        :meth:`release_gathered_weights`: FSDP keeps the root unit's weights gathered after a forward without a
+        backward, and a later forward would reuse them), so that no forward computes with the other mode's
+        weights.
+
+        Call it between forward passes (not inside one), on every rank alike: the gathers are collectives.
+
+        Args:
+            mode: ``"quantized"`` or ``"exact"``.
+
+        Raises:
+            ValueError: another mode, naming the allowed ones.
+        """
+        if mode not in WEIGHT_GATHERS:
+            raise ValueError(f"weight gather mode {mode!r} is invalid; allowed: {', '.join(map(repr, WEIGHT_GATHERS))}")
+        previous, self._weight_gathers = self._weight_gathers, mode
+        if mode != previous:
+            self.release_gathered_weights()
+        return previous
+
+    @contextlib.contextmanager
+    def exact_weights(self) -> Iterator[QSDPHandle]:
+        """``with handle.exact_weights(): evaluate(model)``: :meth:`set_weight_gathers` ``("exact")`` inside, the
+        previous mode restored on exit, an exception included."""
+        previous = self.set_weight_gathers("exact")
+        try:
+            yield self
+        finally:
+            self.set_weight_gathers(previous)
+
+    def exact_traffic(self) -> TrafficCounter:
+        """Bytes this rank sent in weight all-gathers under :meth:`set_weight_gathers` ``("exact")``, cumulative
+        (resumes included): unquantized, so ``sent`` equals ``native`` and ``bf16`` counts what bf16 would send."""
+        return self._exact_traffic
+
+    def release_gathered_weights(self) -> None:
+        """Free the gathered weights of every unit that still holds them, so that its next forward gathers again.
+        Adapters override it with their framework's reshard; the base has nothing to release."""
 
     def on_optimizer_step(self) -> None:
         """The optimizer has updated the weights: the step boundary of every scheme and of the seeds."""
@@ -363,9 +457,10 @@ class QSDPHandle:
 
     # ------------------------------------------------------------------ reporting
     def traffic(self) -> TrafficReport:
-        """Cumulative bytes sent by this rank (NCCL convention), per side and per hop, over all units."""
+        """Cumulative bytes sent by this rank (NCCL convention), per side and per hop, over all units; the weight
+        side includes the exact gathers of evaluations (:meth:`exact_traffic`)."""
         return TrafficReport(
-            sum((u.weights.traffic for u in self.units), TrafficCounter()),
+            sum((u.weights.traffic for u in self.units), self._exact_traffic),
             sum((u.grads.traffic for u in self.units), TrafficCounter()),
         )
 
@@ -447,6 +542,7 @@ class QSDPHandle:
             "settings": self.settings(),
             "seeds": self.seeds.state_dict(),
             "units": [{"weights": u.weights.state_dict(), "grads": u.grads.state_dict()} for u in self.units],
+            "exact_traffic": self._exact_traffic.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -487,6 +583,9 @@ class QSDPHandle:
             unit.weights.load_state_dict(saved["weights"])
             unit.grads.load_state_dict(saved["grads"])
         self.seeds.load_state_dict(state["seeds"])
+        self._exact_traffic = TrafficCounter()
+        if "exact_traffic" in state:  # absent from checkpoints written before exact evaluation
+            self._exact_traffic.load_state_dict(state["exact_traffic"])
         # The saved state belongs to the weights loaded with it (load the model first, then QSDP's state).
         self._versions = self._current_versions()
 

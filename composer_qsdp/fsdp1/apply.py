@@ -116,6 +116,12 @@ class FSDP1Handle(QSDPHandle):
         (:func:`composer_qsdp.fsdp1.compat.weight_versions`)."""
         return compat.weight_versions(params)
 
+    def release_gathered_weights(self) -> None:
+        """Free each unit's gathered flat parameter that FSDP1 kept after a forward (the root's, after a forward
+        without a backward): its next forward gathers again, in the handle's current mode."""
+        for unit in self.units:
+            compat.release_unsharded(unit.module)  # type: ignore[arg-type]
+
     def install_collectives(self, groups: Sequence[dist.ProcessGroup]) -> None:
         """Each unit's flat-parameter all-gather and its reduce-scatter (the roots' communication hook) call the
         handle."""

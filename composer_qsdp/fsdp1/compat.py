@@ -38,6 +38,7 @@ __all__ = [
     "install_all_gather",
     "install_reduce_scatter",
     "offloads_params",
+    "release_unsharded",
     "restore_all_gather",
     "restore_reduce_scatter",
     "sharding_strategy",
@@ -68,6 +69,8 @@ def check_fsdp1_support(fsdp_module: FullyShardedDataParallel) -> None:
         handle_cls = importlib.import_module(_FLAT_PARAM_MODULE).FlatParamHandle
         importlib.import_module(_COMMON_UTILS_MODULE).HandleTrainingState.SUMMON_FULL_PARAMS
         reduce_grad = importlib.import_module(_RUNTIME_UTILS_MODULE)._reduce_grad
+        importlib.import_module(_RUNTIME_UTILS_MODULE)._reshard
+        handle_cls.needs_unshard
     except (ImportError, AttributeError) as err:
         problems.append(f"cannot import FSDP1's internals ({err})")
     else:
@@ -143,6 +146,16 @@ def division_factors(fsdp_module: FullyShardedDataParallel) -> tuple[float, floa
     """FSDP1's gradient pre- and post-division factors (their product is the world size): dividing before the sum
     keeps low-precision sums in range; a hook that replaces the reduce-scatter applies them itself."""
     return fsdp_module._gradient_predivide_factor, fsdp_module._gradient_postdivide_factor
+
+
+def release_unsharded(fsdp_module: FullyShardedDataParallel) -> None:
+    """Free the unit's gathered flat parameter if it still holds one, as FSDP1's post-backward reshard does
+    (``_runtime_utils._reshard``). FSDP1 keeps the root's weights gathered after a forward (for the backward it
+    expects), so a forward without a backward (an evaluation) leaves them for the next forward to reuse."""
+    handle = fsdp_module._handle
+    if handle is None or handle.needs_unshard():  # no parameters, or sharded already
+        return
+    importlib.import_module(_RUNTIME_UTILS_MODULE)._reshard(fsdp_module, handle, True)
 
 
 def offloads_params(fsdp_module: FullyShardedDataParallel) -> bool:

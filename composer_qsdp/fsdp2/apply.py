@@ -52,6 +52,15 @@ class FSDP2Handle(QSDPHandle):
         """The version counters of a unit's sharded parameters (:func:`composer_qsdp.fsdp2.compat.weight_versions`)."""
         return weight_versions(params)
 
+    def release_gathered_weights(self) -> None:
+        """Reshard every unit (``FSDPModule.reshard()``, a no-op on a sharded one). FSDP2 keeps the root's weights
+        gathered after its forward (for the backward it expects) and, under ``reshard_after_forward=<int>``, the
+        other units' secondary shards: after a forward without a backward (an evaluation), the next forward would
+        reuse weights gathered in the other mode."""
+        for unit in self.units:
+            if isinstance(unit.module, FSDPModule):
+                unit.module.reshard()
+
     def install_collectives(self, groups: Sequence[dist.ProcessGroup]) -> None:
         """Each unit's all-gather and reduce-scatter become comm objects that call the handle (through
         ``comm_path``); they run on the groups FSDP2 passes them, the units' shard groups."""

@@ -41,7 +41,7 @@ class QSDPAllGather(_UnitComm, AllGather):
 
     With ``reshard_after_forward=<int>`` (ZeRO++'s hpZ) FSDP2 calls the same object in backward with the
     post-forward mesh's smaller group, to gather the secondary shard it kept of the forward's weights: that goes
-    to the scheme's :meth:`~composer_qsdp.schemes.WeightScheme.secondary_all_gather`.
+    to :meth:`~composer_qsdp.engine.QSDPHandle.secondary_all_gather` (the scheme's, counted by mode).
     """
 
     def __call__(
@@ -53,7 +53,7 @@ class QSDPAllGather(_UnitComm, AllGather):
     ) -> dist.Work | None:
         weights = self.handle.units[self.unit_index].weights
         if group is not weights.group and weights.group is not None and group.size() < weights.group.size():
-            weights.secondary_all_gather(output_tensor, input_tensor, group)
+            self.handle.secondary_all_gather(self.unit_index, output_tensor, input_tensor, group)
             return None
         return self.handle.all_gather(self.unit_index, output_tensor, input_tensor, group, async_op)
 

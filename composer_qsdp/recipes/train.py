@@ -220,10 +220,12 @@ def _train(recipe: ValidatedRecipe, clock: StartupClock, run: contextlib.ExitSta
                            run=run)
     eval_dl = None
     if cfg.data.eval_split is not None:
-        eval_dl = Evaluator(label="val", metric_names=["LanguageCrossEntropy", "LanguagePerplexity"],
-                            dataloader=_dataloader(recipe, cfg.data.eval_split, cfg.device_eval_batch_size,
-                                                   training=False, run=run),
-                            subset_num_batches=cfg.eval_subset_num_batches)
+        # One dataloader for every evaluator: algorithms.qsdp.eval_weights=both evaluates the same batches twice
+        # (recipe.eval_labels), the exact and the quantized weights, paired within one run.
+        eval_loader = _dataloader(recipe, cfg.data.eval_split, cfg.device_eval_batch_size, training=False, run=run)
+        eval_dl = [Evaluator(label=label, metric_names=["LanguageCrossEntropy", "LanguagePerplexity"],
+                             dataloader=eval_loader, subset_num_batches=cfg.eval_subset_num_batches)
+                   for label in recipe.eval_labels]
 
     clock.lap("data")
     # Every rank must start from the same weights; FSDP then shards them.

@@ -245,12 +245,33 @@ class WeightScheme(Scheme):
             RuntimeError: the scheme is no passthrough scheme.
         """
         self._check_passthrough()
-        traffic, work = plain_all_gather(output, input, self._check_group(group), async_op=async_op,
-                                         off_node_peers=self._off_node_peers)
+        traffic, work = self.exact_all_gather(output, input, group, async_op)
         self._count(traffic)
         return work
 
-    def secondary_all_gather(self, output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup) -> CallTraffic:
+    def exact_all_gather(self, output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup | None = None,
+                         async_op: bool = False) -> tuple[CallTraffic, dist.Work | None]:
+        """The framework's own ``all_gather_into_tensor`` of the exact shard, whatever this scheme's codec, and
+        nothing else: no seed, no sampling, no scheme state read or written, and not counted in :attr:`traffic`
+        (the caller counts the bytes it returns). What an evaluation of the exact weights runs
+        (:meth:`QSDPHandle.set_weight_gathers <composer_qsdp.engine.QSDPHandle.set_weight_gathers>`), and what a
+        :attr:`passthrough` scheme's :meth:`plain_all_gather` runs and counts.
+
+        Args:
+            output: contiguous tensor of ``W * n`` elements.
+            input: this rank's contiguous chunk of ``n`` elements.
+            group: the group the caller was given, checked against the one of :meth:`setup` (``None``: skip).
+            async_op: return the collective's ``Work`` instead of ordering it on the current stream.
+
+        Returns:
+            The bytes this rank put on the wire (in ``input``'s dtype, as plain FSDP sends) and the ``Work`` when
+            ``async_op``, else ``None``.
+        """
+        return plain_all_gather(output, input, self._check_group(group), async_op=async_op,
+                                off_node_peers=self._off_node_peers)
+
+    def secondary_all_gather(self, output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup,
+                             count: bool = True) -> CallTraffic:
         """Re-gather the secondary shard of ZeRO++'s hpZ (FSDP2's ``reshard_after_forward=<int>``) over ``group``.
 
         After the forward, FSDP2 keeps a slice of the weights this scheme's all-gather produced, sharded over a
@@ -264,6 +285,8 @@ class WeightScheme(Scheme):
             output: contiguous tensor of ``group.size() * n`` elements.
             input: this rank's contiguous chunk of ``n`` elements.
             group: the secondary shard's process group.
+            count: add the bytes to :attr:`traffic` (``False``: the caller counts them, e.g. during an evaluation
+                of the exact weights, which leaves the scheme untouched).
 
         Returns:
             The bytes this rank sent.
@@ -277,7 +300,8 @@ class WeightScheme(Scheme):
                 f"them on other nodes; choose reshard_after_forward to divide the ranks per node "
                 f"({self.topology.ranks_per_node}) to keep it within the node", stacklevel=2,
             )
-        return self._count(plain_all_gather(output, input, group, off_node_peers=peers)[0])
+        traffic = plain_all_gather(output, input, group, off_node_peers=peers)[0]
+        return self._count(traffic) if count else traffic
 
 
 class GradScheme(Scheme):

@@ -99,3 +99,36 @@ def test_world_size_one_warns_and_trains_unchanged():
     trainer.fit()
     assert qsdp.traffic().total.calls == 0
     trainer.close()
+
+
+class _ModeHandle:
+    """The part of a QSDPHandle the evaluation events use: the weight gather mode and the byte counters."""
+
+    def __init__(self) -> None:
+        self.weight_gathers = "quantized"
+
+    def set_weight_gathers(self, mode: str) -> str:
+        previous, self.weight_gathers = self.weight_gathers, mode
+        return previous
+
+    def traffic(self):
+        from composer_qsdp.comm import TrafficCounter, TrafficReport
+
+        return TrafficReport(TrafficCounter(), TrafficCounter())
+
+
+def test_evaluations_gather_by_label_and_an_evaluation_that_raised_is_undone_at_the_next_batch():
+    from types import SimpleNamespace
+
+    qsdp = QSDP(QSDPConfig.from_preset("w8g8", eval_weights={"val_quantized": "quantized"}))
+    qsdp.handle = handle = _ModeHandle()
+    for label, mode in (("val", "exact"), ("val_quantized", "quantized"), ("val", "exact")):
+        state = SimpleNamespace(dataloader_label=label)
+        assert qsdp.match(Event.EVAL_START, state)
+        qsdp.apply(Event.EVAL_START, state, None)
+        assert handle.weight_gathers == mode
+    # The last evaluation raised: no EVAL_END. Training's gathers come back before the next batch's forward.
+    assert qsdp.match(Event.BATCH_START, state)
+    qsdp.apply(Event.BATCH_START, state, None)
+    assert handle.weight_gathers == "quantized"
+    assert not qsdp.match(Event.BATCH_START, state) and not qsdp.match(Event.FIT_START, state)

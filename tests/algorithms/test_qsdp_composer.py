@@ -99,9 +99,11 @@ def test_loco_preset_bytes_with_gradient_accumulation_and_evaluation(tmp_path, p
     and an evaluation of 2 batches every 4 batches: per training step one weight-difference gather per unit (the
     other microbatch's gathers and every backward re-gather come from the reference) and one 2-bit reduce-scatter
     per microbatch, each counted against the collective that ran; each evaluation sends the step's update and is
-    counted apart from the training batches, whose next step then sends no weights."""
+    counted apart from the training batches, whose next step then sends no weights. The evaluations gather the
+    quantized weights as training does (``eval_weights`` for Composer's default evaluator label, ``"eval"``)."""
     k, world, every, batches = 2, 2, 4, 16
-    result = _launch(tmp_path, options={"preset": preset}, microbatch=16 // k, eval_every=every)
+    result = _launch(tmp_path, options={"preset": preset, "eval_weights": {"eval": "quantized"}}, microbatch=16 // k,
+                     eval_every=every)
     assert result["batches"] == batches
     # FSDP2's chunk per rank of each Linear unit (dim 0 padded to a multiple of W): 32->128, 128->67, 67->16.
     chunks = [cdiv(o, world) * i + cdiv(o, world) for i, o in ((32, 128), (128, 67), (67, 16))]
@@ -132,6 +134,27 @@ def test_loco_preset_bytes_with_gradient_accumulation_and_evaluation(tmp_path, p
     # of each microbatch in a training step), and every microbatch's reduce-scatter.
     plain = [r for b, r in enumerate(metrics["qsdp/compression_vs_plain_fsdp"], 1) if b > 1 and b not in after_eval]
     assert plain == [pytest.approx((2 * k * fp32 + k * fp32) / (update + k * scatter), rel=1e-12)] * (batches - 4)
+    assert max(result["param_rel_error"].values()) < 5e-2, result["param_rel_error"]
+
+
+@pytest.mark.slow  # a 2-process Composer run: 88 s on 2 shared cores
+def test_exact_evaluations_send_plain_gathers_and_leave_training_traffic_as_without_them(tmp_path):
+    """The default ``eval_weights="exact"`` with the LoCo qWD preset, two microbatches and an evaluation of 2 batches
+    every 4: every evaluation gather is FSDP's own fp32 gather, counted apart, and the training batches' bytes are
+    those of a run without evaluations (each step sends its weight update: the evaluation advanced no reference)."""
+    k, world, every, batches = 2, 2, 4, 16
+    result = _launch(tmp_path, options={"preset": "qwd-w4g2-loco"}, microbatch=16 // k, eval_every=every)
+    assert result["hyperparameters"]["qsdp/eval_weights"] == "exact"
+    chunks = [cdiv(o, world) * i + cdiv(o, world) for i, o in ((32, 128), (128, 67), (67, 16))]
+    update = (world - 1) * sum(symmetric_bytes(n, 4, 2048) for n in chunks)
+    fp32 = (world - 1) * 4 * sum(chunks)
+    metrics = result["metrics"]
+    assert metrics["qsdp/weights/bytes_sent"] == [fp32] + [update] * (batches - 1)
+    evals = batches // every
+    assert metrics["qsdp/eval/weights/bytes_sent"] == [2 * fp32] * evals  # 2 batches, every unit gathered plainly
+    evaluation = result["eval_traffic"]["weights"]
+    assert evaluation["sent"] == evaluation["native"] == evals * 2 * fp32 and evaluation["calls"] == evals * 2 * 3
+    assert result["traffic"]["weights"]["sent"] == fp32 + (batches - 1) * update + evals * 2 * fp32
     assert max(result["param_rel_error"].values()) < 5e-2, result["param_rel_error"]
 
 

@@ -84,7 +84,7 @@ def test_summary_csv_markdown_png(tiny_recipes, tmp_path):
     record = convergence_report.write_results(plan, manifest, "incomplete")
     stem = f"convergence-{plan.name}"
     md = (out / f"{stem}.md").read_text()
-    assert "| w4g4 | 2 | 10 (partial) | 5.5000 | +10.00% | n/a | n/a |" in md
+    assert "| w4g4 | 2 | 10 (partial) | 5.5000 | n/a | +10.00% | n/a | n/a |" in md
     plain_column = _cells(md, "| arm ").index("compression vs plain FSDP2")
     assert _cells(md, "| w8g8 ")[plain_column] == "5.75x"
     assert "within 1% of plain FSDP: +1.25% (NOT met; W8G8 ended above the baseline)" in md
@@ -95,6 +95,52 @@ def test_summary_csv_markdown_png(tiny_recipes, tmp_path):
     (out / f"{stem}.png").unlink()
     assert convergence.main(["--replot", str(out / f"{stem}.json")]) == 0
     assert (out / f"{stem}.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_quantized_weight_losses_get_their_column_csv_series_and_record(tiny_recipes, tmp_path):
+    """``--eval-weights both``: the arm's second evaluator (val_quantized) in the table, the CSV and the record; the
+    settings line says which weights the val loss is of. An arm folder written before the option (no quantized
+    series, no recorded eval_weights) still reports."""
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", "w4g4", "--eval-weights", "both")
+    out = plan.out_dir
+    write_segment(out / "baseline" / "metrics-00.json", {10: 5.0, 20: 4.0})
+    both = "val=exact, val_quantized=quantized"
+    (out / "w8g8").mkdir(parents=True)
+    (out / "w8g8" / "metrics-00.json").write_text(json.dumps({
+        "metrics": {convergence_runner.VAL_LOSS: [[10, 5.1], [20, 4.05]],
+                    convergence_runner.VAL_QUANTIZED_LOSS: [[10, 5.2], [20, 4.09]]},
+        "hyperparameters": {"qsdp/eval_weights": both}, "communication": {}, "memory": None}))
+    write_segment(out / "w4g4" / "metrics-00.json", {10: 5.5, 20: 4.5})  # an old folder: neither
+    arms = convergence_report.summarize(plan)
+    assert arms["w8g8"]["final_val_loss_quantized"] == 4.09 and arms["w8g8"]["eval_weights"] == both
+    assert arms["w8g8"]["quantized_curve"] == [[10, 5.2], [20, 4.09]]
+    assert arms["w4g4"]["final_val_loss_quantized"] is None and arms["w4g4"]["eval_weights"] is None
+    assert arms["w8g8"]["gap_vs_baseline_pct"] == pytest.approx(1.25)  # the exact loss against the baseline's
+
+    rows = list(csv.reader(io.StringIO(convergence_report.csv_text(plan.tokens_per_step, arms))))
+    assert rows[0] == ["step", "tokens", "baseline", "w8g8", "w4g4", "w8g8 (quantized weights)"]
+    assert rows[2][-1] == "4.090000"
+
+    manifest = {"command": "python -m composer_qsdp.recipes.data.build pysource X", "tokens": {"train": 1000, "val": 100},
+                "input": {"files": 3, "bytes": 4000, "sha256": "ab" * 32}}
+    record = convergence_report.write_results(plan, manifest, "incomplete", quiet=True)
+    md = (out / f"convergence-{plan.name}.md").read_text()
+    column = _cells(md, "| arm ").index("final val loss, quantized weights")
+    assert _cells(md, "| w8g8 ")[column] == "4.0900" and _cells(md, "| w4g4 ")[column] == "n/a"
+    assert ("- evaluation: QSDP arms' val loss with the exact weights (--eval-weights both; the arms recorded: "
+            "'val=exact, val_quantized=quantized')" in md)
+    assert record["settings"]["eval_weights"] == "both"
+    assert record["arms"]["w8g8"]["final_val_loss_quantized"] == 4.09
+
+
+def test_eval_weights_option_overrides_the_qsdp_arms_only(tiny_recipes, tmp_path):
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", "--eval-weights", "quantized")
+    assert "algorithms.qsdp.eval_weights=quantized" in plan.overrides("w8g8", 0)
+    assert not any(o.startswith("algorithms.qsdp.eval_weights") for o in plan.overrides("baseline", 0))
+    assert "eval_weights" not in plan.settings  # quantized: what directories written before the option hold
+    exact = plan_for(tiny_recipes, tmp_path / "exact", "--arms", "w8g8")
+    assert not any(o.startswith("algorithms.qsdp.eval_weights") for o in exact.overrides("w8g8", 0))
+    assert exact.settings["eval_weights"] == "exact"
 
 
 def test_every_arm_plans_valid_launches_for_the_125m_family(tmp_path):
@@ -343,7 +389,7 @@ def test_ddp_arms_compare_with_ddp_adamw_and_count_their_bytes(tiny_recipes, tmp
     assert arms["zero-one-adam"]["total_bytes_sent"] == 2.5e9 and arms["ddp-baseline"]["total_bytes_sent"] is None
     manifest = {"command": "c", "tokens": {"train": 1, "val": 1}, "input": {"files": 1, "bytes": 1, "sha256": "ab"}}
     md = convergence_report.markdown(plan, {"device": "cpu", "git": "x"}, manifest, arms, "complete")
-    assert "| zero-one-adam | 2 | 20 (partial) | 4.0200 | +0.50% | 12.50x | n/a | 2.500 |" in md
+    assert "| zero-one-adam | 2 | 20 (partial) | 4.0200 | n/a | +0.50% | 12.50x | n/a | 2.500 |" in md
     assert ("0/1 Adam final validation loss within 1% of DDP AdamW: +0.50% (met); bytes sent per rank at least 10x "
             "fewer than DDP's fp32 all-reduce: 12.5x (met)") in md
     assert ("0/1 Adam (zero-one-adam-rescale) final validation loss within 1% of DDP AdamW: -0.50% (met); "

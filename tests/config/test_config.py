@@ -88,7 +88,7 @@ def test_a_config_is_plain_data_holding_no_scheme_or_codec(name):
     assert not [v for v in _objects(config) if isinstance(v, (Scheme, Codec))]
     assert copy.deepcopy(config) == config and {f.name for f in dataclasses.fields(config)} == {
         "weights", "grads", "exclude", "module_filter", "min_numel", "seed", "check_finite", "error_sample_interval",
-        "ranks_per_node", "policy", "auto_options", "preset"}
+        "ranks_per_node", "policy", "auto_options", "eval_weights", "preset"}
 
 
 def test_each_unit_gets_its_own_scheme_and_codec_built_from_the_config():
@@ -262,3 +262,37 @@ def test_the_sharded_reference_is_an_option_of_the_difference_scheme():
         from_preset("sdp4bit", weight_scheme_options={"shard_reference": True})
     with pytest.raises(ValueError, match="sharded_reference='true' is invalid; it must be True or False"):
         from_preset("sdp4bit", weight_scheme_options={"sharded_reference": "true"})
+
+
+# ------------------------------------------------------------------------------------------- eval_weights
+def test_eval_weights_default_is_exact_and_takes_a_mode_or_a_mapping_by_label():
+    assert QSDPConfig().eval_weights == "exact"
+    assert QSDPConfig().eval_weights_for("val") == "exact"
+    quantized = QSDPConfig.from_preset("w8g4", eval_weights="quantized")
+    assert quantized.eval_weights_for("val") == "quantized"
+    # Not a quantization setting: the preset still names the config, checkpoints' settings leave it out.
+    assert quantized.matching_preset() == "w8g4" and "eval_weights" not in quantized.summary()
+    both = QSDPConfig.from_preset("qwd-w4g4", eval_weights={"val": "exact", "val_quantized": "quantized"})
+    assert [both.eval_weights_for(label) for label in ("val", "val_quantized", "other")] == [
+        "exact", "quantized", "exact"]
+    auto = QSDPConfig.from_preset(policy="auto", eval_weights="quantized")
+    assert auto.policy == "auto" and auto.eval_weights == "quantized"
+
+
+@pytest.mark.parametrize("value,message", [
+    ("quantised", "eval_weights='quantised' is invalid; allowed: 'exact', 'quantized', or a mapping from evaluator "
+                  "label to one of them; did you mean 'quantized'?"),
+    ("fp32", "eval_weights='fp32' is invalid; allowed: 'exact', 'quantized', or a mapping from evaluator label to one "
+             "of them"),
+    ({"val": "exakt"}, "eval_weights['val']='exakt' is invalid; allowed: 'exact', 'quantized'; did you mean 'exact'?"),
+    ({"val": None}, "eval_weights['val']=None is invalid; allowed: 'exact', 'quantized'"),
+    (True, "eval_weights=True is invalid; it must be one of 'exact', 'quantized' or a mapping"),
+    ("both", "eval_weights='both' is a recipe setting (algorithms.qsdp.eval_weights=both builds a second evaluator "
+             "'val_quantized'); QSDPConfig takes one mode"),
+])
+def test_eval_weights_errors_name_the_value_and_the_allowed_ones(value, message):
+    with pytest.raises(ValueError) as err:
+        QSDPConfig(eval_weights=value)
+    assert str(err.value).startswith(message)
+    with pytest.raises(ValueError, match="QSDP preset 'w8g8' with options eval_weights="):
+        QSDPConfig.from_preset("w8g8", eval_weights=value)

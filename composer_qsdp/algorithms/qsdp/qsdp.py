@@ -130,6 +130,15 @@ class QSDP(Algorithm):
     ``qsdp/resume_changes``); the byte counters keep their totals. A resume from a checkpoint without QSDP state
     warns too, and the counters start from zero.
 
+    Evaluations compute with the exact weights by default: at ``Event.EVAL_START`` the handle's weight all-gathers
+    switch to the framework's own gather of the full-precision shards (:meth:`QSDPHandle.set_weight_gathers
+    <composer_qsdp.engine.QSDPHandle.set_weight_gathers>`), so a validation loss is that of the model trained and
+    saved, comparable with plain FSDP's, and training continues exactly as if the evaluation had not happened (no
+    seed drawn, no scheme state touched). The config's ``eval_weights`` chooses per evaluator label
+    (``state.dataloader_label``): ``"quantized"`` evaluates the weights as training's forward sees them, today's
+    quantized-weight loss. ``EVAL_END`` restores training's gathers; if an evaluation raised before its
+    ``EVAL_END``, the next ``FIT_START`` or ``BATCH_START`` does. Hyperparameter ``qsdp/eval_weights``.
+
     Per-rank scheme state (LoCo's error-feedback residuals) stays out of the algorithm's state, which Composer
     writes from rank 0 only; at ``Event.INIT`` QSDP adds a :class:`QSDPResiduals` callback whose state holds each
     rank's piece, and which a sharded checkpoint (``fsdp.state_dict_type: sharded``) writes from every rank with no
@@ -214,6 +223,8 @@ class QSDP(Algorithm):
             return False
         if event in _CHECKPOINT_EVENTS:  # only where a checkpoint is about to be written: the check syncs the host
             return self.config.check_finite and any(_saves_now(cb, state, event) for cb in state.callbacks)
+        if event in (Event.FIT_START, Event.BATCH_START):  # after an evaluation that raised before its EVAL_END
+            return self.handle.weight_gathers != "quantized"
         return event in (Event.BATCH_END, Event.FIT_END, Event.EVAL_START, Event.EVAL_END)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
@@ -232,8 +243,14 @@ class QSDP(Algorithm):
             self._refuse_nonfinite_checkpoint(state)
         elif event == Event.EVAL_START:
             self._eval_start = self.handle.traffic()
+            self.handle.set_weight_gathers(self.config.eval_weights_for(state.dataloader_label or ""))
         elif event == Event.EVAL_END:
+            self.handle.set_weight_gathers("quantized")
             self._log_eval(logger)
+        elif event in (Event.FIT_START, Event.BATCH_START):
+            log.warning("QSDP: an evaluation ended without EVAL_END (it raised); training's weight gathers restored")
+            self.handle.set_weight_gathers("quantized")
+            self._eval_start = None
         else:  # FIT_END: on CUDA the per-step check lags one step; settle the last one.
             self.handle.check_finite()
 
@@ -241,9 +258,11 @@ class QSDP(Algorithm):
         """The part of :meth:`traffic` sent between Composer's ``EVAL_START`` and ``EVAL_END`` events (every
         evaluation since training began, resumes included); the per-batch metrics leave it out.
 
-        With the ``difference`` weight scheme an evaluation after an optimizer step sends that step's weight update
-        (the next training step then sends none) and serves every other gather from the reference; direct schemes
-        send each evaluation gather quantized.
+        An evaluation of the exact weights (``eval_weights`` ``"exact"``, the default) sends every gather
+        unquantized, in the gathered dtype (bf16 under bf16 mixed precision), as plain FSDP does. Under
+        ``"quantized"``, with the ``difference`` weight scheme an evaluation after an optimizer step sends that
+        step's weight update (the next training step then sends none) and serves every other gather from the
+        reference; direct schemes send each evaluation gather quantized.
         """
         return self._eval_traffic
 
@@ -292,6 +311,10 @@ class QSDP(Algorithm):
             "qsdp/preset": self.preset_label(),
             "qsdp/policy": self.policy,
             "qsdp/config": self.config.summary(),
+            # A string, which every logger (and the recipes' metrics file) keeps: "exact", "quantized" or
+            # "val=exact, val_quantized=quantized".
+            "qsdp/eval_weights": (self.config.eval_weights if isinstance(self.config.eval_weights, str) else
+                                  ", ".join(f"{k}={v}" for k, v in self.config.eval_weights.items())),
             "qsdp/fsdp_units": len(self.handle.units),
             "qsdp/quantized_units": quantized,
             "qsdp/resume_changes": "; ".join(self.handle.resume_changes) or "none",

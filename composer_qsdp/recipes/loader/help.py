@@ -195,7 +195,10 @@ def recipe_help() -> str:
                       "preset: the inherited per-side options (weight_*, grad_*, bucket_size) are dropped, the "
                       "inherited run options (exclude, seed, ranks_per_node, ...) and the options given with the new "
                       "preset kept: algorithms.qsdp={preset: sdp4bit} and algorithms.qsdp.preset=sdp4bit both "
-                      "give exactly sdp4bit. ranks_per_node must divide the world size.", "  ")
+                      "give exactly sdp4bit. ranks_per_node must divide the world size. eval_weights: exact (the "
+                      "default: evaluation gathers the full-precision weights, as plain FSDP), quantized (as "
+                      "training's forward), or both (a second evaluator, val_quantized, on the same eval split: "
+                      "metrics/val_quantized/LanguageCrossEntropy beside metrics/val/...).", "  ")
     lines += ["", *_wrapped(
         "Components and imports: every optimizer, scheduler, logger, callback and algorithm a recipe names is "
         "resolved to a class and checked (a subclass of its section's base, given every argument without a "

@@ -171,6 +171,16 @@ class TrainRecipe:
                                              "every evaluation and at the end")
 
 
+#: The label of the recipe's evaluator (metrics ``metrics/val/...``).
+EVAL_LABEL = "val"
+#: The label of the second evaluator that ``algorithms.qsdp.eval_weights: both`` adds, over the same eval split with
+#: QSDP's quantized weights (metrics ``metrics/val_quantized/...``).
+QUANTIZED_EVAL_LABEL = "val_quantized"
+#: What ``algorithms.qsdp.eval_weights: both`` gives QSDP: the exact weights for ``val``, the quantized ones for
+#: ``val_quantized``.
+BOTH_EVAL_WEIGHTS = {EVAL_LABEL: "exact", QUANTIZED_EVAL_LABEL: "quantized"}
+
+
 @dataclass(frozen=True)
 class ValidatedRecipe:
     """A recipe that passed every check, with the objects the checks already had to build.
@@ -186,6 +196,8 @@ class ValidatedRecipe:
             the types its signature names (tuples, floats).
         scheduler_kwargs: the keyword arguments of the schedule ``cfg.scheduler.name``, durations as Composer
             ``Time``.
+        eval_labels: the labels of the evaluators over ``data.eval_split``: ``("val",)``, and ``"val_quantized"``
+            where QSDP evaluates it with the quantized weights (``algorithms.qsdp.eval_weights: both``).
     """
 
     cfg: DictConfig
@@ -196,4 +208,5 @@ class ValidatedRecipe:
     callback_kwargs: dict[str, dict[str, Any]]
     optimizer_kwargs: dict[str, Any]
     scheduler_kwargs: dict[str, Any]
+    eval_labels: tuple[str, ...] = (EVAL_LABEL,)
 

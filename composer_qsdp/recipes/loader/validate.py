@@ -21,6 +21,9 @@ from composer_qsdp.recipes.loader.arguments import (
 from composer_qsdp.recipes.loader.components import ALGORITHMS, MODELS
 from composer_qsdp.recipes.loader.errors import Problems, RecipeError, check, check_time
 from composer_qsdp.recipes.loader.schema import (
+    BOTH_EVAL_WEIGHTS,
+    EVAL_LABEL,
+    QUANTIZED_EVAL_LABEL,
     DEVICES,
     FSDP_MIXED_PRECISION,
     FSDP_STATE_DICT_TYPES,
@@ -332,10 +335,13 @@ def validate(cfg: DictConfig, world_size: int | None = None, *, problems: Proble
     if machine:
         machine_checks(cfg, None if model_config is None else model_config.max_seq_len, problems)
     problems.raise_if_any()
+    eval_weights = algorithm_kwargs.get("qsdp", {}).get("eval_weights")
+    quantized_eval = hasattr(eval_weights, "get") and eval_weights.get(QUANTIZED_EVAL_LABEL) is not None
     return ValidatedRecipe(cfg=cfg, model_config=model_config, init_device=init_device,
                            algorithm_kwargs=algorithm_kwargs, logger_kwargs=components["loggers"],
                            callback_kwargs=components["callbacks"], optimizer_kwargs=optimizer_kwargs,
-                           scheduler_kwargs=scheduler_kwargs)
+                           scheduler_kwargs=scheduler_kwargs,
+                           eval_labels=(EVAL_LABEL, QUANTIZED_EVAL_LABEL) if quantized_eval else (EVAL_LABEL,))
 
 
 def _algorithm_kwargs(cfg: DictConfig, name: str, value: Any, world: int, optimizer: Any,
@@ -354,6 +360,11 @@ def _algorithm_kwargs(cfg: DictConfig, name: str, value: Any, world: int, optimi
     check(name not in _NEEDS_DDP or cfg.fsdp is None, f"algorithms.{name}", name,
           "it replaces DDP's gradient all-reduce, which FSDP does not do: set 'fsdp: null' in the recipe (fsdp=null "
           "on the command line)")
+    if name == "qsdp" and kwargs.get("eval_weights") == "both":
+        # A recipe-level choice: the second evaluator is the recipe's to build (recipes.train), QSDP gets the labels.
+        check(cfg.data.eval_split is not None, "algorithms.qsdp.eval_weights", "both",
+              "it evaluates data.eval_split twice (exact and quantized weights), so data.eval_split must be set")
+        kwargs = {**kwargs, "eval_weights": dict(BOTH_EVAL_WEIGHTS)}
     algorithm = build_algorithm(name, kwargs)  # argument errors surface now, before anything is built
     ranks_per_node = kwargs.get("ranks_per_node")  # both algorithms' topology of the run; null: the launcher's
     if ranks_per_node is not None:
