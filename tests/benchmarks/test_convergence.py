@@ -382,13 +382,14 @@ def test_corpus_manifest_fingerprint_and_checks(tiny_recipes, tmp_path):
     assert built["kind"] == "csource" and built["input"]["files"] == 40 and built["samples"]["train"] > 0
     assert built["command"].split()[3] == "csource"
     assert built["input"]["sha256"] != manifest["input"]["sha256"]
-    # The prose corpus reads the documentation files and package metadata too.
+    # The prose corpus reads the C headers, the documentation files and the package metadata too.
     (tree / "README.md").write_text("A guide.\n")
     (tree / "pkg0-1.0.dist-info").mkdir()
     (tree / "pkg0-1.0.dist-info" / "METADATA").write_text("Name: pkg0\n\nA description.\n")
     (tree / "LICENSE.txt").write_text("Not read.\n")
     prose = convergence_corpus.source_fingerprint("prose", [str(tree)])
-    assert prose["files"] == 42 and convergence_corpus.source_fingerprint("pysource", [str(tree)])["files"] == 40
+    assert prose["files"] == 40 + 40 + 2  # not the license
+    assert convergence_corpus.source_fingerprint("pysource", [str(tree)])["files"] == 40
 
     plan = plan_for(tiny_recipes, tmp_path, "--steps", "1000", "--seq-len", "16")  # the corpus above
     with pytest.raises(SystemExit, match="train samples but 1000 steps x 8 = 8000 are needed"):

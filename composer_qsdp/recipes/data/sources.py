@@ -278,6 +278,16 @@ def _parse(source: str) -> ast.Module | None:
             return None
 
 
+def _utf8(text: str) -> str:
+    """``text`` with each lone surrogate (a ``"\\udc80"`` escape in a literal: ``ast`` keeps it, UTF-8 cannot
+    encode it, and the hash and the tokenizer would fail on it) replaced by ``?``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
 def python_docstrings(source: str) -> str:
     """The docstrings of a Python module's text (the module's, then every class's and function's, in source
     order), cleaned of their indentation (``inspect.cleandoc``) and joined by blank lines; ``""`` where the text
@@ -289,7 +299,7 @@ def python_docstrings(source: str) -> str:
                      if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)))]
     nodes.sort(key=lambda n: getattr(n, "lineno", 0))
     texts = (ast.get_docstring(n) for n in nodes)
-    return "\n\n".join(t for t in texts if t and t.strip())
+    return _utf8("\n\n".join(t for t in texts if t and t.strip()))
 
 
 def python_docstring_documents(val_fraction: float, roots: Sequence[str | os.PathLike] | None = None,
@@ -481,7 +491,7 @@ def python_prose(source: str) -> str:
             pieces.append((node.body[0].lineno, doc))
             docstrings.add(id(node.body[0].value))
     pieces += _prose_strings(tree, docstrings)
-    return "\n\n".join(text for _, text in sorted(pieces, key=lambda piece: piece[0]))
+    return _utf8("\n\n".join(text for _, text in sorted(pieces, key=lambda piece: piece[0])))
 
 
 #: A string literal of fewer words (two letters or more) than this is no message.

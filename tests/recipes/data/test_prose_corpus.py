@@ -23,6 +23,7 @@ from composer_qsdp.recipes.data.sources import (
     prose_documents,
     prose_source_files,
     python_comments,
+    python_docstrings,
     python_prose,
 )
 
@@ -202,6 +203,17 @@ def test_python_comments_are_prose_blocks_only():
     assert python_comments("# [B, T, C]\n# x = f(y)\nx = 1\n") == ""  # code, not prose
     assert python_comments("def broken(:\n# a comment of a file that does not parse\n") == ""
     assert "inside" not in python_comments('x = """\n# a line inside a string, not a comment\n"""\n')
+
+
+def test_lone_surrogates_in_literals_become_question_marks():
+    """``"\\udc80"`` in a literal is a lone surrogate once parsed, which UTF-8 (the split hash, the tokenizer)
+    cannot encode: the prose keeps the text around it."""
+    source = ('"""A module whose docstring holds a lone surrogate: \\udc80, and more words."""\n'
+              'raise ValueError("the byte \\udc80 cannot be decoded as a character of this file")\n')
+    prose = python_prose(source)
+    assert prose == ("A module whose docstring holds a lone surrogate: ?, and more words.\n\n"
+                     "the byte ? cannot be decoded as a character of this file")
+    assert python_docstrings(source).encode("utf-8")
 
 
 def test_c_comments_are_prose_comments_only():
