@@ -70,13 +70,18 @@ first ``--eval-batches`` batches of the held-out split.
 Corpus (built once if missing, on the machine that runs the arms; ``--corpus-kind``, one of
 :data:`~convergence_corpus.CORPORA`): ``pysource`` (default), every ``*.py`` file of the installed Python packages and
 the standard library (``site.getsitepackages()`` and ``sysconfig``'s ``stdlib``, sorted paths, exact duplicates
-dropped); ``csource``, their C, C++ and CUDA sources and headers; ``docstrings``, the docstrings of those ``*.py``
-files (English prose about code). Each is tokenized with GPT-2 BPE by ``python -m composer_qsdp.recipes.data.build
-<kind>``; a document goes to the validation split when the hash of its text falls in ``--val-fraction``.
+dropped); ``csource``, their C, C++ and CUDA sources and headers; ``prose``, English prose about that software: the
+distributions' descriptions (``*.dist-info/METADATA``: their READMEs), their documentation files (``*.md``, ``*.rst``,
+``*.txt``; no license texts, packaging records, test fixtures or data), the docstrings, comments and messages of
+those ``*.py`` files and the comments of the C/C++/CUDA files (the docstrings alone are too few for 2,000 steps on a
+torch environment). Each is tokenized with GPT-2 BPE by ``python -m composer_qsdp.recipes.data.build <kind>``; a document
+goes to the validation split when the hash of its text falls in ``--val-fraction``.
 ``<corpus>/manifest.json`` records the exact command, the interpreter, every installed distribution and a SHA-256 over
 the files' relative paths and contents, so the same corpus can be rebuilt and checked. The text belongs to those
 packages under their own licenses: it stays on the machine and is never committed. The driver refuses to run when the
-train split is smaller than ``steps x global batch`` samples.
+train split is smaller than ``steps x global batch`` samples, and ``--build-only`` exits 1 with the same message
+when the corpus it built (or found) is smaller than the ``--steps``, ``--global-batch`` and ``--seq-len`` given, so
+a script chaining ``--build-only && <the run>`` stops before the run.
 
 Resumable: each arm checkpoints every ``--save-interval`` steps and resumes from its newest checkpoint
 (Composer ``autoresume``); each launch writes its own metrics file, rewritten after every evaluation, so a launch
@@ -107,7 +112,8 @@ also copies the results and one ``arms-logs.tar.gz`` of the arms' logs and metri
 (``setsid nohup ... &``), the driver is polled and collected by later commands.
 
 Corpus built elsewhere: ``--build-only --corpus DIR --max-train-tokens N`` builds a capped corpus (e.g. on a CPU
-machine), and ``--data DIR`` runs on it (its ``manifest.json`` is recorded; it is never rebuilt).
+machine; give the run's ``--steps``/``--global-batch``/``--seq-len``, which it must suffice for), and ``--data DIR``
+runs on it (its ``manifest.json`` is recorded; it is never rebuilt).
 
 Outputs, in ``--out-dir``, as ``convergence-<name>.csv`` (step, tokens, one validation-loss
 column per arm), ``.json`` (curves, final losses, gaps to the baseline, QSDP compression and sampled errors,
@@ -122,7 +128,7 @@ Usage::
     python benchmarks/convergence.py --model 125m                      # the FSDP arms, 2 GPUs each
     python benchmarks/convergence.py --matrix --data DIR --micro-batch 8 --max-ranks 8   # one GPU, shared
     python benchmarks/convergence.py --matrix --data DIR --status      # progress (same arguments)
-    python benchmarks/convergence.py --build-only                      # only the corpus
+    python benchmarks/convergence.py --build-only                      # only the corpus (exit 1: too small)
     python benchmarks/convergence.py --time-budget 500                 # stop cleanly; rerun to continue
 """
 
@@ -256,12 +262,14 @@ def _parser() -> argparse.ArgumentParser:
                                        "carried to a GPU machine; never rebuilt")
     parser.add_argument("--max-train-tokens", type=int,
                         help="build: stop once the train split holds this many tokens (a corpus small enough to carry)")
-    parser.add_argument("--corpus-input", help="build from the *.py files under this directory instead of the "
+    parser.add_argument("--corpus-input", help="build from the files under this directory instead of the "
                                                "installed packages and standard library")
     parser.add_argument("--val-fraction", type=float, default=0.02,
                         help="fraction of files held out for validation (default 0.02)")
     parser.add_argument("--max-documents", type=int, help="build from at most this many files")
-    parser.add_argument("--build-only", action="store_true", help="build the corpus (if missing) and stop")
+    parser.add_argument("--build-only", action="store_true",
+                        help="build the corpus (if missing) and stop: exit 0 when it suffices for --steps x "
+                             "--global-batch samples of --seq-len tokens, else 1")
     parser.add_argument("--out-dir", help="results directory (default runs/convergence/<name>)")
     parser.add_argument("--time-budget", type=float, help="seconds this command may use: it stops the arms "
                                                           "(they resume later) and writes the results in time")
@@ -346,9 +354,9 @@ def main(argv: list[str] | None = None) -> int:
             return 3
         print(f"corpus {plan.corpus}: {manifest['tokens']['train']:,} train / {manifest['tokens']['val']:,} val "
               "tokens", flush=True)
+        check_corpus(manifest, args.steps, args.global_batch)  # --build-only too: a chained run must not start
         if args.build_only:
             return 0
-        check_corpus(manifest, args.steps, args.global_batch)
         # Arms of one directory share every setting and the very same corpus.
         common.check_settings(plan.out_dir, {**plan.settings, "corpus_sha256": manifest["input"]["sha256"]})
         status = run_arms(plan, budget, lambda: write_results(plan, manifest, "running", quiet=True))

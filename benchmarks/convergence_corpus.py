@@ -31,8 +31,10 @@ def split_samples(corpus: Path, split: str) -> int:
 CORPORA: dict[str, str] = {
     "pysource": "every *.py file of the installed Python packages and the standard library",
     "csource": "every C, C++ and CUDA source and header file of the installed Python packages",
-    "docstrings": "the docstrings of every *.py file of the installed Python packages and the standard library "
-                  "(English prose about code)",
+    "prose": "English prose about the installed Python packages and the standard library: the distributions' "
+             "descriptions (METADATA), their documentation files (*.md, *.rst, *.txt; no license texts, test "
+             "fixtures or data), the docstrings, comments and messages of every *.py file and the comments of "
+             "their C/C++/CUDA files",
 }
 
 
@@ -40,13 +42,14 @@ def source_fingerprint(kind: str, roots: list[str] | None) -> dict[str, Any]:
     """Files, bytes and a SHA-256 over (path relative to its root, SHA-256 of the content) of every file the
     ``kind`` build reads, in its order: equal fingerprints mean equal input text."""
     from composer_qsdp.recipes.data import default_python_source_roots, source_files
-    from composer_qsdp.recipes.data.sources import C_SOURCE_PATTERNS
+    from composer_qsdp.recipes.data.sources import C_SOURCE_PATTERNS, prose_source_files
 
     if roots is None:
         roots = default_python_source_roots()
     dirs = sorted(Path(r).resolve() for r in roots)
     digest, total = hashlib.sha256(), 0
-    files = source_files(C_SOURCE_PATTERNS if kind == "csource" else ("*.py",), dirs)
+    files = (prose_source_files(dirs) if kind == "prose" else
+             source_files(C_SOURCE_PATTERNS if kind == "csource" else ("*.py",), dirs))
     for path in files:
         data = path.read_bytes()
         total += len(data)
@@ -130,7 +133,8 @@ def prebuilt_corpus(corpus: Path, seq_len: int) -> dict[str, Any]:
 
 def check_corpus(manifest: dict[str, Any], steps: int, global_batch: int) -> None:
     """Raise SystemExit unless the corpus of ``manifest`` holds a train sample for each of ``steps`` x
-    ``global_batch`` (no sample repeats) and some validation samples."""
+    ``global_batch`` (no sample repeats) and some validation samples: the check before any arm runs, and the end
+    of ``--build-only``, so a script that chains ``--build-only && <the run>`` stops at the build."""
     need = steps * global_batch
     have = manifest["samples"]["train"]
     if have < need:

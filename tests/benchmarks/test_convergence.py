@@ -409,7 +409,7 @@ def test_corpus_manifest_fingerprint_and_checks(tiny_recipes, tmp_path):
     with pytest.raises(SystemExit, match="was built from pysource with val_fraction=0.25"):
         convergence_corpus.build_corpus(tmp_path / "corpus", 16, 0.1, str(tree), None)
     with pytest.raises(SystemExit, match="was built from pysource"):  # another kind of text: not this corpus
-        convergence_corpus.build_corpus(tmp_path / "corpus", 16, 0.25, str(tree), None, kind="docstrings")
+        convergence_corpus.build_corpus(tmp_path / "corpus", 16, 0.25, str(tree), None, kind="prose")
     (tmp_path / "other").mkdir()
     with pytest.raises(SystemExit, match="exists but has no manifest.json"):
         convergence_corpus.build_corpus(tmp_path / "other", 16, 0.25, str(tree), None)
@@ -428,10 +428,43 @@ def test_corpus_manifest_fingerprint_and_checks(tiny_recipes, tmp_path):
     assert built["kind"] == "csource" and built["input"]["files"] == 40 and built["samples"]["train"] > 0
     assert built["command"].split()[3] == "csource"
     assert built["input"]["sha256"] != manifest["input"]["sha256"]
+    # The prose corpus reads the C headers, the documentation files and the package metadata too.
+    (tree / "README.md").write_text("A guide.\n")
+    (tree / "pkg0-1.0.dist-info").mkdir()
+    (tree / "pkg0-1.0.dist-info" / "METADATA").write_text("Name: pkg0\n\nA description.\n")
+    (tree / "LICENSE.txt").write_text("Not read.\n")
+    prose = convergence_corpus.source_fingerprint("prose", [str(tree)])
+    assert prose["files"] == 40 + 40 + 2  # not the license
+    assert convergence_corpus.source_fingerprint("pysource", [str(tree)])["files"] == 40
 
     plan = plan_for(tiny_recipes, tmp_path, "--steps", "1000", "--seq-len", "16")  # the corpus above
     with pytest.raises(SystemExit, match="train samples but 1000 steps x 8 = 8000 are needed"):
         convergence_corpus.check_corpus(manifest, plan.args.steps, plan.args.global_batch)
+
+
+def test_build_only_fails_when_the_corpus_is_too_small_for_the_run(tiny_recipes, tmp_path, capsys):
+    """``--build-only`` checks the corpus against the run's --steps x --global-batch as the run would, so a script
+    that chains ``--build-only && <the run>`` stops at the build, with the driver's message; the corpus is kept."""
+    tree = tmp_path / "src"
+    tree.mkdir()
+    for i in range(40):
+        (tree / f"m{i}.py").write_text(f"def f{i}(x):\n    return x ** {i} + {i}\n" * 20)
+    command = [sys.executable, str(ROOT / "benchmarks" / "convergence.py"), "--recipe-dir", str(tiny_recipes),
+               "--build-only", "--corpus", str(tmp_path / "corpus"), "--corpus-input", str(tree), "--seq-len", "16",
+               "--val-fraction", "0.25", "--global-batch", "8", "--out-dir", str(tmp_path / "out")]
+    chained = subprocess.run(["bash", "-c", '"$@" --steps 1000 && touch "$RAN"', "bash", *command],
+                             env={**os.environ, "RAN": str(tmp_path / "ran")}, capture_output=True, text=True)
+    assert chained.returncode == 1, chained.stdout + chained.stderr
+    assert "train samples but 1000 steps x 8 = 8000 are needed so that no sample repeats" in chained.stderr
+    assert not (tmp_path / "ran").exists()  # what was chained after the build did not run
+    manifest = json.loads((tmp_path / "corpus" / "manifest.json").read_text())
+    samples = manifest["samples"]["train"]
+    assert 0 < samples < 8000
+    # The same corpus is found, not rebuilt, and is enough for a run of fewer steps, one step short of more.
+    assert convergence.main([*command[2:], "--steps", str(samples // 8)]) == 0
+    assert "building the corpus" not in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=f"has {samples} train samples but {samples // 8 + 1} steps x 8"):
+        convergence.main([*command[2:], "--steps", str(samples // 8 + 1)])
 
 
 # ------------------------------------------------------------------------------------------------------- slow

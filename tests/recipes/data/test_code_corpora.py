@@ -1,5 +1,6 @@
-"""The two other offline corpora of the convergence protocol: ``csource`` (C/C++/CUDA files of installed packages)
-and ``docstrings`` (the prose of Python files' docstrings), and the build CLI for both."""
+"""The other offline corpora of the convergence protocol: ``csource`` (C/C++/CUDA files of installed packages) and
+the docstrings of Python files (part of the ``prose`` corpus: ``test_prose_corpus.py``), and the build CLI for
+``csource`` and ``prose``."""
 
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def test_c_sources_are_every_c_cpp_and_cuda_file_once(tmp_path):
         c_source_documents(0.5, [tmp_path / "py_only"])
 
 
-@pytest.mark.parametrize("source", ["csource", "docstrings"])
+@pytest.mark.parametrize("source", ["csource", "prose"])
 def test_build_cli_writes_both_splits(source, tmp_path):
     src = tmp_path / "src"
     src.mkdir()
