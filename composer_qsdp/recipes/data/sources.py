@@ -587,12 +587,12 @@ def prose_documents(val_fraction: float, roots: Sequence[str | os.PathLike] | No
        string literals (messages, help texts), in source order;
     4. the prose comments of each C, C++ or CUDA file (:func:`c_comments`; the headers' API documentation).
 
-    Parts 1-2 and the docstrings are the prose proper; the comments and messages are there for size. On the GPU
-    host's torch environment (25,700 ``*.py`` files) the docstrings alone gave 21.9 M GPT-2 train tokens, short of
-    the 32.8 M a GPT-125M seed run trains on (2,000 steps x 32 samples x 512 tokens, no sample twice), and the
-    descriptions and documentation files add about one million; measured here, the comments and messages add about
-    half as much as the docstrings again for the packages both machines have (``benchmarks/README.md``, "The prose
-    corpus", has the figures and the estimate).
+    Parts 1-2 and the docstrings are the prose proper; the comments, the messages and part 4 are there for size. On
+    the GPU host's torch environment (25,700 ``*.py`` files) the docstrings alone gave 21.9 M GPT-2 train tokens,
+    short of the 32.8 M a GPT-125M seed run trains on (2,000 steps x 32 samples x 512 tokens, no sample twice), and
+    the descriptions and documentation files add only about one million; for the distributions both machines have,
+    part 3 measured 1.5 times the docstrings on the CPU dev box, and the whole corpus is estimated at 38-40 M tokens
+    there (``benchmarks/README.md``, "The ``prose`` corpus", has the figures and the estimate).
 
     Descriptions and documentation files must read as prose (:func:`is_prose`: no tables of numbers, word lists
     or command output). Every document holds at least :data:`MIN_PROSE_CHARS` characters. A document whose text,
