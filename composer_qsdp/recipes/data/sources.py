@@ -318,12 +318,16 @@ def python_docstring_documents(val_fraction: float, roots: Sequence[str | os.Pat
             ``*.py`` file.
     """
     _check_val_fraction(val_fraction)
-    if workers is not None:
-        check_int("workers", workers, minimum=1)
     files = python_source_files(roots)
-    if workers is None:
-        workers = max(1, min(len(os.sched_getaffinity(0)), len(files) // _FILES_PER_WORKER))
-    return _file_documents(files, val_fraction, _docstring_prose, workers)
+    return _file_documents(files, val_fraction, _docstring_prose, _parse_workers(workers, len(files)))
+
+
+def _parse_workers(workers: int | None, files: int) -> int:
+    """The processes that parse ``files`` Python files: ``workers``, checked, or by default every CPU this process
+    may use, at most one per :data:`_FILES_PER_WORKER` files (a spawned process takes seconds to start)."""
+    if workers is not None:
+        return check_int("workers", workers, minimum=1)
+    return max(1, min(len(os.sched_getaffinity(0)), files // _FILES_PER_WORKER))
 
 
 #: Files a worker process of :func:`python_docstring_documents` parses at least, by default: about 10 s of work, what a
@@ -607,13 +611,10 @@ def prose_documents(val_fraction: float, roots: Sequence[str | os.PathLike] | No
             ``*.py`` file.
     """
     _check_val_fraction(val_fraction)
-    if workers is not None:
-        check_int("workers", workers, minimum=1)
     python_files = python_source_files(roots)
+    workers = _parse_workers(workers, len(python_files))
     metadata_files, doc_files = package_metadata_files(roots), documentation_files(roots)
     c_files = _matching_files(C_SOURCE_PATTERNS, roots)[0]
-    if workers is None:
-        workers = max(1, min(len(os.sched_getaffinity(0)), len(python_files) // _FILES_PER_WORKER))
     seen: set[bytes] = set()
 
     def part(files: list[Path], text_of: Callable[[str], str], processes: int = 1) -> Iterator[tuple[str, str]]:
