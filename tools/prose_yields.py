@@ -92,14 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.shared_with:
         record = json.loads(Path(args.shared_with).read_text())
         shared = shared_paths(record.get("corpus") or record.get("manifest") or record, roots)
-    metadata, docs = sources.package_metadata_files(roots), sources.documentation_files(roots)
-    python, c = sources.python_source_files(roots), sources._matching_files(sources.C_SOURCE_PATTERNS, roots)[0]
+    (metadata, describe, _), (docs, document, _), (python, _, _), (c, _, _) = sources._prose_parts(roots)
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         python_texts = list(pool.map(_python, map(str, python), chunksize=64))
         c_texts = list(pool.map(_c, map(str, c), chunksize=64))
     documents = [
-        ("descriptions", metadata, [sources._description_prose(_read(str(p)) or "") for p in metadata]),
-        ("documentation files", docs, [sources._documentation_prose(_read(str(p)) or "") for p in docs]),
+        ("descriptions", metadata, [describe(_read(str(p)) or "") for p in metadata]),
+        ("documentation files", docs, [document(_read(str(p)) or "") for p in docs]),
         ("python prose", python, [t and t[0] for t in python_texts]),
         ("C/C++ comments", c, c_texts),
         (DOCSTRINGS, python, [t and t[1] for t in python_texts]),

@@ -31,6 +31,7 @@ import ast
 import bz2
 import email.parser
 import fnmatch
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -295,11 +296,14 @@ def python_docstrings(source: str) -> str:
     tree = _parse(source)
     if tree is None:
         return ""
-    nodes = [tree, *(n for n in ast.walk(tree)
-                     if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)))]
-    nodes.sort(key=lambda n: getattr(n, "lineno", 0))
+    nodes = sorted(_docstring_nodes(tree), key=lambda n: getattr(n, "lineno", 0))
     texts = (ast.get_docstring(n) for n in nodes)
     return _utf8("\n\n".join(t for t in texts if t and t.strip()))
+
+
+def _docstring_nodes(tree: ast.Module) -> list[ast.AST]:
+    """The nodes of ``tree`` that may hold a docstring: the module, then every class and function (walk order)."""
+    return [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)))]
 
 
 def python_docstring_documents(val_fraction: float, roots: Sequence[str | os.PathLike] | None = None,
@@ -333,13 +337,6 @@ def _parse_workers(workers: int | None, files: int) -> int:
 #: Files a worker process of :func:`python_docstring_documents` parses at least, by default: about 10 s of work, what a
 #: spawned process takes to start here (it imports the package and torch).
 _FILES_PER_WORKER = 2000
-
-
-def _docstring_prose(text: str) -> str:
-    """A file's docstrings (:func:`python_docstrings`), or ``""`` when they are shorter than
-    :data:`MIN_DOCSTRING_CHARS`."""
-    doc = python_docstrings(text)
-    return doc if len(doc) >= MIN_DOCSTRING_CHARS else ""
 
 
 #: A prose document (:func:`prose_documents`) shorter than this (characters) is left out: too little to be prose.
@@ -488,8 +485,7 @@ def python_prose(source: str) -> str:
         return ""
     docstrings: set[int] = set()
     pieces = _comment_blocks(source, tree)
-    for node in [tree, *(n for n in ast.walk(tree)
-                         if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)))]:
+    for node in _docstring_nodes(tree):
         doc = ast.get_docstring(node)
         if doc and doc.strip():
             pieces.append((node.body[0].lineno, doc))
@@ -574,8 +570,16 @@ def prose_source_files(roots: Sequence[str | os.PathLike] | None = None) -> list
     Raises:
         ValueError: a given root is not a directory, or it holds no ``*.py`` file.
     """
-    return [*package_metadata_files(roots), *documentation_files(roots), *python_source_files(roots),
-            *_matching_files(C_SOURCE_PATTERNS, roots)[0]]
+    return [path for files, _, _ in _prose_parts(roots) for path in files]
+
+
+def _prose_parts(roots: Sequence[str | os.PathLike] | None) -> list[tuple[list[Path], Callable[[str], str], bool]]:
+    """The parts of :func:`prose_documents`, in its order: each one's files, what takes a file's text to its
+    document, and whether that parses Python (the part worker processes share)."""
+    return [(package_metadata_files(roots), _description_prose, False),
+            (documentation_files(roots), _long_prose, False),
+            (python_source_files(roots), _python_file_prose, True),
+            (_matching_files(C_SOURCE_PATTERNS, roots)[0], _c_file_prose, False)]
 
 
 def prose_documents(val_fraction: float, roots: Sequence[str | os.PathLike] | None = None,
@@ -611,17 +615,13 @@ def prose_documents(val_fraction: float, roots: Sequence[str | os.PathLike] | No
             ``*.py`` file.
     """
     _check_val_fraction(val_fraction)
-    python_files = python_source_files(roots)
-    workers = _parse_workers(workers, len(python_files))
-    metadata_files, doc_files = package_metadata_files(roots), documentation_files(roots)
-    c_files = _matching_files(C_SOURCE_PATTERNS, roots)[0]
-    seen: set[bytes] = set()
-
-    def part(files: list[Path], text_of: Callable[[str], str], processes: int = 1) -> Iterator[tuple[str, str]]:
-        return _file_documents(files, val_fraction, text_of, processes, seen=seen, digest_of=_collapsed_digest)
-
-    return itertools.chain(part(metadata_files, _description_prose), part(doc_files, _documentation_prose),
-                           part(python_files, _python_file_prose, workers), part(c_files, _c_file_prose))
+    parts = _prose_parts(roots)
+    workers = _parse_workers(workers, sum(len(files) for files, _, parses in parts if parses))
+    seen: set[bytes] = set()  # one set: a document repeated in two parts is taken once
+    return itertools.chain.from_iterable(
+        _file_documents(files, val_fraction, text_of, workers if parses else 1, seen=seen,
+                        digest_of=_collapsed_digest)
+        for files, text_of, parses in parts)
 
 
 def _collapsed_digest(text: str) -> bytes:
@@ -640,20 +640,17 @@ def _description_prose(text: str) -> str:
     return _long_prose(package_description(text))
 
 
-def _documentation_prose(text: str) -> str:
-    return _long_prose(text)
+def _at_least(extract: Callable[[str], str], minimum: int, text: str) -> str:
+    """``extract(text)``, or ``""`` when it is shorter than ``minimum`` characters."""
+    prose = extract(text)
+    return prose if len(prose) >= minimum else ""
 
 
-def _python_file_prose(text: str) -> str:
-    """A file's prose (:func:`python_prose`), or ``""`` when shorter than :data:`MIN_PROSE_CHARS`."""
-    prose = python_prose(text)
-    return prose if len(prose) >= MIN_PROSE_CHARS else ""
-
-
-def _c_file_prose(text: str) -> str:
-    """A C/C++ file's prose comments (:func:`c_comments`), or ``""`` when shorter than :data:`MIN_PROSE_CHARS`."""
-    prose = c_comments(text)
-    return prose if len(prose) >= MIN_PROSE_CHARS else ""
+# Each file's document of a part, as module-level callables that worker processes can unpickle: a file's docstrings
+# (at least MIN_DOCSTRING_CHARS), its Python prose and a C/C++ file's comments (at least MIN_PROSE_CHARS).
+_docstring_prose = functools.partial(_at_least, python_docstrings, MIN_DOCSTRING_CHARS)
+_python_file_prose = functools.partial(_at_least, python_prose, MIN_PROSE_CHARS)
+_c_file_prose = functools.partial(_at_least, c_comments, MIN_PROSE_CHARS)
 
 
 def _file_text(path: Path, text_of: Callable[[str], str]) -> str | None:
