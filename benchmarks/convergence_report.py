@@ -78,7 +78,8 @@ def summarize(plan: Plan) -> dict[str, Any]:
             "final_step": curve[-1][0] if curve else None,
             "final_val_loss": curve[-1][1] if curve else None,
             # What "val" evaluated: "exact" (the full-precision weights, as plain FSDP2), the modes by evaluator
-            # label ("val=exact, val_quantized=quantized"), or None (no QSDP, or a run from before QSDP evaluated exact weights: quantized ones).
+            # label ("val=exact, val_quantized=quantized"), or None (no QSDP, or a run from before QSDP evaluated
+            # exact weights: quantized ones).
             "eval_weights": recorded_eval_weights(plan.arm_dir(arm)),
             # The same evaluations with QSDP's quantized weights (--eval-weights both); [] / None otherwise.
             "quantized_curve": [[step, loss] for step, loss in quantized_curve],
@@ -307,8 +308,8 @@ def _eval_weights_text(option: str, arms: dict[str, Any]) -> str:
 
 def _arm_columns(gap: str = "vs baseline") -> list[str]:
     """The titles of ``_arm_row``'s columns after its leading cells; ``gap`` titles the gap to the baseline."""
-    return ["final step", "final val loss", "final val loss, quantized weights", gap, "compression vs unquantized", "compression vs plain FSDP2",
-            "GB sent per rank", "rel. error w / g",
+    return ["final step", "final val loss", "final val loss, quantized weights", gap, "compression vs unquantized",
+            "compression vs plain FSDP2", "GB sent per rank", "rel. error w / g",
             "step time (ms, median; arms may share GPUs)", "description"]
 
 

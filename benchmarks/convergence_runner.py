@@ -49,8 +49,9 @@ def launch_count(arm_dir: Path) -> int:
 
 def recorded_eval_weights(arm_dir: Path) -> Any:
     """What the arm's QSDP evaluated (the hyperparameter ``qsdp/eval_weights`` of its latest launch): ``"exact"``,
-    ``"quantized"`` or modes by evaluator label (``"val=exact, val_quantized=quantized"``); ``None`` where no launch recorded one (no QSDP, no metrics yet,
-    or a run from before the setting existed, whose evaluations gathered the quantized weights)."""
+    ``"quantized"`` or modes by evaluator label (``"val=exact, val_quantized=quantized"``); ``None`` where no launch
+    recorded one (no QSDP, no metrics yet, or a run from before the setting existed, whose evaluations gathered the
+    quantized weights)."""
     found = None
     for path in _segments(arm_dir):
         found = (common.read_json(path).get("hyperparameters") or {}).get("qsdp/eval_weights", found)

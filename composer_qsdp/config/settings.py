@@ -25,8 +25,8 @@ from composer_qsdp.schemes import build_codec, build_scheme
 from composer_qsdp.validate import check_int, check_seed
 
 __all__ = [
-    "EVAL_WEIGHTS", "FEEDBACK_GRAD_SCHEMES", "LowBitGradientWarning", "ModuleFilter", "QSDPConfig", "SideConfig", "from_preset",
-    "option_names", "preset_names",
+    "EVAL_WEIGHTS", "FEEDBACK_GRAD_SCHEMES", "LowBitGradientWarning", "ModuleFilter", "QSDPConfig", "SideConfig",
+    "from_preset", "option_names", "preset_names",
 ]
 
 #: ``filter(module, name) -> bool``: True keeps a unit quantized (torchao float8's ``module_filter_fn`` order).

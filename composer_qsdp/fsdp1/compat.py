@@ -68,9 +68,9 @@ def check_fsdp1_support(fsdp_module: FullyShardedDataParallel) -> None:
     try:
         handle_cls = importlib.import_module(_FLAT_PARAM_MODULE).FlatParamHandle
         importlib.import_module(_COMMON_UTILS_MODULE).HandleTrainingState.SUMMON_FULL_PARAMS
-        reduce_grad = importlib.import_module(_RUNTIME_UTILS_MODULE)._reduce_grad
-        importlib.import_module(_RUNTIME_UTILS_MODULE)._reshard
-        handle_cls.needs_unshard
+        runtime_utils = importlib.import_module(_RUNTIME_UTILS_MODULE)
+        reduce_grad = runtime_utils._reduce_grad
+        runtime_utils._reshard, handle_cls.needs_unshard  # release_unsharded's
     except (ImportError, AttributeError) as err:
         problems.append(f"cannot import FSDP1's internals ({err})")
     else:
