@@ -441,6 +441,7 @@ def test_forward_timer_times_the_compute_stream_with_cuda_events():
     timer.remove()
     assert micro == 2
     # Spins are clock cycles, so their seconds follow the GPU's clock: the ratio is the exact check (counting the
-    # child's spin or its 3-spin wait in either unit moves it to 1.5 or 0.5 at least), the seconds a loose one.
-    assert forward[0] / forward[1] == pytest.approx(2.0, rel=0.1)
+    # child's spin or its 3-spin wait in either unit moves it to 1.5 or 0.5 at least), the seconds a loose one. Other
+    # processes on the GPU time-slice into the spins (2.24 beside training), hence 20%.
+    assert forward[0] / forward[1] == pytest.approx(2.0, rel=0.2)
     assert 0.5 * spin < forward[1] < 2 * spin
