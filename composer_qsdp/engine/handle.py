@@ -43,19 +43,16 @@ import torch.nn as nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from composer_qsdp.comm import StepSeeds, Topology, TrafficCounter, TrafficReport
-from composer_qsdp.config.settings import QSDPConfig
+from composer_qsdp.config.settings import EVAL_WEIGHTS, QSDPConfig
 from composer_qsdp.engine.finite_check import WeightFiniteMonitor
 from composer_qsdp.engine.plan import UnitPlan
 from composer_qsdp.schemes import GatherLayout, GradScheme, Scheme, WeightScheme
 
-__all__ = ["WEIGHT_GATHERS", "QSDPHandle", "ResumeSettingsWarning", "settings_changes"]
+__all__ = ["QSDPHandle", "ResumeSettingsWarning", "settings_changes"]
 
 _STATE_FORMAT = 2
 #: The model attribute that holds the handle QSDP installed on it.
 _HANDLE_ATTR = "_qsdp_handle"
-#: The modes of :meth:`QSDPHandle.set_weight_gathers`: ``"quantized"`` (training's gathers, the default) and
-#: ``"exact"`` (the framework's own gather of the full-precision shards, for evaluation).
-WEIGHT_GATHERS = ("quantized", "exact")
 
 
 class ResumeSettingsWarning(UserWarning):
@@ -307,7 +304,7 @@ class QSDPHandle:
     # ------------------------------------------------------------------ exact weights for evaluation
     @property
     def weight_gathers(self) -> str:
-        """The current weight all-gather mode, one of :data:`WEIGHT_GATHERS` (see :meth:`set_weight_gathers`)."""
+        """The current weight all-gather mode, ``"quantized"`` or ``"exact"`` (see :meth:`set_weight_gathers`)."""
         return self._weight_gathers
 
     def set_weight_gathers(self, mode: str) -> str:
@@ -338,8 +335,8 @@ class QSDPHandle:
         Raises:
             ValueError: another mode, naming the allowed ones.
         """
-        if mode not in WEIGHT_GATHERS:
-            raise ValueError(f"weight gather mode {mode!r} is invalid; allowed: {', '.join(map(repr, WEIGHT_GATHERS))}")
+        if mode not in EVAL_WEIGHTS:  # the same two modes as an evaluator's QSDPConfig.eval_weights
+            raise ValueError(f"weight gather mode {mode!r} is invalid; allowed: {', '.join(map(repr, EVAL_WEIGHTS))}")
         previous, self._weight_gathers = self._weight_gathers, mode
         if mode != previous:
             self.release_gathered_weights()

@@ -211,4 +211,4 @@ def _modes_side(info: RankInfo) -> dict:
 def test_weight_gather_modes_are_checked_and_restored_after_an_exception():
     for rank in run_ranks(_modes_side, 2):
         assert rank["mode_after_exception"] == "quantized"
-        assert rank["problems"] == ["weight gather mode 'exactly' is invalid; allowed: 'quantized', 'exact'"]
+        assert rank["problems"] == ["weight gather mode 'exactly' is invalid; allowed: 'exact', 'quantized'"]
