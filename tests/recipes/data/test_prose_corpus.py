@@ -281,26 +281,3 @@ def test_build_cli_prose_and_min_train_tokens(tmp_path, capsys):
     assert build_main(["prose", str(enough), "--seq-len", "16", "--input", str(src), "--val-fraction", "0.2",
                        "--min-train-tokens", str(train * 16), "--max-train-tokens", str(10**6)]) == 0
     assert "the text ran out at" in capsys.readouterr().out  # the cap was not reached: said, not an error
-
-
-def test_prose_yields_tool_counts_what_the_corpus_holds(tmp_path):
-    """``tools/prose_yields.py`` (the measured figures of benchmarks/README.md) counts the documents and tokens that
-    :func:`prose_documents` yields, part by part."""
-    import os
-    import subprocess
-    import sys
-
-    from composer_qsdp.recipes.data import gpt2_tokenizer
-
-    root = Path(__file__).resolve().parents[3]
-    make_site(tmp_path)
-    out = subprocess.run([sys.executable, str(root / "tools" / "prose_yields.py"), "--input", str(tmp_path),
-                          "--workers", "1"], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])})
-    lines = {line[:22].strip(): line[22:].split() for line in out.stdout.splitlines()}
-    texts = [text for _, text in prose_documents(0.5, [tmp_path])]
-    tokens = sum(len(gpt2_tokenizer().encode_ordinary(text)) + 1 for text in texts)
-    assert lines["the prose corpus"] == [str(len(texts)), "documents", str(tokens), "tokens"]
-    assert [lines[part][0] for part in ("descriptions", "documentation files", "python prose", "C/C++ comments")] \
-        == ["2", "1", "1", "1"]
-    assert lines["(docstrings alone)"][0] == "0"  # core.py's docstrings alone are too short, as are short.py's
