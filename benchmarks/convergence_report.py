@@ -105,22 +105,25 @@ def summarize(plan: Plan) -> dict[str, Any]:
 
 
 def seed_groups(arms: dict[str, Any], steps: int) -> dict[str, dict[str, Any]]:
-    """``--seeds``: each arm's seeds against its baseline's seeds (:func:`seed_stats.compare`), by the arm's name
-    without its seed; {} for a run without seeds. In a combined record an arm found in several runs (labelled
-    ``@run<i>``) takes part under no seed."""
-    curves: dict[str, dict[int, dict[int, float]]] = {}
+    """``--seeds``: each arm's runs against its baseline's runs (:func:`seed_stats.compare`), by the arm's name
+    without its seed; {} for a run without seeds. In a combined record a seed found in several runs (labelled
+    ``@run<i>``) counts once per run, as (seed, i)."""
+    curves: dict[str, dict[seed_stats.Run, dict[int, float]]] = {}
+    seeds: dict[str, set[int]] = {}
     baselines: dict[str, str] = {}
     for name, r in arms.items():
-        seed = arm_seed(name)
+        arm = r.get("arm", name)  # a combined record's label may end in @run<i>
+        seed = arm_seed(arm)
         if seed is None or arm_seed(r.get("baseline") or "") is None:
             continue
-        group = name[:name.rindex(SEED_MARK)]
-        curves.setdefault(group, {})[seed] = dict(r["curve"])
+        group = arm[:arm.rindex(SEED_MARK)]
+        curves.setdefault(group, {})[seed if name == arm else (seed, r["run"])] = dict(r["curve"])
+        seeds.setdefault(group, set()).add(seed)
         baselines[group] = r["baseline"][:r["baseline"].rindex(SEED_MARK)]
     groups = {}
     for group, baseline in baselines.items():
         result = seed_stats.compare(curves[group], curves.get(baseline, {}), steps) if group != baseline else None
-        groups[group] = {"baseline": baseline, "seeds": sorted(curves[group]),
+        groups[group] = {"baseline": baseline, "seeds": sorted(seeds[group]), "runs": len(curves[group]),
                          "comparison": result.to_json() if result else None}
     return groups
 
@@ -129,21 +132,27 @@ def _mean_std(mean: float, std: float | None) -> str:
     return f"{mean:.4f}" if std is None else f"{mean:.4f} ({std:.4f})"
 
 
+def _runs(losses: dict[str, float], seeds: int) -> str:
+    """``3`` for three runs of three seeds, ``9 (3 seeds)`` for three seeds run three times each."""
+    return f"{len(losses)}" if len(losses) == seeds else f"{len(losses)} ({seeds} seeds)"
+
+
 def _seed_lines(groups: dict[str, dict[str, Any]]) -> list[str]:
     rows = [(group, g, g["comparison"]) for group, g in groups.items() if g["comparison"]]
     if not rows:
         return []
-    lines = ["", f"Seeds: each arm's final losses against its baseline's at the last step every seed of both reached; "
-                 f"lossless when the arm's mean lies inside the baseline's seed range with >= {seed_stats.MIN_SEEDS} "
-                 "complete seeds a side.", "",
-             *_table_head(["arm", "vs", "step", "seeds", "mean (std)", "baseline mean (std)", "baseline range",
+    lines = ["", f"Seeds: each arm's final losses against its baseline's at the last step every run of both reached, "
+                 "every run one sample (a seed run in several combined records counts once per run); lossless when "
+                 f"the arm's mean lies inside the baseline's range with >= {seed_stats.MIN_SEEDS} distinct complete "
+                 "seeds a side.", "",
+             *_table_head(["arm", "vs", "step", "runs", "mean (std)", "baseline mean (std)", "baseline range",
                            "gap of means", "paired gap", "Welch 95% CI (p)", "verdict"])]
     for group, g, c in rows:
         ci = "n/a" if c["ci95_pct"] is None else \
             f"{c['ci95_pct'][0]:+.2f}% .. {c['ci95_pct'][1]:+.2f}% (p {c['p_value']:.2f})"
         paired = "n/a" if c["paired_gap_pct"] is None else f"{c['paired_gap_pct']:+.2f}%"
-        lines.append(f"| {group} | {g['baseline']} | {c['step']} | {len(c['arm_losses'])} vs "
-                     f"{len(c['baseline_losses'])} | {_mean_std(c['arm_mean'], c['arm_std'])} | "
+        lines.append(f"| {group} | {g['baseline']} | {c['step']} | {_runs(c['arm_losses'], c['arm_seeds'])} vs "
+                     f"{_runs(c['baseline_losses'], c['baseline_seeds'])} | {_mean_std(c['arm_mean'], c['arm_std'])} | "
                      f"{_mean_std(c['baseline_mean'], c['baseline_std'])} | {c['baseline_range'][0]:.4f} .. "
                      f"{c['baseline_range'][1]:.4f} | {c['gap_pct']:+.2f}% | {paired} | {ci} | {c['verdict']} |")
     return lines
@@ -455,9 +464,11 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     """One record from several runs of the same settings and corpus, e.g. an arm finished on a later machine, or
     a second baseline run that measures the run-to-run spread (GPU kernels are not bitwise deterministic).
 
-    An arm that stopped early in one run and finished in another is taken from the finished one (a later run
-    that completed it supersedes the partial one). An arm name then found in one run keeps its name; one found in
-    several becomes ``<arm>@run<i>`` (1-based, in the order given). Each arm keeps its gap to its own run's
+    An arm that stopped early in one run and finished in another with the same loss at every evaluation both
+    reached is the same run continued (from its checkpoint, on a later machine): the finished one supersedes it. One
+    whose losses differ is another run of the arm (started again; GPU kernels are not bitwise deterministic) and is
+    kept. An arm name then found in one run keeps its name; one found in several becomes ``<arm>@run<i>`` (1-based,
+    in the order given); :func:`seed_groups` counts each such run of a seed. Each arm keeps its gap to its own run's
     baseline (``gap_vs_baseline_pct``) and gains ``gap_vs_baselines_pct``: its gap to every run's baseline at its
     final step, by baseline label. Raises ``ValueError`` naming the first setting or corpus fingerprint that
     differs between runs."""
@@ -479,8 +490,13 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         if record["corpus"]["input"]["sha256"] != first["corpus"]["input"]["sha256"]:
             raise ValueError(f"run {i} used another corpus (input sha256 {record['corpus']['input']['sha256'][:16]}"
                              f" != {first['corpus']['input']['sha256'][:16]})")
-    finished = {arm for record in records for arm, r in record["arms"].items() if r["complete"]}
-    kept = [{arm: r for arm, r in record["arms"].items() if r["complete"] or arm not in finished}
+    finished: dict[str, list[dict[int, float]]] = {}
+    for record in records:
+        for arm, r in record["arms"].items():
+            if r["complete"]:
+                finished.setdefault(arm, []).append(dict(r["curve"]))
+    kept = [{arm: r for arm, r in record["arms"].items()
+             if r["complete"] or not any(_continues(dict(r["curve"]), done) for done in finished.get(arm, ()))}
             for record in records]
     counts = collections.Counter(arm for record_arms in kept for arm in record_arms)
     arms: dict[str, Any] = {}
@@ -496,6 +512,11 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
             "settings": first["settings"], "corpus": first["corpus"],
             "status": "complete" if all(r["status"] == "complete" for r in records) else "incomplete", "arms": arms,
             "seed_groups": seed_groups(arms, first["settings"]["steps"])}
+
+
+def _continues(partial: dict[int, float], finished: dict[int, float]) -> bool:
+    """Whether ``finished`` is ``partial``'s run continued: the same loss at every step both evaluated."""
+    return all(finished[step] == loss for step, loss in partial.items() if step in finished)
 
 
 def combined_markdown(record: dict[str, Any]) -> str:

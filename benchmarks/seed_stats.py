@@ -1,14 +1,16 @@
 """Seed statistics of convergence arms: is an arm's final loss inside plain FSDP2's seed range, and how sure is it.
 
 A convergence arm run with several recipe seeds (``convergence.py --seeds``) gives one final validation loss per
-seed. :func:`compare` sets an arm's seeds against its baseline's: the means, the sample standard deviations, the
-baseline's seed range, the gap of the means in percent with Welch's t-test (unequal variances, Welch-Satterthwaite
-degrees of freedom) and its 95% confidence interval, and the mean of the per-seed gaps (each seed against the
-baseline of the same seed: the same initial weights and data order).
+seed, and a seed run again (another session: GPU kernels are not bitwise deterministic, and training amplifies the
+difference) gives another. :func:`compare` sets an arm's runs against its baseline's, every run one sample: the
+means, the sample standard deviations, the baseline's range, the gap of the means in percent with Welch's t-test
+(unequal variances, Welch-Satterthwaite degrees of freedom) and its 95% confidence interval, and the mean of the
+per-run gaps (each run against the baseline's mean over the runs of the same seed: the same initial weights and data
+order).
 
-The verdict follows the project's definition of lossless: the arm's mean ends inside the baseline's seed range
-(min..max), with at least :data:`MIN_SEEDS` complete seeds on each side; ``below`` (a lower loss than every baseline
-seed) is not a loss either. Student's t distribution is computed here (regularized incomplete beta function by its
+The verdict follows the project's definition of lossless: the arm's mean ends inside the baseline's range (min..max),
+with at least :data:`MIN_SEEDS` distinct complete seeds on each side; ``below`` (a lower loss than every baseline
+run) is not a loss either. Student's t distribution is computed here (regularized incomplete beta function by its
 continued fraction), so the driver needs no SciPy on a GPU host.
 """
 
@@ -17,12 +19,28 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Union
 
-__all__ = ["MIN_SEEDS", "SeedComparison", "compare", "student_t_cdf", "student_t_quantile"]
+__all__ = ["MIN_SEEDS", "Run", "SeedComparison", "compare", "run_label", "student_t_cdf", "student_t_quantile"]
 
-#: Seeds per side before a verdict counts as evidence (the round-5 protocol).
+#: One run of an arm: its seed, or (seed, run index) where a seed ran more than once.
+Run = Union[int, tuple[int, int]]
+
+#: Distinct seeds per side before a verdict counts as evidence (the round-5 protocol).
 MIN_SEEDS = 3
+
+
+def _seed(run: Run) -> int:
+    return run if isinstance(run, int) else run[0]
+
+
+def _order(run: Run) -> tuple[int, int]:
+    return (run, 0) if isinstance(run, int) else run
+
+
+def run_label(run: Run) -> str:
+    """``"17"`` for seed 17, ``"17@run2"`` for its run in the second of several combined records."""
+    return str(run) if isinstance(run, int) else f"{run[0]}@run{run[1]}"
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -85,22 +103,23 @@ class SeedComparison:
     baseline's mean).
 
     Attributes:
-        step: the step compared (the last evaluation every seed of both sides reached).
-        arm_losses / baseline_losses: final validation loss by seed.
-        arm_mean / arm_std / baseline_mean / baseline_std: means and sample standard deviations (std None with
-            one seed).
-        baseline_range: the baseline's lowest and highest seed.
+        step: the step compared (the last evaluation every run of both sides reached).
+        arm_losses / baseline_losses: final validation loss by :data:`Run`.
+        arm_mean / arm_std / baseline_mean / baseline_std: means and sample standard deviations over runs (std None
+            with one run).
+        baseline_range: the baseline's lowest and highest run.
         gap_pct: (arm mean - baseline mean) / baseline mean.
-        paired_gap_pct: the mean over seeds run on both sides of each seed's gap to the baseline of that seed.
-        welch_t / welch_df / p_value: Welch's t-test of equal means (two-sided); None with fewer than 2 seeds a side.
+        paired_gap_pct: the mean, over the arm's runs of seeds the baseline ran, of each run's gap to the baseline's
+            mean over that seed's runs.
+        welch_t / welch_df / p_value: Welch's t-test of equal means (two-sided); None with fewer than 2 runs a side.
         ci95_pct: the 95% confidence interval of ``gap_pct`` from Welch's t (None likewise).
-        verdict: ``inside`` / ``below`` / ``above`` the baseline's seed range, prefixed ``incomplete:`` while
-            either side has fewer than :data:`MIN_SEEDS` seeds or a seed stopped before ``complete_step``.
+        verdict: ``inside`` / ``below`` / ``above`` the baseline's range, prefixed ``incomplete:`` while either side
+            has fewer than :data:`MIN_SEEDS` distinct seeds or a run stopped before ``complete_step``.
     """
 
     step: int
-    arm_losses: dict[int, float]
-    baseline_losses: dict[int, float]
+    arm_losses: dict[Run, float]
+    baseline_losses: dict[Run, float]
     arm_mean: float
     arm_std: float | None
     baseline_mean: float
@@ -117,24 +136,31 @@ class SeedComparison:
     def to_json(self) -> dict[str, Any]:
         record = asdict(self)
         for key in ("arm_losses", "baseline_losses"):
-            record[key] = {str(seed): loss for seed, loss in record[key].items()}
+            record[key] = {run_label(run): loss for run, loss in getattr(self, key).items()}
+        record["arm_seeds"], record["baseline_seeds"] = self.seeds(self.arm_losses), self.seeds(self.baseline_losses)
         return record
+
+    @staticmethod
+    def seeds(losses: dict[Run, float]) -> int:
+        """How many distinct seeds ``losses`` (``arm_losses`` or ``baseline_losses``) holds runs of."""
+        return len({_seed(run) for run in losses})
 
 
 def _std(values: list[float]) -> float | None:
     return statistics.stdev(values) if len(values) > 1 else None
 
 
-def compare(arm_curves: dict[int, dict[int, float]], baseline_curves: dict[int, dict[int, float]],
+def compare(arm_curves: dict[Run, dict[int, float]], baseline_curves: dict[Run, dict[int, float]],
             complete_step: int) -> SeedComparison | None:
-    """Compare an arm's seeds with its baseline's at the last step all of them reached.
+    """Compare an arm's runs with its baseline's at the last step all of them reached.
 
     Args:
-        arm_curves: seed -> {step: validation loss} of the arm.
+        arm_curves: :data:`Run` (a seed, or (seed, run index) for a seed run several times) -> {step: validation
+            loss} of the arm.
         baseline_curves: the same for its baseline.
         complete_step: the step a finished run ends at (``--steps``); a verdict before it is ``incomplete``.
 
-    Seeds without an evaluation yet are left out.
+    Runs without an evaluation yet are left out.
 
     Returns:
         None where either side has no evaluated seed or the two sides share no evaluated step.
@@ -147,11 +173,16 @@ def compare(arm_curves: dict[int, dict[int, float]], baseline_curves: dict[int, 
     step = min(max(c) for c in curves)
     if not all(step in c for c in curves):
         return None
-    arm = {seed: c[step] for seed, c in sorted(arm_curves.items())}
-    base = {seed: c[step] for seed, c in sorted(baseline_curves.items())}
+    arm = {run: c[step] for run, c in sorted(arm_curves.items(), key=lambda item: _order(item[0]))}
+    base = {run: c[step] for run, c in sorted(baseline_curves.items(), key=lambda item: _order(item[0]))}
     a, b = list(arm.values()), list(base.values())
     arm_mean, base_mean = statistics.fmean(a), statistics.fmean(b)
-    paired = [100.0 * (arm[s] - base[s]) / base[s] for s in arm if s in base]
+    by_seed: dict[int, list[float]] = {}
+    for run, loss in base.items():
+        by_seed.setdefault(_seed(run), []).append(loss)
+    seed_mean = {seed: statistics.fmean(losses) for seed, losses in by_seed.items()}
+    paired = [100.0 * (loss - seed_mean[_seed(run)]) / seed_mean[_seed(run)]
+              for run, loss in arm.items() if _seed(run) in seed_mean]
     t = df = p = ci = None
     if len(a) > 1 and len(b) > 1:
         va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
@@ -164,7 +195,7 @@ def compare(arm_curves: dict[int, dict[int, float]], baseline_curves: dict[int, 
             ci = (100.0 * (arm_mean - base_mean - half) / base_mean, 100.0 * (arm_mean - base_mean + half) / base_mean)
     lo, hi = min(b), max(b)
     verdict = "inside" if lo <= arm_mean <= hi else "below" if arm_mean < lo else "above"
-    if min(len(a), len(b)) < MIN_SEEDS or step < complete_step:
+    if min(SeedComparison.seeds(arm), SeedComparison.seeds(base)) < MIN_SEEDS or step < complete_step:
         verdict = f"incomplete: {verdict}"
     return SeedComparison(step, arm, base, arm_mean, _std(a), base_mean, _std(b), (lo, hi),
                           100.0 * (arm_mean - base_mean) / base_mean,

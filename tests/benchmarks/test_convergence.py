@@ -10,6 +10,7 @@ import io
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -552,7 +553,7 @@ def fake_record(git: str, arms: dict[str, dict[int, float]], steps: int = 20, sh
 
 def test_combine_labels_repeated_arms_and_gaps_to_every_baseline(tmp_path):
     first = fake_record("aaa1111", {"baseline": {10: 5.0, 20: 4.0}, "w8g8": {10: 5.0, 20: 3.97}, "w4g4": {10: 5.5},
-                                    "w4g4-learned": {10: 5.5}})
+                                    "w4g4-learned": {10: 5.4}})
     second = fake_record("bbb2222", {"baseline": {10: 4.8, 20: 4.2}, "w4g4-learned": {10: 5.4, 20: 4.41}})
     paths = [tmp_path / "run1" / "convergence-x.json", tmp_path / "run2" / "convergence-x.json"]
     for path, record in zip(paths, (first, second)):
@@ -562,7 +563,7 @@ def test_combine_labels_repeated_arms_and_gaps_to_every_baseline(tmp_path):
     stem = tmp_path / "run1" / "convergence-x-combined"
     combined = json.loads(stem.with_suffix(".json").read_text())
     arms = combined["arms"]
-    # w4g4-learned stopped at step 10 in run 1 and finished in run 2: run 2's supersedes it
+    # w4g4-learned stopped at step 10 in run 1 and run 2 continued it (the same loss there): run 2's supersedes it
     assert list(arms) == ["baseline@run1", "w8g8", "w4g4", "baseline@run2", "w4g4-learned"]
     assert (arms["w8g8"]["run"], arms["baseline@run2"]["run"]) == (1, 2)
     assert arms["w8g8"]["gap_vs_baselines_pct"] == pytest.approx({"baseline@run1": -0.75,
@@ -572,6 +573,10 @@ def test_combine_labels_repeated_arms_and_gaps_to_every_baseline(tmp_path):
                                                                   "baseline@run2": 5.5 / 4.8 * 100 - 100})
     assert arms["w4g4-learned"]["gap_vs_baselines_pct"]["baseline@run1"] == pytest.approx(10.25)
     assert combined["header"]["git"] == "aaa1111 + bbb2222"
+    # Another loss at a shared step is another run of the arm: both are kept.
+    first["arms"]["w4g4-learned"]["curve"] = [[10, 5.5]]
+    rerun = convergence_report.combine_records([first, second])["arms"]
+    assert [label for label in rerun if label.startswith("w4g4-learned")] == ["w4g4-learned@run1", "w4g4-learned@run2"]
     rows = list(csv.reader(io.StringIO(stem.with_suffix(".csv").read_text())))
     assert rows[0] == ["step", "tokens", *arms]
     assert rows[2] == ["20", str(20 * 8 * 32), "4.000000", "3.970000", "", "4.200000", "4.410000"]
@@ -637,6 +642,40 @@ def test_combine_sets_each_arms_seeds_against_its_baselines_seeds():
     assert comparison["gap_pct"] == pytest.approx(0.0)
     md = convergence_report.combined_markdown(record)
     assert _cells(md, "| w8g8-nearest |")[-1] == "inside"
+
+
+def _seeded(git: str, arms: dict[str, dict[int, float]]) -> dict:
+    """A record of seed arms (``<arm>@s<seed>``), each compared with ``baseline-1r`` of its seed."""
+    record = fake_record(git, arms)
+    for name, r in record["arms"].items():
+        r["baseline"] = "baseline-1r" + name[name.index("@"):]
+    return record
+
+
+def test_combine_pools_every_run_of_a_seed_against_the_baselines_runs():
+    """A seed started again in a later session is another sample of the arm: the statistics take every run."""
+    base = {f"baseline-1r@s{s}": {10: 5.0, 20: loss} for s, loss in ((17, 4.00), (18, 4.02), (19, 3.98))}
+    first = _seeded("a", {**base, **{f"w8g8@s{s}": {10: 5.01, 20: loss}
+                                     for s, loss in ((17, 4.03), (18, 4.05), (19, 4.01))}})
+    second = _seeded("b", {f"w8g8@s{s}": {10: 4.99, 20: loss} for s, loss in ((17, 3.99), (18, 4.00), (19, 3.96))})
+    record = convergence_report.combine_records([first, second])
+    group = record["seed_groups"]["w8g8"]
+    assert (group["seeds"], group["runs"]) == ([17, 18, 19], 6)
+    c = group["comparison"]
+    runs = {"17@run1": 4.03, "18@run1": 4.05, "19@run1": 4.01, "17@run2": 3.99, "18@run2": 4.00, "19@run2": 3.96}
+    assert c["arm_losses"] == pytest.approx(runs) and (c["arm_seeds"], c["baseline_seeds"]) == (3, 3)
+    assert c["arm_mean"] == pytest.approx(statistics.fmean(runs.values()))
+    assert c["arm_std"] == pytest.approx(statistics.stdev(runs.values()))
+    base_final = {17: 4.00, 18: 4.02, 19: 3.98}
+    paired = [100 * (loss / base_final[int(run[:2])] - 1) for run, loss in runs.items()]
+    assert c["paired_gap_pct"] == pytest.approx(statistics.fmean(paired))
+    assert c["verdict"] == "inside"  # 4.00667 inside 3.98 .. 4.02, where run 1's seeds alone (4.03) are above
+    md = convergence_report.combined_markdown(record)
+    assert _cells(md, "| w8g8 |")[3] == "6 (3 seeds) vs 3"
+    # A rerun still short of the end moves the comparison to the last step every run reached, not final.
+    second["arms"]["w8g8@s19"].update(curve=[[10, 4.98]], complete=False)
+    early = convergence_report.combine_records([first, second])["seed_groups"]["w8g8"]["comparison"]
+    assert early["step"] == 10 and early["verdict"].startswith("incomplete")
 
 
 def test_combined_table_without_a_baseline_has_as_many_titles_as_cells():
