@@ -11,8 +11,6 @@
   has them, never commit or redistribute the text.
 * :func:`c_source_documents`: the C, C++ and CUDA sources and headers (``*.h``, ``*.cpp``, ``*.cuh``...) that the
   installed packages ship (torch's, CUDA's and Triton's headers among them): code of another language, offline.
-* :func:`python_docstring_documents`: the docstrings of those ``*.py`` files, one document per file: English prose
-  about code (what functions do, their arguments, references). Same licenses and rules.
 * :func:`prose_documents`: the natural-language corpus about the installed software: the long descriptions of the
   installed distributions (their ``METADATA``: a package's README), their documentation files (``*.md``, ``*.rst``,
   ``*.txt``: no license texts, packaging records, test fixtures or data), each ``*.py`` file's docstrings, prose
@@ -52,7 +50,6 @@ from composer_qsdp.validate import check_int
 __all__ = [
     "C_SOURCE_PATTERNS",
     "DOC_FILE_PATTERNS",
-    "MIN_DOCSTRING_CHARS",
     "MIN_PROSE_CHARS",
     "MIN_STRING_WORDS",
     "TRAIN_SPLIT",
@@ -69,7 +66,6 @@ __all__ = [
     "prose_documents",
     "prose_source_files",
     "python_comments",
-    "python_docstring_documents",
     "python_docstrings",
     "python_prose",
     "python_source_documents",
@@ -264,10 +260,6 @@ def c_source_documents(val_fraction: float,
     return _file_documents(source_files(C_SOURCE_PATTERNS, roots), val_fraction, lambda text: text)
 
 
-#: A file's docstrings shorter than this (characters, together) are left out: a one-line summary is not prose.
-MIN_DOCSTRING_CHARS = 200
-
-
 def _parse(source: str) -> ast.Module | None:
     """The syntax tree of ``source``, or None where it does not parse; quiet (old files' invalid escapes, a
     comment's ``2nd``: no ``SyntaxWarning`` on stderr)."""
@@ -306,41 +298,23 @@ def _docstring_nodes(tree: ast.Module) -> list[ast.AST]:
     return [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)))]
 
 
-def python_docstring_documents(val_fraction: float, roots: Sequence[str | os.PathLike] | None = None,
-                               workers: int | None = None) -> Iterator[tuple[str, str]]:
-    """The docstrings of each Python source file of :func:`python_source_files` (:func:`python_docstrings`) as
-    one document: natural-language text about code. Files whose docstrings hold fewer than
-    :data:`MIN_DOCSTRING_CHARS` characters are skipped; otherwise as :func:`python_source_documents`.
-
-    Parsing every file is the slow part (5-11 ms a file on one core here, some 47,000 files in a full environment), so
-    ``workers`` processes parse them (default: every CPU this process may use, at most one per
-    :data:`_FILES_PER_WORKER` files, as a spawned process takes seconds to start); the documents and their order are
-    the same with any number.
-
-    Raises:
-        ValueError: ``val_fraction`` out of range, ``workers`` below 1, a root that is not a directory, or no
-            ``*.py`` file.
-    """
-    _check_val_fraction(val_fraction)
-    files = python_source_files(roots)
-    return _file_documents(files, val_fraction, _docstring_prose, _parse_workers(workers, len(files)))
-
-
 def _parse_workers(workers: int | None, files: int) -> int:
     """The processes that parse ``files`` Python files: ``workers``, checked, or by default every CPU this process
-    may use, at most one per :data:`_FILES_PER_WORKER` files (a spawned process takes seconds to start)."""
+    may use, at most one per :data:`_FILES_PER_WORKER` files (a spawned process takes seconds to start). Parsing is
+    the slow part of :func:`prose_documents` (some 47,000 ``*.py`` files in a full environment)."""
     if workers is not None:
         return check_int("workers", workers, minimum=1)
     return max(1, min(len(os.sched_getaffinity(0)), files // _FILES_PER_WORKER))
 
 
-#: Files a worker process of :func:`python_docstring_documents` parses at least, by default: about 10 s of work, what a
-#: spawned process takes to start here (it imports the package and torch).
+#: Files a worker process of :func:`prose_documents` parses at least, by default: about 10 s of work, what a spawned
+#: process takes to start here (it imports the package and torch).
 _FILES_PER_WORKER = 2000
 
 
-#: A prose document (:func:`prose_documents`) shorter than this (characters) is left out: too little to be prose.
-MIN_PROSE_CHARS = MIN_DOCSTRING_CHARS
+#: A prose document (:func:`prose_documents`) shorter than this (characters) is left out: too little to be prose (a
+#: one-line summary, a short note).
+MIN_PROSE_CHARS = 200
 
 #: The documentation file patterns of :func:`documentation_files`.
 DOC_FILE_PATTERNS = ("*.md", "*.rst", "*.txt")
@@ -607,8 +581,9 @@ def prose_documents(val_fraction: float, roots: Sequence[str | os.PathLike] | No
     its whitespace collapsed, equals an earlier one's is skipped (a README shipped both as a package's
     ``README.md`` and as its description, a vendored copy), and the split is drawn from that same collapsed text,
     so copies that differ in whitespace alone never straddle train and val. The order is deterministic
-    (:func:`source_files`), and so are the documents with any number of ``workers`` (the processes that parse the
-    ``*.py`` files, as :func:`python_docstring_documents`).
+    (:func:`source_files`), and so are the documents with any number of ``workers``: the processes that parse the
+    ``*.py`` files (default: every CPU this process may use, at most one per :data:`_FILES_PER_WORKER` files, as a
+    spawned process takes seconds to start).
 
     Raises:
         ValueError: ``val_fraction`` out of range, ``workers`` below 1, a root that is not a directory, or no
@@ -646,9 +621,8 @@ def _at_least(extract: Callable[[str], str], minimum: int, text: str) -> str:
     return prose if len(prose) >= minimum else ""
 
 
-# Each file's document of a part, as module-level callables that worker processes can unpickle: a file's docstrings
-# (at least MIN_DOCSTRING_CHARS), its Python prose and a C/C++ file's comments (at least MIN_PROSE_CHARS).
-_docstring_prose = functools.partial(_at_least, python_docstrings, MIN_DOCSTRING_CHARS)
+# Each file's document of a part, as module-level callables that worker processes can unpickle: a Python file's
+# prose and a C/C++ file's comments, each at least MIN_PROSE_CHARS.
 _python_file_prose = functools.partial(_at_least, python_prose, MIN_PROSE_CHARS)
 _c_file_prose = functools.partial(_at_least, c_comments, MIN_PROSE_CHARS)
 

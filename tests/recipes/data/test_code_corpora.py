@@ -9,14 +9,9 @@ import json
 
 import pytest
 
-from composer_qsdp.recipes.data import (
-    assign_split,
-    c_source_documents,
-    python_docstring_documents,
-    source_files,
-)
+from composer_qsdp.recipes.data import c_source_documents, source_files
 from composer_qsdp.recipes.data.build import main as build_main
-from composer_qsdp.recipes.data.sources import MIN_DOCSTRING_CHARS, python_docstrings
+from composer_qsdp.recipes.data.sources import python_docstrings
 
 LONG = ("Compute the thing. " * 20).strip()  # a docstring long enough to count as prose
 
@@ -57,30 +52,6 @@ def test_docstrings_in_source_order_without_other_strings():
     assert "assigned string" not in doc
     assert python_docstrings("def broken(:\n") == ""  # does not parse: no document
     assert python_docstrings("x = 1\n") == ""
-
-
-def test_docstring_documents_skip_short_duplicate_and_unparsable_files(tmp_path):
-    (tmp_path / "a.py").write_text(MODULE)
-    (tmp_path / "b_copy.py").write_text(MODULE + "\nX = 2\n")  # other code, same docstrings: one document
-    (tmp_path / "c_short.py").write_text('"""Too short."""\n')
-    (tmp_path / "d_broken.py").write_text(f'"""{LONG}"""\ndef broken(:\n')
-    documents = list(python_docstring_documents(0.5, [tmp_path]))
-    assert [text for _, text in documents] == [python_docstrings(MODULE)]
-    assert len(documents[0][1]) >= MIN_DOCSTRING_CHARS
-    assert documents[0][0] == assign_split(documents[0][1], 0.5)
-
-
-def test_docstring_documents_are_the_same_from_worker_processes(tmp_path):
-    for i in range(40):  # several chunks' worth of files, some skipped, some repeated
-        body = MODULE.replace("Await nothing.", f"Await nothing {i % 30}.") if i % 7 else '"""Too short."""\n'
-        (tmp_path / f"m{i:02d}.py").write_text(body)
-    (tmp_path / "z_latin1.py").write_bytes(f'"""{LONG}'.encode() + b'\xe9"""\n')  # not UTF-8: skipped there too
-    serial = list(python_docstring_documents(0.5, [tmp_path], workers=1))
-    # 34 long files, 7 of them repeating an earlier one's docstrings (i and i + 30), in file order
-    assert len(serial) == 27
-    assert list(python_docstring_documents(0.5, [tmp_path], workers=2)) == serial
-    with pytest.raises(ValueError, match="workers=0"):
-        python_docstring_documents(0.5, [tmp_path], workers=0)
 
 
 def test_c_sources_are_every_c_cpp_and_cuda_file_once(tmp_path):

@@ -229,11 +229,13 @@ def test_prose_documents_are_deterministic_and_the_same_from_worker_processes(tm
     for i in range(30):  # python files with prose, some repeating another's with other spacing
         body = MODULE.replace("the scheduler", f"the scheduler number {i % 20}")
         (tmp_path / "pkg_a" / f"m{i:02d}.py").write_text(body if i < 20 else body.replace("a task", "a  task"))
+    latin1 = MODULE.replace("the scheduler", "the latin-1 scheduler").encode() + b"# caf\xe9\n"
+    (tmp_path / "pkg_a" / "z_latin1.py").write_bytes(latin1)  # new prose, but not UTF-8: skipped by workers too
     serial = list(prose_documents(0.5, [tmp_path], workers=1))
     assert serial == list(prose_documents(0.5, [tmp_path], workers=1))
     assert list(prose_documents(0.5, [tmp_path], workers=2)) == serial
     assert len(serial) == 2 + 1 + 1 + 20 + 1  # descriptions, the guide, core.py, m00..m19 (not m20..m29: the
-    # same with other spacing) and core.h
+    # same with other spacing; not z_latin1.py) and core.h
     with pytest.raises(ValueError, match="workers=0"):
         prose_documents(0.5, [tmp_path], workers=0)
     with pytest.raises(ValueError, match="val_fraction"):
