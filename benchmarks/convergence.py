@@ -120,8 +120,9 @@ column per arm), ``.json`` (curves, final losses, gaps to the baseline, QSDP com
 settings, corpus manifest), ``.md`` (the summary table) and ``.png`` (all curves, and the second half zoomed).
 ``--replot RECORD.json`` redraws the PNG from a record (e.g. where matplotlib is missing on the GPU machine).
 ``--combine RUN1.json RUN2.json ...`` merges the records of several runs with the same settings and corpus (an arm
-finished on a later machine, a repeated baseline that measures the run-to-run spread) into
-``<first>-combined.{csv,json,md,png}``, with every arm's gap to every run's baseline.
+finished on a later machine, a repeated baseline that measures the run-to-run spread, seeds run again) into
+``<first>-combined.{csv,json,md,png}``, with every arm's gap to every run's baseline; each run of a seed is one sample
+of the seed statistics.
 
 Usage::
 

@@ -464,10 +464,10 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     """One record from several runs of the same settings and corpus, e.g. an arm finished on a later machine, or
     a second baseline run that measures the run-to-run spread (GPU kernels are not bitwise deterministic).
 
-    An arm that stopped early in one run and finished in another with the same loss at every evaluation both
-    reached is the same run continued (from its checkpoint, on a later machine): the finished one supersedes it. One
-    whose losses differ is another run of the arm (started again; GPU kernels are not bitwise deterministic) and is
-    kept. An arm name then found in one run keeps its name; one found in several becomes ``<arm>@run<i>`` (1-based,
+    An arm found in two runs with the same loss at every evaluation both reached is one run: continued from its
+    checkpoint on a later machine, or the same arm folders tabled twice. The one that got further is kept (the
+    first given, where they got as far). Where the losses differ it is another run of the arm (started again; GPU
+    kernels are not bitwise deterministic), and both are kept. An arm name then found in one run keeps its name; one found in several becomes ``<arm>@run<i>`` (1-based,
     in the order given); :func:`seed_groups` counts each such run of a seed. Each arm keeps its gap to its own run's
     baseline (``gap_vs_baseline_pct``) and gains ``gap_vs_baselines_pct``: its gap to every run's baseline at its
     final step, by baseline label. Raises ``ValueError`` naming the first setting or corpus fingerprint that
@@ -481,8 +481,10 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     for i, record in enumerate(records[1:], start=2):
         # How many processes ran at once changes the step times, not an arm's numerics; nor does the transport:
         # ranks sharing GPUs over gloo compute what NCCL ranks do, up to the order of a reduction's sums.
+        # The recipe folder is named as each machine's command gave it (absolute or relative): its name counts.
         differ = [k for k in common.differing_keys(first["settings"], record["settings"])
-                  if k not in ("max_ranks", "shared_gpu")]
+                  if k not in ("max_ranks", "shared_gpu")
+                  and not (k == "recipe_dir" and Path(first["settings"][k]).name == Path(record["settings"][k]).name)]
         if differ:
             key = differ[0]
             raise ValueError(f"run {i} differs from run 1 in setting {key!r}: "
@@ -490,14 +492,9 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         if record["corpus"]["input"]["sha256"] != first["corpus"]["input"]["sha256"]:
             raise ValueError(f"run {i} used another corpus (input sha256 {record['corpus']['input']['sha256'][:16]}"
                              f" != {first['corpus']['input']['sha256'][:16]})")
-    finished: dict[str, list[dict[int, float]]] = {}
-    for record in records:
-        for arm, r in record["arms"].items():
-            if r["complete"]:
-                finished.setdefault(arm, []).append(dict(r["curve"]))
-    kept = [{arm: r for arm, r in record["arms"].items()
-             if r["complete"] or not any(_continues(dict(r["curve"]), done) for done in finished.get(arm, ()))}
-            for record in records]
+    curves = [{arm: dict(r["curve"]) for arm, r in record["arms"].items()} for record in records]
+    kept = [{arm: r for arm, r in record["arms"].items() if not _superseded(arm, i, curves)}
+            for i, record in enumerate(records)]
     counts = collections.Counter(arm for record_arms in kept for arm in record_arms)
     arms: dict[str, Any] = {}
     for i, record_arms in enumerate(kept, start=1):
@@ -514,9 +511,17 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
             "seed_groups": seed_groups(arms, first["settings"]["steps"])}
 
 
-def _continues(partial: dict[int, float], finished: dict[int, float]) -> bool:
-    """Whether ``finished`` is ``partial``'s run continued: the same loss at every step both evaluated."""
-    return all(finished[step] == loss for step, loss in partial.items() if step in finished)
+def _superseded(arm: str, i: int, curves: list[dict[str, dict[int, float]]]) -> bool:
+    """Whether run ``i``'s ``arm`` is one run with another run's that got further (or as far, given earlier): the
+    same loss at every step both evaluated. ``curves``: each run's curves by arm."""
+    mine = curves[i][arm]
+    for j, run in enumerate(curves):
+        other = run.get(arm)
+        if j == i or other is None or any(other[step] != loss for step, loss in mine.items() if step in other):
+            continue
+        if (max(other, default=0), -j) > (max(mine, default=0), -i):
+            return True
+    return False
 
 
 def combined_markdown(record: dict[str, Any]) -> str:

@@ -657,13 +657,18 @@ def test_combine_pools_every_run_of_a_seed_against_the_baselines_runs():
     base = {f"baseline-1r@s{s}": {10: 5.0, 20: loss} for s, loss in ((17, 4.00), (18, 4.02), (19, 3.98))}
     first = _seeded("a", {**base, **{f"w8g8@s{s}": {10: 5.01, 20: loss}
                                      for s, loss in ((17, 4.03), (18, 4.05), (19, 4.01))}})
-    second = _seeded("b", {f"w8g8@s{s}": {10: 4.99, 20: loss} for s, loss in ((17, 3.99), (18, 4.00), (19, 3.96))})
+    # The second record tables the same baseline runs again (one run each, kept once) and reruns the arm's seeds.
+    second = _seeded("b", {**base, **{f"w8g8@s{s}": {10: 4.99, 20: loss}
+                                      for s, loss in ((17, 3.99), (18, 4.00), (19, 3.96))}})
+    second["settings"] = {**second["settings"], "recipe_dir": "r/gpt-125m"}  # another machine's relative path
     record = convergence_report.combine_records([first, second])
+    assert [label for label in record["arms"] if label.startswith("baseline")] == list(base)
     group = record["seed_groups"]["w8g8"]
     assert (group["seeds"], group["runs"]) == ([17, 18, 19], 6)
     c = group["comparison"]
     runs = {"17@run1": 4.03, "18@run1": 4.05, "19@run1": 4.01, "17@run2": 3.99, "18@run2": 4.00, "19@run2": 3.96}
     assert c["arm_losses"] == pytest.approx(runs) and (c["arm_seeds"], c["baseline_seeds"]) == (3, 3)
+    assert c["baseline_losses"] == pytest.approx({"17": 4.00, "18": 4.02, "19": 3.98})
     assert c["arm_mean"] == pytest.approx(statistics.fmean(runs.values()))
     assert c["arm_std"] == pytest.approx(statistics.stdev(runs.values()))
     base_final = {17: 4.00, 18: 4.02, 19: 3.98}
