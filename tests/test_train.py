@@ -95,6 +95,27 @@ def test_one_process_trains_checkpoints_and_resumes_exactly(corpus_shards, tmp_p
     assert resumed_losses == {b: losses[b] for b in range(8, 16)}  # same weights, optimizer, data position
 
 
+def test_deterministic_mode_switches_the_deterministic_kernels_on(corpus_shards, tmp_path, monkeypatch):
+    """``deterministic_mode`` turns on Composer's deterministic mode before any CUDA work (on a GPU a seed's run then
+    repeats bit for bit: ``test_gpu_deterministic_mode_repeats_a_qsdp_run_bit_for_bit``); on the CPU, whose kernels
+    are deterministic anyway, it trains the same losses."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)  # restored after the test
+    common = ["max_duration=4ba", "eval_interval=4ba"]
+    plain, deterministic = tmp_path / "plain", tmp_path / "deterministic"
+    assert main([str(BASELINE), *tiny_overrides(corpus_shards, plain, *common)]) == 0
+    assert not torch.are_deterministic_algorithms_enabled()
+    cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    try:
+        assert main([str(BASELINE), *tiny_overrides(corpus_shards, deterministic, *common,
+                                                    "deterministic_mode=true")]) == 0
+        assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
+    assert train_losses(deterministic) == train_losses(plain)
+
+
 # ------------------------------------------------------------------------------------------ two processes
 def test_two_processes_through_the_launcher(corpus_shards, tmp_path):
     result = launch(2, QSDP_RECIPE, tiny_overrides(corpus_shards, tmp_path, "max_duration=12ba", "eval_interval=12ba",
@@ -454,6 +475,22 @@ def test_gpu_two_processes_qsdp_recipe(tmp_path):
     hyperparameters = json.loads((tmp_path / "metrics.json").read_text())["hyperparameters"]
     assert (hyperparameters["shared_gpu"], hyperparameters["dist_backend"]) == (shared, "gloo" if shared else "nccl")
     assert ("shared_gpu: 2 rank(s) on 1 GPU(s)" in result.stdout + result.stderr) == shared
+
+
+@pytest.mark.gpu
+def test_gpu_deterministic_mode_repeats_a_qsdp_run_bit_for_bit(tmp_path):
+    """Two runs of one seed differ by the order of GPU floating-point work, which training amplifies to about 1% of
+    the loss (benchmarks/RESULTS.md); with ``deterministic_mode`` they are the same run."""
+    shards = synthetic_shards(tmp_path / "shards", 2048)
+    losses = []
+    for name in ("first", "second"):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        result = launch(2, ROOT / "yamls" / "gpt-125m" / "qsdp-w8g8.yaml",
+                        [*gpu_overrides(shards, run_dir, 8), "deterministic_mode=true"])
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        losses.append(train_losses(run_dir))
+    assert sorted(losses[0]) == list(range(6)) and losses[0] == losses[1]
 
 
 # ------------------------------------------------------------------------------------------- eval_weights

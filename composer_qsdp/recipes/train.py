@@ -185,6 +185,9 @@ def _train(recipe: ValidatedRecipe, clock: StartupClock, run: contextlib.ExitSta
     clock.lap("imports")
     cfg = recipe.cfg
     check_machine(recipe)
+    if cfg.deterministic_mode:
+        # Before the first CUDA work (the process group's device): cuBLAS reads its workspace setting once.
+        reproducibility.configure_deterministic_mode()
     device, placement = _device(recipe)
     # The process group must exist before the streaming datasets are built: without one, each rank's
     # StreamingDataset creates temporary groups of its own, and concurrent ranks race on them at start-up.
@@ -266,6 +269,7 @@ def _train(recipe: ValidatedRecipe, clock: StartupClock, run: contextlib.ExitSta
             parallelism_config=parallelism,
             device_train_microbatch_size=cfg.device_train_microbatch_size,
             seed=cfg.seed,
+            deterministic_mode=cfg.deterministic_mode,
             dist_timeout=cfg.dist_timeout,
             save_folder=cfg.save_folder,
             save_interval=cfg.save_interval,

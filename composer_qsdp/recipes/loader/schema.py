@@ -127,6 +127,10 @@ class TrainRecipe:
                                    "GPU over gloo (numerics of one GPU per rank, timings no network's), only when "
                                    "the GPUs are too few; true always does; false refuses (NCCL, a GPU per rank)")
     precision: str = _key("fp32", f"one of {', '.join(PRECISIONS)} (fp32 only on cpu)")
+    deterministic_mode: bool = _key(False, "deterministic kernels (Composer's deterministic_mode: PyTorch's "
+                                           "deterministic algorithms, cuDNN deterministic, cuBLAS's fixed "
+                                           "workspace), so that a run repeats bit for bit on the same machine and "
+                                           "software: slower, and an op without a deterministic kernel raises")
     scheduler: dict[str, Any] = _key(doc="the learning-rate schedule: its name and keyword arguments, see "
                                          "'scheduler' below",
                                      factory=lambda: {"name": DEFAULT_CLASS_NAMES["scheduler"]})
