@@ -98,7 +98,9 @@ recipes' ``shared_gpu=true``, its ranks sharing the GPUs over gloo (``composer_q
 what a GPU per rank would; an arm with at most one process per GPU keeps NCCL, a GPU per rank, on the GPUs that
 the fewest processes of the running arms use (so 2-rank arms on 4 GPUs alternate between the two pairs), beside the
 other arms' processes. Step times of such runs say nothing about a network. ``--max-ranks`` is the memory budget:
-GPT-125M at sequence length 512 took 6.2-11 GiB per process at ``--micro-batch 8`` on an H100 (2026-11-25).
+GPT-125M at sequence length 512 took 6.2-11 GiB per process at ``--micro-batch 8`` on an H100 (2026-11-25), and up to
+13.1 GiB at ``--micro-batch 16`` on an H200 (2026-11-29). A launch that runs out of GPU memory beside other arms is
+queued again without spending a retry, and from then on only as many processes as ran beside it run at once.
 
 ``--matrix`` runs every seed system once (:data:`~convergence_arms.MATRIX_ARMS`): FSDP2 with two seeds, DDP, W8G8,
 W8G4, W4G4, qWD-W4G4, the policy ``auto`` and 0/1 Adam on ``--nproc`` processes, and the two-level schemes (SDP4Bit,

@@ -78,23 +78,36 @@ def run_arms(plan: Plan, budget: common.Budget, on_progress: Callable[[], None] 
     """Run (or continue) every unfinished arm, as many at once as ``plan.max_ranks`` processes allow; calls
     ``on_progress`` about every ``--results-interval-s`` seconds while arms run. Returns ``"complete"``,
     ``"incomplete"`` (budget or signal) or ``"failed"`` (an arm's launch failed; it continues from its checkpoint
-    on the next invocation)."""
+    on the next invocation).
+
+    A launch that ran out of GPU memory beside other arms (its log says so) is not the arm's failure but too many
+    processes on the GPUs: it is queued again without spending a retry, and from then on at most the processes that
+    ran without it run at once."""
     queue = _queue(plan)
     running: dict[str, tuple[subprocess.Popen, list[str]]] = {}  # arm -> (its launch, the GPUs it holds)
     free_gpus = [] if plan.shared else list(plan.gpus)
     failures = dict.fromkeys(queue, 0)
+    max_ranks = plan.max_ranks
     failed, last_start, last_progress = False, float("-inf"), time.monotonic()
     try:
         while queue or running:
+            ran = sum(plan.nproc(arm) for arm in running)  # before this round's ends: what a failure ran beside
             for arm, (proc, held) in list(running.items()):
                 if proc.poll() is None:
                     continue
                 del running[arm]
                 _write_running(plan, running)
                 free_gpus += held
+                beside = ran - plan.nproc(arm)
                 if proc.returncode == 0:
                     common.write_json(plan.arm_dir(arm) / "done.json", {"segments": launch_count(plan.arm_dir(arm))})
                     print(f"{arm}: finished", flush=True)
+                elif beside and out_of_gpu_memory(plan.arm_dir(arm)):
+                    max_ranks = max(min(max_ranks, beside), plan.nproc(arm))  # it can always run alone
+                    queue.append(arm)
+                    print(f"{arm}: out of GPU memory beside {beside} other processes; at most {max_ranks} run at "
+                          f"once from now (give --max-ranks {max_ranks} next time); it continues later from its "
+                          f"checkpoint; log in {plan.arm_dir(arm)}", flush=True)
                 elif failures[arm] < plan.args.retries:
                     # A launch can fail for reasons outside the arm (a port taken by a concurrent job, a node
                     # hiccup): continue from the checkpoint, after the other queued arms.
@@ -112,7 +125,7 @@ def run_arms(plan: Plan, budget: common.Budget, on_progress: Callable[[], None] 
                 on_progress()
                 last_progress = time.monotonic()
             busy = sum(plan.nproc(arm) for arm in running)
-            fits = [arm for arm in queue if busy + plan.nproc(arm) <= plan.max_ranks]
+            fits = [arm for arm in queue if busy + plan.nproc(arm) <= max_ranks]
             # Starts are spaced by --stagger-s: every launch's start-up (imports, CUDA contexts, shard reads)
             # competes for the same cores.
             spaced = not running or time.monotonic() - last_start >= plan.args.stagger_s
@@ -140,6 +153,16 @@ def run_arms(plan: Plan, budget: common.Budget, on_progress: Callable[[], None] 
         common.kill(*(proc for proc, _ in running.values()))
         _write_running(plan, {})
     return "failed" if failed else "complete"
+
+
+#: What a launch's log holds when a process ran out of GPU memory (PyTorch's ``torch.OutOfMemoryError``).
+OUT_OF_MEMORY_MARK = "CUDA out of memory"
+
+
+def out_of_gpu_memory(arm_dir: Path) -> bool:
+    """Whether the arm's last launch (its newest log) ran out of GPU memory."""
+    logs = sorted(arm_dir.glob("log-*.txt"))
+    return bool(logs) and OUT_OF_MEMORY_MARK in logs[-1].read_text(errors="replace")
 
 
 def _least_loaded_gpus(plan: Plan, arm: str, running: dict[str, tuple[subprocess.Popen, list[str]]]) -> list[str]:

@@ -249,6 +249,42 @@ def test_scheduler_keeps_the_running_ranks_within_the_budget(tiny_recipes, tmp_p
     assert convergence_runner.running_launches(plan) == {}
 
 
+def test_a_launch_out_of_gpu_memory_beside_others_waits_for_room_without_a_retry(tiny_recipes, tmp_path,
+                                                                                  monkeypatch, capsys):
+    monkeypatch.setattr(convergence_plan, "_visible_gpus", lambda: ["0"])
+    gpu = ["-o", "device=gpu", "-o", "precision=amp_bf16"]
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", "w4g4", "--max-ranks", "6", "--retries", "0",
+                    "--stagger-s", "0", "--results-interval-s", "0", "--eval-batches", "-1", "--shared-gpu", "true",
+                    *gpu)
+    oomed, procs, starts = tmp_path / "oomed", {}, []
+
+    def fake_start(plan_, arm, gpus):
+        plan.arm_dir(arm).mkdir(parents=True, exist_ok=True)
+        launch = convergence_runner.launch_count(plan.arm_dir(arm))
+        log = plan.arm_dir(arm) / f"log-{launch:02d}.txt"
+        starts.append((arm, launch))
+        if arm == "w4g4" and launch == 0:  # all three ran: this one did not fit
+            log.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.53 GiB.\n")
+            code = f"import pathlib, sys; pathlib.Path({str(oomed)!r}).touch(); sys.exit(1)"
+        elif arm == "w4g4":
+            assert procs["baseline"].poll() is not None  # it waited until two processes ran beside it, not four
+            log.write_text("ok\n")
+            code = "pass"
+        else:  # baseline ends 2 s after w4g4 failed (the driver polls every second); w8g8 once w4g4 ran again
+            log.write_text("ok\n")
+            flag, after = (oomed, 2.0) if arm == "baseline" else (plan.arm_dir("w4g4") / "log-01.txt", 0.0)
+            code = (f"import os, sys, time\nend = time.time() + 60\nwhile not os.path.exists({str(flag)!r}):\n"
+                    f"    time.sleep(0.01)\n    if time.time() > end: sys.exit(1)\ntime.sleep({after})")
+        procs[arm] = subprocess.Popen([sys.executable, "-c", code])
+        return procs[arm]
+
+    monkeypatch.setattr(convergence_runner, "_start_arm", fake_start)
+    assert convergence_runner.run_arms(plan, e2e_common.Budget(None)) == "complete"  # no retry was spent on it
+    assert starts == [("baseline", 0), ("w8g8", 0), ("w4g4", 0), ("w4g4", 1)]
+    assert ("w4g4: out of GPU memory beside 4 other processes; at most 4 run at once from now (give --max-ranks 4 "
+            "next time)") in capsys.readouterr().out
+
+
 def test_shared_arms_over_nccl_spread_over_the_least_used_gpus(tiny_recipes, tmp_path, monkeypatch):
     monkeypatch.setattr(convergence_plan, "_visible_gpus", lambda: ["4", "5", "6", "7"])
     gpu = ["-o", "device=gpu", "-o", "precision=amp_bf16"]
