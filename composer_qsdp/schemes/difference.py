@@ -281,8 +281,18 @@ class DifferenceAllGather(WeightScheme):
             traffic = self._traffic(world, n, element, None)
         else:
             assert ref is not None
-            own = self._to_device(ref.view(place.rows, n)[place.row], input.device)
-            # Encoded before `output` (which `input` may alias) is written.
+            rows = ref.view(place.rows, n)
+            if self.reference_on_host:
+                # Each row crosses the host link once: the other rows now, this rank's into `own` and from there into
+                # `work` after the encoding and the error, which read `input`, which the whole-unit `work` (`output`)
+                # may alias at this row.
+                work = self._working(output, load=False)
+                own = self._to_device(rows[place.row], input.device)
+                for part in (slice(0, place.row), slice(place.row + 1, place.rows)):
+                    if part.start < part.stop:
+                        self._host.copy(work.view(place.rows, n)[part], rows[part])
+            else:
+                work, own = ref, rows[place.row]
             wire = self.codec.encode_difference_rows(input.reshape(1, n), own.view(1, n), seed=mix_seed(seed, rank))[0]
             if place.rows_group is None:
                 gathered = wire
@@ -290,7 +300,8 @@ class DifferenceAllGather(WeightScheme):
                 gathered = torch.empty(place.rows * wire.numel(), dtype=torch.uint8, device=input.device)
                 dist.all_gather_into_tensor(gathered, wire, group=place.rows_group)
             error = relative_error(own.to(torch.float32) + self.codec.decode(wire, n), input) if measure_error else None
-            work = self._working(output, load=True)
+            if self.reference_on_host:
+                work.view(place.rows, n)[place.row].copy_(own)
             self.codec.decode_add_rows(gathered.view(place.rows, -1), work.view(place.rows, n))
             self._store(work)
             self._next = _Next.CURRENT

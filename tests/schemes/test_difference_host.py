@@ -6,11 +6,15 @@ x 2, the reference replicated and sharded, fp32 and bf16, gloo on CPU tensors an
   from the reference; FSDP2's in-place input) gives the device reference's output, and the sampled errors are the same.
 * Memory: with CUDA tensors the reference is in pinned host memory; ``memory_bytes()`` (device) is 0 and
   ``host_memory_bytes()`` is what the device reference takes on the device.
+* Host link: a gather reads the host reference once at most (an update too, whose own row the encoding needs first),
+  and a keyframe not at all.
 * Checkpoints: the state dict is the device reference's, value for value, and a state of either resumes the other,
   continuing exactly as the uninterrupted run.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -21,6 +25,7 @@ from dist_spawn import RankInfo, run_ranks, spawn_params
 from composer_qsdp.comm import Topology
 from composer_qsdp.quant import make_codec
 from composer_qsdp.schemes import DifferenceAllGather, make_weight_scheme
+from composer_qsdp.schemes.host_copies import HostCopies
 
 STEPS = 9
 SAVE_AT = 5  # the state is saved after this many steps
@@ -35,6 +40,30 @@ def _scheme(info: RankInfo, per_node: int, sharded: bool, on_host: bool) -> Diff
                                 reference_on_host=on_host)
     scheme.setup(dist.group.WORLD, Topology(per_node), Padded(info.world_size))
     return scheme
+
+
+@contextlib.contextmanager
+def _reference_reads(scheme: DifferenceAllGather):
+    """Counts the bytes each ``all_gather`` of ``scheme`` copies out of its host reference (a list, one per call)."""
+    reads: list[int] = []
+    copy, gather = HostCopies.copy, scheme.all_gather
+
+    def counting_copy(self, dst, src):
+        ref = scheme.reference
+        if ref is not None and src.untyped_storage().data_ptr() == ref.untyped_storage().data_ptr():
+            reads[-1] += src.numel() * src.element_size()
+        copy(self, dst, src)
+
+    def counting_gather(*args, **kwargs):
+        reads.append(0)
+        return gather(*args, **kwargs)
+
+    HostCopies.copy, scheme.all_gather = counting_copy, counting_gather
+    try:
+        yield reads
+    finally:
+        HostCopies.copy = copy
+        del scheme.all_gather
 
 
 def _steps(info: RankInfo, scheme: DifferenceAllGather, dtype: torch.dtype, first: int, last: int) -> dict:
@@ -70,12 +99,15 @@ def _same(a: dict, b: dict) -> bool:
 
 def _layout(info: RankInfo, per_node: int, sharded: bool, dtype: torch.dtype) -> dict:
     host, device = _scheme(info, per_node, sharded, True), _scheme(info, per_node, sharded, False)
-    first_h, first_d = _steps(info, host, dtype, 0, SAVE_AT), _steps(info, device, dtype, 0, SAVE_AT)
+    with _reference_reads(host) as reads:
+        first_h = _steps(info, host, dtype, 0, SAVE_AT)
+    first_d = _steps(info, device, dtype, 0, SAVE_AT)
     assert host.reference is not None and device.reference is not None
     res = {"memory": (host.memory_bytes(), host.host_memory_bytes(), device.memory_bytes(),
                       device.host_memory_bytes()),
            "where": (host.reference.device.type, host.reference.is_pinned(), device.reference.device.type),
-           "describe": host.describe()}
+           "describe": host.describe(),
+           "reads": (reads, host.host_memory_bytes())}
     states = {"host": host.state_dict(), "device": device.state_dict()}
     rest_h, rest_d = _steps(info, host, dtype, SAVE_AT, STEPS), _steps(info, device, dtype, SAVE_AT, STEPS)
     res["same"] = _same(first_h, first_d) and _same(rest_h, rest_d)
@@ -125,6 +157,17 @@ def test_the_reference_leaves_the_device(results):
             assert resident == ("cuda" if backend == "nccl" else "cpu"), key
             assert pinned == (backend == "nccl"), key
             assert res["describe"].endswith(", reference in host memory"), key
+
+
+def test_a_gather_reads_the_host_reference_once_at_most(results):
+    _, ranks = results
+    for layouts in ranks:
+        for key, res in layouts.items():
+            reads, reference = res["reads"]
+            assert len(reads) == SAVE_AT * GATHERS, key
+            # Step 0's first gather and step 4's (keyframe_every) are keyframes: nothing read; every other reads it all.
+            keyframes = {0, KEYFRAME_EVERY * GATHERS}
+            assert reads == [0 if call in keyframes else reference for call in range(len(reads))], key
 
 
 def test_checkpoints_are_the_device_references_and_resume_either_way(results):
