@@ -467,8 +467,9 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     An arm found in two runs with the same loss at every evaluation both reached is one run: continued from its
     checkpoint on a later machine, or the same arm folders tabled twice. The one that got further is kept (the
     first given, where they got as far). Where the losses differ it is another run of the arm (started again; GPU
-    kernels are not bitwise deterministic), and both are kept. An arm name then found in one run keeps its name; one found in several becomes ``<arm>@run<i>`` (1-based,
-    in the order given); :func:`seed_groups` counts each such run of a seed. Each arm keeps its gap to its own run's
+    kernels are not bitwise deterministic), and both are kept. An arm name then found in one run keeps its name;
+    one found in several becomes ``<arm>@run<i>`` (1-based, in the order given), and :func:`seed_groups` counts
+    each such run of a seed. Each arm keeps its gap to its own run's
     baseline (``gap_vs_baseline_pct``) and gains ``gap_vs_baselines_pct``: its gap to every run's baseline at its
     final step, by baseline label. Raises ``ValueError`` naming the first setting or corpus fingerprint that
     differs between runs."""
