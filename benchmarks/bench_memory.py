@@ -63,8 +63,6 @@ import argparse
 import csv
 import io
 import json
-import os
-import re
 import shutil
 import sys
 import time
@@ -119,9 +117,6 @@ CONFIGS: dict[str, Config] = {
        for c in (_layout(p, layouts) for p in QSDPConfig.preset_names()) if c is not None},
 }
 DEFAULT_CONFIGS = ("baseline", "qsdp-w8g8", "qsdp-qwd-w3g3-loco", "qsdp-qwd-w3g3-loco-lean")
-#: What a launch's log says when a rank ran out of device memory: the allocator's error, or CUDA's own (a context,
-#: a library workspace).
-_OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory")
 #: The placement the recipe entrypoint logs as hyperparameters (composer_qsdp.shared_gpu.GPUPlacement).
 _PLACEMENT = ("shared_gpu", "ranks_per_gpu", "dist_backend", "visible_gpus")
 #: Recipe overrides of each ``--optimizer``: ``recipe`` keeps the recipe's; ``sgd`` is torch's SGD without state
@@ -255,13 +250,6 @@ def make_plan(args: argparse.Namespace) -> Plan:
     return plan
 
 
-def launch_env() -> dict[str, str]:
-    """This process's environment with the allocator setting of the module docstring."""
-    env = dict(os.environ)
-    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    return env
-
-
 def launch(plan: Plan, config: Config, budget: common.Budget) -> str | None:
     """Train ``config`` and record it: its status (``ok``, ``oom``, ``failed``), or None when the budget ran out
     (the launch killed, nothing recorded)."""
@@ -272,7 +260,7 @@ def launch(plan: Plan, config: Config, budget: common.Budget) -> str | None:
     metrics_file.unlink(missing_ok=True)
     command = common.train_command(nproc, plan.recipe_dir / config.recipe, plan.overrides(config),
                                    launch=common.torchrun)
-    env = launch_env()
+    env = common.launch_env()
     print(f"{config.name} on {nproc} ranks", flush=True)
     t0 = time.monotonic()
     rc = common.run(command, log, env, budget)
@@ -295,7 +283,7 @@ def launch(plan: Plan, config: Config, budget: common.Budget) -> str | None:
         hyper = common.read_json(metrics_file).get("hyperparameters", {})
         record.update(status="ok", ranks=ranks, placement={k: hyper.get(k) for k in _PLACEMENT})
     except (OSError, ValueError, KeyError) as err:
-        oom = rc != 0 and _OOM.search(log.read_text(errors="replace")) is not None
+        oom = rc != 0 and common.out_of_memory(log)
         record.update(status="oom" if oom else "failed", error="out of device memory" if oom else str(err),
                       log_tail=common.log_tail(log))
         print(f"  {record['error']}; log: {log}", flush=True)

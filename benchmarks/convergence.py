@@ -100,7 +100,9 @@ the fewest processes of the running arms use (so 2-rank arms on 4 GPUs alternate
 other arms' processes. Step times of such runs say nothing about a network. ``--max-ranks`` is the memory budget:
 GPT-125M at sequence length 512 took 6.2-11 GiB per process at ``--micro-batch 8`` on an H100 (2026-11-25), and up to
 13.1 GiB at ``--micro-batch 16`` on an H200 (2026-11-29). A launch that runs out of GPU memory beside other arms is
-queued again without spending a retry, and from then on only as many processes as ran beside it run at once.
+queued again without spending a retry, and from then on only as many processes as ran beside it run at once. The
+launches get ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` unless it is set
+(:func:`e2e_common.launch_env`).
 
 ``--matrix`` runs every seed system once (:data:`~convergence_arms.MATRIX_ARMS`): FSDP2 with two seeds, DDP, W8G8,
 W8G4, W4G4, qWD-W4G4, the policy ``auto`` and 0/1 Adam on ``--nproc`` processes, and the two-level schemes (SDP4Bit,

@@ -155,14 +155,10 @@ def run_arms(plan: Plan, budget: common.Budget, on_progress: Callable[[], None] 
     return "failed" if failed else "complete"
 
 
-#: What a launch's log holds when a process ran out of GPU memory (PyTorch's ``torch.OutOfMemoryError``).
-OUT_OF_MEMORY_MARK = "CUDA out of memory"
-
-
 def out_of_gpu_memory(arm_dir: Path) -> bool:
     """Whether the arm's last launch (its newest log) ran out of GPU memory."""
     logs = sorted(arm_dir.glob("log-*.txt"))
-    return bool(logs) and OUT_OF_MEMORY_MARK in logs[-1].read_text(errors="replace")
+    return bool(logs) and common.out_of_memory(logs[-1])
 
 
 def _least_loaded_gpus(plan: Plan, arm: str, running: dict[str, tuple[subprocess.Popen, list[str]]]) -> list[str]:
@@ -187,7 +183,7 @@ def _start_arm(plan: Plan, arm: str, gpus: list[str]) -> subprocess.Popen:
     segment = launch_count(arm_dir)
     command = common.train_command(plan.nproc(arm), plan.recipe_dir / plan.arms[arm].recipe,
                                    plan.overrides(arm, segment))
-    env = dict(os.environ)
+    env = common.launch_env()
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     common.write_json(arm_dir / "arm.json", {"arm": arm, **dataclasses.asdict(plan.arms[arm]),
