@@ -115,8 +115,11 @@ class SigtermCheckpoint(Callback):
 
     def _anyone_received(self) -> bool:
         """Whether any process received SIGTERM: this process's flag, MAX-reduced over a gloo group on the CPU (made
-        at the first batch end of :meth:`handling`'s block, when every process reaches it in the same order)."""
-        if not torch_dist.is_available() or not torch_dist.is_initialized():
+        at the first batch end of :meth:`handling`'s block, when every process reaches it in the same order; none for
+        one process)."""
+        if not torch_dist.is_available() or not torch_dist.is_initialized() or torch_dist.get_world_size() == 1:
+            # One process's flag is the maximum; a gloo group of one would only be one more to tear down, and
+            # torch 2.7's gloo shutdown has hung there.
             return self.received
         if self._group is None:
             # A new group does not inherit the default group's timeout: it would wait torch's default (30 min) here

@@ -76,6 +76,24 @@ def _fail() -> None:
     raise RuntimeError("a failure in the middle of training")
 
 
+def test_a_one_process_run_makes_no_group_for_the_sigterm_flags(corpus_shards, tmp_path, monkeypatch):
+    """The flags' MAX over one process is its own flag: no gloo group to make and tear down (a teardown that hung on
+    torch 2.7), and a SIGTERM still stops the run after a checkpoint."""
+    groups = []
+    received = SigtermCheckpoint._anyone_received
+
+    def recording(self: SigtermCheckpoint) -> bool:
+        answer = received(self)
+        groups.append(self._group)
+        return answer
+
+    monkeypatch.setattr(SigtermCheckpoint, "_anyone_received", recording)
+    _at_first_batch_end(monkeypatch, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    assert _run(corpus_shards, tmp_path / "one", f"save_folder={tmp_path / 'ckpt'}") == 128 + signal.SIGTERM
+    assert groups and all(group is None for group in groups)
+    assert (tmp_path / "ckpt" / "ep0-ba1").is_dir()
+
+
 def test_runs_that_stop_mid_epoch_leave_no_threads_and_no_open_files(corpus_shards, tmp_path, monkeypatch):
     others = set(os.listdir("/dev/shm"))
     assert _run(corpus_shards, tmp_path / "warm-up") == 0  # what stays open for good: imports, the process group
