@@ -288,14 +288,15 @@ def python_docstrings(source: str) -> str:
     tree = _parse(source)
     if tree is None:
         return ""
-    nodes = sorted(_docstring_nodes(tree), key=lambda n: getattr(n, "lineno", 0))
-    texts = (ast.get_docstring(n) for n in nodes)
-    return _utf8("\n\n".join(t for t in texts if t and t.strip()))
+    return _utf8("\n\n".join(doc for statement, doc in sorted(_docstrings(tree), key=lambda d: d[0].lineno)))
 
 
-def _docstring_nodes(tree: ast.Module) -> list[ast.AST]:
-    """The nodes of ``tree`` that may hold a docstring: the module, then every class and function (walk order)."""
-    return [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)))]
+def _docstrings(tree: ast.Module) -> list[tuple[ast.Expr, str]]:
+    """Each docstring of ``tree`` that is not blank, with its statement: the module's, then every class's and
+    function's (walk order), cleaned of their indentation (``ast.get_docstring``)."""
+    nodes = [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)))]
+    found = [(node, ast.get_docstring(node)) for node in nodes]
+    return [(node.body[0], doc) for node, doc in found if doc and doc.strip()]
 
 
 def _parse_workers(workers: int | None, files: int) -> int:
@@ -457,14 +458,9 @@ def python_prose(source: str) -> str:
     tree = _parse(source)
     if tree is None:
         return ""
-    docstrings: set[int] = set()
-    pieces = _comment_blocks(source, tree)
-    for node in _docstring_nodes(tree):
-        doc = ast.get_docstring(node)
-        if doc and doc.strip():
-            pieces.append((node.body[0].lineno, doc))
-            docstrings.add(id(node.body[0].value))
-    pieces += _prose_strings(tree, docstrings)
+    docstrings = _docstrings(tree)
+    pieces = _comment_blocks(source, tree) + [(statement.lineno, doc) for statement, doc in docstrings]
+    pieces += _prose_strings(tree, {id(statement.value) for statement, _ in docstrings})
     return _utf8("\n\n".join(text for _, text in sorted(pieces, key=lambda piece: piece[0])))
 
 
@@ -571,10 +567,8 @@ def prose_documents(val_fraction: float, roots: Sequence[str | os.PathLike] | No
 
     Parts 1-2 and the docstrings are the prose proper; the comments, the messages and part 4 are there for size. On
     the GPU host's torch environment (25,700 ``*.py`` files) the docstrings alone gave 21.9 M GPT-2 train tokens,
-    short of the 32.8 M a GPT-125M seed run trains on (2,000 steps x 32 samples x 512 tokens, no sample twice), and
-    the descriptions and documentation files add only about one million; for the distributions both machines have,
-    part 3 measured 1.5 times the docstrings on the CPU dev box, and the whole corpus is estimated at 38-40 M tokens
-    there (``benchmarks/README.md``, "The ``prose`` corpus", has the figures and the estimate).
+    short of the 32.8 M a GPT-125M seed run trains on (2,000 steps x 32 samples x 512 tokens, no sample twice); the
+    whole corpus gave 39.9 M (``benchmarks/README.md``, "The ``prose`` corpus").
 
     Descriptions and documentation files must read as prose (:func:`is_prose`: no tables of numbers, word lists
     or command output). Every document holds at least :data:`MIN_PROSE_CHARS` characters. A document whose text,
