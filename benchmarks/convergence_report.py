@@ -114,7 +114,7 @@ def seed_groups(arms: dict[str, Any], steps: int) -> dict[str, dict[str, Any]]:
     for name, r in arms.items():
         arm = r.get("arm", name)  # a combined record's label may end in @run<i>
         seed = arm_seed(arm)
-        if seed is None or arm_seed(r.get("baseline") or "") is None:
+        if seed is None or arm_seed(r.get("baseline") or "") is None or not r["curve"]:  # not started: no run
             continue
         group = arm[:arm.rindex(SEED_MARK)]
         curves.setdefault(group, {})[seed if name == arm else (seed, r["run"])] = dict(r["curve"])
@@ -142,15 +142,20 @@ def _seed_lines(groups: dict[str, dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     lines = ["", f"Seeds: each arm's final losses against its baseline's at the last step every run of both reached, "
-                 "every run one sample (a seed run in several combined records counts once per run); lossless when "
+                 "every run one sample (a seed run in several combined records counts once per run); the paired "
+                 "gap sets each seed's runs against the baseline's runs of the same seed, with the paired t-test "
+                 "over the seeds both ran; lossless when "
                  f"the arm's mean lies inside the baseline's range with >= {seed_stats.MIN_SEEDS} distinct complete "
                  "seeds a side.", "",
              *_table_head(["arm", "vs", "step", "runs", "mean (std)", "baseline mean (std)", "baseline range",
-                           "gap of means", "paired gap", "Welch 95% CI (p)", "verdict"])]
+                           "gap of means", "paired gap (95% CI, p)", "Welch 95% CI (p)", "verdict"])]
     for group, g, c in rows:
         ci = "n/a" if c["ci95_pct"] is None else \
             f"{c['ci95_pct'][0]:+.2f}% .. {c['ci95_pct'][1]:+.2f}% (p {c['p_value']:.2f})"
         paired = "n/a" if c["paired_gap_pct"] is None else f"{c['paired_gap_pct']:+.2f}%"
+        if c.get("paired_ci95_pct"):  # None below two common seeds; absent from records that predate the test
+            lo, hi = c["paired_ci95_pct"]
+            paired += f" ({lo:+.2f}% .. {hi:+.2f}%, p {c['paired_p_value']:.2f})"
         lines.append(f"| {group} | {g['baseline']} | {c['step']} | {_runs(c['arm_losses'], c['arm_seeds'])} vs "
                      f"{_runs(c['baseline_losses'], c['baseline_seeds'])} | {_mean_std(c['arm_mean'], c['arm_std'])} | "
                      f"{_mean_std(c['baseline_mean'], c['baseline_std'])} | {c['baseline_range'][0]:.4f} .. "
@@ -483,8 +488,9 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         # How many processes ran at once changes the step times, not an arm's numerics; nor does the transport:
         # ranks sharing GPUs over gloo compute what NCCL ranks do, up to the order of a reduction's sums.
         # The recipe folder is named as each machine's command gave it (absolute or relative): its name counts.
+        # Which weights the QSDP arms evaluated is each arm's (checked below), not the record's: a baseline has none.
         differ = [k for k in common.differing_keys(first["settings"], record["settings"])
-                  if k not in ("max_ranks", "shared_gpu")
+                  if k not in ("max_ranks", "shared_gpu", "eval_weights")
                   and not (k == "recipe_dir" and Path(first["settings"][k]).name == Path(record["settings"][k]).name)]
         if differ:
             key = differ[0]
@@ -496,6 +502,7 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     curves = [{arm: dict(r["curve"]) for arm, r in record["arms"].items()} for record in records]
     kept = [{arm: r for arm, r in record["arms"].items() if not _superseded(arm, i, curves)}
             for i, record in enumerate(records)]
+    _check_evaluated_weights(kept)
     counts = collections.Counter(arm for record_arms in kept for arm in record_arms)
     arms: dict[str, Any] = {}
     for i, record_arms in enumerate(kept, start=1):
@@ -510,6 +517,38 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
             "settings": first["settings"], "corpus": first["corpus"],
             "status": "complete" if all(r["status"] == "complete" for r in records) else "incomplete", "arms": arms,
             "seed_groups": seed_groups(arms, first["settings"]["steps"])}
+
+
+def _evaluated_weights(r: dict[str, Any]) -> str:
+    """The weights whose loss an arm's curve ``r["curve"]`` holds (its ``val`` evaluator): ``"exact"``,
+    ``"quantized"``, or ``"unrecorded"``: an arm that logged no ``qsdp/eval_weights``, i.e. one without QSDP (a
+    baseline) or a QSDP run from before the setting existed (whose evaluations gathered the quantized weights)."""
+    recorded = r.get("eval_weights")
+    if recorded is None:
+        return "unrecorded"
+    text = str(recorded).replace(" ", "")
+    if "=" not in text:
+        return text
+    modes = dict(item.split("=", 1) for item in text.split(","))  # by evaluator label: "val=exact,val_quantized=..."
+    return modes.get(VAL_LOSS.split("/")[1], "exact")
+
+
+def _check_evaluated_weights(runs: list[dict[str, Any]]) -> None:
+    """Raise ``ValueError`` where an arm's runs (any seed) evaluated different weights, so that no seed table pools
+    losses of the quantized weights with those of the exact ones. ``runs``: each record's arms by name."""
+    seen: dict[str, tuple[str, int]] = {}
+    for i, arms in enumerate(runs, start=1):
+        for name, r in arms.items():
+            if not r["curve"]:  # not started: no loss to pool
+                continue
+            group = name[:name.rindex(SEED_MARK)] if arm_seed(name) is not None else name
+            weights = _evaluated_weights(r)
+            first_weights, first_run = seen.setdefault(group, (weights, i))
+            if weights != first_weights:
+                raise ValueError(f"{group} evaluated the {weights} weights in run {i} ({name}) but the "
+                                 f"{first_weights} ones in run {first_run}: one arm's runs must evaluate the same "
+                                 f"weights (convergence.py --eval-weights; runs without a recorded setting "
+                                 f"evaluated the quantized weights)")
 
 
 def _superseded(arm: str, i: int, curves: list[dict[str, dict[int, float]]]) -> bool:

@@ -645,6 +645,40 @@ def test_combine_refuses_runs_that_differ(change, message):
         convergence_report.combine_records([first, convergence_report.combine_records([first, alike])])
 
 
+def _evaluating(record: dict, weights: dict[str, object], settings: dict | None = None) -> dict:
+    """``record`` with each named arm's recorded ``eval_weights`` and extra ``settings``."""
+    record["settings"] = {**record["settings"], **(settings or {})}
+    for arm, recorded in weights.items():
+        record["arms"][arm]["eval_weights"] = recorded
+    return record
+
+
+def test_combine_pools_records_of_either_evaluation_setting_where_each_arm_evaluated_alike():
+    # A record from before --eval-weights (no setting; its QSDP arms evaluated quantized weights) with plain FSDP2's
+    # seeds, and one run with exact evaluation: the baselines pool, and w8g8 evaluated alike in every run it has.
+    old = _seeded("a", {f"baseline-1r@s{s}": {20: 4.0 + s / 100} for s in (17, 18, 19)})
+    new = _evaluating(_seeded("b", {**{f"baseline-1r@s{s}": {20: 4.01 + s / 100} for s in (20, 21)},
+                                    **{f"w8g8@s{s}": {20: 4.2} for s in (17, 18, 19)}}),
+                      {"w8g8@s17": "exact", "w8g8@s18": "exact", "w8g8@s19": "val=exact, val_quantized=quantized"},
+                      {"eval_weights": "exact"})
+    new["arms"]["w8g8@s20"] = {**new["arms"]["w8g8@s19"], "curve": [], "eval_weights": None}  # not started
+    record = convergence_report.combine_records([old, new])
+    group = record["seed_groups"]["w8g8"]
+    assert group["runs"] == 3 and len(group["comparison"]["baseline_losses"]) == 5
+
+
+@pytest.mark.parametrize("first, second, message", [
+    (None, "exact", "w8g8 evaluated the exact weights in run 2 \\(w8g8@s18\\) but the unrecorded ones in run 1"),
+    ("quantized", "val=exact, val_quantized=quantized", "the exact weights in run 2 .* the quantized ones in run 1"),
+])
+def test_combine_refuses_an_arm_whose_runs_evaluated_different_weights(first, second, message):
+    runs = [_evaluating(_seeded("a", {"baseline-1r@s17": {20: 4.0}, "w8g8@s17": {20: 4.1}}), {"w8g8@s17": first}),
+            _evaluating(_seeded("b", {"baseline-1r@s18": {20: 4.0}, "w8g8@s18": {20: 4.1}}), {"w8g8@s18": second},
+                        {"eval_weights": "exact"})]
+    with pytest.raises(ValueError, match=message):
+        convergence_report.combine_records(runs)
+
+
 def test_combine_compares_with_both_baseline_seeds_and_ignores_how_many_ran_at_once_and_how():
     first = fake_record("a", {"baseline": {20: 4.0}, "baseline-seed2": {20: 4.1}})
     first["settings"] = {**first["settings"], "shared_gpu": False}

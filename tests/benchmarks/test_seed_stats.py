@@ -55,6 +55,25 @@ def test_welch_test_matches_scipy_and_hand_computation():
     assert r.verdict == "above"  # 1.70167 > the baseline's highest seed, 1.7008
 
 
+def test_paired_test_over_seeds_matches_scipy_and_weighs_each_seed_once():
+    stats = pytest.importorskip("scipy.stats")
+    # Seed 17 run twice by the arm and by the baseline: each seed's runs are averaged before pairing.
+    arm = {(17, 1): 1.7000, (17, 2): 1.7100, 18: 1.7150, 19: 1.6950, 20: 1.6800}
+    base = {(17, 1): 1.6981, (17, 2): 1.6995, 18: 1.7089, 19: 1.6897, 21: 1.6743}
+    r = compare(_curves(arm), _curves(base), complete_step=2000)
+    a = {17: 1.7050, 18: 1.7150, 19: 1.6950}
+    b = {17: (1.6981 + 1.6995) / 2, 18: 1.7089, 19: 1.6897}
+    gaps = [100 * (a[s] / b[s] - 1) for s in a]
+    assert r.paired_gap_pct == pytest.approx(statistics.fmean(gaps))
+    ref = stats.ttest_1samp(gaps, 0.0)
+    assert r.paired_p_value == pytest.approx(ref.pvalue, rel=1e-7)
+    half = stats.t.ppf(0.975, 2) * statistics.stdev(gaps) / math.sqrt(3)
+    assert r.paired_ci95_pct == pytest.approx((statistics.fmean(gaps) - half, statistics.fmean(gaps) + half))
+    one = compare(_curves({17: 1.70, 20: 1.69}), _curves({17: 1.69, 21: 1.68}), complete_step=2000)
+    assert one.paired_gap_pct == pytest.approx(100 * (1.70 / 1.69 - 1))
+    assert one.paired_ci95_pct is None and one.paired_p_value is None  # one common seed: no interval
+
+
 def test_verdicts_inside_below_and_incomplete():
     base = {17: 1.70, 18: 1.71, 19: 1.72}
     assert compare(_curves({17: 1.705, 18: 1.715, 19: 1.71}), _curves(base), 2000).verdict == "inside"
