@@ -237,7 +237,9 @@ def arm_progress(plan: Plan, arm: str) -> dict[str, Any]:
     elif arm in running_launches(plan):
         state = "running"
     else:
-        # A SIGTERM (the driver's budget, a preemption) saves and raises Preempted: that launch stopped, resumable.
-        state = "failed" if "Traceback" in text and "Preempted: " not in text else "stopped"
+        # A SIGTERM (the driver's budget, a preemption) saves and raises Preempted: that launch stopped, resumable,
+        # though Composer's launcher logs a traceback of the same signal.
+        from composer_qsdp.recipes.failures import PREEMPTED_MARK
+        state = "failed" if "Traceback" in text and PREEMPTED_MARK not in text else "stopped"
     return {"arm": arm, "state": state, "ranks": plan.nproc(arm), "launches": len(logs),
             "last_eval": list(curve[-1]) if curve else None, "checkpoint": checkpoint, "log_tail": tail}

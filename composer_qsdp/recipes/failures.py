@@ -16,8 +16,8 @@ from composer_qsdp.recipes.loader import RecipeError
 if TYPE_CHECKING:
     from composer_qsdp.recipes.run_files import RunPaths
 
-__all__ = ["CollectiveTimeoutError", "PeerExitedError", "Preempted", "causes", "collective_timeout", "disk_full",
-           "is_timeout", "peer_exit", "unreadable", "untrusted"]
+__all__ = ["PREEMPTED_MARK", "CollectiveTimeoutError", "PeerExitedError", "Preempted", "causes", "collective_timeout",
+           "disk_full", "is_timeout", "peer_exit", "unreadable", "untrusted"]
 
 
 class CollectiveTimeoutError(RuntimeError):
@@ -27,6 +27,12 @@ class CollectiveTimeoutError(RuntimeError):
 class PeerExitedError(RuntimeError):
     """Another process of the job ended while this one waited for it in a collective; that process's own error (in
     its output, which the launcher prints) is the cause."""
+
+
+#: The words of every :class:`Preempted` message after its rank, which each stopped process prints: a launch's log
+#: that holds them stopped after saving (or saying why it could not), where the launcher's own traceback of its
+#: SIGTERM would otherwise read as a failure.
+PREEMPTED_MARK = "stopped by SIGTERM after batch"
 
 
 class Preempted(Exception):

@@ -31,7 +31,7 @@ from composer.core import Callback, Event, State
 from composer.loggers import Logger
 from composer.utils import dist
 
-from composer_qsdp.recipes.failures import Preempted
+from composer_qsdp.recipes.failures import PREEMPTED_MARK, Preempted
 
 __all__ = ["SigtermCheckpoint"]
 
@@ -108,7 +108,7 @@ class SigtermCheckpoint(Callback):
         elif event == Event.BATCH_CHECKPOINT and self.stopping:
             batch = int(state.timestamp.batch)
             saved = self._saved(state)
-            raise Preempted(f"rank {dist.get_global_rank()}: stopped by SIGTERM after batch {batch}; "
+            raise Preempted(f"rank {dist.get_global_rank()}: {PREEMPTED_MARK} {batch}; "
                             + (f"checkpoint saved at {saved}: autoresume (or load_path) continues from it"
                                if saved else "no checkpoint saved (no save_folder): the batches trained are lost"),
                             signal.SIGTERM)

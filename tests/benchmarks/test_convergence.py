@@ -339,8 +339,11 @@ def test_status_and_collect_report_each_arm_and_pack_the_results(tiny_recipes, t
     write_segment(out / "w8g8" / "metrics-00.json", {10: 5.1})
     (out / "w8g8" / "log-00.txt").write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
     (out / "w8g4").mkdir()  # stopped by the driver's SIGTERM: saved, resumable, not failed
-    (out / "w8g4" / "log-00.txt").write_text(
-        "Traceback (most recent call last):\ncomposer_qsdp.recipes.train.Preempted: rank 1: stopped by SIGTERM\n")
+    (out / "w8g4" / "log-00.txt").write_text(  # as the launcher logs its own SIGTERM, and each rank its stop
+        "Traceback (most recent call last):\n  File \"composer/core/engine.py\", line 123, in sigterm_handler\n"
+        "SystemExit: 143\nrank 0: stopped by SIGTERM after batch 1850; checkpoint saved at /tmp/cv0/w8g4/"
+        "checkpoints/ep0-ba1850: autoresume (or load_path) continues from it\n"
+        "ERROR:composer.cli.launcher:Global rank 0 (PID 9140) exited with code 143\n")
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "manifest.json").write_text(json.dumps(
