@@ -8,7 +8,8 @@ means, the sample standard deviations, the baseline's range, the gap of the mean
 each seed's gap (the mean of its arm runs against the mean of its baseline runs: the same initial weights and data
 order), averaged over the seeds both sides ran, with the paired t-test's 95% interval and p over those seeds. The seed
 is a large share of the spread (at GPT-125M on ``pysource``, plain FSDP2's five seeds span 2.1% at step 2,000, while
-its three seeds run twice ended 0.08-0.48% apart), so the paired interval is the narrower one when the seeds agree.
+its three seeds run twice ended 0.08-0.48% apart: ``results/2026-11-30_h200x2_5251474``), so the paired interval is
+the narrower one when the seeds agree.
 
 The verdict follows the project's definition of lossless: the arm's mean ends inside the baseline's range (min..max),
 with at least :data:`MIN_SEEDS` distinct complete seeds on each side; ``below`` (a lower loss than every baseline
