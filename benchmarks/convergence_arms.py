@@ -249,6 +249,12 @@ def arm_seed(name: str) -> int | None:
     return int(seed) if mark and seed.isdigit() else None
 
 
+def seedless_name(name: str) -> str:
+    """``name`` without the seed of a :func:`seed_arm_name` (``w8g8@lr2x`` for ``w8g8@lr2x@s18``); ``name`` itself
+    for an arm without one."""
+    return name[:name.rindex(SEED_MARK)] if arm_seed(name) is not None else name
+
+
 def lr_scaled(arm: Arm, recipe_lr: float, scale: float) -> Arm:
     """``arm`` at ``scale`` times ``recipe_lr``, compared with its baseline at the same scale."""
     lr = recipe_lr * scale

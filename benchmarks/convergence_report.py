@@ -20,7 +20,7 @@ from typing import Any
 
 import e2e_common as common
 import seed_stats
-from convergence_arms import FSDP_BASELINES, SEED_MARK, arm_seed, base_arm
+from convergence_arms import FSDP_BASELINES, arm_seed, base_arm, seedless_name
 from convergence_plan import Plan
 from convergence_runner import (VAL_LOSS, VAL_QUANTIZED_LOSS, launch_count, merged_metrics, recorded_backend,
                                 recorded_eval_weights)
@@ -116,10 +116,10 @@ def seed_groups(arms: dict[str, Any], steps: int) -> dict[str, dict[str, Any]]:
         seed = arm_seed(arm)
         if seed is None or arm_seed(r.get("baseline") or "") is None or not r["curve"]:  # not started: no run
             continue
-        group = arm[:arm.rindex(SEED_MARK)]
+        group = seedless_name(arm)
         curves.setdefault(group, {})[seed if name == arm else (seed, r["run"])] = dict(r["curve"])
         seeds.setdefault(group, set()).add(seed)
-        baselines[group] = r["baseline"][:r["baseline"].rindex(SEED_MARK)]
+        baselines[group] = seedless_name(r["baseline"])
     groups = {}
     for group, baseline in baselines.items():
         result = seed_stats.compare(curves[group], curves.get(baseline, {}), steps) if group != baseline else None
@@ -541,11 +541,10 @@ def _check_evaluated_weights(runs: list[dict[str, Any]]) -> None:
         for name, r in arms.items():
             if not r["curve"]:  # not started: no loss to pool
                 continue
-            group = name[:name.rindex(SEED_MARK)] if arm_seed(name) is not None else name
             weights = _evaluated_weights(r)
-            first_weights, first_run = seen.setdefault(group, (weights, i))
+            first_weights, first_run = seen.setdefault(seedless_name(name), (weights, i))
             if weights != first_weights:
-                raise ValueError(f"{group} evaluated the {weights} weights in run {i} ({name}) but the "
+                raise ValueError(f"{seedless_name(name)} evaluated the {weights} weights in run {i} ({name}) but the "
                                  f"{first_weights} ones in run {first_run}: one arm's runs must evaluate the same "
                                  f"weights (convergence.py --eval-weights; runs without a recorded setting "
                                  f"evaluated the quantized weights)")

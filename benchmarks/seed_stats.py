@@ -187,8 +187,8 @@ def compare(arm_curves: dict[Run, dict[int, float]], baseline_curves: dict[Run, 
     arm_seed, base_seed = _seed_means(arm), _seed_means(base)
     paired = [100.0 * (loss - base_seed[seed]) / base_seed[seed] for seed, loss in arm_seed.items() if seed in base_seed]
     paired_ci = paired_p = None
-    if len(paired) > 1 and statistics.stdev(paired) > 0:
-        se = statistics.stdev(paired) / math.sqrt(len(paired))
+    if len(paired) > 1 and (spread := statistics.stdev(paired)) > 0:
+        se = spread / math.sqrt(len(paired))
         mean = statistics.fmean(paired)
         paired_p = 2.0 * (1.0 - student_t_cdf(abs(mean / se), len(paired) - 1))
         half = student_t_quantile(0.975, len(paired) - 1) * se
