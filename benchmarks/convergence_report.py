@@ -104,10 +104,11 @@ def summarize(plan: Plan) -> dict[str, Any]:
     return arms
 
 
-def seed_groups(arms: dict[str, Any], steps: int) -> dict[str, dict[str, Any]]:
-    """``--seeds``: each arm's runs against its baseline's runs (:func:`seed_stats.compare`), by the arm's name
-    without its seed; {} for a run without seeds. In a combined record a seed found in several runs (labelled
-    ``@run<i>``) counts once per run, as (seed, i)."""
+def _seed_curves(arms: dict[str, Any]) -> tuple[dict[str, dict[seed_stats.Run, dict[int, float]]],
+                                                 dict[str, set[int]], dict[str, str]]:
+    """The runs of every seeded arm by its name without the seed: curves by :data:`seed_stats.Run`, the seeds, and
+    each group's baseline group. In a combined record a seed found in several runs (labelled ``@run<i>``) counts
+    once per run, as (seed, i)."""
     curves: dict[str, dict[seed_stats.Run, dict[int, float]]] = {}
     seeds: dict[str, set[int]] = {}
     baselines: dict[str, str] = {}
@@ -120,12 +121,61 @@ def seed_groups(arms: dict[str, Any], steps: int) -> dict[str, dict[str, Any]]:
         curves.setdefault(group, {})[seed if name == arm else (seed, r["run"])] = dict(r["curve"])
         seeds.setdefault(group, set()).add(seed)
         baselines[group] = seedless_name(r["baseline"])
+    return curves, seeds, baselines
+
+
+def seed_groups(arms: dict[str, Any], steps: int) -> dict[str, dict[str, Any]]:
+    """``--seeds``: each arm's runs against its baseline's runs (:func:`seed_stats.compare`), by the arm's name
+    without its seed; {} for a run without seeds."""
+    curves, seeds, baselines = _seed_curves(arms)
     groups = {}
     for group, baseline in baselines.items():
         result = seed_stats.compare(curves[group], curves.get(baseline, {}), steps) if group != baseline else None
         groups[group] = {"baseline": baseline, "seeds": sorted(seeds[group]), "runs": len(curves[group]),
                          "comparison": result.to_json() if result else None}
     return groups
+
+
+def seed_groups_by_step(arms: dict[str, Any], steps: int) -> dict[str, list[dict[str, Any]]]:
+    """:func:`seed_groups` at every evaluation: by group, the comparison at each step an arm's run evaluated, over
+    the runs of both sides that reached it (a combined record pools sessions that stopped at different steps)."""
+    curves, _, baselines = _seed_curves(arms)
+    by_step: dict[str, list[dict[str, Any]]] = {}
+    for group, baseline in baselines.items():
+        if group == baseline or baseline not in curves:
+            continue
+        rows = []
+        for step in sorted({s for curve in curves[group].values() for s in curve}):
+            cut = [{run: {s: v for s, v in c.items() if s <= step} for run, c in side.items() if step in c}
+                   for side in (curves[group], curves[baseline])]
+            result = seed_stats.compare(*cut, steps)
+            if result is not None and result.step == step:
+                rows.append(result.to_json())
+        by_step[group] = rows
+    return by_step
+
+
+def _seed_step_lines(by_step: dict[str, list[dict[str, Any]]]) -> list[str]:
+    lines = []
+    for group, rows in by_step.items():
+        if not rows:
+            continue
+        lines += ["", f"{group} at every evaluation, the runs of both sides that reached it (gaps in % of the "
+                      "baseline's mean; 95% intervals):", "",
+                  *_table_head(["step", "runs", "mean", "baseline runs", "baseline mean (std)", "baseline range",
+                                "gap of means (Welch)", "paired gap (p)", "verdict"])]
+        for c in rows:
+            welch = "n/a" if c["ci95_pct"] is None else f"{c['ci95_pct'][0]:+.2f} .. {c['ci95_pct'][1]:+.2f}"
+            paired = "n/a" if c["paired_gap_pct"] is None else f"{c['paired_gap_pct']:+.2f}%"
+            if c.get("paired_ci95_pct"):
+                paired += (f" ({c['paired_ci95_pct'][0]:+.2f} .. {c['paired_ci95_pct'][1]:+.2f}, "
+                           f"p {c['paired_p_value']:.2f})")
+            lines.append(f"| {c['step']} | {_runs(c['arm_losses'], c['arm_seeds'])} | {c['arm_mean']:.4f} | "
+                         f"{_runs(c['baseline_losses'], c['baseline_seeds'])} | "
+                         f"{_mean_std(c['baseline_mean'], c['baseline_std'])} | {c['baseline_range'][0]:.4f} .. "
+                         f"{c['baseline_range'][1]:.4f} | {c['gap_pct']:+.2f}% ({welch}) | {paired} | "
+                         f"{c['verdict'].replace('incomplete: ', '')} |")
+    return lines
 
 
 def _mean_std(mean: float, std: float | None) -> str:
@@ -141,8 +191,9 @@ def _seed_lines(groups: dict[str, dict[str, Any]]) -> list[str]:
     rows = [(group, g, g["comparison"]) for group, g in groups.items() if g["comparison"]]
     if not rows:
         return []
-    lines = ["", f"Seeds: each arm's final losses against its baseline's at the last step every run of both reached, "
-                 "every run one sample (a seed run in several combined records counts once per run); the paired "
+    lines = ["", f"Seeds: each arm's final losses against its baseline's at the last step, over the runs that "
+                 f"finished where >= {seed_stats.MIN_SEEDS} seeds a side did (else at the last step every run of both "
+                 "reached), every run one sample (a seed run in several combined records counts once per run); the paired "
                  "gap sets each seed's runs against the baseline's runs of the same seed, with the paired t-test "
                  "over the seeds both ran; lossless when "
                  f"the arm's mean lies inside the baseline's range with >= {seed_stats.MIN_SEEDS} distinct complete "
@@ -156,7 +207,9 @@ def _seed_lines(groups: dict[str, dict[str, Any]]) -> list[str]:
         if c.get("paired_ci95_pct"):  # None below two common seeds; absent from records that predate the test
             lo, hi = c["paired_ci95_pct"]
             paired += f" ({lo:+.2f}% .. {hi:+.2f}%, p {c['paired_p_value']:.2f})"
-        lines.append(f"| {group} | {g['baseline']} | {c['step']} | {_runs(c['arm_losses'], c['arm_seeds'])} vs "
+        n = len(c.get("left_out") or ())
+        step = f"{c['step']} ({n} stopped run{'s' if n > 1 else ''} left out)" if n else c["step"]
+        lines.append(f"| {group} | {g['baseline']} | {step} | {_runs(c['arm_losses'], c['arm_seeds'])} vs "
                      f"{_runs(c['baseline_losses'], c['baseline_seeds'])} | {_mean_std(c['arm_mean'], c['arm_std'])} | "
                      f"{_mean_std(c['baseline_mean'], c['baseline_std'])} | {c['baseline_range'][0]:.4f} .. "
                      f"{c['baseline_range'][1]:.4f} | {c['gap_pct']:+.2f}% | {paired} | {ci} | {c['verdict']} |")
@@ -289,8 +342,11 @@ def _ranks_text(plan: Plan, arms: dict[str, Any]) -> str:
     groups = "; ".join(f"{n} processes, micro-batch {m}: {', '.join(names)}" for (n, m), names in by_n.items())
     if plan.args.header_from:  # tables of another host's arms: where they ran is what their launches logged
         backends = {b: [arm for arm, r in arms.items() if r["backend"] == b] for b in ("gloo", "nccl")}
+        mixed = [f"{arm} ({r['backend'].replace('nccl', 'NCCL')})" for arm, r in arms.items()
+                 if r["backend"] not in backends]
         return (f"{groups}; as the arms' launches logged it: over gloo {', '.join(backends['gloo']) or 'none'}, over "
-                f"NCCL {', '.join(backends['nccl']) or 'none'}")
+                f"NCCL {', '.join(backends['nccl']) or 'none'}" + (f", resumed on the other: {', '.join(mixed)}"
+                                                                   if mixed else ""))
     gloo = [arm for arm in arms if plan.gloo(arm)]
     where = (f"ranks sharing {len(plan.gpus)} GPU(s); over gloo (shared_gpu: the numerics of a GPU per rank): "
              f"{', '.join(gloo) or 'none'}; the others over NCCL, a GPU per rank; step times are not network "
@@ -516,7 +572,8 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {"header": {"git": " + ".join(dict.fromkeys(h["git"] for h in runs))}, "runs": runs,
             "settings": first["settings"], "corpus": first["corpus"],
             "status": "complete" if all(r["status"] == "complete" for r in records) else "incomplete", "arms": arms,
-            "seed_groups": seed_groups(arms, first["settings"]["steps"])}
+            "seed_groups": seed_groups(arms, first["settings"]["steps"]),
+            "seed_groups_by_step": seed_groups_by_step(arms, first["settings"]["steps"])}
 
 
 def _evaluated_weights(r: dict[str, Any]) -> str:
@@ -585,6 +642,7 @@ def combined_markdown(record: dict[str, Any]) -> str:
                       f"between the final losses of {', '.join(labels)}."]
     lines += _w8g8_target(record["arms"].get("w8g8", {}).get("gap_vs_baselines_pct", {}))
     lines += _seed_lines(record.get("seed_groups", {}))
+    lines += _seed_step_lines(record.get("seed_groups_by_step", {}))
     return "\n".join(lines) + "\n"
 
 

@@ -33,13 +33,12 @@ def _segments(arm_dir: Path) -> list[Path]:
 
 
 def recorded_backend(arm_dir: Path) -> str | None:
-    """The collective back end an arm's last launch logged (the entrypoint's ``dist_backend`` hyperparameter in its
-    metrics file), None before one logged it."""
-    for path in reversed(_segments(arm_dir)):
-        backend = (common.read_json(path).get("hyperparameters") or {}).get("dist_backend")
-        if backend is not None:
-            return str(backend)
-    return None
+    """The collective back end the arm's launches logged (the entrypoint's ``dist_backend`` hyperparameter in each
+    metrics file): ``"nccl"``, or ``"gloo, then nccl"`` for an arm resumed on another transport; None before one
+    logged it."""
+    logged = [(common.read_json(path).get("hyperparameters") or {}).get("dist_backend") for path in _segments(arm_dir)]
+    backends = list(dict.fromkeys(str(b) for b in logged if b is not None))
+    return ", then ".join(backends) or None
 
 
 def launch_count(arm_dir: Path) -> int:

@@ -106,7 +106,8 @@ class SeedComparison:
     baseline's mean).
 
     Attributes:
-        step: the step compared (the last evaluation every run of both sides reached).
+        step: the step compared: ``complete_step`` where at least :data:`MIN_SEEDS` distinct seeds of each side
+            finished, else the last evaluation every run of both sides reached.
         arm_losses / baseline_losses: final validation loss by :data:`Run`.
         arm_mean / arm_std / baseline_mean / baseline_std: means and sample standard deviations over runs (std None
             with one run).
@@ -120,6 +121,8 @@ class SeedComparison:
         ci95_pct: the 95% confidence interval of ``gap_pct`` from Welch's t (None likewise).
         verdict: ``inside`` / ``below`` / ``above`` the baseline's range, prefixed ``incomplete:`` while either side
             has fewer than :data:`MIN_SEEDS` distinct seeds or a run stopped before ``complete_step``.
+        left_out: the runs (either side) that stopped before ``complete_step`` and were left out because enough
+            seeds finished.
     """
 
     step: int
@@ -139,12 +142,14 @@ class SeedComparison:
     p_value: float | None
     ci95_pct: tuple[float, float] | None
     verdict: str
+    left_out: tuple[Run, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         record = asdict(self)
         for key in ("arm_losses", "baseline_losses"):
             record[key] = {run_label(run): loss for run, loss in getattr(self, key).items()}
         record["arm_seeds"], record["baseline_seeds"] = self.seeds(self.arm_losses), self.seeds(self.baseline_losses)
+        record["left_out"] = [run_label(run) for run in self.left_out]
         return record
 
     @staticmethod
@@ -159,7 +164,9 @@ def _std(values: list[float]) -> float | None:
 
 def compare(arm_curves: dict[Run, dict[int, float]], baseline_curves: dict[Run, dict[int, float]],
             complete_step: int) -> SeedComparison | None:
-    """Compare an arm's runs with its baseline's at the last step all of them reached.
+    """Compare an arm's runs with its baseline's at ``complete_step`` over the runs that finished, where at least
+    :data:`MIN_SEEDS` distinct seeds of each side did (a run stopped early would otherwise hold every verdict back to
+    its last evaluation); else at the last step all of them reached.
 
     Args:
         arm_curves: :data:`Run` (a seed, or (seed, run index) for a seed run several times) -> {step: validation
@@ -174,9 +181,15 @@ def compare(arm_curves: dict[Run, dict[int, float]], baseline_curves: dict[Run, 
     """
     arm_curves = {seed: c for seed, c in arm_curves.items() if c}
     baseline_curves = {seed: c for seed, c in baseline_curves.items() if c}
-    curves = [*arm_curves.values(), *baseline_curves.values()]
     if not arm_curves or not baseline_curves:
         return None
+    finished = [{run: c for run, c in side.items() if complete_step in c} for side in (arm_curves, baseline_curves)]
+    left_out: tuple[Run, ...] = ()
+    if all(SeedComparison.seeds(side) >= MIN_SEEDS for side in finished):
+        left_out = tuple(run for side in (arm_curves, baseline_curves) for run in side
+                         if complete_step not in side[run])
+        arm_curves, baseline_curves = finished
+    curves = [*arm_curves.values(), *baseline_curves.values()]
     step = min(max(c) for c in curves)
     if not all(step in c for c in curves):
         return None
@@ -209,7 +222,8 @@ def compare(arm_curves: dict[Run, dict[int, float]], baseline_curves: dict[Run, 
         verdict = f"incomplete: {verdict}"
     return SeedComparison(step, arm, base, arm_mean, _std(a), base_mean, _std(b), (lo, hi),
                           100.0 * (arm_mean - base_mean) / base_mean,
-                          statistics.fmean(paired) if paired else None, paired_ci, paired_p, t, df, p, ci, verdict)
+                          statistics.fmean(paired) if paired else None, paired_ci, paired_p, t, df, p, ci, verdict,
+                          left_out)
 
 
 def _seed_means(losses: dict[Run, float]) -> dict[int, float]:

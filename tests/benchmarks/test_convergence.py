@@ -402,6 +402,14 @@ def test_tables_rewritten_elsewhere_keep_the_header_and_backends_of_the_host_tha
     assert (record["arms"]["baseline"]["backend"], record["arms"]["w8g8"]["backend"]) == ("nccl", "gloo")
     md = (plan.out_dir / f"convergence-{plan.name}.md").read_text()
     assert "over gloo w8g8, over NCCL baseline" in md and "CPU processes" not in md
+    # An arm resumed on the other transport says so, in launch order.
+    write_segment(plan.out_dir / "w8g8" / "metrics-01.json", {20: 4.0})
+    segment = plan.out_dir / "w8g8" / "metrics-01.json"
+    segment.write_text(json.dumps(json.loads(segment.read_text()) | {"hyperparameters": {"dist_backend": "nccl"}}))
+    record = convergence_report.write_results(plan, manifest, "incomplete", quiet=True)
+    assert record["arms"]["w8g8"]["backend"] == "gloo, then nccl"
+    md = (plan.out_dir / f"convergence-{plan.name}.md").read_text()
+    assert "over gloo none, over NCCL baseline, resumed on the other: w8g8 (gloo, then NCCL)" in md
 
     with pytest.raises(SystemExit, match="with --status or --collect"):
         convergence.main(["--recipe-dir", str(tiny_recipes), "--header-from", str(records[0])])
@@ -750,10 +758,19 @@ def test_combine_pools_every_run_of_a_seed_against_the_baselines_runs():
     assert c["verdict"] == "inside"  # 4.00667 inside 3.98 .. 4.02, where run 1's seeds alone (4.03) are above
     md = convergence_report.combined_markdown(record)
     assert _cells(md, "| w8g8 |")[3] == "6 (3 seeds) vs 3"
-    # A rerun still short of the end moves the comparison to the last step every run reached, not final.
+    # A rerun still short of the end is left out of the final comparison (three seeds a side finished) and counts
+    # at the steps it reached.
     second["arms"]["w8g8@s19"].update(curve=[[10, 4.98]], complete=False)
-    early = convergence_report.combine_records([first, second])["seed_groups"]["w8g8"]["comparison"]
-    assert early["step"] == 10 and early["verdict"].startswith("incomplete")
+    record = convergence_report.combine_records([first, second])
+    final = record["seed_groups"]["w8g8"]["comparison"]
+    assert (final["step"], final["verdict"], final["left_out"]) == (20, "inside", ["19@run2"])
+    assert final["arm_mean"] == pytest.approx(statistics.fmean([4.03, 4.05, 4.01, 3.99, 4.00]))
+    by_step = record["seed_groups_by_step"]["w8g8"]
+    assert [(c["step"], len(c["arm_losses"])) for c in by_step] == [(10, 6), (20, 5)]
+    assert by_step[0]["arm_mean"] == pytest.approx(statistics.fmean([5.01] * 3 + [4.99, 4.99, 4.98]))
+    md = convergence_report.combined_markdown(record)
+    assert "20 (1 stopped run left out)" in md and "w8g8 at every evaluation" in md
+    assert _cells(md, "| 10 |")[:3] == ["10", "6 (3 seeds)", f"{statistics.fmean([5.01] * 3 + [4.99, 4.99, 4.98]):.4f}"]
 
 
 def test_combined_table_without_a_baseline_has_as_many_titles_as_cells():

@@ -86,3 +86,15 @@ def test_verdicts_inside_below_and_incomplete():
     early = compare(partial, _curves(base), 2000)
     assert early.step == 1000 and early.verdict.startswith("incomplete")
     assert compare({17: {}}, _curves(base), 2000) is None
+
+
+def test_runs_stopped_early_are_left_out_once_enough_seeds_finished():
+    base = {17: 1.70, 18: 1.71, 19: 1.72}
+    finished = _curves({17: 1.705, 18: 1.715, 19: 1.71})
+    stopped = {(seed, 2): {1000: loss} for seed, loss in {17: 2.9, 18: 2.8, 19: 2.7}.items()}
+    arm = {(seed, 1): curve for seed, curve in finished.items()} | stopped
+    r = compare(arm, _curves(base), 2000)
+    assert r.step == 2000 and r.verdict == "inside"
+    assert sorted(r.arm_losses) == [(17, 1), (18, 1), (19, 1)] and set(r.left_out) == set(stopped)
+    assert r.arm_mean == pytest.approx(statistics.fmean([1.705, 1.715, 1.71]))
+    assert sorted(r.to_json()["left_out"]) == ["17@run2", "18@run2", "19@run2"]
