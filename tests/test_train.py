@@ -493,6 +493,29 @@ def test_gpu_deterministic_mode_repeats_a_qsdp_run_bit_for_bit(tmp_path):
     assert sorted(losses[0]) == list(range(6)) and losses[0] == losses[1]
 
 
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_gpu_ranks_sharing_gpus_over_gloo_train_as_nccl_ranks_do(tmp_path):
+    """The convergence protocol runs quantized arms either way (shared_gpu over gloo, or NCCL with a GPU per rank)
+    and pools their runs: the transport must not change the training, only the order of an unquantized
+    reduction's sums. Deterministic mode removes the GPU kernels' run-to-run differences, so what is left is it."""
+    shards = synthetic_shards(tmp_path / "shards", 2048)
+    losses = {}
+    for shared in ("false", "true"):
+        run_dir = tmp_path / f"shared-{shared}"
+        run_dir.mkdir()
+        result = launch(2, ROOT / "yamls" / "gpt-125m" / "qsdp-w8g8.yaml",
+                        [*gpu_overrides(shards, run_dir, 8), "deterministic_mode=true", f"shared_gpu={shared}"])
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        hyperparameters = json.loads((run_dir / "metrics.json").read_text())["hyperparameters"]
+        assert hyperparameters["dist_backend"] == ("gloo" if shared == "true" else "nccl")
+        losses[shared] = train_losses(run_dir)
+    assert sorted(losses["false"]) == sorted(losses["true"]) == list(range(6))
+    gaps = {batch: abs(losses["true"][batch] / losses["false"][batch] - 1.0) for batch in losses["false"]}
+    print(f"NCCL {losses['false']}\ngloo {losses['true']}\nrelative gaps {gaps}")
+    assert max(gaps.values()) < 1e-3, gaps
+
 # ------------------------------------------------------------------------------------------- eval_weights
 def test_eval_weights_both_is_a_recipe_setting_that_adds_the_quantized_evaluator(corpus_shards, tmp_path):
     both = load_recipe(QSDP_RECIPE, tiny_overrides(corpus_shards, tmp_path, "algorithms.qsdp.eval_weights=both"))
