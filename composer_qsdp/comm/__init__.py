@@ -6,7 +6,8 @@ and ``reduce_scatter_tensor`` but send :class:`~composer_qsdp.quant.Codec` wire 
 per-step noise schedule, ``Topology`` says which ranks share a node, and ``TrafficCounter``/``TrafficReport``
 count bytes per rank (NCCL's convention) and per hop. Stateless: no FSDP, no Composer, no per-run state.
 ``two_level_reduce_scatter`` is the hierarchical reduce-scatter (ZeRO++ qgZ, SDP4Bit TLq-HS) over the intra- and
-inter-node subgroups that ``node_groups`` creates once per process group and caches.
+inter-node subgroups that ``node_groups`` creates once per process group and caches; ``twin_group`` is a second group
+over a group's ranks, on which collectives run beside the group's own.
 
 ``compressed_all_reduce`` is the error-feedback all-reduce of 1-bit/0-1 Adam; its caller owns the error buffers.
 """
@@ -20,6 +21,7 @@ from composer_qsdp.comm.reduce_scatter import plain_reduce_scatter, quantized_re
 from composer_qsdp.comm.seeds import SeedStream, StepSeeds, mix_seed
 from composer_qsdp.comm.segments import Segments
 from composer_qsdp.comm.topology import Topology
+from composer_qsdp.comm.twin_groups import twin_group
 from composer_qsdp.comm.two_level import two_level_reduce_scatter
 
 __all__ = [
@@ -41,5 +43,6 @@ __all__ = [
     "quantized_all_gather",
     "quantized_reduce_scatter",
     "relative_error",
+    "twin_group",
     "two_level_reduce_scatter",
 ]

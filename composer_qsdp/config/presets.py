@@ -52,7 +52,8 @@ Flat options name one field of one side as ``weight_<field>`` / ``grad_<field>``
 ``grad_rounding``, ``weight_codec_options``, ``grad_scheme``, ``weight_scheme_options``,
 ``grad_bits_overrides``...), ``bucket_size`` for both sides' bucket size (the per-side options win), or a
 field of :class:`~composer_qsdp.config.QSDPConfig` (``exclude``, ``module_filter``, ``min_numel``, ``seed``,
-``check_finite``, ``error_sample_interval``, ``ranks_per_node``, ``policy``, ``auto_options``, ``eval_weights``).
+``check_finite``, ``error_sample_interval``, ``ranks_per_node``, ``policy``, ``auto_options``, ``eval_weights``,
+``separate_grad_group``).
 """
 
 from __future__ import annotations

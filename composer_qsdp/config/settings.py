@@ -163,6 +163,13 @@ class QSDPConfig:
             Not part of the quantization settings: :meth:`summary` and checkpoints leave it out, and
             :meth:`matching_preset` ignores it (the algorithm logs it as ``qsdp/eval_weights``). Recipes also
             take ``both`` (an evaluator of each kind); here a mapping says that.
+        separate_grad_group: run every unit's gradient collectives (quantized or not) on a second process group of
+            the unit's ranks, created when QSDP installs, instead of the group FSDP passes them. One NCCL
+            communicator runs its collectives one after another, so on a shared group a backward's weight gathers
+            wait behind the gradient reduce-scatters queued before them; on two they can overlap. The results are the
+            same either way (the same collectives over the same ranks); it costs one more communicator per distinct
+            FSDP group (NCCL's buffers on every GPU). Not part of the quantization settings, like ``eval_weights``
+            (the algorithm logs it as ``qsdp/separate_grad_group``).
         preset: the preset :meth:`from_preset` started from (its options may have been changed), else ``None``.
             A record of where the settings came from, not a setting: not a constructor argument, not compared.
 
@@ -186,6 +193,7 @@ class QSDPConfig:
     policy: str = "fixed"
     auto_options: AutoOptions | Mapping[str, Any] | None = None
     eval_weights: str | Mapping[str, str] = DEFAULT_EVAL_WEIGHTS
+    separate_grad_group: bool = False
     preset: str | None = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -198,8 +206,9 @@ class QSDPConfig:
         for name in ("min_numel", "error_sample_interval"):
             check_int(name, getattr(self, name))
         check_seed(self.seed)
-        if not isinstance(self.check_finite, bool):
-            raise ValueError(f"check_finite={self.check_finite!r} is invalid; it must be True or False")
+        for name in ("check_finite", "separate_grad_group"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid; it must be True or False")
         if self.ranks_per_node is not None:
             check_int("ranks_per_node", self.ranks_per_node, minimum=1)
         self._check_policy()
@@ -284,7 +293,7 @@ class QSDPConfig:
     def matching_preset(self) -> str | None:
         """The name of the preset this configuration equals (``from_preset(name)`` with no options), else ``None``
         (a preset with changed options, or a configuration built field by field that no preset matches).
-        :attr:`eval_weights` is no quantization setting and is not compared."""
+        :attr:`eval_weights` and :attr:`separate_grad_group` are no quantization settings and are not compared."""
         mine = _quantization_settings(self)
         return next((name for name in PRESETS.names() if _quantization_settings(_preset_config(name)) == mine), None)
 
@@ -313,7 +322,8 @@ _SIDES = {"weight_": "weights", "grad_": "grads"}
 _SIDE_TABLES: dict[str, Registry[Any]] = {"weights": WEIGHT_SCHEMES, "grads": GRAD_SCHEMES}
 _SIDE_FIELDS = tuple(f.name for f in fields(SideConfig))
 _RUN_FIELDS = tuple(f.name for f in fields(QSDPConfig) if f.init and f.name not in _SIDES.values())
-_NOT_SUMMARIZED = ("policy", "auto_options", "preset", "eval_weights")
+_NOT_SUMMARIZED = ("policy", "auto_options", "preset", "eval_weights", "separate_grad_group")
+_NOT_COMPARED = ("eval_weights", "separate_grad_group")
 
 
 def preset_names() -> tuple[str, ...]:
@@ -410,8 +420,8 @@ def _plain(value: Any) -> Any:
 
 
 def _quantization_settings(config: QSDPConfig) -> tuple[Any, ...]:
-    """The compared fields of ``config`` but :attr:`QSDPConfig.eval_weights`."""
-    return tuple(getattr(config, f.name) for f in fields(config) if f.compare and f.name != "eval_weights")
+    """The compared fields of ``config`` but those that are no quantization setting (:data:`_NOT_COMPARED`)."""
+    return tuple(getattr(config, f.name) for f in fields(config) if f.compare and f.name not in _NOT_COMPARED)
 
 
 def _eval_weights(value: object) -> str | dict[str, str]:

@@ -42,7 +42,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from composer_qsdp.comm import StepSeeds, Topology, TrafficCounter, TrafficReport
+from composer_qsdp.comm import StepSeeds, Topology, TrafficCounter, TrafficReport, twin_group
 from composer_qsdp.config.settings import EVAL_WEIGHTS, QSDPConfig
 from composer_qsdp.engine.finite_check import WeightFiniteMonitor
 from composer_qsdp.engine.plan import UnitPlan
@@ -138,6 +138,7 @@ class QSDPHandle:
         self.resume_changes: list[str] = []
         self._forward_hook: torch.utils.hooks.RemovableHandle | None = None
         self._weight_gathers = "quantized"
+        self._grad_groups: list[dist.ProcessGroup] | None = None  # twins, with config.separate_grad_group
         self._exact_traffic = TrafficCounter()
 
     # ------------------------------------------------------------------ the model it is applied to
@@ -175,7 +176,9 @@ class QSDPHandle:
         optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None = None,
     ) -> None:
         """Put the handle to work on its model (collective: every rank, same order). Adapters call it once, right
-        after constructing the handle: it sets up every unit's schemes on the unit's process group, hooks the
+        after constructing the handle: it sets up every unit's schemes on the unit's process group (the gradient
+        scheme on that group's twin, :func:`~composer_qsdp.comm.twin_group`, with the config's
+        ``separate_grad_group``), hooks the
         optimizers' steps, routes the framework's collectives to :meth:`all_gather` and :meth:`reduce_scatter`
         (the adapter's :meth:`install_collectives`), and registers on the model: a forward pre-hook that marks
         each microbatch (:meth:`on_forward`), prepended so that it runs before the pre-forward hook of a model that
@@ -191,10 +194,12 @@ class QSDPHandle:
                 ``step()`` call :meth:`on_optimizer_step` themselves.
         """
         self.layout_of = layout_of
+        if self.config.separate_grad_group:
+            self._grad_groups = [twin_group(group) for group in groups]
         for unit, group in zip(self.units, groups, strict=True):
             needs_layout = unit.weights.needs_layout and layout_of is not None
             unit.weights.setup(group, self.topology, layout_of(unit.index) if needs_layout else None)
-            unit.grads.setup(group, self.topology)
+            unit.grads.setup(group if self._grad_groups is None else self._grad_groups[unit.index], self.topology)
         if optimizers is not None:
             self.attach_optimizer(optimizers)
         else:
@@ -270,12 +275,15 @@ class QSDPHandle:
 
         Unquantized gradients (a passthrough scheme) run the framework's collective as the framework would,
         ``async_op`` and ``op`` included, and nothing else; a quantized reduce-scatter runs on the current stream.
+        With the config's ``separate_grad_group`` either runs on the twin of ``group`` instead.
 
         Returns:
             The collective's ``Work`` for an unquantized reduce-scatter with ``async_op``, else ``None``.
         """
         grads = self.units[unit_index].grads
         self.wire_dtypes["grads"] = input.dtype
+        if self._grad_groups is not None:
+            group = self._grad_groups[unit_index]
         if grads.passthrough:
             return grads.plain_reduce_scatter(output, input, op, group, async_op)
         grads.reduce_scatter(output, input, op, self.seeds.seed(unit_index, grads.seed_stream), group)

@@ -46,6 +46,7 @@ def test_defaults_are_the_paper_headline_setting():
     (lambda: dict(seed=-1), r"seed=-1 is invalid"),
     (lambda: dict(seed=2**32), r"seed=4294967296 is invalid; it must be an integer in \[0, 2\*\*32\)$"),
     (lambda: dict(check_finite="yes"), r"check_finite='yes' is invalid"),
+    (lambda: dict(separate_grad_group=1), r"separate_grad_group=1 is invalid; it must be True or False"),
     (lambda: dict(grads=SideConfig(codec_options={"colour": 1})), r"unknown option 'colour' of codec 'minmax'; allowed: hadamard"),
     (lambda: dict(weights=SideConfig(codec_options={"bits": 4})), r"unknown option 'bits' of codec 'minmax'"),
     (lambda: dict(grads=SideConfig(codec="symmetric", rounding="nearest")), r"invalid option for codec 'symmetric'"),
@@ -88,7 +89,7 @@ def test_a_config_is_plain_data_holding_no_scheme_or_codec(name):
     assert not [v for v in _objects(config) if isinstance(v, (Scheme, Codec))]
     assert copy.deepcopy(config) == config and {f.name for f in dataclasses.fields(config)} == {
         "weights", "grads", "exclude", "module_filter", "min_numel", "seed", "check_finite", "error_sample_interval",
-        "ranks_per_node", "policy", "auto_options", "eval_weights", "preset"}
+        "ranks_per_node", "policy", "auto_options", "eval_weights", "separate_grad_group", "preset"}
 
 
 def test_each_unit_gets_its_own_scheme_and_codec_built_from_the_config():
@@ -262,6 +263,14 @@ def test_the_sharded_reference_is_an_option_of_the_difference_scheme():
         from_preset("sdp4bit", weight_scheme_options={"shard_reference": True})
     with pytest.raises(ValueError, match="sharded_reference='true' is invalid; it must be True or False"):
         from_preset("sdp4bit", weight_scheme_options={"sharded_reference": "true"})
+
+
+def test_separate_grad_group_is_a_transport_choice_not_a_quantization_setting():
+    separate = QSDPConfig.from_preset("w8g4", separate_grad_group=True)
+    assert separate.separate_grad_group and not QSDPConfig().separate_grad_group
+    assert separate.matching_preset() == "w8g4"  # the same quantization, so the same preset
+    assert "separate_grad_group" not in separate.summary()  # checkpoints compare the summary on resume
+    assert separate.summary() == QSDPConfig.from_preset("w8g4").summary()
 
 
 # ------------------------------------------------------------------------------------------- eval_weights

@@ -45,6 +45,9 @@ W8G8 = from_preset("w8g8", bucket_size=64, seed=7)
 WEIGHTS_ONLY = from_preset("w8g8", grad_bits=None, bucket_size=64, seed=7)
 GRADS_ONLY = from_preset("w8g8", weight_bits=None, bucket_size=64, seed=7)
 OFF = from_preset("w8g8", weight_bits=None, grad_bits=None)
+# The same settings with the gradient collectives on a second group of the same ranks (and OFF's passthrough one).
+SEPARATE = {"w8g8": from_preset("w8g8", bucket_size=64, seed=7, separate_grad_group=True),
+            "off": from_preset("w8g8", weight_bits=None, grad_bits=None, separate_grad_group=True)}
 ACCUMULATION = 2  # microbatches per optimizer step in the accumulation scenario
 # SDP4Bit's weight differences (symmetric INT4, round to nearest; small groups for these small layers), 8-bit grads.
 # 4-bit weights in buckets aligned to parameters, biases sent as they are.
@@ -154,6 +157,15 @@ def _worker(info: RankInfo, ckpt_dir: str, adapter: Adapter) -> dict:
     adapter.apply(model, W8G8)
     adapter.remove(model)
     out["removed"] = _train(info, model, STEPS)
+
+    for name, config in SEPARATE.items():
+        model = adapter.shard(info)
+        handle = adapter.apply(model, config)
+        out[f"separate_{name}"] = _train(info, model, STEPS)
+        out[f"separate_{name}"]["groups"] = [
+            (u.grads.group is not u.weights.group,
+             dist.get_process_group_ranks(u.grads.group) == dist.get_process_group_ranks(u.weights.group))
+            for u in handle.units]
 
     model = adapter.shard(info)
     adapter.apply(model, WEIGHTS_ONLY)
@@ -315,6 +327,20 @@ def test_qsdp_off_and_removed_are_bit_identical_to_plain_fsdp(run):
                 assert torch.equal(results[rank][variant]["params"][name], value), (variant, name)
     off = results[0]["off"]["traffic"]
     assert off.total.sent == off.total.native > 0  # unquantized traffic is still counted
+
+
+def test_gradients_on_a_twin_group_train_bit_for_bit_as_on_fsdps_group(run):
+    """separate_grad_group moves every gradient collective, quantized (w8g8) or FSDP's own (off), to another group of
+    the same ranks: the same collectives, so the same training to the bit."""
+    world, results, _ = run
+    _only_world_2(world)
+    for rank in range(world):
+        for name, same in (("w8g8", results[rank]["w8g8"]), ("off", results[rank]["plain"])):
+            separate = results[rank][f"separate_{name}"]
+            assert separate["groups"] == [(True, True)] * 3, name  # its own group, FSDP's ranks, every unit
+            assert separate["losses"] == same["losses"], name
+            for param, value in same["params"].items():
+                assert torch.equal(separate["params"][param], value), (name, param)
 
 
 def test_unquantized_weights_are_plain_fsdps_weights(run):

@@ -137,7 +137,8 @@ class QSDP(Algorithm):
     seed drawn, no scheme state touched). The config's ``eval_weights`` chooses per evaluator label
     (``state.dataloader_label``): ``"quantized"`` evaluates the weights as training's forward sees them, today's
     quantized-weight loss. ``EVAL_END`` restores training's gathers; if an evaluation raised before its
-    ``EVAL_END``, the next ``FIT_START`` or ``BATCH_START`` does. Hyperparameter ``qsdp/eval_weights``.
+    ``EVAL_END``, the next ``FIT_START`` or ``BATCH_START`` does. Hyperparameter ``qsdp/eval_weights``; the config's
+    ``separate_grad_group``: ``qsdp/separate_grad_group``.
 
     Per-rank scheme state (LoCo's error-feedback residuals) stays out of the algorithm's state, which Composer
     writes from rank 0 only; at ``Event.INIT`` QSDP adds a :class:`QSDPResiduals` callback whose state holds each
@@ -315,6 +316,7 @@ class QSDP(Algorithm):
             # "val=exact, val_quantized=quantized".
             "qsdp/eval_weights": (self.config.eval_weights if isinstance(self.config.eval_weights, str) else
                                   ", ".join(f"{k}={v}" for k, v in self.config.eval_weights.items())),
+            "qsdp/separate_grad_group": self.config.separate_grad_group,
             "qsdp/fsdp_units": len(self.handle.units),
             "qsdp/quantized_units": quantized,
             "qsdp/resume_changes": "; ".join(self.handle.resume_changes) or "none",
