@@ -13,7 +13,9 @@ through ``torchrun`` (``torchrun --standalone --nproc-per-node=N -m composer_qsd
                          name of ``QSDPConfig.preset_names()`` (``qsdp-w8g8``, ``qsdp-qwd-w4g3-loco``, ...);
                          ``--ranks-per-node K`` splits the host into virtual nodes for them
                          (``algorithms.qsdp.ranks_per_node=K``); ``qsdp-tlq-hs-hpz`` / ``qsdp-zeropp-hpz`` (only
-                         when named) also set ``fsdp.reshard_after_forward=K`` (ZeRO++'s hpZ; K below the GPUs)
+                         when named) also set ``fsdp.reshard_after_forward=K`` (ZeRO++'s hpZ; K below the GPUs);
+                         ``qsdp-<preset>-twin`` (only when named) also sets ``algorithms.qsdp.separate_grad_group=
+                         true``: the gradient collectives on a second NCCL communicator, beside the weight gathers
 ``qsdp-auto``            ``baseline.yaml`` with ``algorithms.qsdp.policy=auto``: QSDP's bandwidth-aware policy
                          picks off / 8 / 4 bits / qWD per unit and side from what it measures; it decides and
                          re-checks within its first ``2 x warmup_steps`` (8) steps, and a re-decision there costs a

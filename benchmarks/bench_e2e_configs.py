@@ -75,6 +75,11 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
                                                                 *_NO_ERROR_SAMPLING), False,
              f"QSDP preset {preset}{' with hpZ (reshard_after_forward = ranks per node)' * hpz}", hpz=hpz)
       for preset in preset_names() for hpz in ((False, True) if preset in _HPZ_PRESETS else (False,))),
+    *(Config(f"qsdp-{preset}-twin", "baseline.yaml", (f"algorithms.qsdp.preset={preset}",
+                                                      "algorithms.qsdp.separate_grad_group=true", *_NO_ERROR_SAMPLING),
+             False, f"QSDP preset {preset} with its gradient collectives on a second communicator of the same ranks "
+                    "(separate_grad_group)")
+      for preset in preset_names()),
     Config("qsdp-auto", "baseline.yaml", ("algorithms.qsdp.policy=auto", *_NO_ERROR_SAMPLING), False,
            "QSDP policy=auto: measures the network and each unit's compute over the untimed steps, then picks "
            "off / 8 / 4 bits / qWD per unit and side", min_warmup=AUTO_SETTLED),
