@@ -178,11 +178,11 @@ class QSDPHandle:
         """Put the handle to work on its model (collective: every rank, same order). Adapters call it once, right
         after constructing the handle: it sets up every unit's schemes on the unit's process group (the gradient
         scheme on that group's twin, :func:`~composer_qsdp.comm.twin_group`, with the config's
-        ``separate_grad_group``), hooks the
-        optimizers' steps, routes the framework's collectives to :meth:`all_gather` and :meth:`reduce_scatter`
-        (the adapter's :meth:`install_collectives`), and registers on the model: a forward pre-hook that marks
-        each microbatch (:meth:`on_forward`), prepended so that it runs before the pre-forward hook of a model that
-        is itself an FSDP root (which gathers weights), and the model attribute :meth:`applied` reads.
+        ``separate_grad_group``), hooks the optimizers' steps, routes the framework's collectives to
+        :meth:`all_gather` and :meth:`reduce_scatter` (the adapter's :meth:`install_collectives`), and registers on
+        the model: a forward pre-hook that marks each microbatch (:meth:`on_forward`), prepended so that it runs
+        before the pre-forward hook of a model that is itself an FSDP root (which gathers weights), and the model
+        attribute :meth:`applied` reads.
 
         Args:
             groups: each unit's process group, in unit-index order.
