@@ -149,7 +149,7 @@ def seed_groups_by_step(arms: dict[str, Any], steps: int) -> dict[str, list[dict
             cut = [{run: {s: v for s, v in c.items() if s <= step} for run, c in side.items() if step in c}
                    for side in (curves[group], curves[baseline])]
             result = seed_stats.compare(*cut, steps)
-            if result is not None and result.step == step:
+            if result is not None:  # None at a step the baseline's runs did not evaluate
                 rows.append(result.to_json())
         by_step[group] = rows
     return by_step
@@ -166,16 +166,23 @@ def _seed_step_lines(by_step: dict[str, list[dict[str, Any]]]) -> list[str]:
                                 "gap of means (Welch)", "paired gap (p)", "verdict"])]
         for c in rows:
             welch = "n/a" if c["ci95_pct"] is None else f"{c['ci95_pct'][0]:+.2f} .. {c['ci95_pct'][1]:+.2f}"
-            paired = "n/a" if c["paired_gap_pct"] is None else f"{c['paired_gap_pct']:+.2f}%"
-            if c.get("paired_ci95_pct"):
-                paired += (f" ({c['paired_ci95_pct'][0]:+.2f} .. {c['paired_ci95_pct'][1]:+.2f}, "
-                           f"p {c['paired_p_value']:.2f})")
+            paired = _paired_cell(c)
             lines.append(f"| {c['step']} | {_runs(c['arm_losses'], c['arm_seeds'])} | {c['arm_mean']:.4f} | "
                          f"{_runs(c['baseline_losses'], c['baseline_seeds'])} | "
                          f"{_mean_std(c['baseline_mean'], c['baseline_std'])} | {c['baseline_range'][0]:.4f} .. "
                          f"{c['baseline_range'][1]:.4f} | {c['gap_pct']:+.2f}% ({welch}) | {paired} | "
                          f"{c['verdict'].replace('incomplete: ', '')} |")
     return lines
+
+
+def _paired_cell(c: dict[str, Any]) -> str:
+    """A comparison's paired gap with its 95% interval and p where it has one (None below two common seeds; absent
+    from records that predate the test)."""
+    paired = "n/a" if c["paired_gap_pct"] is None else f"{c['paired_gap_pct']:+.2f}%"
+    if c.get("paired_ci95_pct"):
+        lo, hi = c["paired_ci95_pct"]
+        paired += f" ({lo:+.2f}% .. {hi:+.2f}%, p {c['paired_p_value']:.2f})"
+    return paired
 
 
 def _mean_std(mean: float, std: float | None) -> str:
@@ -203,10 +210,7 @@ def _seed_lines(groups: dict[str, dict[str, Any]]) -> list[str]:
     for group, g, c in rows:
         ci = "n/a" if c["ci95_pct"] is None else \
             f"{c['ci95_pct'][0]:+.2f}% .. {c['ci95_pct'][1]:+.2f}% (p {c['p_value']:.2f})"
-        paired = "n/a" if c["paired_gap_pct"] is None else f"{c['paired_gap_pct']:+.2f}%"
-        if c.get("paired_ci95_pct"):  # None below two common seeds; absent from records that predate the test
-            lo, hi = c["paired_ci95_pct"]
-            paired += f" ({lo:+.2f}% .. {hi:+.2f}%, p {c['paired_p_value']:.2f})"
+        paired = _paired_cell(c)
         n = len(c.get("left_out") or ())
         step = f"{c['step']} ({n} stopped run{'s' if n > 1 else ''} left out)" if n else c["step"]
         lines.append(f"| {group} | {g['baseline']} | {step} | {_runs(c['arm_losses'], c['arm_seeds'])} vs "

@@ -15,7 +15,7 @@ reduce-scatter gives it) of the rank at ``(a, l)``.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -24,7 +24,7 @@ import torch.distributed as dist
 from composer_qsdp.comm.compat import group_timeout
 from composer_qsdp.comm.topology import Topology
 
-__all__ = ["NodeGroups", "chunk_table", "node_groups"]
+__all__ = ["NodeGroups", "chunk_table", "create_groups", "node_groups"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -140,13 +140,20 @@ def node_groups(topology: Topology, group: dist.ProcessGroup) -> NodeGroups:
             )
         tables = {m: chunk_table(m, topology) for m in sorted({m for _, m in gathered})}
         subgroups = _SUBGROUPS.setdefault(default, {})
-        timeout = group_timeout(default)
-        for m, table in tables.items():  # the same order on every rank
-            for ranks in _subgroup_ranks(m, table):
-                if ranks not in subgroups:
-                    subgroups[ranks] = dist.new_group(list(ranks), timeout=timeout)
+        create_groups((ranks for m, table in tables.items() for ranks in _subgroup_ranks(m, table)), subgroups)
         splits[key] = _split(members, tables[members], topology, subgroups)
     return splits[key]
+
+
+def create_groups(rank_sets: Iterable[tuple[int, ...]], cache: dict[tuple[int, ...], dist.ProcessGroup],
+                  backend: str | None = None) -> None:
+    """Create each group of ``rank_sets`` not yet in ``cache`` (keyed by its ranks), in the order given, with the
+    default group's timeout and ``backend`` (``None``: the default group's). ``new_group`` is collective over the
+    default group: every rank calls this with the same sets in the same order."""
+    timeout = group_timeout(dist.group.WORLD)
+    for ranks in rank_sets:
+        if ranks not in cache:
+            cache[ranks] = dist.new_group(list(ranks), timeout=timeout, backend=backend)
 
 
 def _subgroup_ranks(members: Sequence[int], table: tuple[tuple[int, ...], ...]) -> list[tuple[int, ...]]:

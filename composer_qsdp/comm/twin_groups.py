@@ -12,7 +12,7 @@ import weakref
 
 import torch.distributed as dist
 
-from composer_qsdp.comm.compat import group_timeout
+from composer_qsdp.comm.node_groups import create_groups
 
 __all__ = ["twin_group"]
 
@@ -33,9 +33,5 @@ def twin_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
     if members not in twins:
         gathered: list = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, members)
-        backend = dist.get_backend(group)
-        timeout = group_timeout(default)
-        for ranks in sorted(set(gathered)):  # the same order on every rank
-            if ranks not in twins:
-                twins[ranks] = dist.new_group(list(ranks), timeout=timeout, backend=backend)
+        create_groups(sorted(set(gathered)), twins, dist.get_backend(group))  # the same order on every rank
     return twins[members]

@@ -138,7 +138,6 @@ class QSDPHandle:
         self.resume_changes: list[str] = []
         self._forward_hook: torch.utils.hooks.RemovableHandle | None = None
         self._weight_gathers = "quantized"
-        self._grad_groups: list[dist.ProcessGroup] | None = None  # twins, with config.separate_grad_group
         self._exact_traffic = TrafficCounter()
 
     # ------------------------------------------------------------------ the model it is applied to
@@ -194,12 +193,10 @@ class QSDPHandle:
                 ``step()`` call :meth:`on_optimizer_step` themselves.
         """
         self.layout_of = layout_of
-        if self.config.separate_grad_group:
-            self._grad_groups = [twin_group(group) for group in groups]
         for unit, group in zip(self.units, groups, strict=True):
             needs_layout = unit.weights.needs_layout and layout_of is not None
             unit.weights.setup(group, self.topology, layout_of(unit.index) if needs_layout else None)
-            unit.grads.setup(group if self._grad_groups is None else self._grad_groups[unit.index], self.topology)
+            unit.grads.setup(twin_group(group) if self.config.separate_grad_group else group, self.topology)
         if optimizers is not None:
             self.attach_optimizer(optimizers)
         else:
@@ -282,8 +279,8 @@ class QSDPHandle:
         """
         grads = self.units[unit_index].grads
         self.wire_dtypes["grads"] = input.dtype
-        if self._grad_groups is not None:
-            group = self._grad_groups[unit_index]
+        if self.config.separate_grad_group:
+            group = grads.group  # the twin it was set up on
         if grads.passthrough:
             return grads.plain_reduce_scatter(output, input, op, group, async_op)
         grads.reduce_scatter(output, input, op, self.seeds.seed(unit_index, grads.seed_stream), group)
