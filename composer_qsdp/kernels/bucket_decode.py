@@ -77,11 +77,13 @@ def _dequantize_sum_kernel(
     for row in tl.static_range(ROWS - ROWS % STEP, ROWS):
         acc += DECODE_TILE(wire_ptr, meta_ptr, tl.cast(row, tl.int64), b, g, lane, e, valid, n, num_buckets,
                            meta_offset, wire_row_stride, BITS, BUCKET, BPP)  # fmt: skip
-    if DIVIDE:  # an average: the references' fp32 division, then one rounding to the output dtype
-        acc = tl.math.div_rn(acc, tl.full(acc.shape, divisor, tl.float32))
+    # An average: the references' fp32 division (after the rotation back, with ROTATE), then one rounding to the
+    # output dtype.
     if ROTATE:
-        rotated_store(out_ptr, acc, pid, n_out, BUCKET, LOG_B, scale_rot, EMULATE_BF16_RNE)
+        rotated_store(out_ptr, acc, pid, n_out, BUCKET, LOG_B, scale_rot, EMULATE_BF16_RNE, divisor, DIVIDE)
     else:
+        if DIVIDE:
+            acc = tl.math.div_rn(acc, tl.full(acc.shape, divisor, tl.float32))
         store_cast(out_ptr + e, acc, valid, EMULATE_BF16_RNE)
 
 
@@ -119,18 +121,17 @@ class BucketDecoder:
         ``divisor`` in fp32: fp32 ``[numel]``, or rounded into ``out`` (``[numel]``, any float dtype) when given.
 
         ``rotate``: the sum's buckets (``bucket_size`` a power of two) are rotated back, ``HadamardCodec``'s
-        ``decode_sum`` of this codec, and its first ``numel <= fmt.numel`` (default ``fmt.numel``) elements kept;
-        ``divisor`` 1 and no ``out`` then. ``buckets_per_program``, ``num_warps`` and ``rows_per_step`` (rows a loop
-        step decodes, default :data:`ROWS_PER_STEP`) override the launch for benchmark sweeps, never the result.
+        ``decode_sum`` of this codec, and its first ``numel <= fmt.numel`` (default ``fmt.numel``) elements kept,
+        each divided by ``divisor`` after the rotation. ``buckets_per_program``, ``num_warps`` and ``rows_per_step``
+        (rows a loop step decodes, default :data:`ROWS_PER_STEP`) override the launch for benchmark sweeps, never
+        the result.
         """
         numel = fmt.numel if numel is None else numel
         if numel != fmt.numel and not rotate:
             raise ValueError(f"numel={numel} differs from the wire's {fmt.numel} elements without rotate")
-        if rotate and (divisor != 1 or out is not None or not 0 < numel <= fmt.numel
-                       or bucket_size & (bucket_size - 1)):  # fmt: skip
-            raise ValueError(f"a rotated decode_sum needs a power-of-two bucket_size, 0 < numel <= {fmt.numel}, "
-                             f"divisor 1 and no out; got bucket_size={bucket_size}, numel={numel}, "
-                             f"divisor={divisor}, out={out is not None}")  # fmt: skip
+        if rotate and (not 0 < numel <= fmt.numel or bucket_size & (bucket_size - 1)):
+            raise ValueError(f"a rotated decode_sum needs a power-of-two bucket_size and 0 < numel <= {fmt.numel}; "
+                             f"got bucket_size={bucket_size}, numel={numel}")
         if rows_per_step is not None and rows_per_step < 1:
             raise ValueError(f"rows_per_step={rows_per_step} must be >= 1")
         dtype = torch.float32 if out is None else out.dtype

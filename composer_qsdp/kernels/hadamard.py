@@ -80,13 +80,18 @@ def butterflies_rows(v, LOG_R: tl.constexpr, LOG_C: tl.constexpr):
 
 @triton.jit
 def rotated_store(out_ptr, v, pid, n_out, BUCKET: tl.constexpr, LOG_B: tl.constexpr, scale,
-                  EMULATE_BF16_RNE: tl.constexpr):  # fmt: skip
+                  EMULATE_BF16_RNE: tl.constexpr, divisor=1.0, DIVIDE: tl.constexpr = False):  # fmt: skip
     """Store the first ``n_out`` columns of the Hadamard rotation (``scale``: :func:`rotation_scale`) of the buckets
-    of program ``pid``'s ``[G, BPP, H, V]`` tile of groups of 8 (``composer_qsdp.kernels.groups.tile``)."""
+    of program ``pid``'s ``[G, BPP, H, V]`` tile of groups of 8 (``composer_qsdp.kernels.groups.tile``); with
+    ``DIVIDE`` each rotated value is divided by ``divisor`` in fp32 (``div_rn``) before its one rounding to the
+    output's dtype, as a reference that rotates, then averages does."""
     BPP: tl.constexpr = v.shape[1]
     flat = butterflies(tl.reshape(tl.permute(v, (1, 0, 2, 3)), (BPP * BUCKET,)), BUCKET, LOG_B)
     col = (pid * BPP + tl.arange(0, BPP))[:, None] * BUCKET + tl.arange(0, BUCKET)[None, :]
-    store_cast(out_ptr + col, tl.reshape(flat, (BPP, BUCKET)) * scale, col < n_out, EMULATE_BF16_RNE)
+    y = tl.reshape(flat, (BPP, BUCKET)) * scale
+    if DIVIDE:
+        y = tl.math.div_rn(y, tl.full(y.shape, divisor, tl.float32))
+    store_cast(out_ptr + col, y, col < n_out, EMULATE_BF16_RNE)
 
 
 @triton.jit

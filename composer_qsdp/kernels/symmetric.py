@@ -106,10 +106,10 @@ def _decode_tile(row_wire, b, g, lane, e, valid, n, num_buckets, meta_offset,
 
 @triton.jit
 def _decode_kernel(
-    wire_ptr, out_ptr, n, n_out, wire_row_stride, out_row_stride, num_buckets, meta_offset, scale_rot,
+    wire_ptr, out_ptr, n, n_out, wire_row_stride, out_row_stride, num_buckets, meta_offset, scale_rot, divisor,
     BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, VEC: tl.constexpr,
     QMAX: tl.constexpr, ROTATE: tl.constexpr, LOG_B: tl.constexpr, SUM: tl.constexpr, ROWS: tl.constexpr,
-    EMULATE_BF16_RNE: tl.constexpr, ADD: tl.constexpr,
+    EMULATE_BF16_RNE: tl.constexpr, ADD: tl.constexpr, DIVIDE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     if ROTATE:  # the rotation rearranges the tile anyway
@@ -122,10 +122,14 @@ def _decode_kernel(
         for row in range(ROWS):
             row_wire = wire_ptr + tl.cast(row, tl.int64) * tl.multiple_of(wire_row_stride, 4)
             acc += _decode_tile(row_wire, b, g, lane, e, valid, n, num_buckets, meta_offset, BITS, BUCKET, BPP, QMAX)
+        # An average divides in fp32 (after the rotation back, with ROTATE) before the one rounding to out's dtype,
+        # as the codecs' references do.
         if ROTATE:  # the sum of the rotated rows, rotated back once
-            rotated_store(out_ptr, acc, pid, n_out, BUCKET, LOG_B, scale_rot, False)
+            rotated_store(out_ptr, acc, pid, n_out, BUCKET, LOG_B, scale_rot, EMULATE_BF16_RNE, divisor, DIVIDE)
         else:
-            tl.store(out_ptr + e, acc, mask=valid)
+            if DIVIDE:
+                acc = tl.math.div_rn(acc, tl.full(acc.shape, divisor, tl.float32))
+            store_cast(out_ptr + e, acc, valid, EMULATE_BF16_RNE)
     else:
         row = tl.program_id(1).to(tl.int64)
         row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)
@@ -201,7 +205,7 @@ def encode_rows(
 
 def _decode(wire: torch.Tensor, bits: int, bucket_size: int, fmt: WireFormat, out: torch.Tensor, sum_rows: bool,
             rotate: bool, buckets_per_program: int | None, num_warps: int | None,
-            add: bool = False) -> torch.Tensor:  # fmt: skip
+            add: bool = False, divisor: int = 1) -> torch.Tensor:  # fmt: skip
     wire = aligned_rows(wire)
     rows = wire.shape[0]
     groups, bpp, warps = _config(bits, bucket_size, rows, fmt, rotate, wire.is_cuda, buckets_per_program,
@@ -209,9 +213,10 @@ def _decode(wire: torch.Tensor, bits: int, bucket_size: int, fmt: WireFormat, ou
     tiles = cdiv(fmt.num_buckets, bpp)
     _decode_kernel[(tiles,) if sum_rows else (tiles, rows)](
         wire, out, fmt.numel, out.shape[-1], row_stride(wire), row_stride(out), fmt.num_buckets,
-        fmt.meta_offset, **_rotation(bucket_size, rotate),
+        fmt.meta_offset, divisor=float(divisor), **_rotation(bucket_size, rotate),
         BITS=bits, BUCKET=bucket_size, GROUPS=groups, BPP=bpp, VEC=vec(out.dtype), QMAX=(1 << (bits - 1)) - 1,
         SUM=sum_rows, ROWS=rows if sum_rows else 1, EMULATE_BF16_RNE=emulate_bf16_rne(), ADD=add,
+        DIVIDE=divisor != 1,
         num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
     return out
@@ -265,8 +270,13 @@ def decode_sum(
     numel: int | None = None,
     buckets_per_program: int | None = None,
     num_warps: int | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    divisor: int = 1,
 ) -> torch.Tensor:
-    """Sum, in row order from +0.0, of the fp32 decodes of the rows of a wire: fp32 ``[numel]`` (default
-    ``fmt.numel``); with ``rotate`` the sum is rotated back and its first ``numel`` columns kept."""
-    out = torch.empty(fmt.numel if numel is None else numel, dtype=torch.float32, device=wire.device)
-    return _decode(wire, bits, bucket_size, fmt, out, True, rotate, buckets_per_program, num_warps)
+    """Sum, in row order from +0.0, of the fp32 decodes of the rows of a wire, divided by ``divisor`` in fp32: fp32
+    ``[numel]`` (default ``fmt.numel``), or rounded into ``out`` (``[numel]``, any float dtype) when given; with
+    ``rotate`` the sum is rotated back (then divided) and its first ``numel`` columns kept."""
+    out = output_buffer((fmt.numel if numel is None else numel,), torch.float32 if out is None else out.dtype,
+                        wire.device, out)  # fmt: skip
+    return _decode(wire, bits, bucket_size, fmt, out, True, rotate, buckets_per_program, num_warps, divisor=divisor)

@@ -116,9 +116,11 @@ class FusedRotation(Protocol):
         ``[R, numel]`` of ``dtype``, or ``None``."""
         ...
 
-    def decode_sum_rotated(self, wire: torch.Tensor, numel: int) -> torch.Tensor | None:
+    def decode_sum_rotated(self, wire: torch.Tensor, numel: int, out: torch.Tensor | None = None,
+                           divisor: int = 1) -> torch.Tensor | None:  # fmt: skip
         """The fp32 sum of the decoded rows of a ``[R, wire_bytes(padded)]`` wire (rows in order from +0.0) rotated
-        back, its first ``numel`` elements, or ``None``."""
+        back, its first ``numel`` elements, divided by ``divisor`` in fp32 (one IEEE division) and, with ``out``
+        (a validated contiguous ``[numel]`` floating tensor), rounded into it; or ``None``."""
         ...
 
 
@@ -199,6 +201,14 @@ class HadamardCodec(Codec):
             return fused
         rotated = self.inner.decode_sum(wire, self.padded(numel))
         return hadamard_rows(rotated.view(1, -1), self.bucket_size, numel, torch.float32)[0]
+
+    def _decode_sum_into(self, wire: torch.Tensor, out: torch.Tensor, divisor: int) -> torch.Tensor:
+        # A reduce-scatter's output: the fused kernel writes the average straight into it, where the reference
+        # path holds the fp32 sum and its quotient (8 bytes per element) beside the codes.
+        fused = None if self._fused is None else self._fused.decode_sum_rotated(wire, out.numel(), out, divisor)
+        if fused is not None:
+            return fused
+        return super()._decode_sum_into(wire, out, divisor)
 
     def __repr__(self) -> str:
         return f"HadamardCodec({self.inner!r})"

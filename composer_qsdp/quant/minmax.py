@@ -162,17 +162,20 @@ class MinMaxCodec(KernelDecodes):
         """:class:`~composer_qsdp.quant.hadamard.FusedRotation`: no fused rotated decode (``None``)."""
         return None
 
-    def decode_sum_rotated(self, wire: torch.Tensor, numel: int) -> torch.Tensor | None:
+    def decode_sum_rotated(self, wire: torch.Tensor, numel: int, out: torch.Tensor | None = None,
+                           divisor: int = 1) -> torch.Tensor | None:  # fmt: skip
         """:class:`~composer_qsdp.quant.hadamard.FusedRotation`: :meth:`decode_sum` of a ``[R, wire_bytes(padded)]``
-        wire rotated back, its first ``numel`` elements (fp32), in one kernel pass; ``None`` where no kernel covers
-        the call (a CPU tensor, ``bucket_size`` not a power of two)."""
+        wire rotated back, its first ``numel`` elements, divided by ``divisor`` (fp32, or rounded into ``out``), in
+        one kernel pass; ``None`` where no kernel covers the call (a CPU tensor, ``bucket_size`` not a power of
+        two, ``out`` on another device)."""
         padded = self.num_buckets(numel) * self.bucket_size
         self._check_wire_rows(wire, padded)
         kernels = self._kernels(wire, padded)
-        if kernels is None or self.bucket_size & (self.bucket_size - 1):
+        elsewhere = out is not None and out.device != wire.device
+        if kernels is None or self.bucket_size & (self.bucket_size - 1) or elsewhere:
             return None
         return kernels.decode_sum(wire, self.bits, self.bucket_size, self.wire_format(padded), rotate=True,
-                                  numel=numel)  # fmt: skip
+                                  numel=numel, out=out, divisor=divisor)  # fmt: skip
 
     def _fused_residual(self, residual: torch.Tensor | CodedResidual) -> torch.Tensor | None:
         """The residual as the feedback kernel takes it (a float tensor, or a coded residual's wire rows), or

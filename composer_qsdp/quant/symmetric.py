@@ -125,6 +125,13 @@ class SymmetricCodec(Codec):
             return kernels.decode_sum(wire, self.bits, self.bucket_size, fmt)
         return sum_rows_in_order(self._decode_rows_fp32(wire, fmt))
 
+    def _decode_sum_into(self, wire: torch.Tensor, out: torch.Tensor, divisor: int) -> torch.Tensor:
+        kernels = self._kernels(wire)
+        if kernels is None or out.device != wire.device:
+            return super()._decode_sum_into(wire, out, divisor)
+        return kernels.decode_sum(wire, self.bits, self.bucket_size, self.wire_format(out.numel()), out=out,
+                                  divisor=divisor)  # fmt: skip
+
     # ------------------------------------------------------------------ fused Hadamard rotation (FusedRotation)
     def encode_rows_rotated(self, x: torch.Tensor, seed: int = 0, offset: int = 0) -> torch.Tensor | None:
         """:meth:`encode_rows` of the rows of ``[R, n]`` ``x`` zero-padded to whole buckets and Hadamard-rotated,
@@ -148,15 +155,17 @@ class SymmetricCodec(Codec):
             return None
         return kernels.decode_rows(wire, self.bits, self.bucket_size, fmt, dtype, True, numel)
 
-    def decode_sum_rotated(self, wire: torch.Tensor, numel: int) -> torch.Tensor | None:
-        """:meth:`decode_sum` of a ``[R, wire_bytes(padded)]`` wire rotated back, its first ``numel`` elements
-        (fp32), in one kernel pass; ``None`` where no kernel covers the call."""
+    def decode_sum_rotated(self, wire: torch.Tensor, numel: int, out: torch.Tensor | None = None,
+                           divisor: int = 1) -> torch.Tensor | None:  # fmt: skip
+        """:meth:`decode_sum` of a ``[R, wire_bytes(padded)]`` wire rotated back, its first ``numel`` elements,
+        divided by ``divisor`` (fp32, or rounded into ``out``), in one kernel pass; ``None`` where no kernel covers
+        the call."""
         fmt = self._padded_wire_format(numel)
         self._check_wire_rows(wire, fmt.numel)
         kernels = self._kernels(wire, rotate=True)
-        if kernels is None:
+        if kernels is None or (out is not None and out.device != wire.device):
             return None
-        return kernels.decode_sum(wire, self.bits, self.bucket_size, fmt, True, numel)
+        return kernels.decode_sum(wire, self.bits, self.bucket_size, fmt, True, numel, out=out, divisor=divisor)
 
     def _padded_wire_format(self, numel: int) -> WireFormat:
         """Wire format of ``numel`` elements zero-padded to whole buckets (the rotated wire's)."""

@@ -460,12 +460,31 @@ def test_rotated_decode_sum_matches_two_passes(rows, n, bucket, bits, nonfinite)
         assert_same_values(got, expected)
 
 
+@pytest.mark.parametrize("divisor,dtype", [(2, torch.float32), (3, torch.bfloat16), (1, torch.bfloat16)])
+@pytest.mark.parametrize("rows,n,bucket,bits", ROTATED_SUM_CASES[:2])
+def test_rotated_decode_sum_averages_into_the_callers_buffer(rows, n, bucket, bits, divisor, dtype):
+    """A reduce-scatter's rotated decode-sum into its output (``out=``, ``divisor=``): the kernel rotates back, then
+    divides and rounds once into ``out`` in place, bit for bit the torch reference's sum, rotation, IEEE division
+    and copy (which hold the fp32 sum and the quotient beside the codes)."""
+    from composer_qsdp.quant import HadamardCodec
+
+    codec = HadamardCodec(MinMaxCodec(bits=bits, bucket_size=bucket, rounding="nearest"))
+    x = _data(rows, n, torch.bfloat16, seed=n + divisor, nonfinite=True)
+    with backend("torch"):
+        wire = codec.encode_rows(x)
+        expected = codec.decode_sum(wire, n, out=torch.empty(n, dtype=dtype, device=x.device), divisor=divisor)
+    with backend("triton"):
+        out = torch.full((n,), 7.0, dtype=dtype, device=x.device)
+        assert codec.decode_sum(wire, n, out=out, divisor=divisor) is out
+        assert_same_values(out, expected)
+
+
 def test_rotated_decode_sum_rejects_what_it_does_not_compute():
     inner = MinMaxCodec(bits=3, bucket_size=64, rounding="nearest")
     wire = inner.encode_rows(_data(2, 128, torch.float32, seed=1, nonfinite=False))
     fmt = inner.wire_format(128)
-    with pytest.raises(ValueError, match="divisor 1 and no out"):
-        kernels.decode_sum(wire, 3, 64, fmt, rotate=True, divisor=2)
+    with pytest.raises(ValueError, match="power-of-two bucket_size and 0 < numel <= 128; got bucket_size=64, numel=200"):
+        kernels.decode_sum(wire, 3, 64, fmt, rotate=True, numel=200)
     with pytest.raises(ValueError, match="numel=100 differs"):
         kernels.decode_sum(wire, 3, 64, fmt, numel=100)
     with pytest.raises(ValueError, match="rows_per_step=0"):

@@ -204,6 +204,24 @@ def test_fused_rotation_methods_equal_the_two_pass_hadamard_codec():
         assert SymmetricCodec(bits=3, bucket_size=48).encode_rows_rotated(x) is None  # not a power of two
 
 
+@pytest.mark.parametrize("divisor,dtype", [(2, torch.float32), (3, torch.bfloat16)])
+@pytest.mark.parametrize("rotate", [False, True])
+def test_decode_sum_averages_into_the_callers_buffer(rotate, divisor, dtype):
+    """A reduce-scatter's decode-sum into its output (``out=``, ``divisor=``), rotated back or not: one kernel pass
+    divides (after the rotation) and rounds once into ``out``, bit for bit the torch reference's sum, IEEE division
+    and copy."""
+    inner = SymmetricCodec(bits=4, bucket_size=64)
+    codec = HadamardCodec(inner) if rotate else inner
+    x = _data(3, 300, torch.bfloat16, seed=divisor, nonfinite=True)
+    with backend("torch"):
+        wire = codec.encode_rows(x)
+        expected = codec.decode_sum(wire, 300, out=torch.empty(300, dtype=dtype, device=x.device), divisor=divisor)
+    with backend("triton"):
+        out = torch.full((300,), 7.0, dtype=dtype, device=x.device)
+        assert codec.decode_sum(wire, 300, out=out, divisor=divisor) is out
+        assert_same_values(out, expected)
+
+
 def test_unsupported_configurations_fall_back_to_the_reference():
     x = _data(1, 300, torch.float32, seed=6, nonfinite=False)
     for codec in (SymmetricCodec(bits=3, bucket_size=60), SymmetricCodec(bits=8, bucket_size=20000),

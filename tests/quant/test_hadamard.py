@@ -106,9 +106,13 @@ class _RecordingMinMax(MinMaxCodec):
         self.calls.append("decode_rows_rotated")
         return None if self.declines else self._two_pass().decode_rows(wire, numel, dtype)
 
-    def decode_sum_rotated(self, wire, numel):
-        self.calls.append("decode_sum_rotated")
-        return None if self.declines else self._two_pass().decode_sum(wire, numel)
+    def decode_sum_rotated(self, wire, numel, out=None, divisor=1):
+        self.calls.append("decode_sum_rotated" if out is None else "decode_sum_rotated into out")
+        if self.declines:
+            return None
+        if out is None:
+            return self._two_pass().decode_sum(wire, numel, divisor=divisor)
+        return self._two_pass().decode_sum(wire, numel, out=out, divisor=divisor)
 
 
 def test_fused_rotation_is_discovered_by_protocol_and_none_falls_back_to_two_passes():
@@ -117,15 +121,20 @@ def test_fused_rotation_is_discovered_by_protocol_and_none_falls_back_to_two_pas
     x = torch.randn(3, 150)
     reference = HadamardCodec(MinMaxCodec(bits=4, bucket_size=64))  # two passes: its fused methods decline
     wire = reference.encode_rows(x, seed=5, offset=2)
-    expected = (wire, reference.decode_rows(wire, 150, torch.bfloat16), reference.decode_sum(wire, 150))
+    expected = (wire, reference.decode_rows(wire, 150, torch.bfloat16), reference.decode_sum(wire, 150),
+                reference.decode_sum(wire, 150, out=torch.empty(150, dtype=torch.bfloat16), divisor=3))
     for declines in (False, True):
         inner = _RecordingMinMax(declines)
         codec = HadamardCodec(inner)
+        out = torch.empty(150, dtype=torch.bfloat16)
         got = (codec.encode_rows(x, seed=5, offset=2), codec.decode_rows(wire, 150, torch.bfloat16),
-               codec.decode_sum(wire, 150))  # fmt: skip
+               codec.decode_sum(wire, 150), codec.decode_sum(wire, 150, out=out, divisor=3))  # fmt: skip
         for g, e in zip(got, expected):
             assert torch.equal(g, e)
-        assert inner.calls == ["encode_rows_rotated", "decode_rows_rotated", "decode_sum_rotated"]
+        assert got[3] is out  # a reduce-scatter's output, written in place by the fused kernel or the fallback
+        # Declined, the average falls back to the fused sum, then divides and copies.
+        assert inner.calls == ["encode_rows_rotated", "decode_rows_rotated", "decode_sum_rotated",
+                               "decode_sum_rotated into out"] + ["decode_sum_rotated"] * declines
 
 
 def test_symmetric_fused_rotation_declines_on_the_torch_backend_and_validates():
