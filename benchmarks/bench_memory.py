@@ -88,9 +88,8 @@ from memory_model import SIDES, extra_bytes, side_costs  # noqa: E402
 #: Each layout's changes to a preset with weight differences: (weights' override and what it does, the same for a
 #: LoCo preset's gradients).
 _LAYOUT_CHANGES = {
-    "lean": (("algorithms.qsdp.weight_scheme_options.sharded_reference=true", "the reference sharded within the node"),
-             ("algorithms.qsdp.grad_scheme=two_level_loco",
-              "the LoCo residual on the inter-node hop only (two_level_loco)")),
+    "lean": ((common.LEAN_WEIGHTS, "the reference sharded within the node"),
+             (common.LEAN_GRADS, "the LoCo residual on the inter-node hop only (two_level_loco)")),
     "host": (("algorithms.qsdp.weight_scheme_options.reference_on_host=true", "the reference in host memory"),
              ("algorithms.qsdp.grad_scheme_options.residual_on_host=true", "the LoCo residual in host memory")),
 }

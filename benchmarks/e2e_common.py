@@ -51,6 +51,10 @@ GIB = 2**30
 #: reads the bare ``off`` as false, which AutoOptions takes as ``"off"``.
 AUTO_LOCO = ("algorithms.qsdp.policy=auto", "algorithms.qsdp.auto_options.weight_candidates=[off,w8,qwd4,qwd3]",
              "algorithms.qsdp.auto_options.grad_candidates=[off,g8,g4,g3loco]")
+#: Recipe overrides of the lean layout of a preset with weight differences: the reference sharded within the node,
+#: and a LoCo preset's residual on the inter-node hop only; shared by the memory benchmark and the convergence driver.
+LEAN_WEIGHTS = "algorithms.qsdp.weight_scheme_options.sharded_reference=true"
+LEAN_GRADS = "algorithms.qsdp.grad_scheme=two_level_loco"
 # prctl option of <sys/prctl.h>: the signal a child gets when its parent dies.
 _PR_SET_PDEATHSIG = 1
 

@@ -162,6 +162,30 @@ def test_every_arm_plans_valid_launches_for_the_125m_family(tmp_path):
     assert convergence._parser().parse_args([]).arms == list(convergence_arms.DEFAULT_ARMS)  # DDP arms when named
 
 
+def test_lean_arm_runs_the_memory_benchmarks_lean_layout_on_two_nodes(tmp_path):
+    """``qwd-w3g3-loco-lean-2x2`` trains the layout ``bench_memory.py``'s ``-lean`` configurations measure, on 4 ranks
+    as 2 nodes of 2 so that both gradient hops and the sharded reference are taken."""
+    import bench_memory
+
+    from composer_qsdp.recipes.loader import build_algorithm
+    from composer_qsdp.recipes.train import load_recipe
+
+    arm = convergence_arms.ARMS["qwd-w3g3-loco-lean-2x2"]
+    lean = bench_memory.CONFIGS["qsdp-qwd-w3g3-loco-lean"].overrides
+    assert set(lean) - set(bench_memory.CONFIGS["qsdp-qwd-w3g3-loco"].overrides) <= set(arm.overrides)
+    args = convergence._parser().parse_args(["--model", "125m", "--out-dir", str(tmp_path), "--corpus",
+                                             str(tmp_path / "c"), "--eval-batches", "-1", "--arms",
+                                             "qwd-w3g3-loco-lean-2x2"])
+    plan = convergence_plan.make_plan(args)
+    assert (plan.nproc("qwd-w3g3-loco-lean-2x2"), plan.micro("qwd-w3g3-loco-lean-2x2")) == (4, 8)
+    recipe = load_recipe(plan.recipe_dir / arm.recipe, plan.overrides("qwd-w3g3-loco-lean-2x2", 0), world_size=4)
+    config = build_algorithm("qsdp", recipe.algorithm_kwargs["qsdp"]).config
+    assert (config.grads.scheme, config.ranks_per_node, config.weights.bits, config.grads.bits) == (
+        "two_level_loco", 2, 3, 3)
+    assert config.grads.scheme_options.intra_codec == "same"  # the intra-node hop: 3 bits, no feedback
+    assert config.weights.scheme_options.sharded_reference
+
+
 def test_policy_auto_loco_names_the_opt_in_candidates_as_bench_e2e_does(tmp_path):
     import bench_e2e_configs
 
