@@ -189,7 +189,7 @@ def _quantize_feedback_kernel(
     BITS: tl.constexpr, BUCKET: tl.constexpr, GROUPS: tl.constexpr, BPP: tl.constexpr, VEC: tl.constexpr,
     STOCHASTIC: tl.constexpr, FRACTION: tl.constexpr, ALIGNED: tl.constexpr, PARTIAL_GROUPS: tl.constexpr,
     ROTATE: tl.constexpr, LOG_B: tl.constexpr, LOG_ROW: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr,
-    CODED: tl.constexpr, R_ALIGN: tl.constexpr,
+    CODED: tl.constexpr, R_ALIGN: tl.constexpr, FEEDBACK: tl.constexpr = True,
 ):  # fmt: skip
     """Error feedback in one pass: quantize ``c = x + r`` (Hadamard-rotated per bucket with ``ROTATE``; ``n`` is then
     the padded row length) and write ``r <- fresh - beta * (fresh - r)``, ``fresh = c - decode(encode(c))`` (rotated
@@ -218,14 +218,18 @@ def _quantize_feedback_kernel(
         rb = (pid * BPP + tl.arange(0, BPP))[:, None]
         col = rb * BUCKET + tl.arange(0, BUCKET)[None, :]
         on = col < n_in  # columns n_in..n are the zero padding
-        r = _load_residual(r_row, col, on, r_meta_offset, num_buckets, BPP, FLAT, CODED)
-        c = tl.load(x_row + col, mask=on, other=0.0).to(tl.float32) + r
+        c = tl.load(x_row + col, mask=on, other=0.0).to(tl.float32)
+        if FEEDBACK:
+            r = _load_residual(r_row, col, on, r_meta_offset, num_buckets, BPP, FLAT, CODED)
+            c = c + r
         v = tl.reshape(butterflies(tl.reshape(c, (BPP * BUCKET,)), BUCKET, LOG_B), (BPP, BUCKET)) * scale_rot
         xt = tl.permute(tl.reshape(v, (BPP, GROUPS, 8 // VEC, VEC)), (1, 0, 2, 3))
     else:
         on = valid & (e < n_in) if ROWS else valid  # rotated: columns n_in..n are the zero padding
-        r = _load_residual(r_row, e, on, r_meta_offset, num_buckets, BPP, FLAT, CODED)
-        c = tl.load(x_row + e, mask=on, other=0.0).to(tl.float32) + r
+        c = tl.load(x_row + e, mask=on, other=0.0).to(tl.float32)
+        if FEEDBACK:
+            r = _load_residual(r_row, e, on, r_meta_offset, num_buckets, BPP, FLAT, CODED)
+            c = c + r
         xt = butterflies_rows(c, LOG_B - LOG_ROW, LOG_ROW) * scale_rot if ROWS else c
     row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)
     codes, lo, scale = _quantize_tile(xt, valid, row_wire, meta_ptr, row, pid, b, g, lane, e, n, num_buckets,
@@ -233,24 +237,25 @@ def _quantize_feedback_kernel(
                                       offset + row * n_in, seed,
                                       BITS, BUCKET, BPP, STOCHASTIC, FRACTION, ALIGNED, PARTIAL_GROUPS, GS,
                                       ROWS)  # fmt: skip
-    decoded = lo + scale * codes_to_float(codes, 0)  # the decoder's arithmetic (no FMA: enable_fp_fusion=False)
-    if ROWS:
-        decoded = butterflies_rows(decoded, LOG_B - LOG_ROW, LOG_ROW) * scale_rot
-    elif ROTATE:
-        flat = butterflies(tl.reshape(tl.permute(decoded, (1, 0, 2, 3)), (BPP * BUCKET,)), BUCKET, LOG_B)
-        decoded = tl.reshape(flat, (BPP, BUCKET)) * scale_rot
-    fresh = c - decoded
-    r = fresh - (fresh - r) * beta
-    r = tl.where(tl.abs(r) < float("inf"), r, 0.0)  # NaN compares false: reset with the infinities
-    if CODED and FLAT:
-        _store_coded_residual(r_row, r, pid, rb, rb, rb, col, on, n_in, num_buckets, r_meta_offset, BUCKET, BPP,
-                              FLAT)  # fmt: skip
-    elif CODED:
-        _store_coded_residual(r_row, r, pid, b, g, lane, e, on, n_in, num_buckets, r_meta_offset, BUCKET, BPP, FLAT)
-    elif FLAT:
-        store_cast(r_row + col, r, on, EMULATE_BF16_RNE)
-    else:
-        store_cast(r_row + e, r, on, EMULATE_BF16_RNE)
+    if FEEDBACK:
+        decoded = lo + scale * codes_to_float(codes, 0)  # the decoder's arithmetic (no FMA: enable_fp_fusion=False)
+        if ROWS:
+            decoded = butterflies_rows(decoded, LOG_B - LOG_ROW, LOG_ROW) * scale_rot
+        elif ROTATE:
+            flat = butterflies(tl.reshape(tl.permute(decoded, (1, 0, 2, 3)), (BPP * BUCKET,)), BUCKET, LOG_B)
+            decoded = tl.reshape(flat, (BPP, BUCKET)) * scale_rot
+        fresh = c - decoded
+        r = fresh - (fresh - r) * beta
+        r = tl.where(tl.abs(r) < float("inf"), r, 0.0)  # NaN compares false: reset with the infinities
+        if CODED and FLAT:
+            _store_coded_residual(r_row, r, pid, rb, rb, rb, col, on, n_in, num_buckets, r_meta_offset, BUCKET, BPP,
+                                  FLAT)  # fmt: skip
+        elif CODED:
+            _store_coded_residual(r_row, r, pid, b, g, lane, e, on, n_in, num_buckets, r_meta_offset, BUCKET, BPP, FLAT)
+        elif FLAT:
+            store_cast(r_row + col, r, on, EMULATE_BF16_RNE)
+        else:
+            store_cast(r_row + e, r, on, EMULATE_BF16_RNE)
 
 
 @triton.jit
@@ -325,7 +330,7 @@ def encode_rows(
 
 def encode_rows_feedback(
     x: torch.Tensor,
-    residual: torch.Tensor,
+    residual: torch.Tensor | None,
     beta: float,
     bits: int,
     bucket_size: int,
@@ -345,6 +350,8 @@ def encode_rows_feedback(
     wire rows in buckets of ``bucket_size`` (``quant.residual.CodedResidual`` of ``SymmetricCodec(8, bucket_size)``):
     ``uint8`` ``[R, SymmetricCodec(8, bucket_size).wire_bytes(n)]``, contiguous, read and written as that codec
     decodes and encodes them (its buckets are this codec's, the last one partial, also when ``rotate`` pads the rows).
+    ``None``: no feedback, the rotated (or plain) encode of ``x`` alone in the same pass (``beta`` unused): what
+    ``HadamardCodec(MinMaxCodec)``'s ``encode_rows`` computes through an fp32 copy of the rotated rows.
 
     Reference: ``MinMaxCodec``'s ``Codec._encode_rows_feedback`` (with ``rotate``, ``HadamardCodec``'s over it,
     ``fmt`` then describing the rows zero-padded to whole buckets). Row ``r`` uses noise counters ``offset + r * n +
@@ -360,8 +367,10 @@ def encode_rows_feedback(
         raise ValueError(f"no rotated min-max kernel for bucket_size={bucket_size}; allowed: powers of two")
     if x.stride(1) != 1:
         x = x.contiguous()
-    coded = residual.dtype == torch.uint8
-    if coded:
+    coded = residual is not None and residual.dtype == torch.uint8
+    if residual is None:
+        r = x  # never read: the kernel's feedback is compiled out
+    elif coded:
         rfmt = bucket_wire_format(n, bucket_size, 8, cdiv(n, bucket_size))
         if tuple(residual.shape) != (rows, rfmt.wire_bytes) or aligned_rows(residual) is not residual:
             raise ValueError(f"a coded residual must be the contiguous [{rows}, {rfmt.wire_bytes}] uint8 wire of "
@@ -391,7 +400,7 @@ def encode_rows_feedback(
         FRACTION=fraction_bits(bits) if stochastic else 0, ALIGNED=offset % 8 == 0 and (rows == 1 or n % 8 == 0),
         PARTIAL_GROUPS=bits < 8 and fmt.numel % 8 != 0, ROTATE=rotate, LOG_B=bucket_size.bit_length() - 1,
         LOG_ROW=log_row, EMULATE_BF16_RNE=emulate_bf16_rne(), CODED=coded, R_ALIGN=_coded_row_alignment(r) if coded else 4,
-        num_warps=warps, enable_fp_fusion=False,
+        FEEDBACK=residual is not None, num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
     return wire
 

@@ -153,10 +153,18 @@ class MinMaxCodec(KernelDecodes):
                                             self.stochastic, seed, offset, rotate=True)  # fmt: skip
 
     # ------------------------------------------------------------------ fused Hadamard rotation (FusedRotation)
-    def encode_rows_rotated(self, x: torch.Tensor, seed: int = 0, offset: int = 0) -> None:
-        """:class:`~composer_qsdp.quant.hadamard.FusedRotation`: no fused rotated encode (``None``; the feedback
-        encode the LoCo presets run is :meth:`encode_rows_feedback_rotated`)."""
-        return None
+    def encode_rows_rotated(self, x: torch.Tensor, seed: int = 0, offset: int = 0) -> torch.Tensor | None:
+        """:class:`~composer_qsdp.quant.hadamard.FusedRotation`: :meth:`encode_rows` of the rows of ``[R, n]`` ``x``
+        zero-padded to whole buckets and Hadamard-rotated, in one pass of the feedback encode's kernel without its
+        residual (the rotated rows never go through memory); ``None`` where no kernel covers the call (a CPU tensor,
+        ``bucket_size`` not a power of two from 8 to 8192)."""
+        rows, n = x.shape
+        padded = self.num_buckets(n) * self.bucket_size
+        kernels = self._kernels(x, padded)
+        if kernels is None or self.bucket_size & (self.bucket_size - 1):
+            return None
+        return kernels.encode_rows_feedback(x, None, 0.0, self.bits, self.bucket_size, self.wire_format(padded),
+                                            self.stochastic, seed, offset, rotate=True)  # fmt: skip
 
     def decode_rows_rotated(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> None:
         """:class:`~composer_qsdp.quant.hadamard.FusedRotation`: no fused rotated decode (``None``)."""

@@ -310,14 +310,15 @@ CODED_FEEDBACK_CASES = [  # rows, n, bucket_size, bits, rounding, dtype, rotate
 
 
 class _CountingFeedbackKernel:
-    """Stands in for ``kernels.encode_rows_feedback``, counting the calls that reach it."""
+    """Stands in for ``kernels.encode_rows_feedback``, counting the feedback calls (with a residual) that reach it;
+    the reference's own rotated encode goes through it without one."""
 
     def __init__(self) -> None:
         self.calls, self._kernel = 0, kernels.encode_rows_feedback
 
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-        return self._kernel(*args, **kwargs)
+    def __call__(self, x, residual, *args, **kwargs):
+        self.calls += residual is not None
+        return self._kernel(x, residual, *args, **kwargs)
 
 
 @pytest.mark.parametrize("nonfinite", [False, True])
@@ -458,6 +459,25 @@ def test_rotated_decode_sum_matches_two_passes(rows, n, bucket, bits, nonfinite)
     for step in (1, 3):
         got = kernels.decode_sum(wire, bits, bucket, fmt, rotate=True, numel=n, rows_per_step=step)
         assert_same_values(got, expected)
+
+
+@pytest.mark.parametrize("rounding,offset", [("nearest", 0), ("stochastic", 8), ("stochastic", 3)])
+@pytest.mark.parametrize("rows,n,bucket,bits", ROTATED_SUM_CASES)
+def test_rotated_encode_is_the_two_pass_hadamard_encode(rows, n, bucket, bits, rounding, offset):
+    """``HadamardCodec(MinMaxCodec)``'s encode through the feedback kernel without a residual (the rows rotated in
+    registers) gives the torch reference's two passes (an fp32 copy of the rotated rows, then the encode) bit for bit,
+    the noise counters included."""
+    from composer_qsdp.quant import HadamardCodec
+
+    inner = MinMaxCodec(bits=bits, bucket_size=bucket, rounding=rounding)
+    codec = HadamardCodec(inner)
+    x = _data(rows, n, torch.bfloat16, seed=n + bits + offset, nonfinite=True)
+    with backend("torch"):
+        assert inner.encode_rows_rotated(x) is None
+        expected = codec.encode_rows(x, seed=11, offset=offset)
+    with backend("triton"):
+        assert_same_wire(inner, inner.encode_rows_rotated(x, 11, offset), expected, codec.padded(n))
+        assert_same_wire(inner, codec.encode_rows(x, seed=11, offset=offset), expected, codec.padded(n))
 
 
 @pytest.mark.parametrize("divisor,dtype", [(2, torch.float32), (3, torch.bfloat16), (1, torch.bfloat16)])

@@ -116,7 +116,7 @@ class _RecordingMinMax(MinMaxCodec):
 
 
 def test_fused_rotation_is_discovered_by_protocol_and_none_falls_back_to_two_passes():
-    # Min-max fuses only the decode-sum, on its kernels: on CPU tensors every fused method declines.
+    # Min-max fuses the encode and the decode-sum, on its kernels: on CPU tensors every fused method declines.
     assert isinstance(SymmetricCodec(4, 64), FusedRotation) and isinstance(MinMaxCodec(4, 64), FusedRotation)
     x = torch.randn(3, 150)
     reference = HadamardCodec(MinMaxCodec(bits=4, bucket_size=64))  # two passes: its fused methods decline
