@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
+from composer_qsdp.kernels.cast import emulate_bf16_rne, store_average, store_cast
 from composer_qsdp.kernels.groups import (GPU_TILE, INTERPRETER_TILE, cdiv, launch_shape, output_buffer, row_stride,
                                           rows_aligned, split_tile, tile, vec)
 from composer_qsdp.kernels.hadamard import rotated_store, rotation_scale
@@ -77,14 +77,10 @@ def _dequantize_sum_kernel(
     for row in tl.static_range(ROWS - ROWS % STEP, ROWS):
         acc += DECODE_TILE(wire_ptr, meta_ptr, tl.cast(row, tl.int64), b, g, lane, e, valid, n, num_buckets,
                            meta_offset, wire_row_stride, BITS, BUCKET, BPP)  # fmt: skip
-    # An average: the references' fp32 division (after the rotation back, with ROTATE), then one rounding to the
-    # output dtype.
-    if ROTATE:
+    if ROTATE:  # an average divides after the rotation back, as the reference does
         rotated_store(out_ptr, acc, pid, n_out, BUCKET, LOG_B, scale_rot, EMULATE_BF16_RNE, divisor, DIVIDE)
     else:
-        if DIVIDE:
-            acc = tl.math.div_rn(acc, tl.full(acc.shape, divisor, tl.float32))
-        store_cast(out_ptr + e, acc, valid, EMULATE_BF16_RNE)
+        store_average(out_ptr + e, acc, valid, divisor, DIVIDE, EMULATE_BF16_RNE)
 
 
 class BucketDecoder:

@@ -11,7 +11,7 @@ import triton.language as tl
 
 from composer_qsdp.kernels.dispatch import interpreter_enabled
 
-__all__ = ["emulate_bf16_rne", "store_cast"]
+__all__ = ["emulate_bf16_rne", "store_average", "store_cast"]
 
 
 def emulate_bf16_rne() -> bool:
@@ -28,3 +28,12 @@ def store_cast(ptr, y, mask, EMULATE_BF16_RNE: tl.constexpr):
         tl.store(ptr, rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
     else:
         tl.store(ptr, y.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def store_average(ptr, y, mask, divisor, DIVIDE: tl.constexpr, EMULATE_BF16_RNE: tl.constexpr):
+    """:func:`store_cast` of fp32 ``y``, divided first by ``divisor`` with ``DIVIDE`` (one IEEE division, ``div_rn``,
+    as the codecs' torch references divide a reduce-scatter's sum): the average rounded once to ``ptr``'s dtype."""
+    if DIVIDE:
+        y = tl.math.div_rn(y, tl.full(y.shape, divisor, tl.float32))
+    store_cast(ptr, y, mask, EMULATE_BF16_RNE)

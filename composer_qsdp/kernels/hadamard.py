@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 import torch
 
-from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
+from composer_qsdp.kernels.cast import emulate_bf16_rne, store_average, store_cast
 from composer_qsdp.kernels.groups import cdiv, next_power_of_2, row_stride
 
 __all__ = ["MAX_BUCKET", "supports", "hadamard_rows", "butterflies", "butterflies_rows", "rotated_store",
@@ -88,10 +88,8 @@ def rotated_store(out_ptr, v, pid, n_out, BUCKET: tl.constexpr, LOG_B: tl.conste
     BPP: tl.constexpr = v.shape[1]
     flat = butterflies(tl.reshape(tl.permute(v, (1, 0, 2, 3)), (BPP * BUCKET,)), BUCKET, LOG_B)
     col = (pid * BPP + tl.arange(0, BPP))[:, None] * BUCKET + tl.arange(0, BUCKET)[None, :]
-    y = tl.reshape(flat, (BPP, BUCKET)) * scale
-    if DIVIDE:
-        y = tl.math.div_rn(y, tl.full(y.shape, divisor, tl.float32))
-    store_cast(out_ptr + col, y, col < n_out, EMULATE_BF16_RNE)
+    store_average(out_ptr + col, tl.reshape(flat, (BPP, BUCKET)) * scale, col < n_out, divisor, DIVIDE,
+                  EMULATE_BF16_RNE)  # fmt: skip
 
 
 @triton.jit

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from composer_qsdp.kernels.abs_max import abs_max, abs_max_codes, abs_max_decode, bucket_scales, tile_abs_max
-from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
+from composer_qsdp.kernels.cast import emulate_bf16_rne, store_average, store_cast
 from composer_qsdp.kernels.groups import ELEMENTS_PER_THREAD, GPU_TILE, INTERPRETER_TILE
 from composer_qsdp.kernels.groups import MAX_BUCKET, MAX_ROWS, launch_fits, launch_shape, load_codes
 from composer_qsdp.kernels.groups import cdiv, output_buffer, row_stride, split_tile, store_codes, tile, vec
@@ -122,14 +122,10 @@ def _decode_kernel(
         for row in range(ROWS):
             row_wire = wire_ptr + tl.cast(row, tl.int64) * tl.multiple_of(wire_row_stride, 4)
             acc += _decode_tile(row_wire, b, g, lane, e, valid, n, num_buckets, meta_offset, BITS, BUCKET, BPP, QMAX)
-        # An average divides in fp32 (after the rotation back, with ROTATE) before the one rounding to out's dtype,
-        # as the codecs' references do.
-        if ROTATE:  # the sum of the rotated rows, rotated back once
+        if ROTATE:  # the sum of the rotated rows, rotated back once (an average divides after it, as the reference)
             rotated_store(out_ptr, acc, pid, n_out, BUCKET, LOG_B, scale_rot, EMULATE_BF16_RNE, divisor, DIVIDE)
         else:
-            if DIVIDE:
-                acc = tl.math.div_rn(acc, tl.full(acc.shape, divisor, tl.float32))
-            store_cast(out_ptr + e, acc, valid, EMULATE_BF16_RNE)
+            store_average(out_ptr + e, acc, valid, divisor, DIVIDE, EMULATE_BF16_RNE)
     else:
         row = tl.program_id(1).to(tl.int64)
         row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)

@@ -204,7 +204,7 @@ class HadamardCodec(Codec):
 
     def _decode_sum_into(self, wire: torch.Tensor, out: torch.Tensor, divisor: int) -> torch.Tensor:
         # A reduce-scatter's output: the fused kernel writes the average straight into it, where the reference
-        # path holds the fp32 sum and its quotient (8 bytes per element) beside the codes.
+        # path holds the fp32 sum, the divisor as a tensor and the quotient (12 bytes per element) beside the codes.
         fused = None if self._fused is None else self._fused.decode_sum_rotated(wire, out.numel(), out, divisor)
         if fused is not None:
             return fused
