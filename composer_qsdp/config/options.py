@@ -20,6 +20,7 @@ from composer_qsdp.registry import CANDIDATES
 from composer_qsdp.schemes.direct import check_direct_options
 from composer_qsdp.schemes.loco import check_feedback_options
 from composer_qsdp.schemes.two_level import check_two_level_options
+from composer_qsdp.schemes.two_level_loco import INTRA_CODEC
 from composer_qsdp.validate import check_bool, check_int
 
 __all__ = [
@@ -169,11 +170,15 @@ class TwoLevelLoCoOptions(TwoLevelOptions):
     the inter-node one (a residual of ``1 / L`` of the gradient per rank, ``L`` ranks per node; none on one node).
 
     Attributes:
-        intra_codec, rotation_block: as :class:`TwoLevelOptions`.
+        intra_codec: as :class:`TwoLevelOptions`; by default
+            :data:`~composer_qsdp.schemes.two_level_loco.INTRA_CODEC` (8-bit min-max, stochastic rounding), since no
+            residual corrects that hop.
+        rotation_block: as :class:`TwoLevelOptions`.
         beta, reset_every, residual_dtype, residual_on_host: as :class:`LoCoOptions`, for the inter-node hop's
             residual.
     """
 
+    intra_codec: str | Mapping[str, Any] | None = dataclasses.field(default_factory=lambda: dict(INTRA_CODEC))
     beta: float = 0.8
     reset_every: int = 0
     residual_dtype: str = "float32"

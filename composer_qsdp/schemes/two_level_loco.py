@@ -14,8 +14,10 @@ Large-scale Model Training", 2024; :mod:`composer_qsdp.schemes.loco`) runs on th
     e_t = beta * e_{t-1} + (1 - beta) * (c_t - decode(encode(c_t)))
 
 and each owner sums the ``M`` decoded versions of its chunk (:func:`~composer_qsdp.comm.two_level_reduce_scatter`
-with ``inter_residual``). The intra-node hop keeps its own codec (8 bits in SDP4Bit's TLq-HS, or ``None``) and no
-residual: its error is not fed back. With a Hadamard ``rotation_block`` the partial sums, and so the residual, are in
+with ``inter_residual``). The intra-node hop keeps no residual: its error is not fed back, so by default it carries
+:data:`INTRA_CODEC`, 8-bit min-max codes with stochastic rounding (the ``w8g8`` preset's gradients; SDP4Bit's TLq-HS
+sends 8 bits within the node too), whatever the side's codec. ``intra_codec="same"`` sends the side's codec on both
+hops (for a LoCo preset's 3-bit round-to-nearest codes that is a biased error no step corrects). With a Hadamard ``rotation_block`` the partial sums, and so the residual, are in
 the rotated domain (chunks padded to whole blocks).
 
 Memory per GPU, for a unit of ``P`` gradient elements (FSDP's padded ``W * n``; with a rotation, ``n`` rounded up to
@@ -31,15 +33,21 @@ there is no inter-node hop: no residual and no feedback, ``0`` bytes, exactly ``
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
 from composer_qsdp.quant import Codec
 from composer_qsdp.schemes.loco import LoCoFeedback
-from composer_qsdp.schemes.two_level import SAME, TwoLevelReduceScatter
+from composer_qsdp.schemes.two_level import TwoLevelReduceScatter
 
-__all__ = ["TwoLevelLoCoReduceScatter"]
+__all__ = ["INTRA_CODEC", "TwoLevelLoCoReduceScatter"]
+
+#: The intra-node hop's default codec (options of :func:`~composer_qsdp.quant.make_codec`): no residual corrects that
+#: hop, so it needs an error that averages out (unbiased) and is small, whatever the fed-back side's codec.
+INTRA_CODEC: Mapping[str, Any] = MappingProxyType({"name": "minmax", "bits": 8, "bucket_size": 1024,
+                                                   "rounding": "stochastic"})
 
 
 class TwoLevelLoCoReduceScatter(LoCoFeedback, TwoLevelReduceScatter):
@@ -49,7 +57,8 @@ class TwoLevelLoCoReduceScatter(LoCoFeedback, TwoLevelReduceScatter):
         codec: the inter-node hop's codec (the side's codec; its errors are fed back).
         error_sample_interval: measure the relative quantization error (both hops; the inter hop's against the
             compensated partial sums) every this many calls (0: never).
-        intra_codec: the intra-node hop's codec, as for ``two_level``: ``"same"``, ``None`` or a codec's options.
+        intra_codec: the intra-node hop's codec: a codec's options (default :data:`INTRA_CODEC`), ``"same"`` (the
+            side's codec) or ``None`` (unquantized), as for ``two_level``.
         rotation_block: Hadamard block in elements (a power of two), or ``None``, as for ``two_level``.
         beta: the residual's moving-average coefficient, in ``[0, 1)`` (0: classic error feedback).
         reset_every: zero the residual every this many optimizer steps (0: never).
@@ -73,7 +82,7 @@ class TwoLevelLoCoReduceScatter(LoCoFeedback, TwoLevelReduceScatter):
         codec: Codec | None,
         error_sample_interval: int = 0,
         *,
-        intra_codec: str | Mapping[str, Any] | None = SAME,
+        intra_codec: str | Mapping[str, Any] | None = INTRA_CODEC,
         rotation_block: int | None = None,
         beta: float = 0.8,
         reset_every: int = 0,

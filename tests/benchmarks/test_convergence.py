@@ -182,7 +182,9 @@ def test_lean_arm_runs_the_memory_benchmarks_lean_layout_on_two_nodes(tmp_path):
     config = build_algorithm("qsdp", recipe.algorithm_kwargs["qsdp"]).config
     assert (config.grads.scheme, config.ranks_per_node, config.weights.bits, config.grads.bits) == (
         "two_level_loco", 2, 3, 3)
-    assert config.grads.scheme_options.intra_codec == "same"  # the intra-node hop: 3 bits, no feedback
+    # the intra-node hop, without feedback: 8-bit stochastic codes, not the preset's 3-bit ones
+    assert config.grads.scheme_options.intra_codec == {"name": "minmax", "bits": 8, "bucket_size": 1024,
+                                                       "rounding": "stochastic"}
     assert config.weights.scheme_options.sharded_reference
 
 

@@ -37,10 +37,11 @@ from sharded_mlp import LR, Adapter, _train, load_sharded, save_sharded
 from composer_qsdp.comm import Topology, mix_seed, node_groups, two_level_reduce_scatter
 from composer_qsdp.comm.two_level import INTER_HOP
 from composer_qsdp.config import TwoLevelLoCoOptions, from_preset
-from composer_qsdp.quant import CodedResidual, SymmetricCodec, hadamard_rows, make_codec
+from composer_qsdp.quant import CodedResidual, MinMaxCodec, SymmetricCodec, hadamard_rows, make_codec
 from composer_qsdp.registry import GRAD_SCHEMES
 from composer_qsdp.schemes import (GradScheme, LoCoResidualWarning, TwoLevelLoCoReduceScatter, build_scheme,
                                    make_grad_scheme)
+from composer_qsdp.schemes.two_level_loco import INTRA_CODEC
 
 WORLD, PER_NODE = 4, 2
 NODES = WORLD // PER_NODE
@@ -367,6 +368,22 @@ def test_registered_with_typed_options():
         from_preset("tlq-hs", grad_scheme="two_level_loco", grad_scheme_options={"beta": 1.5})
     with pytest.raises(ValueError, match=r"unknown option 'betta' of scheme 'two_level_loco'.*did you mean 'beta'"):
         from_preset("tlq-hs", grad_scheme="two_level_loco", grad_scheme_options={"betta": 0.5})
+
+
+
+def test_the_unfed_intra_node_hop_defaults_to_unbiased_8_bit_codes():
+    """No residual corrects the intra-node hop, so by default it does not inherit a LoCo preset's 3-bit
+    round-to-nearest codec: built directly or from the preset, it sends 8-bit stochastic min-max codes; ``"same"``
+    still selects the side's codec on both hops."""
+    side = make_codec("minmax", bits=3, bucket_size=256, rounding="nearest", hadamard=True)
+    direct = TwoLevelLoCoReduceScatter(side)
+    lean = build_scheme("grads", from_preset("qwd-w3g3-loco", grad_scheme="two_level_loco").grads, 3)
+    for scheme in (direct, lean):
+        intra = scheme.intra_codec
+        assert isinstance(intra, MinMaxCodec) and (intra.bits, intra.bucket_size, intra.unbiased) == (8, 1024, True)
+    assert lean.codec.bits == 3 and not lean.codec.unbiased
+    assert TwoLevelLoCoReduceScatter(side, intra_codec="same").intra_codec is side
+    assert TwoLevelLoCoOptions().intra_codec == dict(INTRA_CODEC)
 
 
 # ------------------------------------------------------------------------------------- FSDP2, accumulation, resume
