@@ -253,6 +253,11 @@ class QSDPConfig:
         lossy = sorted(f"{scheme} at {bits} bit(s)" for scheme in self.grads.all_schemes(default)
                        for bits in self.grads.all_bits()
                        if bits <= LOW_GRAD_BITS and scheme not in FEEDBACK_GRAD_SCHEMES)
+        # two_level_loco feeds back the inter-node hop only; its intra-node hop carries the side's codes unfed when
+        # told to reuse them
+        if self.grads.scheme == "two_level_loco" and getattr(self.grads.scheme_options, "intra_codec", None) == "same":
+            lossy += [f"two_level_loco's intra-node hop (intra_codec='same') at {bits} bit(s)"
+                      for bits in self.grads.all_bits() if bits <= LOW_GRAD_BITS]
         if lossy:
             warnings.warn(
                 f"QSDPConfig: gradients of {', '.join(lossy)} without error feedback lose each step's compression "

@@ -205,6 +205,8 @@ def test_sdp4bit_presets_are_qwd_int4_weights_with_tlq_hs_or_one_hop_4bit_gradie
     (lambda: QSDPConfig(grads=SideConfig(bits=1, codec="sign")), "flat at 1 bit(s)"),
     (lambda: from_preset("tlq-hs", grad_bits=2), "two_level at 2 bit(s)"),
     (lambda: from_preset("w8g4", grad_bits_overrides={"head": 2}), "flat at 2 bit(s)"),
+    (lambda: from_preset("qwd-w3g2-loco", grad_scheme="two_level_loco", grad_scheme_options={"intra_codec": "same"}),
+     "two_level_loco's intra-node hop (intra_codec='same') at 2 bit(s)"),
 ])
 def test_one_or_two_bit_gradients_without_error_feedback_warn_once_with_the_fix(make, lossy):
     with pytest.warns(LowBitGradientWarning) as caught:
