@@ -22,6 +22,7 @@ from composer_qsdp._names import did_you_mean
 from composer_qsdp.config.options import AutoOptions, CodecOptions, typed_options
 from composer_qsdp.registry import CODECS, GRAD_SCHEMES, POLICIES, PRESETS, WEIGHT_SCHEMES, Registry
 from composer_qsdp.schemes import build_codec, build_scheme
+from composer_qsdp.schemes.two_level import SAME
 from composer_qsdp.validate import check_int, check_seed
 
 __all__ = [
@@ -255,7 +256,7 @@ class QSDPConfig:
                        if bits <= LOW_GRAD_BITS and scheme not in FEEDBACK_GRAD_SCHEMES)
         # two_level_loco feeds back the inter-node hop only; its intra-node hop carries the side's codes unfed when
         # told to reuse them
-        if self.grads.scheme == "two_level_loco" and getattr(self.grads.scheme_options, "intra_codec", None) == "same":
+        if self.grads.scheme == "two_level_loco" and getattr(self.grads.scheme_options, "intra_codec", None) == SAME:
             lossy += [f"two_level_loco's intra-node hop (intra_codec='same') at {bits} bit(s)"
                       for bits in self.grads.all_bits() if bits <= LOW_GRAD_BITS]
         if lossy:

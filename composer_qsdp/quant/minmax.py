@@ -143,14 +143,8 @@ class MinMaxCodec(KernelDecodes):
         :meth:`encode_rows_feedback` of validated arguments in one kernel pass, or ``None`` where no kernel covers
         the call (a CPU tensor, ``bucket_size`` not a power of two from 8 to 8192, a coded residual other than
         :meth:`_fused_residual` takes)."""
-        rows, n = x.shape
-        padded = self.num_buckets(n) * self.bucket_size
-        kernels = self._kernels(x, padded)
-        fused = None if kernels is None else self._fused_residual(residual)
-        if fused is None or self.bucket_size & (self.bucket_size - 1):
-            return None
-        return kernels.encode_rows_feedback(x, fused, beta, self.bits, self.bucket_size, self.wire_format(padded),
-                                            self.stochastic, seed, offset, rotate=True)  # fmt: skip
+        fused = self._fused_residual(residual)
+        return None if fused is None else self._encode_rotated(x, fused, beta, seed, offset)
 
     # ------------------------------------------------------------------ fused Hadamard rotation (FusedRotation)
     def encode_rows_rotated(self, x: torch.Tensor, seed: int = 0, offset: int = 0) -> torch.Tensor | None:
@@ -158,12 +152,17 @@ class MinMaxCodec(KernelDecodes):
         zero-padded to whole buckets and Hadamard-rotated, in one pass of the feedback encode's kernel without its
         residual (the rotated rows never go through memory); ``None`` where no kernel covers the call (a CPU tensor,
         ``bucket_size`` not a power of two from 8 to 8192)."""
-        rows, n = x.shape
-        padded = self.num_buckets(n) * self.bucket_size
+        return self._encode_rotated(x, None, 0.0, seed, offset)
+
+    def _encode_rotated(self, x: torch.Tensor, residual: torch.Tensor | None, beta: float, seed: int,
+                        offset: int) -> torch.Tensor | None:  # fmt: skip
+        """The rotated feedback kernel's one pass over ``x``, with the residual in its fused form or without one
+        (``None``); ``None`` where no kernel covers the call."""
+        padded = self.num_buckets(x.shape[1]) * self.bucket_size
         kernels = self._kernels(x, padded)
         if kernels is None or self.bucket_size & (self.bucket_size - 1):
             return None
-        return kernels.encode_rows_feedback(x, None, 0.0, self.bits, self.bucket_size, self.wire_format(padded),
+        return kernels.encode_rows_feedback(x, residual, beta, self.bits, self.bucket_size, self.wire_format(padded),
                                             self.stochastic, seed, offset, rotate=True)  # fmt: skip
 
     def decode_rows_rotated(self, wire: torch.Tensor, numel: int, dtype: torch.dtype) -> None:

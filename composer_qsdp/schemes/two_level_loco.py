@@ -17,8 +17,8 @@ and each owner sums the ``M`` decoded versions of its chunk (:func:`~composer_qs
 with ``inter_residual``). The intra-node hop keeps no residual: its error is not fed back, so by default it carries
 :data:`INTRA_CODEC`, 8-bit min-max codes with stochastic rounding (the ``w8g8`` preset's gradients; SDP4Bit's TLq-HS
 sends 8 bits within the node too), whatever the side's codec. ``intra_codec="same"`` sends the side's codec on both
-hops (for a LoCo preset's 3-bit round-to-nearest codes that is a biased error no step corrects). With a Hadamard ``rotation_block`` the partial sums, and so the residual, are in
-the rotated domain (chunks padded to whole blocks).
+hops (for a LoCo preset's 3-bit round-to-nearest codes that is a biased error no step corrects). With a Hadamard
+``rotation_block`` the partial sums, and so the residual, are in the rotated domain (chunks padded to whole blocks).
 
 Memory per GPU, for a unit of ``P`` gradient elements (FSDP's padded ``W * n``; with a rotation, ``n`` rounded up to
 whole blocks) on ``W = M * L`` ranks: a residual of ``P / L`` elements, i.e. ``4 P / L`` bytes in fp32, ``2 P / L``
