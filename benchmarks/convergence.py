@@ -85,8 +85,9 @@ a script chaining ``--build-only && <the run>`` stops before the run.
 
 Resumable: each arm checkpoints every ``--save-interval`` steps and resumes from its newest checkpoint
 (Composer ``autoresume``); each launch writes its own metrics file, rewritten after every evaluation, so a launch
-killed by ``--time-budget`` or an outer limit loses no evaluation. A rerun continues unfinished arms and skips
-finished ones. GPU kernels are not bitwise deterministic, so two runs of one arm with the same seed and data still
+killed by ``--time-budget`` or an outer limit loses no evaluation. The arms are stopped ``--stop-grace-s`` before the
+budget's end, their ranks signalled directly so that their saves get that long (Composer's launcher would give 30 s).
+A rerun continues unfinished arms and skips finished ones. GPU kernels are not bitwise deterministic, so two runs of one arm with the same seed and data still
 end at slightly different losses; ``baseline-seed2`` (another seed: other initial weights and data order) measures
 the noise band every gap is read against.
 
@@ -279,7 +280,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--time-budget", type=float, help="seconds this command may use: it stops the arms "
                                                           "(they resume later) and writes the results in time")
     parser.add_argument("--min-launch-s", type=float, default=120.0,
-                        help="start no launch with less budget left than this (default 120 s)")
+                        help="start no launch with less budget left than this before the stop (default 120 s)")
+    parser.add_argument("--stop-grace-s", type=float, default=90.0,
+                        help="seconds the running arms get to save a checkpoint and exit when stopped; with "
+                             "--time-budget they are stopped this long before its end (default 90 s)")
     parser.add_argument("--retries", type=int, default=1,
                         help="relaunches of a failed arm within one run, from its checkpoint (default 1)")
     parser.add_argument("--stagger-s", type=float, default=10.0,
@@ -338,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                  "save_interval", "nproc", "max_ranks", "micro_batch", "results_interval_s"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid; it must be >= 1")
-    for name in ("num_workers", "retries"):
+    for name in ("num_workers", "retries", "stop_grace_s"):
         if getattr(args, name) < 0:
             raise SystemExit(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid; it must be >= 0")
     if args.header_from and not (args.status or args.collect):

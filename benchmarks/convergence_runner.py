@@ -70,7 +70,41 @@ def merged_metrics(arm_dir: Path) -> dict[str, dict[int, float]]:
 def _queue(plan: Plan) -> list[str]:
     """The unfinished arms in launch order: ``--arms`` order, which is the priority when the time budget cannot
     finish every arm (the first queued arm that fits the free ranks starts next)."""
-    return [arm for arm in plan.args.arms if not (plan.arm_dir(arm) / "done.json").is_file()]
+    return [arm for arm in plan.args.arms if not _finished(plan, arm)]
+
+
+def _finished(plan: Plan, arm: str) -> bool:
+    """Whether ``arm`` has finished its run: ``done.json``, written here (with the launches so far) when its last
+    complete checkpoint is of the final batch, which a launch saves after the final evaluation; a launch stopped
+    after that save but before it exited ran the whole run, and another would only fail (nothing left to train)."""
+    arm_dir = plan.arm_dir(arm)
+    if (arm_dir / "done.json").is_file():
+        return True
+    batch = _latest_checkpoint(arm_dir)
+    if batch is None or batch < plan.args.steps:
+        return False
+    common.write_json(arm_dir / "done.json", {"segments": launch_count(arm_dir)})
+    return True
+
+
+def _latest_checkpoint(arm_dir: Path) -> int | None:
+    """The batch of the arm's last complete checkpoint (the one ``latest-rank0.pt`` names), or None."""
+    from composer_qsdp.recipes.checksums import checkpoint_batch
+
+    latest = arm_dir / "checkpoints" / "latest-rank0.pt"
+    return checkpoint_batch(Path(os.readlink(latest)).name) if latest.is_symlink() else None
+
+
+def _restart_after_unfinished_saves(arm_dir: Path) -> list[Path]:
+    """Where the arm's last launch failed because none of its checkpoints is known complete (every save of the
+    arm was cut short), set them aside (``NAME.incomplete``) so that its next launch starts again from batch 0;
+    the checkpoints set aside, else []."""
+    from composer_qsdp.recipes.resume import NO_COMPLETE_CHECKPOINT, set_aside_incomplete_checkpoints
+
+    logs = sorted(arm_dir.glob("log-*.txt"))
+    if not logs or NO_COMPLETE_CHECKPOINT not in logs[-1].read_text(errors="replace"):
+        return []
+    return set_aside_incomplete_checkpoints(arm_dir / "checkpoints")
 
 
 def run_arms(plan: Plan, budget: common.Budget, on_progress: Callable[[], None] = lambda: None) -> str:
@@ -81,13 +115,21 @@ def run_arms(plan: Plan, budget: common.Budget, on_progress: Callable[[], None] 
 
     A launch that ran out of GPU memory beside other arms (its log says so) is not the arm's failure but too many
     processes on the GPUs: it is queued again without spending a retry, and from then on at most the processes that
-    ran without it run at once."""
+    ran without it run at once. Neither is a launch that found only checkpoints whose saves were cut short: they
+    are set aside and the arm starts again. With a time budget, the running arms are stopped ``--stop-grace-s``
+    before its end, the time their saves get."""
     queue = _queue(plan)
     running: dict[str, tuple[subprocess.Popen, list[str]]] = {}  # arm -> (its launch, the GPUs it holds)
     free_gpus = [] if plan.shared else list(plan.gpus)
     failures = dict.fromkeys(queue, 0)
     max_ranks = plan.max_ranks
     failed, last_start, last_progress = False, float("-inf"), time.monotonic()
+    grace = plan.args.stop_grace_s
+
+    def left() -> float | None:  # seconds until the running arms must be stopped
+        remaining = budget.remaining()
+        return None if remaining is None else max(0.0, remaining - grace)
+
     try:
         while queue or running:
             ran = sum(plan.nproc(arm) for arm in running)  # before this round's ends: what a failure ran beside
@@ -101,6 +143,13 @@ def run_arms(plan: Plan, budget: common.Budget, on_progress: Callable[[], None] 
                 if proc.returncode == 0:
                     common.write_json(plan.arm_dir(arm) / "done.json", {"segments": launch_count(plan.arm_dir(arm))})
                     print(f"{arm}: finished", flush=True)
+                elif _finished(plan, arm):
+                    print(f"{arm}: finished (its launch ended with status {proc.returncode} after saving the final "
+                          "batch)", flush=True)
+                elif moved := _restart_after_unfinished_saves(plan.arm_dir(arm)):
+                    queue.append(arm)
+                    print(f"{arm}: every checkpoint's save was cut short ({', '.join(p.name for p in moved)}, set "
+                          "aside); it starts again from batch 0", flush=True)
                 elif beside and out_of_gpu_memory(plan.arm_dir(arm)):
                     max_ranks = max(min(max_ranks, beside), plan.nproc(arm))  # it can always run alone
                     queue.append(arm)
@@ -117,7 +166,7 @@ def run_arms(plan: Plan, budget: common.Budget, on_progress: Callable[[], None] 
                 else:
                     failed = True
                     print(f"{arm}: launch failed (status {proc.returncode}); log in {plan.arm_dir(arm)}", flush=True)
-            if running and budget.remaining() == 0:
+            if running and left() == 0:
                 print("time budget spent: stopping the running arms (they resume from their checkpoints)")
                 return "incomplete"
             if time.monotonic() - last_progress >= plan.args.results_interval_s:
@@ -128,7 +177,7 @@ def run_arms(plan: Plan, budget: common.Budget, on_progress: Callable[[], None] 
             # Starts are spaced by --stagger-s: every launch's start-up (imports, CUDA contexts, shard reads)
             # competes for the same cores.
             spaced = not running or time.monotonic() - last_start >= plan.args.stagger_s
-            if fits and spaced and budget.allows(plan.args.min_launch_s):
+            if fits and spaced and (left() is None or left() >= plan.args.min_launch_s):
                 arm = fits[0]
                 queue.remove(arm)
                 held = (_least_loaded_gpus(plan, arm, running) if plan.shared else
@@ -140,7 +189,7 @@ def run_arms(plan: Plan, budget: common.Budget, on_progress: Callable[[], None] 
                 continue
             if not running:
                 if queue:
-                    print(f"time budget nearly spent ({budget.remaining():.0f} s left): rerun to continue "
+                    print(f"time budget nearly spent ({left():.0f} s left before the stop): rerun to continue "
                           f"{', '.join(queue)}")
                     return "incomplete"
                 break
@@ -149,7 +198,7 @@ def run_arms(plan: Plan, budget: common.Budget, on_progress: Callable[[], None] 
         print(f"stopped by {sig}: the arms resume from their checkpoints on the next run")
         return "incomplete"
     finally:
-        common.kill(*(proc for proc, _ in running.values()))
+        common.kill(*(proc for proc, _ in running.values()), grace_s=grace)
         _write_running(plan, {})
     return "failed" if failed else "complete"
 
@@ -224,8 +273,7 @@ def arm_progress(plan: Plan, arm: str) -> dict[str, Any]:
     arm_dir = plan.arm_dir(arm)
     curve = sorted(merged_metrics(arm_dir).get(VAL_LOSS, {}).items()) if arm_dir.is_dir() else []
     logs = sorted(arm_dir.glob("log-*.txt"))
-    latest = arm_dir / "checkpoints" / "latest-rank0.pt"
-    checkpoint = os.readlink(latest).rsplit("ba", 1)[-1].split("-")[0] if latest.is_symlink() else None
+    checkpoint = _latest_checkpoint(arm_dir)
     text = logs[-1].read_text(errors="replace") if logs else ""
     lines = [line for line in text.splitlines() if line.strip()]
     tail = lines[-1][-160:] if lines else ""

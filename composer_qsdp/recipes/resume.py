@@ -16,8 +16,12 @@ from composer_qsdp.recipes.loader import RecipeError
 if TYPE_CHECKING:
     from composer_qsdp.recipes.run_files import RunPaths
 
-__all__ = ["link_latest_checkpoint", "reading_checkpoint", "resume_checkpoint", "resume_key",
+__all__ = ["NO_COMPLETE_CHECKPOINT", "link_latest_checkpoint", "reading_checkpoint", "resume_checkpoint", "resume_key",
            "set_aside_incomplete_checkpoints"]
+
+#: What autoresume's error says when a save folder holds checkpoints of which none is known complete (every save
+#: was cut short): a driver that may start its run again reads it from the run's log.
+NO_COMPLETE_CHECKPOINT = "none has a checksum manifest that verifies it"
 
 
 def set_aside_incomplete_checkpoints(save_folder: str | os.PathLike) -> list[Path]:
@@ -89,8 +93,8 @@ def link_latest_checkpoint(save_folder: str | os.PathLike) -> Path | None:
     else:
         raise RecipeError(
             f"recipe key 'autoresume': save_folder {folder} holds checkpoint(s) {', '.join(names)} "
-            f"but no {latest.name} link naming the last complete one, and none has a checksum manifest that verifies "
-            "it; autoresume would start again from batch 0. Resume from one of them with load_path=PATH (autoresume "
+            f"but no {latest.name} link naming the last complete one, and {NO_COMPLETE_CHECKPOINT}; autoresume "
+            "would start again from batch 0. Resume from one of them with load_path=PATH (autoresume "
             f"false), or link {latest} to it, or move them out of the folder to start again")
     if dist.get_global_rank() == 0:
         os.symlink(checkpoint.name, latest)

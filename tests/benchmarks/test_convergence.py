@@ -311,6 +311,71 @@ def test_a_launch_out_of_gpu_memory_beside_others_waits_for_room_without_a_retry
             "next time)") in capsys.readouterr().out
 
 
+def test_arms_whose_saves_were_cut_short_start_again_and_trained_out_arms_are_done(tiny_recipes, tmp_path,
+                                                                                   monkeypatch, capsys):
+    from composer_qsdp.recipes.resume import NO_COMPLETE_CHECKPOINT
+
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", "w4g4", "--retries", "0",
+                    "--stagger-s", "0", "--results-interval-s", "0", "--eval-batches", "-1")
+
+    def checkpoint(arm: str, batch: int, complete: bool) -> None:
+        folder = plan.arm_dir(arm) / "checkpoints"
+        (folder / f"ep0-ba{batch}").mkdir(parents=True)
+        if complete:
+            (folder / "latest-rank0.pt").symlink_to(f"ep0-ba{batch}")
+
+    # An earlier run stopped the baseline while it saved batch 7, its only checkpoint, and w8g8 after it saved the
+    # final batch (20) but before it exited.
+    for arm in ("baseline", "w8g8"):
+        plan.arm_dir(arm).mkdir(parents=True)
+        (plan.arm_dir(arm) / "log-00.txt").write_text("stopped\n")
+    checkpoint("baseline", 7, complete=False)
+    checkpoint("w8g8", 20, complete=True)
+    starts = []
+
+    def fake_start(plan_, arm, gpus):
+        launch = convergence_runner.launch_count(plan.arm_dir(arm))
+        starts.append((arm, launch))
+        log = plan.arm_dir(arm) / f"log-{launch:02d}.txt"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        code = "import sys; sys.exit(0)"
+        if arm == "baseline" and launch == 1:  # autoresume refuses the folder
+            log.write_text(f"recipe error: ... checkpoint(s) ep0-ba7 but ..., and {NO_COMPLETE_CHECKPOINT}; ...\n")
+            code = "import sys; sys.exit(2)"
+        elif arm == "baseline":
+            assert not (plan.arm_dir(arm) / "checkpoints" / "ep0-ba7").exists()  # it starts again from batch 0
+            log.write_text("ok\n")
+        else:  # w4g4 saves its final batch, then is stopped before it exits
+            log.write_text("ok\n")
+            checkpoint(arm, 20, complete=True)
+            code = "import sys; sys.exit(143)"
+        return subprocess.Popen([sys.executable, "-c", code])
+
+    monkeypatch.setattr(convergence_runner, "_start_arm", fake_start)
+    assert convergence_runner.run_arms(plan, e2e_common.Budget(None)) == "complete"  # no retry was spent
+    assert starts == [("baseline", 1), ("w4g4", 0), ("baseline", 2)]  # w8g8 had finished
+    assert (plan.arm_dir("baseline") / "checkpoints" / "ep0-ba7.incomplete").is_dir()  # set aside, not deleted
+    assert all((plan.arm_dir(arm) / "done.json").is_file() for arm in plan.args.arms)
+    out = capsys.readouterr().out
+    assert "baseline: every checkpoint's save was cut short (ep0-ba7.incomplete, set aside); it starts again" in out
+    assert "w4g4: finished (its launch ended with status 143 after saving the final batch)" in out
+
+
+def test_a_time_budget_stops_the_arms_their_grace_before_its_end(tiny_recipes, tmp_path, monkeypatch):
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "--stop-grace-s", "3", "--min-launch-s", "0",
+                    "--results-interval-s", "0", "--eval-batches", "-1")
+    stopped = tmp_path / "stopped"
+    code = (f"import signal, sys, time\ndef term(*_):\n    time.sleep(1)\n    open({str(stopped)!r}, 'w')"
+            f".write(repr(time.monotonic()))\n    sys.exit(143)\nsignal.signal(signal.SIGTERM, term)\n"
+            "while True: time.sleep(0.05)")
+    monkeypatch.setattr(convergence_runner, "_start_arm",
+                        lambda plan_, arm, gpus: subprocess.Popen([sys.executable, "-c", code], start_new_session=True))
+    start = time.monotonic()
+    assert convergence_runner.run_arms(plan, e2e_common.Budget(6.0)) == "incomplete"
+    # Stopped 3 s before the budget's end (the driver polls every second), its 1 s save inside the budget.
+    assert 2.0 <= float(stopped.read_text()) - start <= 5.5 and time.monotonic() - start < 6.0
+
+
 def test_shared_arms_over_nccl_spread_over_the_least_used_gpus(tiny_recipes, tmp_path, monkeypatch):
     monkeypatch.setattr(convergence_plan, "_visible_gpus", lambda: ["4", "5", "6", "7"])
     gpu = ["-o", "device=gpu", "-o", "precision=amp_bf16"]

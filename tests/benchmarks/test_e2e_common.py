@@ -1,9 +1,12 @@
-"""``e2e_common``: ``kill`` (every launch gets SIGTERM at once, and a launch that ignores it is SIGKILLed after one
-shared grace period) and ``write_outputs`` (the records go into the folder named, whole)."""
+"""``e2e_common``: ``kill`` (every launch gets SIGTERM at once, its ranks directly so that their saves outlast the
+launcher's own grace, and a launch that ignores it is SIGKILLed after one shared grace period) and
+``write_outputs`` (the records go into the folder named, whole)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -42,6 +45,51 @@ def test_kill_terminates_all_groups_at_once_then_sigkills_the_stubborn(tmp_path,
     # One after another, the SIGTERMs would be a grace period apart.
     assert max(received) - min(received) < grace / 2
     e2e_common.kill()  # nothing to stop is fine
+
+
+# A rank: on SIGTERM it "saves" for 1.5 s (writes argv[1] then), as a recipe run saves its checkpoint, and exits.
+SAVING_RANK = """
+import signal, sys, time
+def on_term(signum, frame):
+    time.sleep(1.5)
+    open(sys.argv[1], "w").close()
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
+open(sys.argv[1] + ".ready", "w").close()
+while True:
+    time.sleep(0.05)
+"""
+# A launcher as Composer's behaves: it exits when its rank does; SIGTERMed itself, it SIGKILLs the rank 0.5 s later
+# (Composer waits 30 s).
+LAUNCHER = """
+import signal, subprocess, sys, time
+rank = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+def on_term(signum, frame):
+    rank.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    rank.kill()
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
+sys.exit(rank.wait())
+"""
+
+
+@pytest.mark.parametrize("signalled", ["ranks", "launcher"])
+def test_kill_lets_the_ranks_finish_a_save_that_outlasts_the_launchers_own_grace(tmp_path, signalled):
+    saved = tmp_path / "saved"
+    launch = e2e_common.start([sys.executable, "-c", LAUNCHER, SAVING_RANK, str(saved)], tmp_path / "log.txt",
+                              dict(os.environ))
+    while not saved.with_name("saved.ready").exists():
+        time.sleep(0.05)
+    if signalled == "launcher":  # the control: what signalling the launcher's group (the old kill) does
+        e2e_common._signal_group(launch, signal.SIGTERM)
+        launch.wait(30)
+        assert not saved.exists()  # the launcher's SIGKILL cut the save short
+        return
+    start = time.monotonic()
+    e2e_common.kill(launch, grace_s=30)
+    assert saved.exists() and launch.returncode == 143  # the launcher exited by itself, after its rank
+    assert time.monotonic() - start < 15  # it waited for the rank, not the whole grace
 
 
 def test_write_outputs_writes_whole_files_into_the_folder_named(tmp_path: Path, monkeypatch) -> None:

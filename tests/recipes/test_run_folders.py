@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from composer_qsdp.recipes.metrics_file import MetricsFile
+from composer_qsdp.recipes.resume import NO_COMPLETE_CHECKPOINT
 from composer_qsdp.recipes.run_files import OWNER_FILE
 from composer_qsdp.recipes.train import RECIPE_ERROR_STATUS, main
 from test_train import BASELINE, corpus_shards, tiny_overrides, train_losses  # noqa: F401 (fixture)
@@ -169,6 +170,7 @@ def test_autoresume_without_latest_link_resumes_from_the_newest_verified_checkpo
     err = capsys.readouterr().err
     assert f"save_folder {kept} holds checkpoint(s) ep0-ba4, ep0-ba2 but no latest-rank0.pt link" in err, err
     assert "autoresume would start again from batch 0" in err
+    assert NO_COMPLETE_CHECKPOINT in err  # what the convergence driver reads to start such an arm again
     assert _contents(kept) == before  # nothing linked, nothing set aside
 
 
