@@ -18,6 +18,8 @@ tests)::
   process), as a cluster scheduler preempting the job does; the launcher forwards it to every process;
 * ``sigterm-all``: the same, and SIGTERM to every process of the job too (Slurm's ``scancel`` signals them all), so
   that each process receives it twice within milliseconds;
+* ``sigterm-tree``: the same as ``sigterm-all``, and to every process the ranks started too (their ``DataLoader``
+  workers), as a kill of the job's process group or cgroup does;
 * ``slow-check``: (the third field is seconds, not a batch) takes that much longer over the recipe check, so that
   the other ranks reach a recipe error first.
 
@@ -92,20 +94,27 @@ def _arm(kind: str, rank: int, batch: int) -> None:
         write_file = checkpoint._write_checkpoint_file
         checkpoint._write_checkpoint_file = half_then_die
         return
-    if kind not in ("stop", "raise", "sigterm", "sigterm-all"):
+    if kind not in ("stop", "raise", "sigterm", "sigterm-all", "sigterm-tree"):
         raise ValueError(f"QSDP_FAULT kind {kind!r} is unknown; allowed: stop, kill-in-save, raise, sigterm, "
-                         "sigterm-all, slow-check")
+                         "sigterm-all, sigterm-tree, slow-check")
 
     class Fault(Callback):
         def batch_end(self, state: Any, logger: Any) -> None:
             if int(state.timestamp.batch) != batch:
                 return
-            if kind in ("sigterm", "sigterm-all"):
+            if kind.startswith("sigterm"):
                 fault_dir = Path(os.environ["QSDP_FAULT_DIR"])
                 fault_dir.joinpath("signalled").write_text(str(time.time()))
                 pids = [os.getppid()]
-                if kind == "sigterm-all":
-                    pids += [int(path.read_text()) for path in sorted(fault_dir.glob("rank*.pid"))]
+                if kind != "sigterm":
+                    ranks = [int(path.read_text()) for path in sorted(fault_dir.glob("rank*.pid"))]
+                    pids += ranks
+                    if kind == "sigterm-tree":
+                        import psutil
+
+                        workers = [child.pid for pid in ranks for child in psutil.Process(pid).children(recursive=True)]
+                        assert workers, "sigterm-tree: the ranks have no child processes (data.num_workers=0?)"
+                        pids += workers
                 for pid in pids:
                     os.kill(pid, signal.SIGTERM)
                 return

@@ -3,7 +3,7 @@
 agree on one batch, save its checkpoint, and exit naming SIGTERM; autoresume continues from that checkpoint to the
 losses of the uninterrupted run.
 
-Four launches (about 25 s each on 2 CPU cores): ``slow``.
+Five launches (about 25 s each on 2 CPU cores): ``slow``.
 """
 
 from __future__ import annotations
@@ -45,6 +45,14 @@ def test_sigterm_to_the_launcher_and_every_process_still_saves(corpus_shards, tm
     receives SIGTERM twice within milliseconds, its own and the launcher's, and must take them as one request."""
     _stopped_and_saved(corpus_shards, tmp_path, tmp_path / "ckpt", [f"save_interval={SAVE_EVERY}ba",
                                                                     "run_name=preempted"], "sigterm-all")
+
+
+def test_sigterm_to_the_dataloader_workers_too_still_saves(corpus_shards, tmp_path):
+    """A kill of the job's process group (or cgroup) signals the ranks' DataLoader workers as well: a worker ended
+    by it would make its rank raise before the save, so the workers leave SIGTERM to their rank."""
+    _stopped_and_saved(corpus_shards, tmp_path, tmp_path / "ckpt", [f"save_interval={SAVE_EVERY}ba",
+                                                                    "run_name=preempted", "data.num_workers=2"],
+                       "sigterm-tree")
 
 
 def _stopped_and_saved(shards: Path, tmp_path: Path, ckpt: Path, saving: list[str], fault: str) -> int:

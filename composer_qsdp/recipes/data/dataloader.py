@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import signal
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -180,6 +181,15 @@ class TokenSamples(StreamingDataset):
         return torch.from_numpy(tokens.astype(np.int64))
 
 
+def _ignore_sigterm(worker_id: int) -> None:
+    """A ``DataLoader`` worker's ``worker_init_fn``: SIGTERM is its rank's to handle. A scheduler that signals
+    every process of the job (Slurm, a process-group kill) reaches the workers too, and one ended by it makes its
+    rank raise at once (torch's check of its workers), before the rank's preemption save
+    (:mod:`~composer_qsdp.recipes.preemption`). The rank still ends its workers when it is done with them, and a
+    worker whose rank has died exits by itself (torch's watchdog)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def build_token_dataloader(
     local: str | os.PathLike,
     split: str,
@@ -211,7 +221,7 @@ def build_token_dataloader(
         remote: URL or path of the shards (``s3://...``, ``gs://...``, another directory), or None.
         shuffle: shuffle samples (training) or read them in order (evaluation).
         shuffle_seed: seed of the shuffle; the same on every rank.
-        num_workers: ``DataLoader`` worker processes.
+        num_workers: ``DataLoader`` worker processes; they ignore SIGTERM, which their rank handles.
         drop_last: drop a final partial batch.
         collate_fn: turns a list of samples into the batch the model takes; None stacks them into one tensor.
         vocab_size: the model's vocabulary size; samples with larger ids are refused. None: not checked.
@@ -249,4 +259,4 @@ def build_token_dataloader(
         release_streaming_dataset(dataset)  # no caller gets it to release
         raise
     return DataLoader(dataset, batch_size=device_batch_size, num_workers=num_workers, drop_last=drop_last,
-                      collate_fn=collate_fn)
+                      collate_fn=collate_fn, worker_init_fn=_ignore_sigterm if num_workers else None)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import itertools
 import random
 import re
+import signal
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -119,6 +121,28 @@ def test_dataloader_batches_and_remote_cache(tmp_path):
     assert len(shuffled) == len(rows) // 4 * 4  # drop_last: full batches only
     assert len(set(shuffled)) == len(shuffled) and set(shuffled) <= set(rows)  # distinct samples of the split
     assert shuffled != rows[: len(shuffled)]
+
+
+def test_dataloader_workers_leave_sigterm_to_their_process(tmp_path):
+    """A kill of a job's process group reaches the DataLoader workers too: they must keep serving, so that their
+    process can finish the batch and save (the recipe's save_on_sigterm), instead of dying and failing it."""
+    import psutil
+
+    texts = make_corpus(tmp_path / "text", 40)
+    write_token_shards(text_directory_documents(tmp_path / "text", 0.0), tmp_path / "shards", 8)
+    expected = torch.from_numpy(expected_samples(texts, 8))
+    loader = build_token_dataloader(tmp_path / "shards", "train", device_batch_size=4, max_seq_len=8, shuffle=False,
+                                    num_workers=2)
+    before = {child.pid for child in psutil.Process().children()}
+    batches = iter(loader)
+    first = [next(batches)]
+    workers = [child for child in psutil.Process().children() if child.pid not in before]
+    assert len(workers) == 2
+    for worker in workers:
+        worker.send_signal(signal.SIGTERM)
+    time.sleep(0.5)  # a worker that SIGTERM ended is gone by now, and the next batch would raise
+    assert all(worker.is_running() for worker in workers)
+    torch.testing.assert_close(torch.cat(first + list(batches)), expected[: len(expected) // 4 * 4])
 
 
 def test_dataloader_rejects_missing_or_mismatched_shards(tmp_path, monkeypatch, legacy_shards):
