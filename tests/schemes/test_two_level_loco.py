@@ -370,7 +370,6 @@ def test_registered_with_typed_options():
         from_preset("tlq-hs", grad_scheme="two_level_loco", grad_scheme_options={"betta": 0.5})
 
 
-
 def test_the_unfed_intra_node_hop_defaults_to_unbiased_8_bit_codes():
     """No residual corrects the intra-node hop, so by default it does not inherit a LoCo preset's 3-bit
     round-to-nearest codec: built directly or from the preset, it sends 8-bit stochastic min-max codes; ``"same"``
