@@ -251,7 +251,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 def launch(plan: Plan, config: Config, budget: common.Budget) -> str | None:
     """Train ``config`` and record it: its status (``ok``, ``oom``, ``failed``), or None when the budget ran out
-    (the launch killed, nothing recorded)."""
+    (the launch killed, nothing recorded) before every rank recorded every batch. A launch killed after that (in
+    its exit: 4 ranks of GPT-6.7B over gloo take a while to tear down) is recorded ``ok``: the peaks are whole."""
     nproc = plan.args.nproc
     path, memory_dir = plan.result_path(config.name), plan.memory_dir(config.name)
     metrics_file, log = path.with_suffix(".metrics.json"), path.with_suffix(".log")
@@ -263,13 +264,11 @@ def launch(plan: Plan, config: Config, budget: common.Budget) -> str | None:
     print(f"{config.name} on {nproc} ranks", flush=True)
     t0 = time.monotonic()
     rc = common.run(command, log, env, budget)
-    if rc is None:
-        return None
     record: dict[str, Any] = {"config": config.name, "nproc": nproc, "command": command,
                               "env": common.recorded_env(env), "wall_s": time.monotonic() - t0,
                               "settings": plan.settings}
     try:
-        if rc != 0:
+        if rc not in (0, None):
             raise ValueError(f"the launch exited with status {rc}")
         files = [memory_dir / f"rank_memory-rank{r}.json" for r in range(nproc)]
         missing = [r for r, f in enumerate(files) if not f.is_file()]
@@ -281,7 +280,11 @@ def launch(plan: Plan, config: Config, budget: common.Budget) -> str | None:
             raise ValueError(f"rank(s) {short} recorded fewer than {plan.args.steps} batches")
         hyper = common.read_json(metrics_file).get("hyperparameters", {})
         record.update(status="ok", ranks=ranks, placement={k: hyper.get(k) for k in _PLACEMENT})
+        if rc is None:
+            record["note"] = "the time budget stopped the launch after its last batch"
     except (OSError, ValueError, KeyError) as err:
+        if rc is None:
+            return None
         oom = rc != 0 and common.out_of_memory(log)
         record.update(status="oom" if oom else "failed", error="out of device memory" if oom else str(err),
                       log_tail=common.log_tail(log))
@@ -443,9 +446,11 @@ def render(plan: Plan, head: dict[str, str], results: dict[str, dict[str, Any]],
             costs = side_costs(qsdp, a.nproc, g, plan.family.gather_bytes)
             formula = (f"weights {costs['weights'].formula}, gradients {costs['grads'].formula} (g = {g}, W = "
                        f"{a.nproc}; P: the parameters of the units each side runs on)")
-        configs[name] = {"status": results.get(name, {}).get("status", "not run"), "formula": formula,
-                         "wall_s": results.get(name, {}).get("wall_s")}
-        lines.append(f"- `{name}`: {config.description}; extra: {formula}")
+        result = results.get(name, {})
+        configs[name] = {"status": result.get("status", "not run"), "formula": formula,
+                         "wall_s": result.get("wall_s"), "note": result.get("note")}
+        note = f" ({result['note']})" if result.get("note") else ""
+        lines.append(f"- `{name}`: {config.description}; extra: {formula}{note}")
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=_CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()

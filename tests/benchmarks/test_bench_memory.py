@@ -291,3 +291,33 @@ def test_an_out_of_memory_launch_is_recorded_and_the_next_configuration_runs(tmp
     plan.args.retry_failed = True
     bench_memory.sweep(plan, bench_memory.common.Budget(None))
     assert launched == ["qsdp-qwd-w3g3-loco", "qsdp-qwd-w3g3-loco-lean"]
+
+
+def test_a_launch_the_budget_stops_after_its_last_batch_keeps_its_peaks(tmp_path, tiny_recipes, monkeypatch):
+    plan = bench_memory.make_plan(bench_memory.parse_args(
+        ["--recipe-dir", str(tiny_recipes), "--nproc", "2", "--steps", "2", "--out-dir", str(tmp_path),
+         "--configs", "qsdp-w8g8"]))
+    batches = {"baseline": 2, "qsdp-w8g8": 1}  # the budget stops both; only the baseline had trained its 2 batches
+
+    def run(command, log_path, env, budget):
+        """A launch the budget kills (None) after its ranks recorded ``batches[name]`` batches."""
+        words = dict(w.split("=", 1) for w in command if "=" in w)
+        name = Path(words["metrics_file"]).name.removesuffix(".metrics.json")
+        out = Path(words["callbacks.rank_memory.out_dir"])
+        out.mkdir(parents=True)
+        for record in ranks([GIB, GIB], 1000, 0):
+            record["batches"] = batches[name]
+            (out / f"rank_memory-rank{record['rank']}.json").write_text(json.dumps(record))
+        Path(words["metrics_file"]).write_text(json.dumps({"hyperparameters": {"shared_gpu": True}}))
+        log_path.write_text("rank 0: stopped by SIGTERM after batch 2\n")
+        return None
+
+    monkeypatch.setattr(bench_memory.common, "run", run)
+    assert bench_memory.sweep(plan, bench_memory.common.Budget(None)) == "incomplete"
+    results = bench_memory.collect(plan)
+    assert list(results) == ["baseline"] and results["baseline"]["status"] == "ok"
+    assert results["baseline"]["note"] == "the time budget stopped the launch after its last batch"
+    md, _, record = bench_memory.render(plan, {"device": "cpu"}, results, "incomplete")
+    assert record["configs"]["baseline"]["note"] == results["baseline"]["note"]
+    assert record["configs"]["qsdp-w8g8"]["status"] == "not run"
+    assert "(the time budget stopped the launch after its last batch)" in md
