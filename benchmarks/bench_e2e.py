@@ -17,14 +17,15 @@ through ``torchrun`` (``torchrun --standalone --nproc-per-node=N -m composer_qsd
                          ``qsdp-<preset>-twin`` (only when named) also sets ``algorithms.qsdp.separate_grad_group=
                          true``: the gradient collectives on a second NCCL communicator, beside the weight gathers
 ``qsdp-auto``            ``baseline.yaml`` with ``algorithms.qsdp.policy=auto``: QSDP's bandwidth-aware policy
-                         picks off / 8 / 4 bits / qWD per unit and side from what it measures; it decides and
+                         picks off / 8 bits / 3-bit qWD weights / 3-bit LoCo gradients per unit and side from
+                         what it measures (its default candidates); it decides and
                          re-checks within its first ``2 x warmup_steps`` (8) steps, and a re-decision there costs a
                          keyframe step and a compiling one, so its untimed warm-up is at least 10 (12 with
                          ``--profile``)
-``qsdp-auto-loco``       (only when named) ``qsdp-auto`` with ``algorithms.qsdp.auto_options.weight_candidates=
-                         [off,w8,qwd4,qwd3]`` and ``...grad_candidates=[off,g8,g4,g3loco]``: the policy may also
-                         pick 3-bit weight differences and 3-bit LoCo gradients (opt-in candidates, not measured
-                         end to end yet); the same untimed warm-up
+``qsdp-auto-4bit``       (only when named) ``qsdp-auto`` with ``algorithms.qsdp.auto_options.weight_candidates=
+                         [off,w8,qwd4]`` and ``...grad_candidates=[off,g8,g4]``: the opt-in 4-bit weight
+                         differences and 4-bit stochastic gradients instead of the 3-bit ones; the same untimed
+                         warm-up
 ``compute-bound``        ``baseline.yaml`` on ONE GPU with the same micro-batch and per-GPU batch: FSDP2 over a
                          single rank sends nothing between GPUs, so this is the per-GPU compute (and optimizer,
                          here over all parameters instead of 1/N) without communication; N x its tokens/s bounds

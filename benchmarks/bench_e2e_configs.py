@@ -82,10 +82,10 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
       for preset in preset_names()),
     Config("qsdp-auto", "baseline.yaml", ("algorithms.qsdp.policy=auto", *_NO_ERROR_SAMPLING), False,
            "QSDP policy=auto: measures the network and each unit's compute over the untimed steps, then picks "
-           "off / 8 / 4 bits / qWD per unit and side", min_warmup=AUTO_SETTLED),
-    Config("qsdp-auto-loco", "baseline.yaml", (*common.AUTO_LOCO, *_NO_ERROR_SAMPLING), False,
-           "QSDP policy=auto with the opt-in 3-bit candidates too: 3-bit weight differences (qwd3) and 3-bit "
-           "LoCo gradients (g3loco)", min_warmup=AUTO_SETTLED),
+           "off / 8 bits / 3-bit qWD weights / 3-bit LoCo gradients per unit and side", min_warmup=AUTO_SETTLED),
+    Config("qsdp-auto-4bit", "baseline.yaml", (*common.AUTO_4BIT, *_NO_ERROR_SAMPLING), False,
+           "QSDP policy=auto offered the opt-in 4-bit candidates instead of the 3-bit ones: 4-bit weight "
+           "differences (qwd4) and 4-bit stochastic gradients (g4)", min_warmup=AUTO_SETTLED),
     Config("compute-bound", "baseline.yaml", (), True,
            "baseline recipe on 1 GPU, same micro-batch and per-GPU batch: no inter-GPU traffic; tokens/s x N"),
     Config("compute-bound-layer", "baseline.yaml", (), True,

@@ -46,11 +46,11 @@ KILL_GRACE_S = 40.0
 #: The units of the records' bandwidths and sizes: GB (bandwidths, wire bytes) and GiB (memory).
 GB = 1e9
 GIB = 2**30
-#: Recipe overrides giving policy=auto the opt-in 3-bit candidates too (``qwd3``: ``qwd-w3g3-loco``'s weights;
-#: ``g3loco``: ``qwd-w4g3-loco``'s gradients), shared by the benchmark's and the convergence driver's auto runs. YAML
-#: reads the bare ``off`` as false, which AutoOptions takes as ``"off"``.
-AUTO_LOCO = ("algorithms.qsdp.policy=auto", "algorithms.qsdp.auto_options.weight_candidates=[off,w8,qwd4,qwd3]",
-             "algorithms.qsdp.auto_options.grad_candidates=[off,g8,g4,g3loco]")
+#: Recipe overrides offering policy=auto the opt-in 4-bit candidates instead of the default 3-bit ones (``qwd4``:
+#: ``qwd-w4g4``'s weights; ``g4``: ``w8g4``'s gradients), shared by the benchmark's and the convergence driver's
+#: auto runs. YAML reads the bare ``off`` as false, which AutoOptions takes as ``"off"``.
+AUTO_4BIT = ("algorithms.qsdp.policy=auto", "algorithms.qsdp.auto_options.weight_candidates=[off,w8,qwd4]",
+             "algorithms.qsdp.auto_options.grad_candidates=[off,g8,g4]")
 #: Recipe overrides of the lean layout of a preset with weight differences: the reference sharded within the node,
 #: and a LoCo preset's residual on the inter-node hop only; shared by the memory benchmark and the convergence driver.
 LEAN_WEIGHTS = "algorithms.qsdp.weight_scheme_options.sharded_reference=true"

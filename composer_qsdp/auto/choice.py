@@ -10,17 +10,18 @@ in :data:`composer_qsdp.registry.CANDIDATES`, most accurate first; :func:`candid
 (:data:`WEIGHT_CANDIDATES`, :data:`GRAD_CANDIDATES`):
 
 * weights: ``off`` (unquantized), ``w8`` (the ``w8g8`` preset's 8-bit min-max weights, stochastic rounding),
-  ``qwd4`` (the ``qwd-w4g4`` preset's weights: 4-bit symmetric differences against a per-GPU reference, SDP4Bit's
-  qWD, Jia et al., NeurIPS 2024, §3.1);
-* gradients: ``off``, ``g8`` (8-bit min-max, stochastic), ``g4`` (the ``w8g4`` preset's 4-bit min-max gradients,
-  stochastic rounding).
+  ``qwd3`` (the ``qwd-w3g3-loco`` preset's weights: 3-bit symmetric differences in groups of 2048 against a per-GPU
+  reference, SDP4Bit's qWD, Jia et al., NeurIPS 2024, §3.1);
+* gradients: ``off``, ``g8`` (8-bit min-max, stochastic), ``g3loco`` (the ``qwd-w3g3-loco`` preset's gradients:
+  3-bit min-max, Hadamard-rotated groups of 256, round to nearest, with LoCo's error feedback, the ``loco`` scheme,
+  ``beta`` 0.5, an int8 residual of about one byte per parameter of the unit on every rank).
 
-Two more are opt-in (``AutoOptions(weight_candidates=..., grad_candidates=...)``):
+They are the sides of the presets that the seed protocol has measured inside or below plain FSDP2's range on every
+cell it has run (:data:`composer_qsdp.config.options.DEFAULT_CANDIDATES`). Two more are opt-in
+(``AutoOptions(weight_candidates=..., grad_candidates=...)``), not shown lossless by it:
 
-* weights: ``qwd3`` (the ``qwd-w3g3-loco`` preset's weights: 3-bit symmetric differences in groups of 2048);
-* gradients: ``g3loco`` (the ``qwd-w4g3-loco`` preset's gradients: 3-bit min-max, Hadamard-rotated groups of 256,
-  round to nearest, with LoCo's error feedback, the ``loco`` scheme, ``beta`` 0.5, an int8 residual of about one
-  byte per parameter of the unit on every rank).
+* weights: ``qwd4`` (the ``qwd-w4g4`` preset's weights: 4-bit symmetric differences);
+* gradients: ``g4`` (the ``w8g4`` preset's 4-bit min-max gradients, stochastic rounding).
 
 **Accuracy rule** (:func:`accuracy_violation`): weights never below :data:`MIN_DIRECT_WEIGHT_BITS` unless in the
 difference scheme (whose error feedback holds for any compressor, SDP4Bit Theorem 4.1), and there not below
@@ -28,7 +29,7 @@ difference scheme (whose error feedback holds for any compressor, SDP4Bit Theore
 either way (each call's rounding error is carried into the next call); other gradients not below
 :data:`MIN_GRAD_BITS`, and below :data:`MIN_BIASED_GRAD_BITS` only with an unbiased (stochastic) codec.
 :func:`decide` never picks a candidate that breaks the rule, whatever it is offered. The convergence runs behind
-each bound are in the QSDP algorithm's README (section "policy=auto", *The rule* and *Opt-in 3-bit candidates*)
+each bound are in the QSDP algorithm's README (section "policy=auto", *The rule* and *Default and opt-in candidates*)
 and ``docs/presets.md`` (each preset's label).
 
 **Cost of one collective** (:class:`LinkFit`): ``latency_s + wire_bytes / bytes_per_s``, fitted per candidate (its
@@ -180,8 +181,7 @@ def _preset_side(name: str, side: str, preset: str) -> Candidate:
     return Candidate(name, side, getattr(from_preset(preset), side))
 
 
-# The candidates, each named in composer_qsdp.registry.CANDIDATES (module docstring): the defaults, then the opt-in
-# ones, most accurate first per side.
+# The candidates, each named in composer_qsdp.registry.CANDIDATES (module docstring), most accurate first per side.
 OFF_WEIGHTS = Candidate("off", "weights")
 W8 = _preset_side("w8", "weights", "w8g8")
 QWD4 = _preset_side("qwd4", "weights", "qwd-w4g4")
@@ -189,7 +189,7 @@ QWD3 = _preset_side("qwd3", "weights", "qwd-w3g3-loco")
 OFF_GRADS = Candidate("off", "grads")
 G8 = _preset_side("g8", "grads", "w8g8")
 G4 = _preset_side("g4", "grads", "w8g4")
-G3LOCO = _preset_side("g3loco", "grads", "qwd-w4g3-loco")
+G3LOCO = _preset_side("g3loco", "grads", "qwd-w3g3-loco")
 
 
 def candidates(side: str, names: Sequence[str] | None = None) -> tuple[Candidate, ...]:

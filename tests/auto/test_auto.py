@@ -21,8 +21,10 @@ from composer_qsdp.auto.choice import (G3LOCO, GRAD_CANDIDATES, QWD3, WEIGHT_CAN
 from composer_qsdp.auto.runtime import AutoRecord, probe_sizes
 
 GB = 1e9
-W = {c.name: c for c in WEIGHT_CANDIDATES}
-G = {c.name: c for c in GRAD_CANDIDATES}
+W = {c.name: c for c in candidates("weights")}  # every registered candidate, the opt-in ones too
+G = {c.name: c for c in candidates("grads")}
+FOUR_BIT = {"weight_candidates": candidates("weights", ("off", "w8", "qwd4")),  # the opt-in 4-bit candidates
+            "grad_candidates": candidates("grads", ("off", "g8", "g4"))}
 # Candidates the accuracy rule must refuse, each faster on the wire than the allowed ones.
 W4_DIRECT = Candidate("w4", "weights", SideConfig(bits=4))
 QWD2 = Candidate("qwd2", "weights", SideConfig(bits=2, codec="symmetric", scheme="difference"))
@@ -37,9 +39,9 @@ FORBIDDEN = {"weights": (W4_DIRECT, QWD2), "grads": (G4_NEAREST, G2, G3_NEAREST,
 def network(off_gbs: float, quantized_gbs: float, off_latency: float = 20e-6, quantized_latency: float = 60e-6,
             extra: tuple[Candidate, ...] = ()) -> dict[str, LinkFit]:
     """Unquantized collectives at ``off_gbs``; quantized ones (codec kernels included) at ``quantized_gbs`` of
-    wire bytes, with a larger fixed cost per call."""
+    wire bytes, with a larger fixed cost per call; every registered candidate and ``extra``."""
     out = {}
-    for c in (*WEIGHT_CANDIDATES, *GRAD_CANDIDATES, *extra):
+    for c in (*W.values(), *G.values(), *extra):
         out[c.key] = LinkFit(off_latency, off_gbs * GB) if c.config is None else LinkFit(quantized_latency,
                                                                                           quantized_gbs * GB)
     return out
@@ -107,15 +109,21 @@ def test_fast_network_turns_quantization_off():
     assert optimum > 0.98 * d.plain_step_s
 
 
-def test_slow_network_quantizes_gradients_to_4_bits_and_weights_to_8_or_qwd():
+@pytest.mark.parametrize("offered,grads,weights", [
+    ({}, {"g3loco"}, {"w8", "qwd3"}),  # the defaults
+    (FOUR_BIT, {"g4"}, {"w8", "qwd4"}),
+], ids=["default", "opt-in-4-bit"])
+def test_slow_network_quantizes_gradients_to_the_fewest_bits_and_weights_to_8_or_qwd(offered, grads, weights):
     units = gpt_like(blocks=3)
     net = network(3.5, 3.3)  # the emulated socket network: every byte costs
-    d = decide(units, net, world_size=2, **ROOT_SCHEDULE)
-    assert set(d.grads) == {"g4"}
-    assert set(d.weights) <= {"w8", "qwd4"}
+    d = decide(units, net, world_size=2, **offered, **ROOT_SCHEDULE)
+    assert set(d.grads) == grads
+    assert set(d.weights) <= weights
     assert d.speedup > 1.5
-    allowed_w = [c for c in WEIGHT_CANDIDATES if accuracy_violation(c) is None]
-    optimum = brute_force(units, net, allowed_w, GRAD_CANDIDATES, world_size=2, **ROOT_SCHEDULE)
+    allowed_w = offered.get("weight_candidates", WEIGHT_CANDIDATES)
+    assert all(accuracy_violation(c) is None for c in (*allowed_w, *offered.get("grad_candidates", GRAD_CANDIDATES)))
+    optimum = brute_force(units, net, allowed_w, offered.get("grad_candidates", GRAD_CANDIDATES), world_size=2,
+                          **ROOT_SCHEDULE)
     assert d.step_s == pytest.approx(optimum, rel=1e-9)
 
 
@@ -134,7 +142,7 @@ def test_locked_units_stay_off():
     units = gpt_like(blocks=2)
     d = decide(units, network(1.0, 1.0), world_size=4, locked=[0, 2], **root_schedule(3))
     assert (d.weights[0], d.grads[0], d.weights[2], d.grads[2]) == ("off",) * 4
-    assert d.grads[1] == "g4"
+    assert d.grads[1] == "g3loco"
 
 
 def test_accuracy_rule_table():
@@ -156,14 +164,17 @@ def test_accuracy_rule_table():
     assert "below 3 bits" in accuracy_violation(QWD2)
 
 
-def test_registry_holds_every_candidate_most_accurate_first_and_the_defaults_unchanged():
-    assert [c.name for c in WEIGHT_CANDIDATES] == ["off", "w8", "qwd4"]
-    assert [c.name for c in GRAD_CANDIDATES] == ["off", "g8", "g4"]
+def test_registry_holds_every_candidate_most_accurate_first_and_the_defaults_are_the_measured_presets_sides():
+    assert [c.name for c in WEIGHT_CANDIDATES] == ["off", "w8", "qwd3"]
+    assert [c.name for c in GRAD_CANDIDATES] == ["off", "g8", "g3loco"]
     assert [c.name for c in candidates("weights")] == ["off", "w8", "qwd4", "qwd3"]
     assert [c.name for c in candidates("grads")] == ["off", "g8", "g4", "g3loco"]
-    # The opt-in ones are their presets' sides.
-    assert QWD3.config == from_preset("qwd-w3g3-loco").weights
-    assert G3LOCO.config == from_preset("qwd-w4g3-loco").grads
+    # Each candidate is a preset's side: the defaults w8g8's and qwd-w3g3-loco's, the opt-in ones qwd-w4g4's and
+    # w8g4's.
+    preset = from_preset("qwd-w3g3-loco")
+    assert (W["w8"].config, G["g8"].config) == (from_preset("w8g8").weights, from_preset("w8g8").grads)
+    assert (QWD3.config, G3LOCO.config) == (preset.weights, preset.grads)
+    assert (W["qwd4"].config, G["g4"].config) == (from_preset("qwd-w4g4").weights, from_preset("w8g4").grads)
     g3 = G3LOCO.config
     assert (g3.bits, g3.codec, g3.bucket_size, g3.rounding, g3.scheme) == (3, "minmax", 256, "nearest", "loco")
     assert (g3.scheme_options.beta, g3.scheme_options.residual_dtype) == (0.5, "int8")
@@ -224,8 +235,8 @@ def test_decide_rejects_bad_arguments():
         decide(units, network(1, 1), world_size=2, min_gain=1.5)
     with pytest.raises(ValueError, match="exactly one unquantized one, named 'off'"):
         decide(units, network(1, 1), world_size=2, weight_candidates=WEIGHT_CANDIDATES[1:])
-    with pytest.raises(ValueError, match="no network measurement for 'grads:g4'"):
-        decide(units, {k: v for k, v in network(1, 1).items() if k != "grads:g4"}, world_size=2)
+    with pytest.raises(ValueError, match="no network measurement for 'grads:g3loco'"):
+        decide(units, {k: v for k, v in network(1, 1).items() if k != "grads:g3loco"}, world_size=2)
 
 
 def test_record_logs_the_decision_it_holds():
@@ -236,10 +247,10 @@ def test_record_logs_the_decision_it_holds():
     m = record.metrics()
     assert m["qsdp/auto/predicted_step_s"] == pytest.approx(d.step_s + 0.1)
     assert m["qsdp/auto/predicted_speedup"] == pytest.approx((d.plain_step_s + 0.1) / (d.step_s + 0.1))
-    assert m["qsdp/auto/grads/g4"] == 3 and sum(v for k, v in m.items() if k.startswith("qsdp/auto/weights/")) == 3
+    assert m["qsdp/auto/grads/g3loco"] == 3 and sum(v for k, v in m.items() if k.startswith("qsdp/auto/weights/")) == 3
     assert m["qsdp/auto/network/grads/off/gbytes_per_s"] == pytest.approx(3.5)
     assert record.choice() == {(u.name or "<root>"): f"{w}/{g}" for u, w, g in zip(units, d.weights, d.grads)}
-    assert record.message().startswith("QSDP auto decided at step 4: ") and "grads g4 x3" in record.message()
+    assert record.message().startswith("QSDP auto decided at step 4: ") and "grads g3loco x3" in record.message()
 
 
 def test_reconfigure_refuses_what_it_cannot_do_and_changes_nothing():
@@ -324,7 +335,7 @@ def test_options_errors_name_the_value_and_what_is_allowed():
     assert qsdp.config.weights.bits is None and qsdp.config.grads.bits is None  # starts unquantized
     options = qsdp.config.auto_options
     assert qsdp.policy == "auto" and options.warmup_steps == 3 and qsdp.config.exclude == ("l1",)
-    assert (options.weight_candidates, options.grad_candidates) == (("off", "w8", "qwd4"), ("off", "g8", "g4"))
+    assert (options.weight_candidates, options.grad_candidates) == (("off", "w8", "qwd3"), ("off", "g8", "g3loco"))
     assert QSDPConfig.from_preset(policy="auto").auto_options == AutoOptions()  # None: the defaults
 
 

@@ -1,9 +1,9 @@
 """The automatic policy on 2 spawned gloo ranks training the FSDP2 MLP of tests/sharded_mlp.py against the exact
 single-process reference: with injected timings it decides at the end of the warm-up, every unit gets the decided
 schemes at that optimizer-step boundary (exact training before, quantized after, identical weights on every
-rank), a re-check re-decides once; with real measurements (probe and forward timer) the ranks agree. The opt-in
-3-bit candidates (qwd3, g3loco) are chosen only when the options name them, and then install LoCo schemes with a
-residual per unit; the probe times the stateful LoCo scheme at every size."""
+rank), a re-check re-decides once; with real measurements (probe and forward timer) the ranks agree. The default
+3-bit candidates (qwd3, g3loco) install LoCo schemes with a residual per unit; the opt-in 4-bit ones (qwd4, g4) are
+chosen only when the options name them; the probe times the stateful LoCo scheme at every size."""
 
 from __future__ import annotations
 
@@ -33,8 +33,11 @@ def links(gbs: float) -> dict[str, LinkFit]:
 
 # 5 MB/s: communication dominates, so the fewest bytes win (the 3-bit candidates, where offered); 1 TB/s: it never pays
 SLOW, FAST = links(0.005), links(1000.0)
-#: The options naming the opt-in 3-bit candidates (the bench_e2e configuration qsdp-auto-loco's lists).
-LOCO_OPTIONS = {"weight_candidates": ["off", "w8", "qwd4", "qwd3"], "grad_candidates": ["off", "g8", "g4", "g3loco"]}
+#: The options naming the opt-in 4-bit candidates instead (the bench_e2e configuration qsdp-auto-4bit's lists).
+FOUR_BIT_OPTIONS = {"weight_candidates": ["off", "w8", "qwd4"], "grad_candidates": ["off", "g8", "g4"]}
+#: The schemes each candidate installs, as ``_scheme`` reports them.
+SCHEMES = {"w8": ("direct", 8), "qwd4": ("difference", 4), "qwd3": ("difference", 3), "g8": ("flat", 8),
+           "g4": ("flat", 4), "g3loco": ("loco", 3)}
 
 
 def _scheme(side) -> tuple[str, int | None]:
@@ -88,7 +91,7 @@ def _worker(info: RankInfo) -> dict:
         "decide-fsdp1": _run(info, 1e9, [SLOW], inject=True, adapter=Adapter("fsdp1")),
         "recheck": _run(info, 1e-9, [SLOW, FAST], inject=True),
         "measured": _run(info, 1e9, None, inject=False),
-        "loco": _run(info, 1e9, [SLOW], inject=True, options=LOCO_OPTIONS),
+        "four-bit": _run(info, 1e9, [SLOW], inject=True, options=FOUR_BIT_OPTIONS),
         "probe": _probe_loco(info),
     }
 
@@ -126,7 +129,7 @@ ADAPTERS = pytest.mark.parametrize("key", ["decide", "decide-fsdp1"], ids=["fsdp
 @ADAPTERS
 def test_decides_at_the_step_boundary_and_trains_exactly_before(results, key):
     expected = _expected_decision()
-    assert set(expected.grads) == {"g4"} and set(expected.weights) <= {"w8", "qwd4"}  # a slow network
+    assert expected.weights == ("qwd3",) * 3 and expected.grads == ("g3loco",) * 3  # a slow network
     for res in results:
         run = res[key]
         # FSDP1 names its units by its wrappers' paths: compare sizes, timings and re-gathers in unit order.
@@ -142,10 +145,9 @@ def test_decides_at_the_step_boundary_and_trains_exactly_before(results, key):
         for step in range(WARMUP - 1):  # schemes after each step's boundary: unquantized until the decision's
             assert all(s[1] == ("direct", None) and s[2] == ("flat", None) for s in run["schemes"][step])
         # ... and the reconfigured schemes from the decision step's boundary on.
-        want = {"w8": ("direct", 8), "qwd4": ("difference", 4), "g4": ("flat", 4)}
         for step in range(WARMUP - 1, STEPS):
             assert [(s[1], s[2]) for s in run["schemes"][step]] == [
-                (want[w], want[g]) for w, g in zip(expected.weights, expected.grads)]
+                (SCHEMES[w], SCHEMES[g]) for w, g in zip(expected.weights, expected.grads)]
     # Exact plain data parallelism through the warm-up.
     assert results[0][key]["events"] == results[1][key]["events"]
     ref, _ = reference_training(2, WARMUP)
@@ -162,7 +164,7 @@ def test_after_the_decision_every_rank_computes_with_the_same_quantized_weights(
             assert torch.equal(run0["forward"][step][name], run1["forward"][step][name]), (step, name)
             exact = run0["master"][step][f"{name}.weight"]
             got = run0["forward"][step][name]
-            if expected.weights[i] == "qwd4" and step == WARMUP:
+            if SCHEMES[expected.weights[i]][0] == "difference" and step == WARMUP:
                 assert torch.equal(got, exact)  # a new difference scheme starts with a full-precision keyframe
             else:
                 assert 0 < _rel(got, exact) < 0.05, (step, name)
@@ -180,7 +182,7 @@ def test_a_missed_prediction_re_decides_once(results):
         decided_at = WARMUP - 1
         rechecked_at = decided_at + WARMUP
         assert run["events"][rechecked_at][1:3] == (("off",) * 3, ("off",) * 3)  # the new network: 1 TB/s
-        assert run["schemes"][rechecked_at - 1][0][2] == ("flat", 4)
+        assert run["schemes"][rechecked_at - 1][0][2] == ("loco", 3)
         for step in range(rechecked_at + 1, STEPS):  # unquantized again from the re-check's boundary on
             assert all(s[1] == ("direct", None) and s[2] == ("flat", None) for s in run["schemes"][step])
             for name in LAYERS:
@@ -198,30 +200,39 @@ def test_real_measurements_agree_across_ranks(results):
     assert run0["schemes"] == run1["schemes"]
 
 
-def test_opt_in_3_bit_candidates_are_chosen_only_when_named(results):
-    # The defaults never offer them, although they would win on this network.
-    assert results[0]["decide"]["candidates"] == {"weights": ["off", "w8", "qwd4"], "grads": ["off", "g8", "g4"]}
-    decided = results[0]["decide"]["events"][WARMUP - 1]
-    assert not {*decided[1], *decided[2]} & {"qwd3", "g3loco"}
-    # LOCO_OPTIONS names every candidate of the registry.
-    expected = _expected_decision(candidates("weights"), candidates("grads"))
-    assert expected.weights == ("qwd3",) * 3 and expected.grads == ("g3loco",) * 3
+def test_the_default_3_bit_candidates_install_a_loco_residual_per_unit(results):
     for res in results:
-        run = res["loco"]
-        assert run["candidates"] == {"weights": LOCO_OPTIONS["weight_candidates"],
-                                     "grads": LOCO_OPTIONS["grad_candidates"]}
-        assert run["events"][WARMUP - 1][:3] == ("decided", expected.weights, expected.grads)
-        for step in range(WARMUP - 1, STEPS):
-            assert [(s[1], s[2]) for s in run["schemes"][step]] == [(("difference", 3), ("loco", 3))] * 3
+        run = res["decide"]
+        assert run["candidates"] == {"weights": ["off", "w8", "qwd3"], "grads": ["off", "g8", "g3loco"]}
         # Real LoCo schemes: each unit its own residual of the unit's whole gradient as FSDP2 reduce-scatters it
         # (each parameter's dim 0 padded to a multiple of the 2 ranks).
         residuals = run["residuals"]
         assert len({r[0] for r in residuals}) == 3
         assert [r[1] for r in residuals] == [(HID * IN + HID), (ODD + 1) * HID + ODD + 1, OUT * ODD + OUT]
         assert run["losses"][-1] < run["losses"][0]
-    for step in range(WARMUP, STEPS):  # every rank computes with the same 3-bit-difference weights
+
+
+def test_opt_in_4_bit_candidates_are_chosen_only_when_named(results):
+    # The defaults never offer them (above); named instead of the 3-bit ones, they win on this network.
+    decided = results[0]["decide"]["events"][WARMUP - 1]
+    assert not {*decided[1], *decided[2]} & {"qwd4", "g4"}
+    expected = _expected_decision(candidates("weights", FOUR_BIT_OPTIONS["weight_candidates"]),
+                                  candidates("grads", FOUR_BIT_OPTIONS["grad_candidates"]))
+    assert set(expected.grads) == {"g4"} and set(expected.weights) <= {"w8", "qwd4"}
+    for res in results:
+        run = res["four-bit"]
+        assert run["candidates"] == {"weights": FOUR_BIT_OPTIONS["weight_candidates"],
+                                     "grads": FOUR_BIT_OPTIONS["grad_candidates"]}
+        assert run["events"][WARMUP - 1][:3] == ("decided", expected.weights, expected.grads)
+        for step in range(WARMUP - 1, STEPS):
+            assert [(s[1], s[2]) for s in run["schemes"][step]] == [
+                (SCHEMES[w], SCHEMES[g]) for w, g in zip(expected.weights, expected.grads)]
+        assert run["residuals"] == [None] * 3
+        assert run["losses"][-1] < run["losses"][0]
+    for step in range(WARMUP, STEPS):  # every rank computes with the same quantized weights
         for name in LAYERS:
-            assert torch.equal(results[0]["loco"]["forward"][step][name], results[1]["loco"]["forward"][step][name])
+            assert torch.equal(results[0]["four-bit"]["forward"][step][name],
+                               results[1]["four-bit"]["forward"][step][name])
 
 
 def test_the_probe_times_loco_at_every_size(results):

@@ -195,15 +195,17 @@ def test_every_paper_family_plans_valid_launches(model, tmp_path):
     auto = plan.overrides(bench_e2e_configs.CONFIGS["qsdp-auto"], 4, tmp_path / "m.json")
     assert {"algorithms.qsdp.policy=auto", "algorithms.qsdp.error_sample_interval=0", "max_duration=20ba"} <= set(auto)
     assert plan.window(bench_e2e_configs.CONFIGS["qsdp-auto"]) == (10, 10)
-    # qsdp-auto-loco: the same launch with the opt-in 3-bit candidates named, which reach AutoOptions.
-    loco = bench_e2e_configs.CONFIGS["qsdp-auto-loco"]
-    assert plan.window(loco) == (10, 10) and "qsdp-auto-loco" not in bench_e2e_configs.DEFAULT_CONFIGS
-    loco_overrides = plan.overrides(loco, 4, tmp_path / "m.json")
-    assert set(auto) < set(loco_overrides)
-    qsdp_kwargs = load_recipe(plan.recipe_dir / loco.recipe, loco_overrides, world_size=4).algorithm_kwargs["qsdp"]
-    options = build_algorithm("qsdp", qsdp_kwargs).config.auto_options
-    assert (options.weight_candidates, options.grad_candidates) == (("off", "w8", "qwd4", "qwd3"),
-                                                                    ("off", "g8", "g4", "g3loco"))
+    # qsdp-auto-4bit: the same launch with the opt-in 4-bit candidates named instead, which reach AutoOptions; the
+    # plain qsdp-auto launch gets the default 3-bit ones.
+    four = bench_e2e_configs.CONFIGS["qsdp-auto-4bit"]
+    assert plan.window(four) == (10, 10) and "qsdp-auto-4bit" not in bench_e2e_configs.DEFAULT_CONFIGS
+    four_overrides = plan.overrides(four, 4, tmp_path / "m.json")
+    assert set(auto) < set(four_overrides)
+    for overrides, expected in ((four_overrides, (("off", "w8", "qwd4"), ("off", "g8", "g4"))),
+                                (auto, (("off", "w8", "qwd3"), ("off", "g8", "g3loco")))):
+        kwargs = load_recipe(plan.recipe_dir / four.recipe, overrides, world_size=4).algorithm_kwargs["qsdp"]
+        options = build_algorithm("qsdp", kwargs).config.auto_options
+        assert (options.weight_candidates, options.grad_candidates) == expected
     with pytest.raises(SystemExit, match="-hpz configurations reshard to the node: pass --ranks-per-node"):
         bench_e2e_sweep.make_plan(bench_e2e.parse_args(["--model", model, "--nproc", "4", "--out-dir", str(tmp_path),
                                                         "--configs", "qsdp-zeropp-hpz"]))

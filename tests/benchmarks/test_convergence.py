@@ -188,22 +188,21 @@ def test_lean_arm_runs_the_memory_benchmarks_lean_layout_on_two_nodes(tmp_path):
     assert config.weights.scheme_options.sharded_reference
 
 
-def test_policy_auto_loco_names_the_opt_in_candidates_as_bench_e2e_does(tmp_path):
+def test_policy_auto_4bit_names_the_opt_in_candidates_as_bench_e2e_does(tmp_path):
     import bench_e2e_configs
 
     from composer_qsdp.recipes.loader import build_algorithm
     from composer_qsdp.recipes.train import load_recipe
 
-    arm = convergence_arms.ARMS["policy-auto-loco"]
-    assert set(arm.overrides) <= set(bench_e2e_configs.CONFIGS["qsdp-auto-loco"].overrides)
-    assert "policy-auto-loco" not in convergence_arms.DEFAULT_ARMS + convergence_arms.MATRIX_ARMS
+    arm = convergence_arms.ARMS["policy-auto-4bit"]
+    assert set(arm.overrides) <= set(bench_e2e_configs.CONFIGS["qsdp-auto-4bit"].overrides)
+    assert "policy-auto-4bit" not in convergence_arms.DEFAULT_ARMS + convergence_arms.MATRIX_ARMS
     args = convergence._parser().parse_args(["--model", "125m", "--out-dir", str(tmp_path), "--corpus",
-                                             str(tmp_path / "c"), "--eval-batches", "-1", "--arms", "policy-auto-loco"])
+                                             str(tmp_path / "c"), "--eval-batches", "-1", "--arms", "policy-auto-4bit"])
     plan = convergence_plan.make_plan(args)
-    recipe = load_recipe(plan.recipe_dir / arm.recipe, plan.overrides("policy-auto-loco", 0), world_size=2)
+    recipe = load_recipe(plan.recipe_dir / arm.recipe, plan.overrides("policy-auto-4bit", 0), world_size=2)
     options = build_algorithm("qsdp", recipe.algorithm_kwargs["qsdp"]).config.auto_options
-    assert (options.weight_candidates, options.grad_candidates) == (("off", "w8", "qwd4", "qwd3"),
-                                                                    ("off", "g8", "g4", "g3loco"))
+    assert (options.weight_candidates, options.grad_candidates) == (("off", "w8", "qwd4"), ("off", "g8", "g4"))
 
 
 def test_shared_gpus_put_every_arm_on_them_over_gloo(tiny_recipes, tmp_path, monkeypatch):
