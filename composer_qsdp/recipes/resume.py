@@ -1,6 +1,6 @@
 """Which checkpoint a run resumes from, and a folder made fit to resume from: the ``latest`` link restored from the
-checksum manifests, the remains of an unfinished save set aside, and a failed read turned into an error naming the
-file and the fix."""
+checksum manifests, the remains of an unfinished save set aside, a failed read turned into an error naming the
+file and the fix, and whether the resumed run has anything left to train."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from composer_qsdp.recipes.run_files import RunPaths
 
 __all__ = ["NO_COMPLETE_CHECKPOINT", "link_latest_checkpoint", "reading_checkpoint", "resume_checkpoint", "resume_key",
-           "set_aside_incomplete_checkpoints"]
+           "set_aside_incomplete_checkpoints", "trained_out"]
 
 #: What autoresume's error says when a save folder holds checkpoints of which none is known complete (every save
 #: was cut short): a driver that may start its run again reads it from the run's log.
@@ -109,6 +109,17 @@ def resume_checkpoint(autoresume: bool, paths: RunPaths) -> Path | None:
     if autoresume and folder is not None and (folder / "latest-rank0.pt").exists():
         return (folder / "latest-rank0.pt").resolve()
     return paths.local_load_path
+
+
+def trained_out(state: Any) -> str | None:
+    """What a run that resumed at or past its ``max_duration`` has already done (Composer's ``State`` after the
+    Trainer loaded the checkpoint), or None when it has batches left. Composer's ``fit`` would raise "no training
+    would occur" for such a run: rerunning a finished job (a requeue, a rerun script) is then a no-op instead."""
+    duration = state.max_duration
+    if duration is None or duration > state.timestamp.get(duration.unit):
+        return None
+    return (f"already trained {int(state.timestamp.batch)} batches, at or past max_duration={duration} (the "
+            "checkpoint it resumed from)")
 
 
 def resume_key(autoresume: bool, paths: RunPaths) -> str:

@@ -53,6 +53,7 @@ from composer_qsdp.recipes.resume import (
     resume_checkpoint,
     resume_key,
     set_aside_incomplete_checkpoints,
+    trained_out,
 )
 from composer_qsdp.recipes.startup import StartupClock
 
@@ -296,6 +297,12 @@ def _train(recipe: ValidatedRecipe, clock: StartupClock, run: contextlib.ExitSta
     if placement is not None:
         trainer.logger.log_hyperparameters(placement.hyperparameters())
     clock.lap("trainer")
+    done = trained_out(trainer.state)
+    if done is not None:
+        trainer.close()
+        if dist.get_global_rank() == 0:
+            print(f"run {paths.run_name}: {done}; nothing to train (a larger max_duration trains on)", flush=True)
+        return trainer
     trainer.logger.log_hyperparameters(clock.hyperparameters())
     if dist.get_global_rank() == 0:
         print(clock.describe(), flush=True)

@@ -174,6 +174,25 @@ def test_autoresume_without_latest_link_resumes_from_the_newest_verified_checkpo
     assert _contents(kept) == before  # nothing linked, nothing set aside
 
 
+def test_rerunning_a_finished_run_trains_nothing_and_changes_nothing(corpus_shards, tmp_path, capsys):
+    """A requeued or rerun job whose autoresume checkpoint is at max_duration exits 0 saying so, instead of
+    Composer's "no training would occur" traceback, and leaves its checkpoints and metrics as they were; a larger
+    max_duration trains on from there."""
+    run = tmp_path / "run"
+    common = [f"save_folder={run / 'ckpt'}", "run_name=done", "autoresume=true"]
+    assert _run(corpus_shards, run, *common) == 0
+    before, metrics = _contents(run), (run / "metrics.json").read_text()
+    capsys.readouterr()
+    assert _run(corpus_shards, run, *common) == 0
+    out = capsys.readouterr().out
+    assert "run done: already trained 2 batches, at or past max_duration=2ba" in out
+    assert "nothing to train (a larger max_duration trains on)" in out
+    assert _contents(run) == before and (run / "metrics.json").read_text() == metrics
+    assert _run(corpus_shards, run, *common[:2], "run_name=done", "autoresume=true", "max_duration=3ba",
+                "save_interval=1ba") == 0
+    assert list(train_losses(run)) == [2]  # the one batch past the checkpoint
+
+
 @pytest.mark.parametrize("target", ["checkpoint", "metrics_file"])
 def test_a_full_disk_is_named(corpus_shards, tmp_path, monkeypatch, capsys, target):
     """ENOSPC while a checkpoint shard or the metrics file is written: a recipe error naming the key, the file and
