@@ -15,7 +15,11 @@ through ``torchrun`` (``torchrun --standalone --nproc-per-node=N -m composer_qsd
                          (``algorithms.qsdp.ranks_per_node=K``); ``qsdp-tlq-hs-hpz`` / ``qsdp-zeropp-hpz`` (only
                          when named) also set ``fsdp.reshard_after_forward=K`` (ZeRO++'s hpZ; K below the GPUs);
                          ``qsdp-<preset>-twin`` (only when named) also sets ``algorithms.qsdp.separate_grad_group=
-                         true``: the gradient collectives on a second NCCL communicator, beside the weight gathers
+                         true``: the gradient collectives on a second NCCL communicator, beside the weight gathers;
+                         ``qsdp-<preset>-lean``, ``-host``, ``-lean-host`` (only when named; the presets with weight
+                         differences) keep the qWD reference sharded within the node and a LoCo preset's residual
+                         on the inter-node hop only, or both in pinned host memory, or both (``bench_memory.py``
+                         measures their memory with the same overrides)
 ``qsdp-auto``            ``baseline.yaml`` with ``algorithms.qsdp.policy=auto``: QSDP's bandwidth-aware policy
                          picks off / 8 bits / 3-bit qWD weights / 3-bit LoCo gradients per unit and side from
                          what it measures (its default candidates); it decides and

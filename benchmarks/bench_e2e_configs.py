@@ -7,11 +7,13 @@ of each network (:data:`NETWORKS`). ``bench_e2e.py``'s module docstring says wha
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from dataclasses import dataclass
 
 from composer_qsdp.auto import AutoOptions
 from composer_qsdp.config import QSDPConfig
+from composer_qsdp.registry import PRESETS
 
 import e2e_common as common
 
@@ -66,15 +68,46 @@ preset_names = QSDPConfig.preset_names
 #: Steps after which policy=auto has settled, all untimed: its warm-up, as many steps again to re-check, and, after a
 #: re-decision at that boundary, a keyframe step and the first weight-difference step (which compiles its kernels).
 AUTO_SETTLED = 2 * AutoOptions().warmup_steps + 2
+#: Each layout's changes to a preset with weight differences: (weights' override and what it does, the same for a
+#: LoCo preset's gradients).
+_LAYOUT_CHANGES = {
+    "lean": ((common.LEAN_WEIGHTS, "the reference sharded within the node"),
+             (common.LEAN_GRADS, "the LoCo residual on the inter-node hop only (two_level_loco)")),
+    "host": (("algorithms.qsdp.weight_scheme_options.reference_on_host=true", "the reference in host memory"),
+             ("algorithms.qsdp.grad_scheme_options.residual_on_host=true", "the LoCo residual in host memory")),
+}
+
+
+def _layout(base: Config, preset: str, layouts: tuple[str, ...]) -> Config | None:
+    """``qsdp-<preset>-lean``, ``-host`` or ``-lean-host`` (``layouts``: keys of :data:`_LAYOUT_CHANGES`) of the
+    preset's configuration ``base``, for a preset with weight differences; None for the others."""
+    options = PRESETS.lookup(preset)
+    if options.get("weight_scheme") != "difference":
+        return None
+    sides = 2 if options.get("grad_scheme") == "loco" else 1
+    changes = [change for layout in layouts for change in _LAYOUT_CHANGES[layout][:sides]]
+    lean = " in the lean layout" if "lean" in layouts else ""
+    return Config(f"{base.name}-{'-'.join(layouts)}", base.recipe, (*base.overrides, *(o for o, _ in changes)), False,
+                  f"{base.description}{lean}: {', '.join(words for _, words in changes)}")
+
+
+_PRESET_CONFIGS = {preset: Config(f"qsdp-{preset}", "baseline.yaml", (f"algorithms.qsdp.preset={preset}",
+                                                                       *_NO_ERROR_SAMPLING), False,
+                                  f"QSDP preset {preset}") for preset in preset_names()}
+#: The presets with weight differences in their memory layouts: the reference sharded within the node (``-lean``),
+#: the reference and a LoCo residual in pinned host memory (``-host``), or both (``-lean-host``).
+_LAYOUTS = tuple(c for layouts in (("lean",), ("host",), ("lean", "host"))
+                 for c in (_layout(base, p, layouts) for p, base in _PRESET_CONFIGS.items()) if c is not None)
+LAYOUT_CONFIGS = tuple(c.name for c in _LAYOUTS)
 CONFIGS: dict[str, Config] = {c.name: c for c in (
     Config("baseline", "baseline.yaml", (), False,
            "plain Composer FSDP2 in the recipe's mixed precision (paper recipes: bf16 weight all-gathers, fp32 "
            "gradient reduce-scatters)"),
     # Every preset, on the baseline recipe: the same model, batch and schedule, only the communication differs.
-    *(Config(f"qsdp-{preset}{'-hpz' * hpz}", "baseline.yaml", (f"algorithms.qsdp.preset={preset}",
-                                                                *_NO_ERROR_SAMPLING), False,
-             f"QSDP preset {preset}{' with hpZ (reshard_after_forward = ranks per node)' * hpz}", hpz=hpz)
-      for preset in preset_names() for hpz in ((False, True) if preset in _HPZ_PRESETS else (False,))),
+    *(config for preset, base in _PRESET_CONFIGS.items() for config in (
+        base, *((dataclasses.replace(base, name=f"{base.name}-hpz", hpz=True,
+                                     description=f"{base.description} with hpZ (reshard_after_forward = ranks per "
+                                                 "node)"),) if preset in _HPZ_PRESETS else ()))),
     *(Config(f"qsdp-{preset}-twin", "baseline.yaml", (f"algorithms.qsdp.preset={preset}",
                                                       "algorithms.qsdp.separate_grad_group=true", *_NO_ERROR_SAMPLING),
              False, f"QSDP preset {preset} with its gradient collectives on a second communicator of the same ranks "
@@ -93,6 +126,7 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
            "forward + backward timed on 1 GPU at the run's micro-batch (recomputed forward included with "
            "activation checkpointing) x layers, plus the embedding, head and loss, plus the optimizer step over "
            "1/N of the parameters; tokens/s x N"),
+    *_LAYOUTS,
     Config("baseline-pure", "baseline.yaml", ("fsdp.mixed_precision=PURE",), False,
            "plain Composer FSDP2 with bf16 gradient reduce-scatters (fsdp.mixed_precision=PURE)"),
     *(Config(name, recipe, overrides, single, description, "ddp-baseline", "ddp-compute-bound", window)

@@ -75,45 +75,19 @@ import torch
 
 from composer_qsdp._names import did_you_mean
 from composer_qsdp.config import QSDPConfig
-from composer_qsdp.registry import PRESETS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_common as common  # noqa: E402
 from bench_e2e_configs import CONFIGS as E2E_CONFIGS  # noqa: E402
-from bench_e2e_configs import Config  # noqa: E402
+from bench_e2e_configs import LAYOUT_CONFIGS, Config  # noqa: E402
 from e2e_common import GIB  # noqa: E402
 from memory_model import SIDES, extra_bytes, side_costs  # noqa: E402
-
-
-#: Each layout's changes to a preset with weight differences: (weights' override and what it does, the same for a
-#: LoCo preset's gradients).
-_LAYOUT_CHANGES = {
-    "lean": ((common.LEAN_WEIGHTS, "the reference sharded within the node"),
-             (common.LEAN_GRADS, "the LoCo residual on the inter-node hop only (two_level_loco)")),
-    "host": (("algorithms.qsdp.weight_scheme_options.reference_on_host=true", "the reference in host memory"),
-             ("algorithms.qsdp.grad_scheme_options.residual_on_host=true", "the LoCo residual in host memory")),
-}
-
-
-def _layout(preset: str, layouts: tuple[str, ...]) -> Config | None:
-    """``qsdp-<preset>-lean``, ``-host`` or ``-lean-host`` (``layouts``: keys of :data:`_LAYOUT_CHANGES`) for a preset
-    with weight differences; None for the others."""
-    options = PRESETS.lookup(preset)
-    if options.get("weight_scheme") != "difference":
-        return None
-    base = E2E_CONFIGS[f"qsdp-{preset}"]
-    sides = 2 if options.get("grad_scheme") == "loco" else 1
-    changes = [change for layout in layouts for change in _LAYOUT_CHANGES[layout][:sides]]
-    lean = " in the lean layout" if "lean" in layouts else ""
-    return Config(f"{base.name}-{'-'.join(layouts)}", base.recipe, (*base.overrides, *(o for o, _ in changes)), False,
-                  f"{base.description}{lean}: {', '.join(words for _, words in changes)}")
 
 
 CONFIGS: dict[str, Config] = {
     "baseline": E2E_CONFIGS["baseline"],
     **{f"qsdp-{p}": E2E_CONFIGS[f"qsdp-{p}"] for p in QSDPConfig.preset_names()},
-    **{c.name: c for layouts in (("lean",), ("host",), ("lean", "host"))
-       for c in (_layout(p, layouts) for p in QSDPConfig.preset_names()) if c is not None},
+    **{name: E2E_CONFIGS[name] for name in LAYOUT_CONFIGS},
 }
 DEFAULT_CONFIGS = ("baseline", "qsdp-w8g8", "qsdp-qwd-w3g3-loco", "qsdp-qwd-w3g3-loco-lean")
 #: The placement the recipe entrypoint logs as hyperparameters (composer_qsdp.shared_gpu.GPUPlacement).

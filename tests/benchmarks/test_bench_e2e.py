@@ -413,3 +413,35 @@ def test_startup_lines_list_each_launch_by_phase():
         "", "Start-up before the first batch (s, process 0; the recipe entrypoint's phases: recipe, imports, "
             "process_group): baseline 15 (13 + 0 + 1)"]
     assert bench_e2e_report.startup_lines(table[1:]) == []
+
+
+def test_the_memory_layouts_are_configurations_of_both_benchmarks(tmp_path):
+    """qsdp-<preset>-lean / -host / -lean-host exist for the presets with weight differences only, run only when
+    named, are the same configurations in bench_memory (whose peaks they then pair with a step time), and install
+    the layout they name."""
+    import bench_memory
+
+    from composer_qsdp.recipes.loader import build_algorithm
+    from composer_qsdp.recipes.train import load_recipe
+
+    layouts = bench_e2e_configs.LAYOUT_CONFIGS
+    assert {"qsdp-qwd-w3g3-loco-lean", "qsdp-qwd-w3g3-loco-lean-host", "qsdp-sdp4bit-host"} <= set(layouts)
+    assert not any(name.startswith(("qsdp-w8g8", "qsdp-zeropp", "qsdp-tlq-hs")) for name in layouts)
+    assert not set(layouts) & set(bench_e2e_configs.DEFAULT_CONFIGS)
+    assert all(bench_memory.CONFIGS[name] == bench_e2e_configs.CONFIGS[name] for name in layouts)
+    names = ["qsdp-qwd-w3g3-loco-lean", "qsdp-qwd-w3g3-loco-lean-host", "qsdp-sdp4bit-host"]
+    plan = bench_e2e_sweep.make_plan(bench_e2e.parse_args(["--model", "1.3b", "--nproc", "4", "--out-dir",
+                                                           str(tmp_path), "--ranks-per-node", "2", "--configs",
+                                                           *names]))
+    for name in names:
+        config = bench_e2e_configs.CONFIGS[name]
+        recipe = load_recipe(plan.recipe_dir / config.recipe, plan.overrides(config, 4, tmp_path / "m.json"),
+                             world_size=4)
+        qsdp = build_algorithm("qsdp", recipe.algorithm_kwargs["qsdp"]).config
+        weights, loco = qsdp.weights.scheme_options, qsdp.grads.scheme in ("loco", "two_level_loco")
+        assert qsdp.ranks_per_node == 2 and qsdp.weights.scheme == "difference"
+        assert weights.sharded_reference == ("-lean" in name)
+        assert weights.reference_on_host == name.endswith("-host")
+        assert (qsdp.grads.scheme == "two_level_loco") == (loco and "-lean" in name)
+        if loco:
+            assert qsdp.grads.scheme_options.residual_on_host == name.endswith("-host")
