@@ -108,11 +108,11 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
         base, *((dataclasses.replace(base, name=f"{base.name}-hpz", hpz=True,
                                      description=f"{base.description} with hpZ (reshard_after_forward = ranks per "
                                                  "node)"),) if preset in _HPZ_PRESETS else ()))),
-    *(Config(f"qsdp-{preset}-twin", "baseline.yaml", (f"algorithms.qsdp.preset={preset}",
-                                                      "algorithms.qsdp.separate_grad_group=true", *_NO_ERROR_SAMPLING),
-             False, f"QSDP preset {preset} with its gradient collectives on a second communicator of the same ranks "
-                    "(separate_grad_group)")
-      for preset in preset_names()),
+    *(dataclasses.replace(base, name=f"{base.name}-twin",
+                          overrides=(*base.overrides, "algorithms.qsdp.separate_grad_group=true"),
+                          description=f"{base.description} with its gradient collectives on a second communicator of "
+                                      "the same ranks (separate_grad_group)")
+      for base in _PRESET_CONFIGS.values()),
     Config("qsdp-auto", "baseline.yaml", ("algorithms.qsdp.policy=auto", *_NO_ERROR_SAMPLING), False,
            "QSDP policy=auto: measures the network and each unit's compute over the untimed steps, then picks "
            "off / 8 bits / 3-bit qWD weights / 3-bit LoCo gradients per unit and side", min_warmup=AUTO_SETTLED),
