@@ -76,7 +76,7 @@ def _queue(plan: Plan) -> list[str]:
 def _finished(plan: Plan, arm: str) -> bool:
     """Whether ``arm`` has finished its run: ``done.json``, written here (with the launches so far) when its last
     complete checkpoint is of the final batch, which a launch saves after the final evaluation; a launch stopped
-    after that save but before it exited ran the whole run, and another would only fail (nothing left to train)."""
+    after that save but before it exited ran the whole run, and another would only start up to train nothing."""
     arm_dir = plan.arm_dir(arm)
     if (arm_dir / "done.json").is_file():
         return True
