@@ -4,7 +4,9 @@ record (:func:`profile_summary`); and plain FSDP2's bytes per micro-batch comput
 (:func:`plain_fsdp2_bytes`), the baseline's wire bytes.
 
 Step times are the recipe's ``SpeedMonitor`` wall clock per batch (``time/train``) of the batches after the
-warm-up; tokens/s is the tokens of the timed steps over their time.
+warm-up; tokens/s is the tokens of the timed steps over their time. Wire bytes per step and rank are those of the
+timed steps too where the launch logged them per batch (QSDP, 0/1 Adam); QSDP's average over the whole launch,
+the first step's qWD keyframe included, is kept beside them (``wire_per_step_launch``).
 """
 
 from __future__ import annotations
@@ -72,7 +74,29 @@ def measure(metrics: dict[str, Any], warmup: int, steps: int, tokens_per_step: i
         if per_batch:
             window = statistics.fmean(per_batch[b] for b in range(warmup + 1, total + 1))
             result["wire_per_step"]["grads"]["sent"] = result["wire_per_step"]["total"]["sent"] = window
+        timed = _qsdp_timed_wire(metrics, warmup, total, result["wire_per_step"])
+        if timed is not None:
+            result["wire_per_step_launch"], result["wire_per_step"] = result["wire_per_step"], timed
     return result
+
+
+def _qsdp_timed_wire(metrics: dict[str, Any], warmup: int, total: int,
+                     launch: dict[str, dict[str, float]]) -> dict[str, dict[str, float]] | None:
+    """QSDP's bytes per timed step and rank from its per-batch metrics (``sent`` and ``bf16``; ``native``, what the
+    unquantized collectives would send, is the same every step and stays the launch's), or None where it logged
+    none. A qWD launch's first step sends the full-precision keyframe, which a training run pays once: the timed
+    steps are what every later step costs."""
+    window: dict[str, dict[str, float]] = {}
+    for side in ("weights", "grads"):
+        sent = _timed(metrics, f"qsdp/{side}/bytes_sent", warmup, total)
+        bf16 = _timed(metrics, f"qsdp/{side}/bytes_bf16", warmup, total)
+        if sent is None or bf16 is None:
+            return None
+        window[side] = {"sent": statistics.fmean(sent), "bf16": statistics.fmean(bf16),
+                        "native": launch[side]["native"]}
+    window["total"] = {k: window["weights"][k] + window["grads"][k] for k in ("sent", "bf16")}
+    window["total"]["native"] = launch["total"]["native"]
+    return window
 
 
 def profile_summary(record: dict[str, Any]) -> dict[str, Any]:

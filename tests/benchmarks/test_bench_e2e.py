@@ -127,6 +127,24 @@ def test_measure_takes_zero_one_adams_bytes_from_the_timed_window():
     assert wire["grads"]["sent"] == pytest.approx(3) and wire["weights"]["sent"] == pytest.approx(10)
 
 
+def test_measure_takes_qsdps_bytes_from_the_timed_steps():
+    """A qWD launch's first step sends the full-precision keyframe: the timed steps' bytes leave it out, and the
+    launch's average (every step, as the communication report counts) stays beside them."""
+    counts = {"weights": {"sent": 120, "bf16": 60, "native": 60, "calls": 3},
+              "grads": {"sent": 30, "bf16": 60, "native": 120, "calls": 3},
+              "total": {"sent": 150, "bf16": 120, "native": 180, "calls": 6}}
+    per_batch = {"qsdp/weights/bytes_sent": [[1, 100], [2, 8], [3, 12]],
+                 "qsdp/weights/bytes_bf16": [[1, 20], [2, 20], [3, 20]],
+                 "qsdp/grads/bytes_sent": [[1, 10], [2, 10], [3, 10]],
+                 "qsdp/grads/bytes_bf16": [[1, 20], [2, 20], [3, 20]]}
+    metrics = {"metrics": {"time/train": hours([1.0, 2.0, 3.0]), **per_batch}, "communication": {"QSDP": counts}}
+    r = bench_e2e_measure.measure(metrics, 1, 2, 10)  # warm-up: batch 1, the keyframe
+    assert r["wire_per_step"]["weights"] == pytest.approx({"sent": 10, "bf16": 20, "native": 20})
+    assert r["wire_per_step"]["grads"] == pytest.approx({"sent": 10, "bf16": 20, "native": 40})
+    assert r["wire_per_step"]["total"] == pytest.approx({"sent": 20, "bf16": 40, "native": 60})
+    assert r["wire_per_step_launch"]["total"] == pytest.approx({"sent": 50, "bf16": 40, "native": 60})
+
+
 @pytest.mark.parametrize("model", ["125m", "350m"])
 def test_zero_one_adam_windows_time_the_regime_they_name(model, tmp_path):
     from composer_qsdp.optim import ZeroOneSchedule
