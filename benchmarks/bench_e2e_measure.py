@@ -17,10 +17,15 @@ from typing import Any
 import torch
 
 
-def _timed(metrics: dict[str, Any], name: str, warmup: int, total: int) -> list[float] | None:
-    """Metric ``name`` of each timed batch (``warmup + 1 .. total``), or None where the run did not log it."""
+def _timed(metrics: dict[str, Any], name: str, warmup: int, total: int,
+           every_batch: bool = False) -> list[float] | None:
+    """Metric ``name`` of each timed batch (``warmup + 1 .. total``; 0 for a batch without it), or None where the run
+    did not log it, or with ``every_batch`` where it did not log it for every timed batch."""
     values = {int(b): float(v) for b, v in metrics["metrics"].get(name, [])}  # key b: logged as batch b ends
-    return [values.get(b, 0.0) for b in range(warmup + 1, total + 1)] if values else None
+    timed = range(warmup + 1, total + 1)
+    if not values or (every_batch and any(b not in values for b in timed)):
+        return None
+    return [values.get(b, 0.0) for b in timed]
 
 
 def measure(metrics: dict[str, Any], warmup: int, steps: int, tokens_per_step: int) -> dict[str, Any]:
@@ -83,13 +88,13 @@ def measure(metrics: dict[str, Any], warmup: int, steps: int, tokens_per_step: i
 def _qsdp_timed_wire(metrics: dict[str, Any], warmup: int, total: int,
                      launch: dict[str, dict[str, float]]) -> dict[str, dict[str, float]] | None:
     """QSDP's bytes per timed step and rank from its per-batch metrics (``sent`` and ``bf16``; ``native``, what the
-    unquantized collectives would send, is the same every step and stays the launch's), or None where it logged
-    none. A qWD launch's first step sends the full-precision keyframe, which a training run pays once: the timed
+    unquantized collectives would send, is the same every step and stays the launch's), or None where it did not log
+    them for every timed batch. A qWD launch's first step sends the full-precision keyframe, which a training run pays once: the timed
     steps are what every later step costs."""
     window: dict[str, dict[str, float]] = {}
     for side in ("weights", "grads"):
-        sent = _timed(metrics, f"qsdp/{side}/bytes_sent", warmup, total)
-        bf16 = _timed(metrics, f"qsdp/{side}/bytes_bf16", warmup, total)
+        sent = _timed(metrics, f"qsdp/{side}/bytes_sent", warmup, total, every_batch=True)
+        bf16 = _timed(metrics, f"qsdp/{side}/bytes_bf16", warmup, total, every_batch=True)
         if sent is None or bf16 is None:
             return None
         window[side] = {"sent": statistics.fmean(sent), "bf16": statistics.fmean(bf16),

@@ -143,6 +143,10 @@ def test_measure_takes_qsdps_bytes_from_the_timed_steps():
     assert r["wire_per_step"]["grads"] == pytest.approx({"sent": 10, "bf16": 20, "native": 40})
     assert r["wire_per_step"]["total"] == pytest.approx({"sent": 20, "bf16": 40, "native": 60})
     assert r["wire_per_step_launch"]["total"] == pytest.approx({"sent": 50, "bf16": 40, "native": 60})
+    gap = {**per_batch, "qsdp/grads/bytes_sent": [[1, 10], [3, 10]]}  # batch 2 unlogged: no silent zero
+    partial = bench_e2e_measure.measure(metrics | {"metrics": {"time/train": hours([1.0, 2.0, 3.0]), **gap}}, 1, 2, 10)
+    assert partial["wire_per_step"]["total"] == pytest.approx({"sent": 50, "bf16": 40, "native": 60})
+    assert "wire_per_step_launch" not in partial
 
 
 @pytest.mark.parametrize("model", ["125m", "350m"])
