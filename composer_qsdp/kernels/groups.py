@@ -18,7 +18,8 @@ a naturally aligned integer, stored with one access; the other widths (3, 5, 6, 
 each byte masked to the row's code bytes, since a 3-, 5-, 6- or 7-byte word has no integer type and its last group
 may end short of the metadata's 4-byte boundary. A tile may also take groups of ``GS`` = 16 codes (``tile``'s
 ``GS``; rows whose length is a multiple of 16): the two 8-code words of a group are consecutive, so they make one
-``2 * bits``-byte word, one 64-bit access at 4 bits (the rotated feedback quantize, whose threads hold such rows).
+``2 * bits``-byte word, one 64-bit access at 4 bits (the rotated feedback quantize and the decode-sum rotated back,
+whose threads hold such rows).
 
 Exact conversions through the fp32 "magic number" ``MAGIC = 1.5 * 2**23`` (bits ``0x4B400000``): fp32 numbers
 in ``[2**23, 2**24)`` are the integers, one unit apart, so
@@ -221,22 +222,24 @@ def store_codes(row_wire, codes, pid, b, g, lane, e, valid, n, num_buckets, code
 
 
 @triton.jit
-def load_codes(row_wire, b, g, lane, e, valid, n, BITS: tl.constexpr, BUCKET: tl.constexpr):
+def load_codes(row_wire, b, g, lane, e, valid, n, BITS: tl.constexpr, BUCKET: tl.constexpr, GS: tl.constexpr = 8):
     """The int32 codes stored by :func:`store_codes` in the wire row at ``row_wire``, on the tile ``(b, g, lane, e,
-    valid)``: 0 in groups outside the row, and past its end inside its last group what that group's word holds."""
+    valid)`` of groups of ``GS`` (:func:`tile`): 0 in groups outside the row, and past its end inside its last group
+    what that group's word holds."""
     if BITS == 8:
         codes = tl.load(row_wire + e, mask=valid, other=0).to(tl.int32)
     else:
-        group_ok = (g * 8 < BUCKET) & (b * BUCKET + g * 8 < n)
-        words = group_words(row_wire, b, g, BITS, BUCKET)
-        if (BITS & (BITS - 1)) == 0:  # 1, 2, 4: an aligned integer word
-            packed = tl.load(words, mask=group_ok, other=0).to(tl.int32)
+        WORD: tl.constexpr = GS * BITS // 8
+        group_ok = (g * GS < BUCKET) & (b * BUCKET + g * GS < n)
+        words = group_words(row_wire, b, g, BITS, BUCKET, GS)
+        if (WORD & (WORD - 1)) == 0:  # 1, 2, 4 or 8 bytes: an aligned integer word
+            packed = tl.load(words, mask=group_ok, other=0).to(tl.int64 if WORD > 4 else tl.int32)
         else:
             # Bytes of the row's last word past its code bytes belong to the padding or the metadata: read as 0.
             code_bytes = (BUCKET // 8 * BITS) * (n // BUCKET) + ((n % BUCKET) * BITS + 7) // 8
-            first = group_byte(b, g, BITS, BUCKET)
-            packed = tl.zeros(first.shape, tl.int64 if BITS > 4 else tl.int32)
-            for k in tl.static_range(BITS):
+            first = group_byte(b, g, BITS, BUCKET, GS)
+            packed = tl.zeros(first.shape, tl.int64 if WORD > 4 else tl.int32)
+            for k in tl.static_range(WORD):
                 byte = tl.load(words + k, mask=group_ok & (first + k < code_bytes), other=0).to(packed.dtype)
                 packed = packed | (byte << (8 * k))
         codes = unpack_words(packed, lane, BITS).to(tl.int32)
@@ -245,11 +248,11 @@ def load_codes(row_wire, b, g, lane, e, valid, n, BITS: tl.constexpr, BUCKET: tl
 
 @triton.jit
 def tile_codes(wire_ptr, meta_ptr, row, b, g, lane, e, valid, n, num_buckets, meta_offset, wire_row_stride,
-               BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr):  # fmt: skip
-    """What a bucketed decoder reads of wire row ``row`` on the tile ``(b, g, lane, e, valid)``: the int32 codes
-    (:func:`load_codes`) and the buckets' two fp32 metadata words (:func:`bucket_pair`)."""
+               BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr, GS: tl.constexpr = 8):  # fmt: skip
+    """What a bucketed decoder reads of wire row ``row`` on the tile ``(b, g, lane, e, valid)`` of groups of ``GS``:
+    the int32 codes (:func:`load_codes`) and the buckets' two fp32 metadata words (:func:`bucket_pair`)."""
     row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)  # wire rows are whole fp32 words
-    codes = load_codes(row_wire, b, g, lane, e, valid, n, BITS, BUCKET)
+    codes = load_codes(row_wire, b, g, lane, e, valid, n, BITS, BUCKET, GS)
     first, second = bucket_pair(meta_ptr, row, wire_row_stride, meta_offset, num_buckets, BPP)
     return codes, first, second
 

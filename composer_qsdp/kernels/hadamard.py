@@ -25,7 +25,7 @@ from composer_qsdp.kernels.cast import emulate_bf16_rne, store_average, store_ca
 from composer_qsdp.kernels.groups import cdiv, next_power_of_2, row_stride
 
 __all__ = ["MAX_BUCKET", "supports", "hadamard_rows", "butterflies", "butterflies_rows", "rotated_store",
-           "rotation_scale"]
+           "rotation_rows", "rotation_scale"]
 
 #: Largest bucket (elements) a program transforms in registers.
 MAX_BUCKET = 8192
@@ -129,6 +129,18 @@ def hadamard_rows(
         B=bucket_size, LOG_B=bucket_size.bit_length() - 1, G=g, EMULATE_BF16_RNE=emulate_bf16_rne(), num_warps=warps,
     )  # fmt: skip
     return y
+
+
+def rotation_rows(bits: int, bucket_size: int) -> int:
+    """``log2`` of the row length (elements) in which the rotated kernels of ``bits``-bit codes (the min-max
+    feedback quantize, the decode-sum rotated back) view a ``bucket_size``-element bucket (a power of two) for
+    :func:`butterflies_rows`, or 0 where they rotate the bucket flat.
+
+    A row is one code word: 16 codes where they fit 64 bits (not 5-7 bits), else 8, and at most the bucket; the
+    view needs at most as many rows as a row has elements (a thread holds a row, then a column).
+    """
+    log_row = min(bucket_size.bit_length() - 1, 4 if bits <= 4 or bits == 8 else 3)
+    return log_row if bucket_size <= 1 << (2 * log_row) else 0
 
 
 # Every launch that rotates reads it: rounded once per bucket size, through a tensor placed on the CPU by name. On the

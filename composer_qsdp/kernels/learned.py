@@ -169,11 +169,12 @@ def _quantize_kernel(
 @triton.jit
 def _decode_tile(
     wire_ptr, meta_ptr, row, b, g, lane, e, valid, n, num_buckets, meta_offset, wire_row_stride,
-    BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr,
+    BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr, GS: tl.constexpr = 8,
 ):  # fmt: skip
-    """Decoded fp32 values of wire row ``row`` on the tile ``(b, g, lane, e, valid)`` (``lo`` where not ``valid``)."""
+    """Decoded fp32 values of wire row ``row`` on the tile ``(b, g, lane, e, valid)`` of groups of ``GS`` (``lo``
+    where not ``valid``)."""
     codes, lo, rng = tile_codes(wire_ptr, meta_ptr, row, b, g, lane, e, valid, n, num_buckets, meta_offset,
-                                wire_row_stride, BITS, BUCKET, BPP)  # fmt: skip
+                                wire_row_stride, BITS, BUCKET, BPP, GS)  # fmt: skip
     # Codes are < K, so the gather stays inside the row's level table (4 * K bytes, L1-resident).
     levels = meta_ptr + row * (wire_row_stride // 4) + meta_offset // 4 + 2 * num_buckets
     return lo + tl.load(levels + codes) * rng

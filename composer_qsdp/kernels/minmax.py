@@ -47,7 +47,7 @@ from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, GPU_TILE, INTERPR
                                           KERNEL_BITS, bucket_lattice, cdiv, check_packed, codes_to_float, launch_shape,
                                           row_stride, rows_aligned, store_codes, supports_packed, tile, tile_codes, vec)
 from composer_qsdp.kernels.fixed_point import fraction_bits
-from composer_qsdp.kernels.hadamard import butterflies, butterflies_rows
+from composer_qsdp.kernels.hadamard import butterflies, butterflies_rows, rotation_rows
 from composer_qsdp.kernels.noise import noise_bits
 from composer_qsdp.kernels.wire_format import WireFormat, aligned_rows, bucket_wire_format
 
@@ -261,11 +261,12 @@ def _quantize_feedback_kernel(
 @triton.jit
 def _decode_tile(
     wire_ptr, meta_ptr, row, b, g, lane, e, valid, n, num_buckets, meta_offset, wire_row_stride,
-    BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr,
+    BITS: tl.constexpr, BUCKET: tl.constexpr, BPP: tl.constexpr, GS: tl.constexpr = 8,
 ):  # fmt: skip
-    """Decoded fp32 values of wire row ``row`` on the tile ``(b, g, lane, e, valid)`` (0 where not ``valid``)."""
+    """Decoded fp32 values of wire row ``row`` on the tile ``(b, g, lane, e, valid)`` of groups of ``GS`` (0 where
+    not ``valid``)."""
     codes, lo, scale = tile_codes(wire_ptr, meta_ptr, row, b, g, lane, e, valid, n, num_buckets, meta_offset,
-                                  wire_row_stride, BITS, BUCKET, BPP)  # fmt: skip
+                                  wire_row_stride, BITS, BUCKET, BPP, GS)  # fmt: skip
     return lo + scale * codes_to_float(codes, 0)
 
 
@@ -414,17 +415,6 @@ def _coded_row_alignment(residual: torch.Tensor) -> int:
     """
     stride = row_stride(residual)
     return 16 if stride == 0 else min(16, stride & -stride)
-
-
-def rotation_rows(bits: int, bucket_size: int) -> int:
-    """``log2`` of the row length (elements) in which the rotated feedback quantize of ``bits``-bit codes views a
-    ``bucket_size``-element bucket (a power of two), or 0 where it rotates the bucket flat.
-
-    A row is one code word: 16 codes where they fit 64 bits (not 5-7 bits), else 8, and at most the bucket; the
-    view needs at most as many rows as a row has elements (a thread holds a row, then a column).
-    """
-    log_row = min(bucket_size.bit_length() - 1, 4 if bits <= 4 or bits == 8 else 3)
-    return log_row if bucket_size <= 1 << (2 * log_row) else 0
 
 
 _DECODER = BucketDecoder(_decode_tile, _check, _config)

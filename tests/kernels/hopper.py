@@ -16,7 +16,7 @@ import sys
 __all__ = ["assert_no_spills_and_exact", "resource_usage"]
 
 _SCRIPT = """
-import importlib, json, os, re, subprocess, sys, tempfile
+import importlib, inspect, json, os, re, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -28,6 +28,9 @@ for v in json.loads(sys.stdin.read()):
         if isinstance(value, str) and value.startswith("jit:"):
             module, function = value[4:].split(":")
             v["constants"][name] = getattr(importlib.import_module(module), function)
+    for p in kernel.params:  # a constexpr the variant leaves out takes its default, as at a launch
+        if p.is_constexpr and p.name not in v["constants"] and p.default is not inspect.Parameter.empty:
+            v["constants"][p.name] = p.default
     sig = {p.name: "constexpr" if p.is_constexpr else v["types"].get(p.name, "i32") for p in kernel.params}
     divisible = set(v.get("divisible", ()))
     aligned = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(kernel.params)

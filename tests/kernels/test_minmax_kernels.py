@@ -141,9 +141,12 @@ def _hopper_variant(name: str, kernel: str, types: dict, constants: dict, bucket
         types.get("x_ptr", types.get("out_ptr"))]
     kind = "encode" if kernel == "_quantize_kernel" else "decode"
     wide = constants.get("STOCHASTIC", False) and constants["BITS"] == 8 and streamed.itemsize == 2  # as encode_rows
-    if constants.get("ROTATE"):  # a decode-sum rotated back
+    if constants.get("ROTATE"):  # a decode-sum rotated back, in rows where rotation_rows gives them (as decode_sum)
         groups, bpp, warps = kernels.launch_shape(bucket, 1 << 16, True, kernels.GPU_TILE, kernels.INTERPRETER_TILE,
                                                   bucket_decode.ROTATED_ELEMENTS_PER_THREAD, None, None)
+        log_row = kernels.rotation_rows(constants["BITS"], bucket)
+        constants = {**constants, "LOG_ROW": log_row}
+        groups = bucket >> log_row if log_row else groups
     else:
         groups, bpp, warps = kernels._config(bucket, 1 << 16, True, aligned_rows, None, None, kind, wide)
     decode = kernel != "_quantize_kernel"  # the decoders are bucket_decode's, given this codec's tile decoder
@@ -186,7 +189,8 @@ def test_kernels_compile_for_hopper_without_spills(aligned_rows):
         for bits, bucket, rows, dtype, rotate in [
             (8, 1024, 8, "fp32", False), (4, 8192, 8, "fp32", False), (4, 1024, 8, "bf16", False),
             (3, 256, 8, "fp32", False), (3, 256, 4, "fp32", True), (3, 256, 8, "fp32", True),
-            (2, 256, 7, "fp32", True), (8, 1024, 8, "fp32", True),
+            (2, 256, 7, "fp32", True), (8, 1024, 8, "fp32", True), (4, 256, 4, "bf16", True),
+            (6, 64, 4, "fp32", True),
         ]
     ]
     assert_no_spills_and_exact(variants)
@@ -432,11 +436,13 @@ def test_coded_row_alignment_is_what_the_row_stride_guarantees():
         assert kernels._coded_row_alignment(wire) == align
 
 
-ROTATED_SUM_CASES = [  # rows, n, bucket_size, bits
+ROTATED_SUM_CASES = [  # rows, n, bucket_size, bits; rows of 16 elements (kernels.rotation_rows) unless said
     (4, 1000, 256, 3),  # the qwd-w4g3-loco gradients on 4 ranks: padded rows, one loop step of 4 rows
     (3, 601, 256, 2),  # fewer rows than a step
     (6, 300, 64, 4),  # a loop step and 2 rows after it
     (2, 96, 32, 8),
+    (3, 200, 64, 6),  # rows of 8: 6-byte code words read byte by byte
+    (2, 700, 512, 3),  # a bucket of more than 16 rows of 16: the flat rotation
 ]
 
 
