@@ -70,14 +70,14 @@ Peak GPU memory is rank 0's ``torch.cuda.max_memory_allocated``. Each launch's s
 listed under its network's table, by the recipe entrypoint's phases (recipe, imports, process group, data, model,
 trainer; :mod:`composer_qsdp.recipes.startup`), and, where the recipe has the ``gc_monitor`` callback (the paper
 recipes do), the full Python garbage collections of process 0 in each timed step (a full collection pauses the
-process, and the other ranks wait for it). Bytes on the wire per step and rank are QSDP's
-byte accounting (NCCL's convention, (W-1)/W of each collective's volume) over the timed steps: a qWD launch's
-first, full-precision keyframe step is in the warm-up, as a training run pays it once. The baseline's are one definition,
-whatever else shares the table: plain FSDP2's, computed from the model, ``(W-1)/W x P x (2 b + 4) x k``, where ``P``
-counts the parameters with each one's first dimension padded to a multiple of ``W`` (as FSDP2 shards them), ``b``
-the bytes of the recipe's all-gather dtype (a forward and a backward all-gather of every unit: the recipes reshard
-after forward), 4 the fp32 reduce-scatter, and ``k`` the micro-batches per optimizer step. "wire vs baseline" is a
-configuration's bytes over that. 0/1 Adam's are those of its timed window (they change with its schedule),
+process, and the other ranks wait for it). Bytes on the wire per step and rank are QSDP's byte accounting (NCCL's
+convention, (W-1)/W of each collective's volume) over the timed steps: a qWD launch's first, full-precision keyframe
+step is in the warm-up, as a training run pays it once. The baseline's are one definition, whatever else shares the
+table: plain FSDP2's, computed from the model, ``(W-1)/W x P x (2 b + 4) x k``, where ``P`` counts the parameters with
+each one's first dimension padded to a multiple of ``W`` (as FSDP2 shards them), ``b`` the bytes of the recipe's
+all-gather dtype (a forward and a backward all-gather of every unit: the recipes reshard after forward), 4 the fp32
+reduce-scatter, and ``k`` the micro-batches per optimizer step. "wire vs baseline" is a configuration's bytes over
+that. 0/1 Adam's are those of its timed window (they change with its schedule),
 against DDP's fp32 all-reduce (the ``native`` bytes of the 0/1 Adam run: ``ddp-baseline``'s).
 
 Profile (``--profile``, which needs ``--warmup`` 4 or more): each recipe launch also records its second-to-last

@@ -89,8 +89,8 @@ def _qsdp_timed_wire(metrics: dict[str, Any], warmup: int, total: int,
                      launch: dict[str, dict[str, float]]) -> dict[str, dict[str, float]] | None:
     """QSDP's bytes per timed step and rank from its per-batch metrics (``sent`` and ``bf16``; ``native``, what the
     unquantized collectives would send, is the same every step and stays the launch's), or None where it did not log
-    them for every timed batch. A qWD launch's first step sends the full-precision keyframe, which a training run pays once: the timed
-    steps are what every later step costs."""
+    them for every timed batch. A qWD launch's first step sends the full-precision keyframe, which a training run pays
+    once: the timed steps are what every later step costs."""
     window: dict[str, dict[str, float]] = {}
     for side in ("weights", "grads"):
         sent = _timed(metrics, f"qsdp/{side}/bytes_sent", warmup, total, every_batch=True)
