@@ -404,12 +404,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
             status = 1
         return _end_launched(status)
+    _close_launched_group()
     return 0
 
 
 def _launched() -> bool:
     """Whether this process is one of several that a launcher started (``WORLD_SIZE`` > 1)."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def _close_launched_group() -> None:
+    """Destroy the default process group of a launched process whose run ended well.
+
+    Left to interpreter exit, gloo's group is destroyed while its worker threads may still hold work; the process then
+    aborts (SIGABRT, "terminate called without an active exception") after a run that trained to the end, and the
+    launcher reports the job failed.
+    """
+    import torch.distributed as torch_dist
+
+    if _launched() and torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
 
 
 #: How long a process whose peer ended waits for the launcher's SIGTERM before it exits itself (seconds, at most).

@@ -188,6 +188,7 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
         with open(out_path, "w") as f:
             json.dump(result, f)
     trainer.close()
+    torch.distributed.destroy_process_group()  # left to exit, gloo's threads can abort the process
 
 
 if __name__ == "__main__":
