@@ -213,9 +213,10 @@ def torchrun(nproc: int) -> list[str]:
     ``torchrun`` imports torch alone. In the GPT-1.3B launches of ``results/2026-11-27_h200x4_d6bcf73`` (Composer's
     launcher), 15-23 s of each 41-74 s launch lay outside the ranks' start-up and steps. Its ranks get the variables
     Composer's launcher sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
-    ``MASTER_PORT``; Composer takes an unset ``NODE_RANK`` as 0), and ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` through
-    ``env``, as Composer's launcher sets it. Every rank's output goes to the log."""
-    return ["env", "TORCH_NCCL_ASYNC_ERROR_HANDLING=1", sys.executable, "-m", "torch.distributed.run",
+    ``MASTER_PORT``), and ``NODE_RANK=0`` and ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` through ``env``, as Composer's
+    launcher sets them: once the process group exists, Composer's checkpoint loading reads ``NODE_RANK`` and fails
+    where it is unset. Every rank's output goes to the log."""
+    return ["env", "NODE_RANK=0", "TORCH_NCCL_ASYNC_ERROR_HANDLING=1", sys.executable, "-m", "torch.distributed.run",
             "--standalone", f"--nproc-per-node={nproc}"]
 
 
