@@ -16,6 +16,8 @@ through ``torchrun`` (``torchrun --standalone --nproc-per-node=N -m composer_qsd
                          when named) also set ``fsdp.reshard_after_forward=K`` (ZeRO++'s hpZ; K below the GPUs);
                          ``qsdp-<preset>-twin`` (only when named) also sets ``algorithms.qsdp.separate_grad_group=
                          true``: the gradient collectives on a second NCCL communicator, beside the weight gathers;
+                         ``qsdp-<preset>-ahead`` (only when named; the presets with weight differences) also sets
+                         ``algorithms.qsdp.speculative_update=true``: each unit's next update sent in the backward;
                          ``qsdp-<preset>-lean``, ``-host``, ``-lean-host`` (only when named; the presets with weight
                          differences) keep the qWD reference sharded within the node and a LoCo preset's residual
                          on the inter-node hop only, or both in pinned host memory, or both (``bench_memory.py``

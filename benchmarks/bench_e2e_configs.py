@@ -113,6 +113,11 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
                           description=f"{base.description} with its gradient collectives on a second communicator of "
                                       "the same ranks (separate_grad_group)")
       for base in _PRESET_CONFIGS.values()),
+    *(dataclasses.replace(base, name=f"{base.name}-ahead",
+                          overrides=(*base.overrides, "algorithms.qsdp.speculative_update=true"),
+                          description=f"{base.description} with each unit's next update sent during the backward "
+                                      "(speculative_update)")
+      for preset, base in _PRESET_CONFIGS.items() if PRESETS.lookup(preset).get("weight_scheme") == "difference"),
     Config("qsdp-auto", "baseline.yaml", ("algorithms.qsdp.policy=auto", *_NO_ERROR_SAMPLING), False,
            "QSDP policy=auto: measures the network and each unit's compute over the untimed steps, then picks "
            "off / 8 bits / 3-bit qWD weights / 3-bit LoCo gradients per unit and side", min_warmup=AUTO_SETTLED),

@@ -76,6 +76,11 @@ class StepSeeds:
         """Key of ``stream`` of unit ``unit_index`` in the current microbatch."""
         return mix_seed(self.base_seed, self.optimizer_step, self.microbatch, unit_index, int(stream))
 
+    def next_step_seed(self, unit_index: int, stream: SeedStream) -> int:
+        """Key of ``stream`` of unit ``unit_index`` in the first microbatch after the next optimizer step: the key
+        that step's first gather will read, for work done ahead of it."""
+        return mix_seed(self.base_seed, self.optimizer_step + 1, 1, unit_index, int(stream))
+
     def state_dict(self) -> dict[str, int]:
         """The counters, for checkpoints (the base seed comes from the configuration)."""
         return {"optimizer_step": self.optimizer_step, "microbatch": self.microbatch}

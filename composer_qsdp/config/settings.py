@@ -171,6 +171,15 @@ class QSDPConfig:
             same either way (the same collectives over the same ranks); it costs one more communicator per distinct
             FSDP group (NCCL's buffers on every GPU). Not part of the quantization settings, like ``eval_weights``
             (the algorithm logs it as ``qsdp/separate_grad_group``).
+        speculative_update: send each weight-difference unit's next update during the backward
+            (:mod:`composer_qsdp.engine.speculation`): once a unit's gradient is reduced, its optimizer's step runs on
+            copies of its shard and state, and the codes of that guess travel on a second process group while the
+            backward computes; after the real step the ranks check the guess bit for bit and the next forward's
+            gather uses the codes already received where it was exact, else sends the update as usual. The trained
+            model is the same bit for bit; a wrong guess (a step where gradient clipping acts) costs its bytes again.
+            Needs FSDP2, the optimizers named to QSDP (Composer's algorithm does), ``policy='fixed'`` and the
+            ``difference`` weight scheme (replicated reference on the device). Not part of the quantization settings
+            (the algorithm logs it as ``qsdp/speculative_update``).
         preset: the preset :meth:`from_preset` started from (its options may have been changed), else ``None``.
             A record of where the settings came from, not a setting: not a constructor argument, not compared.
 
@@ -195,6 +204,7 @@ class QSDPConfig:
     auto_options: AutoOptions | Mapping[str, Any] | None = None
     eval_weights: str | Mapping[str, str] = DEFAULT_EVAL_WEIGHTS
     separate_grad_group: bool = False
+    speculative_update: bool = False
     preset: str | None = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -207,7 +217,7 @@ class QSDPConfig:
         for name in ("min_numel", "error_sample_interval"):
             check_int(name, getattr(self, name))
         check_seed(self.seed)
-        for name in ("check_finite", "separate_grad_group"):
+        for name in ("check_finite", "separate_grad_group", "speculative_update"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid; it must be True or False")
         if self.ranks_per_node is not None:
@@ -216,7 +226,26 @@ class QSDPConfig:
         object.__setattr__(self, "eval_weights", _eval_weights(self.eval_weights))
         for name, table in _SIDE_TABLES.items():
             self._check_side(name, table)
+        self._check_speculation()
         self._warn_low_bit_grads()
+
+    def _check_speculation(self) -> None:
+        if not self.speculative_update:
+            return
+        if self.policy != "fixed":
+            raise ValueError(f"speculative_update=True needs policy='fixed' (policy={self.policy!r}): the automatic "
+                             "policy changes the units' schemes while it runs")
+        schemes = {self.weights.scheme, *dict(self.weights.scheme_overrides or {}).values()}
+        if "difference" not in schemes:
+            raise ValueError(f"speculative_update=True sends weight-difference updates ahead, but no unit uses the "
+                             f"'difference' weight scheme (weight_scheme={self.weights.scheme!r}); use a qWD preset "
+                             "(e.g. QSDPConfig.from_preset('qwd-w3g3-loco', speculative_update=True))")
+        options = self.weights.scheme_options
+        for name in ("sharded_reference", "reference_on_host"):
+            value = options.get(name) if isinstance(options, Mapping) else getattr(options, name, None)
+            if value:
+                raise ValueError(f"speculative_update=True needs the replicated reference on the device; "
+                                 f"weight_scheme_options has {name}=True")
 
     def _check_policy(self) -> None:
         options = POLICIES.options(self.policy)
@@ -328,8 +357,8 @@ _SIDES = {"weight_": "weights", "grad_": "grads"}
 _SIDE_TABLES: dict[str, Registry[Any]] = {"weights": WEIGHT_SCHEMES, "grads": GRAD_SCHEMES}
 _SIDE_FIELDS = tuple(f.name for f in fields(SideConfig))
 _RUN_FIELDS = tuple(f.name for f in fields(QSDPConfig) if f.init and f.name not in _SIDES.values())
-_NOT_SUMMARIZED = ("policy", "auto_options", "preset", "eval_weights", "separate_grad_group")
-_NOT_COMPARED = ("eval_weights", "separate_grad_group")
+_NOT_SUMMARIZED = ("policy", "auto_options", "preset", "eval_weights", "separate_grad_group", "speculative_update")
+_NOT_COMPARED = ("eval_weights", "separate_grad_group", "speculative_update")
 
 
 def preset_names() -> tuple[str, ...]:

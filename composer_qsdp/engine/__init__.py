@@ -8,5 +8,7 @@ Composer.
 from composer_qsdp.engine.finite_check import NonFiniteWeightError
 from composer_qsdp.engine.handle import QSDPHandle, ResumeSettingsWarning
 from composer_qsdp.engine.plan import Unit, UnitPlan, plan_units
+from composer_qsdp.engine.speculation import SpeculationStats, SpeculativeUpdate
 
-__all__ = ["NonFiniteWeightError", "QSDPHandle", "ResumeSettingsWarning", "Unit", "UnitPlan", "plan_units"]
+__all__ = ["NonFiniteWeightError", "QSDPHandle", "ResumeSettingsWarning", "SpeculationStats", "SpeculativeUpdate",
+           "Unit", "UnitPlan", "plan_units"]

@@ -46,6 +46,7 @@ from composer_qsdp.comm import StepSeeds, Topology, TrafficCounter, TrafficRepor
 from composer_qsdp.config.settings import EVAL_WEIGHTS, QSDPConfig
 from composer_qsdp.engine.finite_check import WeightFiniteMonitor
 from composer_qsdp.engine.plan import UnitPlan
+from composer_qsdp.engine.speculation import SpeculativeUpdate
 from composer_qsdp.schemes import GatherLayout, GradScheme, Scheme, WeightScheme
 
 __all__ = ["QSDPHandle", "ResumeSettingsWarning", "settings_changes"]
@@ -118,6 +119,7 @@ class QSDPHandle:
             what the framework actually sends, for measurements that must send the same.
         resume_changes: the settings that differ from those of the checkpoint last loaded (``"key: old -> new"``;
             empty when none did, or before a load).
+        speculation: the speculative update (the config's ``speculative_update``), else ``None``.
     """
 
     adapter: str = ""
@@ -139,6 +141,8 @@ class QSDPHandle:
         self._forward_hook: torch.utils.hooks.RemovableHandle | None = None
         self._weight_gathers = "quantized"
         self._exact_traffic = TrafficCounter()
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self.speculation: SpeculativeUpdate | None = None
 
     # ------------------------------------------------------------------ the model it is applied to
     @staticmethod
@@ -197,13 +201,37 @@ class QSDPHandle:
             needs_layout = unit.weights.needs_layout and layout_of is not None
             unit.weights.setup(group, self.topology, layout_of(unit.index) if needs_layout else None)
             unit.grads.setup(twin_group(group) if self.config.separate_grad_group else group, self.topology)
+        if self.config.speculative_update and type(self).gather_input is QSDPHandle.gather_input:
+            self.unit_parameters(0)  # raises: this adapter cannot build its gather inputs
+        if self.config.speculative_update and optimizers is None:
+            raise ValueError("speculative_update computes each unit's update ahead with its optimizer: name the "
+                             "optimizers (apply_qsdp(model, config, optimizers=...)); Composer's QSDP does")
         if optimizers is not None:
             self.attach_optimizer(optimizers)
         else:
             self._any_step_hook = register_optimizer_step_post_hook(_weak_step_hook(weakref.ref(self)))
+        if self.config.speculative_update:
+            self.speculation = SpeculativeUpdate(self.units, self.seeds, self.unit_parameters, self.gather_input,
+                                                 self._optimizers)
         self.install_collectives(groups)
         self._forward_hook = self.model.register_forward_pre_hook(lambda *_: self.on_forward(), prepend=True)
         setattr(self.model, _HANDLE_ATTR, self)
+
+    def unit_parameters(self, unit_index: int) -> Sequence[torch.Tensor]:
+        """Unit ``unit_index``'s sharded parameters in the order of its all-gather input; adapters that support the
+        speculative update override it (and :meth:`gather_input`).
+
+        Raises:
+            ValueError: this adapter does not support the speculative update.
+        """
+        raise ValueError(f"speculative_update is not supported by {self.adapter or type(self).__name__}: it needs "
+                         "FSDP2 (composer_qsdp.fsdp2.apply_qsdp)")
+
+    def gather_input(self, unit_index: int, shards: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        """This rank's all-gather input of unit ``unit_index`` as the framework builds it from the local ``shards``
+        of :meth:`unit_parameters` (in that order), in ``dtype``; see :meth:`unit_parameters`."""
+        raise ValueError(f"speculative_update is not supported by {self.adapter or type(self).__name__}: it needs "
+                         "FSDP2 (composer_qsdp.fsdp2.apply_qsdp)")
 
     def install_collectives(self, groups: Sequence[dist.ProcessGroup]) -> None:
         """The adapter's part of :meth:`install`: make each unit's framework collectives call :meth:`all_gather`
@@ -282,9 +310,13 @@ class QSDPHandle:
         if self.config.separate_grad_group:
             group = grads.group  # the twin it was set up on
         if grads.passthrough:
-            return grads.plain_reduce_scatter(output, input, op, group, async_op)
-        grads.reduce_scatter(output, input, op, self.seeds.seed(unit_index, grads.seed_stream), group)
-        return None
+            work = grads.plain_reduce_scatter(output, input, op, group, async_op)
+        else:
+            grads.reduce_scatter(output, input, op, self.seeds.seed(unit_index, grads.seed_stream), group)
+            work = None
+        if self.speculation is not None:  # after this unit's collective is queued: the link goes first
+            self.speculation.on_reduce_scatter(unit_index)
+        return work
 
     def on_forward(self) -> None:
         """A forward pass of the model begins: report non-finite weights seen so far, start a new microbatch.
@@ -367,10 +399,15 @@ class QSDPHandle:
         Adapters override it with their framework's reshard; the base has nothing to release."""
 
     def on_optimizer_step(self) -> None:
-        """The optimizer has updated the weights: the step boundary of every scheme and of the seeds."""
+        """The optimizer has updated the weights: the step boundary of every scheme and of the seeds (and, with the
+        speculative update, the verdict on this step's guesses: collective over the default group)."""
+        if self.speculation is not None:
+            self.speculation.after_step()
         self.seeds.end_optimizer_step()
         for scheme in self._schemes():
             scheme.on_optimizer_step()
+        if self.speculation is not None:
+            self.speculation.settle()
         self._versions = self._current_versions()
 
     def reconfigure(self, schemes: Sequence[tuple[WeightScheme | None, GradScheme | None]]) -> None:
@@ -432,8 +469,15 @@ class QSDPHandle:
             if not isinstance(optimizer, torch.optim.Optimizer):
                 raise ValueError(f"optimizers must be torch.optim.Optimizer objects, got {type(optimizer).__name__}")
         self._remove_any_step_hook()
+        self._optimizers.extend(optimizers)
         for optimizer in optimizers:
             self._optimizer_hooks.append(optimizer.register_step_post_hook(lambda *_: self.on_optimizer_step()))
+            if self.config.speculative_update:
+                self._optimizer_hooks.append(optimizer.register_step_pre_hook(lambda *_: self._before_step()))
+
+    def _before_step(self) -> None:
+        if self.speculation is not None:
+            self.speculation.before_step()
 
     def _on_any_step(self, optimizer: torch.optim.Optimizer) -> None:
         model_params = {id(p) for p in self.model.parameters()}

@@ -4,6 +4,7 @@ supports, :mod:`composer_qsdp.fsdp2.compat`); ``remove_qsdp`` undoes it."""
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ from composer_qsdp.fsdp2.compat import (
     default_comm_path,
     install_comms,
     restore_comms,
+    sharded_params,
     weight_versions,
 )
 from composer_qsdp.fsdp2.hsdp import hsdp_note
@@ -51,6 +53,22 @@ class FSDP2Handle(QSDPHandle):
     def weight_versions(self, params: Sequence[torch.Tensor]) -> tuple[int, ...]:
         """The version counters of a unit's sharded parameters (:func:`composer_qsdp.fsdp2.compat.weight_versions`)."""
         return weight_versions(params)
+
+    def unit_parameters(self, unit_index: int) -> Sequence[torch.Tensor]:
+        """The unit's sharded parameters (DTensors) in FSDP2's order, the order of its all-gather input."""
+        return [getattr(p.module, p.name) for p in sharded_params(self.units[unit_index].module)]
+
+    def gather_input(self, unit_index: int, shards: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        """The unit's all-gather input as FSDP2 builds it: each parameter's local shard, zero-padded to the
+        padded shard's rows, cast to ``dtype``, one after another."""
+        params = sharded_params(self.units[unit_index].module)
+        sizes = [math.prod(p.padded_shard) for p in params]
+        flat = torch.zeros(sum(sizes), dtype=dtype, device=shards[0].device)
+        start = 0
+        for shard, size in zip(shards, sizes, strict=True):
+            flat[start : start + shard.numel()].copy_(shard.reshape(-1))
+            start += size
+        return flat
 
     def release_gathered_weights(self) -> None:
         """Reshard every unit (``FSDPModule.reshard()``, a no-op on a sharded one). FSDP2 keeps the root's weights

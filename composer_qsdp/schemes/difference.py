@@ -62,6 +62,16 @@ cost moves to the host link: one copy of the rank's reference in per gather and 
 FSDP's gather of the same unit, far above what NVLink does. The copies run on the gather's stream, in order
 (:class:`~composer_qsdp.schemes.host_copies.HostCopies`).
 
+**Updates sent ahead** (:meth:`DifferenceAllGather.speculate`, driven by
+:class:`~composer_qsdp.engine.SpeculativeUpdate`). Once the current step's reference is built, the next step's
+gather input can be known before the optimizer step: the caller computes it and the scheme encodes its difference
+and all-gathers the codes on a process group of their own while the backward runs. After the optimizer step the
+caller says whether the real input is that one, bit for bit (:meth:`DifferenceAllGather.settle_speculation`): if so
+the next gather applies the codes already received (``PENDING``) and sends nothing, computing exactly what the
+update would have computed (same input, reference and noise key); if not, the codes are dropped and the gather sends
+the update as usual. A consumed speculation is counted as the update call it replaces; a dropped one as a call of
+its own, with no baseline (bytes plain FSDP would not have sent). Replicated references on the gathers' device only.
+
 Degenerate layouts: with one rank per node (``g = 1``) ``R_0`` is the whole unit and the scheme is the replicated
 one. On one node (``N = 1``, ``g`` the group size, also what a run without ``ranks_per_node`` or
 ``LOCAL_WORLD_SIZE`` assumes) hop 1 has no peer (each rank applies its own codes) and every gather is hop 2, the
@@ -100,6 +110,17 @@ class _Next(enum.Enum):
     KEYFRAME = "keyframe"  # no (valid) reference: gather the weights in full precision
     UPDATE = "update"  # the weights moved since the reference was built: send the difference
     CURRENT = "current"  # the reference holds this step's weights: send nothing
+    PENDING = "pending"  # the update's codes arrived ahead of the gather (a confirmed speculation): apply them
+
+
+@dataclass(eq=False)
+class _Speculation:
+    """An update sent ahead of its gather: the input it encoded, the codes' all-gather in flight, its bytes."""
+
+    input: torch.Tensor
+    gathered: torch.Tensor
+    work: dist.Work | None
+    traffic: CallTraffic
 
 
 @dataclass(frozen=True, eq=False)
@@ -207,6 +228,8 @@ class DifferenceAllGather(WeightScheme):
         self._restored: dict[str, torch.Tensor] | None = None
         self._placement: _Placement | None = None
         self._spread_index: dict[torch.device, torch.Tensor] = {}
+        self._speculation: _Speculation | None = None
+        self._applied_mismatch: torch.Tensor | None = None
 
     def setup(self, group: dist.ProcessGroup, topology: Topology, layout: GatherLayout | None = None) -> None:
         """:meth:`WeightScheme.setup`; with ``sharded_reference`` also split ``group`` into the nodes of
@@ -231,7 +254,9 @@ class DifferenceAllGather(WeightScheme):
 
     # ------------------------------------------------------------------ step boundary
     def on_optimizer_step(self) -> None:
-        if self._next is _Next.CURRENT:
+        if self._next is _Next.PENDING:  # no gather applied it: the weights moved on
+            self._drop_speculation()
+        elif self._next is _Next.CURRENT:
             self._next = _Next.UPDATE
         self._steps_since_keyframe += 1
         if self.keyframe_every and self._steps_since_keyframe >= self.keyframe_every:
@@ -240,6 +265,104 @@ class DifferenceAllGather(WeightScheme):
     def on_weights_changed(self) -> None:
         self._next = _Next.KEYFRAME
         self._restored = None
+        self._drop_speculation()
+
+    # ------------------------------------------------------------------ updates sent ahead
+    @property
+    def can_speculate(self) -> bool:
+        """Whether :meth:`speculate` would send now: a replicated reference on the gathers' device that holds the
+        current step's weights, and no speculation in flight."""
+        place = self._placement
+        return (self._next is _Next.CURRENT and self._speculation is None and self.reference is not None
+                and not self.reference_on_host and place is not None and place.spread_group is None)
+
+    def speculate(self, input: torch.Tensor, seed: int, group: dist.ProcessGroup) -> bool:
+        """Encode the difference of ``input`` (this rank's next gather input, ``n`` elements in the reference's
+        dtype) and all-gather its codes over ``group`` asynchronously (the ranks of the scheme's group, in its
+        order). Collective over ``group`` when it sends.
+
+        Args:
+            input: the input the next step's first gather is expected to receive.
+            seed: that gather's noise key (:meth:`~composer_qsdp.comm.StepSeeds.next_step_seed`).
+            group: where the codes travel: the scheme's group or a twin of it.
+
+        Returns:
+            Whether it sent (False where :attr:`can_speculate` is False).
+        """
+        if not self.can_speculate:
+            return False
+        assert self.reference is not None and self._placement is not None and self.group is not None
+        place, n = self._placement, input.numel()
+        if input.dtype != self.reference.dtype or self.reference.numel() != place.rows * n:
+            raise ValueError(f"a speculative update must match the reference: got {n} elements of {input.dtype} for "
+                             f"a reference of {self.reference.numel()} elements of {self.reference.dtype}")
+        own = self.reference.view(place.rows, n)[place.row]
+        wire = self.codec.encode_difference_rows(input.reshape(1, n), own.view(1, n),
+                                                 seed=mix_seed(seed, self.group.rank()))[0]
+        work = None
+        if place.rows_group is None:
+            gathered = wire
+        else:
+            gathered = torch.empty(place.rows * wire.numel(), dtype=torch.uint8, device=input.device)
+            work = dist.all_gather_into_tensor(gathered, wire, group=group, async_op=True)
+        traffic = self._traffic(self.group.size(), n, input.element_size(), wire.numel())
+        self._speculation = _Speculation(input, gathered, work, traffic)
+        return True
+
+    @property
+    def speculating(self) -> bool:
+        """Whether a speculation was sent and not yet settled or consumed."""
+        return self._speculation is not None and self._next is not _Next.PENDING
+
+    def settle_speculation(self, hit: bool) -> bool:
+        """After the optimizer step (and :meth:`on_optimizer_step`): ``hit`` means the next gather's input is the
+        speculated one on every rank of the group. A hit is applied at that gather; a miss, or a speculation the
+        scheme can no longer use (a keyframe is due), is dropped and counted.
+
+        Returns:
+            Whether the next gather applies it.
+        """
+        if self._speculation is None:
+            return False
+        if hit and self._next is _Next.UPDATE:
+            self._next = _Next.PENDING
+            return True
+        self._drop_speculation()
+        return False
+
+    def speculation_mismatch(self) -> torch.Tensor | None:
+        """A 0-dim int32 device tensor, nonzero when a gather that applied a speculation received another input
+        than the one speculated (which the caller's check ruled out: a bug), since the last call; ``None`` if no
+        speculation was applied since."""
+        flag, self._applied_mismatch = self._applied_mismatch, None
+        return flag
+
+    def _drop_speculation(self) -> None:
+        spec, self._speculation = self._speculation, None
+        if spec is None:
+            return
+        if spec.work is not None:
+            spec.work.wait()  # its buffers stay alive until the collective is done
+        # Bytes plain FSDP would not have sent: no baseline.
+        self._count(replace(spec.traffic, bf16=0, native=0, rel_error=None))
+        if self._next is _Next.PENDING:
+            self._next = _Next.UPDATE
+
+    def _apply_speculation(self, input: torch.Tensor, n: int) -> tuple[torch.Tensor, CallTraffic]:
+        """The PENDING gather: the codes received ahead update the reference, as the update would have."""
+        spec, self._speculation = self._speculation, None
+        assert spec is not None and self.reference is not None and self._placement is not None
+        if spec.work is not None:
+            spec.work.wait()
+        if input.is_cuda:  # made on the stream of the backward's reduce-scatters, read on the gather's
+            for made_there in (spec.input, spec.gathered):
+                made_there.record_stream(torch.cuda.current_stream(input.device))
+        differs = (input.view(-1) != spec.input.view(-1)).any().to(torch.int32)
+        self._applied_mismatch = differs if self._applied_mismatch is None else self._applied_mismatch | differs
+        self.codec.decode_add_rows(spec.gathered.view(self._placement.rows, -1),
+                                   self.reference.view(self._placement.rows, n))
+        self._next = _Next.CURRENT
+        return self.reference, spec.traffic
 
     # ------------------------------------------------------------------ the gather
     def _all_gather(
@@ -262,6 +385,7 @@ class DifferenceAllGather(WeightScheme):
             self._next = _Next.KEYFRAME  # the gather's dtype or size changed (e.g. another mixed precision)
         element = input.element_size()
         if self._next is _Next.KEYFRAME:
+            self._drop_speculation()
             self._keyframe(input, place.rows * n)
             work = self._working(output, load=False)
             rows_wire = n * element
@@ -271,6 +395,8 @@ class DifferenceAllGather(WeightScheme):
                 dist.all_gather_into_tensor(work, input, group=place.rows_group)
             self._store(work)
             traffic = self._traffic(world, n, element, rows_wire)
+        elif self._next is _Next.PENDING:
+            work, traffic = self._apply_speculation(input, n)
         elif self._next is _Next.CURRENT:
             assert ref is not None
             if place.spread_group is None:  # the whole unit is here: no collective
@@ -481,6 +607,7 @@ class DifferenceAllGather(WeightScheme):
         """Restore :meth:`state_dict` output; the reference is rebuilt at the next gather (for this run's number of
         ranks and nodes, replicated or sharded, whichever variant saved it). A state without a valid reference (or
         from the direct scheme) means a keyframe next."""
+        self._drop_speculation()
         super().load_state_dict(state)
         self.keyframes = int(state.get("keyframes", 0))
         self._steps_since_keyframe = int(state.get("steps_since_keyframe", 0))

@@ -89,7 +89,8 @@ def test_a_config_is_plain_data_holding_no_scheme_or_codec(name):
     assert not [v for v in _objects(config) if isinstance(v, (Scheme, Codec))]
     assert copy.deepcopy(config) == config and {f.name for f in dataclasses.fields(config)} == {
         "weights", "grads", "exclude", "module_filter", "min_numel", "seed", "check_finite", "error_sample_interval",
-        "ranks_per_node", "policy", "auto_options", "eval_weights", "separate_grad_group", "preset"}
+        "ranks_per_node", "policy", "auto_options", "eval_weights", "separate_grad_group", "speculative_update",
+        "preset"}
 
 
 def test_each_unit_gets_its_own_scheme_and_codec_built_from_the_config():

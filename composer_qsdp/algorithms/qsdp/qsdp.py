@@ -138,7 +138,8 @@ class QSDP(Algorithm):
     (``state.dataloader_label``): ``"quantized"`` evaluates the weights as training's forward sees them, today's
     quantized-weight loss. ``EVAL_END`` restores training's gathers; if an evaluation raised before its
     ``EVAL_END``, the next ``FIT_START`` or ``BATCH_START`` does. Hyperparameter ``qsdp/eval_weights``; the config's
-    ``separate_grad_group``: ``qsdp/separate_grad_group``.
+    ``separate_grad_group``: ``qsdp/separate_grad_group``; its ``speculative_update``: ``qsdp/speculative_update``, and
+    per batch the cumulative ``qsdp/speculation/sent``, ``hits``, ``misses`` and ``paused``.
 
     Per-rank scheme state (LoCo's error-feedback residuals) stays out of the algorithm's state, which Composer
     writes from rank 0 only; at ``Event.INIT`` QSDP adds a :class:`QSDPResiduals` callback whose state holds each
@@ -317,6 +318,7 @@ class QSDP(Algorithm):
             "qsdp/eval_weights": (self.config.eval_weights if isinstance(self.config.eval_weights, str) else
                                   ", ".join(f"{k}={v}" for k, v in self.config.eval_weights.items())),
             "qsdp/separate_grad_group": self.config.separate_grad_group,
+            "qsdp/speculative_update": self.config.speculative_update,
             "qsdp/fsdp_units": len(self.handle.units),
             "qsdp/quantized_units": quantized,
             "qsdp/resume_changes": "; ".join(self.handle.resume_changes) or "none",
@@ -363,6 +365,10 @@ class QSDP(Algorithm):
             "qsdp/scheme_memory_bytes": self.handle.memory_bytes(),
             "qsdp/scheme_host_memory_bytes": self.handle.host_memory_bytes(),
         }
+        speculation = self.handle.speculation
+        if speculation is not None:
+            metrics.update({f"qsdp/speculation/{k}": getattr(speculation.stats, k)
+                            for k in ("sent", "hits", "misses", "paused")})
         for side, error in self.handle.take_quantization_errors().items():
             metrics[f"qsdp/{side}/rel_error"] = float(error)  # a host sync, only on sampling steps
         logger.log_metrics(metrics)
