@@ -473,11 +473,14 @@ class QSDPHandle:
         for optimizer in optimizers:
             self._optimizer_hooks.append(optimizer.register_step_post_hook(lambda *_: self.on_optimizer_step()))
             if self.config.speculative_update:
-                self._optimizer_hooks.append(optimizer.register_step_pre_hook(lambda *_: self._before_step()))
+                self._optimizer_hooks.append(optimizer.register_step_pre_hook(lambda *_: self.on_backward_end()))
 
-    def _before_step(self) -> None:
+    def on_backward_end(self) -> None:
+        """Every microbatch of the step has run its backward: with the speculative update, the last unit's guess
+        goes out now. The optimizer's step pre-hook does the same; a framework whose ``step`` runs the backward in a
+        closure (Composer) calls this after it."""
         if self.speculation is not None:
-            self.speculation.before_step()
+            self.speculation.flush()
 
     def _on_any_step(self, optimizer: torch.optim.Optimizer) -> None:
         model_params = {id(p) for p in self.model.parameters()}

@@ -14,7 +14,9 @@ update as usual. The trained model is the same either way, bit for bit; only whe
 When a unit's gradient is final: FSDP2 reduce-scatters the units one after another in the backward and sets a unit's
 sharded gradients right after its reduce-scatter returns, so at unit ``u``'s reduce-scatter call the previous unit's
 gradients are set, and its shadow step is ordered after them on the same stream. The last unit's is taken at the
-optimizer's step pre-hook. Only the backward of a step's last microbatch carries final gradients: a step is expected
+optimizer's step pre-hook, or earlier where the framework says the backward is over
+(:meth:`~composer_qsdp.engine.QSDPHandle.on_backward_end`: Composer runs the backward inside ``step``'s closure,
+after the pre-hook). Only the backward of a step's last microbatch carries final gradients: a step is expected
 to have as many microbatches as the one before it (the first step speculates nothing).
 
 Backing off: while the gradients are clipped (the first hundreds of steps of the recipes, RESULTS.md) nearly every
@@ -126,8 +128,8 @@ class SpeculativeUpdate:
             self._speculate(self._ready)
         self._ready = unit_index
 
-    def before_step(self) -> None:
-        """The optimizer is about to step: the backward's last unit."""
+    def flush(self) -> None:
+        """The backward is over (the optimizer is about to step, or the framework said so): its last unit."""
         if self._ready is not None:
             self._speculate(self._ready)
             self._ready = None

@@ -92,6 +92,19 @@ def test_composer_run_with_weight_differences(tmp_path):
     assert max(result["param_rel_error"].values()) < 2e-2, result["param_rel_error"]
 
 
+def test_updates_sent_ahead_train_as_without_them_in_a_composer_run(tmp_path):
+    """speculative_update through Composer (two microbatches a step, an evaluation every 4 batches, no clipping):
+    the same losses and bytes as without it, every step after the first guessed and every guess a hit."""
+    options = {"preset": "qwd-w4g2-loco"}
+    plain = _launch(tmp_path, options=options, microbatch=8, eval_every=4)
+    ahead = _launch(tmp_path, options={**options, "speculative_update": True}, microbatch=8, eval_every=4)
+    assert ahead["losses"] == plain["losses"]
+    assert ahead["traffic"] == plain["traffic"]
+    metrics, units, batches = ahead["metrics"], len(ahead["keyframes"]), ahead["batches"]
+    assert metrics["qsdp/speculation/sent"][-1] == metrics["qsdp/speculation/hits"][-1] == units * (batches - 1)
+    assert metrics["qsdp/speculation/misses"][-1] == metrics["qsdp/speculation/paused"][-1] == 0
+
+
 @pytest.mark.parametrize("preset,weight_bits,grad_bits", [
     ("qwd-w4g2-loco", 4, 2), pytest.param("qwd-w3g2-loco", 3, 2, marks=pytest.mark.slow)])
 def test_loco_preset_bytes_with_gradient_accumulation_and_evaluation(tmp_path, preset, weight_bits, grad_bits):

@@ -139,7 +139,9 @@ class QSDP(Algorithm):
     quantized-weight loss. ``EVAL_END`` restores training's gathers; if an evaluation raised before its
     ``EVAL_END``, the next ``FIT_START`` or ``BATCH_START`` does. Hyperparameter ``qsdp/eval_weights``; the config's
     ``separate_grad_group``: ``qsdp/separate_grad_group``; its ``speculative_update``: ``qsdp/speculative_update``, and
-    per batch the cumulative ``qsdp/speculation/sent``, ``hits``, ``misses`` and ``paused``.
+    per batch the cumulative ``qsdp/speculation/sent``, ``hits``, ``misses`` and ``paused``. With it, QSDP also acts at
+    ``Event.AFTER_TRAIN_BATCH`` (every microbatch's backward is done; Composer runs them inside the optimizer's step
+    closure, after its pre-step hook): the backward's last unit's update goes out then.
 
     Per-rank scheme state (LoCo's error-feedback residuals) stays out of the algorithm's state, which Composer
     writes from rank 0 only; at ``Event.INIT`` QSDP adds a :class:`QSDPResiduals` callback whose state holds each
@@ -227,6 +229,8 @@ class QSDP(Algorithm):
             return self.config.check_finite and any(_saves_now(cb, state, event) for cb in state.callbacks)
         if event in (Event.FIT_START, Event.BATCH_START):  # after an evaluation that raised before its EVAL_END
             return self.handle.weight_gathers != "quantized"
+        if event == Event.AFTER_TRAIN_BATCH:  # inside the optimizer's step closure, after the pre-step hook
+            return self.handle.speculation is not None
         return event in (Event.BATCH_END, Event.FIT_END, Event.EVAL_START, Event.EVAL_END)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
@@ -243,6 +247,8 @@ class QSDP(Algorithm):
             self._log_batch(logger)
         elif event in _CHECKPOINT_EVENTS:
             self._refuse_nonfinite_checkpoint(state)
+        elif event == Event.AFTER_TRAIN_BATCH:
+            self.handle.on_backward_end()
         elif event == Event.EVAL_START:
             self._eval_start = self.handle.traffic()
             self.handle.set_weight_gathers(self.config.eval_weights_for(state.dataloader_label or ""))
