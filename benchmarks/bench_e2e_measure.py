@@ -6,7 +6,8 @@ record (:func:`profile_summary`); and plain FSDP2's bytes per micro-batch comput
 Step times are the recipe's ``SpeedMonitor`` wall clock per batch (``time/train``) of the batches after the
 warm-up; tokens/s is the tokens of the timed steps over their time. Wire bytes per step and rank are those of the
 timed steps too where the launch logged them per batch (QSDP, 0/1 Adam); QSDP's average over the whole launch,
-the first step's qWD keyframe included, is kept beside them (``wire_per_step_launch``).
+the first step's qWD keyframe included, is kept beside them (``wire_per_step_launch``). A launch with QSDP's
+``speculative_update`` also reports its guesses over the timed steps (``speculation``).
 """
 
 from __future__ import annotations
@@ -82,7 +83,20 @@ def measure(metrics: dict[str, Any], warmup: int, steps: int, tokens_per_step: i
         timed = _qsdp_timed_wire(metrics, warmup, total, result["wire_per_step"])
         if timed is not None:
             result["wire_per_step_launch"], result["wire_per_step"] = result["wire_per_step"], timed
+    result["speculation"] = _speculation(metrics, warmup, total)
     return result
+
+
+def _speculation(metrics: dict[str, Any], warmup: int, total: int) -> dict[str, int] | None:
+    """A speculative update's counts over the timed steps (``sent``, ``hits``, ``misses``, ``paused``; QSDP logs
+    them cumulatively per batch), or None where the launch did not log them."""
+    counts = {}
+    for key in ("sent", "hits", "misses", "paused"):
+        values = {int(b): int(v) for b, v in metrics["metrics"].get(f"qsdp/speculation/{key}", [])}
+        if total not in values:
+            return None
+        counts[key] = values[total] - values.get(warmup, 0)
+    return counts
 
 
 def _qsdp_timed_wire(metrics: dict[str, Any], warmup: int, total: int,

@@ -50,6 +50,14 @@ def test_measure_against_hand_computed_reference():
     gc_ms = bench_e2e_measure.measure(logged, warmup=2, steps=3, tokens_per_step=1000)["gc_gen2_ms"]
     assert gc_ms == [0.0, 400.0, 500.0]
     assert bench_e2e_measure.measure({"metrics": {"time/train": hours([1.0, 2.0])}}, 1, 1, 10)["wire_per_step"] is None
+    assert r["speculation"] is None  # no speculative update
+    # A speculative update's cumulative counts: the timed batches' (3-5) are the differences from batch 2's.
+    cumulative = {"sent": [3, 6, 9, 12, 15], "hits": [0, 3, 6, 8, 11], "misses": [3, 3, 3, 4, 4],
+                  "paused": [0, 0, 0, 0, 1]}
+    speculating = metrics | {"metrics": metrics["metrics"] | {
+        f"qsdp/speculation/{k}": [[b, float(v)] for b, v in enumerate(vs, start=1)] for k, vs in cumulative.items()}}
+    assert bench_e2e_measure.measure(speculating, warmup=2, steps=3, tokens_per_step=1000)["speculation"] == {
+        "sent": 9, "hits": 8, "misses": 1, "paused": 1}
     with pytest.raises(ValueError, match=r"no time/train for batch\(es\) \[3\]"):
         bench_e2e_measure.measure(metrics | {"metrics": {"time/train": hours([1.0, 2.0])}}, 1, 2, 10)
 
