@@ -6,10 +6,10 @@ new weights of a unit can be computed as soon as its gradient is reduced: its op
 copies of the unit's parameters and state (a *shadow* step). The codes of that guess go out on a process group of
 their own while the backward of the earlier units still computes. The guess is exact unless something between the
 backward and the optimizer step changes the gradients (global-norm clipping that acts, a gradient scaler's unscale
-and skip, a callback); so after the real step every rank compares the real parameters with the guessed ones, bit
-for bit, and one all-reduce makes the verdict the same on every rank: where every rank guessed right, the next
-gather applies the codes already received and sends nothing; elsewhere they are dropped and the gather sends the
-update as usual. The trained model is the same either way, bit for bit; only where the bytes travel changes.
+and skip, a callback); so after the real step every rank compares the gather input the real parameters make with
+the guessed one, bit for bit, and one all-reduce makes the verdict the same on every rank: where every rank guessed
+right, the next gather applies the codes already received and sends nothing; elsewhere they are dropped and the
+gather sends the update as usual. The trained model is the same either way, bit for bit; only where the bytes travel changes.
 
 When a unit's gradient is final: FSDP2 reduce-scatters the units one after another in the backward and sets a unit's
 sharded gradients right after its reduce-scatter returns, so at unit ``u``'s reduce-scatter call the previous unit's
@@ -24,10 +24,11 @@ guess misses and its bytes are sent twice. After a step with a miss the next ``b
 doubling with each such step up to :data:`MAX_BACKOFF` and back to 1 after a step without one; so a clipped phase
 costs a few probes' bytes, not one guess per step. The verdicts are common to all ranks, so is the back-off.
 
-Cost per unit that speculates: the shadow step's copies of the unit's shard and optimizer state, for the time of
-the step (about 3 shard-sized fp32 tensors for Adam), and until the next gather the expected input (the shard in the
-gather dtype) and the received codes (the unit's elements at the codec's bits); one bitwise comparison per parameter
-and one all-reduce of one int per unit per step, read by the host once (a sync at the optimizer step).
+Cost per unit that speculates: the shadow step's copies of the unit's shard and optimizer state while it runs
+(about 3 shard-sized fp32 tensors for Adam, one unit at a time), and until the next gather the guessed input (the
+shard in the gather dtype) and the received codes (the unit's elements at the codec's bits); after the step, the real
+gather input built once more and compared bit for bit, and one all-reduce of one int per unit, read by the host once
+(a sync at the optimizer step).
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class SpeculativeUpdate:
         self._by_index = {u.index: u for u in self.units}
         self._microbatches: int | None = None  # forwards in the last step
         self._ready: int | None = None  # the unit whose gradient the next reduce-scatter call finds final
-        self._guesses: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # unit -> (param, guessed local)
+        self._guesses: dict[int, torch.Tensor] = {}  # unit -> the gather input it guessed
         self._hits: list[bool] = []  # this step's verdicts, per unit of `units`
         self._pause = 0  # steps left that guess nothing
         self._backoff = 1  # the pause after the next step with a miss
@@ -150,14 +151,14 @@ class SpeculativeUpdate:
         if self._pause:
             self._pause -= 1
             self.stats.paused += 1
-        device = next((g[0][1].device for g in self._guesses.values() if g), None) or self._device()
+        device = next((g.device for g in self._guesses.values()), None) or self._device()
         misses = torch.ones(len(self.units) + 1, dtype=torch.int32, device=device)
         misses[-1] = 0
         for slot, unit in enumerate(self.units):
-            guesses = self._guesses.get(unit.index)
-            if guesses is not None:
-                differ = torch.stack([_bits_differ(_local(p), _used_here(g)) for p, g in guesses]).any()
-                misses[slot] = differ.to(torch.int32)
+            guess = self._guesses.get(unit.index)
+            if guess is not None:  # the real step's gather input, as the next gather will receive it
+                real = self.gather_input(unit.index, [_local(p) for p in self.parameters(unit.index)], guess.dtype)
+                misses[slot] = _bits_differ(real, _used_here(guess)).to(torch.int32)
             flag = unit.weights.speculation_mismatch()
             if flag is not None:
                 misses[-1] |= flag.to(device)
@@ -199,7 +200,7 @@ class SpeculativeUpdate:
         expected = self.gather_input(unit_index, shards, reference.dtype)
         seed = self.seeds.next_step_seed(unit_index, unit.weights.seed_stream)
         if unit.weights.speculate(expected, seed, self._groups[unit_index]):
-            self._guesses[unit_index] = [(p, guessed[id(p)]) for p in params]
+            self._guesses[unit_index] = expected
             self.stats.sent += 1
 
     def _shadow_step(self, params: Sequence[torch.Tensor]) -> dict[int, torch.Tensor] | None:
