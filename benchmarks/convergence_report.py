@@ -93,6 +93,9 @@ def summarize(plan: Plan) -> dict[str, Any]:
                                  or _last(metrics.get("zero_one_adam/total_bytes_sent"))),
             "rel_error": {side: _mean(metrics.get(f"qsdp/{side}/rel_error")) for side in ("weights", "grads")},
             "step_time_s_median": statistics.median(step_times) if step_times else None,
+            # QSDP's speculative_update over the run (cumulative counts), else None.
+            "speculation": ({k: int(_last(metrics[f"qsdp/speculation/{k}"])) for k in _SPECULATION}
+                            if all(metrics.get(f"qsdp/speculation/{k}") for k in _SPECULATION) else None),
         }
     for arm, record in arms.items():
         base = arms.get(plan.arms[arm].baseline)
@@ -287,9 +290,25 @@ def markdown(plan: Plan, head: dict[str, str], manifest: dict[str, Any], arms: d
     for arm, r in arms.items():
         if base_arm(arm) in ZERO_ONE_TARGET_ARMS:
             lines += _zero_one_target(arm, r)
+    lines += _speculation_lines(arms)
     lines += _lr_sweep_lines(lr_sweep(arms, a.steps))
     lines += _seed_lines(seed_groups(arms, a.steps))
     return "\n".join(lines) + "\n"
+
+
+_SPECULATION = ("sent", "hits", "misses", "paused")
+
+
+def _speculation_lines(arms: dict[str, Any]) -> list[str]:
+    """One line per arm that sent updates ahead (QSDP's speculative_update): how many of its guesses hit."""
+    lines = []
+    for arm, r in arms.items():
+        s = r.get("speculation")
+        if s:
+            rate = f"{100.0 * s['hits'] / s['sent']:.1f}%" if s["sent"] else "n/a"
+            lines.append(f"- {arm}: {s['hits']} of {s['sent']} unit updates sent ahead hit ({rate}), {s['misses']} "
+                         f"missed; {s['paused']} steps sent none after a step with a miss")
+    return ["", "Updates sent during the backward (speculative_update):", *lines] if lines else []
 
 
 def lr_sweep(arms: dict[str, Any], steps: int) -> dict[str, Any]:

@@ -98,6 +98,24 @@ def test_summary_csv_markdown_png(tiny_recipes, tmp_path):
     assert (out / f"{stem}.png").read_bytes().startswith(PNG_MAGIC)
 
 
+def test_an_arm_that_sends_updates_ahead_reports_its_hit_rate(tiny_recipes, tmp_path):
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "qwd-w3g3-loco-ahead")
+    out = plan.out_dir
+    write_segment(out / "baseline" / "metrics-00.json", {10: 5.0, 20: 4.0})
+    write_segment(out / "qwd-w3g3-loco-ahead" / "metrics-00.json", {10: 5.1, 20: 4.05},
+                  qsdp__speculation__sent={1: 0, 20: 40}, qsdp__speculation__hits={1: 0, 20: 30},
+                  qsdp__speculation__misses={1: 0, 20: 10}, qsdp__speculation__paused={1: 0, 20: 3})
+    arms = convergence_report.summarize(plan)
+    assert arms["baseline"]["speculation"] is None
+    assert arms["qwd-w3g3-loco-ahead"]["speculation"] == {"sent": 40, "hits": 30, "misses": 10, "paused": 3}
+    manifest = {"command": "python -m composer_qsdp.recipes.data.build pysource X", "tokens": {"train": 1000, "val": 100},
+                "input": {"files": 3, "bytes": 4000, "sha256": "ab" * 32}}
+    md = (out / f"convergence-{plan.name}.md")
+    convergence_report.write_results(plan, manifest, "incomplete", quiet=True)
+    assert ("- qwd-w3g3-loco-ahead: 30 of 40 unit updates sent ahead hit (75.0%), 10 missed; 3 steps sent none "
+            "after a step with a miss") in md.read_text()
+
+
 def test_quantized_weight_losses_get_their_column_csv_series_and_record(tiny_recipes, tmp_path):
     """``--eval-weights both``: the arm's second evaluator (val_quantized) in the table, the CSV and the record; the
     settings line says which weights the val loss is of. An arm folder written before the option (no quantized
