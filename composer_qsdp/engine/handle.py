@@ -202,7 +202,7 @@ class QSDPHandle:
             unit.weights.setup(group, self.topology, layout_of(unit.index) if needs_layout else None)
             unit.grads.setup(twin_group(group) if self.config.separate_grad_group else group, self.topology)
         if self.config.speculative_update and type(self).gather_input is QSDPHandle.gather_input:
-            self.unit_parameters(0)  # raises: this adapter cannot build its gather inputs
+            raise self._no_speculation()
         if self.config.speculative_update and optimizers is None:
             raise ValueError("speculative_update computes each unit's update ahead with its optimizer: name the "
                              "optimizers (apply_qsdp(model, config, optimizers=...)); Composer's QSDP does")
@@ -224,14 +224,16 @@ class QSDPHandle:
         Raises:
             ValueError: this adapter does not support the speculative update.
         """
-        raise ValueError(f"speculative_update is not supported by {self.adapter or type(self).__name__}: it needs "
-                         "FSDP2 (composer_qsdp.fsdp2.apply_qsdp)")
+        raise self._no_speculation()
 
     def gather_input(self, unit_index: int, shards: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         """This rank's all-gather input of unit ``unit_index`` as the framework builds it from the local ``shards``
         of :meth:`unit_parameters` (in that order), in ``dtype``; see :meth:`unit_parameters`."""
-        raise ValueError(f"speculative_update is not supported by {self.adapter or type(self).__name__}: it needs "
-                         "FSDP2 (composer_qsdp.fsdp2.apply_qsdp)")
+        raise self._no_speculation()
+
+    def _no_speculation(self) -> ValueError:
+        return ValueError(f"speculative_update is not supported by {self.adapter or type(self).__name__}: it needs "
+                          "FSDP2 (composer_qsdp.fsdp2.apply_qsdp)")
 
     def install_collectives(self, groups: Sequence[dist.ProcessGroup]) -> None:
         """The adapter's part of :meth:`install`: make each unit's framework collectives call :meth:`all_gather`

@@ -137,8 +137,8 @@ class SpeculativeUpdate:
 
     def after_step(self) -> None:
         """The optimizer stepped (call before the schemes' ``on_optimizer_step``): check every guess against the
-        real parameters, agree on the verdicts across all ranks (collective over the default group: every rank
-        calls it at every step), and remember this step's microbatches.
+        gather input the real parameters make, agree on the verdicts across all ranks (collective over the default
+        group: every rank calls it at every step), and remember this step's microbatches.
 
         Raises:
             RuntimeError: a gather that applied a speculation received another input than the one guessed.
@@ -232,7 +232,11 @@ class SpeculativeUpdate:
         return guessed
 
     def _device(self) -> torch.device:
+        """Where the verdicts' all-reduce runs: the references' device, or the one the default group's backend
+        needs."""
         for unit in self.units:
             if unit.weights.reference is not None:
                 return unit.weights.reference.device
+        if dist.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
