@@ -34,7 +34,7 @@ from composer_qsdp.kernels.groups import (GPU_TILE, INTERPRETER_TILE, cdiv, laun
 from composer_qsdp.kernels.hadamard import butterflies_rows, rotated_store, rotation_rows, rotation_scale
 from composer_qsdp.kernels.wire_format import WireFormat, aligned_rows
 
-__all__ = ["BucketDecoder", "ROTATED_ELEMENTS_PER_THREAD", "ROWS_PER_STEP"]
+__all__ = ["BucketDecoder", "ROTATED_ELEMENTS_PER_THREAD", "ROWS_PER_STEP", "rotated_sum_launch"]
 
 #: Elements per thread of a decode-sum that rotates back. Compiled for sm_90 with the flat rotation, the 8-bit sum of 8
 #: rows over buckets of 1024 spills at 32 (255 registers) and takes 135 at 16; in rows of 16 (buckets of up to 256) a
@@ -153,12 +153,10 @@ class BucketDecoder:
         wire = aligned_rows(wire)
         shape = (fmt.numel if numel is None else numel,) if sum_rows else (wire.shape[0], fmt.numel)
         out = output_buffer(shape, dtype, wire.device, out)
-        log_row = rotation_rows(bits, bucket_size) if rotate else 0
-        if rotate:  # the rotation holds more per element than the sum alone: ROTATED_ELEMENTS_PER_THREAD
-            launch = launch_shape(bucket_size, fmt.num_buckets, out.is_cuda, GPU_TILE, INTERPRETER_TILE,
-                                  ROTATED_ELEMENTS_PER_THREAD, buckets_per_program, num_warps)  # fmt: skip
-            if log_row:  # a tile row per thread
-                launch = (bucket_size >> log_row, *launch[1:])
+        log_row = 0
+        if rotate:
+            launch, log_row = rotated_sum_launch(bits, bucket_size, fmt.num_buckets, out.is_cuda, buckets_per_program,
+                                                 num_warps)  # fmt: skip
         else:  # the sum's output is one row, which starts aligned
             launch = self._launch_shape(bucket_size, fmt.num_buckets, out.is_cuda, sum_rows or rows_aligned(out),
                                         buckets_per_program, num_warps)  # fmt: skip
@@ -166,6 +164,19 @@ class BucketDecoder:
         return _launch(wire, fmt, out, sum_rows, self._decode_tile, bits, bucket_size, launch, divisor, rotate, step,
                        log_row)
 
+
+
+def rotated_sum_launch(bits: int, bucket_size: int, num_buckets: int, cuda: bool,
+                       buckets_per_program: int | None = None,
+                       num_warps: int | None = None) -> tuple[tuple[int, int, int], int]:
+    """The launch ``(GROUPS, buckets per program, warps)`` and ``LOG_ROW`` of a decode-sum of ``bits``-bit codes that
+    rotates ``num_buckets`` buckets of ``bucket_size`` back: a tile row of ``2**LOG_ROW`` elements per thread where
+    :func:`~composer_qsdp.kernels.hadamard.rotation_rows` gives rows, else the flat rotation's
+    :data:`ROTATED_ELEMENTS_PER_THREAD` (it holds more per element than the sum alone) and ``LOG_ROW`` 0."""
+    log_row = rotation_rows(bits, bucket_size)
+    launch = launch_shape(bucket_size, num_buckets, cuda, GPU_TILE, INTERPRETER_TILE, ROTATED_ELEMENTS_PER_THREAD,
+                          buckets_per_program, num_warps)  # fmt: skip
+    return ((bucket_size >> log_row, *launch[1:]) if log_row else launch), log_row
 
 
 def _launch(wire: torch.Tensor, fmt: WireFormat, out: torch.Tensor, sum_rows: bool, decode_tile: object,

@@ -141,12 +141,9 @@ def _hopper_variant(name: str, kernel: str, types: dict, constants: dict, bucket
         types.get("x_ptr", types.get("out_ptr"))]
     kind = "encode" if kernel == "_quantize_kernel" else "decode"
     wide = constants.get("STOCHASTIC", False) and constants["BITS"] == 8 and streamed.itemsize == 2  # as encode_rows
-    if constants.get("ROTATE"):  # a decode-sum rotated back, in rows where rotation_rows gives them (as decode_sum)
-        groups, bpp, warps = kernels.launch_shape(bucket, 1 << 16, True, kernels.GPU_TILE, kernels.INTERPRETER_TILE,
-                                                  bucket_decode.ROTATED_ELEMENTS_PER_THREAD, None, None)
-        log_row = kernels.rotation_rows(constants["BITS"], bucket)
+    if constants.get("ROTATE"):  # a decode-sum rotated back, launched as decode_sum launches it
+        (groups, bpp, warps), log_row = bucket_decode.rotated_sum_launch(constants["BITS"], bucket, 1 << 16, True)
         constants = {**constants, "LOG_ROW": log_row}
-        groups = bucket >> log_row if log_row else groups
     else:
         groups, bpp, warps = kernels._config(bucket, 1 << 16, True, aligned_rows, None, None, kind, wide)
     decode = kernel != "_quantize_kernel"  # the decoders are bucket_decode's, given this codec's tile decoder
