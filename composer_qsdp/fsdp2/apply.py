@@ -4,7 +4,6 @@ supports, :mod:`composer_qsdp.fsdp2.compat`); ``remove_qsdp`` undoes it."""
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -59,10 +58,10 @@ class FSDP2Handle(QSDPHandle):
         return [getattr(p.module, p.name) for p in sharded_params(self.units[unit_index].module)]
 
     def gather_input(self, unit_index: int, shards: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        """The unit's all-gather input as FSDP2 builds it: each parameter's local shard, zero-padded to the
-        padded shard's rows, cast to ``dtype``, one after another."""
-        params = sharded_params(self.units[unit_index].module)
-        sizes = [math.prod(p.padded_shard) for p in params]
+        """The unit's all-gather input as FSDP2 builds it: each parameter's local shard, zero-padded to its segment
+        of the unit's :class:`FSDP2GatherLayout` (the padded shard), cast to ``dtype``, one after another."""
+        layout = self.units[unit_index].weights.layout or self.layout_of(unit_index)
+        sizes = [numel for _, numel in layout.segments()]
         flat = torch.zeros(sum(sizes), dtype=dtype, device=shards[0].device)
         start = 0
         for shard, size in zip(shards, sizes, strict=True):
