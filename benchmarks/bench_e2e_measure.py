@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+import e2e_common as common
+
 
 def _timed(metrics: dict[str, Any], name: str, warmup: int, total: int,
            every_batch: bool = False) -> list[float] | None:
@@ -83,20 +85,10 @@ def measure(metrics: dict[str, Any], warmup: int, steps: int, tokens_per_step: i
         timed = _qsdp_timed_wire(metrics, warmup, total, result["wire_per_step"])
         if timed is not None:
             result["wire_per_step_launch"], result["wire_per_step"] = result["wire_per_step"], timed
-    result["speculation"] = _speculation(metrics, warmup, total)
+    series = {name: {int(b): float(v) for b, v in logged} for name, logged in metrics["metrics"].items()
+              if name.startswith("qsdp/speculation/")}
+    result["speculation"] = common.speculation_counts(series, warmup, total)  # the timed steps' guesses
     return result
-
-
-def _speculation(metrics: dict[str, Any], warmup: int, total: int) -> dict[str, int] | None:
-    """A speculative update's counts over the timed steps (``sent``, ``hits``, ``misses``, ``paused``; QSDP logs
-    them cumulatively per batch), or None where the launch did not log them."""
-    counts = {}
-    for key in ("sent", "hits", "misses", "paused"):
-        values = {int(b): int(v) for b, v in metrics["metrics"].get(f"qsdp/speculation/{key}", [])}
-        if total not in values:
-            return None
-        counts[key] = values[total] - values.get(warmup, 0)
-    return counts
 
 
 def _qsdp_timed_wire(metrics: dict[str, Any], warmup: int, total: int,

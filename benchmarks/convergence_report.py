@@ -94,8 +94,7 @@ def summarize(plan: Plan) -> dict[str, Any]:
             "rel_error": {side: _mean(metrics.get(f"qsdp/{side}/rel_error")) for side in ("weights", "grads")},
             "step_time_s_median": statistics.median(step_times) if step_times else None,
             # QSDP's speculative_update over the run (cumulative counts), else None.
-            "speculation": ({k: int(_last(metrics[f"qsdp/speculation/{k}"])) for k in _SPECULATION}
-                            if all(metrics.get(f"qsdp/speculation/{k}") for k in _SPECULATION) else None),
+            "speculation": common.speculation_counts(metrics),
         }
     for arm, record in arms.items():
         base = arms.get(plan.arms[arm].baseline)
@@ -294,9 +293,6 @@ def markdown(plan: Plan, head: dict[str, str], manifest: dict[str, Any], arms: d
     lines += _lr_sweep_lines(lr_sweep(arms, a.steps))
     lines += _seed_lines(seed_groups(arms, a.steps))
     return "\n".join(lines) + "\n"
-
-
-_SPECULATION = ("sent", "hits", "misses", "paused")
 
 
 def _speculation_lines(arms: dict[str, Any]) -> list[str]:

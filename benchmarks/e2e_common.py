@@ -206,6 +206,25 @@ def launcher(nproc: int) -> list[str]:
     return [*base, "-n", str(nproc)]
 
 
+def speculation_counts(series: Mapping[str, Mapping[int, float]], since: int = 0,
+                       until: int | None = None) -> dict[str, int] | None:
+    """QSDP's speculative-update counts (the fields of :class:`composer_qsdp.engine.SpeculationStats`, logged
+    cumulatively per batch as ``qsdp/speculation/<field>``) over batches ``since + 1 .. until`` (``until`` None: the
+    last logged), from ``series`` (metric name -> {batch: value}); None where a count was not logged at ``until``."""
+    import dataclasses
+
+    from composer_qsdp.engine import SpeculationStats
+
+    counts = {}
+    for field in dataclasses.fields(SpeculationStats):
+        values = series.get(f"qsdp/speculation/{field.name}") or {}
+        end = max(values, default=None) if until is None else until
+        if end not in values:
+            return None
+        counts[field.name] = int(values[end] - values.get(since, 0))
+    return counts
+
+
 def torchrun(nproc: int) -> list[str]:
     """torch's ``torchrun`` for ``nproc`` local processes, as the throughput benchmark launches them.
 

@@ -9,7 +9,8 @@ backward and the optimizer step changes the gradients (global-norm clipping that
 and skip, a callback); so after the real step every rank compares the gather input the real parameters make with
 the guessed one, bit for bit, and one all-reduce makes the verdict the same on every rank: where every rank guessed
 right, the next gather applies the codes already received and sends nothing; elsewhere they are dropped and the
-gather sends the update as usual. The trained model is the same either way, bit for bit; only where the bytes travel changes.
+gather sends the update as usual. The trained model is the same either way, bit for bit; only where the bytes
+travel changes.
 
 When a unit's gradient is final: FSDP2 reduce-scatters the units one after another in the backward and sets a unit's
 sharded gradients right after its reduce-scatter returns, so at unit ``u``'s reduce-scatter call the previous unit's
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import copy
 from collections import defaultdict
+from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 
 import torch
@@ -49,8 +51,10 @@ __all__ = ["MAX_BACKOFF", "SpeculationStats", "SpeculativeUpdate"]
 MAX_BACKOFF = 64
 
 
+@dataclass
 class SpeculationStats:
-    """Counts of one run's speculations (cumulative, this process).
+    """Counts of one run's speculations (cumulative, this process); the QSDP algorithm logs each field per batch as
+    ``qsdp/speculation/<field>``.
 
     Attributes:
         sent: unit updates whose codes were sent ahead.
@@ -59,8 +63,10 @@ class SpeculationStats:
         paused: steps that guessed nothing because the steps before them missed (the back-off).
     """
 
-    def __init__(self) -> None:
-        self.sent = self.hits = self.misses = self.paused = 0
+    sent: int = 0
+    hits: int = 0
+    misses: int = 0
+    paused: int = 0
 
     @property
     def hit_rate(self) -> float:

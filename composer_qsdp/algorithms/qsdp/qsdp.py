@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import warnings
@@ -373,8 +374,7 @@ class QSDP(Algorithm):
         }
         speculation = self.handle.speculation
         if speculation is not None:
-            metrics.update({f"qsdp/speculation/{k}": getattr(speculation.stats, k)
-                            for k in ("sent", "hits", "misses", "paused")})
+            metrics.update({f"qsdp/speculation/{k}": v for k, v in dataclasses.asdict(speculation.stats).items()})
         for side, error in self.handle.take_quantization_errors().items():
             metrics[f"qsdp/{side}/rel_error"] = float(error)  # a host sync, only on sampling steps
         logger.log_metrics(metrics)
