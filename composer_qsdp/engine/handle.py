@@ -586,14 +586,16 @@ class QSDPHandle:
                 "units": {u.name or "<root>": u.describe().partition(": ")[2] for u in self.units}}
 
     def state_dict(self) -> dict[str, Any]:
-        """The seed schedule, every scheme's state (byte counters, references...) and the :meth:`settings`: save
-        it with the model so a resumed run continues exactly (or says what changed)."""
+        """The seed schedule, every scheme's state (byte counters, references...), the speculative update's counts
+        and the :meth:`settings`: save it with the model so a resumed run continues exactly (or says what
+        changed)."""
         return {
             "format": _STATE_FORMAT,
             "settings": self.settings(),
             "seeds": self.seeds.state_dict(),
             "units": [{"weights": u.weights.state_dict(), "grads": u.grads.state_dict()} for u in self.units],
             "exact_traffic": self._exact_traffic.state_dict(),
+            **({"speculation": self.speculation.state_dict()} if self.speculation is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -637,6 +639,8 @@ class QSDPHandle:
         self._exact_traffic = TrafficCounter()
         if "exact_traffic" in state:  # absent from checkpoints written before exact evaluation
             self._exact_traffic.load_state_dict(state["exact_traffic"])
+        if self.speculation is not None and "speculation" in state:  # else it starts counting at this resume
+            self.speculation.load_state_dict(state["speculation"])
         # The saved state belongs to the weights loaded with it (load the model first, then QSDP's state).
         self._versions = self._current_versions()
 

@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import copy
 from collections import defaultdict
-from dataclasses import dataclass
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -53,8 +54,8 @@ MAX_BACKOFF = 64
 
 @dataclass
 class SpeculationStats:
-    """Counts of one run's speculations (cumulative, this process); the QSDP algorithm logs each field per batch as
-    ``qsdp/speculation/<field>``.
+    """Counts of one run's speculations, cumulative over the run (a checkpoint carries them through a resume); the
+    QSDP algorithm logs each field per batch as ``qsdp/speculation/<field>``.
 
     Attributes:
         sent: unit updates whose codes were sent ahead.
@@ -191,6 +192,19 @@ class SpeculativeUpdate:
                 else:
                     self.stats.misses += 1
         self._hits = []
+
+    # ------------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        """The counts and the back-off, so that a resumed run keeps counting and guessing as it would have. Guesses
+        waiting for their gather are not saved: a resumed gather sends its update."""
+        return {"stats": asdict(self.stats), "pause": self._pause, "backoff": self._backoff,
+                "microbatches": self._microbatches}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output."""
+        self.stats = SpeculationStats(**{f.name: int(state["stats"].get(f.name, 0)) for f in fields(SpeculationStats)})
+        self._pause, self._backoff = int(state["pause"]), int(state["backoff"])
+        self._microbatches = state["microbatches"]
 
     # ------------------------------------------------------------------ the guess
     def _speculate(self, unit_index: int) -> None:

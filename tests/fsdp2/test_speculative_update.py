@@ -97,15 +97,16 @@ def _resume(info: RankInfo, ckpt_dir: str, mode: str) -> dict:
     if mode == "save":
         assert handle.speculation.stats.hits == 2 * len(handle.units)  # steps 1 and 2; step 2's waits
         save_sharded(model, opt, handle, ckpt_dir)
-    return {"losses": losses, "params": full_tensors(model)}
+    return {"losses": losses, "params": full_tensors(model), "stats": handle.speculation.stats}
 
 
-def test_a_checkpoint_written_while_a_speculation_waits_resumes_exactly(tmp_path):
+def test_a_checkpoint_written_while_a_speculation_waits_resumes_exactly_and_keeps_counting(tmp_path):
     full = run_ranks(_resume, 2, str(tmp_path), "full")
     run_ranks(_resume, 2, str(tmp_path), "save")
     resumed = run_ranks(_resume, 2, str(tmp_path), "load")
     for rank in range(2):
         assert resumed[rank]["losses"] == full[rank]["losses"][3:]
+        assert resumed[rank]["stats"] == full[rank]["stats"]  # the counts go on from the checkpoint's
         for name, value in full[rank]["params"].items():
             assert torch.equal(resumed[rank]["params"][name], value), name
 
