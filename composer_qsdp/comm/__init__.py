@@ -7,7 +7,8 @@ per-step noise schedule, ``Topology`` says which ranks share a node, and ``Traff
 count bytes per rank (NCCL's convention) and per hop. Stateless: no FSDP, no Composer, no per-run state.
 ``two_level_reduce_scatter`` is the hierarchical reduce-scatter (ZeRO++ qgZ, SDP4Bit TLq-HS) over the intra- and
 inter-node subgroups that ``node_groups`` creates once per process group and caches; ``twin_group`` is a second group
-over a group's ranks, on which collectives run beside the group's own.
+over a group's ranks, on which collectives run beside the group's own. ``destroy_process_groups`` ends a process's
+groups so that it exits cleanly after gloo collectives.
 
 ``compressed_all_reduce`` is the error-feedback all-reduce of 1-bit/0-1 Adam; its caller owns the error buffers.
 """
@@ -20,6 +21,7 @@ from composer_qsdp.comm.quality import relative_error
 from composer_qsdp.comm.reduce_scatter import plain_reduce_scatter, quantized_reduce_scatter
 from composer_qsdp.comm.seeds import SeedStream, StepSeeds, mix_seed
 from composer_qsdp.comm.segments import Segments
+from composer_qsdp.comm.teardown import destroy_process_groups
 from composer_qsdp.comm.topology import Topology
 from composer_qsdp.comm.twin_groups import twin_group
 from composer_qsdp.comm.two_level import two_level_reduce_scatter
@@ -35,6 +37,7 @@ __all__ = [
     "TrafficReport",
     "call_traffic",
     "compressed_all_reduce",
+    "destroy_process_groups",
     "error_feedback_chunk_numel",
     "mix_seed",
     "node_groups",

@@ -414,16 +414,13 @@ def _launched() -> bool:
 
 
 def _close_launched_group() -> None:
-    """Destroy the default process group of a launched process whose run ended well.
+    """End the process groups of a launched process whose run ended well, so that it exits with status 0
+    (:func:`composer_qsdp.comm.destroy_process_groups`: left to interpreter exit, gloo's workers can abort it after
+    a run that trained to the end, and the launcher then reports the job failed)."""
+    from composer_qsdp.comm import destroy_process_groups
 
-    Left to interpreter exit, gloo's group is destroyed while its worker threads may still hold work; the process then
-    aborts (SIGABRT, "terminate called without an active exception") after a run that trained to the end, and the
-    launcher reports the job failed.
-    """
-    import torch.distributed as torch_dist
-
-    if _launched() and torch_dist.is_initialized():
-        torch_dist.destroy_process_group()
+    if _launched():
+        destroy_process_groups()
 
 
 #: How long a process whose peer ended waits for the launcher's SIGTERM before it exits itself (seconds, at most).

@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import MeanSquaredError
 
 from composer_qsdp import QSDP, QSDPConfig
+from composer_qsdp.comm import destroy_process_groups
 from composer_qsdp.shared_gpu import this_process_gpu
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for its helpers
@@ -188,7 +189,7 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
         with open(out_path, "w") as f:
             json.dump(result, f)
     trainer.close()
-    torch.distributed.destroy_process_group()  # left to exit, gloo's threads can abort the process
+    destroy_process_groups()  # left to exit, gloo's workers can abort the process
 
 
 if __name__ == "__main__":

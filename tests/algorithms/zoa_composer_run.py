@@ -31,6 +31,7 @@ from composer_run import BS, LossRecorder, Model, dataset  # noqa: I001 (this di
 from torch.utils.data import DataLoader
 
 from composer_qsdp.algorithms.zero_one_adam import ZeroOneAdamDDP
+from composer_qsdp.comm import destroy_process_groups
 from composer_qsdp.shared_gpu import this_process_gpu
 
 # Durations: resolved against max_duration (14 batches) at FIT_START to var_freeze_step 6, local_step_scaler 2.
@@ -115,7 +116,7 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
         with open(out_path, "w") as f:
             json.dump(result, f)
     trainer.close()
-    torch.distributed.destroy_process_group()  # left to exit, gloo's threads can abort the process
+    destroy_process_groups()  # left to exit, gloo's workers can abort the process
 
 
 if __name__ == "__main__":
