@@ -17,7 +17,8 @@ import torch.distributed as dist
 __all__ = ["GLOO_RELEASE_S", "destroy_process_groups"]
 
 #: How long the main thread gives up the GIL after destroying the groups (seconds): gloo's workers release a
-#: finished collective within microseconds of being scheduled, so this covers a loaded host's scheduling delays.
+#: finished collective within microseconds of being scheduled, so this covers a loaded host's scheduling delays. A
+#: pause, not a handshake: torch offers no way to wait for gloo's workers to go idle.
 GLOO_RELEASE_S = 0.2
 
 
