@@ -23,15 +23,17 @@ through ``torchrun`` (``torchrun --standalone --nproc-per-node=N -m composer_qsd
                          on the inter-node hop only, or both in pinned host memory, or both (``bench_memory.py``
                          measures their memory with the same overrides)
 ``qsdp-auto``            ``baseline.yaml`` with ``algorithms.qsdp.policy=auto``: QSDP's bandwidth-aware policy
-                         picks off / 8 bits / 3-bit qWD weights / 3-bit LoCo gradients per unit and side from
-                         what it measures (its default candidates); it decides and
+                         picks off or 8 bits (its default candidates, ``w8g8``'s sides) per unit and side from
+                         what it measures; it decides and
                          re-checks within its first ``2 x warmup_steps`` (8) steps, and a re-decision there costs a
                          keyframe step and a compiling one, so its untimed warm-up is at least 10 (12 with
                          ``--profile``)
-``qsdp-auto-4bit``       (only when named) ``qsdp-auto`` with ``algorithms.qsdp.auto_options.weight_candidates=
-                         [off,w8,qwd4]`` and ``...grad_candidates=[off,g8,g4]``: the opt-in 4-bit weight
-                         differences and 4-bit stochastic gradients instead of the 3-bit ones; the same untimed
-                         warm-up
+``qsdp-auto-3bit``       ``qsdp-auto`` with ``algorithms.qsdp.auto_options.weight_candidates=[off,w8,qwd3]`` and
+                         ``...grad_candidates=[off,g8,g3loco]``: the opt-in 3-bit weight differences and 3-bit
+                         LoCo gradients offered too; the same untimed warm-up
+``qsdp-auto-4bit``       (only when named) ``qsdp-auto`` with ``...weight_candidates=[off,w8,qwd4]`` and
+                         ``...grad_candidates=[off,g8,g4]``: the opt-in 4-bit weight differences and 4-bit
+                         stochastic gradients offered too; the same untimed warm-up
 ``compute-bound``        ``baseline.yaml`` on ONE GPU with the same micro-batch and per-GPU batch: FSDP2 over a
                          single rank sends nothing between GPUs, so this is the per-GPU compute (and optimizer,
                          here over all parameters instead of 1/N) without communication; N x its tokens/s bounds

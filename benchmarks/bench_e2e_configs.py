@@ -120,10 +120,13 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
       for preset, base in _PRESET_CONFIGS.items() if PRESETS.lookup(preset).get("weight_scheme") == "difference"),
     Config("qsdp-auto", "baseline.yaml", ("algorithms.qsdp.policy=auto", *_NO_ERROR_SAMPLING), False,
            "QSDP policy=auto: measures the network and each unit's compute over the untimed steps, then picks "
-           "off / 8 bits / 3-bit qWD weights / 3-bit LoCo gradients per unit and side", min_warmup=AUTO_SETTLED),
+           "off or 8 bits (its default candidates) per unit and side", min_warmup=AUTO_SETTLED),
+    Config("qsdp-auto-3bit", "baseline.yaml", (*common.AUTO_3BIT, *_NO_ERROR_SAMPLING), False,
+           "QSDP policy=auto offered the opt-in 3-bit candidates too: 3-bit weight differences (qwd3) and 3-bit "
+           "gradients with LoCo's error feedback (g3loco)", min_warmup=AUTO_SETTLED),
     Config("qsdp-auto-4bit", "baseline.yaml", (*common.AUTO_4BIT, *_NO_ERROR_SAMPLING), False,
-           "QSDP policy=auto offered the opt-in 4-bit candidates instead of the 3-bit ones: 4-bit weight "
-           "differences (qwd4) and 4-bit stochastic gradients (g4)", min_warmup=AUTO_SETTLED),
+           "QSDP policy=auto offered the opt-in 4-bit candidates too: 4-bit weight differences (qwd4) and 4-bit "
+           "stochastic gradients (g4)", min_warmup=AUTO_SETTLED),
     Config("compute-bound", "baseline.yaml", (), True,
            "baseline recipe on 1 GPU, same micro-batch and per-GPU batch: no inter-GPU traffic; tokens/s x N"),
     Config("compute-bound-layer", "baseline.yaml", (), True,
@@ -151,7 +154,8 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
     )),
 )}
 #: The default sweep: plain FSDP2, every preset (one node: no hpZ), policy=auto and the 1-GPU bound.
-DEFAULT_CONFIGS = ("baseline", *(f"qsdp-{preset}" for preset in preset_names()), "qsdp-auto", "compute-bound")
+DEFAULT_CONFIGS = ("baseline", *(f"qsdp-{preset}" for preset in preset_names()), "qsdp-auto", "qsdp-auto-3bit",
+                   "compute-bound")
 #: The bounds a configuration's "of compute bound" can use, in order of preference.
 BOUNDS = ("compute-bound", "compute-bound-layer")
 

@@ -88,9 +88,12 @@ ARMS: dict[str, Arm] = {
                                                          "data order): the run-to-run noise band"),
     "policy-auto": Arm("baseline.yaml", ("algorithms.qsdp.policy=auto",),
                        "QSDP's bandwidth-aware policy (policy=auto) picks bits / qWD per unit and side"),
+    "policy-auto-3bit": Arm("baseline.yaml", common.AUTO_3BIT,
+                            "policy=auto offered the opt-in 3-bit candidates too: 3-bit weight differences (qwd3) "
+                            "and 3-bit gradients with LoCo's error feedback (g3loco)"),
     "policy-auto-4bit": Arm("baseline.yaml", common.AUTO_4BIT,
-                            "policy=auto offered the opt-in 4-bit candidates instead of the 3-bit ones: 4-bit "
-                            "weight differences (qwd4) and 4-bit stochastic gradients (g4)"),
+                            "policy=auto offered the opt-in 4-bit candidates too: 4-bit weight differences (qwd4) "
+                            "and 4-bit stochastic gradients (g4)"),
     "sdp4bit-2x2": Arm("sdp4bit.yaml", ("algorithms.qsdp.ranks_per_node=2",),
                        "SDP4Bit on 4 ranks as 2 nodes x 2: the INT4 inter-node hop is taken", nproc=4),
     "tlq-hs-2x2": Arm("baseline.yaml", ("algorithms.qsdp.preset=tlq-hs", "algorithms.qsdp.ranks_per_node=2"),

@@ -46,11 +46,21 @@ KILL_GRACE_S = 40.0
 #: The units of the records' bandwidths and sizes: GB (bandwidths, wire bytes) and GiB (memory).
 GB = 1e9
 GIB = 2**30
-#: Recipe overrides offering policy=auto the opt-in 4-bit candidates instead of the default 3-bit ones (``qwd4``:
-#: ``qwd-w4g4``'s weights; ``g4``: ``w8g4``'s gradients), shared by the benchmark's and the convergence driver's
-#: auto runs. YAML reads the bare ``off`` as false, which AutoOptions takes as ``"off"``.
-AUTO_4BIT = ("algorithms.qsdp.policy=auto", "algorithms.qsdp.auto_options.weight_candidates=[off,w8,qwd4]",
-             "algorithms.qsdp.auto_options.grad_candidates=[off,g8,g4]")
+
+
+def auto_offering(weights: str, grads: str) -> tuple[str, ...]:
+    """Recipe overrides running policy=auto offered, besides its defaults (``off`` and ``w8g8``'s sides), the opt-in
+    candidates ``weights`` and ``grads``; shared by the benchmark's and the convergence driver's auto runs. YAML reads
+    the bare ``off`` as false, which AutoOptions takes as ``"off"``."""
+    return ("algorithms.qsdp.policy=auto", f"algorithms.qsdp.auto_options.weight_candidates=[off,w8,{weights}]",
+            f"algorithms.qsdp.auto_options.grad_candidates=[off,g8,{grads}]")
+
+
+#: ``qwd-w3g3-loco``'s sides (3-bit weight differences, 3-bit LoCo gradients).
+AUTO_3BIT = auto_offering("qwd3", "g3loco")
+#: ``qwd-w4g4``'s weights and ``w8g4``'s gradients (4-bit weight differences, 4-bit stochastic gradients).
+AUTO_4BIT = auto_offering("qwd4", "g4")
+
 #: Recipe overrides of the lean layout of a preset with weight differences: the reference sharded within the node,
 #: and a LoCo preset's residual on the inter-node hop only; shared by the memory benchmark and the convergence driver.
 LEAN_WEIGHTS = "algorithms.qsdp.weight_scheme_options.sharded_reference=true"

@@ -7,21 +7,22 @@ So the decision can be tested with injected timings, and identical inputs give i
 
 **Candidates.** Per unit and side, one of a few settings, each a preset's side (the constants below, named per side
 in :data:`composer_qsdp.registry.CANDIDATES`, most accurate first; :func:`candidates`). The default ones
-(:data:`WEIGHT_CANDIDATES`, :data:`GRAD_CANDIDATES`):
+(:data:`WEIGHT_CANDIDATES`, :data:`GRAD_CANDIDATES`) are ``off`` (unquantized) and the ``w8g8`` preset's sides, the
+one preset the seed protocol has measured inside or below plain FSDP2's range on every cell
+(:data:`composer_qsdp.config.options.DEFAULT_CANDIDATES`):
 
-* weights: ``off`` (unquantized), ``w8`` (the ``w8g8`` preset's 8-bit min-max weights, stochastic rounding),
-  ``qwd3`` (the ``qwd-w3g3-loco`` preset's weights: 3-bit symmetric differences in groups of 2048 against a per-GPU
-  reference, SDP4Bit's qWD, Jia et al., NeurIPS 2024, §3.1);
-* gradients: ``off``, ``g8`` (8-bit min-max, stochastic), ``g3loco`` (the ``qwd-w3g3-loco`` preset's gradients:
-  3-bit min-max, Hadamard-rotated groups of 256, round to nearest, with LoCo's error feedback, the ``loco`` scheme,
-  ``beta`` 0.5, an int8 residual of about one byte per parameter of the unit on every rank).
+* weights: ``off``, ``w8`` (8-bit min-max weights, stochastic rounding);
+* gradients: ``off``, ``g8`` (8-bit min-max, stochastic).
 
-They are the sides of the presets that the seed protocol has measured inside or below plain FSDP2's range on every
-cell it has run (:data:`composer_qsdp.config.options.DEFAULT_CANDIDATES`). Two more are opt-in
-(``AutoOptions(weight_candidates=..., grad_candidates=...)``), not shown lossless by it:
+The others are opt-in (``AutoOptions(weight_candidates=..., grad_candidates=...)``), not shown lossless by it:
 
-* weights: ``qwd4`` (the ``qwd-w4g4`` preset's weights: 4-bit symmetric differences);
-* gradients: ``g4`` (the ``w8g4`` preset's 4-bit min-max gradients, stochastic rounding).
+* weights: ``qwd3`` (the ``qwd-w3g3-loco`` preset's weights: 3-bit symmetric differences in groups of 2048 against a
+  per-GPU reference, SDP4Bit's qWD, Jia et al., NeurIPS 2024, §3.1), ``qwd4`` (the ``qwd-w4g4`` preset's weights:
+  4-bit symmetric differences);
+* gradients: ``g3loco`` (the ``qwd-w3g3-loco`` preset's gradients: 3-bit min-max, Hadamard-rotated groups of 256,
+  round to nearest, with LoCo's error feedback, the ``loco`` scheme, ``beta`` 0.5, an int8 residual of about one
+  byte per parameter of the unit on every rank), ``g4`` (the ``w8g4`` preset's 4-bit min-max gradients, stochastic
+  rounding).
 
 **Accuracy rule** (:func:`accuracy_violation`): weights never below :data:`MIN_DIRECT_WEIGHT_BITS` unless in the
 difference scheme (whose error feedback holds for any compressor, SDP4Bit Theorem 4.1), and there not below

@@ -41,8 +41,8 @@ exclude=[...])`` builds with flat keyword changes (:mod:`composer_qsdp.config.se
   and INT4 across nodes, groups of 128, and a Hadamard rotation of 32-element blocks kept through the local
   reduction. Weights as ``w8g8``; ``sdp4bit`` pairs these gradients with qWD weights.
 
-What each preset costs in validation loss, and which are proven lossless (none yet, by the seed protocol), is
-measured, not stated here: ``docs/presets.md`` labels each preset from ``benchmarks/RESULTS.md``.
+What each preset costs in validation loss, and which are proven lossless by the seed protocol (``w8g8`` alone so
+far), is measured, not stated here: ``docs/presets.md`` labels each preset from ``benchmarks/RESULTS.md``.
 
 Each preset is a constant of this module (``W8G8``, ``QWD_W4G2_LOCO``...) that :data:`composer_qsdp.registry.PRESETS`
 names; plain data: this module imports nothing of the package.

@@ -23,6 +23,8 @@ from composer_qsdp.auto.runtime import AutoRecord, probe_sizes
 GB = 1e9
 W = {c.name: c for c in candidates("weights")}  # every registered candidate, the opt-in ones too
 G = {c.name: c for c in candidates("grads")}
+THREE_BIT = {"weight_candidates": candidates("weights", ("off", "w8", "qwd3")),  # the opt-in 3-bit candidates
+             "grad_candidates": candidates("grads", ("off", "g8", "g3loco"))}
 FOUR_BIT = {"weight_candidates": candidates("weights", ("off", "w8", "qwd4")),  # the opt-in 4-bit candidates
             "grad_candidates": candidates("grads", ("off", "g8", "g4"))}
 # Candidates the accuracy rule must refuse, each faster on the wire than the allowed ones.
@@ -110,9 +112,10 @@ def test_fast_network_turns_quantization_off():
 
 
 @pytest.mark.parametrize("offered,grads,weights", [
-    ({}, {"g3loco"}, {"w8", "qwd3"}),  # the defaults
+    ({}, {"g8"}, {"w8"}),  # the defaults: w8g8's sides
+    (THREE_BIT, {"g3loco"}, {"w8", "qwd3"}),
     (FOUR_BIT, {"g4"}, {"w8", "qwd4"}),
-], ids=["default", "opt-in-4-bit"])
+], ids=["default", "opt-in-3-bit", "opt-in-4-bit"])
 def test_slow_network_quantizes_gradients_to_the_fewest_bits_and_weights_to_8_or_qwd(offered, grads, weights):
     units = gpt_like(blocks=3)
     net = network(3.5, 3.3)  # the emulated socket network: every byte costs
@@ -140,7 +143,7 @@ def test_min_gain_keeps_units_off_when_quantizing_barely_pays():
 
 def test_locked_units_stay_off():
     units = gpt_like(blocks=2)
-    d = decide(units, network(1.0, 1.0), world_size=4, locked=[0, 2], **root_schedule(3))
+    d = decide(units, network(1.0, 1.0), world_size=4, locked=[0, 2], **THREE_BIT, **root_schedule(3))
     assert (d.weights[0], d.grads[0], d.weights[2], d.grads[2]) == ("off",) * 4
     assert d.grads[1] == "g3loco"
 
@@ -165,11 +168,11 @@ def test_accuracy_rule_table():
 
 
 def test_registry_holds_every_candidate_most_accurate_first_and_the_defaults_are_the_measured_presets_sides():
-    assert [c.name for c in WEIGHT_CANDIDATES] == ["off", "w8", "qwd3"]
-    assert [c.name for c in GRAD_CANDIDATES] == ["off", "g8", "g3loco"]
+    assert [c.name for c in WEIGHT_CANDIDATES] == ["off", "w8"]
+    assert [c.name for c in GRAD_CANDIDATES] == ["off", "g8"]
     assert [c.name for c in candidates("weights")] == ["off", "w8", "qwd4", "qwd3"]
     assert [c.name for c in candidates("grads")] == ["off", "g8", "g4", "g3loco"]
-    # Each candidate is a preset's side: the defaults w8g8's and qwd-w3g3-loco's, the opt-in ones qwd-w4g4's and
+    # Each candidate is a preset's side: the defaults w8g8's, the opt-in ones qwd-w3g3-loco's, qwd-w4g4's and
     # w8g4's.
     preset = from_preset("qwd-w3g3-loco")
     assert (W["w8"].config, G["g8"].config) == (from_preset("w8g8").weights, from_preset("w8g8").grads)
@@ -236,13 +239,13 @@ def test_decide_rejects_bad_arguments():
     with pytest.raises(ValueError, match="exactly one unquantized one, named 'off'"):
         decide(units, network(1, 1), world_size=2, weight_candidates=WEIGHT_CANDIDATES[1:])
     with pytest.raises(ValueError, match="no network measurement for 'grads:g3loco'"):
-        decide(units, {k: v for k, v in network(1, 1).items() if k != "grads:g3loco"}, world_size=2)
+        decide(units, {k: v for k, v in network(1, 1).items() if k != "grads:g3loco"}, world_size=2, **THREE_BIT)
 
 
 def test_record_logs_the_decision_it_holds():
     units = gpt_like(blocks=2)
     net = network(3.5, 3.3)
-    d = decide(units, net, world_size=2, **root_schedule(3))
+    d = decide(units, net, world_size=2, **THREE_BIT, **root_schedule(3))
     record = AutoRecord("decided", 4, d, 0.5, d.step_s + 0.1, 0.1, net, units, 1, 3, [u.name for u in units])
     m = record.metrics()
     assert m["qsdp/auto/predicted_step_s"] == pytest.approx(d.step_s + 0.1)
@@ -335,7 +338,7 @@ def test_options_errors_name_the_value_and_what_is_allowed():
     assert qsdp.config.weights.bits is None and qsdp.config.grads.bits is None  # starts unquantized
     options = qsdp.config.auto_options
     assert qsdp.policy == "auto" and options.warmup_steps == 3 and qsdp.config.exclude == ("l1",)
-    assert (options.weight_candidates, options.grad_candidates) == (("off", "w8", "qwd3"), ("off", "g8", "g3loco"))
+    assert (options.weight_candidates, options.grad_candidates) == (("off", "w8"), ("off", "g8"))
     assert QSDPConfig.from_preset(policy="auto").auto_options == AutoOptions()  # None: the defaults
 
 

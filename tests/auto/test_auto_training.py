@@ -2,8 +2,9 @@
 single-process reference: with injected timings it decides at the end of the warm-up, every unit gets the decided
 schemes at that optimizer-step boundary (exact training before, quantized after, identical weights on every
 rank), a re-check re-decides once; with real measurements (probe and forward timer) the ranks agree. The default
-3-bit candidates (qwd3, g3loco) install LoCo schemes with a residual per unit; the opt-in 4-bit ones (qwd4, g4) are
-chosen only when the options name them; the probe times the stateful LoCo scheme at every size."""
+candidates are w8g8's sides; the opt-in 3-bit ones (qwd3, g3loco) install LoCo schemes with a residual per unit, and
+the opt-in 4-bit ones (qwd4, g4) are chosen only when the options name them; the probe times the stateful LoCo scheme
+at every size."""
 
 from __future__ import annotations
 
@@ -31,8 +32,10 @@ def links(gbs: float) -> dict[str, LinkFit]:
     return {c.key: LinkFit(50e-6, gbs * 1e9) for side in ("weights", "grads") for c in candidates(side)}
 
 
-# 5 MB/s: communication dominates, so the fewest bytes win (the 3-bit candidates, where offered); 1 TB/s: it never pays
+# 5 MB/s: communication dominates, so the fewest bytes offered win; 1 TB/s: it never pays
 SLOW, FAST = links(0.005), links(1000.0)
+#: The options naming the opt-in 3-bit candidates (the bench_e2e configuration qsdp-auto-3bit's lists).
+THREE_BIT_OPTIONS = {"weight_candidates": ["off", "w8", "qwd3"], "grad_candidates": ["off", "g8", "g3loco"]}
 #: The options naming the opt-in 4-bit candidates instead (the bench_e2e configuration qsdp-auto-4bit's lists).
 FOUR_BIT_OPTIONS = {"weight_candidates": ["off", "w8", "qwd4"], "grad_candidates": ["off", "g8", "g4"]}
 #: The schemes each candidate installs, as ``_scheme`` reports them.
@@ -89,8 +92,9 @@ def _worker(info: RankInfo) -> dict:
     return {
         "decide": _run(info, 1e9, [SLOW], inject=True),
         "decide-fsdp1": _run(info, 1e9, [SLOW], inject=True, adapter=Adapter("fsdp1")),
-        "recheck": _run(info, 1e-9, [SLOW, FAST], inject=True),
+        "recheck": _run(info, 1e-9, [SLOW, FAST], inject=True, options=THREE_BIT_OPTIONS),  # LoCo, then off
         "measured": _run(info, 1e9, None, inject=False),
+        "three-bit": _run(info, 1e9, [SLOW], inject=True, options=THREE_BIT_OPTIONS),
         "four-bit": _run(info, 1e9, [SLOW], inject=True, options=FOUR_BIT_OPTIONS),
         "probe": _probe_loco(info),
     }
@@ -129,9 +133,10 @@ ADAPTERS = pytest.mark.parametrize("key", ["decide", "decide-fsdp1"], ids=["fsdp
 @ADAPTERS
 def test_decides_at_the_step_boundary_and_trains_exactly_before(results, key):
     expected = _expected_decision()
-    assert expected.weights == ("qwd3",) * 3 and expected.grads == ("g3loco",) * 3  # a slow network
+    assert expected.weights == ("w8",) * 3 and expected.grads == ("g8",) * 3  # a slow network, the defaults
     for res in results:
         run = res[key]
+        assert run["candidates"] == {"weights": ["off", "w8"], "grads": ["off", "g8"]}
         # FSDP1 names its units by its wrappers' paths: compare sizes, timings and re-gathers in unit order.
         assert [p[1:] for p in run["profiles"]] == [(UNIT_NUMEL[n], FORWARD_S, True) for n in LAYERS]
         assert run["microbatches"] == 1
@@ -200,10 +205,16 @@ def test_real_measurements_agree_across_ranks(results):
     assert run0["schemes"] == run1["schemes"]
 
 
-def test_the_default_3_bit_candidates_install_a_loco_residual_per_unit(results):
+def test_the_opt_in_3_bit_candidates_install_a_loco_residual_per_unit(results):
+    expected = _expected_decision(candidates("weights", THREE_BIT_OPTIONS["weight_candidates"]),
+                                  candidates("grads", THREE_BIT_OPTIONS["grad_candidates"]))
+    assert expected.weights == ("qwd3",) * 3 and expected.grads == ("g3loco",) * 3
+    assert results[0]["decide"]["residuals"] == [None] * 3  # the defaults keep no residual
     for res in results:
-        run = res["decide"]
-        assert run["candidates"] == {"weights": ["off", "w8", "qwd3"], "grads": ["off", "g8", "g3loco"]}
+        run = res["three-bit"]
+        assert run["candidates"] == {"weights": THREE_BIT_OPTIONS["weight_candidates"],
+                                     "grads": THREE_BIT_OPTIONS["grad_candidates"]}
+        assert run["events"][WARMUP - 1][:3] == ("decided", expected.weights, expected.grads)
         # Real LoCo schemes: each unit its own residual of the unit's whole gradient as FSDP2 reduce-scatters it
         # (each parameter's dim 0 padded to a multiple of the 2 ranks).
         residuals = run["residuals"]
@@ -213,7 +224,7 @@ def test_the_default_3_bit_candidates_install_a_loco_residual_per_unit(results):
 
 
 def test_opt_in_4_bit_candidates_are_chosen_only_when_named(results):
-    # The defaults never offer them (above); named instead of the 3-bit ones, they win on this network.
+    # The defaults never offer them (above); named, they win on this network.
     decided = results[0]["decide"]["events"][WARMUP - 1]
     assert not {*decided[1], *decided[2]} & {"qwd4", "g4"}
     expected = _expected_decision(candidates("weights", FOUR_BIT_OPTIONS["weight_candidates"]),

@@ -225,14 +225,17 @@ def test_every_paper_family_plans_valid_launches(model, tmp_path):
     auto = plan.overrides(bench_e2e_configs.CONFIGS["qsdp-auto"], 4, tmp_path / "m.json")
     assert {"algorithms.qsdp.policy=auto", "algorithms.qsdp.error_sample_interval=0", "max_duration=20ba"} <= set(auto)
     assert plan.window(bench_e2e_configs.CONFIGS["qsdp-auto"]) == (10, 10)
-    # qsdp-auto-4bit: the same launch with the opt-in 4-bit candidates named instead, which reach AutoOptions; the
-    # plain qsdp-auto launch gets the default 3-bit ones.
-    four = bench_e2e_configs.CONFIGS["qsdp-auto-4bit"]
-    assert plan.window(four) == (10, 10) and "qsdp-auto-4bit" not in bench_e2e_configs.DEFAULT_CONFIGS
-    four_overrides = plan.overrides(four, 4, tmp_path / "m.json")
-    assert set(auto) < set(four_overrides)
-    for overrides, expected in ((four_overrides, (("off", "w8", "qwd4"), ("off", "g8", "g4"))),
-                                (auto, (("off", "w8", "qwd3"), ("off", "g8", "g3loco")))):
+    # qsdp-auto-3bit and -4bit: the same launch with opt-in candidates named, which reach AutoOptions; the plain
+    # qsdp-auto launch gets the defaults (w8g8's sides).
+    three, four = bench_e2e_configs.CONFIGS["qsdp-auto-3bit"], bench_e2e_configs.CONFIGS["qsdp-auto-4bit"]
+    assert plan.window(four) == plan.window(three) == (10, 10)
+    defaults = bench_e2e_configs.DEFAULT_CONFIGS
+    assert "qsdp-auto-3bit" in defaults and "qsdp-auto-4bit" not in defaults
+    three_overrides, four_overrides = (plan.overrides(c, 4, tmp_path / "m.json") for c in (three, four))
+    assert set(auto) < set(three_overrides) and set(auto) < set(four_overrides)
+    for overrides, expected in ((three_overrides, (("off", "w8", "qwd3"), ("off", "g8", "g3loco"))),
+                                (four_overrides, (("off", "w8", "qwd4"), ("off", "g8", "g4"))),
+                                (auto, (("off", "w8"), ("off", "g8")))):
         kwargs = load_recipe(plan.recipe_dir / four.recipe, overrides, world_size=4).algorithm_kwargs["qsdp"]
         options = build_algorithm("qsdp", kwargs).config.auto_options
         assert (options.weight_candidates, options.grad_candidates) == expected

@@ -206,21 +206,23 @@ def test_lean_arm_runs_the_memory_benchmarks_lean_layout_on_two_nodes(tmp_path):
     assert config.weights.scheme_options.sharded_reference
 
 
-def test_policy_auto_4bit_names_the_opt_in_candidates_as_bench_e2e_does(tmp_path):
+@pytest.mark.parametrize("bits,weights,grads", [("3bit", "qwd3", "g3loco"), ("4bit", "qwd4", "g4")])
+def test_policy_auto_arms_name_the_opt_in_candidates_as_bench_e2e_does(tmp_path, bits, weights, grads):
     import bench_e2e_configs
 
     from composer_qsdp.recipes.loader import build_algorithm
     from composer_qsdp.recipes.train import load_recipe
 
-    arm = convergence_arms.ARMS["policy-auto-4bit"]
-    assert set(arm.overrides) <= set(bench_e2e_configs.CONFIGS["qsdp-auto-4bit"].overrides)
-    assert "policy-auto-4bit" not in convergence_arms.DEFAULT_ARMS + convergence_arms.MATRIX_ARMS
+    name = f"policy-auto-{bits}"
+    arm = convergence_arms.ARMS[name]
+    assert set(arm.overrides) <= set(bench_e2e_configs.CONFIGS[f"qsdp-auto-{bits}"].overrides)
+    assert name not in convergence_arms.DEFAULT_ARMS + convergence_arms.MATRIX_ARMS
     args = convergence._parser().parse_args(["--model", "125m", "--out-dir", str(tmp_path), "--corpus",
-                                             str(tmp_path / "c"), "--eval-batches", "-1", "--arms", "policy-auto-4bit"])
+                                             str(tmp_path / "c"), "--eval-batches", "-1", "--arms", name])
     plan = convergence_plan.make_plan(args)
-    recipe = load_recipe(plan.recipe_dir / arm.recipe, plan.overrides("policy-auto-4bit", 0), world_size=2)
+    recipe = load_recipe(plan.recipe_dir / arm.recipe, plan.overrides(name, 0), world_size=2)
     options = build_algorithm("qsdp", recipe.algorithm_kwargs["qsdp"]).config.auto_options
-    assert (options.weight_candidates, options.grad_candidates) == (("off", "w8", "qwd4"), ("off", "g8", "g4"))
+    assert (options.weight_candidates, options.grad_candidates) == (("off", "w8", weights), ("off", "g8", grads))
 
 
 def test_shared_gpus_put_every_arm_on_them_over_gloo(tiny_recipes, tmp_path, monkeypatch):
