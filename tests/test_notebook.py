@@ -9,8 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
+
+nbformat = pytest.importorskip("nbformat", reason="the demo extra (pip install -e '.[demo]') reads the notebook")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "qsdp_demo.ipynb"

@@ -44,7 +44,7 @@ for v in json.loads(sys.stdin.read()):
     sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
     os.unlink(f.name)
     # One SASS instruction per "/*<address>*/ <opcode> ...;" line; the NOPs padding the end never run.
-    opcodes = [op for op in re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+    opcodes = [op for op in re.findall(r"/\\*[0-9a-f]{4,}\\*/\\s+(?:@!?U?P\\w+\\s+)?([A-Z][A-Z0-9_.]*)", sass)
                if op != "NOP"]
     counts = {kind: sum(op.split(".")[0] == kind for op in opcodes) for kind in ("SHFL", "LDS", "STS", "BAR")}
     # fp32 instructions that are not exactly rounded: approximate division, reciprocal, root, ...; contracted fma.
