@@ -885,6 +885,26 @@ def test_combine_pools_every_run_of_a_seed_against_the_baselines_runs():
     assert _cells(md, "| 10 |")[:3] == ["10", "6 (3 seeds)", f"{statistics.fmean([5.01] * 3 + [4.99, 4.99, 4.98]):.4f}"]
 
 
+def test_combine_adds_later_seeds_of_both_sides_to_the_comparison():
+    """Seeds 20 and 21 of the arm and of plain FSDP2, run in a later session, join seeds 17-19 of an earlier one:
+    five seeds a side, the range and the paired gap over all five."""
+    losses = {"baseline-1r": {17: 4.00, 18: 4.02, 19: 3.98, 20: 4.06, 21: 3.97},
+              "qwd": {17: 4.03, 18: 4.04, 19: 4.00, 20: 4.02, 21: 3.99}}
+    first, second = ({f"{arm}@s{s}": {10: 5.0, 20: by_seed[s]} for arm, by_seed in losses.items() for s in seeds}
+                     for seeds in ((17, 18, 19), (20, 21)))
+    record = convergence_report.combine_records([_seeded("a", first), _seeded("b", second)])
+    group = record["seed_groups"]["qwd"]
+    assert group["seeds"] == [17, 18, 19, 20, 21]
+    c = group["comparison"]
+    assert (c["arm_seeds"], c["baseline_seeds"]) == (5, 5)
+    assert c["baseline_losses"] == pytest.approx({str(s): v for s, v in losses["baseline-1r"].items()})
+    assert c["arm_mean"] == pytest.approx(statistics.fmean(losses["qwd"].values()))
+    paired = [100 * (losses["qwd"][s] / losses["baseline-1r"][s] - 1) for s in losses["qwd"]]
+    assert c["paired_gap_pct"] == pytest.approx(statistics.fmean(paired))
+    # 4.016 lies inside 3.97 .. 4.06; seeds 17-19 alone (4.0233 against 3.98 .. 4.02) were above.
+    assert c["verdict"] == "inside"
+
+
 def test_combined_table_without_a_baseline_has_as_many_titles_as_cells():
     record = convergence_report.combine_records([fake_record("a", {"w8g8": {20: 4.0}}),
                                                  fake_record("b", {"w8g8": {20: 4.1}})])
