@@ -20,7 +20,7 @@ from bench_e2e_sweep import Plan, result_path
 #: The project's throughput targets (stated for GPT-1.3B); reported, never asserted.
 SOCKET_TARGETS = {"qsdp-w8g8": 1.8, "qsdp-w4g4": 3.0}  # tokens/s vs baseline
 SOCKET_BOUND_TARGET = 0.85  # best QSDP tokens/s vs the compute-only bound
-#: Of the compute-only bound on the emulated network: the lossless presets (round 4) and policy=auto.
+#: Of the compute-only bound on the emulated network: the targets of the LoCo presets and of policy=auto.
 SOCKET_PRESET_BOUND_TARGETS = {"qsdp-qwd-w4g3-loco": 0.80, "qsdp-qwd-w3g3-loco": 0.80, "qsdp-qwd-w3g2-loco": 0.80,
                                "qsdp-auto": 0.85, "qsdp-auto-3bit": 0.85, "qsdp-auto-4bit": 0.85}
 NVLINK_TARGET = 0.97  # every preset's tokens/s vs baseline
