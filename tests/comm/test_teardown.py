@@ -29,4 +29,3 @@ def test_every_group_is_destroyed_after_the_last_collectives():
         assert result["gathered"] == [0.0, 1.0]
         assert not result["initialized"]
         assert result["seconds"] >= GLOO_RELEASE_S  # the workers' time to release the finished collectives
-
