@@ -4,9 +4,10 @@ exclude=[...])`` builds with flat keyword changes (:mod:`composer_qsdp.config.se
 * ``w8g8``: QSDP's headline setting (8-bit weights and gradients, min-max, stochastic rounding, buckets of 1024).
   The default everywhere.
 
-* ``w8g4``: 8-bit weights, 4-bit stochastic gradients. Unbiased 4-bit gradient noise averages out over steps,
-  while a directly quantized 4-bit weight is wrong in every forward (SDP4Bit §3.5, Table 3: +12% loss for direct
-  INT4 weights at GPT-125M); this keeps the weights at 8 bits and halves the gradient traffic.
+* ``w8g4``: 8-bit weights, 4-bit stochastic gradients: halves the gradient traffic and keeps the weights at 8 bits,
+  since a directly quantized 4-bit weight is wrong in every forward (SDP4Bit §3.5, Table 3: +12% loss for direct
+  INT4 weights at GPT-125M). Its 4-bit gradient noise is unbiased but does not average out entirely: the seed
+  protocol measures a cost (``docs/presets.md``).
 * ``w4g4``: 4-bit weights and gradients with the same codec: the fastest direct setting, at a loss cost (directly
   quantized 4-bit weights, SDP4Bit §3.5).
 * ``sdp4bit``: SDP4Bit's full setting (Jia et al., NeurIPS 2024): qWD weights (quantized differences against a
@@ -41,8 +42,8 @@ exclude=[...])`` builds with flat keyword changes (:mod:`composer_qsdp.config.se
   and INT4 across nodes, groups of 128, and a Hadamard rotation of 32-element blocks kept through the local
   reduction. Weights as ``w8g8``; ``sdp4bit`` pairs these gradients with qWD weights.
 
-What each preset costs in validation loss, and which are proven lossless by the seed protocol (``w8g8`` alone so
-far), is measured, not stated here: ``docs/presets.md`` labels each preset from ``benchmarks/RESULTS.md``.
+What each preset costs in validation loss is measured, not stated here: ``docs/presets.md`` labels each preset
+lossless or lossy from the seed protocol's records in ``benchmarks/RESULTS.md``.
 
 Each preset is a constant of this module (``W8G8``, ``QWD_W4G2_LOCO``...) that :data:`composer_qsdp.registry.PRESETS`
 names; plain data: this module imports nothing of the package.

@@ -206,6 +206,38 @@ def test_lean_arm_runs_the_memory_benchmarks_lean_layout_on_two_nodes(tmp_path):
     assert config.weights.scheme_options.sharded_reference
 
 
+def test_w8g4_candidates_change_only_the_gradients_within_a_tenth_of_its_bytes(tmp_path):
+    """Issue 50's candidates for a lossless ``w8g4`` keep its 8-bit weights and 4-bit gradients, and send at most
+    10% more bytes per step than it does (weights once, gradients twice: the protocol's 2 microbatches per rank)."""
+    import wire_bytes
+
+    from composer_qsdp.recipes.loader import build_algorithm
+    from composer_qsdp.recipes.train import load_recipe
+    from composer_qsdp.schemes.build import build_codec
+
+    names = ("w8g4", "w8g4-h128", "w8g4-loco")
+    args = convergence._parser().parse_args(["--model", "350m", "--out-dir", str(tmp_path), "--corpus",
+                                             str(tmp_path / "c"), "--eval-batches", "-1", "--arms", *names])
+    plan = convergence_plan.make_plan(args)
+    configs = {name: build_algorithm("qsdp", load_recipe(plan.recipe_dir / convergence_arms.ARMS[name].recipe,
+                                                         plan.overrides(name, 0), world_size=2)
+                                     .algorithm_kwargs["qsdp"]).config for name in names}
+    n = 1 << 20
+    weight, grad = (build_codec(configs["w8g4"].weights, 8).wire_bytes(n),
+                    build_codec(configs["w8g4"].grads, 4).wire_bytes(n))
+    for name in names[1:]:
+        config = configs[name]
+        assert config.weights == configs["w8g4"].weights and config.grads.bits == 4
+        assert config.grads.codec_options.hadamard
+        candidate = build_codec(config.grads, 4).wire_bytes(n)
+        assert candidate == wire_bytes.hadamard_minmax_bytes(n, 4, config.grads.bucket_size)
+        assert 1 < (weight + 2 * candidate) / (weight + 2 * grad) < 1.1
+    h128, loco, plain = configs["w8g4-h128"].grads, configs["w8g4-loco"].grads, configs["w8g4"].grads
+    assert (h128.scheme, h128.bucket_size, h128.rounding) == (plain.scheme, 128, plain.rounding)  # stochastic, flat
+    assert (loco.scheme, loco.bucket_size, loco.rounding) == ("loco", 256, "nearest")
+    assert (loco.scheme_options.beta, loco.scheme_options.residual_dtype) == (0.5, "int8")
+
+
 @pytest.mark.parametrize("bits,weights,grads", [("3bit", "qwd3", "g3loco"), ("4bit", "qwd4", "g4")])
 def test_policy_auto_arms_name_the_opt_in_candidates_as_bench_e2e_does(tmp_path, bits, weights, grads):
     import bench_e2e_configs
