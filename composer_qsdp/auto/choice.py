@@ -7,14 +7,16 @@ So the decision can be tested with injected timings, and identical inputs give i
 
 **Candidates.** Per unit and side, one of a few settings, each a preset's side (the constants below, named per side
 in :data:`composer_qsdp.registry.CANDIDATES`, most accurate first; :func:`candidates`). The default ones
-(:data:`WEIGHT_CANDIDATES`, :data:`GRAD_CANDIDATES`) are ``off`` (unquantized) and the ``w8g8`` preset's sides, the
-one preset the seed protocol has measured inside or below plain FSDP2's range on every cell
+(:data:`WEIGHT_CANDIDATES`, :data:`GRAD_CANDIDATES`) are ``off`` (unquantized) and the ``w8g8`` preset's sides, which
+the seed protocol has measured inside or below plain FSDP2's range on every cell
 (:data:`composer_qsdp.config.options.DEFAULT_CANDIDATES`):
 
 * weights: ``off``, ``w8`` (8-bit min-max weights, stochastic rounding);
 * gradients: ``off``, ``g8`` (8-bit min-max, stochastic).
 
-The others are opt-in (``AutoOptions(weight_candidates=..., grad_candidates=...)``), not shown lossless by it:
+The others are opt-in (``AutoOptions(weight_candidates=..., grad_candidates=...)``): ``qwd3`` and ``g3loco`` come from
+``qwd-w3g3-loco``, lossless on every cell as a preset, but the policy's per-unit mixtures of them have not run the
+protocol; ``w8g4`` costs loss; ``qwd-w4g4`` has not run it:
 
 * weights: ``qwd3`` (the ``qwd-w3g3-loco`` preset's weights: 3-bit symmetric differences in groups of 2048 against a
   per-GPU reference, SDP4Bit's qWD, Jia et al., NeurIPS 2024, §3.1), ``qwd4`` (the ``qwd-w4g4`` preset's weights:
