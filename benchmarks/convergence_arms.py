@@ -16,6 +16,8 @@ from typing import Optional
 
 import e2e_common as common
 
+from composer_qsdp.registry import PRESETS
+
 
 @dataclass(frozen=True)
 class Arm:
@@ -174,6 +176,17 @@ ARMS: dict[str, Arm] = {
 }
 
 Q = "algorithms.qsdp."
+
+
+def _grad_side(preset: str, **changes: object) -> tuple[str, ...]:
+    """Recipe overrides giving the gradients the registered ``preset``'s options (``grad_*``), with ``changes``
+    (e.g. ``grad_bits=4``); nested options become one override per key."""
+    options = {k: v for k, v in PRESETS.lookup(preset).items() if k.startswith("grad_")} | changes
+    flat = {f"{k}.{sub}": v for k, nested in options.items() if isinstance(nested, dict) for sub, v in nested.items()}
+    flat |= {k: v for k, v in options.items() if not isinstance(v, dict)}
+    return tuple(f"{Q}{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in flat.items())
+
+
 #: Sides that ablate a preset one choice at a time (issues 46 and 50): each arm keeps one side of a preset and
 #: leaves the other unquantized, or changes one option of a LoCo preset, so a gap can be charged to a side and a
 #: choice. Each entry: recipe, overrides, what it isolates.
@@ -199,9 +212,7 @@ _ABLATIONS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "w8g4-h128": ("qsdp-w8g4.yaml", (f"{Q}grad_bucket_size=128", f"{Q}grad_codec_options.hadamard=true"),
                   "w8g4 with its 4-bit stochastic gradients Hadamard-rotated in groups of 128 (qwd-w4g4's "
                   "gradients): 11% more gradient bytes, no state kept"),
-    "w8g4-loco": ("qsdp-w8g4.yaml", (f"{Q}grad_scheme=loco", f"{Q}grad_rounding=nearest", f"{Q}grad_bucket_size=256",
-                                     f"{Q}grad_codec_options.hadamard=true", f"{Q}grad_scheme_options.beta=0.5",
-                                     f"{Q}grad_scheme_options.residual_dtype=int8"),
+    "w8g4-loco": ("qsdp-w8g4.yaml", _grad_side("qwd-w3g3-loco", grad_bits=4),
                   "w8g4 with the LoCo presets' gradients at 4 bits: Hadamard groups of 256 rounded to nearest, "
                   "error feedback (beta 0.5) from an int8 residual of each rank's unsharded gradient; 5% more "
                   "gradient bytes"),

@@ -44,6 +44,22 @@ def plan_for(tiny_recipes, tmp_path, *extra):
     return convergence_plan.make_plan(args)
 
 
+def family_plan(tmp_path, model, *arms):
+    """The plan of ``arms`` on the GPU recipes of ``--model model`` (their recipes loaded; nothing built or run)."""
+    args = convergence._parser().parse_args(["--model", model, "--out-dir", str(tmp_path), "--corpus",
+                                             str(tmp_path / "c"), "--eval-batches", "-1", "--arms", *arms])
+    return convergence_plan.make_plan(args)
+
+
+def arm_qsdp_config(plan, arm):
+    """The ``QSDPConfig`` that ``arm``'s launch builds, on the arm's number of ranks."""
+    from composer_qsdp.recipes.loader import build_algorithm
+    from composer_qsdp.recipes.train import load_recipe
+
+    recipe = load_recipe(plan.recipe_dir / plan.arms[arm].recipe, plan.overrides(arm, 0), world_size=plan.nproc(arm))
+    return build_algorithm("qsdp", recipe.algorithm_kwargs["qsdp"]).config
+
+
 def test_merged_metrics_later_launch_wins(tmp_path):
     write_segment(tmp_path / "metrics-00.json", {5: 3.0, 10: 2.5, 15: 2.4})  # killed after step 15
     write_segment(tmp_path / "metrics-01.json", {15: 2.3, 20: 2.0})  # resumed from the checkpoint at step 10
@@ -163,10 +179,7 @@ def test_eval_weights_option_overrides_the_qsdp_arms_only(tiny_recipes, tmp_path
 
 
 def test_every_arm_plans_valid_launches_for_the_125m_family(tmp_path):
-    args = convergence._parser().parse_args(["--model", "125m", "--out-dir", str(tmp_path), "--corpus",
-                                             str(tmp_path / "c"), "--eval-batches", "-1", "--arms",
-                                             *convergence_arms.ARMS])
-    plan = convergence_plan.make_plan(args)  # loads every arm's recipe with its overrides
+    plan = family_plan(tmp_path, "125m", *convergence_arms.ARMS)  # loads every arm's recipe with its overrides
     assert plan.micro("baseline") == 16 and plan.tokens_per_step == 32 * 512
     assert (plan.nproc("sdp4bit-2x2"), plan.micro("sdp4bit-2x2")) == (4, 8)
     assert "algorithms.qsdp.ranks_per_node=2" in plan.overrides("zeropp-2x2", 0)
@@ -185,19 +198,12 @@ def test_lean_arm_runs_the_memory_benchmarks_lean_layout_on_two_nodes(tmp_path):
     as 2 nodes of 2 so that both gradient hops and the sharded reference are taken."""
     import bench_memory
 
-    from composer_qsdp.recipes.loader import build_algorithm
-    from composer_qsdp.recipes.train import load_recipe
-
     arm = convergence_arms.ARMS["qwd-w3g3-loco-lean-2x2"]
     lean = bench_memory.CONFIGS["qsdp-qwd-w3g3-loco-lean"].overrides
     assert set(lean) - set(bench_memory.CONFIGS["qsdp-qwd-w3g3-loco"].overrides) <= set(arm.overrides)
-    args = convergence._parser().parse_args(["--model", "125m", "--out-dir", str(tmp_path), "--corpus",
-                                             str(tmp_path / "c"), "--eval-batches", "-1", "--arms",
-                                             "qwd-w3g3-loco-lean-2x2"])
-    plan = convergence_plan.make_plan(args)
+    plan = family_plan(tmp_path, "125m", "qwd-w3g3-loco-lean-2x2")
     assert (plan.nproc("qwd-w3g3-loco-lean-2x2"), plan.micro("qwd-w3g3-loco-lean-2x2")) == (4, 8)
-    recipe = load_recipe(plan.recipe_dir / arm.recipe, plan.overrides("qwd-w3g3-loco-lean-2x2", 0), world_size=4)
-    config = build_algorithm("qsdp", recipe.algorithm_kwargs["qsdp"]).config
+    config = arm_qsdp_config(plan, "qwd-w3g3-loco-lean-2x2")
     assert (config.grads.scheme, config.ranks_per_node, config.weights.bits, config.grads.bits) == (
         "two_level_loco", 2, 3, 3)
     # the intra-node hop, without feedback: 8-bit stochastic codes, not the preset's 3-bit ones
@@ -211,17 +217,12 @@ def test_w8g4_candidates_change_only_the_gradients_within_a_tenth_of_its_bytes(t
     10% more bytes per step than it does (weights once, gradients twice: the protocol's 2 microbatches per rank)."""
     import wire_bytes
 
-    from composer_qsdp.recipes.loader import build_algorithm
-    from composer_qsdp.recipes.train import load_recipe
     from composer_qsdp.schemes.build import build_codec
 
     names = ("w8g4", "w8g4-h128", "w8g4-loco")
-    args = convergence._parser().parse_args(["--model", "350m", "--out-dir", str(tmp_path), "--corpus",
-                                             str(tmp_path / "c"), "--eval-batches", "-1", "--arms", *names])
-    plan = convergence_plan.make_plan(args)
-    configs = {name: build_algorithm("qsdp", load_recipe(plan.recipe_dir / convergence_arms.ARMS[name].recipe,
-                                                         plan.overrides(name, 0), world_size=2)
-                                     .algorithm_kwargs["qsdp"]).config for name in names}
+    plan = family_plan(tmp_path, "350m", *names)
+    assert {plan.nproc(name) for name in names} == {2}
+    configs = {name: arm_qsdp_config(plan, name) for name in names}
     n = 1 << 20
     weight, grad = (build_codec(configs["w8g4"].weights, 8).wire_bytes(n),
                     build_codec(configs["w8g4"].grads, 4).wire_bytes(n))
@@ -242,18 +243,11 @@ def test_w8g4_candidates_change_only_the_gradients_within_a_tenth_of_its_bytes(t
 def test_policy_auto_arms_name_the_opt_in_candidates_as_bench_e2e_does(tmp_path, bits, weights, grads):
     import bench_e2e_configs
 
-    from composer_qsdp.recipes.loader import build_algorithm
-    from composer_qsdp.recipes.train import load_recipe
-
     name = f"policy-auto-{bits}"
     arm = convergence_arms.ARMS[name]
     assert set(arm.overrides) <= set(bench_e2e_configs.CONFIGS[f"qsdp-auto-{bits}"].overrides)
     assert name not in convergence_arms.DEFAULT_ARMS + convergence_arms.MATRIX_ARMS
-    args = convergence._parser().parse_args(["--model", "125m", "--out-dir", str(tmp_path), "--corpus",
-                                             str(tmp_path / "c"), "--eval-batches", "-1", "--arms", name])
-    plan = convergence_plan.make_plan(args)
-    recipe = load_recipe(plan.recipe_dir / arm.recipe, plan.overrides(name, 0), world_size=2)
-    options = build_algorithm("qsdp", recipe.algorithm_kwargs["qsdp"]).config.auto_options
+    options = arm_qsdp_config(family_plan(tmp_path, "125m", name), name).auto_options
     assert (options.weight_candidates, options.grad_candidates) == (("off", "w8", weights), ("off", "g8", grads))
 
 
