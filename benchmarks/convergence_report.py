@@ -22,13 +22,16 @@ import e2e_common as common
 import seed_stats
 from convergence_arms import FSDP_BASELINES, arm_seed, base_arm, seedless_name
 from convergence_plan import Plan
-from convergence_runner import (VAL_LOSS, VAL_QUANTIZED_LOSS, launch_count, merged_metrics, recorded_backend,
-                                recorded_eval_weights)
+from convergence_runner import (TRAIN_LOSS, VAL_LOSS, VAL_QUANTIZED_LOSS, launch_count, merged_metrics,
+                                recorded_backend, recorded_eval_weights)
 from provenance import command_line
 
 W8G8_TARGET_PCT = 1.0  # the project's target: W8G8 final validation loss within 1% of plain FSDP
 ZERO_ONE_TARGET_PCT = 1.0  # issue 13: 0/1 Adam's final validation loss within 1% of DDP AdamW
 ZERO_ONE_BYTES_TARGET = 10.0  # ... with at least 10x fewer bytes sent per rank than DDP's fp32 all-reduce
+#: Batches per window of an arm's recorded training loss (``train_curve``): a window of 100 batches of the
+#: protocol's 32 x 512 tokens holds about twice the held-out split's tokens.
+TRAIN_WINDOW = 100
 #: The 0/1 Adam arms whose target line the summary prints (the ablations attribute a gap and have none).
 ZERO_ONE_TARGET_ARMS = ("zero-one-adam", "zero-one-adam-4r", "zero-one-adam-4r-sync", "zero-one-adam-local2",
                         "zero-one-adam-local2-4r", "zero-one-adam-local4", "zero-one-adam-local4-4r",
@@ -54,6 +57,15 @@ def _training_ratio(metrics: dict[str, dict[int, float]],
     return sum(ratios[b] * sent[b] for b in ratios) / total if total else None
 
 
+def train_windows(losses: dict[int, float], window: int = TRAIN_WINDOW) -> list[list[float]]:
+    """``[[step, mean], ...]``: the mean training loss of the ``window`` batches before each multiple ``step`` of
+    ``window`` (batches ``step - window`` .. ``step - 1`` as Composer numbers them when it logs a batch's loss),
+    for the windows whose every batch logged one."""
+    ends = range(window, max(losses, default=-1) + 2, window)
+    return [[end, statistics.fmean(losses[b] for b in range(end - window, end))] for end in ends
+            if all(b in losses for b in range(end - window, end))]
+
+
 def summarize(plan: Plan) -> dict[str, Any]:
     """Per arm: its validation curve, final loss, gap to its baseline's loss at the same step, the bytes it sent
     and their compression, QSDP's sampled errors, the median step time."""
@@ -75,6 +87,7 @@ def summarize(plan: Plan) -> dict[str, Any]:
             "complete": (plan.arm_dir(arm) / "done.json").is_file(),
             "launches": launch_count(plan.arm_dir(arm)),
             "curve": [[step, loss] for step, loss in curve],
+            "train_curve": train_windows(metrics.get(TRAIN_LOSS, {})),
             "final_step": curve[-1][0] if curve else None,
             "final_val_loss": curve[-1][1] if curve else None,
             # What "val" evaluated: "exact" (the full-precision weights, as plain FSDP2), the modes by evaluator
@@ -106,21 +119,22 @@ def summarize(plan: Plan) -> dict[str, Any]:
     return arms
 
 
-def _seed_curves(arms: dict[str, Any]) -> tuple[dict[str, dict[seed_stats.Run, dict[int, float]]],
-                                                 dict[str, set[int]], dict[str, str]]:
-    """The runs of every seeded arm by its name without the seed: curves by :data:`seed_stats.Run`, the seeds, and
-    each group's baseline group. In a combined record a seed found in several runs (labelled ``@run<i>``) counts
-    once per run, as (seed, i)."""
+def _seed_curves(arms: dict[str, Any], key: str = "curve") -> tuple[dict[str, dict[seed_stats.Run, dict[int, float]]],
+                                                                   dict[str, set[int]], dict[str, str]]:
+    """The runs of every seeded arm by its name without the seed: curves ``key`` (``"curve"``: validation loss,
+    ``"train_curve"``: windowed training loss) by :data:`seed_stats.Run`, the seeds, and each group's baseline
+    group. In a combined record a seed found in several runs (labelled ``@run<i>``) counts once per run, as
+    (seed, i)."""
     curves: dict[str, dict[seed_stats.Run, dict[int, float]]] = {}
     seeds: dict[str, set[int]] = {}
     baselines: dict[str, str] = {}
     for name, r in arms.items():
         arm = r.get("arm", name)  # a combined record's label may end in @run<i>
         seed = arm_seed(arm)
-        if seed is None or arm_seed(r.get("baseline") or "") is None or not r["curve"]:  # not started: no run
+        if seed is None or arm_seed(r.get("baseline") or "") is None or not r.get(key):  # not started: no run
             continue
         group = seedless_name(arm)
-        curves.setdefault(group, {})[seed if name == arm else (seed, r["run"])] = dict(r["curve"])
+        curves.setdefault(group, {})[seed if name == arm else (seed, r["run"])] = dict(r[key])
         seeds.setdefault(group, set()).add(seed)
         baselines[group] = seedless_name(r["baseline"])
     return curves, seeds, baselines
@@ -138,10 +152,12 @@ def seed_groups(arms: dict[str, Any], steps: int) -> dict[str, dict[str, Any]]:
     return groups
 
 
-def seed_groups_by_step(arms: dict[str, Any], steps: int) -> dict[str, list[dict[str, Any]]]:
+def seed_groups_by_step(arms: dict[str, Any], steps: int, key: str = "curve") -> dict[str, list[dict[str, Any]]]:
     """:func:`seed_groups` at every evaluation: by group, the comparison at each step an arm's run evaluated, over
-    the runs of both sides that reached it (a combined record pools sessions that stopped at different steps)."""
-    curves, _, baselines = _seed_curves(arms)
+    the runs of both sides that reached it (a combined record pools sessions that stopped at different steps);
+    ``key="train_curve"``: the same over the windows of training loss (records from before it was recorded have
+    none)."""
+    curves, _, baselines = _seed_curves(arms, key)
     by_step: dict[str, list[dict[str, Any]]] = {}
     for group, baseline in baselines.items():
         if group == baseline or baseline not in curves:
@@ -157,12 +173,13 @@ def seed_groups_by_step(arms: dict[str, Any], steps: int) -> dict[str, list[dict
     return by_step
 
 
-def _seed_step_lines(by_step: dict[str, list[dict[str, Any]]]) -> list[str]:
+def _seed_step_lines(by_step: dict[str, list[dict[str, Any]]], what: str = "at every evaluation") -> list[str]:
+    """A table per group of :func:`seed_groups_by_step`'s rows; ``what`` says what its steps are."""
     lines = []
     for group, rows in by_step.items():
         if not rows:
             continue
-        lines += ["", f"{group} at every evaluation, the runs of both sides that reached it (gaps in % of the "
+        lines += ["", f"{group} {what}, the runs of both sides that reached it (gaps in % of the "
                       "baseline's mean; 95% intervals):", "",
                   *_table_head(["step", "runs", "mean", "baseline runs", "baseline mean (std)", "baseline range",
                                 "gap of means (Welch)", "paired gap (p)", "verdict"])]
@@ -175,6 +192,13 @@ def _seed_step_lines(by_step: dict[str, list[dict[str, Any]]]) -> list[str]:
                          f"{c['baseline_range'][1]:.4f} | {c['gap_pct']:+.2f}% ({welch}) | {paired} | "
                          f"{c['verdict'].replace('incomplete: ', '')} |")
     return lines
+
+
+def _train_step_lines(by_step: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """:func:`_seed_step_lines` of the training loss's windows. Each batch's loss is taken before the step that
+    trains on it, and a run of the protocol never repeats a batch, so a window's mean is a held-out loss on the same
+    batches for every arm of a seed: its paired gap compares arms between the evaluations."""
+    return _seed_step_lines(by_step, f"by its training loss, the mean of the {TRAIN_WINDOW} batches before each step")
 
 
 def _paired_cell(c: dict[str, Any]) -> str:
@@ -292,6 +316,7 @@ def markdown(plan: Plan, head: dict[str, str], manifest: dict[str, Any], arms: d
     lines += _speculation_lines(arms)
     lines += _lr_sweep_lines(lr_sweep(arms, a.steps))
     lines += _seed_lines(seed_groups(arms, a.steps))
+    lines += _train_step_lines(seed_groups_by_step(arms, a.steps, "train_curve"))
     return "\n".join(lines) + "\n"
 
 
@@ -523,7 +548,8 @@ def write_results(plan: Plan, manifest: dict[str, Any], status: str, quiet: bool
     arms = summarize(plan)
     record = {"header": head, "settings": {**plan.settings, "max_ranks": plan.max_ranks}, "status": status,
               "corpus": manifest, "arms": arms, "noise_band_pct": noise_band_pct(arms),
-              "lr_sweep": lr_sweep(arms, plan.args.steps), "seed_groups": seed_groups(arms, plan.args.steps)}
+              "lr_sweep": lr_sweep(arms, plan.args.steps), "seed_groups": seed_groups(arms, plan.args.steps),
+              "train_seed_groups_by_step": seed_groups_by_step(arms, plan.args.steps, "train_curve")}
     md = markdown(plan, head, manifest, arms, status)
     _write_record(f"convergence-{plan.name}", plan.out_dir, record, csv_text(plan.tokens_per_step, arms), md)
     if not quiet:
@@ -592,7 +618,8 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
             "settings": first["settings"], "corpus": first["corpus"],
             "status": "complete" if all(r["status"] == "complete" for r in records) else "incomplete", "arms": arms,
             "seed_groups": seed_groups(arms, first["settings"]["steps"]),
-            "seed_groups_by_step": seed_groups_by_step(arms, first["settings"]["steps"])}
+            "seed_groups_by_step": seed_groups_by_step(arms, first["settings"]["steps"]),
+            "train_seed_groups_by_step": seed_groups_by_step(arms, first["settings"]["steps"], "train_curve")}
 
 
 def _evaluated_weights(r: dict[str, Any]) -> str:
@@ -662,6 +689,7 @@ def combined_markdown(record: dict[str, Any]) -> str:
     lines += _w8g8_target(record["arms"].get("w8g8", {}).get("gap_vs_baselines_pct", {}))
     lines += _seed_lines(record.get("seed_groups", {}))
     lines += _seed_step_lines(record.get("seed_groups_by_step", {}))
+    lines += _train_step_lines(record.get("train_seed_groups_by_step", {}))
     return "\n".join(lines) + "\n"
 
 

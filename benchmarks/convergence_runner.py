@@ -26,6 +26,9 @@ from convergence_plan import Plan
 VAL_LOSS = "metrics/val/LanguageCrossEntropy"
 #: The same evaluation with QSDP's quantized weights: logged by arms run with ``--eval-weights both``.
 VAL_QUANTIZED_LOSS = "metrics/val_quantized/LanguageCrossEntropy"
+#: The training loss (nats/token) of each batch, averaged over the ranks: on the same data order every arm sees the
+#: same batches, so its windowed means compare arms between the evaluations.
+TRAIN_LOSS = "loss/train/total"
 
 
 def _segments(arm_dir: Path) -> list[Path]:

@@ -67,6 +67,27 @@ def test_merged_metrics_later_launch_wins(tmp_path):
     assert merged == {5: 3.0, 10: 2.5, 15: 2.3, 20: 2.0}
 
 
+def test_train_windows_average_whole_windows_of_logged_batches():
+    """Window ``k`` averages the batches Composer logged as ``(k - 1) * W .. k * W - 1``; a window with a batch
+    missing (a launch that stopped mid-window and was not resumed) has no mean."""
+    losses = {b: float(b) for b in range(250)}
+    assert convergence_report.train_windows(losses, 100) == [[100, 49.5], [200, 149.5]]
+    del losses[120]
+    assert convergence_report.train_windows(losses, 100) == [[100, 49.5]]
+    assert convergence_report.train_windows({}, 100) == []
+
+
+def test_summary_records_the_windowed_training_loss(tiny_recipes, tmp_path):
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline")
+    losses = {b: 6.0 - 0.01 * b for b in range(2 * convergence_report.TRAIN_WINDOW)}
+    write_segment(plan.out_dir / "baseline" / "metrics-00.json", {10: 5.0}, loss__train__total=losses)
+    curve = convergence_report.summarize(plan)["baseline"]["train_curve"]
+    w = convergence_report.TRAIN_WINDOW
+    assert [step for step, _ in curve] == [w, 2 * w]
+    assert [mean for _, mean in curve] == pytest.approx([statistics.fmean(6.0 - 0.01 * b for b in range(w)),
+                                                         statistics.fmean(6.0 - 0.01 * b for b in range(w, 2 * w))])
+
+
 def test_summary_csv_markdown_png(tiny_recipes, tmp_path):
     plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", "w4g4")
     out = plan.out_dir
@@ -909,6 +930,29 @@ def test_combine_pools_every_run_of_a_seed_against_the_baselines_runs():
     md = convergence_report.combined_markdown(record)
     assert "20 (1 stopped run left out)" in md and "w8g8 at every evaluation" in md
     assert _cells(md, "| 10 |")[:3] == ["10", "6 (3 seeds)", f"{statistics.fmean([5.01] * 3 + [4.99, 4.99, 4.98]):.4f}"]
+
+
+def test_combine_compares_the_seeds_training_loss_window_by_window():
+    """The paired gap of the training loss at each window over the seeds both sides recorded; a record from before
+    the windows were recorded (no ``train_curve``) adds no run to them."""
+    base = {17: [5.0, 4.0], 18: [5.1, 4.1], 19: [4.9, 3.9]}
+    arm = {17: [5.05, 4.02], 18: [5.1, 4.12], 19: [4.95, 3.91]}
+    arms = {f"{name}@s{s}": {10: 5.0, 20: w[1]} for name, by_seed in (("baseline-1r", base), ("w8g4", arm))
+            for s, w in by_seed.items()}
+    record = _seeded("a", arms)
+    for label, r in record["arms"].items():
+        windows = (base if label.startswith("baseline") else arm)[int(label[-2:])]
+        r["train_curve"] = [[10, windows[0]], [20, windows[1]]]
+    older = _seeded("b", {"w8g4@s20": {10: 5.0, 20: 4.0}, "baseline-1r@s20": {10: 5.0, 20: 4.0}})
+    combined = convergence_report.combine_records([record, older])
+    rows = combined["train_seed_groups_by_step"]["w8g4"]
+    assert [(c["step"], len(c["arm_losses"])) for c in rows] == [(10, 3), (20, 3)]
+    for c, i in zip(rows, (0, 1)):
+        paired = [100 * (arm[s][i] / base[s][i] - 1) for s in base]
+        assert c["paired_gap_pct"] == pytest.approx(statistics.fmean(paired))
+    assert combined["seed_groups"]["w8g4"]["seeds"] == [17, 18, 19, 20]  # the validation loss counts seed 20
+    md = convergence_report.combined_markdown(combined)
+    assert "w8g4 by its training loss, the mean of the 100 batches before each step" in md
 
 
 def test_combine_adds_later_seeds_of_both_sides_to_the_comparison():
