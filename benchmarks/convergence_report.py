@@ -173,8 +173,29 @@ def seed_groups_by_step(arms: dict[str, Any], steps: int, key: str = "curve") ->
     return by_step
 
 
-def _seed_step_lines(by_step: dict[str, list[dict[str, Any]]], what: str = "at every evaluation") -> list[str]:
-    """A table per group of :func:`seed_groups_by_step`'s rows; ``what`` says what its steps are."""
+def train_trends(arms: dict[str, Any], steps: int) -> dict[str, dict[str, Any]]:
+    """By seeded group: :func:`seed_stats.paired_trend` of its windowed training loss against its baseline's over the
+    second half of the run (the windows from ``steps / 2`` on); groups without one are left out."""
+    curves, _, baselines = _seed_curves(arms, "train_curve")
+    trends = {}
+    for group, baseline in baselines.items():
+        if group != baseline and baseline in curves:
+            trend = seed_stats.paired_trend(curves[group], curves[baseline], steps // 2)
+            if trend is not None:
+                trends[group] = trend
+    return trends
+
+
+def _trend_line(t: dict[str, Any]) -> str:
+    ci = "" if t["ci95"] is None else f", 95% {t['ci95'][0]:+.3f} .. {t['ci95'][1]:+.3f}, p {t['p_value']:.2f}"
+    return (f"Trend of the paired gap from step {t['from_step']} to {t['to_step']}: {t['slope_per_100_pct']:+.3f}% per "
+            f"100 steps ({t['seeds']} seed{'s' if t['seeds'] > 1 else ''}{ci}).")
+
+
+def _seed_step_lines(by_step: dict[str, list[dict[str, Any]]], what: str = "at every evaluation",
+                     trends: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """A table per group of :func:`seed_groups_by_step`'s rows; ``what`` says what its steps are; ``trends``: a
+    group's :func:`train_trends` entry, stated under its table."""
     lines = []
     for group, rows in by_step.items():
         if not rows:
@@ -191,14 +212,18 @@ def _seed_step_lines(by_step: dict[str, list[dict[str, Any]]], what: str = "at e
                          f"{_mean_std(c['baseline_mean'], c['baseline_std'])} | {c['baseline_range'][0]:.4f} .. "
                          f"{c['baseline_range'][1]:.4f} | {c['gap_pct']:+.2f}% ({welch}) | {paired} | "
                          f"{c['verdict'].replace('incomplete: ', '')} |")
+        if trends and group in trends:
+            lines += ["", _trend_line(trends[group])]
     return lines
 
 
-def _train_step_lines(by_step: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """:func:`_seed_step_lines` of the training loss's windows. Each batch's loss is taken before the step that
-    trains on it, and a run of the protocol never repeats a batch, so a window's mean is a held-out loss on the same
-    batches for every arm of a seed: its paired gap compares arms between the evaluations."""
-    return _seed_step_lines(by_step, f"by its training loss, the mean of the {TRAIN_WINDOW} batches before each step")
+def _train_step_lines(by_step: dict[str, list[dict[str, Any]]], trends: dict[str, dict[str, Any]]) -> list[str]:
+    """:func:`_seed_step_lines` of the training loss's windows, each group's second-half trend under its table. Each
+    batch's loss is taken before the step that trains on it, and a run of the protocol never repeats a batch, so a
+    window's mean is a held-out loss on the same batches for every arm of a seed: its paired gap compares arms
+    between the evaluations."""
+    return _seed_step_lines(by_step, f"by its training loss, the mean of the {TRAIN_WINDOW} batches before each step",
+                            trends)
 
 
 def _paired_cell(c: dict[str, Any]) -> str:
@@ -316,7 +341,7 @@ def markdown(plan: Plan, head: dict[str, str], manifest: dict[str, Any], arms: d
     lines += _speculation_lines(arms)
     lines += _lr_sweep_lines(lr_sweep(arms, a.steps))
     lines += _seed_lines(seed_groups(arms, a.steps))
-    lines += _train_step_lines(seed_groups_by_step(arms, a.steps, "train_curve"))
+    lines += _train_step_lines(seed_groups_by_step(arms, a.steps, "train_curve"), train_trends(arms, a.steps))
     return "\n".join(lines) + "\n"
 
 
@@ -549,7 +574,8 @@ def write_results(plan: Plan, manifest: dict[str, Any], status: str, quiet: bool
     record = {"header": head, "settings": {**plan.settings, "max_ranks": plan.max_ranks}, "status": status,
               "corpus": manifest, "arms": arms, "noise_band_pct": noise_band_pct(arms),
               "lr_sweep": lr_sweep(arms, plan.args.steps), "seed_groups": seed_groups(arms, plan.args.steps),
-              "train_seed_groups_by_step": seed_groups_by_step(arms, plan.args.steps, "train_curve")}
+              "train_seed_groups_by_step": seed_groups_by_step(arms, plan.args.steps, "train_curve"),
+              "train_trends": train_trends(arms, plan.args.steps)}
     md = markdown(plan, head, manifest, arms, status)
     _write_record(f"convergence-{plan.name}", plan.out_dir, record, csv_text(plan.tokens_per_step, arms), md)
     if not quiet:
@@ -619,7 +645,8 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
             "status": "complete" if all(r["status"] == "complete" for r in records) else "incomplete", "arms": arms,
             "seed_groups": seed_groups(arms, first["settings"]["steps"]),
             "seed_groups_by_step": seed_groups_by_step(arms, first["settings"]["steps"]),
-            "train_seed_groups_by_step": seed_groups_by_step(arms, first["settings"]["steps"], "train_curve")}
+            "train_seed_groups_by_step": seed_groups_by_step(arms, first["settings"]["steps"], "train_curve"),
+            "train_trends": train_trends(arms, first["settings"]["steps"])}
 
 
 def _evaluated_weights(r: dict[str, Any]) -> str:
@@ -689,7 +716,7 @@ def combined_markdown(record: dict[str, Any]) -> str:
     lines += _w8g8_target(record["arms"].get("w8g8", {}).get("gap_vs_baselines_pct", {}))
     lines += _seed_lines(record.get("seed_groups", {}))
     lines += _seed_step_lines(record.get("seed_groups_by_step", {}))
-    lines += _train_step_lines(record.get("train_seed_groups_by_step", {}))
+    lines += _train_step_lines(record.get("train_seed_groups_by_step", {}), record.get("train_trends", {}))
     return "\n".join(lines) + "\n"
 
 

@@ -24,7 +24,8 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Union
 
-__all__ = ["MIN_SEEDS", "Run", "SeedComparison", "compare", "run_label", "student_t_cdf", "student_t_quantile"]
+__all__ = ["MIN_SEEDS", "Run", "SeedComparison", "compare", "paired_trend", "run_label", "student_t_cdf",
+           "student_t_quantile"]
 
 #: One run of an arm: its seed, or (seed, run index) where a seed ran more than once.
 Run = Union[int, tuple[int, int]]
@@ -199,13 +200,7 @@ def compare(arm_curves: dict[Run, dict[int, float]], baseline_curves: dict[Run, 
     arm_mean, base_mean = statistics.fmean(a), statistics.fmean(b)
     arm_seed, base_seed = _seed_means(arm), _seed_means(base)
     paired = [100.0 * (loss - base_seed[seed]) / base_seed[seed] for seed, loss in arm_seed.items() if seed in base_seed]
-    paired_ci = paired_p = None
-    if len(paired) > 1 and (spread := statistics.stdev(paired)) > 0:
-        se = spread / math.sqrt(len(paired))
-        mean = statistics.fmean(paired)
-        paired_p = 2.0 * (1.0 - student_t_cdf(abs(mean / se), len(paired) - 1))
-        half = student_t_quantile(0.975, len(paired) - 1) * se
-        paired_ci = (mean - half, mean + half)
+    paired_ci, paired_p = _one_sample_t(paired)
     t = df = p = ci = None
     if len(a) > 1 and len(b) > 1:
         va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
@@ -224,6 +219,60 @@ def compare(arm_curves: dict[Run, dict[int, float]], baseline_curves: dict[Run, 
                           100.0 * (arm_mean - base_mean) / base_mean,
                           statistics.fmean(paired) if paired else None, paired_ci, paired_p, t, df, p, ci, verdict,
                           left_out)
+
+
+def _one_sample_t(values: list[float]) -> tuple[tuple[float, float] | None, float | None]:
+    """The 95% confidence interval of the mean of ``values`` and the two-sided p of a zero mean, by Student's t with
+    n - 1 degrees of freedom; (None, None) with fewer than 2 values or none spread."""
+    if len(values) < 2 or (spread := statistics.stdev(values)) == 0:
+        return None, None
+    se = spread / math.sqrt(len(values))
+    mean = statistics.fmean(values)
+    half = student_t_quantile(0.975, len(values) - 1) * se
+    return (mean - half, mean + half), 2.0 * (1.0 - student_t_cdf(abs(mean / se), len(values) - 1))
+
+
+def paired_trend(arm_curves: dict[Run, dict[int, float]], baseline_curves: dict[Run, dict[int, float]],
+                 from_step: int) -> dict[str, Any] | None:
+    """How the paired gap moves from ``from_step`` on: per seed both sides ran, the least-squares slope of its gap
+    (the mean of its arm runs against the mean of its baseline runs, in percent of the latter) over the steps from
+    ``from_step`` that all those runs reached, in percent per 100 steps; then the mean slope over the seeds with its
+    95% interval and p (:func:`compare`'s paired test). Of a seed's runs on one side only those that got furthest
+    count (a run stopped early would cut the others' steps, and averaging runs in and out along the steps would add
+    their offsets to the slope). A gap inside the baseline's range at the last step but rising says what the verdict
+    cannot: where a longer run is heading.
+
+    Returns:
+        ``{"from_step", "to_step", "seeds", "slope_per_100_pct", "ci95", "p_value", "slopes"}`` (``slopes`` by
+        seed), or None where no seed has three such steps.
+    """
+    slopes: dict[int, float] = {}
+    last = from_step
+    for seed in sorted({_seed(r) for r in arm_curves} & {_seed(r) for r in baseline_curves}):
+        sides = [_furthest([c for run, c in side.items() if _seed(run) == seed and c])
+                 for side in (arm_curves, baseline_curves)]
+        shared = set.intersection(*(set(c) for side in sides for c in side))
+        steps = sorted(step for step in shared if step >= from_step)
+        if len(steps) < 3:
+            continue
+        arm, base = ([statistics.fmean(c[step] for c in side) for step in steps] for side in sides)
+        gaps = [100.0 * (a - b) / b for a, b in zip(arm, base)]
+        mean_step, mean_gap = statistics.fmean(steps), statistics.fmean(gaps)
+        slopes[seed] = 100.0 * (sum((x - mean_step) * (g - mean_gap) for x, g in zip(steps, gaps))
+                                / sum((x - mean_step) ** 2 for x in steps))
+        last = max(last, steps[-1])
+    if not slopes:
+        return None
+    ci, p = _one_sample_t(list(slopes.values()))
+    return {"from_step": from_step, "to_step": last, "seeds": len(slopes),
+            "slope_per_100_pct": statistics.fmean(slopes.values()), "ci95": ci, "p_value": p,
+            "slopes": {str(seed): slope for seed, slope in slopes.items()}}
+
+
+def _furthest(curves: list[dict[int, float]]) -> list[dict[int, float]]:
+    """The curves among ``curves`` that reach the furthest step of any."""
+    end = max(max(c) for c in curves)
+    return [c for c in curves if max(c) == end]
 
 
 def _seed_means(losses: dict[Run, float]) -> dict[int, float]:

@@ -951,8 +951,15 @@ def test_combine_compares_the_seeds_training_loss_window_by_window():
         paired = [100 * (arm[s][i] / base[s][i] - 1) for s in base]
         assert c["paired_gap_pct"] == pytest.approx(statistics.fmean(paired))
     assert combined["seed_groups"]["w8g4"]["seeds"] == [17, 18, 19, 20]  # the validation loss counts seed 20
+    # The second half (windows from step 10 of 20) has two windows per seed: too few for a trend.
+    assert combined["train_trends"] == {}
     md = convergence_report.combined_markdown(combined)
     assert "w8g4 by its training loss, the mean of the 100 batches before each step" in md
+    trend = {"from_step": 10, "to_step": 20, "seeds": 3, "slope_per_100_pct": 0.04, "ci95": [0.01, 0.07],
+             "p_value": 0.03, "slopes": {}}
+    md = convergence_report.combined_markdown({**combined, "train_trends": {"w8g4": trend}})
+    assert ("Trend of the paired gap from step 10 to 20: +0.040% per 100 steps (3 seeds, 95% +0.010 .. +0.070, "
+            "p 0.03).") in md
 
 
 def test_combine_adds_later_seeds_of_both_sides_to_the_comparison():

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from seed_stats import MIN_SEEDS, compare, student_t_cdf, student_t_quantile
+from seed_stats import MIN_SEEDS, compare, paired_trend, student_t_cdf, student_t_quantile
 
 
 @pytest.mark.parametrize("df", [1.0, 2.0, 3.7, 10.0, 57.5])
@@ -72,6 +72,40 @@ def test_paired_test_over_seeds_matches_scipy_and_weighs_each_seed_once():
     one = compare(_curves({17: 1.70, 20: 1.69}), _curves({17: 1.69, 21: 1.68}), complete_step=2000)
     assert one.paired_gap_pct == pytest.approx(100 * (1.70 / 1.69 - 1))
     assert one.paired_ci95_pct is None and one.paired_p_value is None  # one common seed: no interval
+
+
+def test_paired_trend_fits_each_seeds_gap_and_tests_the_slopes_over_seeds():
+    """Each seed's slope is the least-squares line of its paired gap over the steps from ``from_step`` that all its
+    runs reached (numpy's polyfit as the reference), its runs averaged first; the slopes' mean is tested as the
+    paired gap is (scipy's one-sample t)."""
+    np = pytest.importorskip("numpy")
+    stats = pytest.importorskip("scipy.stats")
+    steps = [100, 200, 300, 400, 500, 600]
+    base = {seed: {s: 3.0 - 0.001 * s + 0.01 * seed for s in steps} for seed in (17, 18, 19)}
+    rises = {17: 0.04, 18: 0.06, 19: 0.03}  # % of the baseline per 100 steps
+    arm = {seed: {s: base[seed][s] * (1 + (rises[seed] * s / 100 + 0.1 * (s % 300 == 0)) / 100) for s in steps}
+           for seed in rises}
+    # Seed 17 run three times by the arm: a second complete run is averaged in; a third, stopped at step 400, is left
+    # out rather than cutting the seed's steps.
+    runs = {(17, 1): arm[17], (17, 2): {s: v * 1.001 for s, v in arm[17].items()},
+            (17, 3): {s: v * 1.02 for s, v in arm[17].items() if s <= 400}, 18: arm[18], 19: arm[19]}
+    t = paired_trend(runs, base, 300)
+    assert (t["from_step"], t["to_step"], t["seeds"]) == (300, 600, 3)
+    expected = {}
+    kept = [s for s in steps if s >= 300]
+    for seed in rises:
+        a = [(runs[(17, 1)][s] + runs[(17, 2)][s]) / 2 if seed == 17 else runs[seed][s] for s in kept]
+        gaps = [100 * (x / base[seed][s] - 1) for x, s in zip(a, kept)]
+        expected[seed] = 100 * np.polyfit(kept, gaps, 1)[0]
+    assert t["slopes"] == pytest.approx({str(seed): slope for seed, slope in expected.items()})
+    slopes = list(expected.values())
+    assert t["slope_per_100_pct"] == pytest.approx(statistics.fmean(slopes))
+    assert t["p_value"] == pytest.approx(stats.ttest_1samp(slopes, 0.0).pvalue, rel=1e-7)
+    half = stats.t.ppf(0.975, 2) * statistics.stdev(slopes) / math.sqrt(3)
+    assert t["ci95"] == pytest.approx((statistics.fmean(slopes) - half, statistics.fmean(slopes) + half))
+    # Fewer than three common steps from from_step: no trend for that seed, and None without any.
+    assert paired_trend({17: arm[17]}, {17: base[17]}, 500) is None
+    assert paired_trend({17: arm[17], 20: arm[18]}, {17: base[17]}, 100)["seeds"] == 1
 
 
 def test_verdicts_inside_below_and_incomplete():
