@@ -122,7 +122,8 @@ runs on it (its ``manifest.json`` is recorded; it is never rebuilt).
 
 Outputs, in ``--out-dir``, as ``convergence-<name>.csv`` (step, tokens, one validation-loss
 column per arm), ``.json`` (curves, the training loss's means over windows of 100 batches, final losses, gaps to the
-baseline, QSDP compression and sampled errors, settings, corpus manifest), ``.md`` (the summary table) and ``.png`` (all curves, and the second half zoomed).
+baseline, QSDP compression and sampled errors, settings, corpus manifest), ``.md`` (the summary table) and ``.png``
+(all curves, and the second half zoomed).
 ``--replot RECORD.json`` redraws the PNG from a record (e.g. where matplotlib is missing on the GPU machine).
 ``--combine RUN1.json RUN2.json ...`` merges the records of several runs with the same settings and corpus (an arm
 finished on a later machine, a repeated baseline that measures the run-to-run spread, seeds run again) into

@@ -257,9 +257,7 @@ def paired_trend(arm_curves: dict[Run, dict[int, float]], baseline_curves: dict[
             continue
         arm, base = ([statistics.fmean(c[step] for c in side) for step in steps] for side in sides)
         gaps = [100.0 * (a - b) / b for a, b in zip(arm, base)]
-        mean_step, mean_gap = statistics.fmean(steps), statistics.fmean(gaps)
-        slopes[seed] = 100.0 * (sum((x - mean_step) * (g - mean_gap) for x, g in zip(steps, gaps))
-                                / sum((x - mean_step) ** 2 for x in steps))
+        slopes[seed] = 100.0 * statistics.linear_regression(steps, gaps).slope
         last = max(last, steps[-1])
     if not slopes:
         return None
