@@ -128,7 +128,7 @@ baseline, QSDP compression and sampled errors, settings, corpus manifest), ``.md
 ``--combine RUN1.json RUN2.json ...`` merges the records of several runs with the same settings and corpus (an arm
 finished on a later machine, a repeated baseline that measures the run-to-run spread, seeds run again) into
 ``<first>-combined.{csv,json,md,png}``, with every arm's gap to every run's baseline; each run of a seed is one sample
-of the seed statistics.
+of the seed statistics. A combined record among them stands for the runs it holds.
 
 Usage::
 

@@ -603,13 +603,12 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     one found in several becomes ``<arm>@run<i>`` (1-based, in the order given), and :func:`seed_groups` counts
     each such run of a seed. Each arm keeps its gap to its own run's
     baseline (``gap_vs_baseline_pct``) and gains ``gap_vs_baselines_pct``: its gap to every run's baseline at its
-    final step, by baseline label. Raises ``ValueError`` naming the first setting or corpus fingerprint that
-    differs between runs."""
+    final step, by baseline label. A combined record given among them stands for the runs it holds, so a later
+    run can join an earlier combination as it would have joined the runs' own records. Raises ``ValueError`` naming
+    the first setting or corpus fingerprint that differs between runs."""
     if len(records) < 2:
         raise ValueError(f"combining needs at least 2 records, got {len(records)}")
-    combined = [i for i, record in enumerate(records, start=1) if "runs" in record]
-    if combined:
-        raise ValueError(f"record {combined[0]} is itself a combined record: pass the runs' own records it names")
+    records = [run for record in records for run in _runs_of(record)]
     first = records[0]
     for i, record in enumerate(records[1:], start=2):
         # How many processes ran at once changes the step times, not an arm's numerics; nor does the transport:
@@ -647,6 +646,20 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
             "seed_groups_by_step": seed_groups_by_step(arms, first["settings"]["steps"]),
             "train_seed_groups_by_step": seed_groups_by_step(arms, first["settings"]["steps"], "train_curve"),
             "train_trends": train_trends(arms, first["settings"]["steps"])}
+
+
+def _runs_of(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs a record holds, each as the record its run wrote (as far as :func:`combine_records` reads one): the
+    record itself, or a combined record's runs with the arms it kept of each."""
+    if "runs" not in record:
+        return [record]
+    own = ("arm", "run", "gap_vs_baselines_pct")  # what combining added to each arm
+    return [{"header": {k: v for k, v in header.items() if k != "shared_gpu"},
+             "settings": {**record["settings"], "shared_gpu": header.get("shared_gpu")},
+             "corpus": record["corpus"], "status": record["status"],
+             "arms": {r["arm"]: {k: v for k, v in r.items() if k not in own}
+                      for r in record["arms"].values() if r["run"] == i}}
+            for i, header in enumerate(record["runs"], start=1)]
 
 
 def _evaluated_weights(r: dict[str, Any]) -> str:
@@ -722,11 +735,13 @@ def combined_markdown(record: dict[str, Any]) -> str:
 
 def write_combined(paths: list[Path], out_dir: Path | None) -> dict[str, Any]:
     """Combine the ``convergence-*.json`` records at ``paths`` and write ``<first stem>-combined`` .csv, .json,
-    .md and .png (when matplotlib is there) into ``out_dir`` (default: the first record's directory)."""
+    .md and .png (when matplotlib is there) into ``out_dir`` (default: the first record's directory). A first record
+    that is itself combined keeps its stem, so by default the new combination, which holds its runs, replaces it."""
     record = combine_records([common.read_json(path) for path in paths])
     s = record["settings"]
     md = combined_markdown(record)
-    written = _write_record(f"{paths[0].stem}-combined", out_dir or paths[0].parent, record,
+    stem = paths[0].stem.removesuffix("-combined")
+    written = _write_record(f"{stem}-combined", out_dir or paths[0].parent, record,
                             csv_text(s["global_batch"] * s["seq_len"], record["arms"]), md)
     print(md + "\n".join(f"wrote {path}" for path in written))
     return record

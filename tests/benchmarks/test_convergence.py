@@ -810,9 +810,39 @@ def test_combine_refuses_runs_that_differ(change, message):
         convergence_report.combine_records([first, second])
     with pytest.raises(ValueError, match="at least 2 records, got 1"):
         convergence_report.combine_records([first])
-    alike = second | {"settings": first["settings"], "corpus": first["corpus"]}
-    with pytest.raises(ValueError, match="record 2 is itself a combined record"):
-        convergence_report.combine_records([first, convergence_report.combine_records([first, alike])])
+    alike = second | {"settings": first["settings"], "corpus": first["corpus"], "header": {**second["header"],
+                                                                                         "git": "c"}}
+    with pytest.raises(ValueError, match=message.replace("run 2", "run 3")):  # a combined record counts its runs
+        convergence_report.combine_records([convergence_report.combine_records([first, alike]), second])
+
+
+def test_a_combined_record_joins_a_later_run_as_its_runs_own_records_would(tmp_path):
+    """Combining an earlier combination with a new run gives the record that combining all the runs' own records
+    gives: the same arms, run labels, gaps, seed tables and header; on the command line it replaces the earlier
+    combination."""
+    base = {f"baseline-1r@s{s}": {10: 5.0, 20: 4.0 + (s - 18) / 100} for s in (17, 18, 19)}
+    first = _seeded("a", {**base, "w8g4@s17": {10: 5.02, 20: 4.03}, "w8g4@s18": {10: 5.01}})
+    first["settings"] = {**first["settings"], "shared_gpu": False}
+    second = _seeded("b", {"w8g4@s18": {10: 5.01, 20: 4.05}, "w8g4@s19": {10: 5.03, 20: 4.02},
+                           "w8g4@s17": {10: 5.0, 20: 4.01}})  # s18 continued; s17 run again
+    second["settings"] = {**second["settings"], "shared_gpu": True}
+    third = _seeded("c", {f"w8g4-h128@s{s}": {10: 5.0, 20: 4.0 + (s - 18) / 1000} for s in (17, 18, 19)})
+    for record in (first, second, third):
+        for r in record["arms"].values():
+            r["train_curve"] = [[10, r["curve"][0][1] + 1.0]]
+    every = convergence_report.combine_records([first, second, third])
+    stepwise = convergence_report.combine_records([convergence_report.combine_records([first, second]), third])
+    assert stepwise == every
+    assert list(every["arms"]) == [*base, "w8g4@s17@run1", "w8g4@s18", "w8g4@s19", "w8g4@s17@run2",
+                                   *(f"w8g4-h128@s{s}" for s in (17, 18, 19))]
+    assert [run["shared_gpu"] for run in every["runs"]] == [False, True, None]
+    assert every["seed_groups"]["w8g4-h128"]["comparison"]["verdict"] == "inside"
+    earlier, later = tmp_path / "convergence-x-combined.json", tmp_path / "new" / "convergence-x.json"
+    later.parent.mkdir()
+    earlier.write_text(json.dumps(convergence_report.combine_records([first, second])))
+    later.write_text(json.dumps(third))
+    assert convergence.main(["--combine", str(earlier), str(later)]) == 0
+    assert json.loads(earlier.read_text()) == json.loads(json.dumps(every))
 
 
 def _evaluating(record: dict, weights: dict[str, object], settings: dict | None = None) -> dict:
