@@ -539,6 +539,16 @@ def _figure(record: dict[str, Any], plt: Any) -> Any:
     return fig
 
 
+def _recorded(path: Path) -> dict[str, Any]:
+    """The convergence record at ``path`` (``--header-from``); SystemExit naming it where it is not one."""
+    try:
+        record = common.read_json(path)
+        record["header"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise SystemExit(f"--header-from {path}: not a convergence record with a header ({err!r})") from None
+    return record
+
+
 def recorded_header(records: list[Path]) -> dict[str, str]:
     """The header of the hosts that ran the arms, from their ``convergence-*.json`` records (one per session): the
     first record's device and versions, every distinct date, git revision and command, and this command as
@@ -547,12 +557,7 @@ def recorded_header(records: list[Path]) -> dict[str, str]:
     Raises:
         SystemExit: a record that cannot be read or has no header, naming it.
     """
-    heads = []
-    for path in records:
-        try:
-            heads.append(common.read_json(path)["header"])
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise SystemExit(f"--header-from {path}: not a convergence record with a header ({err!r})") from None
+    heads = [_recorded(path)["header"] for path in records]
     head = dict(heads[0])
     for key, sep in (("date", " + "), ("git", " + "), ("command", " ; ")):
         head[key] = sep.join(dict.fromkeys(h[key] for h in heads if key in h))
@@ -570,8 +575,13 @@ def write_results(plan: Plan, manifest: dict[str, Any], status: str, quiet: bool
     if plan.shared and not plan.args.header_from:  # a recorded header says it already
         head["device"] += (f"; arms share the GPU(s){_concurrency(plan)}; arms with more processes than GPUs over "
                            "gloo (shared_gpu)")
+    settings = {**plan.settings, "max_ranks": plan.max_ranks}
+    if plan.args.header_from:  # the host that ran the arms knew whether they shared its GPUs; this machine may have none
+        ran = [_recorded(Path(p)).get("settings", {}) for p in plan.args.header_from]
+        if any("shared_gpu" in r for r in ran):
+            settings["shared_gpu"] = any(r.get("shared_gpu") for r in ran)
     arms = summarize(plan)
-    record = {"header": head, "settings": {**plan.settings, "max_ranks": plan.max_ranks}, "status": status,
+    record = {"header": head, "settings": settings, "status": status,
               "corpus": manifest, "arms": arms, "noise_band_pct": noise_band_pct(arms),
               "lr_sweep": lr_sweep(arms, plan.args.steps), "seed_groups": seed_groups(arms, plan.args.steps),
               "train_seed_groups_by_step": seed_groups_by_step(arms, plan.args.steps, "train_curve"),

@@ -544,7 +544,8 @@ def test_tables_rewritten_elsewhere_keep_the_header_and_backends_of_the_host_tha
         records.append(tmp_path / f"record-{session}.json")
         records[-1].write_text(json.dumps({"header": {
             "device": "1 x NVIDIA H200 (140 GiB) of 1 visible; arms share the GPU(s)", "torch": "2.11.0+cu130",
-            "nccl": "2.28.9", "python": "3.12.3", "date": date, "git": git, "command": f"python3 convergence.py s{session}"}}))
+            "nccl": "2.28.9", "python": "3.12.3", "date": date, "git": git, "command": f"python3 convergence.py s{session}"},
+            "settings": {"shared_gpu": session == 1}}))
     plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", "--status", "--header-from", *map(str, records))
     for arm, backend in (("baseline", "nccl"), ("w8g8", "gloo")):
         write_segment(plan.out_dir / arm / "metrics-00.json", {10: 5.0})
@@ -557,6 +558,7 @@ def test_tables_rewritten_elsewhere_keep_the_header_and_backends_of_the_host_tha
     assert (head["git"], head["torch"]) == ("aaa1111 + bbb2222", "2.11.0+cu130")
     assert head["command"] == "python3 convergence.py s0 ; python3 convergence.py s1" and head["tables"]  # this command
     assert (record["arms"]["baseline"]["backend"], record["arms"]["w8g8"]["backend"]) == ("nccl", "gloo")
+    assert record["settings"]["shared_gpu"] is True  # as the host ran them (one session shared), not this CPU's False
     md = (plan.out_dir / f"convergence-{plan.name}.md").read_text()
     assert "over gloo w8g8, over NCCL baseline" in md and "CPU processes" not in md
     # An arm resumed on the other transport says so, in launch order.
