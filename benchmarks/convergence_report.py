@@ -543,8 +543,9 @@ def _recorded(path: Path) -> dict[str, Any]:
     """The convergence record at ``path`` (``--header-from``); SystemExit naming it where it is not one."""
     try:
         record = common.read_json(path)
-        record["header"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
+        if not isinstance(record, dict) or not isinstance(record.get("header"), dict):
+            raise ValueError("no header")
+    except (OSError, ValueError) as err:
         raise SystemExit(f"--header-from {path}: not a convergence record with a header ({err!r})") from None
     return record
 
@@ -576,7 +577,7 @@ def write_results(plan: Plan, manifest: dict[str, Any], status: str, quiet: bool
         head["device"] += (f"; arms share the GPU(s){_concurrency(plan)}; arms with more processes than GPUs over "
                            "gloo (shared_gpu)")
     settings = {**plan.settings, "max_ranks": plan.max_ranks}
-    if plan.args.header_from:  # the host that ran the arms knew whether they shared its GPUs; this machine may have none
+    if plan.args.header_from:  # the host that ran the arms knew whether they shared its GPUs; this one may have none
         ran = [_recorded(Path(p)).get("settings", {}) for p in plan.args.header_from]
         if any("shared_gpu" in r for r in ran):
             settings["shared_gpu"] = any(r.get("shared_gpu") for r in ran)

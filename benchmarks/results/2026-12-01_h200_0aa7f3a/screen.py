@@ -1,4 +1,5 @@
-# Run from the repository root: .venv/bin/python benchmarks/results/2026-12-01_h200_0aa7f3a/screen.py > <this folder>/screen.md
+# Run from the repository root, writing screen.md beside this file:
+#   D=benchmarks/results/2026-12-01_h200_0aa7f3a; .venv/bin/python $D/screen.py > $D/screen.md
 # Issue 50's screen of w8g4-h128 on GPT-350M's prose (seeds 17-19, stopped at steps 544-552 of 1,000): each seed's
 # gap to the same seed's plain FSDP2 run (da4936b) at every evaluation and window of training loss the runs share,
 # beside w8g4's (6495b94), w8g8's (9f3327a) and qwd-w3g3-loco's (da4936b) gaps of the same seeds, and the paired
@@ -28,7 +29,8 @@ def row(label: str, arm: dict[int, dict[int, float]], base: dict[int, dict[int, 
     r = seed_stats.compare(one, {seed: {step: base[seed][step]} for seed in SEEDS}, step)
     per_seed = " / ".join(f"{100 * (arm[s][step] - base[s][step]) / base[s][step]:+.2f}" for s in SEEDS)
     lo, hi = r.paired_ci95_pct
-    return f"| {label} | {step} | {per_seed} | {r.paired_gap_pct:+.2f}% | {lo:+.2f} .. {hi:+.2f}% | {r.paired_p_value:.3f} |"
+    gap, p = r.paired_gap_pct, r.paired_p_value
+    return f"| {label} | {step} | {per_seed} | {gap:+.2f}% | {lo:+.2f} .. {hi:+.2f}% | {p:.3f} |"
 
 
 def main() -> None:
