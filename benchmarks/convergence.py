@@ -255,6 +255,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="arms share the GPUs: auto (default) when an arm has more processes than there are GPUs "
                              "or --max-ranks exceeds the GPUs; arms wider than the GPUs (every arm, with true) then "
                              "run over gloo (the recipes' shared_gpu key), the others over NCCL, a GPU per rank")
+    parser.add_argument("--shared-gpu-transport", choices=("gloo", "samedev"), default="gloo",
+                        help="how the ranks of an arm that shares GPUs exchange data (the recipes' "
+                             "shared_gpu_transport key): gloo (default, through host memory) or samedev (staging "
+                             "buffers on the GPU, composer_qsdp.comm.same_device_pg; the same numbers)")
     parser.add_argument("--results-interval-s", type=float, default=60.0,
                         help="rewrite the results files from the arms' metrics this often while arms run (default "
                              "60 s; the metrics files themselves are rewritten after every evaluation)")

@@ -52,13 +52,16 @@ class Plan(common.DriverPlan):
         return self.out_dir / arm
 
     def gloo(self, arm: str) -> bool:
-        """Whether ``arm``'s ranks share GPUs over gloo: in a shared plan, with more processes than GPUs or
-        ``--shared-gpu true``; an arm with a GPU per rank keeps NCCL even while other arms use those GPUs."""
+        """Whether ``arm``'s ranks share GPUs (over ``--shared-gpu-transport``, gloo by default): in a shared plan,
+        with more processes than GPUs or ``--shared-gpu true``; an arm with a GPU per rank keeps NCCL even while
+        other arms use those GPUs."""
         return self.shared and (self.args.shared_gpu == "true" or self.nproc(arm) > len(self.gpus))
 
     def backend(self, arm: str) -> str:
         """The collective back end of ``arm``'s ranks."""
-        return "gloo" if self.gloo(arm) or not self.gpus else "nccl"
+        if self.gloo(arm):
+            return self.args.shared_gpu_transport
+        return "gloo" if not self.gpus else "nccl"
 
     def has_qsdp(self, arm: str) -> bool:
         """Whether ``arm``'s recipe, with its overrides, runs the QSDP algorithm (loaded once per arm)."""
@@ -84,7 +87,9 @@ class Plan(common.DriverPlan):
                 f"save_interval={a.save_interval}ba", "save_num_checkpoints_to_keep=1", "autoresume=true",
                 "load_path=null", "progress_bar=false", "log_to_console=false", f"data.num_workers={a.num_workers}",
                 f"metrics_file={d / f'metrics-{segment:02d}.json'}",
-                *([f"shared_gpu={str(self.gloo(arm)).lower()}"] if self.shared else []), *self.arms[arm].overrides,
+                *([f"shared_gpu={str(self.gloo(arm)).lower()}"] if self.shared else []),
+                *([f"shared_gpu_transport={a.shared_gpu_transport}"] if self.gloo(arm) else []),
+                *self.arms[arm].overrides,
                 *evaluation, *a.override,
                 # Last: a swept rate scales what the recipe and every other override would set.
                 *([f"optimizer.lr={self.arms[arm].lr!r}"] if self.arms[arm].lr is not None else [])]

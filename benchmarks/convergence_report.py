@@ -410,14 +410,16 @@ def _ranks_text(plan: Plan, arms: dict[str, Any]) -> str:
         by_n.setdefault((r["nproc"], r["micro_batch"]), []).append(arm)
     groups = "; ".join(f"{n} processes, micro-batch {m}: {', '.join(names)}" for (n, m), names in by_n.items())
     if plan.args.header_from:  # tables of another host's arms: where they ran is what their launches logged
-        backends = {b: [arm for arm, r in arms.items() if r["backend"] == b] for b in ("gloo", "nccl")}
+        backends = {b: [arm for arm, r in arms.items() if r["backend"] == b] for b in ("gloo", "samedev", "nccl")}
         mixed = [f"{arm} ({r['backend'].replace('nccl', 'NCCL')})" for arm, r in arms.items()
                  if r["backend"] not in backends]
-        return (f"{groups}; as the arms' launches logged it: over gloo {', '.join(backends['gloo']) or 'none'}, over "
-                f"NCCL {', '.join(backends['nccl']) or 'none'}" + (f", resumed on the other: {', '.join(mixed)}"
-                                                                   if mixed else ""))
+        staged = f", over samedev {', '.join(backends['samedev'])}" if backends["samedev"] else ""
+        return (f"{groups}; as the arms' launches logged it: over gloo {', '.join(backends['gloo']) or 'none'}"
+                f"{staged}, over NCCL {', '.join(backends['nccl']) or 'none'}"
+                + (f", resumed on the other: {', '.join(mixed)}" if mixed else ""))
     gloo = [arm for arm in arms if plan.gloo(arm)]
-    where = (f"ranks sharing {len(plan.gpus)} GPU(s); over gloo (shared_gpu: the numerics of a GPU per rank): "
+    where = (f"ranks sharing {len(plan.gpus)} GPU(s); over {plan.args.shared_gpu_transport} (shared_gpu: the "
+             "numerics of a GPU per rank): "
              f"{', '.join(gloo) or 'none'}; the others over NCCL, a GPU per rank; step times are not network "
              "measurements" if plan.shared else
              "a GPU per rank" if plan.gpus else "CPU processes (gloo)")

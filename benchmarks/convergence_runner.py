@@ -241,7 +241,7 @@ def _start_arm(plan: Plan, arm: str, gpus: list[str]) -> subprocess.Popen:
                                              "nproc": plan.nproc(arm), "micro_batch": plan.micro(arm),
                                              "backend": plan.backend(arm), "settings": plan.settings})
     where = (f"GPUs {','.join(gpus)}{', shared with other arms (nccl)' if plan.shared else ''}" if gpus else
-             "shared GPUs (gloo)" if plan.gloo(arm) else "CPU")
+             f"shared GPUs ({plan.backend(arm)})" if plan.gloo(arm) else "CPU")
     print(f"{arm}: launch {segment}, {plan.nproc(arm)} processes on {where}", flush=True)
     return common.start(command, arm_dir / f"log-{segment:02d}.txt", env)
 

@@ -40,7 +40,8 @@ done
 TESTS_KERNELS=(tests/quant tests/kernels)
 TESTS_COMM=(tests/comm tests/schemes tests/config tests/engine tests/auto tests/optim)
 TESTS_FSDP=(tests/fsdp2 tests/fsdp1 tests/ddp)
-TESTS_TRAIN=(tests/algorithms tests/recipes/models tests/test_train.py tests/test_shared_gpu.py)
+TESTS_TRAIN=(tests/algorithms tests/recipes/models tests/test_train.py tests/test_shared_gpu.py
+             tests/test_same_device_pg.py)
 LAUNCHER_FAULTS=(tests/faults/test_launcher_faults.py)
 RANK_FAULTS=(tests/faults/test_rank_exception.py)
 STAGES="tests tests-kernels tests-comm tests-fsdp tests-train faults faults-saving faults-other faults-rank"

@@ -86,6 +86,9 @@ def skip_unless_backend(backend: str, world_size: int) -> None:
 def _rank_info(rank: int, world_size: int, backend: str) -> RankInfo:
     """Where rank ``rank`` runs: CPU for gloo; for ``"nccl"``, the GPU and group backend that
     :func:`composer_qsdp.shared_gpu.gpu_placement` picks for this host's GPU count."""
+    if backend == "samedev":  # CUDA ranks sharing the GPUs through composer_qsdp.comm.same_device_pg
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        return RankInfo(rank, world_size, backend, device, shared_gpu=True)
     if backend != "nccl":
         return RankInfo(rank, world_size, backend, torch.device("cpu"))
     from composer_qsdp.shared_gpu import gpu_placement
@@ -106,6 +109,10 @@ def _entry(rank: int, world_size: int, backend: str, init_file: str, fn: Callabl
         torch.set_num_threads(1)
         # A parent test may have left a launcher's variables behind; Composer checks them against the group.
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+        if "samedev" in backend:
+            from composer_qsdp.comm import register_same_device_backend
+
+            register_same_device_backend()
         info = _rank_info(rank, world_size, backend)
         if info.device.type == "cuda":
             torch.cuda.set_device(info.device)
@@ -148,7 +155,7 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, backend: str = "gloo", 
         RuntimeError: a rank raised (its traceback is in the message), died without reporting, or the ranks did
             not finish within ``timeout_s`` seconds.
     """
-    ctx = _CPU_RANKS if backend == "gloo" else mp.get_context("spawn")
+    ctx = mp.get_context("spawn") if backend in ("nccl", "samedev") else _CPU_RANKS
     results = ctx.Queue()
     environ = dict(os.environ)
     with tempfile.TemporaryDirectory() as tmp:

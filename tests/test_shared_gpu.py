@@ -10,8 +10,8 @@ import torch
 
 from composer_qsdp.recipes.loader import RecipeError
 from composer_qsdp.recipes.train import _device, load_recipe
-from composer_qsdp.shared_gpu import (check_shared_gpu, check_state_dict_type, composer_device, gpu_placement,
-                                      this_process_gpu)
+from composer_qsdp.shared_gpu import (check_shared_gpu, check_shared_gpu_transport, check_state_dict_type,
+                                      composer_device, gpu_placement, this_process_gpu)
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = ROOT / "yamls" / "cpu" / "gpt-tiny-baseline.yaml"
@@ -44,6 +44,41 @@ def test_too_few_gpus_share_them_round_robin_over_gloo(setting, ranks, gpus, per
 def test_true_shares_even_with_a_gpu_per_rank():
     placements = [gpu_placement(True, rank, 2, 2) for rank in range(2)]
     assert [(p.device_id, p.backend, p.ranks_per_gpu) for p in placements] == [(0, "gloo", 1), (1, "gloo", 1)]
+
+
+def test_the_transport_joins_shared_ranks_only():
+    shared = [gpu_placement("auto", rank, 2, 1, "samedev") for rank in range(2)]
+    assert {(p.backend, p.device_id) for p in shared} == {("samedev", 0)}
+    assert "2 rank(s) on 1 GPU(s), up to 2 per GPU, samedev" in shared[0].describe()
+    assert shared[0].hyperparameters()["dist_backend"] == "samedev"
+    assert gpu_placement("auto", 1, 2, 2, "samedev").backend == "nccl"  # a GPU per rank: NCCL, whatever the key
+
+
+def test_an_unregistered_transport_is_refused_naming_the_call_that_registers_it(monkeypatch):
+    import composer_qsdp.shared_gpu as shared_gpu
+
+    monkeypatch.setattr(shared_gpu, "dist_backends", lambda: ["gloo", "nccl"])  # a process that registered nothing
+    with pytest.raises(ValueError, match=r"'samedev' is not a torch.distributed backend in this process yet: call "
+                                         r"composer_qsdp.comm.register_same_device_backend\(\) first"):
+        composer_device(gpu_placement(True, 1, 2, 1, "samedev"))
+
+
+@pytest.mark.parametrize("value,hint", [("samedevice", "; did you mean 'samedev'?"), ("nccl", ""), (None, "")])
+def test_bad_transports_are_refused_with_the_allowed_ones(value, hint):
+    with pytest.raises(ValueError, match=rf"shared_gpu_transport = {value!r} is invalid; allowed: gloo .*, samedev "
+                                         rf"\(.*\){hint.replace('?', '[?]')}$"):
+        check_shared_gpu_transport(value)
+    with pytest.raises(ValueError, match="shared_gpu_transport"):
+        gpu_placement("auto", 0, 2, 1, value)
+
+
+def test_recipe_transport_key_defaults_to_gloo_and_refuses_others_naming_the_key():
+    assert load_recipe(BASELINE, ["data.local=unused"]).cfg.shared_gpu_transport == "gloo"
+    assert load_recipe(BASELINE, ["data.local=unused", "shared_gpu_transport=samedev"]).cfg.shared_gpu_transport \
+        == "samedev"
+    with pytest.raises(RecipeError, match=r"recipe key 'shared_gpu_transport': shared_gpu_transport = 'ipc' is "
+                                          r"invalid; allowed: gloo"):
+        load_recipe(BASELINE, ["data.local=unused", "shared_gpu_transport=ipc"])
 
 
 def test_false_with_too_few_gpus_is_refused_naming_the_switch():
@@ -138,6 +173,11 @@ def test_shared_device_is_composers_gpu_device_with_a_gloo_group(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")  # rank 1 of 2 on one GPU: Composer's own default would be cuda:1
     device = composer_device(gpu_placement(True, 1, 2, 1))
     assert isinstance(device, DeviceGPU) and device.dist_backend == "gloo"
+    from composer_qsdp.comm import register_same_device_backend
+
+    register_same_device_backend()
+    device = composer_device(gpu_placement(True, 1, 2, 1, "samedev"))
+    assert isinstance(device, DeviceGPU) and device.dist_backend == "samedev"
     assert device._device == torch.device("cuda", 0) and torch.cuda.current_device() == 0
     # Where Composer builds "this rank's device" itself, it gets the shared one too.
     again = get_device(None)

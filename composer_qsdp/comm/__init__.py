@@ -8,7 +8,8 @@ count bytes per rank (NCCL's convention) and per hop. Stateless: no FSDP, no Com
 ``two_level_reduce_scatter`` is the hierarchical reduce-scatter (ZeRO++ qgZ, SDP4Bit TLq-HS) over the intra- and
 inter-node subgroups that ``node_groups`` creates once per process group and caches; ``twin_group`` is a second group
 over a group's ranks, on which collectives run beside the group's own. ``destroy_process_groups`` ends a process's
-groups so that it exits cleanly after gloo collectives.
+groups so that it exits cleanly after gloo collectives. ``register_same_device_backend`` adds ``samedev``, the process
+group of ranks sharing one GPU that exchange data through staging buffers on it (:mod:`.same_device_pg`).
 
 ``compressed_all_reduce`` is the error-feedback all-reduce of 1-bit/0-1 Adam; its caller owns the error buffers.
 """
@@ -19,6 +20,7 @@ from composer_qsdp.comm.node_groups import NodeGroups, node_groups
 from composer_qsdp.comm.error_feedback import compressed_all_reduce, error_feedback_chunk_numel
 from composer_qsdp.comm.quality import relative_error
 from composer_qsdp.comm.reduce_scatter import plain_reduce_scatter, quantized_reduce_scatter
+from composer_qsdp.comm.same_device_pg import register_same_device_backend
 from composer_qsdp.comm.seeds import SeedStream, StepSeeds, mix_seed
 from composer_qsdp.comm.segments import Segments
 from composer_qsdp.comm.teardown import destroy_process_groups

@@ -4,11 +4,22 @@ only this module (and ``tests/comm/test_node_groups_timeout.py`` says so)."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["group_timeout"]
+__all__ = ["completed_work", "group_timeout"]
+
+
+def completed_work(result: Any) -> dist.Work:
+    """A finished ``Work`` whose future holds ``result``: what a process group written in Python returns from a
+    collective it has already run (torch has no public constructor for one)."""
+    from torch._C._distributed_c10d import _create_work_from_future
+
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(result)
+    return _create_work_from_future(future)
 
 
 def group_timeout(group: dist.ProcessGroup) -> timedelta | None:

@@ -110,11 +110,15 @@ def _device(recipe: ValidatedRecipe) -> tuple[Any, Any]:
     (None on CPU)."""
     if recipe.cfg.device != "gpu":
         return recipe.cfg.device, None
+    from composer_qsdp.comm import register_same_device_backend
     from composer_qsdp.shared_gpu import this_process_gpu
 
+    if recipe.cfg.shared_gpu_transport == "samedev":
+        register_same_device_backend()
     fsdp = recipe.cfg.fsdp
     try:  # shared_gpu=auto is decided only here, by the GPUs this host shows, so is a full checkpoint's refusal
-        return this_process_gpu(recipe.cfg.shared_gpu, fsdp.state_dict_type if fsdp is not None else None)
+        return this_process_gpu(recipe.cfg.shared_gpu, fsdp.state_dict_type if fsdp is not None else None,
+                                recipe.cfg.shared_gpu_transport)
     except ValueError as err:
         raise RecipeError(f"recipe key 'device' = 'gpu': {err}") from None
 

@@ -303,6 +303,19 @@ def test_arms_with_a_gpu_per_rank_keep_nccl_beside_shared_ones(tiny_recipes, tmp
     forced = plan_for(tiny_recipes, tmp_path, "--matrix", "--micro-batch", "2", "--eval-batches", "-1",
                       "--shared-gpu", "true", *gpu)
     assert all("shared_gpu=true" in forced.overrides(arm, 0) for arm in forced.args.arms)
+    assert all("shared_gpu_transport=gloo" in forced.overrides(arm, 0) for arm in forced.args.arms)
+    # The staging-buffer transport goes to the arms that share GPUs only, and not into the settings that decide
+    # which records can be combined: it computes what gloo computes.
+    staged = plan_for(tiny_recipes, tmp_path, "--matrix", "--micro-batch", "2", "--eval-batches", "-1",
+                      "--max-ranks", "8", "--shared-gpu-transport", "samedev", *gpu)
+    for arm in staged.args.arms:
+        four = arm.endswith("-2x2")
+        assert ("shared_gpu_transport=samedev" in staged.overrides(arm, 0)) == four
+        assert staged.backend(arm) == ("samedev" if four else "nccl")
+    assert staged.settings == plan.settings
+    md = convergence_report.markdown(staged, {"device": "gpu", "git": "x"}, {"command": "c", "tokens": {
+        "train": 1, "val": 1}, "input": {"files": 1, "bytes": 1, "sha256": "ab"}}, {}, "incomplete")
+    assert "ranks sharing 2 GPU(s); over samedev (shared_gpu: the numerics of a GPU per rank)" in md
 
 
 def test_a_gpu_per_rank_changes_nothing(tiny_recipes, tmp_path, monkeypatch):

@@ -126,6 +126,8 @@ class TrainRecipe:
     shared_gpu: Any = _key("auto", "device: gpu with fewer GPUs than ranks on a host: auto runs several ranks per "
                                    "GPU over gloo (numerics of one GPU per rank, timings no network's), only when "
                                    "the GPUs are too few; true always does; false refuses (NCCL, a GPU per rank)")
+    shared_gpu_transport: str = _key("gloo", "how ranks sharing a GPU exchange data: gloo (through host memory) or "
+                                             "samedev (staging buffers on the GPU they share; the same numbers)")
     precision: str = _key("fp32", f"one of {', '.join(PRECISIONS)} (fp32 only on cpu)")
     deterministic_mode: bool = _key(False, "deterministic kernels (Composer's deterministic_mode: PyTorch's "
                                            "deterministic algorithms, cuDNN deterministic, cuBLAS's fixed "

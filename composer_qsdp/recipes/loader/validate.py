@@ -36,7 +36,7 @@ from composer_qsdp.recipes.loader.schema import (
 from composer_qsdp.recipes.loader.sources import unknown_key_message
 from composer_qsdp.recipes.models.config import GPTConfig
 from composer_qsdp.recipes.models.hf import HFCausalLMConfig
-from composer_qsdp.shared_gpu import check_shared_gpu, check_state_dict_type
+from composer_qsdp.shared_gpu import check_shared_gpu, check_shared_gpu_transport, check_state_dict_type
 from composer_qsdp.validate import SEED_BITS
 
 __all__ = ["check_machine", "machine_checks", "validate"]
@@ -245,6 +245,11 @@ def validate(cfg: DictConfig, world_size: int | None = None, *, problems: Proble
             raise RecipeError(f"recipe key 'shared_gpu': {err}") from None
         check(cfg.device == "gpu" or shared_gpu is not True, "shared_gpu", cfg.shared_gpu,
               "it shares GPUs between ranks, so it needs device: gpu")
+    with collect():
+        try:
+            check_shared_gpu_transport(cfg.shared_gpu_transport)
+        except ValueError as err:
+            raise RecipeError(f"recipe key 'shared_gpu_transport': {err}") from None
     with collect():
         check(cfg.device != "cpu" or cfg.precision == "fp32", "precision", cfg.precision,
               "Composer trains on CPU in fp32 only")
