@@ -87,8 +87,7 @@ def _rank_info(rank: int, world_size: int, backend: str) -> RankInfo:
     """Where rank ``rank`` runs: CPU for gloo; for ``"nccl"``, the GPU and group backend that
     :func:`composer_qsdp.shared_gpu.gpu_placement` picks for this host's GPU count."""
     if backend == "samedev":  # CUDA ranks sharing the GPUs through composer_qsdp.comm.same_device_pg
-        device = torch.device("cuda", rank % torch.cuda.device_count())
-        return RankInfo(rank, world_size, backend, device, shared_gpu=True)
+        return RankInfo(rank, world_size, backend, torch.device("cuda", 0), shared_gpu=True)  # one device a group
     if backend != "nccl":
         return RankInfo(rank, world_size, backend, torch.device("cpu"))
     from composer_qsdp.shared_gpu import gpu_placement

@@ -61,9 +61,13 @@ class _Staging:
         self.generation += 1
         key = f"{self.device.type}/{self.generation}/"
         mine, shared = self._allocate(capacity)
-        self.store.set(key + str(self.rank), pickle.dumps(shared))
-        self.views = [mine if r == self.rank else self._open(pickle.loads(self.store.get(key + str(r))))
-                      for r in range(self.size)]
+        self.store.set(key + str(self.rank), pickle.dumps((str(self.device), shared)))
+        published = [pickle.loads(self.store.get(key + str(r))) for r in range(self.size)]
+        elsewhere = [f"rank {r} on {device}" for r, (device, _) in enumerate(published) if device != str(self.device)]
+        if elsewhere:
+            raise RuntimeError(f"{BACKEND} joins ranks of one device: rank {self.rank} is on {self.device}, "
+                               f"{', '.join(elsewhere)} (use NCCL for a GPU per rank)")
+        self.views = [mine if r == self.rank else self._open(shared) for r, (_, shared) in enumerate(published)]
         self.capacity = capacity
         barrier()  # every rank mapped every buffer
         if self.device.type != "cuda":
