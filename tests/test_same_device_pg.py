@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_spawn import RankInfo, run_ranks, skip_unless_backend
-from sharded_mlp import Adapter, _train
+from sharded_mlp import Adapter, _train, load_sharded, save_sharded
 
 from composer_qsdp.config import from_preset
 
@@ -42,18 +42,35 @@ def _collectives(info: RankInfo) -> dict:
         dist.all_reduce(out[f"all_reduce_{name}"], op=op)
     out["broadcast"] = torch.randn(77, generator=gen).to(dev)
     dist.broadcast(out["broadcast"], src=w - 1)
+    mine = torch.full((3,), float(info.rank), device=dev)
+    gathered = [torch.empty(3, device=dev) for _ in range(w)] if info.rank == 0 else None
+    dist.gather(mine, gathered, dst=0)
+    out["gather"] = torch.cat(gathered) if info.rank == 0 else torch.zeros(0, device=dev)
+    out["scatter"] = torch.empty(5, device=dev)
+    dist.scatter(out["scatter"], [torch.full((5,), 10.0 + r, device=dev) for r in range(w)] if info.rank == w - 1
+                 else None, src=w - 1)
+    objects = [None] * w
+    dist.all_gather_object(objects, {"rank": info.rank, "text": "x" * info.rank})
+    gathered_objects = [None] * w if info.rank == 0 else None
+    dist.gather_object(("from", info.rank), gathered_objects, dst=0)
+    received = [None]
+    dist.scatter_object_list(received, [f"to {r}" for r in range(w)] if info.rank == 0 else None, src=0)
+    out["objects"] = (objects, gathered_objects, received)
     dist.barrier()
     return out
 
 
 MOVES = ("all_gather_into_tensor", "all_gather_big", "all_gather", "all_to_all_single", "all_reduce_max",
-         "broadcast")
+         "broadcast", "gather", "scatter")
 
 
 def _check(staged: list[dict], reference: list[dict], exact_sums: bool) -> None:
     for rank, (mine, theirs) in enumerate(zip(staged, reference)):
         assert mine.keys() == theirs.keys()
-        for key in mine:
+        assert mine["objects"] == theirs["objects"] == (
+            [{"rank": r, "text": "x" * r} for r in range(len(staged))],
+            [("from", r) for r in range(len(staged))] if rank == 0 else None, [f"to {rank}"])
+        for key in mine.keys() - {"objects"}:
             if key in MOVES or exact_sums:
                 assert torch.equal(mine[key], theirs[key]), (rank, key)
             else:  # sums in another order
@@ -66,22 +83,33 @@ def test_every_collective_computes_what_gloo_computes(world):
     _check(run_ranks(_collectives, world, backend="cpu:samedev"), run_ranks(_collectives, world), world == 2)
 
 
-def _training(info: RankInfo) -> dict:
+def _training(info: RankInfo, ckpt_dir: str) -> dict:
+    """Each configuration trains 4 steps; ``qwd-w3g3-loco`` then saves a distributed checkpoint (model, optimizer,
+    scheme state) and a fresh model loads it and trains 2 steps more."""
     out = {}
     for name, config in CONFIGS.items():
         adapter = Adapter("fsdp2")
         model = adapter.shard(info)
-        if config is not None:
-            adapter.apply(model, config)
-        result = _train(info, model, 4, microbatches=2, grads=False)
+        handle = adapter.apply(model, config) if config is not None else None
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        result = _train(info, model, 4, opt=opt, microbatches=2, grads=False)
         out[name] = {"losses": result["losses"], "params": result["params"]}
+    save_sharded(model, opt, handle, ckpt_dir)
+    model = adapter.shard(info)
+    handle = adapter.apply(model, config)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    _train(info, model, 1, opt=opt, grads=False)  # creates the optimizer state and the scheme's residuals
+    load_sharded(model, opt, handle, ckpt_dir)
+    resumed = _train(info, model, 2, opt=opt, first_step=4, grads=False)
+    out["resumed"] = {"losses": resumed["losses"], "params": resumed["params"]}
     return out
 
 
-def test_fsdp2_and_qsdp_train_bit_for_bit_as_over_gloo():
-    staged, reference = run_ranks(_training, 2, backend="cpu:samedev"), run_ranks(_training, 2)
+def test_fsdp2_and_qsdp_train_and_resume_bit_for_bit_as_over_gloo(tmp_path):
+    staged = run_ranks(_training, 2, str(tmp_path / "samedev"), backend="cpu:samedev")
+    reference = run_ranks(_training, 2, str(tmp_path / "gloo"))
     for rank in range(2):
-        for name in CONFIGS:
+        for name in [*CONFIGS, "resumed"]:
             assert staged[rank][name]["losses"] == reference[rank][name]["losses"], (rank, name)
             for key, value in reference[rank][name]["params"].items():
                 assert torch.equal(staged[rank][name]["params"][key], value), (rank, name, key)
@@ -105,9 +133,10 @@ def test_cuda_ranks_sharing_a_gpu_compute_what_nccl_or_gloo_computes(world):
 
 
 @pytest.mark.gpu
-def test_cuda_ranks_sharing_a_gpu_train_bit_for_bit_as_over_nccl_or_gloo():
+def test_cuda_ranks_sharing_a_gpu_train_bit_for_bit_as_over_nccl_or_gloo(tmp_path):
     skip_unless_backend("nccl", 2)
-    staged, reference = run_ranks(_training, 2, backend="samedev"), run_ranks(_training, 2, backend="nccl")
+    staged = run_ranks(_training, 2, str(tmp_path / "samedev"), backend="samedev")
+    reference = run_ranks(_training, 2, str(tmp_path / "nccl"), backend="nccl")
     for rank in range(2):
-        for name in CONFIGS:
+        for name in [*CONFIGS, "resumed"]:
             assert staged[rank][name]["losses"] == reference[rank][name]["losses"], (rank, name)

@@ -8,8 +8,8 @@ order in the tensors' dtype, as one deterministic reduction; with two ranks they
 
 Call :func:`register_same_device_backend` once per process, then ``init_process_group("samedev")``: the group
 carries CPU tensors the same way (through shared-memory files), and its barriers run on a gloo group of the same
-store. Every rank of a group must be on the same device. All-to-all takes equal splits only, and scatter, gather
-and point-to-point are refused: nothing this package or FSDP2 runs needs them.
+store. Every rank of a group must be on the same device. All-to-all takes equal splits only, and point-to-point
+is refused: nothing this package, FSDP2 or torch's distributed checkpoints run needs it.
 """
 
 from __future__ import annotations
@@ -124,18 +124,22 @@ class SameDeviceGroup(dist.ProcessGroup):
         if device.type == "cuda":
             torch.cuda.current_stream(device).synchronize()
 
-    def _exchange(self, payload: torch.Tensor, read: Callable[[list[torch.Tensor]], Any]) -> Any:
-        """Put ``payload`` (bytes, the same length on every rank) in this rank's buffer, then ``read`` every rank's
-        payload (in rank order) once all have written; returns what ``read`` returns."""
-        device = payload.device
+    def _exchange(self, payload: torch.Tensor | None, read: Callable[[list[torch.Tensor]], Any],
+                  nbytes: int | None = None, device: torch.device | None = None) -> Any:
+        """Put ``payload`` (bytes; ``nbytes`` of them on every rank) in this rank's buffer, then ``read`` every
+        rank's ``nbytes`` (in rank order) once all have written; returns what ``read`` returns. A rank with nothing
+        to send (scatter's receivers) passes None and its ``nbytes`` and ``device``."""
+        if payload is not None:
+            nbytes, device = payload.numel(), payload.device
         staging = self._staging.get(device)
         if staging is None:
             staging = self._staging[device] = _Staging(self._store, self._rank, self._size, device)
-        staging.ensure(payload.numel(), self._barrier)
-        staging.views[self._rank][: payload.numel()].copy_(payload)
+        staging.ensure(nbytes, self._barrier)
+        if payload is not None:
+            staging.views[self._rank][:nbytes].copy_(payload)
         self._sync(device)
         self._barrier()  # every payload is in place
-        result = read([view[: payload.numel()] for view in staging.views])
+        result = read([view[:nbytes] for view in staging.views])
         self._sync(device)
         self._barrier()  # every rank has read: the buffers can take the next message
         return result
@@ -222,6 +226,24 @@ class SameDeviceGroup(dist.ProcessGroup):
             self._exchange(_bytes(tensor), lambda views, t=tensor: None if self._rank == root else
                            _bytes(t).copy_(views[root]))
         return completed_work(tensors)
+
+    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        root = opts.rootRank if opts is not None else 0
+        for i, input in enumerate(inputs):
+            outputs = output_lists[i] if self._rank == root else []
+            self._exchange(_bytes(input), lambda views, outputs=outputs: [
+                _bytes(o).copy_(v) for o, v in zip(outputs, views)])
+        return completed_work(output_lists)
+
+    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None) -> Any:
+        root = opts.rootRank if opts is not None else 0
+        for i, output in enumerate(outputs):
+            n = output.numel() * output.element_size()
+            payload = torch.cat([_bytes(t) for t in input_lists[i]]) if self._rank == root else None
+            self._exchange(payload, lambda views, o=output: _bytes(o).copy_(views[root][self._rank * n:
+                                                                                        (self._rank + 1) * n]),
+                           n * self._size, output.device)
+        return completed_work(outputs)
 
     def barrier(self, opts: Any = None) -> Any:
         self._barrier()
