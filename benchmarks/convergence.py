@@ -155,6 +155,8 @@ from convergence_plan import Plan, make_plan  # noqa: E402
 from convergence_report import ZERO_ONE_BYTES_TARGET, png_bytes, write_combined, write_results  # noqa: E402
 from convergence_runner import arm_progress, run_arms, running_launches  # noqa: E402
 
+from composer_qsdp.shared_gpu import SHARED_GPU_TRANSPORTS  # noqa: E402
+
 
 def print_zero_one_plans(plan: Plan) -> int:
     """``--plan``: each 0/1 Adam arm's schedule over ``--steps`` and its expected byte ratio against DDP's fp32
@@ -255,7 +257,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="arms share the GPUs: auto (default) when an arm has more processes than there are GPUs "
                              "or --max-ranks exceeds the GPUs; arms wider than the GPUs (every arm, with true) then "
                              "run over gloo (the recipes' shared_gpu key), the others over NCCL, a GPU per rank")
-    parser.add_argument("--shared-gpu-transport", choices=("gloo", "samedev"), default="gloo",
+    parser.add_argument("--shared-gpu-transport", choices=SHARED_GPU_TRANSPORTS, default="gloo",
                         help="how the ranks of an arm that shares GPUs exchange data (the recipes' "
                              "shared_gpu_transport key): gloo (default, through host memory) or samedev (staging "
                              "buffers on the GPU, composer_qsdp.comm.same_device_pg; the same numbers)")

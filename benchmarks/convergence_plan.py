@@ -51,7 +51,7 @@ class Plan(common.DriverPlan):
     def arm_dir(self, arm: str) -> Path:
         return self.out_dir / arm
 
-    def gloo(self, arm: str) -> bool:
+    def shares_gpus(self, arm: str) -> bool:
         """Whether ``arm``'s ranks share GPUs (over ``--shared-gpu-transport``, gloo by default): in a shared plan,
         with more processes than GPUs or ``--shared-gpu true``; an arm with a GPU per rank keeps NCCL even while
         other arms use those GPUs."""
@@ -59,7 +59,7 @@ class Plan(common.DriverPlan):
 
     def backend(self, arm: str) -> str:
         """The collective back end of ``arm``'s ranks."""
-        if self.gloo(arm):
+        if self.shares_gpus(arm):
             return self.args.shared_gpu_transport
         return "gloo" if not self.gpus else "nccl"
 
@@ -87,8 +87,8 @@ class Plan(common.DriverPlan):
                 f"save_interval={a.save_interval}ba", "save_num_checkpoints_to_keep=1", "autoresume=true",
                 "load_path=null", "progress_bar=false", "log_to_console=false", f"data.num_workers={a.num_workers}",
                 f"metrics_file={d / f'metrics-{segment:02d}.json'}",
-                *([f"shared_gpu={str(self.gloo(arm)).lower()}"] if self.shared else []),
-                *([f"shared_gpu_transport={a.shared_gpu_transport}"] if self.gloo(arm) else []),
+                *([f"shared_gpu={str(self.shares_gpus(arm)).lower()}"] if self.shared else []),
+                *([f"shared_gpu_transport={a.shared_gpu_transport}"] if self.shares_gpus(arm) else []),
                 *self.arms[arm].overrides,
                 *evaluation, *a.override,
                 # Last: a swept rate scales what the recipe and every other override would set.

@@ -26,6 +26,8 @@ from convergence_runner import (TRAIN_LOSS, VAL_LOSS, VAL_QUANTIZED_LOSS, launch
                                 recorded_backend, recorded_eval_weights)
 from provenance import command_line
 
+from composer_qsdp.shared_gpu import SHARED_GPU_TRANSPORTS
+
 W8G8_TARGET_PCT = 1.0  # the project's target: W8G8 final validation loss within 1% of plain FSDP
 ZERO_ONE_TARGET_PCT = 1.0  # issue 13: 0/1 Adam's final validation loss within 1% of DDP AdamW
 ZERO_ONE_BYTES_TARGET = 10.0  # ... with at least 10x fewer bytes sent per rank than DDP's fp32 all-reduce
@@ -410,17 +412,17 @@ def _ranks_text(plan: Plan, arms: dict[str, Any]) -> str:
         by_n.setdefault((r["nproc"], r["micro_batch"]), []).append(arm)
     groups = "; ".join(f"{n} processes, micro-batch {m}: {', '.join(names)}" for (n, m), names in by_n.items())
     if plan.args.header_from:  # tables of another host's arms: where they ran is what their launches logged
-        backends = {b: [arm for arm, r in arms.items() if r["backend"] == b] for b in ("gloo", "samedev", "nccl")}
+        backends = {b: [arm for arm, r in arms.items() if r["backend"] == b] for b in (*SHARED_GPU_TRANSPORTS, "nccl")}
         mixed = [f"{arm} ({r['backend'].replace('nccl', 'NCCL')})" for arm, r in arms.items()
                  if r["backend"] not in backends]
         staged = f", over samedev {', '.join(backends['samedev'])}" if backends["samedev"] else ""
         return (f"{groups}; as the arms' launches logged it: over gloo {', '.join(backends['gloo']) or 'none'}"
                 f"{staged}, over NCCL {', '.join(backends['nccl']) or 'none'}"
                 + (f", resumed on the other: {', '.join(mixed)}" if mixed else ""))
-    gloo = [arm for arm in arms if plan.gloo(arm)]
+    sharing = [arm for arm in arms if plan.shares_gpus(arm)]
     where = (f"ranks sharing {len(plan.gpus)} GPU(s); over {plan.args.shared_gpu_transport} (shared_gpu: the "
              "numerics of a GPU per rank): "
-             f"{', '.join(gloo) or 'none'}; the others over NCCL, a GPU per rank; step times are not network "
+             f"{', '.join(sharing) or 'none'}; the others over NCCL, a GPU per rank; step times are not network "
              "measurements" if plan.shared else
              "a GPU per rank" if plan.gpus else "CPU processes (gloo)")
     return f"{groups}; {where}{_concurrency(plan)}"
@@ -552,15 +554,11 @@ def _recorded(path: Path) -> dict[str, Any]:
     return record
 
 
-def recorded_header(records: list[Path]) -> dict[str, str]:
-    """The header of the hosts that ran the arms, from their ``convergence-*.json`` records (one per session): the
-    first record's device and versions, every distinct date, git revision and command, and this command as
-    ``tables``.
-
-    Raises:
-        SystemExit: a record that cannot be read or has no header, naming it.
-    """
-    heads = [_recorded(path)["header"] for path in records]
+def recorded_header(records: list[dict[str, Any]]) -> dict[str, str]:
+    """The header of the hosts that ran the arms, from their ``convergence-*.json`` records (one per session, as
+    :func:`_recorded` reads them): the first record's device and versions, every distinct date, git revision and
+    command, and this command as ``tables``."""
+    heads = [record["header"] for record in records]
     head = dict(heads[0])
     for key, sep in (("date", " + "), ("git", " + "), ("command", " ; ")):
         head[key] = sep.join(dict.fromkeys(h[key] for h in heads if key in h))
@@ -571,18 +569,18 @@ def recorded_header(records: list[Path]) -> dict[str, str]:
 def write_results(plan: Plan, manifest: dict[str, Any], status: str, quiet: bool = False) -> dict[str, Any]:
     """Summarize every arm's metrics files into ``convergence-<name>`` .csv/.json/.md/.png in the results
     directory (printing the table unless ``quiet``: the progress writes while arms run); returns the record."""
-    if plan.args.header_from:
-        head = recorded_header([Path(p) for p in plan.args.header_from])
+    recorded = [_recorded(Path(p)) for p in plan.args.header_from or []]
+    if recorded:
+        head = recorded_header(recorded)
     else:
         head = common.header(min(len(plan.gpus), plan.max_ranks) if plan.gpus else plan.max_ranks)
     if plan.shared and not plan.args.header_from:  # a recorded header says it already
         head["device"] += (f"; arms share the GPU(s){_concurrency(plan)}; arms with more processes than GPUs over "
                            "gloo (shared_gpu)")
     settings = {**plan.settings, "max_ranks": plan.max_ranks}
-    if plan.args.header_from:  # the host that ran the arms knew whether they shared its GPUs; this one may have none
-        ran = [_recorded(Path(p)).get("settings", {}) for p in plan.args.header_from]
-        if any("shared_gpu" in r for r in ran):
-            settings["shared_gpu"] = any(r.get("shared_gpu") for r in ran)
+    ran = [r.get("settings", {}) for r in recorded]  # that host knew whether they shared its GPUs; this one may not
+    if any("shared_gpu" in r for r in ran):
+        settings["shared_gpu"] = any(r.get("shared_gpu") for r in ran)
     arms = summarize(plan)
     record = {"header": head, "settings": settings, "status": status,
               "corpus": manifest, "arms": arms, "noise_band_pct": noise_band_pct(arms),

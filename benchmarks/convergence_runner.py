@@ -216,7 +216,7 @@ def _least_loaded_gpus(plan: Plan, arm: str, running: dict[str, tuple[subprocess
     """In a shared plan, the GPUs of ``arm``'s ranks: an arm over NCCL (a GPU per rank) takes those that the
     fewest processes of the ``running`` arms use, so that arms spread over every GPU instead of all putting rank r
     on the r-th; [] for an arm over gloo (its ranks use every GPU, rank r on the (r mod GPUs)-th)."""
-    if plan.gloo(arm):
+    if plan.shares_gpus(arm):
         return []
     load = dict.fromkeys(plan.gpus, 0)
     for other, (_, gpus) in running.items():
@@ -241,7 +241,7 @@ def _start_arm(plan: Plan, arm: str, gpus: list[str]) -> subprocess.Popen:
                                              "nproc": plan.nproc(arm), "micro_batch": plan.micro(arm),
                                              "backend": plan.backend(arm), "settings": plan.settings})
     where = (f"GPUs {','.join(gpus)}{', shared with other arms (nccl)' if plan.shared else ''}" if gpus else
-             f"shared GPUs ({plan.backend(arm)})" if plan.gloo(arm) else "CPU")
+             f"shared GPUs ({plan.backend(arm)})" if plan.shares_gpus(arm) else "CPU")
     print(f"{arm}: launch {segment}, {plan.nproc(arm)} processes on {where}", flush=True)
     return common.start(command, arm_dir / f"log-{segment:02d}.txt", env)
 

@@ -110,10 +110,11 @@ def _device(recipe: ValidatedRecipe) -> tuple[Any, Any]:
     (None on CPU)."""
     if recipe.cfg.device != "gpu":
         return recipe.cfg.device, None
-    from composer_qsdp.comm import register_same_device_backend
     from composer_qsdp.shared_gpu import this_process_gpu
 
     if recipe.cfg.shared_gpu_transport == "samedev":
+        from composer_qsdp.comm import register_same_device_backend
+
         register_same_device_backend()
     fsdp = recipe.cfg.fsdp
     try:  # shared_gpu=auto is decided only here, by the GPUs this host shows, so is a full checkpoint's refusal
