@@ -164,7 +164,7 @@ def test_recipe_refuses_full_checkpoints_where_auto_shares_the_gpus(monkeypatch)
 
 
 @pytest.mark.gpu
-def test_shared_device_is_composers_gpu_device_with_a_gloo_group(monkeypatch):
+def test_shared_device_is_composers_gpu_device_with_its_shared_transport(monkeypatch):
     import composer.devices
     from composer.devices import DeviceGPU
     from composer.utils import get_device
@@ -179,7 +179,7 @@ def test_shared_device_is_composers_gpu_device_with_a_gloo_group(monkeypatch):
     device = composer_device(gpu_placement(True, 1, 2, 1, "samedev"))
     assert isinstance(device, DeviceGPU) and device.dist_backend == "samedev"
     assert device._device == torch.device("cuda", 0) and torch.cuda.current_device() == 0
-    # Where Composer builds "this rank's device" itself, it gets the shared one too.
+    # Where Composer builds "this rank's device" itself, it gets the shared one too, with its transport.
     again = get_device(None)
-    assert isinstance(again, DeviceGPU) and again.dist_backend == "gloo" and again._device == torch.device("cuda", 0)
+    assert isinstance(again, DeviceGPU) and again.dist_backend == "samedev" and again._device == torch.device("cuda", 0)
     assert DeviceGPU.dist_backend == "nccl"  # the class itself keeps NCCL
