@@ -574,14 +574,14 @@ def write_results(plan: Plan, manifest: dict[str, Any], status: str, quiet: bool
         head = recorded_header(recorded)
     else:
         head = common.header(min(len(plan.gpus), plan.max_ranks) if plan.gpus else plan.max_ranks)
+    arms = summarize(plan)
     if plan.shared and not plan.args.header_from:  # a recorded header says it already
         head["device"] += (f"; arms share the GPU(s){_concurrency(plan)}; arms with more processes than GPUs over "
-                           "gloo (shared_gpu)")
+                           f"{shared_transports(arms) or plan.args.shared_gpu_transport} (shared_gpu)")
     settings = {**plan.settings, "max_ranks": plan.max_ranks}
     ran = [r.get("settings", {}) for r in recorded]  # that host knew whether they shared its GPUs; this one may not
     if any("shared_gpu" in r for r in ran):
         settings["shared_gpu"] = any(r.get("shared_gpu") for r in ran)
-    arms = summarize(plan)
     record = {"header": head, "settings": settings, "status": status,
               "corpus": manifest, "arms": arms, "noise_band_pct": noise_band_pct(arms),
               "lr_sweep": lr_sweep(arms, plan.args.steps), "seed_groups": seed_groups(arms, plan.args.steps),
@@ -592,6 +592,13 @@ def write_results(plan: Plan, manifest: dict[str, Any], status: str, quiet: bool
     if not quiet:
         print(md)
     return record
+
+
+def shared_transports(arms: dict[str, Any]) -> str | None:
+    """The transports the arms' ranks shared GPUs over, as their launches logged them (``"gloo and samedev"``, in
+    the order first seen); None where no launch logged one, as before launches logged their back end."""
+    found = [b for r in arms.values() for b in (r.get("backend") or "").split(", then ") if b and b != "nccl"]
+    return " and ".join(dict.fromkeys(found)) or None
 
 
 def _write_record(stem: str, out_dir: Path, record: dict[str, Any], csv_body: str, md: str) -> list[Path]:
@@ -649,7 +656,8 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     for r in arms.values():
         gaps = {label: _gap_pct(r, curve) for label, curve in baselines.items()}
         r["gap_vs_baselines_pct"] = {label: gap for label, gap in gaps.items() if gap is not None}
-    runs = [{**record["header"], "shared_gpu": record["settings"].get("shared_gpu")} for record in records]
+    runs = [{**record["header"], "shared_gpu": record["settings"].get("shared_gpu"),
+             "transport": shared_transports(record["arms"])} for record in records]
     return {"header": {"git": " + ".join(dict.fromkeys(h["git"] for h in runs))}, "runs": runs,
             "settings": first["settings"], "corpus": first["corpus"],
             "status": "complete" if all(r["status"] == "complete" for r in records) else "incomplete", "arms": arms,
@@ -665,7 +673,7 @@ def _runs_of(record: dict[str, Any]) -> list[dict[str, Any]]:
     if "runs" not in record:
         return [record]
     own = ("arm", "run", "gap_vs_baselines_pct")  # what combining added to each arm
-    return [{"header": {k: v for k, v in header.items() if k != "shared_gpu"},
+    return [{"header": {k: v for k, v in header.items() if k not in ("shared_gpu", "transport")},
              "settings": {**record["settings"], "shared_gpu": header.get("shared_gpu")},
              "corpus": record["corpus"], "status": record["status"],
              "arms": {r["arm"]: {k: v for k, v in r.items() if k not in own}
@@ -722,9 +730,14 @@ def combined_markdown(record: dict[str, Any]) -> str:
     s = record["settings"]
     labels = [label for label, r in record["arms"].items() if r["arm"] in FSDP_BASELINES]
     lines = [f"### convergence: {Path(s['recipe_dir']).name}, {len(record['runs'])} runs combined", ""]
-    transport = {True: ", ranks sharing GPUs over gloo", False: ", NCCL, a GPU per rank", None: ""}
-    lines += [f"- run {i}: {h['date']}, git `{h['git']}`, {h['device']}{transport[h.get('shared_gpu')]}: "
-              f"`{h['command']}`" for i, h in enumerate(record["runs"], start=1)]
+    def transport(run: dict[str, Any]) -> str:
+        # Runs from before launches logged their back end shared GPUs over gloo, the only transport then.
+        shared = run.get("shared_gpu")
+        return "" if shared is None else f", ranks sharing GPUs over {run.get('transport') or 'gloo'}" if shared \
+            else ", NCCL, a GPU per rank"
+
+    lines += [f"- run {i}: {h['date']}, git `{h['git']}`, {h['device']}{transport(h)}: `{h['command']}`"
+              for i, h in enumerate(record["runs"], start=1)]
     lines += [f"- settings: {s['steps']} steps x {s['global_batch']} samples x {s['seq_len']} tokens per arm, the "
               f"same seed and data order in every run; corpus input sha256 "
               f"`{record['corpus']['input']['sha256'][:16]}`", f"- status: {record['status']}", "",

@@ -318,6 +318,23 @@ def test_arms_with_a_gpu_per_rank_keep_nccl_beside_shared_ones(tiny_recipes, tmp
     assert "ranks sharing 2 GPU(s); over samedev (shared_gpu: the numerics of a GPU per rank)" in md
 
 
+def test_a_shared_runs_header_names_the_transports_its_arms_logged(tiny_recipes, tmp_path, monkeypatch):
+    # --collect on the host that ran the arms, without the running commands' --shared-gpu-transport: the header
+    # takes the transport from what the launches logged (one arm resumed over samedev), not the default.
+    monkeypatch.setattr(convergence_plan, "_visible_gpus", lambda: ["0"])
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", "w8g8", "w8g4", "--micro-batch", "2", "--eval-batches", "-1",
+                    "-o", "device=gpu", "-o", "precision=amp_bf16", "--collect", str(tmp_path / "c"))
+    for arm, backends in (("w8g8", ("gloo", "samedev")), ("w8g4", ("samedev",))):
+        for i, backend in enumerate(backends):
+            segment = plan.out_dir / arm / f"metrics-0{i}.json"
+            write_segment(segment, {10 * (i + 1): 5.0 - i})
+            segment.write_text(json.dumps(json.loads(segment.read_text()) | {"hyperparameters": {
+                "dist_backend": backend}}))
+    manifest = {"command": "c", "tokens": {"train": 1, "val": 1}, "input": {"files": 1, "bytes": 1, "sha256": "ab"}}
+    record = convergence_report.write_results(plan, manifest, "incomplete", quiet=True)
+    assert record["header"]["device"].endswith("arms with more processes than GPUs over gloo and samedev (shared_gpu)")
+
+
 def test_a_gpu_per_rank_changes_nothing(tiny_recipes, tmp_path, monkeypatch):
     monkeypatch.setattr(convergence_plan, "_visible_gpus", lambda: [str(i) for i in range(8)])
     plan = plan_for(tiny_recipes, tmp_path, "--matrix", "--eval-batches", "-1")
@@ -904,9 +921,16 @@ def test_combine_compares_with_both_baseline_seeds_and_ignores_how_many_ran_at_o
         {"baseline": 1.25, "baseline-seed2": 4.05 / 4.1 * 100 - 100})
     md = convergence_report.combined_markdown(record)
     assert "Baseline run-to-run spread: 2.50% between the final losses of baseline, baseline-seed2." in md
-    # each run says how its ranks communicated
+    # each run says how its ranks communicated: over the transports its arms' launches logged, gloo where none did
     assert "git `a`, 2 CPU processes, NCCL, a GPU per rank:" in md
     assert "git `b`, 2 CPU processes, ranks sharing GPUs over gloo:" in md
+    third = fake_record("c", {"w8g8": {20: 4.02}, "w8g4": {20: 4.03}})
+    third["settings"] = {**third["settings"], "shared_gpu": True}
+    third["arms"]["w8g8"]["backend"], third["arms"]["w8g4"]["backend"] = "gloo, then samedev", "samedev"
+    md = convergence_report.combined_markdown(convergence_report.combine_records([first, second, third]))
+    assert "git `c`, 2 CPU processes, ranks sharing GPUs over gloo and samedev:" in md
+    again = convergence_report.combine_records([convergence_report.combine_records([first, third]), second])
+    assert [run.get("transport") for run in again["runs"]] == [None, "gloo and samedev", None]
 
 
 def test_combine_sets_each_arms_seeds_against_its_baselines_seeds():
