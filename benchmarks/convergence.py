@@ -260,7 +260,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--shared-gpu-transport", choices=SHARED_GPU_TRANSPORTS, default="gloo",
                         help="how the ranks of an arm that shares GPUs exchange data (the recipes' "
                              "shared_gpu_transport key): gloo (default, through host memory) or samedev (staging "
-                             "buffers on the GPU, composer_qsdp.comm.same_device_pg; the same numbers)")
+                             "buffers on the GPU, composer_qsdp.comm.same_device_pg; the same numbers; each such "
+                             "arm runs on one GPU, the least used)")
     parser.add_argument("--results-interval-s", type=float, default=60.0,
                         help="rewrite the results files from the arms' metrics this often while arms run (default "
                              "60 s; the metrics files themselves are rewritten after every evaluation)")

@@ -215,15 +215,17 @@ def out_of_gpu_memory(arm_dir: Path) -> bool:
 def _least_loaded_gpus(plan: Plan, arm: str, running: dict[str, tuple[subprocess.Popen, list[str]]]) -> list[str]:
     """In a shared plan, the GPUs of ``arm``'s ranks: an arm over NCCL (a GPU per rank) takes those that the
     fewest processes of the ``running`` arms use, so that arms spread over every GPU instead of all putting rank r
-    on the r-th; [] for an arm over gloo (its ranks use every GPU, rank r on the (r mod GPUs)-th)."""
-    if plan.shares_gpus(arm):
+    on the r-th; an arm over samedev, which joins the ranks of one GPU, the one least used GPU of several; [] for an
+    arm over gloo (its ranks use every GPU, rank r on the (r mod GPUs)-th)."""
+    one_gpu = plan.backend(arm) == "samedev" and len(plan.gpus) > 1
+    if plan.shares_gpus(arm) and not one_gpu:
         return []
     load = dict.fromkeys(plan.gpus, 0)
     for other, (_, gpus) in running.items():
         used = gpus or plan.gpus
         for rank in range(plan.nproc(other)):
             load[used[rank % len(used)]] += 1
-    chosen = sorted(plan.gpus, key=load.__getitem__)[:plan.nproc(arm)]  # stable: ties go to the first GPUs
+    chosen = sorted(plan.gpus, key=load.__getitem__)[:1 if one_gpu else plan.nproc(arm)]  # ties: the first GPUs
     return sorted(chosen, key=plan.gpus.index)
 
 
@@ -240,8 +242,9 @@ def _start_arm(plan: Plan, arm: str, gpus: list[str]) -> subprocess.Popen:
     common.write_json(arm_dir / "arm.json", {"arm": arm, **dataclasses.asdict(plan.arms[arm]),
                                              "nproc": plan.nproc(arm), "micro_batch": plan.micro(arm),
                                              "backend": plan.backend(arm), "settings": plan.settings})
-    where = (f"GPUs {','.join(gpus)}{', shared with other arms (nccl)' if plan.shared else ''}" if gpus else
-             f"shared GPUs ({plan.backend(arm)})" if plan.shares_gpus(arm) else "CPU")
+    where = (f"shared GPU{'s' if len(gpus) != 1 else ''}{' ' + ','.join(gpus) if gpus else ''} ({plan.backend(arm)})"
+             if plan.shares_gpus(arm) else
+             f"GPUs {','.join(gpus)}{', shared with other arms (nccl)' if plan.shared else ''}" if gpus else "CPU")
     print(f"{arm}: launch {segment}, {plan.nproc(arm)} processes on {where}", flush=True)
     return common.start(command, arm_dir / f"log-{segment:02d}.txt", env)
 

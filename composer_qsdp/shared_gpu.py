@@ -110,15 +110,16 @@ class GPUPlacement:
 
 
 def gpu_placement(setting: Union[str, bool], local_rank: int, local_world_size: int, gpus: int,
-                  transport: str = "gloo") -> GPUPlacement:
+                  transport: str = "gloo", world_size: Optional[int] = None) -> GPUPlacement:
     """The device and backend of local rank ``local_rank`` of ``local_world_size`` on a host with ``gpus`` visible
     GPUs, for the ``shared_gpu`` recipe key's ``setting`` and, where ranks share GPUs, the ``shared_gpu_transport``
-    key's ``transport``.
+    key's ``transport``; ``world_size``: the job's ranks on every host (None: this host's).
 
     Raises:
         ValueError: ``setting`` is not one of :data:`SHARED_GPU_VALUES` or ``transport`` of
             :data:`SHARED_GPU_TRANSPORTS`; no GPU is visible; ``setting`` is false and there are fewer GPUs than
-            ranks; ``local_rank`` is outside ``[0, local_world_size)``.
+            ranks; ``local_rank`` is outside ``[0, local_world_size)``; shared ranks over ``samedev`` would be on
+            more than one GPU or host (it joins the ranks of one device).
     """
     setting = check_shared_gpu(setting)
     transport = check_shared_gpu_transport(transport)
@@ -131,8 +132,23 @@ def gpu_placement(setting: Union[str, bool], local_rank: int, local_world_size: 
     if not shared and gpus < local_world_size:
         raise ValueError(f"shared_gpu = false needs a GPU per rank: {local_world_size} ranks on this host, "
                          f"{gpus} GPU(s) visible; set shared_gpu=auto to run several ranks per GPU over gloo")
+    if shared and transport == "samedev":
+        _check_one_device(local_world_size, gpus, local_world_size if world_size is None else world_size)
     return GPUPlacement(device_id=local_rank % gpus if shared else local_rank, backend=transport if shared else "nccl",
                         shared=shared, gpus=gpus, local_world_size=local_world_size)
+
+
+def _check_one_device(local_world_size: int, gpus: int, world_size: int) -> None:
+    """Refuse ``samedev`` for shared ranks that would not all be on one device: its group maps one staging buffer
+    per rank of one GPU, and would fail at the first collective otherwise."""
+    spread = min(gpus, local_world_size)
+    if spread > 1:
+        raise ValueError(f"shared_gpu_transport = samedev joins the ranks of one GPU, but {local_world_size} ranks on "
+                         f"{gpus} visible GPUs share {spread} of them (rank r on cuda:r % {gpus}); make one GPU "
+                         "visible (CUDA_VISIBLE_DEVICES) or set shared_gpu_transport=gloo")
+    if world_size > local_world_size:
+        raise ValueError(f"shared_gpu_transport = samedev joins the ranks of one GPU, but the job has {world_size} "
+                         f"ranks, {local_world_size} on this host; set shared_gpu_transport=gloo")
 
 
 def check_state_dict_type(shared: bool, state_dict_type: Optional[str]) -> None:
@@ -205,6 +221,6 @@ def this_process_gpu(setting: Union[str, bool] = "auto", state_dict_type: Option
     from composer.utils import dist
 
     placement = gpu_placement(setting, dist.get_local_rank(), dist.get_local_world_size(), torch.cuda.device_count(),
-                              transport)
+                              transport, dist.get_world_size())
     check_state_dict_type(placement.shared, state_dict_type)
     return composer_device(placement), placement

@@ -54,6 +54,19 @@ def test_the_transport_joins_shared_ranks_only():
     assert gpu_placement("auto", 1, 2, 2, "samedev").backend == "nccl"  # a GPU per rank: NCCL, whatever the key
 
 
+@pytest.mark.parametrize("setting,ranks,gpus,world,message", [
+    ("auto", 4, 2, 4, r"4 ranks on 2 visible GPUs share 2 of them \(rank r on cuda:r % 2\); make one GPU visible"),
+    (True, 2, 2, 2, r"2 ranks on 2 visible GPUs share 2 of them"),
+    ("auto", 2, 1, 4, r"the job has 4 ranks, 2 on this host; set shared_gpu_transport=gloo"),
+])
+def test_samedev_is_refused_where_shared_ranks_would_span_devices(setting, ranks, gpus, world, message):
+    with pytest.raises(ValueError, match=r"shared_gpu_transport = samedev joins the ranks of one GPU, but " + message):
+        gpu_placement(setting, 0, ranks, gpus, "samedev", world)
+    for rank in range(ranks):  # gloo carries the same placements
+        assert gpu_placement(setting, rank, ranks, gpus, "gloo", world).backend == "gloo"
+    assert gpu_placement("auto", 0, 4, 1, "samedev", 4).device_id == 0  # one GPU, one host: allowed
+
+
 def test_an_unregistered_transport_is_refused_naming_the_call_that_registers_it(monkeypatch):
     import composer_qsdp.shared_gpu as shared_gpu
 

@@ -499,6 +499,30 @@ def test_shared_arms_over_nccl_spread_over_the_least_used_gpus(tiny_recipes, tmp
     assert held["qwd-w4g4"] == ["4", "5"]
 
 
+def test_samedev_arms_take_one_least_used_gpu_of_several(tiny_recipes, tmp_path, monkeypatch):
+    # samedev joins the ranks of one GPU: on a 2-GPU host each shared arm runs on one, the least used, and the
+    # 2-rank arms over NCCL beside them count its ranks there.
+    monkeypatch.setattr(convergence_plan, "_visible_gpus", lambda: ["0", "1"])
+    gpu = ["-o", "device=gpu", "-o", "precision=amp_bf16"]
+    arms = ["sdp4bit-2x2", "baseline", "tlq-hs-2x2", "w8g8"]
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", *arms, "--max-ranks", "12", "--stagger-s", "0",
+                    "--results-interval-s", "0", "--eval-batches", "-1", "--shared-gpu-transport", "samedev", *gpu)
+    assert [plan.backend(arm) for arm in arms] == ["samedev", "nccl", "samedev", "nccl"]
+    held, done = {}, tmp_path / "done"
+
+    def fake_start(plan_, arm, gpus):
+        held[arm] = gpus
+        if arm == arms[-1]:
+            done.touch()
+        return subprocess.Popen([sys.executable, "-c", "import os, time\n"
+                                 f"while not os.path.exists({str(done)!r}): time.sleep(0.01)"])
+
+    monkeypatch.setattr(convergence_runner, "_start_arm", fake_start)
+    assert convergence_runner.run_arms(plan, e2e_common.Budget(None)) == "complete"
+    # 4 ranks on GPU 0; the NCCL arm a rank on each; the next 4 ranks on GPU 1, the less used (1 process against 5).
+    assert [held[arm] for arm in arms] == [["0"], ["0", "1"], ["1"], ["0", "1"]]
+
+
 def test_noise_band_and_gaps_to_both_seeds(tiny_recipes, tmp_path):
     plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "baseline-seed2", "w8g8", "ddp-baseline")
     out = plan.out_dir
