@@ -730,6 +730,7 @@ def combined_markdown(record: dict[str, Any]) -> str:
     s = record["settings"]
     labels = [label for label, r in record["arms"].items() if r["arm"] in FSDP_BASELINES]
     lines = [f"### convergence: {Path(s['recipe_dir']).name}, {len(record['runs'])} runs combined", ""]
+
     def transport(run: dict[str, Any]) -> str:
         # Runs from before launches logged their back end shared GPUs over gloo, the only transport then.
         shared = run.get("shared_gpu")
