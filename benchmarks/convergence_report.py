@@ -420,7 +420,8 @@ def _ranks_text(plan: Plan, arms: dict[str, Any]) -> str:
                 f"{staged}, over NCCL {', '.join(backends['nccl']) or 'none'}"
                 + (f", resumed on the other: {', '.join(mixed)}" if mixed else ""))
     sharing = [arm for arm in arms if plan.shares_gpus(arm)]
-    where = (f"ranks sharing {len(plan.gpus)} GPU(s); over {plan.args.shared_gpu_transport} (shared_gpu: the "
+    transport = shared_transports({arm: arms[arm] for arm in sharing}) or plan.args.shared_gpu_transport
+    where = (f"ranks sharing {len(plan.gpus)} GPU(s); over {transport} (shared_gpu: the "
              "numerics of a GPU per rank): "
              f"{', '.join(sharing) or 'none'}; the others over NCCL, a GPU per rank; step times are not network "
              "measurements" if plan.shared else

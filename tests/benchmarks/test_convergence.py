@@ -318,7 +318,7 @@ def test_arms_with_a_gpu_per_rank_keep_nccl_beside_shared_ones(tiny_recipes, tmp
     assert "ranks sharing 2 GPU(s); over samedev (shared_gpu: the numerics of a GPU per rank)" in md
 
 
-def test_a_shared_runs_header_names_the_transports_its_arms_logged(tiny_recipes, tmp_path, monkeypatch):
+def test_a_shared_runs_header_and_settings_name_the_transports_its_arms_logged(tiny_recipes, tmp_path, monkeypatch):
     # --collect on the host that ran the arms, without the running commands' --shared-gpu-transport: the header
     # takes the transport from what the launches logged (one arm resumed over samedev), not the default.
     monkeypatch.setattr(convergence_plan, "_visible_gpus", lambda: ["0"])
@@ -333,6 +333,8 @@ def test_a_shared_runs_header_names_the_transports_its_arms_logged(tiny_recipes,
     manifest = {"command": "c", "tokens": {"train": 1, "val": 1}, "input": {"files": 1, "bytes": 1, "sha256": "ab"}}
     record = convergence_report.write_results(plan, manifest, "incomplete", quiet=True)
     assert record["header"]["device"].endswith("arms with more processes than GPUs over gloo and samedev (shared_gpu)")
+    md = (plan.out_dir / f"convergence-{plan.name}.md").read_text()
+    assert "ranks sharing 1 GPU(s); over gloo and samedev (shared_gpu: the numerics of a GPU per rank)" in md
 
 
 def test_a_gpu_per_rank_changes_nothing(tiny_recipes, tmp_path, monkeypatch):
