@@ -5,39 +5,19 @@
 # the full presets qwd-w3g3-loco (4f369ed) and qwd-w3g2-loco (this run), with each arm's measured relative errors.
 # Last, whether the sides add up: the weights arm's gap plus a gradient arm's against the preset's own gap.
 # The training-loss windows of the 4f369ed runs are c526aae's rebuild of that record from its logs.
-import json
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parents[1]))
+from ablation_gaps import curve, gap_table, load_arms  # noqa: E402
+
 RECORD = "convergence-gpt-125m-t512-b32-s2000"
 EARLIER = HERE.parent / "2026-12-01_h200_c526aae" / "train-loss" / "prose-125m" / f"{RECORD}.json"
 SEED = 17
-ARMS = ("qwd3-only", "g4loco-only", "g3loco-only", "g2loco-only", "qwd-w3g3-loco", "qwd-w3g2-loco", "w8g8")
-EVALS = tuple(range(200, 2001, 200))
-WINDOWS = (500, 1000, 1500, 1800, 2000)
-
-
-def curve(run: dict, key: str) -> dict[int, float]:
-    return {int(step): loss for step, loss in run[key]}
-
-
-def gap(arm: dict[int, float], base: dict[int, float], step: int) -> str:
-    return f"{100 * (arm[step] - base[step]) / base[step]:+.2f}" if step in arm else ""
-
-
-def errors(run: dict) -> str:
-    e = run.get("rel_error") or {}
-    return " / ".join("-" if e.get(side) is None else f"{e[side]:.3f}" for side in ("weights", "grads"))
-
-
-def table(runs: dict, key: str, steps: tuple[int, ...], what: str) -> None:
-    base = curve(runs[f"baseline-1r@s{SEED}"], key)
-    print(f"\n{what}, % of seed {SEED}'s plain FSDP2 run (`baseline-1r`):\n")
-    print("| arm | rel. error w / g | " + " | ".join(str(s) for s in steps) + " |")
-    print("|---|---|" + "---|" * len(steps))
-    for name in ARMS:
-        run = runs[f"{name}@s{SEED}"]
-        print(f"| `{name}` | {errors(run)} | " + " | ".join(gap(curve(run, key), base, s) for s in steps) + " |")
+ARMS = ["qwd3-only", "g4loco-only", "g3loco-only", "g2loco-only", "qwd-w3g3-loco", "qwd-w3g2-loco", "w8g8"]
+EVALS = list(range(200, 2001, 200))
+WINDOWS = [500, 1000, 1500, 1800, 2000]
 
 
 def additivity(runs: dict) -> None:
@@ -59,10 +39,10 @@ def additivity(runs: dict) -> None:
 
 
 def main() -> None:
-    runs = json.loads(EARLIER.read_text())["arms"]
-    runs |= json.loads((HERE / "prose-125m" / f"{RECORD}.json").read_text())["arms"]
-    table(runs, "curve", EVALS, "Validation loss at the evaluations")
-    table(runs, "train_curve", WINDOWS, "Training loss, the 100 batches before the step")
+    runs = load_arms([EARLIER, HERE / "prose-125m" / f"{RECORD}.json"])
+    print("\n" + gap_table(runs, ARMS, "baseline-1r", SEED, "curve", EVALS, "Validation loss at the evaluations"))
+    print("\n" + gap_table(runs, ARMS, "baseline-1r", SEED, "train_curve", WINDOWS,
+                            "Training loss, the 100 batches before the step"))
     additivity(runs)
 
 
