@@ -1,12 +1,14 @@
-"""One seed's ablation arms against the same seed's baseline run: the gap at every evaluation and training window.
+"""Ablation arms against the same seeds' baseline runs: the gap at every evaluation and training window.
 
-An ablation changes one choice of a preset and runs one seed; its arms are read against the baseline run of that
-seed (the same initial weights and data order), not the baseline's seed range, which is wider than most ablation
-effects. This prints, from convergence records (``convergence.py``'s JSON, any mix of runs), one row per arm: its
-measured relative errors (weights / gradients) and its gap to the baseline in percent of the baseline's loss, for
-the validation loss at each evaluation and the training loss averaged over the logged batches before each step.
+An ablation changes one choice of a preset and runs a few seeds; its arms are read against the baseline runs of
+those seeds (the same initial weights and data order), not the baseline's seed range, which is wider than most
+ablation effects. This prints, from convergence records (``convergence.py``'s JSON, any mix of runs), the gap to the
+baseline in percent of the baseline's loss, for the validation loss at each evaluation and the training loss
+averaged over the logged batches before each step. With one seed: a row per arm with its measured relative errors
+(weights / gradients). With several: a row per arm and step with each seed's gap and the paired mean over the
+seeds, its Student-t 95% interval and two-sided p (a screen of a candidate before the protocol's full length).
 
-    python benchmarks/ablation_gaps.py RECORD.json [RECORD.json ...] --seed 17 --baseline baseline-1r \\
+    python benchmarks/ablation_gaps.py RECORD.json [RECORD.json ...] --seeds 17 --baseline baseline-1r \\
         --arms qwd-w3g3-loco qwd-w3g3-loco-fp32 --windows 500 1000 1500 2000
 
 A later record's run of an arm replaces an earlier one's (name the records oldest first).
@@ -19,9 +21,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import seed_stats
 from convergence_report import TRAIN_WINDOW
 
-__all__ = ["curve", "gap", "gap_table", "load_arms", "main", "rel_errors"]
+__all__ = ["curve", "gap", "gap_table", "load_arms", "main", "paired_table", "rel_errors"]
 
 
 def load_arms(records: list[Path]) -> dict[str, dict[str, Any]]:
@@ -48,16 +51,22 @@ def rel_errors(run: dict[str, Any]) -> str:
     return " / ".join("-" if e.get(side) is None else f"{e[side]:.3f}" for side in ("weights", "grads"))
 
 
+def _require(runs: dict[str, dict[str, Any]], arms: list[str], seeds: list[int]) -> None:
+    missing = [f"{arm}@s{seed}" for seed in seeds for arm in arms if f"{arm}@s{seed}" not in runs]
+    if missing:
+        raise SystemExit(f"no run {missing} in the records; they hold {sorted(runs)}")
+
+
+def _runs_of(baseline: str) -> str:
+    return f"{'plain FSDP2 ' if baseline.startswith('baseline') else ''}run (`{baseline}`)"
+
+
 def gap_table(runs: dict[str, dict[str, Any]], arms: list[str], baseline: str, seed: int, key: str,
               steps: list[int], what: str) -> str:
     """A markdown table: each arm's gap to ``baseline``'s run of ``seed`` at ``steps``, titled by ``what``."""
-    label = f"{baseline}@s{seed}"
-    missing = [arm for arm in (baseline, *arms) if f"{arm}@s{seed}" not in runs]
-    if missing:
-        raise SystemExit(f"no run of seed {seed} for {missing} in the records; they hold {sorted(runs)}")
-    base = curve(runs[label], key)
-    lines = [f"{what}, % of seed {seed}'s {'plain FSDP2 ' if baseline.startswith('baseline') else ''}run "
-             f"(`{baseline}`):", "",
+    _require(runs, [baseline, *arms], [seed])
+    base = curve(runs[f"{baseline}@s{seed}"], key)
+    lines = [f"{what}, % of seed {seed}'s {_runs_of(baseline)}:", "",
              "| arm | rel. error w / g | " + " | ".join(str(s) for s in steps) + " |",
              "|---|---|" + "---|" * len(steps)]
     for arm in arms:
@@ -67,10 +76,33 @@ def gap_table(runs: dict[str, dict[str, Any]], arms: list[str], baseline: str, s
     return "\n".join(lines)
 
 
+def paired_table(runs: dict[str, dict[str, Any]], arms: list[str], baseline: str, seeds: list[int], key: str,
+                 steps: list[int], what: str) -> str:
+    """A markdown table: at each of ``steps`` every seed's run reached, each arm's gap to ``baseline``'s run of the
+    same seed, and the paired mean over ``seeds`` with its 95% interval and p (percent of the baseline's loss)."""
+    _require(runs, [baseline, *arms], seeds)
+    base = {seed: curve(runs[f"{baseline}@s{seed}"], key) for seed in seeds}
+    lines = [f"{what}, % of each seed's {_runs_of(baseline)}:", "",
+             f"| arm | step | {' / '.join(f's{seed}' for seed in seeds)} | paired mean | 95% | p |",
+             "|---|---|---|---|---|---|"]
+    for arm in arms:
+        own = {seed: curve(runs[f"{arm}@s{seed}"], key) for seed in seeds}
+        for step in steps:
+            if not all(step in own[seed] and step in base[seed] for seed in seeds):
+                continue
+            r = seed_stats.compare({seed: {step: own[seed][step]} for seed in seeds},
+                                   {seed: {step: base[seed][step]} for seed in seeds}, step)
+            ci, p = r.paired_ci95_pct, r.paired_p_value  # None where the seeds' gaps do not spread
+            lines.append(f"| `{arm}` | {step} | {' / '.join(gap(own[s], base[s], step) for s in seeds)} | "
+                         f"{r.paired_gap_pct:+.2f}% | {'n/a' if ci is None else f'{ci[0]:+.2f} .. {ci[1]:+.2f}%'} | "
+                         f"{'n/a' if p is None else f'{p:.3f}'} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("records", nargs="+", type=Path, help="convergence records (JSON), oldest first")
-    p.add_argument("--seed", type=int, required=True, help="the seed the ablation ran")
+    p.add_argument("--seeds", "--seed", nargs="+", type=int, required=True, help="the seeds the ablation ran")
     p.add_argument("--baseline", default="baseline-1r", help="the arm the gaps are taken to (default baseline-1r)")
     p.add_argument("--arms", nargs="+", required=True, help="the arms, in the tables' order")
     p.add_argument("--evals", nargs="*", type=int,
@@ -79,15 +111,15 @@ def main(argv: list[str] | None = None) -> None:
                    help="training-loss windows, by the step that ends them (default: none)")
     args = p.parse_args(argv)
     runs = load_arms(args.records)
-    label = f"{args.baseline}@s{args.seed}"
-    if label not in runs:
-        raise SystemExit(f"no run {label!r} in the records; they hold {sorted(runs)}")
-    evals = args.evals or sorted(curve(runs[label]))
-    print(gap_table(runs, args.arms, args.baseline, args.seed, "curve", evals, "Validation loss at the evaluations"))
+    _require(runs, [args.baseline], args.seeds)
+    evals = args.evals or sorted(set.intersection(*(set(curve(runs[f"{args.baseline}@s{s}"])) for s in args.seeds)))
+    seeds = args.seeds[0] if len(args.seeds) == 1 else args.seeds
+    table = gap_table if len(args.seeds) == 1 else paired_table
+    print(table(runs, args.arms, args.baseline, seeds, "curve", evals, "Validation loss at the evaluations"))
     if args.windows:
         print()
-        print(gap_table(runs, args.arms, args.baseline, args.seed, "train_curve", args.windows,
-                        f"Training loss, the {TRAIN_WINDOW} batches before the step"))
+        print(table(runs, args.arms, args.baseline, seeds, "train_curve", args.windows,
+                    f"Training loss, the {TRAIN_WINDOW} batches before the step"))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """``benchmarks/ablation_gaps.py``: each arm's gap to the same seed's baseline run, from convergence records, against
-hand-computed percentages; a later record's run replaces an earlier one's; a missing run is named."""
+hand-computed percentages; over several seeds, the paired mean and its Student-t interval against a float64
+computation; a later record's run replaces an earlier one's; a missing run is named."""
 
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -47,7 +49,35 @@ def test_gaps_are_percent_of_the_same_seeds_baseline_and_later_records_win(tmp_p
 
 def test_a_missing_run_is_named_with_what_the_records_hold(tmp_path):
     path = record(tmp_path / "a.json", {"baseline-1r@s17": run({200: 4.0}), "x@s18": run({200: 4.0})})
-    with pytest.raises(SystemExit, match=r"no run of seed 17 for \['x'\].*'x@s18'"):
+    with pytest.raises(SystemExit, match=r"no run \['x@s17'\].*'x@s18'"):
         ablation_gaps.main([str(path), "--seed", "17", "--arms", "x"])
-    with pytest.raises(SystemExit, match=r"no run 'baseline-1r@s19'"):
+    with pytest.raises(SystemExit, match=r"no run \['baseline-1r@s19'\]"):
         ablation_gaps.main([str(path), "--seed", "19", "--arms", "x"])
+    with pytest.raises(SystemExit, match=r"no run \['baseline-1r@s18'\]"):
+        ablation_gaps.main([str(path), "--seeds", "17", "18", "--arms", "x"])
+
+
+def test_several_seeds_give_each_seeds_gap_and_their_paired_mean_interval_and_p(tmp_path, capsys):
+    base = {17: 4.0, 18: 2.0, 19: 5.0}
+    arm = {17: 4.04, 18: 2.01, 19: 5.10}  # gaps +1%, +0.5%, +2%
+    path = record(tmp_path / "a.json", {
+        **{f"baseline@s{s}": run({200: base[s], 400: 1.0}, {300: base[s]}) for s in base},
+        **{f"x@s{s}": run({200: arm[s]}, {300: 2 * base[s]}) for s in base},
+    })
+    ablation_gaps.main([str(path), "--seeds", "17", "18", "19", "--baseline", "baseline", "--arms", "x",
+                        "--windows", "300"])
+    val, train = capsys.readouterr().out.split("Training loss")
+    assert "| arm | step | s17 / s18 / s19 | paired mean | 95% | p |" in val
+    gaps = [1.0, 0.5, 2.0]
+    mean, se = statistics.fmean(gaps), statistics.stdev(gaps) / 3**0.5
+    # Student's t with 2 degrees of freedom in closed form: cdf(t) = 1/2 + t / (2 sqrt(2 + t^2))
+    half = 0.95 / (2 * 0.975 * 0.025) ** 0.5 * se
+    t = mean / se
+    t_p = 1 - t / (2 + t * t) ** 0.5
+    cells = [line.strip("|").split("|") for line in val.splitlines() if line.startswith("| `x`")]
+    assert len(cells) == 1, "step 400: the arm has no evaluation there, so no row"
+    step, per_seed, paired, ci, p = (c.strip() for c in cells[0][1:])
+    assert (step, per_seed, paired) == ("200", "+1.00 / +0.50 / +2.00", f"{mean:+.2f}%")
+    assert ci == f"{mean - half:+.2f} .. {mean + half:+.2f}%"
+    assert float(p) == pytest.approx(t_p, abs=1e-3)
+    assert "| `x` | 300 | +100.00 / +100.00 / +100.00 | +100.00% | n/a | n/a |" in train
