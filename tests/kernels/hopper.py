@@ -13,15 +13,15 @@ import os
 import subprocess
 import sys
 
-__all__ = ["assert_no_spills_and_exact", "resource_usage"]
+__all__ = ["assert_no_spills_and_exact", "opcode_counts", "resource_usage"]
 
 _SCRIPT = """
-import importlib, inspect, json, os, re, subprocess, sys, tempfile
+import collections, importlib, inspect, json, os, re, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-report = {}
+report, histograms = {}, {}
 for v in json.loads(sys.stdin.read()):
     kernel = getattr(importlib.import_module(v["module"]), v["kernel"])
     for name, value in v["constants"].items():  # "jit:<module>:<function>": a jit function passed as a constexpr
@@ -46,7 +46,8 @@ for v in json.loads(sys.stdin.read()):
     # One SASS instruction per "/*<address>*/ <opcode> ...;" line; the NOPs padding the end never run.
     opcodes = [op for op in re.findall(r"/\\*[0-9a-f]{4,}\\*/\\s+(?:@!?U?P\\w+\\s+)?([A-Z][A-Z0-9_.]*)", sass)
                if op != "NOP"]
-    counts = {kind: sum(op.split(".")[0] == kind for op in opcodes) for kind in ("SHFL", "LDS", "STS", "BAR")}
+    histograms[v["name"]] = dict(collections.Counter(op.split(".")[0] for op in opcodes))
+    counts = {kind: histograms[v["name"]].get(kind, 0) for kind in ("SHFL", "LDS", "STS", "BAR")}
     # fp32 instructions that are not exactly rounded: approximate division, reciprocal, root, ...; contracted fma.
     inexact = sorted(set(re.findall(
         r"\\b(?:div[.](?:full|approx)|(?:rcp|sqrt|rsqrt|ex2|lg2|sin|cos|tanh)[.]approx"
@@ -58,7 +59,7 @@ for v in json.loads(sys.stdin.read()):
         + " ".join(f"{kind}:{count}" for kind, count in counts.items())
         + f" CONVERT_LAYOUT:{compiled.asm['ttgir'].count('ttg.convert_layout')}"
         + " INEXACT:" + (",".join(inexact) or "none"))
-print(json.dumps(report))
+print(json.dumps({"usage": report, "opcodes": histograms}))
 """
 
 
@@ -81,6 +82,17 @@ def resource_usage(variants: list[dict]) -> dict[str, str]:
             ``divisible`` (names of integer arguments known to be multiples of 16, as Triton specializes them at a
             launch). Pointers are compiled as 16-byte aligned, as torch allocations are.
     """
+    return _compile(variants)["usage"]
+
+
+def opcode_counts(variants: list[dict]) -> dict[str, dict[str, int]]:
+    """Compile each variant (as :func:`resource_usage` takes them) for sm_90; return ``{name: {opcode: count}}``, the
+    kernel's SASS instructions by opcode without its modifiers (``FADD``, ``LOP3``, ``SHFL``, ...; end padding
+    ``NOP`` excluded): what one thread issues, the kernels having no loops."""
+    return _compile(variants)["opcodes"]
+
+
+def _compile(variants: list[dict]) -> dict[str, dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", _SCRIPT], input=json.dumps(variants), capture_output=True,
                          text=True, env=env, timeout=600)  # fmt: skip
