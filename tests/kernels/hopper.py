@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 
-__all__ = ["assert_no_spills_and_exact", "opcode_counts", "resource_usage"]
+__all__ = ["assert_no_spills_and_exact", "compile_report", "resource_usage"]
 
 _SCRIPT = """
 import collections, importlib, inspect, json, os, re, subprocess, sys, tempfile
@@ -82,17 +82,14 @@ def resource_usage(variants: list[dict]) -> dict[str, str]:
             ``divisible`` (names of integer arguments known to be multiples of 16, as Triton specializes them at a
             launch). Pointers are compiled as 16-byte aligned, as torch allocations are.
     """
-    return _compile(variants)["usage"]
+    return compile_report(variants)["usage"]
 
 
-def opcode_counts(variants: list[dict]) -> dict[str, dict[str, int]]:
-    """Compile each variant (as :func:`resource_usage` takes them) for sm_90; return ``{name: {opcode: count}}``, the
-    kernel's SASS instructions by opcode without its modifiers (``FADD``, ``LOP3``, ``SHFL``, ...; end padding
-    ``NOP`` excluded): what one thread issues, the kernels having no loops."""
-    return _compile(variants)["opcodes"]
-
-
-def _compile(variants: list[dict]) -> dict[str, dict]:
+def compile_report(variants: list[dict]) -> dict[str, dict]:
+    """Compile each variant (as :func:`resource_usage` takes them) for sm_90 once; return ``{"usage": {name:
+    <resource_usage's string>}, "opcodes": {name: {opcode: count}}}``, the latter the kernel's SASS instructions by
+    opcode without its modifiers (``FADD``, ``LOP3``, ``SHFL``, ...; end padding ``NOP`` excluded): what one thread
+    issues, the kernels having no loops."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", _SCRIPT], input=json.dumps(variants), capture_output=True,
                          text=True, env=env, timeout=600)  # fmt: skip

@@ -22,7 +22,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # the kernels import as the CPU 
 
 import torch  # noqa: E402
 from bench_feedback import BLOCK_1_3B, make_residual  # noqa: E402
-from hopper import opcode_counts, resource_usage  # noqa: E402
+from hopper import compile_report  # noqa: E402
 from test_minmax_kernels import _feedback_variants  # noqa: E402
 
 from composer_qsdp.kernels import backend  # noqa: E402
@@ -70,7 +70,8 @@ def variant(bits: int, residual: str) -> dict:
 
 def main() -> None:
     vs = [variant(bits, residual) for bits, residual in CASES]
-    usage, counts = resource_usage(vs), opcode_counts(vs)
+    report = compile_report(vs)
+    usage, counts = report["usage"], report["opcodes"]
     timed = json.loads(TIMED.read_text())["rows"]
     print("| bits | residual | registers | SASS per thread | elements per thread | SASS per element | "
           + " | ".join(GROUPS) + " | H200 ms (5251474) | % of copy | ms per SASS/element |")
