@@ -126,6 +126,15 @@ class Codec(ABC):
         self._check_rows_input(x, seed, offset)
         return self._encode_rows(x, seed, offset)
 
+    def encode_zero_rows(self, rows: int, numel: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The wire of a ``[rows, numel]`` tensor of zeros, ``encode_rows(torch.zeros(rows, numel))`` (a codec's zero
+        need not be all-zero bytes), on ``device``: ``[rows, wire_bytes(numel)]`` ``uint8``.
+
+        A round-to-nearest codec whose wire is made of its buckets' (the symmetric codec) builds it from one bucket's
+        encode, without encoding ``rows * numel`` elements; the others encode the zeros.
+        """
+        return self.encode_rows(torch.zeros(rows, numel, device=device))
+
     def decode_rows(
         self, wire: torch.Tensor, numel: int, dtype: torch.dtype = torch.float32, *, out: torch.Tensor | None = None
     ) -> torch.Tensor:

@@ -79,7 +79,7 @@ class CodedResidual:
         return self
 
     def _encoded_zeros(self, device: torch.device | str) -> torch.Tensor:
-        return self.codec.encode_rows(torch.zeros(self.rows, self.numel, device=device))
+        return self.codec.encode_zero_rows(self.rows, self.numel, device)
 
     def to(self, device: torch.device | str) -> CodedResidual:
         """This residual with its wire on ``device`` (self when already there)."""

@@ -42,6 +42,7 @@ from composer_qsdp.kernels import WireFormat, bucket_wire_format, use_triton
 from composer_qsdp.quant.buckets import FP32_MAX, bucket_width, ieee_div
 from composer_qsdp.quant.codec import Codec, check_bits, sum_rows_in_order
 from composer_qsdp.quant.wire import assemble_rows, pack_rows, read_meta, unpack_rows
+from composer_qsdp.validate import check_int
 
 __all__ = ["SymmetricCodec"]
 
@@ -75,6 +76,22 @@ class SymmetricCodec(Codec):
 
     def wire_bytes(self, numel: int) -> int:
         return self.wire_format(numel).wire_bytes
+
+    def encode_zero_rows(self, rows: int, numel: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        # Every bucket of zeros encodes alike (level 0 everywhere, the same scale) and starts on a byte boundary, so
+        # the row is one full bucket's codes repeated, the last bucket's, and one bucket's scale repeated: what a
+        # resumed LoCo residual's template of every unit's gradient would otherwise encode element by element.
+        fmt = self.wire_format(numel)
+        check_int("rows", rows, minimum=1)
+        full = self.encode_rows(torch.zeros(1, self.bucket_size))[0].to(device)
+        last = self.encode_rows(torch.zeros(1, fmt.last_bucket))[0].to(device)
+        head = (fmt.num_buckets - 1) * fmt.bucket_bytes
+        wire = torch.zeros(rows, fmt.wire_bytes, dtype=torch.uint8, device=device)
+        wire[:, :head] = full[: fmt.bucket_bytes].repeat(fmt.num_buckets - 1)
+        wire[:, head : fmt.code_bytes] = last[: fmt.code_bytes - head]
+        scale_at = self.wire_format(self.bucket_size).meta_offset
+        wire[:, fmt.meta_offset :] = full[scale_at : scale_at + 4].repeat(fmt.num_buckets)
+        return wire
 
     def _kernels(self, tensor: torch.Tensor, rotate: bool = False) -> ModuleType | None:
         """The kernel module when ``tensor`` should take the Triton path and a kernel covers this codec (and the

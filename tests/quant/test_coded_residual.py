@@ -30,6 +30,21 @@ def test_a_coded_residual_stores_each_bucket_to_half_a_step():
     assert torch.equal(residual.zero_().decode(), torch.zeros(rows, n))
 
 
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("bucket", [7, 256])
+@pytest.mark.parametrize("n", [1, 5, 255, 256, 257, 1000])
+def test_the_zero_wire_is_the_encode_of_zeros(bits, bucket, n):
+    """The symmetric codec's wire of zeros, built from one bucket's, is its encode of a zero tensor byte for byte
+    (whole and partial last buckets, codes of every width, odd bucket sizes), as the base codec's default is."""
+    codec = SymmetricCodec(bits, bucket)
+    for rows in (1, 3):
+        expected = codec.encode_rows(torch.zeros(rows, n))
+        assert torch.equal(codec.encode_zero_rows(rows, n), expected)
+        assert torch.equal(CodedResidual(codec, rows, n).wire, expected)
+    minmax = MinMaxCodec(bits, bucket, rounding="nearest")
+    assert torch.equal(minmax.encode_zero_rows(2, n), minmax.encode_rows(torch.zeros(2, n)))
+
+
 def test_a_coded_residual_rejects_misuse():
     with pytest.raises(ValueError, match="rounds to nearest"):
         CodedResidual(MinMaxCodec(8, 256, rounding="stochastic"), 2, 10)
