@@ -45,6 +45,21 @@ def test_the_zero_wire_is_the_encode_of_zeros(bits, bucket, n):
     assert torch.equal(minmax.encode_zero_rows(2, n), minmax.encode_rows(torch.zeros(2, n)))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("n", [1, 255, 4096 + 3])
+def test_the_cuda_zero_wire_is_the_kernel_encode_of_zeros(bits, n):
+    """On CUDA the zero wire (a fresh or resumed LoCo residual's) is what the Triton encode writes for zeros, and the
+    CPU wire: the fused feedback kernels read it as a residual of zeros."""
+    codec = SymmetricCodec(bits, 256)
+    zeros = torch.zeros(3, n, device="cuda")
+    wire = CodedResidual(codec, 3, n, device="cuda").wire
+    assert wire.device.type == "cuda"
+    assert torch.equal(wire, codec.encode_rows(zeros))
+    assert torch.equal(wire.cpu(), codec.encode_rows(zeros.cpu()))
+    assert torch.equal(codec.decode_rows(wire, n), zeros)
+
+
 def test_a_coded_residual_rejects_misuse():
     with pytest.raises(ValueError, match="rounds to nearest"):
         CodedResidual(MinMaxCodec(8, 256, rounding="stochastic"), 2, 10)
