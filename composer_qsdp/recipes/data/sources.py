@@ -300,9 +300,9 @@ def _docstrings(tree: ast.Module) -> list[tuple[ast.Expr, str]]:
 
 
 def _parse_workers(workers: int | None, files: int) -> int:
-    """The processes that parse ``files`` Python files: ``workers``, checked, or by default every CPU this process
-    may use, at most one per :data:`_FILES_PER_WORKER` files (a spawned process takes seconds to start). Parsing is
-    the slow part of :func:`prose_documents` (some 47,000 ``*.py`` files in a full environment)."""
+    """The processes that read ``files`` files: ``workers``, checked, or by default every CPU this process may use,
+    at most one per :data:`_FILES_PER_WORKER` files (a spawned process takes seconds to start). Parsing the
+    ``*.py`` files is the slow part of :func:`prose_documents` (some 47,000 in a full environment)."""
     if workers is not None:
         return check_int("workers", workers, minimum=1)
     return max(1, min(len(os.sched_getaffinity(0)), files // _FILES_PER_WORKER))
@@ -540,16 +540,16 @@ def prose_source_files(roots: Sequence[str | os.PathLike] | None = None) -> list
     Raises:
         ValueError: a given root is not a directory, or it holds no ``*.py`` file.
     """
-    return [path for files, _, _ in _prose_parts(roots) for path in files]
+    return [path for files, _ in _prose_parts(roots) for path in files]
 
 
-def _prose_parts(roots: Sequence[str | os.PathLike] | None) -> list[tuple[list[Path], Callable[[str], str], bool]]:
-    """The parts of :func:`prose_documents`, in its order: each one's files, what takes a file's text to its
-    document, and whether that parses Python (the part worker processes share)."""
-    return [(package_metadata_files(roots), _description_prose, False),
-            (documentation_files(roots), _long_prose, False),
-            (python_source_files(roots), _python_file_prose, True),
-            (_matching_files(C_SOURCE_PATTERNS, roots)[0], _c_file_prose, False)]
+def _prose_parts(roots: Sequence[str | os.PathLike] | None) -> list[tuple[list[Path], Callable[[str], str]]]:
+    """The parts of :func:`prose_documents`, in its order: each one's files, and what takes a file's text to its
+    document (a module-level callable, for worker processes)."""
+    return [(package_metadata_files(roots), _description_prose),
+            (documentation_files(roots), _long_prose),
+            (python_source_files(roots), _python_file_prose),
+            (_matching_files(C_SOURCE_PATTERNS, roots)[0], _c_file_prose)]
 
 
 def prose_documents(val_fraction: float, roots: Sequence[str | os.PathLike] | None = None,
@@ -575,9 +575,9 @@ def prose_documents(val_fraction: float, roots: Sequence[str | os.PathLike] | No
     its whitespace collapsed, equals an earlier one's is skipped (a README shipped both as a package's
     ``README.md`` and as its description, a vendored copy), and the split is drawn from that same collapsed text,
     so copies that differ in whitespace alone never straddle train and val. The order is deterministic
-    (:func:`source_files`), and so are the documents with any number of ``workers``: the processes that parse the
-    ``*.py`` files (default: every CPU this process may use, at most one per :data:`_FILES_PER_WORKER` files, as a
-    spawned process takes seconds to start).
+    (:func:`source_files`), and so are the documents with any number of ``workers``: the processes that read the
+    files of every part (default: every CPU this process may use, at most one per :data:`_FILES_PER_WORKER` files,
+    as a spawned process takes seconds to start).
 
     Raises:
         ValueError: ``val_fraction`` out of range, ``workers`` below 1, a root that is not a directory, or no
@@ -585,12 +585,30 @@ def prose_documents(val_fraction: float, roots: Sequence[str | os.PathLike] | No
     """
     _check_val_fraction(val_fraction)
     parts = _prose_parts(roots)
-    workers = _parse_workers(workers, sum(len(files) for files, _, parses in parts if parses))
+    return _prose_stream(parts, val_fraction, _parse_workers(workers, sum(len(files) for files, _ in parts)))
+
+
+def _prose_stream(parts: list[tuple[list[Path], Callable[[str], str]]], val_fraction: float,
+                  workers: int) -> Iterator[tuple[str, str]]:
+    """:func:`prose_documents`' documents from ``parts``, with ``workers`` processes reading every part's files.
+
+    Every part's files are queued at once and the documents come out as they are read, so the consumer (the
+    tokenizer) works while the workers parse and no worker idles between parts; a consumer that stops early
+    cancels what is still queued."""
     seen: set[bytes] = set()  # one set: a document repeated in two parts is taken once
-    return itertools.chain.from_iterable(
-        _file_documents(files, val_fraction, text_of, workers if parses else 1, seen=seen,
-                        digest_of=_collapsed_digest)
-        for files, text_of, parses in parts)
+    if workers == 1:  # one file at a time: a whole environment's sources need not be in memory at once
+        for files, text_of in parts:
+            yield from _documents_of((_file_text(path, text_of) for path in files), val_fraction, seen,
+                                     _collapsed_digest)
+        return
+    # spawned, not forked: the caller may hold threads (a tokenizer's) that a fork would copy mid-flight
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        streams = [pool.map(_file_text, files, itertools.repeat(text_of), chunksize=64) for files, text_of in parts]
+        for texts in streams:
+            yield from _documents_of(texts, val_fraction, seen, _collapsed_digest)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _collapsed_digest(text: str) -> bytes:
@@ -629,23 +647,20 @@ def _file_text(path: Path, text_of: Callable[[str], str]) -> str | None:
         return None
 
 
-def _file_documents(files: list[Path], val_fraction: float, text_of: Callable[[str], str], workers: int = 1, *,
-                    seen: set[bytes] | None = None,
-                    digest_of: Callable[[str], bytes] | None = None) -> Iterator[tuple[str, str]]:
+def _file_documents(files: list[Path], val_fraction: float,
+                    text_of: Callable[[str], str]) -> Iterator[tuple[str, str]]:
     """``(split, text_of(file's text))`` for each readable UTF-8 file whose document is not empty and not a repeat
     of an earlier one (packages vendor identical copies: a repeat would be seen twice, and could never straddle the
-    split anyway), in file order; with ``workers`` > 1, ``text_of`` (a module-level function) runs in that many
-    spawned processes. A document repeats another when their ``digest_of`` (default: SHA-256 of the text) are
-    equal, among the digests in ``seen`` (default: a new set; pass one set to several calls to deduplicate across
-    them), and its split is drawn from that digest (:func:`_split_of`)."""
-    if workers > 1:
-        # spawned, not forked: the caller may hold threads (a tokenizer's) that a fork would copy mid-flight
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            texts: Iterable[str | None] = list(pool.map(_file_text, files, itertools.repeat(text_of), chunksize=64))
-    else:  # one file at a time: a whole environment's sources need not be in memory at once
-        texts = (_file_text(path, text_of) for path in files)
-    if seen is None:
-        seen = set()
+    split anyway), in file order, one file at a time; its split is drawn from the SHA-256 of its text
+    (:func:`_split_of`)."""
+    return _documents_of((_file_text(path, text_of) for path in files), val_fraction, set(), None)
+
+
+def _documents_of(texts: Iterable[str | None], val_fraction: float, seen: set[bytes],
+                  digest_of: Callable[[str], bytes] | None) -> Iterator[tuple[str, str]]:
+    """``(split, text)`` for each of ``texts`` that is not ``None`` (an unreadable file), not blank and not a
+    repeat: a text repeats another when their ``digest_of`` (``None``: SHA-256 of the text) are equal, among the
+    digests in ``seen`` (shared by several calls to deduplicate across them; this adds to it)."""
     for text in texts:
         if text is None:
             continue

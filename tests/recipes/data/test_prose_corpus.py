@@ -7,6 +7,7 @@ CLI's ``--min-train-tokens``."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from pathlib import Path
 
@@ -234,6 +235,9 @@ def test_prose_documents_are_deterministic_and_the_same_from_worker_processes(tm
     serial = list(prose_documents(0.5, [tmp_path], workers=1))
     assert serial == list(prose_documents(0.5, [tmp_path], workers=1))
     assert list(prose_documents(0.5, [tmp_path], workers=2)) == serial
+    stream = prose_documents(0.5, [tmp_path], workers=2)  # a build that reaches its token cap stops reading early
+    assert list(itertools.islice(stream, 3)) == serial[:3]
+    stream.close()  # cancels the files still queued, and returns
     assert len(serial) == 2 + 1 + 1 + 20 + 1  # descriptions, the guide, core.py, m00..m19 (not m20..m29: the
     # same with other spacing; not z_latin1.py) and core.h
     with pytest.raises(ValueError, match="workers=0"):
