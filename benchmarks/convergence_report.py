@@ -634,17 +634,20 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         # ranks sharing GPUs over gloo compute what NCCL ranks do, up to the order of a reduction's sums.
         # The recipe folder is named as each machine's command gave it (absolute or relative): its name counts.
         # Which weights the QSDP arms evaluated is each arm's (checked below), not the record's: a baseline has none.
+        # How often a run evaluated changes no training where every evaluation is of the exact weights (checked).
         differ = [k for k in common.differing_keys(first["settings"], record["settings"])
-                  if k not in ("max_ranks", "shared_gpu", "eval_weights")
+                  if k not in ("max_ranks", "shared_gpu", "eval_weights", "eval_interval")
                   and not (k == "recipe_dir" and Path(first["settings"][k]).name == Path(record["settings"][k]).name)]
         if differ:
             key = differ[0]
             raise ValueError(f"run {i} differs from run 1 in setting {key!r}: "
                              f"{record['settings'].get(key)!r} != {first['settings'].get(key)!r}")
+        if record["settings"].get("eval_interval") != first["settings"].get("eval_interval"):
+            _check_evaluations_leave_training(i, record, first)
         if record["corpus"]["input"]["sha256"] != first["corpus"]["input"]["sha256"]:
             raise ValueError(f"run {i} used another corpus (input sha256 {record['corpus']['input']['sha256'][:16]}"
                              f" != {first['corpus']['input']['sha256'][:16]})")
-    curves = [{arm: dict(r["curve"]) for arm, r in record["arms"].items()} for record in records]
+    curves = [{arm: _losses(r) for arm, r in record["arms"].items()} for record in records]
     kept = [{arm: r for arm, r in record["arms"].items() if not _superseded(arm, i, curves)}
             for i, record in enumerate(records)]
     _check_evaluated_weights(kept)
@@ -713,15 +716,37 @@ def _check_evaluated_weights(runs: list[dict[str, Any]]) -> None:
                                  f"evaluated the quantized weights)")
 
 
-def _superseded(arm: str, i: int, curves: list[dict[str, dict[int, float]]]) -> bool:
+def _check_evaluations_leave_training(i: int, record: dict[str, Any], first: dict[str, Any]) -> None:
+    """Raise ``ValueError`` unless every arm of runs ``i`` and 1, which evaluated at different intervals, evaluated
+    the exact weights or has no QSDP: an evaluation of the quantized weights draws rounding seeds and so changes the
+    training after it, while exact ones leave it bit for bit as without them (tests/fsdp2/test_eval_weights.py)."""
+    for n, run in ((i, record), (1, first)):
+        for name, r in run["arms"].items():
+            weights = _evaluated_weights(r)
+            if weights == "quantized" or (weights == "unrecorded" and r.get("compression_vs_unquantized") is not None):
+                raise ValueError(
+                    f"run {i} differs from run 1 in setting 'eval_interval': {record['settings'].get('eval_interval')!r}"
+                    f" != {first['settings'].get('eval_interval')!r}, and run {n}'s {name} evaluated the quantized "
+                    "weights, which changes its training after each evaluation; runs of other evaluation intervals "
+                    "combine only where every arm evaluated the exact weights")
+
+
+def _losses(r: dict[str, Any]) -> dict[tuple[str, int], float]:
+    """An arm's validation losses and windowed training losses, by ``(kind, step)``."""
+    return {**{("val", step): loss for step, loss in r["curve"]},
+            **{("train", step): loss for step, loss in r.get("train_curve") or []}}
+
+
+def _superseded(arm: str, i: int, curves: list[dict[str, dict[tuple[str, int], float]]]) -> bool:
     """Whether run ``i``'s ``arm`` is one run with another run's that got further (or as far, given earlier): the
-    same loss at every step both evaluated. ``curves``: each run's curves by arm."""
+    same loss at every evaluation and training window both recorded (two runs of other evaluation intervals share
+    no evaluation, but their training windows tell them apart). ``curves``: each run's :func:`_losses` by arm."""
     mine = curves[i][arm]
     for j, run in enumerate(curves):
         other = run.get(arm)
-        if j == i or other is None or any(other[step] != loss for step, loss in mine.items() if step in other):
+        if j == i or other is None or any(other[key] != loss for key, loss in mine.items() if key in other):
             continue
-        if (max(other, default=0), -j) > (max(mine, default=0), -i):
+        if (max((step for _, step in other), default=0), -j) > (max((step for _, step in mine), default=0), -i):
             return True
     return False
 

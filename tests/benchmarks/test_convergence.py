@@ -874,6 +874,30 @@ def test_combine_refuses_runs_that_differ(change, message):
         convergence_report.combine_records([convergence_report.combine_records([first, alike]), second])
 
 
+def test_combine_pools_runs_of_other_evaluation_intervals_only_where_evaluations_left_training_alone():
+    """A run that evaluated only at its end joins one that evaluated every 10 steps when every arm evaluated the exact
+    weights (which leave training bit for bit as without them), not when a QSDP arm evaluated the quantized ones;
+    sharing no evaluation, the two runs of one arm are told apart by their training windows."""
+    every = fake_record("a", {"baseline": {10: 5.0, 20: 4.0}, "w8g8": {10: 5.01, 20: 4.02}})
+    final = fake_record("b", {"baseline": {20: 4.03}, "w8g8": {20: 4.01}})
+    for record, interval in ((every, 10), (final, 20)):
+        record["settings"] = {**record["settings"], "eval_interval": interval}
+        record["arms"]["w8g8"] |= {"eval_weights": "exact", "compression_vs_unquantized": 2.6}
+        for r in record["arms"].values():
+            r["train_curve"] = [[10, 5.2 + (record is final) / 100], [20, 4.1]]
+    combined = convergence_report.combine_records([every, final])
+    assert list(combined["arms"]) == ["baseline@run1", "w8g8@run1", "baseline@run2", "w8g8@run2"]
+    assert [r["final_step"] for r in combined["arms"].values()] == [20, 20, 20, 20]
+    final["arms"]["w8g8"] |= {"train_curve": every["arms"]["w8g8"]["train_curve"], "curve": [(20, 4.02)]}
+    assert convergence_report.combine_records([every, final])["arms"]["w8g8"]["run"] == 1  # one run, tabled twice
+    final["arms"]["w8g8"]["eval_weights"] = "quantized"
+    with pytest.raises(ValueError, match="'eval_interval': 20 != 10, and run 2's w8g8 evaluated the quantized"):
+        convergence_report.combine_records([every, final])
+    del final["arms"]["w8g8"]["eval_weights"]  # a QSDP run from before exact evaluations: quantized
+    with pytest.raises(ValueError, match="run 2's w8g8 evaluated the quantized"):
+        convergence_report.combine_records([every, final])
+
+
 def test_a_combined_record_joins_a_later_run_as_its_runs_own_records_would(tmp_path):
     """Combining an earlier combination with a new run gives the record that combining all the runs' own records
     gives: the same arms, run labels, gaps, seed tables and header; on the command line it replaces the earlier
