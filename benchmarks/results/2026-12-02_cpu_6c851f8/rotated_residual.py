@@ -13,13 +13,13 @@ from pathlib import Path
 
 import torch
 
-from composer_qsdp.quant import hadamard_rows, make_codec
+from composer_qsdp.quant import hadamard_rows
 
 _SPEC = importlib.util.spec_from_file_location(
     "adam_update_error", Path(__file__).parents[1] / "2026-12-01_cpu_f1a55b1" / "adam_update_error.py")
 study = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(study)
-W, n, T, B1, B2, EPS = study.W, study.n, study.T, study.B1, study.B2, study.EPS
+W = study.W
 GROUP = 256  # the presets' Hadamard groups, which are also the residual's int8 buckets
 
 CODECS = {  # label: codec options (LoCo's gradients, beta 0.5)
@@ -37,41 +37,27 @@ def rotate(e):
 
 def store(e, storage):
     """The residual as storage gives it back: exact, 8-bit codes of r (the presets), or 8-bit codes of H r decoded
-    and rotated back (the candidate; the same as keeping H r, up to fp32 rounding of the two rotations)."""
-    if storage == "fp32":
-        return e
-    if storage == "int8":
-        return study.store(e, "int8")
-    return rotate(study.store(rotate(e), "int8"))
+    and rotated back (the candidate; the same as keeping H r, up to fp32 rounding of the two rotations). Each call's
+    relative storage error is kept in STORED."""
+    if storage == "int8 rotated":
+        out = rotate(PRESETS_STORE(rotate(e), "int8"))
+    else:
+        out = PRESETS_STORE(e, storage)
+    STORED.append(((out - e).norm() / e.norm()).item())
+    return out
 
 
-def run(grads, small, options, storage, beta=0.5):
-    codec = make_codec("minmax", **options)
-    e = [torch.zeros(W * n) for _ in range(W)]
-    m, v, m_q, v_q = (torch.zeros(W * n) for _ in range(4))
-    one, mom, upd, grow, stored = [], [], [], [], []
-    for t in range(T):
-        gs = grads(t)
-        exact = sum(gs) / W
-        red = torch.zeros(W * n)
-        for r in range(W):
-            c = gs[r] + e[r]
-            q = codec.decode_rows(codec.encode_rows(c.view(W, n), seed=1000 * t + r), n).reshape(-1)
-            target = beta * e[r] + (1 - beta) * (c - q)
-            e[r] = store(target, storage)
-            if t >= 20 and r == 0:
-                stored.append(((e[r] - target).norm() / target.norm()).item())
-            red += q / W
-        m, m_q = B1 * m + (1 - B1) * exact, B1 * m_q + (1 - B1) * red
-        v, v_q = B2 * v + (1 - B2) * exact ** 2, B2 * v_q + (1 - B2) * red ** 2
-        c1, c2 = 1 - B1 ** (t + 1), 1 - B2 ** (t + 1)
-        u, u_q = (m / c1) / ((v / c2).sqrt() + EPS), (m_q / c1) / ((v_q / c2).sqrt() + EPS)
-        if t >= 20:
-            one.append(((red - exact).norm() / exact.norm()).item())
-            mom.append(((m_q - m).norm() / m.norm()).item())
-            upd.append(((u_q - u).norm() / u.norm()).item())
-            grow.append((v_q[small] / v[small]).median().item())
-    return [sum(xs) / len(xs) for xs in (one, mom, upd, grow, stored)]
+PRESETS_STORE, STORED = study.store, []
+study.store = store  # the study's run() stores every residual through this
+
+
+def run(grads, small, options, storage):
+    """The study's errors (per-step, momentum, Adam update, v_q / v) with LoCo's beta 0.5, and the storage's relative
+    error averaged over the same steps (20-200, both ranks)."""
+    STORED.clear()
+    errors = study.run(grads, small, options, 0.5, storage)
+    kept = STORED[20 * W:]
+    return [*errors, sum(kept) / len(kept)]
 
 
 if __name__ == "__main__":
