@@ -596,19 +596,17 @@ def _prose_stream(parts: list[tuple[list[Path], Callable[[str], str]]], val_frac
     tokenizer) works while the workers parse and no worker idles between parts; a consumer that stops early
     cancels what is still queued."""
     seen: set[bytes] = set()  # one set: a document repeated in two parts is taken once
-    if workers == 1:  # one file at a time: a whole environment's sources need not be in memory at once
-        for files, text_of in parts:
-            yield from _documents_of((_file_text(path, text_of) for path in files), val_fraction, seen,
-                                     _collapsed_digest)
-        return
-    # spawned, not forked: the caller may hold threads (a tokenizer's) that a fork would copy mid-flight
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    # spawned, not forked: the caller may hold threads (a tokenizer's) that a fork would copy mid-flight; with one
+    # worker, the built-in lazy map reads one file at a time, so a whole environment's sources need not be in memory
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1 else None
+    read = map if pool is None else functools.partial(pool.map, chunksize=64)
     try:
-        streams = [pool.map(_file_text, files, itertools.repeat(text_of), chunksize=64) for files, text_of in parts]
+        streams = [read(_file_text, files, itertools.repeat(text_of)) for files, text_of in parts]
         for texts in streams:
             yield from _documents_of(texts, val_fraction, seen, _collapsed_digest)
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _collapsed_digest(text: str) -> bytes:
