@@ -108,8 +108,8 @@ _OPTIONS = "composer_qsdp.config.options"
 #: The presets of ``QSDPConfig.from_preset``: each name stands for its flat options (``composer_qsdp.config.presets``
 #: describes them); the first is the default.
 PRESETS: Registry[dict[str, Any]] = Registry("QSDP preset")
-for _name, _attr in (("w8g8", "W8G8"), ("w8g4", "W8G4"), ("w4g4", "W4G4"), ("zeropp", "ZEROPP"),
-                     ("tlq-hs", "TLQ_HS"), ("sdp4bit", "SDP4BIT"), ("qwd-w4g4", "QWD_W4G4"),
+for _name, _attr in (("w8g8", "W8G8"), ("w8g4", "W8G4"), ("w8g4-paper", "W8G4_PAPER"), ("w4g4", "W4G4"),
+                     ("zeropp", "ZEROPP"), ("tlq-hs", "TLQ_HS"), ("sdp4bit", "SDP4BIT"), ("qwd-w4g4", "QWD_W4G4"),
                      ("qwd-w4g2-loco", "QWD_W4G2_LOCO"), ("qwd-w4g3-loco", "QWD_W4G3_LOCO"),
                      ("qwd-w3g3-loco", "QWD_W3G3_LOCO"), ("qwd-w3g2-loco", "QWD_W3G2_LOCO")):
     PRESETS.register(_name, f"composer_qsdp.config.presets:{_attr}")

@@ -16,15 +16,15 @@ the seed protocol has measured inside or below plain FSDP2's range on every cell
 
 The others are opt-in (``AutoOptions(weight_candidates=..., grad_candidates=...)``): ``qwd3`` and ``g3loco`` come from
 ``qwd-w3g3-loco``, lossless on every cell as a preset, but the policy's per-unit mixtures of them have not run the
-protocol; ``w8g4`` costs loss; ``qwd-w4g4`` has not run it:
+protocol; ``w8g4-paper``'s gradients cost loss; ``qwd-w4g4`` has not run it:
 
 * weights: ``qwd3`` (the ``qwd-w3g3-loco`` preset's weights: 3-bit symmetric differences in groups of 2048 against a
   per-GPU reference, SDP4Bit's qWD, Jia et al., NeurIPS 2024, §3.1), ``qwd4`` (the ``qwd-w4g4`` preset's weights:
   4-bit symmetric differences);
 * gradients: ``g3loco`` (the ``qwd-w3g3-loco`` preset's gradients: 3-bit min-max, Hadamard-rotated groups of 256,
   round to nearest, with LoCo's error feedback, the ``loco`` scheme, ``beta`` 0.5, an int8 residual of about one
-  byte per parameter of the unit on every rank), ``g4`` (the ``w8g4`` preset's 4-bit min-max gradients, stochastic
-  rounding).
+  byte per parameter of the unit on every rank), ``g4`` (the ``w8g4-paper`` preset's 4-bit min-max gradients,
+  stochastic rounding, no state kept).
 
 **Accuracy rule** (:func:`accuracy_violation`): weights never below :data:`MIN_DIRECT_WEIGHT_BITS` unless in the
 difference scheme (whose error feedback holds for any compressor, SDP4Bit Theorem 4.1), and there not below
@@ -191,7 +191,7 @@ QWD4 = _preset_side("qwd4", "weights", "qwd-w4g4")
 QWD3 = _preset_side("qwd3", "weights", "qwd-w3g3-loco")
 OFF_GRADS = Candidate("off", "grads")
 G8 = _preset_side("g8", "grads", "w8g8")
-G4 = _preset_side("g4", "grads", "w8g4")
+G4 = _preset_side("g4", "grads", "w8g4-paper")
 G3LOCO = _preset_side("g3loco", "grads", "qwd-w3g3-loco")
 
 

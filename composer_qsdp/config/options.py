@@ -222,7 +222,7 @@ def typed_options(kind: str, name: str, value: object, cls: type | None) -> Any:
 #: corpora each at GPT-125M and GPT-350M; docs/presets.md), as close to plain FSDP2 as a quantized side gets. The
 #: others are opt-in: ``qwd3`` and ``g3loco`` come from ``qwd-w3g3-loco``, lossless on every cell as a whole preset,
 #: but the policy's per-unit mixtures of them with ``w8``/``g8`` and ``off`` have not run the protocol; ``g4``
-#: (``w8g4``'s gradients) costs 0.27% on GPT-350M's ``prose``; ``qwd4`` (``qwd-w4g4``'s weights) has not run it.
+#: (``w8g4-paper``'s gradients) costs 0.27% on GPT-350M's ``prose``; ``qwd4`` (``qwd-w4g4``'s weights) has not run it.
 DEFAULT_CANDIDATES: dict[str, tuple[str, ...]] = {"weights": ("off", "w8"), "grads": ("off", "g8")}
 
 

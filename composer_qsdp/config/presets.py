@@ -4,10 +4,14 @@ exclude=[...])`` builds with flat keyword changes (:mod:`composer_qsdp.config.se
 * ``w8g8``: QSDP's headline setting (8-bit weights and gradients, min-max, stochastic rounding, buckets of 1024).
   The default everywhere.
 
-* ``w8g4``: 8-bit weights, 4-bit stochastic gradients: halves the gradient traffic and keeps the weights at 8 bits,
-  since a directly quantized 4-bit weight is wrong in every forward (SDP4Bit §3.5, Table 3: +12% loss for direct
-  INT4 weights at GPT-125M). Its 4-bit gradient noise is unbiased but does not average out entirely: the seed
-  protocol measures a cost (``docs/presets.md``).
+* ``w8g4``: 8-bit weights (``w8g8``'s) and 4-bit gradients in Hadamard-rotated groups of 256, rounded to nearest,
+  with LoCo's error feedback (the LoCo presets' gradients, below, at 4 bits): half of ``w8g8``'s gradient bytes.
+  The weights stay at 8 bits, since a directly quantized 4-bit weight is wrong in every forward (SDP4Bit §3.5,
+  Table 3: +12% loss for direct INT4 weights at GPT-125M). It keeps one int8 residual of each unit's unsharded
+  gradient per rank (``1 + 4/256`` bytes per parameter).
+* ``w8g4-paper``: QSDP's W8G4 as the paper states it: 4-bit min-max gradients with stochastic rounding in buckets of
+  1024, no state kept. Its gradient noise is unbiased but does not average out entirely: the seed protocol measures
+  a cost (``docs/presets.md``).
 * ``w4g4``: 4-bit weights and gradients with the same codec: the fastest direct setting, at a loss cost (directly
   quantized 4-bit weights, SDP4Bit §3.5).
 * ``sdp4bit``: SDP4Bit's full setting (Jia et al., NeurIPS 2024): qWD weights (quantized differences against a
@@ -63,7 +67,7 @@ from typing import Any
 
 __all__ = [
     "QWD_W3G2_LOCO", "QWD_W3G3_LOCO", "QWD_W4G2_LOCO", "QWD_W4G3_LOCO", "QWD_W4G4", "SDP4BIT", "TLQ_HS", "W4G4", "W8G4",
-    "W8G8", "ZEROPP",
+    "W8G4_PAPER", "W8G8", "ZEROPP",
 ]
 
 # SDP4Bit's two halves (§3.1 qWD weights, §3.2 TLq-HS gradients), shared by the presets that use them.
@@ -79,7 +83,7 @@ _LOCO: dict[str, Any] = {
 # :data:`composer_qsdp.registry.PRESETS`; :meth:`QSDPConfig.from_preset <composer_qsdp.config.QSDPConfig.from_preset>`
 # builds them.
 W8G8: dict[str, Any] = {}
-W8G4: dict[str, Any] = {"grad_bits": 4}
+W8G4_PAPER: dict[str, Any] = {"grad_bits": 4}
 W4G4: dict[str, Any] = {"weight_bits": 4, "grad_bits": 4}
 ZEROPP: dict[str, Any] = {
     "weight_codec": "symmetric", "weight_bits": 8, "weight_bucket_size": 4096,
@@ -91,6 +95,7 @@ TLQ_HS: dict[str, Any] = {
 }
 SDP4BIT: dict[str, Any] = {**_QWD_W4, **TLQ_HS}
 QWD_W4G4: dict[str, Any] = {**_QWD_W4, "grad_bits": 4, "grad_bucket_size": 128, "grad_codec_options": {"hadamard": True}}
+W8G4: dict[str, Any] = {**_LOCO, "grad_bits": 4}
 QWD_W4G2_LOCO: dict[str, Any] = {**_QWD_W4, **_LOCO, "grad_bits": 2}
 QWD_W4G3_LOCO: dict[str, Any] = {**_QWD_W4, **_LOCO, "grad_bits": 3}
 QWD_W3G3_LOCO: dict[str, Any] = {**_QWD_W4, "weight_bits": 3, **_LOCO, "grad_bits": 3}
