@@ -17,21 +17,21 @@ A later record's run of an arm replaces an earlier one's (name the records oldes
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 import seed_stats
-from convergence_report import TRAIN_WINDOW
+from convergence_report import TRAIN_WINDOW, read_record
 
 __all__ = ["curve", "gap", "gap_table", "load_arms", "main", "paired_table", "rel_errors"]
 
 
 def load_arms(records: list[Path]) -> dict[str, dict[str, Any]]:
-    """Every arm of the records by its label (``arm@sSEED``), the later record's run winning."""
+    """Every arm of the records by its label (``arm@sSEED``, as the arms are named now), the later record's run
+    winning."""
     arms: dict[str, dict[str, Any]] = {}
     for path in records:
-        arms |= json.loads(Path(path).read_text())["arms"]
+        arms |= read_record(Path(path))["arms"]
     return arms
 
 

@@ -13,7 +13,8 @@ Arms (``--arms``, the FSDP ones by default), each a recipe of the family (``--mo
                     Algorithm 1) on both sides
 ``w4g4-hadamard``   ``qsdp-w4g4.yaml`` with ``grad_codec_options={hadamard: true}``: min-max gradients rotated by a
                     Walsh-Hadamard transform per bucket (SDP4Bit)
-``w8g4``            ``qsdp-w8g4.yaml``: 8-bit weights, 4-bit gradients
+``w8g4``            ``qsdp-w8g4.yaml``: 8-bit weights, 4-bit gradients in Hadamard-rotated groups of 256 rounded
+                    to nearest, with LoCo's error feedback (an int8 residual per rank)
 ``qwd-w4g8``        ``qsdp-w8g8.yaml`` with 4-bit weight differences (SDP4Bit qWD: ``weight_scheme=difference``,
                     symmetric INT4 in groups of 2048), 8-bit gradients
 ``qwd-w4g4``        ``qwd-w4g4.yaml``: qWD INT4 weights, one-hop 4-bit Hadamard gradients in groups of 128
@@ -21,9 +22,12 @@ Arms (``--arms``, the FSDP ones by default), each a recipe of the family (``--mo
 =================  ==============================================================================================
 
 More arms, named in ``--arms``: ``baseline-1r`` (plain FSDP2 on one rank, the same global batch by gradient
-accumulation), ``w8g8-nearest`` / ``w8g4-nearest`` (8-bit weights rounded to nearest in parameter-aligned buckets of
-256), the LoCo presets and their variants, and the ablations of :data:`convergence_arms._ABLATIONS` (one side of a
-preset alone, or one option changed), each described in its :class:`~convergence_arms.Arm`.
+accumulation), ``w8g4-paper`` (QSDP's W8G4 as the paper states it: ``qsdp-w8g8.yaml`` with 4-bit min-max gradients,
+stochastic rounding, no state kept), ``w8g8-nearest`` / ``w8g4-nearest`` (``w8g8`` / ``w8g4-paper`` with 8-bit
+weights rounded to nearest in parameter-aligned buckets of 256), the LoCo presets and their variants, and the
+ablations of :data:`convergence_arms._ABLATIONS` (one side of a preset alone, or one option changed), each described
+in its :class:`~convergence_arms.Arm`. Records written before ``w8g4`` became the LoCo gradients name the paper's
+``w8g4`` and the LoCo one ``w8g4-loco``: every reader maps their names (:func:`convergence_report.read_record`).
 
 Plain data parallelism (only when named in ``--arms``), each compared with ``ddp-baseline`` (``-4r``: 4 ranks,
 with ``ddp-baseline-4r``):
@@ -152,7 +156,8 @@ import e2e_common as common  # noqa: E402
 from convergence_arms import ARMS, DEFAULT_ARMS, MATRIX_ARMS  # noqa: E402
 from convergence_corpus import CORPORA, build_corpus, check_corpus, prebuilt_corpus  # noqa: E402
 from convergence_plan import Plan, make_plan  # noqa: E402
-from convergence_report import ZERO_ONE_BYTES_TARGET, png_bytes, write_combined, write_results  # noqa: E402
+from convergence_report import (ZERO_ONE_BYTES_TARGET, png_bytes, read_record, write_combined,  # noqa: E402
+                                 write_results)
 from convergence_runner import arm_progress, run_arms, running_launches  # noqa: E402
 
 from composer_qsdp.shared_gpu import SHARED_GPU_TRANSPORTS  # noqa: E402
@@ -332,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.replot:
         record_path = Path(args.replot)
-        png = png_bytes(common.read_json(record_path))
+        png = png_bytes(read_record(record_path))
         if png is None:
             return 2
         record_path.with_suffix(".png").write_bytes(png)

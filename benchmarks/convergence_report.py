@@ -20,7 +20,8 @@ from typing import Any
 
 import e2e_common as common
 import seed_stats
-from convergence_arms import FSDP_BASELINES, arm_seed, base_arm, seedless_name
+from convergence_arms import (ARM_NAMES, FSDP_BASELINES, arm_seed, base_arm, current_name, run_arm_name,
+                              seedless_name)
 from convergence_plan import Plan
 from convergence_runner import (TRAIN_LOSS, VAL_LOSS, VAL_QUANTIZED_LOSS, launch_count, merged_metrics,
                                 recorded_backend, recorded_eval_weights)
@@ -583,7 +584,7 @@ def write_results(plan: Plan, manifest: dict[str, Any], status: str, quiet: bool
     ran = [r.get("settings", {}) for r in recorded]  # that host knew whether they shared its GPUs; this one may not
     if any("shared_gpu" in r for r in ran):
         settings["shared_gpu"] = any(r.get("shared_gpu") for r in ran)
-    record = {"header": head, "settings": settings, "status": status,
+    record = {"arm_names": ARM_NAMES, "header": head, "settings": settings, "status": status,
               "corpus": manifest, "arms": arms, "noise_band_pct": noise_band_pct(arms),
               "lr_sweep": lr_sweep(arms, plan.args.steps), "seed_groups": seed_groups(arms, plan.args.steps),
               "train_seed_groups_by_step": seed_groups_by_step(arms, plan.args.steps, "train_curve"),
@@ -609,6 +610,36 @@ def _write_record(stem: str, out_dir: Path, record: dict[str, Any], csv_body: st
     if png is not None:
         files[".png"] = png
     return common.write_outputs(stem, out_dir, files)
+
+
+#: A record's parts keyed by an arm's name or a seed group's (an arm's name without its seed), each entry naming
+#: its baseline's where it has ``"baseline"``.
+_BY_ARM = ("seed_groups", "seed_groups_by_step", "train_seed_groups_by_step", "train_trends", "lr_sweep")
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """The convergence record at ``path`` with its arms named as :data:`~convergence_arms.ARMS` names them: a record
+    without ``arm_names`` (written before the arms were renamed) has every arm name it holds mapped by
+    :func:`~convergence_arms.current_name`, so that a name means one arm in every record read."""
+    record = common.read_json(path)
+    if "arm_names" in record:
+        return record
+
+    def renamed(entry: Any) -> Any:
+        """An arm's or a group's entry with the names it holds mapped: its own, its baseline's, and those its gaps
+        to every baseline are keyed by."""
+        if not isinstance(entry, dict):  # a group's rows by step
+            return entry
+        names = {key: current_name(entry[key]) for key in ("arm", "baseline") if isinstance(entry.get(key), str)}
+        if "gap_vs_baselines_pct" in entry:
+            names["gap_vs_baselines_pct"] = {current_name(b): gap for b, gap in entry["gap_vs_baselines_pct"].items()}
+        return {**entry, **names}
+
+    current = {"arm_names": ARM_NAMES, **record}
+    for part in ("arms", *_BY_ARM):
+        if part in record:  # records from before a part was added lack it
+            current[part] = {current_name(name): renamed(entry) for name, entry in record[part].items()}
+    return current
 
 
 def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -655,15 +686,15 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     arms: dict[str, Any] = {}
     for i, record_arms in enumerate(kept, start=1):
         for arm, r in record_arms.items():
-            arms[arm if counts[arm] == 1 else f"{arm}@run{i}"] = {**r, "arm": arm, "run": i}
+            arms[arm if counts[arm] == 1 else run_arm_name(arm, i)] = {**r, "arm": arm, "run": i}
     baselines = {label: dict(r["curve"]) for label, r in arms.items() if r["arm"] in FSDP_BASELINES}
     for r in arms.values():
         gaps = {label: _gap_pct(r, curve) for label, curve in baselines.items()}
         r["gap_vs_baselines_pct"] = {label: gap for label, gap in gaps.items() if gap is not None}
     runs = [{**record["header"], "shared_gpu": record["settings"].get("shared_gpu"),
              "transport": shared_transports(record["arms"])} for record in records]
-    return {"header": {"git": " + ".join(dict.fromkeys(h["git"] for h in runs))}, "runs": runs,
-            "settings": first["settings"], "corpus": first["corpus"],
+    return {"arm_names": ARM_NAMES, "header": {"git": " + ".join(dict.fromkeys(h["git"] for h in runs))},
+            "runs": runs, "settings": first["settings"], "corpus": first["corpus"],
             "status": "complete" if all(r["status"] == "complete" for r in records) else "incomplete", "arms": arms,
             "seed_groups": seed_groups(arms, first["settings"]["steps"]),
             "seed_groups_by_step": seed_groups_by_step(arms, first["settings"]["steps"]),
@@ -788,7 +819,7 @@ def write_combined(paths: list[Path], out_dir: Path | None) -> dict[str, Any]:
     """Combine the ``convergence-*.json`` records at ``paths`` and write ``<first stem>-combined`` .csv, .json,
     .md and .png (when matplotlib is there) into ``out_dir`` (default: the first record's directory). A first record
     that is itself combined keeps its stem, so by default the new combination, which holds its runs, replaces it."""
-    record = combine_records([common.read_json(path) for path in paths])
+    record = combine_records([read_record(path) for path in paths])
     s = record["settings"]
     md = combined_markdown(record)
     stem = paths[0].stem.removesuffix("-combined")

@@ -58,7 +58,7 @@ def auto_offering(weights: str, grads: str) -> tuple[str, ...]:
 
 #: ``qwd-w3g3-loco``'s sides (3-bit weight differences, 3-bit LoCo gradients).
 AUTO_3BIT = auto_offering("qwd3", "g3loco")
-#: ``qwd-w4g4``'s weights and ``w8g4``'s gradients (4-bit weight differences, 4-bit stochastic gradients).
+#: ``qwd-w4g4``'s weights and ``w8g4-paper``'s gradients (4-bit weight differences, 4-bit stochastic gradients).
 AUTO_4BIT = auto_offering("qwd4", "g4")
 
 #: Recipe overrides of the lean layout of a preset with weight differences: the reference sharded within the node,

@@ -12,7 +12,7 @@ from sharded_mlp import Adapter, _train, load_sharded, save_sharded
 
 from composer_qsdp.config import from_preset
 
-CONFIGS = {"plain": None, "w8g4": from_preset("w8g4", bucket_size=64, seed=7),
+CONFIGS = {"plain": None, "w8g4-paper": from_preset("w8g4-paper", bucket_size=64, seed=7),
            "qwd-w3g3-loco": from_preset("qwd-w3g3-loco", seed=7)}
 
 

@@ -44,7 +44,7 @@ def _trainer(**kwargs) -> Trainer:
     (dict(bucket_size=-1), r"bucket_size=-1"),
     (dict(exclude="model.wte"), r"must be a list of fnmatch patterns"),
     (dict(min_numel="big"), r"min_numel='big' is invalid"),
-    (dict(preset="w3g3"), r"unknown QSDP preset .w3g3.; allowed: qwd-w3g2-loco, qwd-w3g3-loco, qwd-w4g2-loco, qwd-w4g3-loco, qwd-w4g4, sdp4bit, tlq-hs, w4g4, w8g4, w8g8, zeropp"),
+    (dict(preset="w3g3"), r"unknown QSDP preset .w3g3.; allowed: qwd-w3g2-loco, qwd-w3g3-loco, qwd-w4g2-loco, qwd-w4g3-loco, qwd-w4g4, sdp4bit, tlq-hs, w4g4, w8g4, w8g4-paper, w8g8, zeropp"),
 ])
 def test_out_of_range_options_fail_at_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -63,7 +63,7 @@ def test_options_change_the_preset():
     config = QSDPConfig.from_preset("w8g4", weight_bucket_size=2048, exclude=["model.wte"],
                                     weight_bits_overrides={"*": None})
     assert config.weights.bits_overrides == {"*": None} and config.exclude == ("model.wte",)
-    assert (config.grads.bits, config.weights.bucket_size, config.grads.bucket_size) == (4, 2048, 1024)
+    assert (config.grads.bits, config.weights.bucket_size, config.grads.bucket_size) == (4, 2048, 256)
     assert QSDP(config).config is config
     assert QSDPConfig.from_preset(grad_bits=None).grads.bits is None  # None is a value, not "unset"
     assert repr(QSDP("w4g4")) == "QSDP('w4g4', weight_bits=4, grad_bits=4)"

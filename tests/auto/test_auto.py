@@ -173,11 +173,11 @@ def test_registry_holds_every_candidate_most_accurate_first_and_the_defaults_are
     assert [c.name for c in candidates("weights")] == ["off", "w8", "qwd4", "qwd3"]
     assert [c.name for c in candidates("grads")] == ["off", "g8", "g4", "g3loco"]
     # Each candidate is a preset's side: the defaults w8g8's, the opt-in ones qwd-w3g3-loco's, qwd-w4g4's and
-    # w8g4's.
+    # w8g4-paper's.
     preset = from_preset("qwd-w3g3-loco")
     assert (W["w8"].config, G["g8"].config) == (from_preset("w8g8").weights, from_preset("w8g8").grads)
     assert (QWD3.config, G3LOCO.config) == (preset.weights, preset.grads)
-    assert (W["qwd4"].config, G["g4"].config) == (from_preset("qwd-w4g4").weights, from_preset("w8g4").grads)
+    assert (W["qwd4"].config, G["g4"].config) == (from_preset("qwd-w4g4").weights, from_preset("w8g4-paper").grads)
     g3 = G3LOCO.config
     assert (g3.bits, g3.codec, g3.bucket_size, g3.rounding, g3.scheme) == (3, "minmax", 256, "nearest", "loco")
     assert (g3.scheme_options.beta, g3.scheme_options.residual_dtype) == (0.5, "int8")

@@ -57,6 +57,18 @@ def test_a_missing_run_is_named_with_what_the_records_hold(tmp_path):
         ablation_gaps.main([str(path), "--seeds", "17", "18", "--arms", "x"])
 
 
+def test_records_from_before_the_renaming_give_their_arms_current_names(tmp_path):
+    """A record without ``arm_names`` names the paper's W8G4 ``w8g4`` and the LoCo one ``w8g4-loco``: their runs are
+    ``w8g4-paper`` and ``w8g4`` now; a record with it is read as written."""
+    arms = {"baseline-1r@s17": run({200: 4.0}), "w8g4@s17": run({200: 4.1}), "w8g4-loco@s17": run({200: 4.0})}
+    old = record(tmp_path / "old.json", arms)
+    assert ablation_gaps.load_arms([old]) == {"baseline-1r@s17": arms["baseline-1r@s17"],
+                                              "w8g4-paper@s17": arms["w8g4@s17"], "w8g4@s17": arms["w8g4-loco@s17"]}
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps({"arm_names": 2, "header": {}, "arms": arms}))
+    assert ablation_gaps.load_arms([new]) == arms
+
+
 def test_several_seeds_give_each_seeds_gap_and_their_paired_mean_interval_and_p(tmp_path, capsys):
     base = {17: 4.0, 18: 2.0, 19: 5.0}
     arm = {17: 4.04, 18: 2.01, 19: 5.10}  # gaps +1%, +0.5%, +2%

@@ -6,6 +6,7 @@ resumed from the checkpoint, finished arms skipped."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -234,30 +235,54 @@ def test_lean_arm_runs_the_memory_benchmarks_lean_layout_on_two_nodes(tmp_path):
 
 
 def test_w8g4_candidates_change_only_the_gradients_within_a_tenth_of_its_bytes(tmp_path):
-    """Issue 50's candidates for a lossless ``w8g4`` keep its 8-bit weights and 4-bit gradients, and send at most
-    10% more bytes per step than it does (weights once, gradients twice: the protocol's 2 microbatches per rank)."""
+    """Issue 50's candidates for a lossless W8G4 (``w8g4-paper-h128``, and the LoCo gradients that became ``w8g4``)
+    keep ``w8g4-paper``'s 8-bit weights and 4-bit gradients, and send at most 10% more bytes per step than it does
+    (weights once, gradients twice: the protocol's 2 microbatches per rank)."""
     import wire_bytes
 
     from composer_qsdp.schemes.build import build_codec
 
-    names = ("w8g4", "w8g4-h128", "w8g4-loco")
+    names = ("w8g4-paper", "w8g4-paper-h128", "w8g4")
     plan = family_plan(tmp_path, "350m", *names)
     assert {plan.nproc(name) for name in names} == {2}
     configs = {name: arm_qsdp_config(plan, name) for name in names}
     n = 1 << 20
-    weight, grad = (build_codec(configs["w8g4"].weights, 8).wire_bytes(n),
-                    build_codec(configs["w8g4"].grads, 4).wire_bytes(n))
+    paper = configs["w8g4-paper"]
+    weight, grad = build_codec(paper.weights, 8).wire_bytes(n), build_codec(paper.grads, 4).wire_bytes(n)
     for name in names[1:]:
         config = configs[name]
-        assert config.weights == configs["w8g4"].weights and config.grads.bits == 4
+        assert config.weights == paper.weights and config.grads.bits == 4
         assert config.grads.codec_options.hadamard
         candidate = build_codec(config.grads, 4).wire_bytes(n)
         assert candidate == wire_bytes.hadamard_minmax_bytes(n, 4, config.grads.bucket_size)
         assert 1 < (weight + 2 * candidate) / (weight + 2 * grad) < 1.1
-    h128, loco, plain = configs["w8g4-h128"].grads, configs["w8g4-loco"].grads, configs["w8g4"].grads
-    assert (h128.scheme, h128.bucket_size, h128.rounding) == (plain.scheme, 128, plain.rounding)  # stochastic, flat
+    h128, loco = configs["w8g4-paper-h128"].grads, configs["w8g4"].grads
+    assert (h128.scheme, h128.bucket_size, h128.rounding) == (paper.grads.scheme, 128, paper.grads.rounding)
     assert (loco.scheme, loco.bucket_size, loco.rounding) == ("loco", 256, "nearest")
     assert (loco.scheme_options.beta, loco.scheme_options.residual_dtype) == (0.5, "int8")
+
+
+def test_renamed_arms_run_what_their_old_names_ran(tmp_path):
+    """``w8g4`` builds what the arm ``w8g4-loco`` built (the overrides its records name, over the ``qsdp-w8g4.yaml``
+    of then: ``qsdp-w8g8.yaml`` with 4-bit gradients), ``w8g4-paper`` what ``w8g4`` built; ``g4-only`` and
+    ``w8g4-nearest`` keep the paper's gradients."""
+    q = "algorithms.qsdp."
+    recorded = (f"{q}grad_codec_options.hadamard=true", f"{q}grad_scheme_options.beta=0.5",
+                f"{q}grad_scheme_options.residual_dtype=int8", f"{q}grad_scheme=loco", f"{q}grad_rounding=nearest",
+                f"{q}grad_bucket_size=256", f"{q}grad_bits=4")
+    names = ("w8g4", "w8g4-paper", "g4-only", "w8g4-nearest", "w8g8")
+    plan = family_plan(tmp_path, "350m", *names)
+    plan.arms["old-w8g4-loco"] = convergence_arms.Arm("qsdp-w8g8.yaml", (f"{q}grad_bits=4", *recorded), "w8g4-loco")
+    configs = {name: arm_qsdp_config(plan, name) for name in (*names, "old-w8g4-loco")}
+    new, old = configs["w8g4"], configs["old-w8g4-loco"]
+    assert (new.weights, new.grads) == (old.weights, old.grads)
+    paper = configs["w8g4-paper"]
+    assert (paper.weights, paper.grads.bits) == (configs["w8g8"].weights, 4)
+    assert dataclasses.replace(paper.grads, bits=8) == configs["w8g8"].grads  # the paper's w8g4: w8g8 at 4 bits
+    assert configs["g4-only"].grads == configs["w8g4-nearest"].grads == paper.grads
+    assert configs["g4-only"].weights.bits is None
+    assert configs["w8g4-nearest"].weights.rounding == "nearest"
+    assert not {"w8g4-loco", "w8g4-h128"} & set(convergence_arms.ARMS)
 
 
 @pytest.mark.parametrize("bits,weights,grads", [("3bit", "qwd3", "g3loco"), ("4bit", "qwd4", "g4")])
@@ -803,6 +828,7 @@ def _cells(md: str, start: str) -> list[str]:
 def fake_record(git: str, arms: dict[str, dict[int, float]], steps: int = 20, sha: str = "ab" * 32) -> dict:
     """A convergence record as ``write_results`` writes it, with the given validation curves."""
     return {
+        "arm_names": convergence_arms.ARM_NAMES,
         "header": {"device": "2 CPU processes", "date": "2026-11-21 20:00 UTC", "git": git,
                    "command": "python3 benchmarks/convergence.py"},
         "settings": {"recipe_dir": "/r/gpt-125m", "steps": steps, "seq_len": 32, "global_batch": 8, "micro_batch": 4},
@@ -925,6 +951,59 @@ def test_a_combined_record_joins_a_later_run_as_its_runs_own_records_would(tmp_p
     later.write_text(json.dumps(third))
     assert convergence.main(["--combine", str(earlier), str(later)]) == 0
     assert json.loads(earlier.read_text()) == json.loads(json.dumps(every))
+
+
+def test_current_name_maps_the_arm_of_any_variant_at_once():
+    names = {"w8g4@s17": "w8g4-paper@s17", "w8g4-loco@s18@run9": "w8g4@s18@run9", "w8g4@lr2x": "w8g4-paper@lr2x",
+             "w8g4-h128@lr0.5x@s19@run2": "w8g4-paper-h128@lr0.5x@s19@run2", "w8g4@run3": "w8g4-paper@run3",
+             "w8g4-loco": "w8g4", "w8g4-paper@s17": "w8g4-paper@s17", "w8g8@s17": "w8g8@s17", "baseline": "baseline"}
+    assert {old: convergence_arms.current_name(old) for old in names} == names
+
+
+def _renaming_runs(paper: str, loco: str) -> list[dict]:
+    """Two records of seeds 17-19 against ``baseline-1r``: the paper's W8G4 named ``paper`` with its Hadamard variant
+    ``<paper>-h128``, and the LoCo W8G4 ``loco`` run in both; with training windows enough for a trend."""
+    losses = {"baseline-1r": 4.0, paper: 4.02, f"{paper}-h128": 4.01, loco: 4.0}
+    first, second = (_seeded(git, {f"{arm}@s{s}": {10: 5.0, 20: loss + (s - 18) / 100 + shift}
+                                   for arm, loss in losses.items() if arm == loco or git == "a" for s in (17, 18, 19)})
+                     for git, shift in (("a", 0.0), ("b", 0.001)))
+    for record in (first, second):
+        for r in record["arms"].values():  # described alike under either name
+            r["train_curve"] = [[step, r["final_val_loss"] + 1.0 / step] for step in (5, 10, 15, 20)]
+            r["description"] = "a seed run"
+    return [first, second]
+
+
+def test_records_without_arm_names_are_read_with_the_arms_current_names(tmp_path):
+    """A record written before the arms were renamed names the paper's W8G4 ``w8g4`` and the LoCo one ``w8g4-loco``:
+    read, it holds every arm under its current name, each name-keyed part as combining the renamed runs gives it; a
+    record with ``arm_names`` is read as written, and combining an old record with a new one pools the LoCo runs."""
+    path = tmp_path / "convergence-x-combined.json"
+    old = convergence_report.combine_records(_renaming_runs("w8g4", "w8g4-loco"))
+    del old["arm_names"]
+    old["lr_sweep"] = {"w8g4-loco": {"baseline": "baseline", "scales": {}}}  # a part only a run's own record has
+    path.write_text(json.dumps(old))
+    read = convergence_report.read_record(path)
+    renamed = convergence_report.combine_records(_renaming_runs("w8g4-paper", "w8g4"))
+    assert {k: v for k, v in read.items() if k != "lr_sweep"} == json.loads(json.dumps(renamed))
+    assert read["lr_sweep"] == {"w8g4": {"baseline": "baseline", "scales": {}}}
+    assert {"w8g4-paper@s17", "w8g4-paper-h128@s17", "w8g4@s17@run1", "w8g4@s17@run2"} <= set(read["arms"])
+    assert {"w8g4", "w8g4-paper", "w8g4-paper-h128"} <= set(read["seed_groups"]) and read["train_trends"]
+    assert not any("loco" in name or "h128" in name and "paper" not in name
+                   for part in ("arms", "seed_groups", "seed_groups_by_step", "train_seed_groups_by_step",
+                                "train_trends") for name in read[part])
+    path.write_text(json.dumps(renamed))
+    assert convergence_report.read_record(path) == json.loads(json.dumps(renamed))
+    # An old run's own record and a new run's: w8g4-loco's seeds join the new w8g4's, the paper's stay apart.
+    old_run, new_run = tmp_path / "old.json", tmp_path / "new.json"
+    first, _ = _renaming_runs("w8g4", "w8g4-loco")
+    del first["arm_names"]
+    old_run.write_text(json.dumps(first))
+    new_run.write_text(json.dumps(_renaming_runs("w8g4-paper", "w8g4")[1]))
+    assert convergence.main(["--combine", str(old_run), str(new_run), "--out-dir", str(tmp_path / "c")]) == 0
+    combined = json.loads((tmp_path / "c" / "old-combined.json").read_text())
+    assert combined["arm_names"] == convergence_arms.ARM_NAMES
+    assert (combined["seed_groups"]["w8g4"]["runs"], combined["seed_groups"]["w8g4-paper"]["runs"]) == (6, 3)
 
 
 def _evaluating(record: dict, weights: dict[str, object], settings: dict | None = None) -> dict:

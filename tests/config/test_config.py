@@ -136,10 +136,12 @@ def test_yaml_containers_are_normalized():
 
 
 def test_presets_and_flat_options():
-    assert preset_names() == ("w8g8", "w8g4", "w4g4", "zeropp", "tlq-hs", "sdp4bit", "qwd-w4g4", "qwd-w4g2-loco",
-                              "qwd-w4g3-loco", "qwd-w3g3-loco", "qwd-w3g2-loco")
-    w8g4 = from_preset("w8g4")
-    assert (w8g4.weights.bits, w8g4.grads.bits) == (8, 4)
+    assert preset_names() == ("w8g8", "w8g4", "w8g4-paper", "w4g4", "zeropp", "tlq-hs", "sdp4bit", "qwd-w4g4",
+                              "qwd-w4g2-loco", "qwd-w4g3-loco", "qwd-w3g3-loco", "qwd-w3g2-loco")
+    w8g4, paper, loco = from_preset("w8g4"), from_preset("w8g4-paper"), from_preset("qwd-w3g3-loco")
+    assert w8g4.weights == paper.weights == from_preset("w8g8").weights
+    assert w8g4.grads == dataclasses.replace(loco.grads, bits=4)  # the LoCo presets' gradients at 4 bits
+    assert (paper.grads.bits, paper.grads.bucket_size, paper.grads.scheme) == (4, 1024, None)  # min-max, stochastic
     w4g4 = from_preset("w4g4", grad_bits=8, bucket_size=256, weight_bucket_size=2048, exclude=["head"],
                        weight_codec_options={"hadamard": True}, grad_rounding="nearest", seed=3)
     assert (w4g4.weights.bits, w4g4.grads.bits) == (4, 8)  # explicit options win over the preset
@@ -173,7 +175,7 @@ def test_changing_one_option_of_a_preset_keeps_its_others():
 
 
 @pytest.mark.parametrize("call,message", [
-    (lambda: from_preset("w2g2"), r"unknown QSDP preset .w2g2.; allowed: qwd-w3g2-loco, qwd-w3g3-loco, qwd-w4g2-loco, qwd-w4g3-loco, qwd-w4g4, sdp4bit, tlq-hs, w4g4, w8g4, w8g8, zeropp"),
+    (lambda: from_preset("w2g2"), r"unknown QSDP preset .w2g2.; allowed: qwd-w3g2-loco, qwd-w3g3-loco, qwd-w4g2-loco, qwd-w4g3-loco, qwd-w4g4, sdp4bit, tlq-hs, w4g4, w8g4, w8g4-paper, w8g8, zeropp"),
     (lambda: from_preset(["w8g8"]), r"unknown QSDP preset \['w8g8'\]"),
     (lambda: from_preset("w8g8", weight_bitz=4), r"unknown QSDP option 'weight_bitz'; did you mean 'weight_bits'\?; allowed: weight_bits"),
     (lambda: from_preset("w8g8", weights=SideConfig()), r"unknown QSDP option 'weights'"),
@@ -205,7 +207,7 @@ def test_sdp4bit_presets_are_qwd_int4_weights_with_tlq_hs_or_one_hop_4bit_gradie
     (lambda: from_preset("w8g8", grad_bits=2), "flat at 2 bit(s)"),
     (lambda: QSDPConfig(grads=SideConfig(bits=1, codec="sign")), "flat at 1 bit(s)"),
     (lambda: from_preset("tlq-hs", grad_bits=2), "two_level at 2 bit(s)"),
-    (lambda: from_preset("w8g4", grad_bits_overrides={"head": 2}), "flat at 2 bit(s)"),
+    (lambda: from_preset("w8g4-paper", grad_bits_overrides={"head": 2}), "flat at 2 bit(s)"),
     (lambda: from_preset("qwd-w3g2-loco", grad_scheme="two_level_loco", grad_scheme_options={"intra_codec": "same"}),
      "two_level_loco's intra-node hop (intra_codec='same') at 2 bit(s)"),
 ])

@@ -76,8 +76,10 @@ def test_recipe_validates_and_builds_its_model(path):
 
     bits = re.fullmatch(r".*qsdp-w(\d)g(\d)", path.stem)
     if bits:
-        qsdp = recipe.algorithm_kwargs["qsdp"]
-        assert (qsdp["weight_bits"], qsdp["grad_bits"]) == (int(bits[1]), int(bits[2]))
+        config = build_algorithm("qsdp", recipe.algorithm_kwargs["qsdp"]).config
+        assert (config.weights.bits, config.grads.bits) == (int(bits[1]), int(bits[2]))
+        if path.stem == "qsdp-w8g4":  # the preset's LoCo gradients, not the paper's w8g4-paper
+            assert recipe.algorithm_kwargs == {"qsdp": {"preset": "w8g4"}} and config == from_preset("w8g4")
     elif path.stem.endswith("qsdp"):
         assert recipe.algorithm_kwargs["qsdp"]["weight_bits"] == 8
     elif path.stem in ("sdp4bit", "qwd-w4g4", "qwd-w4g2-loco", "qwd-w4g3-loco", "qwd-w3g3-loco", "qwd-w3g2-loco",
