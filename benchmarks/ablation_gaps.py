@@ -112,6 +112,11 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     runs = load_arms(args.records)
     _require(runs, [args.baseline], args.seeds)
+    untrained = sorted(f"{arm}@s{seed}" for seed in args.seeds for arm in [args.baseline, *args.arms]
+                       if "train_curve" not in runs.get(f"{arm}@s{seed}", {"train_curve": []}))
+    if args.windows and untrained:
+        raise SystemExit(f"--windows needs training-loss curves, which the records of {untrained} do not hold "
+                         "(they were written before the driver logged them): leave --windows out")
     evals = args.evals or sorted(set.intersection(*(set(curve(runs[f"{args.baseline}@s{s}"])) for s in args.seeds)))
     seeds = args.seeds[0] if len(args.seeds) == 1 else args.seeds
     table = gap_table if len(args.seeds) == 1 else paired_table

@@ -666,8 +666,9 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         # The recipe folder is named as each machine's command gave it (absolute or relative): its name counts.
         # Which weights the QSDP arms evaluated is each arm's (checked below), not the record's: a baseline has none.
         # How often a run evaluated changes no training where every evaluation is of the exact weights (checked).
+        # Where a machine built the corpus is its own: what was built is the corpus record's (checked below).
         differ = [k for k in common.differing_keys(first["settings"], record["settings"])
-                  if k not in ("max_ranks", "shared_gpu", "eval_weights", "eval_interval")
+                  if k not in ("max_ranks", "shared_gpu", "eval_weights", "eval_interval", "corpus")
                   and not (k == "recipe_dir" and Path(first["settings"][k]).name == Path(record["settings"][k]).name)]
         if differ:
             key = differ[0]
@@ -678,6 +679,14 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         if record["corpus"]["input"]["sha256"] != first["corpus"]["input"]["sha256"]:
             raise ValueError(f"run {i} used another corpus (input sha256 {record['corpus']['input']['sha256'][:16]}"
                              f" != {first['corpus']['input']['sha256'][:16]})")
+        # What was built, as far as both records say (older ones lack some fields); the build command names the
+        # machine's output folder, which is not part of it.
+        built = [k for k in ("kind", "seq_len", "val_fraction", "max_documents", "max_train_tokens", "input")
+                 if None not in (first["corpus"].get(k), record["corpus"].get(k))
+                 and first["corpus"][k] != record["corpus"][k]]
+        if built:
+            raise ValueError(f"run {i} built its corpus otherwise: {built[0]!r} "
+                             f"{record['corpus'].get(built[0])!r} != {first['corpus'].get(built[0])!r}")
     curves = [{arm: _losses(r) for arm, r in record["arms"].items()} for record in records]
     kept = [{arm: r for arm, r in record["arms"].items() if not _superseded(arm, i, curves)}
             for i, record in enumerate(records)]

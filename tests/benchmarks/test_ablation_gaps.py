@@ -57,6 +57,16 @@ def test_a_missing_run_is_named_with_what_the_records_hold(tmp_path):
         ablation_gaps.main([str(path), "--seeds", "17", "18", "--arms", "x"])
 
 
+def test_windows_of_records_without_training_curves_are_refused_by_name(tmp_path, capsys):
+    old = run({200: 4.1})
+    del old["train_curve"]
+    path = record(tmp_path / "a.json", {"baseline-1r@s17": run({200: 4.0}, {200: 5.0}), "x@s17": old})
+    with pytest.raises(SystemExit, match=r"records of \['x@s17'\] do not hold.*leave --windows out"):
+        ablation_gaps.main([str(path), "--seed", "17", "--arms", "x", "--windows", "200"])
+    ablation_gaps.main([str(path), "--seed", "17", "--arms", "x"])  # the validation gaps need none
+    assert rows(capsys.readouterr().out) == {"`x`": ["- / -", "+2.50"]}
+
+
 def test_records_from_before_the_renaming_give_their_arms_current_names(tmp_path):
     """A record without ``arm_names`` names the paper's W8G4 ``w8g4`` and the LoCo one ``w8g4-loco``: their runs are
     ``w8g4-paper`` and ``w8g4`` now; a record with it is read as written."""

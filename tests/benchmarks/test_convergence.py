@@ -832,7 +832,8 @@ def fake_record(git: str, arms: dict[str, dict[int, float]], steps: int = 20, sh
         "header": {"device": "2 CPU processes", "date": "2026-11-21 20:00 UTC", "git": git,
                    "command": "python3 benchmarks/convergence.py"},
         "settings": {"recipe_dir": "/r/gpt-125m", "steps": steps, "seq_len": 32, "global_batch": 8, "micro_batch": 4},
-        "status": "complete", "corpus": {"input": {"sha256": sha}},
+        "status": "complete", "corpus": {"kind": "pysource", "val_fraction": 0.02, "input": {"sha256": sha},
+                                         "command": "python -m composer_qsdp.recipes.data.build pysource /tmp/c"},
         "arms": {arm: {"description": arm, "complete": max(curve) == steps, "curve": sorted(curve.items()),
                        "final_step": max(curve), "final_val_loss": curve[max(curve)],
                        "compression_vs_unquantized": None, "rel_error": {"weights": None, "grads": None},
@@ -884,6 +885,7 @@ def test_combine_labels_repeated_arms_and_gaps_to_every_baseline(tmp_path):
 @pytest.mark.parametrize("change, message", [
     ({"settings": {"steps": 30}}, "run 2 differs from run 1 in setting 'steps': 30 != 20"),
     ({"corpus": {"input": {"sha256": "cd" * 32}}}, "run 2 used another corpus"),
+    ({"corpus": {"val_fraction": 0.05}}, "run 2 built its corpus otherwise: 'val_fraction' 0.05 != 0.02"),
 ])
 def test_combine_refuses_runs_that_differ(change, message):
     first = fake_record("a", {"baseline": {20: 4.0}})
@@ -898,6 +900,18 @@ def test_combine_refuses_runs_that_differ(change, message):
                                                                                          "git": "c"}}
     with pytest.raises(ValueError, match=message.replace("run 2", "run 3")):  # a combined record counts its runs
         convergence_report.combine_records([convergence_report.combine_records([first, alike]), second])
+
+
+def test_combine_pools_runs_whose_corpus_was_built_in_other_folders():
+    """Two machines building the same corpus into other folders ran on the same data: the folder counts for
+    nothing, what was built (the corpus record's fields besides the build command) for everything."""
+    first = fake_record("a", {"baseline": {20: 4.0}})
+    second = fake_record("b", {"w8g8": {20: 4.1}})
+    first["settings"]["corpus"], second["settings"]["corpus"] = "/tmp/pysrc", "/tmp/pysource"
+    second["corpus"] = {**second["corpus"], "command": "python -m composer_qsdp.recipes.data.build pysource /tmp/d"}
+    assert list(convergence_report.combine_records([first, second])["arms"]) == ["baseline", "w8g8"]
+    older = {**second, "corpus": {"input": second["corpus"]["input"]}}  # records from before the build fields
+    assert list(convergence_report.combine_records([first, older])["arms"]) == ["baseline", "w8g8"]
 
 
 def test_combine_pools_runs_of_other_evaluation_intervals_only_where_evaluations_left_training_alone():
