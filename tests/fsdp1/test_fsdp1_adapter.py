@@ -1,6 +1,7 @@
 """The FSDP1 adapter beyond the scenarios every adapter passes (tests/fsdp2/test_fsdp_training.py runs those with
-``use_orig_params=True``): ``use_orig_params=False``, ``SHARD_GRAD_OP``, mixed precision as Composer configures it,
-units of several FSDP1 roots (Composer's wrapping) and the configurations QSDP refuses. Real spawned ranks against
+``use_orig_params=True``): ``use_orig_params=False``, ``SHARD_GRAD_OP``, LoCo's error feedback (``w8g4``), mixed
+precision as Composer configures it, units of several FSDP1 roots (Composer's wrapping) and the configurations QSDP
+refuses. Real spawned ranks against
 the exact single-process reference of tests/sharded_mlp.py; one spawn per backend.
 """
 
@@ -21,6 +22,7 @@ from composer_qsdp.schemes import build_scheme
 W8G8 = from_preset("w8g8", bucket_size=64, seed=7)
 QWD = from_preset("w8g8", weight_scheme="difference", weight_bits=4, weight_codec="symmetric", bucket_size=64,
                   seed=7)
+LOCO = from_preset("w8g4", bucket_size=64, grad_bucket_size=64, seed=7)  # LoCo's feedback, int8 residual
 FLAT = Adapter("fsdp1", use_orig_params=False)
 ORIG = Adapter("fsdp1")
 UNITS = {"l1": IN * HID + HID, "l2": HID * ODD + ODD, "l3": ODD * OUT + OUT}  # unsharded elements per unit
@@ -50,6 +52,8 @@ def _run(info: RankInfo, adapter: Adapter, config, capture: bool = True, **fsdp1
     out = _train(info, model, STEPS, opt, capture=Capture(model) if capture else None, grads=adapter.use_orig_params)
     out["traffic"] = handle.traffic()
     out["keyframes"] = [getattr(u.weights, "keyframes", None) for u in handle.units]
+    out["residuals"] = {u.name: u.grads.residual.decode().reshape(-1) for u in handle.units
+                        if getattr(u.grads, "residual", None) is not None}
     return out
 
 
@@ -130,6 +134,7 @@ def _worker(info: RankInfo) -> dict:
         "flat_params": _run(info, FLAT, W8G8),
         "flat_params_difference": _run(info, FLAT, QWD),
         "shard_grad_op": _run(info, ORIG, W8G8, sharding_strategy=ShardingStrategy.SHARD_GRAD_OP),
+        "loco": _run(info, ORIG, LOCO),
         "two_roots": _two_roots(info),
         "refusals": _refusals(info),
         "in_place_change": _in_place_change(info),
@@ -182,6 +187,21 @@ def test_weight_differences_on_flat_parameters_send_one_keyframe(results):
     codec = build_scheme("weights", QWD.weights, 4).codec
     per_rank = [-(-numel // 2) for numel in UNITS.values()]  # each flat parameter padded to a multiple of 2
     assert res["traffic"].weights.sent == sum(4 * n + (STEPS - 1) * codec.wire_bytes(n) for n in per_rank)
+
+
+def test_loco_feeds_each_ranks_error_back_on_fsdp1(results):
+    """``w8g4``'s LoCo gradients on FSDP1's flat parameters: one int8 residual of each unit's padded flat gradient
+    per rank, its own rank's error, and training within the exact reference's bound of the other presets."""
+    _check_training(results, "loco")
+    per_rank = {name: -(-numel // 2) for name, numel in UNITS.items()}  # each flat parameter padded to a multiple of 2
+    for rank in range(2):
+        residuals = results[rank]["loco"]["residuals"]
+        assert {name: r.numel() for name, r in residuals.items()} == {n: 2 * k for n, k in per_rank.items()}
+        for name, r in residuals.items():
+            assert torch.isfinite(r).all() and r.abs().max() > 0, (rank, name)
+    assert all(not torch.equal(results[0]["loco"]["residuals"][n], results[1]["loco"]["residuals"][n]) for n in UNITS)
+    grads = results[0]["loco"]["traffic"].grads
+    assert grads.calls == 3 * STEPS and 6 < grads.ratio_vs_native < 8  # 4-bit codes + a scale pair per 64 vs fp32
 
 
 def test_shard_grad_op_gathers_once_per_step(results):
