@@ -33,19 +33,28 @@ def tile_abs_max(x, valid):
 
 
 @triton.jit
-def abs_max_codes(x, absmax, QMAX: tl.constexpr):
+def abs_max_codes(x, absmax, QMAX: tl.constexpr, FINITE: tl.constexpr = False):
     """The int32 codes (``level + QMAX``, in ``[0, 2 * QMAX]``) of fp32 ``x`` on its buckets' abs-max grid, and the
-    buckets' scales (NaN for a non-finite ``absmax``); ``absmax`` broadcasts against ``x``."""
+    buckets' scales (NaN for a non-finite ``absmax``); ``absmax`` broadcasts against ``x``. ``FINITE``: ``x`` is
+    finite and ``absmax`` its buckets' abs-max, and only the codes of elements counted in it are used."""
     nonfinite = ~(absmax < float("inf"))
     scale = tl.where(nonfinite, float("nan"), tl.div_rn(absmax, tl.full(absmax.shape, QMAX, tl.float32)))
     positive = absmax > 0
     safe = tl.where(positive, absmax, 1.0)  # keeps the discarded branch free of 1/0 (interpreter warnings)
     inv = tl.where(positive, tl.minimum(tl.div_rn(tl.full(absmax.shape, QMAX, tl.float32), safe), FP32_MAX), 0.0)
-    # Round half to even through MAGIC and clamp to +-QMAX on the bit patterns (as unsigned ints, ordered like the
-    # values there); a non-finite bucket clamps to level 0, and its NaN lanes (patterns above any cap) too.
+    # Round half to even through MAGIC.
+    rounded = x * inv + MAGIC
+    if FINITE:
+        # No clamp needed: |x| <= absmax, and inv (rounded to nearest, or capped at FP32_MAX below the quotient) makes
+        # |x * inv| at most QMAX * (1 + 2**-23), which rounds to QMAX; a zero bucket's inv is 0. QMAX is added in fp32
+        # (exact on these integers): added to the bit pattern, it becomes a byte-wide add at an 8-bit store of the
+        # codes, an add and a mask per code on sm_90.
+        return ((rounded + QMAX).to(tl.uint32, bitcast=True) - MAGIC_BITS).to(tl.int32), scale
+    # Clamp to +-QMAX on the bit patterns (as unsigned ints, ordered like the values there); a non-finite bucket
+    # clamps to level 0, and its NaN lanes (patterns above any cap) too.
     low = tl.where(nonfinite, MAGIC_BITS, MAGIC_BITS - QMAX).to(tl.uint32)
     high = tl.where(nonfinite, MAGIC_BITS, MAGIC_BITS + QMAX).to(tl.uint32)
-    rounded = tl.minimum(tl.maximum((x * inv + MAGIC).to(tl.uint32, bitcast=True), low), high)
+    rounded = tl.minimum(tl.maximum(rounded.to(tl.uint32, bitcast=True), low), high)
     return (rounded - (MAGIC_BITS - QMAX)).to(tl.int32), scale
 
 

@@ -205,11 +205,19 @@ def store_codes(row_wire, codes, pid, b, g, lane, e, valid, n, num_buckets, code
             codes = tl.where(valid, codes, 0)  # lanes past the row's end in its last word are zero
         group_ok = (g * GS < BUCKET) & (b * BUCKET + g * GS < n)
         words = group_words(row_wire, b, g, BITS, BUCKET, GS)
-        # Words of more than 32 bits (8 codes of 5-7 bits, 16 of 3 or 4) are packed in 64 bits.
+        # Words of more than 32 bits (8 codes of 5-7 bits, 16 of 3 or 4) are packed in 64 bits, and so are 16 codes
+        # of 1 or 2 bits: packed in 32 bits, a tile of rows of 16 (the rotated feedback quantize) had Triton sum the
+        # words across the threads that hold its columns (shuffles) instead of moving the codes to the threads that
+        # hold its rows, 98 more instructions per thread at 2 bits (sm_90).
         WORD: tl.constexpr = GS * BITS // 8
-        packed = pack_words(codes.to(tl.int64) if WORD > 4 else codes, lane, BITS)
+        packed = pack_words(codes.to(tl.int64) if WORD > 4 or GS > 8 else codes, lane, BITS)
         if (WORD & (WORD - 1)) == 0:  # 1, 2, 4 or 8 bytes: an aligned integer word
             tl.store(words, packed.to(words.dtype.element_ty), mask=group_ok)
+        elif GS > 8:
+            # 16 codes of 3 bits at an even offset: three 16-bit stores. n being a multiple of 16, no word ends past
+            # the code bytes.
+            for k in tl.static_range(WORD // 2):
+                tl.store(words.to(tl.pointer_type(tl.int16)) + k, (packed >> (16 * k)).to(tl.int16), mask=group_ok)
         else:
             for k in tl.static_range(WORD):
                 # The row's last word may end past its code bytes, where the padding and metadata start.

@@ -43,9 +43,10 @@ from composer_qsdp.kernels import hadamard
 from composer_qsdp.kernels.abs_max import abs_max, abs_max_codes, abs_max_decode, bucket_scales, tile_abs_max
 from composer_qsdp.kernels.bucket_decode import BucketDecoder
 from composer_qsdp.kernels.cast import emulate_bf16_rne, store_cast
-from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, GPU_TILE, INTERPRETER_TILE, MAGIC_BITS, MAX_BUCKET,
-                                          KERNEL_BITS, bucket_lattice, cdiv, check_packed, codes_to_float, launch_shape,
-                                          row_stride, rows_aligned, store_codes, supports_packed, tile, tile_codes, vec)
+from composer_qsdp.kernels.groups import (ELEMENTS_PER_THREAD, GPU_TILE, INTERPRETER_TILE, MAGIC, MAGIC_BITS,
+                                          MAX_BUCKET, KERNEL_BITS, bucket_lattice, cdiv, check_packed, codes_to_float,
+                                          launch_shape, row_stride, rows_aligned, store_codes, supports_packed, tile,
+                                          tile_codes, vec)
 from composer_qsdp.kernels.fixed_point import fraction_bits
 from composer_qsdp.kernels.hadamard import butterflies, butterflies_rows, rotation_rows
 from composer_qsdp.kernels.noise import noise_bits
@@ -96,9 +97,9 @@ def _quantize_tile(x, valid, row_wire, meta_ptr, row, pid, b, g, lane, e, n, num
                    GS: tl.constexpr = 8, WHOLE_BUCKETS: tl.constexpr = False):  # fmt: skip
     """Quantize the fp32 tile ``x`` (groups of ``GS`` elements, :func:`composer_qsdp.kernels.groups.tile`) into wire
     row ``row`` (codes at ``row_wire``, the buckets' min and step in the fp32 words of ``meta_ptr``);
-    ``row_counter``: the noise counter of the row's first element. Returns the codes (int32) and the buckets'
-    ``(min, step)`` as the wire holds them (NaN for a non-finite bucket). ``WHOLE_BUCKETS``: every bucket of the
-    tile is whole (``valid`` throughout) or past the row's end (never stored), so its lattice needs no mask."""
+    ``row_counter``: the noise counter of the row's first element. Returns the codes as exact fp32 numbers and the
+    buckets' ``(min, step)`` as the wire holds them (NaN for a non-finite bucket). ``WHOLE_BUCKETS``: every bucket of
+    the tile is whole (``valid`` throughout) or past the row's end (never stored), so its lattice needs no mask."""
     LEVELS: tl.constexpr = (1 << BITS) - 1
     lo, scale, inv, bad = bucket_lattice(x, valid | WHOLE_BUCKETS, LEVELS, GS > 8)
 
@@ -116,7 +117,12 @@ def _quantize_tile(x, valid, row_wire, meta_ptr, row, pid, b, g, lane, e, n, num
                            ALIGNED, F)  # fmt: skip
         y = y + tl.reshape(noise, y.shape)
     cap = tl.where(bad, base, base + ((LEVELS << F) | ((1 << F) - 1))).to(tl.uint32)
-    codes = ((tl.minimum(y, cap) >> F) - (base >> F)).to(tl.int32)
+    capped = tl.minimum(y, cap)
+    codes = ((capped >> F) - (base >> F)).to(tl.int32)
+    if F == 0:  # capped is MAGIC + code (MAGIC_BITS | code): codes_to_float without the integer operation
+        levels = capped.to(tl.float32, bitcast=True) - MAGIC
+    else:
+        levels = codes_to_float(codes, 0)
 
     store_codes(row_wire, codes, pid, b, g, lane, e, valid, n, num_buckets, code_bytes, meta_offset,
                 BITS, BUCKET, BPP, PARTIAL_GROUPS, GS)  # fmt: skip
@@ -126,7 +132,7 @@ def _quantize_tile(x, valid, row_wire, meta_ptr, row, pid, b, g, lane, e, n, num
     scale = tl.where(bad, float("nan"), scale)
     tl.store(row_meta, lo, mask=on)
     tl.store(row_meta + 1, scale, mask=on)
-    return codes, lo, scale
+    return levels, lo, scale
 
 
 @triton.jit(do_not_specialize=["seed", "offset"])
@@ -148,6 +154,15 @@ def _quantize_kernel(
 
 
 @triton.jit
+def _fp32(v):
+    """``v`` as fp32. bf16 goes through its bit pattern, one shift or mask per element: the conversion moves the upper
+    element of each 32-bit pair down and back up, two instructions (sm_90)."""
+    if v.dtype == tl.bfloat16:
+        v = (v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return v.to(tl.float32)
+
+
+@triton.jit
 def _load_residual(r_row, idx, on, r_meta_offset, num_buckets, BPP: tl.constexpr, FLAT: tl.constexpr,
                    CODED: tl.constexpr):  # fmt: skip
     """The fp32 residual at the element indices ``idx`` of one row (0 where not ``on``): a float row, or with
@@ -159,7 +174,7 @@ def _load_residual(r_row, idx, on, r_meta_offset, num_buckets, BPP: tl.constexpr
         scale = bucket_scales(r_row, r_meta_offset, num_buckets, BPP)
         r = abs_max_decode(codes, scale[:, None] if FLAT else scale[None, :, None, None], _CODED_QMAX)
     else:
-        r = tl.load(r_row + idx, mask=on, other=0.0).to(tl.float32)
+        r = _fp32(tl.load(r_row + idx, mask=on, other=0.0))
     return r
 
 
@@ -174,7 +189,7 @@ def _store_coded_residual(r_row, r, pid, b, g, lane, idx, on, n_in, num_buckets,
         absmax = tl.reduce(tl.where(on, tl.abs(r), 0.0), 1, abs_max, keep_dims=True)
     else:
         absmax = tile_abs_max(r, on)
-    codes, scale = abs_max_codes(r, absmax, _CODED_QMAX)
+    codes, scale = abs_max_codes(r, absmax, _CODED_QMAX, True)
     store_codes(r_row, codes, pid, b, g, lane, idx, on, n_in, num_buckets, n_in, r_meta_offset,
                 _CODED_BITS, BUCKET, BPP, False)  # fmt: skip
     meta = (r_row + r_meta_offset).to(tl.pointer_type(tl.float32))
@@ -218,7 +233,7 @@ def _quantize_feedback_kernel(
         rb = (pid * BPP + tl.arange(0, BPP))[:, None]
         col = rb * BUCKET + tl.arange(0, BUCKET)[None, :]
         on = col < n_in  # columns n_in..n are the zero padding
-        c = tl.load(x_row + col, mask=on, other=0.0).to(tl.float32)
+        c = _fp32(tl.load(x_row + col, mask=on, other=0.0))
         if FEEDBACK:
             r = _load_residual(r_row, col, on, r_meta_offset, num_buckets, BPP, FLAT, CODED)
             c = c + r
@@ -226,19 +241,19 @@ def _quantize_feedback_kernel(
         xt = tl.permute(tl.reshape(v, (BPP, GROUPS, 8 // VEC, VEC)), (1, 0, 2, 3))
     else:
         on = valid & (e < n_in) if ROWS else valid  # rotated: columns n_in..n are the zero padding
-        c = tl.load(x_row + e, mask=on, other=0.0).to(tl.float32)
+        c = _fp32(tl.load(x_row + e, mask=on, other=0.0))
         if FEEDBACK:
             r = _load_residual(r_row, e, on, r_meta_offset, num_buckets, BPP, FLAT, CODED)
             c = c + r
         xt = butterflies_rows(c, LOG_B - LOG_ROW, LOG_ROW) * scale_rot if ROWS else c
     row_wire = wire_ptr + row * tl.multiple_of(wire_row_stride, 4)
-    codes, lo, scale = _quantize_tile(xt, valid, row_wire, meta_ptr, row, pid, b, g, lane, e, n, num_buckets,
-                                      code_bytes, meta_offset, wire_row_stride,
-                                      offset + row * n_in, seed,
-                                      BITS, BUCKET, BPP, STOCHASTIC, FRACTION, ALIGNED, PARTIAL_GROUPS, GS,
-                                      ROWS)  # fmt: skip
+    levels, lo, scale = _quantize_tile(xt, valid, row_wire, meta_ptr, row, pid, b, g, lane, e, n, num_buckets,
+                                       code_bytes, meta_offset, wire_row_stride,
+                                       offset + row * n_in, seed,
+                                       BITS, BUCKET, BPP, STOCHASTIC, FRACTION, ALIGNED, PARTIAL_GROUPS, GS,
+                                       ROWS)  # fmt: skip
     if FEEDBACK:
-        decoded = lo + scale * codes_to_float(codes, 0)  # the decoder's arithmetic (no FMA: enable_fp_fusion=False)
+        decoded = lo + scale * levels  # the decoder's arithmetic (no FMA: enable_fp_fusion=False)
         if ROWS:
             decoded = butterflies_rows(decoded, LOG_B - LOG_ROW, LOG_ROW) * scale_rot
         elif ROTATE:
