@@ -19,7 +19,8 @@ each byte masked to the row's code bytes, since a 3-, 5-, 6- or 7-byte word has 
 may end short of the metadata's 4-byte boundary. A tile may also take groups of ``GS`` = 16 codes (``tile``'s
 ``GS``; rows whose length is a multiple of 16): the two 8-code words of a group are consecutive, so they make one
 ``2 * bits``-byte word, one 64-bit access at 4 bits (the rotated feedback quantize and the decode-sum rotated back,
-whose threads hold such rows).
+whose threads hold such rows); at 3 bits, a 6-byte word at an even offset, stored as three 16-bit words and loaded
+from the two aligned 32-bit words around it.
 
 Exact conversions through the fp32 "magic number" ``MAGIC = 1.5 * 2**23`` (bits ``0x4B400000``): fp32 numbers
 in ``[2**23, 2**24)`` are the integers, one unit apart, so
@@ -141,13 +142,13 @@ def bucket_pair(meta_ptr, row, wire_row_stride, meta_offset, num_buckets, BPP: t
     """The two fp32 metadata words ``(first, second)`` that a wire row stores per bucket at ``meta_offset``
     (bytes; e.g. min and step), for program ``tl.program_id(0)``'s ``BPP`` buckets, as ``[1, BPP, 1, 1]`` (0 past
     the last bucket). Loaded once per bucket as 1-D vectors, then broadcast: loading them in a tile's layout
-    would issue one load per element."""
+    would issue one load per element. The two words load together, one 64-bit access where the rows' strides and
+    ``meta_offset`` are known multiples of 16 (a decode-sum rotated back: 4 loads fewer per thread over 4 rows)."""
     bucket = tl.program_id(0) * BPP + tl.arange(0, BPP)
     row_meta = meta_ptr + row * (wire_row_stride // 4) + meta_offset // 4 + 2 * bucket
     on = bucket < num_buckets
-    first = tl.load(row_meta, mask=on, other=0.0)[None, :, None, None]
-    second = tl.load(row_meta + 1, mask=on, other=0.0)[None, :, None, None]
-    return first, second
+    first, second = tl.split(tl.load(row_meta[:, None] + tl.arange(0, 2)[None, :], mask=on[:, None], other=0.0))
+    return first[None, :, None, None], second[None, :, None, None]
 
 
 @triton.jit
@@ -242,6 +243,17 @@ def load_codes(row_wire, b, g, lane, e, valid, n, BITS: tl.constexpr, BUCKET: tl
         words = group_words(row_wire, b, g, BITS, BUCKET, GS)
         if (WORD & (WORD - 1)) == 0:  # 1, 2, 4 or 8 bytes: an aligned integer word
             packed = tl.load(words, mask=group_ok, other=0).to(tl.int64 if WORD > 4 else tl.int32)
+            codes = unpack_words(packed, lane, BITS).to(tl.int32)
+        elif GS > 8:
+            # 16 codes of 3 bits: 6 bytes at an even offset, which lie in the two aligned 32-bit words from that
+            # offset rounded down to a multiple of 4: two loads instead of six byte loads, each with its own check. The
+            # other 2 bytes are codes, or the padding and metadata that follow the codes, never past the row (n is a
+            # multiple of 16, so no word ends past the code bytes).
+            first = group_byte(b, g, BITS, BUCKET, GS)
+            pair = row_wire.to(tl.pointer_type(tl.uint32)) + (first >> 2)
+            both = (tl.load(pair, mask=group_ok, other=0).to(tl.uint64)
+                    | (tl.load(pair + 1, mask=group_ok, other=0).to(tl.uint64) << 32)) >> ((first & 2) * 8)
+            codes = unpack_words(both, lane, BITS).to(tl.int32)
         else:
             # Bytes of the row's last word past its code bytes belong to the padding or the metadata: read as 0.
             code_bytes = (BUCKET // 8 * BITS) * (n // BUCKET) + ((n % BUCKET) * BITS + 7) // 8
@@ -250,7 +262,7 @@ def load_codes(row_wire, b, g, lane, e, valid, n, BITS: tl.constexpr, BUCKET: tl
             for k in tl.static_range(WORD):
                 byte = tl.load(words + k, mask=group_ok & (first + k < code_bytes), other=0).to(packed.dtype)
                 packed = packed | (byte << (8 * k))
-        codes = unpack_words(packed, lane, BITS).to(tl.int32)
+            codes = unpack_words(packed, lane, BITS).to(tl.int32)
     return codes
 
 
