@@ -31,6 +31,7 @@ def _load(name: str, path: Path) -> types.ModuleType:
 # import.
 old = _load("feedback_sass_ac6c92b", RESULTS / "2026-12-02_cpu_ac6c92b" / "feedback_sass.py")
 by_line = _load("sass_by_line_acf3aa7", RESULTS / "2026-12-03_cpu_acf3aa7" / "sass_by_line.py")
+encode = _load("feedback_sass_acf3aa7", RESULTS / "2026-12-03_cpu_acf3aa7" / "feedback_sass.py")  # its table
 
 import torch  # noqa: E402
 from bench_feedback import BLOCK_1_3B  # noqa: E402
@@ -84,21 +85,7 @@ def main() -> None:
         by_line.main()
         return
     vs = [variant(bits) for bits in WIDTHS]
-    report = old.compile_report(vs)
-    usage, counts = report["usage"], report["opcodes"]
-    print("| bits | registers | SASS per thread | elements per thread | SASS per element | "
-          + " | ".join(old.GROUPS) + " |")
-    print("|---|---|---|---|---|" + "---|" * len(old.GROUPS))
-    for bits, v in zip(WIDTHS, vs):
-        c, k = counts[v["name"]], v["constants"]
-        per_thread = k["BPP"] * k["BUCKET"] // (32 * v["num_warps"])
-        sass = sum(c.values())
-        regs = usage[v["name"]].split("REG:")[1].split()[0]
-        groups = " | ".join(f"{sum(c.get(op, 0) for op in ops) / per_thread:.1f}" for ops in old.GROUPS.values())
-        print(f"| {bits} | {regs} | {sass} | {per_thread} | {sass / per_thread:.1f} | {groups} |")
-    print("\nColumns after `SASS per element`: instructions per element by kind (the groups of ac6c92b's script). "
-          "Integer arguments specialized as divisible by 16, as at the launch: "
-          + "; ".join(f"{v['name']}: {', '.join(v['divisible']) or 'none'}" for v in vs) + ".")
+    counts = encode.print_table(vs, [(bits,) for bits in WIDTHS], ["bits"])
     print("\nOpcodes per thread: " + "; ".join(
         f"{bits} bits: " + " ".join(f"{op}:{c}" for op, c in sorted(counts[v['name']].items(), key=lambda kv: -kv[1]))
         for bits, v in zip(WIDTHS, vs)) + ".")

@@ -14,23 +14,29 @@ old = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(old)
 
 
-def main() -> None:
-    vs = [old.variant(bits, residual) for bits, residual in old.CASES]
+def print_table(vs: list[dict], labels: list[tuple], columns: list[str]) -> dict:
+    """Print the SASS table of the variants ``vs`` (one row each, led by its ``labels`` cells under ``columns``) and
+    return each variant's opcode counts by name."""
     report = old.compile_report(vs)
     usage, counts = report["usage"], report["opcodes"]
-    print("| bits | residual | registers | SASS per thread | elements per thread | SASS per element | "
+    print("| " + " | ".join(columns) + " | registers | SASS per thread | elements per thread | SASS per element | "
           + " | ".join(old.GROUPS) + " |")
-    print("|---|---|---|---|---|---|" + "---|" * len(old.GROUPS))
-    for (bits, residual), v in zip(old.CASES, vs):
+    print("|---" * len(columns) + "|---|---|---|---|" + "---|" * len(old.GROUPS))
+    for label, v in zip(labels, vs):
         c, k = counts[v["name"]], v["constants"]
         per_thread = k["BPP"] * k["BUCKET"] // (32 * v["num_warps"])
         sass = sum(c.values())
         regs = usage[v["name"]].split("REG:")[1].split()[0]
         groups = " | ".join(f"{sum(c.get(op, 0) for op in ops) / per_thread:.1f}" for ops in old.GROUPS.values())
-        print(f"| {bits} | {residual} | {regs} | {sass} | {per_thread} | {sass / per_thread:.1f} | {groups} |")
+        print(f"| {' | '.join(map(str, label))} | {regs} | {sass} | {per_thread} | {sass / per_thread:.1f} | {groups} |")
     print("\nColumns after `SASS per element`: instructions per element by kind (the groups of ac6c92b's script). "
           "Integer arguments specialized as divisible by 16, as at the launch: "
-          + "; ".join(f"{v['name']}: {', '.join(v['divisible'])}" for v in vs) + ".")
+          + "; ".join(f"{v['name']}: {', '.join(v['divisible']) or 'none'}" for v in vs) + ".")
+    return counts
+
+
+def main() -> None:
+    print_table([old.variant(bits, residual) for bits, residual in old.CASES], old.CASES, ["bits", "residual"])
 
 
 if __name__ == "__main__":
