@@ -112,11 +112,12 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     runs = load_arms(args.records)
     _require(runs, [args.baseline], args.seeds)
-    untrained = sorted(f"{arm}@s{seed}" for seed in args.seeds for arm in [args.baseline, *args.arms]
-                       if "train_curve" not in runs.get(f"{arm}@s{seed}", {"train_curve": []}))
-    if args.windows and untrained:
-        raise SystemExit(f"--windows needs training-loss curves, which the records of {untrained} do not hold "
-                         "(they were written before the driver logged them): leave --windows out")
+    if args.windows:  # a missing run is named by the table
+        labels = [f"{arm}@s{seed}" for seed in args.seeds for arm in [args.baseline, *args.arms]]
+        untrained = sorted(label for label in labels if label in runs and "train_curve" not in runs[label])
+        if untrained:
+            raise SystemExit(f"--windows needs training-loss curves, which the records of {untrained} do not hold "
+                             "(they were written before the driver logged them): leave --windows out")
     evals = args.evals or sorted(set.intersection(*(set(curve(runs[f"{args.baseline}@s{s}"])) for s in args.seeds)))
     seeds = args.seeds[0] if len(args.seeds) == 1 else args.seeds
     table = gap_table if len(args.seeds) == 1 else paired_table

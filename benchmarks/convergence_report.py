@@ -679,9 +679,9 @@ def combine_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         if record["corpus"]["input"]["sha256"] != first["corpus"]["input"]["sha256"]:
             raise ValueError(f"run {i} used another corpus (input sha256 {record['corpus']['input']['sha256'][:16]}"
                              f" != {first['corpus']['input']['sha256'][:16]})")
-        # What was built, as far as both records say (older ones lack some fields); the build command names the
-        # machine's output folder, which is not part of it.
-        built = [k for k in ("kind", "seq_len", "val_fraction", "max_documents", "max_train_tokens", "input")
+        # How it was built, as far as both records say (older ones lack some fields); what it was built from is the
+        # input's sha256 (above), and the build command and input roots are the machine's own paths.
+        built = [k for k in ("kind", "seq_len", "val_fraction", "max_documents", "max_train_tokens")
                  if None not in (first["corpus"].get(k), record["corpus"].get(k))
                  and first["corpus"][k] != record["corpus"][k]]
         if built:

@@ -903,12 +903,13 @@ def test_combine_refuses_runs_that_differ(change, message):
 
 
 def test_combine_pools_runs_whose_corpus_was_built_in_other_folders():
-    """Two machines building the same corpus into other folders ran on the same data: the folder counts for
-    nothing, what was built (the corpus record's fields besides the build command) for everything."""
+    """Two machines building the same corpus into other folders, from input files under other roots, ran on the same
+    data: the paths count for nothing, the input's sha256 and the build settings for everything."""
     first = fake_record("a", {"baseline": {20: 4.0}})
     second = fake_record("b", {"w8g8": {20: 4.1}})
     first["settings"]["corpus"], second["settings"]["corpus"] = "/tmp/pysrc", "/tmp/pysource"
-    second["corpus"] = {**second["corpus"], "command": "python -m composer_qsdp.recipes.data.build pysource /tmp/d"}
+    second["corpus"] = {**second["corpus"], "command": "python -m composer_qsdp.recipes.data.build pysource /tmp/d",
+                        "input": {**second["corpus"]["input"], "roots": ["/another/site-packages"]}}
     assert list(convergence_report.combine_records([first, second])["arms"]) == ["baseline", "w8g8"]
     older = {**second, "corpus": {"input": second["corpus"]["input"]}}  # records from before the build fields
     assert list(convergence_report.combine_records([first, older])["arms"]) == ["baseline", "w8g8"]
