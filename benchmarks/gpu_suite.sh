@@ -7,7 +7,9 @@
 # With fewer GPUs than a test's ranks, the ranks share the GPUs over gloo (tests/dist_spawn.py, the shared_gpu
 # key), so one GPU runs every multi-rank case; NCCL runs where there is a GPU per rank. Stages
 # (benchmarks/README.md, "The GPU suite", says how long each takes):
-#   tests-kernels tests-comm tests-fsdp tests-train   the GPU-marked tests (pytest -m gpu) in four parts; tests = all
+#   tests-kernels tests-comm tests-fsdp tests-train   the GPU-marked tests (pytest -m gpu) in four parts
+#   tests-kernels-compiled                            the unmarked kernel tests, compiled here: CI runs them under the
+#                                                     Triton interpreter; tests = these five stages
 #   faults-saving faults-other faults-rank            the launcher fault cases, ranks on the GPU; faults = all three
 #   kernels sign learned sweep                        kernel benchmark tables
 #   collectives                                       NVLink and emulated-socket collective tables (2+ GPUs)
@@ -38,14 +40,17 @@ done
 [[ -n $RESULTS ]] || { echo "name the results folder: --results DIR"; usage; exit 2; }
 
 TESTS_KERNELS=(tests/quant tests/kernels)
+# Every launch against the torch reference, bit for bit: unmarked because they run anywhere
+# (tests/kernels/kernel_device.py), so -m gpu leaves them out.
+TESTS_KERNELS_COMPILED=(tests/kernels)
 TESTS_COMM=(tests/comm tests/schemes tests/config tests/engine tests/auto tests/optim)
 TESTS_FSDP=(tests/fsdp2 tests/fsdp1 tests/ddp)
 TESTS_TRAIN=(tests/algorithms tests/recipes/models tests/test_train.py tests/test_shared_gpu.py
              tests/test_same_device_pg.py)
 LAUNCHER_FAULTS=(tests/faults/test_launcher_faults.py)
 RANK_FAULTS=(tests/faults/test_rank_exception.py)
-STAGES="tests tests-kernels tests-comm tests-fsdp tests-train faults faults-saving faults-other faults-rank"
-STAGES+=" kernels sign learned sweep collectives"
+STAGES="tests tests-kernels tests-comm tests-fsdp tests-train tests-kernels-compiled"
+STAGES+=" faults faults-saving faults-other faults-rank kernels sign learned sweep collectives"
 
 for stage in "${stages[@]}"; do  # refuse a misspelt stage before anything is written
   [[ " $STAGES " == *" $stage "* ]] || { echo "unknown stage '$stage'; allowed: $STAGES"; exit 2; }
@@ -110,7 +115,7 @@ fi
 expanded=()
 for stage in "${stages[@]}"; do
   case $stage in
-    tests) expanded+=(tests-kernels tests-comm tests-fsdp tests-train) ;;
+    tests) expanded+=(tests-kernels tests-comm tests-fsdp tests-train tests-kernels-compiled) ;;
     faults) expanded+=(faults-saving faults-other faults-rank) ;;
     *) expanded+=("$stage") ;;
   esac
@@ -121,6 +126,7 @@ for stage in "${expanded[@]}"; do
     tests-comm) pytest_stage "$stage" -m gpu "${TESTS_COMM[@]}" ;;
     tests-fsdp) pytest_stage "$stage" -m gpu "${TESTS_FSDP[@]}" ;;
     tests-train) pytest_stage "$stage" -m gpu "${TESTS_TRAIN[@]}" ;;
+    tests-kernels-compiled) pytest_stage "$stage" -m "not gpu" "${TESTS_KERNELS_COMPILED[@]}" ;;
     # The launcher fault cases (slow and fast) with their ranks on the GPU, in stages that each fit a 600 s command
     # on one H200: a rank killed while saving (4 schemes, 3 launches each); the stalled rank, the resumes and QSDP
     # off and on; one rank's exception and the recipe error.
