@@ -75,20 +75,20 @@ def test_stages_leave_logs_junit_durations_and_a_summary_in_the_results_folder(t
     assert rc == "124" and result.startswith("TIMED OUT (TESTS_COMM_TIMEOUT_S")
 
 
-def _suite_array(name: str) -> list[str]:
-    """The paths of one of gpu_suite.sh's test arrays, e.g. ``TESTS_KERNELS_COMPILED=(tests/kernels)``."""
-    text = SCRIPT.read_text()
-    start = text.index(f"\n{name}=(") + len(name) + 3
-    return text[start:text.index(")", start)].split()
+def _suite_list(script: str, pattern: str) -> list[str]:
+    """The words of one parenthesized list of gpu_suite.sh, found by ``pattern`` (its line's start, up to ``(``)."""
+    return re.search(rf"^\s*{pattern}\(([^)]*)\)", script, re.M).group(1).split()
 
 
 def test_every_kernel_test_that_runs_on_the_device_is_in_the_compiled_stage():
     """A kernel test module that puts its tensors on ``kernel_device.DEVICE`` runs compiled on a GPU host only through
-    the ``tests-kernels-compiled`` stage (``-m gpu`` deselects it): every such module lies under that stage's paths."""
-    paths = [ROOT / p for p in _suite_array("TESTS_KERNELS_COMPILED")]
+    the ``tests-kernels-compiled`` stage (``-m gpu`` deselects it): every such module lies under that stage's paths,
+    and ``tests`` runs the stage."""
+    script = SCRIPT.read_text()
+    paths = [ROOT / p for p in _suite_list(script, r"TESTS_KERNELS_COMPILED=")]
     uses_device = re.compile(r"^from kernel_device import", re.M)
     users = [f for f in (ROOT / "tests").rglob("test_*.py") if uses_device.search(f.read_text())]
     assert len(users) >= 5
     outside = [str(f.relative_to(ROOT)) for f in users if not any(f.is_relative_to(p) for p in paths)]
     assert not outside, f"kernel tests outside TESTS_KERNELS_COMPILED {paths}: {outside}"
-    assert "tests-kernels-compiled" in SCRIPT.read_text().split("tests)", 1)[1].split(";;", 1)[0]
+    assert "tests-kernels-compiled" in _suite_list(script, r"tests\) expanded\+=")
