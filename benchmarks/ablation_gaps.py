@@ -11,7 +11,9 @@ seeds, its Student-t 95% interval and two-sided p (a screen of a candidate befor
     python benchmarks/ablation_gaps.py RECORD.json [RECORD.json ...] --seeds 17 --baseline baseline-1r \\
         --arms qwd-w3g3-loco qwd-w3g3-loco-fp32 --windows 500 1000 1500 2000
 
-A later record's run of an arm replaces an earlier one's (name the records oldest first).
+A later record's run of an arm replaces an earlier one's (name the records oldest first). In a combined record
+(``convergence.py --combine``) a seed run in several sessions is labelled ``arm@sSEED@run<i>``; the one of them that
+finished stands for the seed, and a seed with several finished runs is named by the error that asks for it.
 """
 
 from __future__ import annotations
@@ -31,8 +33,26 @@ def load_arms(records: list[Path]) -> dict[str, dict[str, Any]]:
     winning."""
     arms: dict[str, dict[str, Any]] = {}
     for path in records:
-        arms |= read_record(Path(path))["arms"]
+        arms |= _one_run_per_seed(read_record(Path(path))["arms"])
     return arms
+
+
+def _one_run_per_seed(arms: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A combined record's ``arm@sSEED@run<i>`` runs under ``arm@sSEED`` where exactly one of them finished (the
+    others stopped early, e.g. cut by a session's end); the labels of a seed finished more than once are kept."""
+    by_seed: dict[str, list[str]] = {}
+    for label in arms:
+        base, sep, run = label.rpartition("@run")
+        if sep and run.isdigit():
+            by_seed.setdefault(base, []).append(label)
+    out = dict(arms)
+    for base, labels in by_seed.items():
+        finished = [label for label in labels if arms[label].get("complete")]
+        if len(finished) == 1:
+            for label in labels:
+                del out[label]
+            out[base] = arms[finished[0]]
+    return out
 
 
 def curve(run: dict[str, Any], key: str = "curve") -> dict[int, float]:

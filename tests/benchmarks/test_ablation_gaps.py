@@ -1,6 +1,7 @@
 """``benchmarks/ablation_gaps.py``: each arm's gap to the same seed's baseline run, from convergence records, against
 hand-computed percentages; over several seeds, the paired mean and its Student-t interval against a float64
-computation; a later record's run replaces an earlier one's; a missing run is named."""
+computation; a later record's run replaces an earlier one's; a combined record's finished run stands for its seed;
+a missing run is named."""
 
 from __future__ import annotations
 
@@ -103,3 +104,20 @@ def test_several_seeds_give_each_seeds_gap_and_their_paired_mean_interval_and_p(
     assert ci == f"{mean - half:+.2f} .. {mean + half:+.2f}%"
     assert float(p) == pytest.approx(t_p, abs=1e-3)
     assert "| `x` | 300 | +100.00 / +100.00 / +100.00 | +100.00% | n/a | n/a |" in train
+
+
+def test_a_combined_records_finished_run_stands_for_its_seed(tmp_path, capsys):
+    """``--combine`` labels a seed run in two sessions ``@run1`` / ``@run2``: the finished one is read, the one a
+    session's end stopped is not; a seed finished twice stays ambiguous and is named."""
+    stopped = run({200: 9.0}) | {"complete": False}
+    path = record(tmp_path / "c.json", {
+        "baseline-1r@s17@run1": run({200: 4.0, 400: 2.0}) | {"complete": True},
+        "baseline-1r@s17@run2": stopped,
+        "x@s17": run({200: 4.2, 400: 2.1}) | {"complete": True},
+        "y@s17@run1": run({200: 4.0, 400: 2.0}) | {"complete": True},
+        "y@s17@run2": run({200: 4.0, 400: 2.0}) | {"complete": True},
+    })
+    ablation_gaps.main([str(path), "--seed", "17", "--arms", "x"])
+    assert rows(capsys.readouterr().out) == {"`x`": ["- / -", "+5.00", "+5.00"]}
+    with pytest.raises(SystemExit, match=r"no run \['y@s17'\].*'y@s17@run1', 'y@s17@run2'"):
+        ablation_gaps.main([str(path), "--seed", "17", "--arms", "y"])
