@@ -19,9 +19,9 @@ through ``torchrun`` (``torchrun --standalone --nproc-per-node=N -m composer_qsd
                          ``qsdp-<preset>-ahead`` (only when named; the presets with weight differences) also sets
                          ``algorithms.qsdp.speculative_update=true``: each unit's next update sent in the backward;
                          ``qsdp-<preset>-lean``, ``-host``, ``-lean-host`` (only when named; the presets with weight
-                         differences) keep the qWD reference sharded within the node and a LoCo preset's residual
-                         on the inter-node hop only, or both in pinned host memory, or both (``bench_memory.py``
-                         measures their memory with the same overrides)
+                         differences or LoCo gradients) keep the qWD reference sharded within the node and the LoCo
+                         residual on the inter-node hop only, or both in pinned host memory, or both, each where
+                         the preset has it (``bench_memory.py`` measures their memory with the same overrides)
 ``qsdp-auto``            ``baseline.yaml`` with ``algorithms.qsdp.policy=auto``: QSDP's bandwidth-aware policy
                          picks off or 8 bits (its default candidates, ``w8g8``'s sides) per unit and side from
                          what it measures; it decides and

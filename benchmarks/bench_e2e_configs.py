@@ -68,8 +68,8 @@ preset_names = QSDPConfig.preset_names
 #: Steps after which policy=auto has settled, all untimed: its warm-up, as many steps again to re-check, and, after a
 #: re-decision at that boundary, a keyframe step and the first weight-difference step (which compiles its kernels).
 AUTO_SETTLED = 2 * AutoOptions().warmup_steps + 2
-#: Each layout's changes to a preset with weight differences: (weights' override and what it does, the same for a
-#: LoCo preset's gradients).
+#: Each layout's changes to a preset that keeps state between calls: (the override of weight differences and what it
+#: does, the same for LoCo gradients).
 _LAYOUT_CHANGES = {
     "lean": ((common.LEAN_WEIGHTS, "the reference sharded within the node"),
              (common.LEAN_GRADS, "the LoCo residual on the inter-node hop only (two_level_loco)")),
@@ -80,12 +80,13 @@ _LAYOUT_CHANGES = {
 
 def _layout(base: Config, preset: str, layouts: tuple[str, ...]) -> Config | None:
     """``qsdp-<preset>-lean``, ``-host`` or ``-lean-host`` (``layouts``: keys of :data:`_LAYOUT_CHANGES`) of the
-    preset's configuration ``base``, for a preset with weight differences; None for the others."""
+    preset's configuration ``base``, for a preset with weight differences or LoCo gradients (the sides with state
+    between calls); None for the others."""
     options = PRESETS.lookup(preset)
-    if options.get("weight_scheme") != "difference":
+    sides = (options.get("weight_scheme") == "difference", options.get("grad_scheme") == "loco")
+    if not any(sides):
         return None
-    sides = 2 if options.get("grad_scheme") == "loco" else 1
-    changes = [change for layout in layouts for change in _LAYOUT_CHANGES[layout][:sides]]
+    changes = [change for layout in layouts for change, moved in zip(_LAYOUT_CHANGES[layout], sides) if moved]
     lean = " in the lean layout" if "lean" in layouts else ""
     return Config(f"{base.name}-{'-'.join(layouts)}", base.recipe, (*base.overrides, *(o for o, _ in changes)), False,
                   f"{base.description}{lean}: {', '.join(words for _, words in changes)}")
@@ -94,8 +95,9 @@ def _layout(base: Config, preset: str, layouts: tuple[str, ...]) -> Config | Non
 _PRESET_CONFIGS = {preset: Config(f"qsdp-{preset}", "baseline.yaml", (f"algorithms.qsdp.preset={preset}",
                                                                        *_NO_ERROR_SAMPLING), False,
                                   f"QSDP preset {preset}") for preset in preset_names()}
-#: The presets with weight differences in their memory layouts: the reference sharded within the node (``-lean``),
-#: the reference and a LoCo residual in pinned host memory (``-host``), or both (``-lean-host``).
+#: The presets with weight differences or LoCo gradients in their memory layouts: the reference sharded within the
+#: node and the residual on the inter-node hop only (``-lean``), the reference and the residual in pinned host memory
+#: (``-host``), or both (``-lean-host``).
 _LAYOUTS = tuple(c for layouts in (("lean",), ("host",), ("lean", "host"))
                  for c in (_layout(base, p, layouts) for p, base in _PRESET_CONFIGS.items()) if c is not None)
 LAYOUT_CONFIGS = tuple(c.name for c in _LAYOUTS)

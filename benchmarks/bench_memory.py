@@ -13,12 +13,13 @@ own), its QSDP handle's ``memory_bytes()`` and the parameters ``P`` of the units
 ``baseline``                   ``baseline.yaml``: plain Composer FSDP2, always measured first (every prediction
                                starts from it)
 ``qsdp-<preset>``              ``baseline.yaml`` with ``algorithms.qsdp.preset=<preset>``, every preset
-``qsdp-<preset>-lean``         the presets with weight differences (``sdp4bit``, ``qwd-*``) with the reference sharded
-                               within the node (``weight_scheme_options.sharded_reference=true``) and, for the LoCo
-                               presets, the residual on the inter-node hop only (``grad_scheme=two_level_loco``):
+``qsdp-<preset>-lean``         the presets with weight differences (``sdp4bit``, ``qwd-*``) or LoCo gradients
+                               (``w8g4``, ``qwd-*-loco``): the reference sharded within the node
+                               (``weight_scheme_options.sharded_reference=true``) and the residual on the inter-node
+                               hop only (``grad_scheme=two_level_loco``), each where the preset has it:
                                ``yamls/gpt-13b/qwd-w3g3-loco-lean.yaml``'s layout
 ``qsdp-<preset>-host``,        the same presets with the reference (replicated, or in the lean layout sharded) and
-``qsdp-<preset>-lean-host``    a LoCo residual in pinned host memory (``weight_scheme_options.reference_on_host=true``,
+``qsdp-<preset>-lean-host``    the residual in pinned host memory (``weight_scheme_options.reference_on_host=true``,
                                ``grad_scheme_options.residual_on_host=true``)
 =============================  =====================================================================================
 

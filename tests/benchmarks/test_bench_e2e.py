@@ -458,11 +458,13 @@ def test_the_memory_layouts_are_configurations_of_both_benchmarks(tmp_path):
     from composer_qsdp.recipes.train import load_recipe
 
     layouts = bench_e2e_configs.LAYOUT_CONFIGS
-    assert {"qsdp-qwd-w3g3-loco-lean", "qsdp-qwd-w3g3-loco-lean-host", "qsdp-sdp4bit-host"} <= set(layouts)
-    assert not any(name.startswith(("qsdp-w8g8", "qsdp-zeropp", "qsdp-tlq-hs")) for name in layouts)
+    assert {"qsdp-qwd-w3g3-loco-lean", "qsdp-qwd-w3g3-loco-lean-host", "qsdp-sdp4bit-host", "qsdp-w8g4-host"} <= set(
+        layouts)
+    assert not any(name.startswith(("qsdp-w8g8", "qsdp-zeropp", "qsdp-tlq-hs", "qsdp-w4g4", "qsdp-w8g4-paper"))
+                   for name in layouts)
     assert not set(layouts) & set(bench_e2e_configs.DEFAULT_CONFIGS)
     assert all(bench_memory.CONFIGS[name] == bench_e2e_configs.CONFIGS[name] for name in layouts)
-    names = ["qsdp-qwd-w3g3-loco-lean", "qsdp-qwd-w3g3-loco-lean-host", "qsdp-sdp4bit-host"]
+    names = ["qsdp-qwd-w3g3-loco-lean", "qsdp-qwd-w3g3-loco-lean-host", "qsdp-sdp4bit-host", "qsdp-w8g4-lean-host"]
     plan = bench_e2e_sweep.make_plan(bench_e2e.parse_args(["--model", "1.3b", "--nproc", "4", "--out-dir",
                                                            str(tmp_path), "--ranks-per-node", "2", "--configs",
                                                            *names]))
@@ -472,9 +474,11 @@ def test_the_memory_layouts_are_configurations_of_both_benchmarks(tmp_path):
                              world_size=4)
         qsdp = build_algorithm("qsdp", recipe.algorithm_kwargs["qsdp"]).config
         weights, loco = qsdp.weights.scheme_options, qsdp.grads.scheme in ("loco", "two_level_loco")
-        assert qsdp.ranks_per_node == 2 and qsdp.weights.scheme == "difference"
-        assert weights.sharded_reference == ("-lean" in name)
-        assert weights.reference_on_host == name.endswith("-host")
+        differences = qsdp.weights.scheme == "difference"
+        assert qsdp.ranks_per_node == 2 and differences == (not name.startswith("qsdp-w8g4"))
+        if differences:
+            assert weights.sharded_reference == ("-lean" in name)
+            assert weights.reference_on_host == name.endswith("-host")
         assert (qsdp.grads.scheme == "two_level_loco") == (loco and "-lean" in name)
         if loco:
             assert qsdp.grads.scheme_options.residual_on_host == name.endswith("-host")

@@ -129,15 +129,20 @@ def test_bad_arguments_are_named():
     assert bench_memory.parse_args(["--configs", "qsdp-w8g8", "baseline"]).configs == ["baseline", "qsdp-w8g8"]
 
 
-def test_the_lean_layout_exists_for_the_presets_with_weight_differences_only():
+def test_the_lean_layout_exists_for_the_presets_with_state_between_calls_only():
+    """Weight differences keep a reference and LoCo gradients a residual: a preset with either has the layouts, each
+    changing only the sides that keep state."""
     lean = [name for name in bench_memory.CONFIGS if name.endswith("-lean")]
-    assert lean == ["qsdp-sdp4bit-lean", "qsdp-qwd-w4g4-lean", "qsdp-qwd-w4g2-loco-lean", "qsdp-qwd-w4g3-loco-lean",
-                    "qsdp-qwd-w3g3-loco-lean", "qsdp-qwd-w3g2-loco-lean"]
-    assert "algorithms.qsdp.grad_scheme=two_level_loco" not in bench_memory.CONFIGS["qsdp-sdp4bit-lean"].overrides
+    assert lean == ["qsdp-w8g4-lean", "qsdp-sdp4bit-lean", "qsdp-qwd-w4g4-lean", "qsdp-qwd-w4g2-loco-lean",
+                    "qsdp-qwd-w4g3-loco-lean", "qsdp-qwd-w3g3-loco-lean", "qsdp-qwd-w3g2-loco-lean"]
+    two_level_loco = "algorithms.qsdp.grad_scheme=two_level_loco"
+    assert two_level_loco not in bench_memory.CONFIGS["qsdp-sdp4bit-lean"].overrides
     host = "algorithms.qsdp.weight_scheme_options.reference_on_host=true"
     residual = "algorithms.qsdp.grad_scheme_options.residual_on_host=true"
+    assert bench_memory.CONFIGS["qsdp-w8g4-lean"].overrides == (*bench_memory.CONFIGS["qsdp-w8g4"].overrides,
+                                                                 two_level_loco)
     for name in lean:  # each layout also with the reference (and a LoCo residual) in host memory
-        moved = (host, residual) if "loco" in name else (host,)
+        moved = (residual,) if "w8g4" in name else (host, residual) if "loco" in name else (host,)
         assert bench_memory.CONFIGS[f"{name}-host"].overrides == (*bench_memory.CONFIGS[name].overrides, *moved)
         replicated = bench_memory.CONFIGS[name.removesuffix("-lean") + "-host"]
         assert replicated.overrides == (*bench_memory.CONFIGS[name.removesuffix("-lean")].overrides, *moved)
