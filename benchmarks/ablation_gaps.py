@@ -38,20 +38,19 @@ def load_arms(records: list[Path]) -> dict[str, dict[str, Any]]:
 
 
 def _one_run_per_seed(arms: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """A combined record's ``arm@sSEED@run<i>`` runs under ``arm@sSEED`` where exactly one of them finished (the
+    """A combined record's ``arm@sSEED@run<i>`` runs (each holding its ``arm@sSEED`` as ``arm``, as
+    ``convergence_report.combine_records`` writes them) under ``arm@sSEED`` where exactly one of them finished (the
     others stopped early, e.g. cut by a session's end); the labels of a seed finished more than once are kept."""
-    by_seed: dict[str, list[str]] = {}
-    for label in arms:
-        base, sep, run = label.rpartition("@run")
-        if sep and run.isdigit():
-            by_seed.setdefault(base, []).append(label)
+    runs_of: dict[str, list[str]] = {}
+    for label, run in arms.items():
+        runs_of.setdefault(run.get("arm", label), []).append(label)
     out = dict(arms)
-    for base, labels in by_seed.items():
+    for arm, labels in runs_of.items():
         finished = [label for label in labels if arms[label].get("complete")]
-        if len(finished) == 1:
+        if labels != [arm] and len(finished) == 1:
             for label in labels:
                 del out[label]
-            out[base] = arms[finished[0]]
+            out[arm] = arms[finished[0]]
     return out
 
 

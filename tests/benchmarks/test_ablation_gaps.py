@@ -109,13 +109,15 @@ def test_several_seeds_give_each_seeds_gap_and_their_paired_mean_interval_and_p(
 def test_a_combined_records_finished_run_stands_for_its_seed(tmp_path, capsys):
     """``--combine`` labels a seed run in two sessions ``@run1`` / ``@run2``: the finished one is read, the one a
     session's end stopped is not; a seed finished twice stays ambiguous and is named."""
-    stopped = run({200: 9.0}) | {"complete": False}
+    def of(arm: str, i: int, complete: bool, val: dict[int, float]) -> dict:  # as combine_records labels a run
+        return run(val) | {"arm": arm, "run": i, "complete": complete}
+
     path = record(tmp_path / "c.json", {
-        "baseline-1r@s17@run1": run({200: 4.0, 400: 2.0}) | {"complete": True},
-        "baseline-1r@s17@run2": stopped,
-        "x@s17": run({200: 4.2, 400: 2.1}) | {"complete": True},
-        "y@s17@run1": run({200: 4.0, 400: 2.0}) | {"complete": True},
-        "y@s17@run2": run({200: 4.0, 400: 2.0}) | {"complete": True},
+        "baseline-1r@s17@run1": of("baseline-1r@s17", 1, True, {200: 4.0, 400: 2.0}),
+        "baseline-1r@s17@run2": of("baseline-1r@s17", 2, False, {200: 9.0}),
+        "x@s17": of("x@s17", 2, True, {200: 4.2, 400: 2.1}),
+        "y@s17@run1": of("y@s17", 1, True, {200: 4.0, 400: 2.0}),
+        "y@s17@run2": of("y@s17", 2, True, {200: 4.0, 400: 2.0}),
     })
     ablation_gaps.main([str(path), "--seed", "17", "--arms", "x"])
     assert rows(capsys.readouterr().out) == {"`x`": ["- / -", "+5.00", "+5.00"]}
