@@ -46,4 +46,3 @@ def test_every_preset_has_one_known_label_in_its_docstring_and_on_the_page() -> 
 
 def test_the_docstring_and_the_page_give_each_preset_the_same_label() -> None:
     assert docstring_labels() == page_labels()
-
