@@ -1,11 +1,12 @@
 """What QSDP adds to an FSDP2 training step, op by op: nothing for a unit it leaves unquantized.
 
 Two spawned gloo ranks train the MLP of tests/sharded_mlp.py one warm-up step, then one profiled step (forward,
-backward, optimizer step), with plain FSDP2 and with QSDP in three settings that leave units unquantized: both sides
-off on every unit, weights off on every unit (gradients quantized), and ``policy=auto``'s choice of quantizing l1 and
-l3 while leaving l2 off. The profiler's CPU events give the ops each unit's all-gather, copy-out and reduce-scatter
-ran (FSDP2's ``record_function`` ranges, named by unit); a side QSDP leaves unquantized must run exactly plain
-FSDP2's ops, and a setting where nothing is quantized must run exactly plain FSDP2's step.
+backward, optimizer step), with plain FSDP2 and with QSDP in four settings that leave units or sides unquantized:
+both sides off on every unit, weights off on every unit (gradients quantized), gradients off on every unit (weights
+quantized; also with mixed precision), and ``policy=auto``'s choice of quantizing l1 and l3 while leaving l2 off.
+The profiler's CPU events give the ops each unit's all-gather, copy-out and reduce-scatter ran (FSDP2's
+``record_function`` ranges, named by unit); a side QSDP leaves unquantized must run exactly plain FSDP2's ops, and a
+setting where nothing is quantized must run exactly plain FSDP2's step.
 
 Host syncs: no step may issue more of the ops that make a CUDA host wait for the device (a tensor's value read on
 the host, ``nonzero``'s output size) than plain FSDP2's step; inside any unit's collectives, quantized ones included, there may be none beyond plain FSDP2's. The
@@ -31,6 +32,7 @@ pytestmark = pytest.mark.requires_custom_comm
 
 OFF = from_preset("w8g8", weight_bits=None, grad_bits=None, bucket_size=64, seed=7)
 GRADS_ONLY = from_preset("w8g8", weight_bits=None, bucket_size=64, seed=7)
+WEIGHTS_ONLY = from_preset("w8g8", grad_bits=None, bucket_size=64, seed=7)
 #: policy=auto's decision in the scenario: (weight candidate, gradient candidate) per unit of LAYERS.
 AUTO_CHOICE = (("w8", "g8"), ("off", "off"), ("w8", "g8"))
 #: FSDP2's per-unit ranges that hold its collectives (``"<label> (<unit>)"``).
@@ -51,7 +53,7 @@ def _profiled_step(info: RankInfo, model: nn.Module) -> dict:
 
     def step(index: int) -> None:
         x, y = (t.to(info.device) for t in batch(info.rank, index))
-        nn.functional.mse_loss(model(x), y).backward()
+        nn.functional.mse_loss(model(x).float(), y).backward()  # .float(): bf16 outputs under mixed precision
         opt.step()
         opt.zero_grad()
 
@@ -73,10 +75,15 @@ def _profiled_step(info: RankInfo, model: nn.Module) -> dict:
 def _worker(info: RankInfo) -> dict:
     adapter = Adapter("fsdp2")
     out = {"plain": _profiled_step(info, adapter.shard(info))}
-    for name, config in (("off", OFF), ("grads_only", GRADS_ONLY)):
+    for name, config in (("off", OFF), ("grads_only", GRADS_ONLY), ("weights_only", WEIGHTS_ONLY)):
         model = adapter.shard(info)
         adapter.apply(model, config)
         out[name] = _profiled_step(info, model)
+    # the recipes' precision (bf16 gathers, fp32 reductions), where the gradient side's casts live
+    out["plain_mp"] = _profiled_step(info, adapter.shard(info, mixed_precision=True))
+    model = adapter.shard(info, mixed_precision=True)
+    adapter.apply(model, WEIGHTS_ONLY)
+    out["weights_only_mp"] = _profiled_step(info, model)
     model = adapter.shard(info)
     policy = AutoPolicy(adapter.apply(model, OFF), AutoOptions())
     policy.apply(*zip(*AUTO_CHOICE))
@@ -100,7 +107,7 @@ def _syncs(ops: list[str]) -> Counter:
     return Counter(op for op in ops if op in SYNC_OPS)
 
 
-@pytest.mark.parametrize("setting", ["off", "grads_only", "auto"])
+@pytest.mark.parametrize("setting", ["off", "grads_only", "weights_only", "auto"])
 def test_every_unit_communicates_in_plain_fsdp2_ranges(results, setting):
     """The comparisons below are not vacuous: every unit's three ranges ran, with its collectives (a quantized
     reduce-scatter is an all-to-all)."""
@@ -130,7 +137,18 @@ def test_sides_left_unquantized_run_plain_fsdp2s_ops(results):
         assert _unit_ranges(rank["auto"], "l2") == _unit_ranges(rank["plain"], "l2")
 
 
-@pytest.mark.parametrize("setting", ["off", "grads_only", "auto"])
+@pytest.mark.parametrize("precision", ["", "_mp"])
+def test_gradients_left_unquantized_reduce_as_plain_fsdp2(results, precision):
+    """Weights quantized, gradients off (the ablation arm ``w8-only``): every unit's gradient reduction runs exactly
+    plain FSDP2's ops, in fp32 and with the recipes' mixed precision (bf16 gathers, fp32 reductions)."""
+    reduce = ("FSDP::post_backward_reduce",)
+    for rank in results:
+        for unit in LAYERS:
+            ours, plain = (_unit_ranges(rank[f"{name}{precision}"], unit, reduce) for name in ("weights_only", "plain"))
+            assert ours == plain, (unit, ours, plain)
+
+
+@pytest.mark.parametrize("setting", ["off", "grads_only", "weights_only", "auto"])
 def test_no_collective_syncs_the_host_beyond_plain_fsdp2(results, setting):
     for rank in results:
         for unit in LAYERS:
