@@ -1,18 +1,21 @@
-"""Relative error of 4-bit weight all-gathers on a GPT, per bucketing choice (CPU, 2 gloo ranks).
+"""Relative error of quantized weight all-gathers on a GPT, per bucketing choice (CPU, 2 gloo ranks).
 
 FSDP concatenates a unit's parameter shards, so a plain bucket can hold LayerNorm gains (near 1) beside weights of
-scale 0.02, and the gains set the quantization step for both. This measures, on the real FSDP2 units of a GPT
-(one per block, plus the root with the embeddings), the sampled relative error ``||decode(encode(w)) - w|| /
-||w||`` of each unit's first weight all-gather, for:
+scale 0.02, and the gains set the quantization step for both. A Hadamard rotation (``--hadamard``) spreads outliers
+over the bucket, but it turns a bucket's mean into one large coefficient (a block of gains of 1 rotates into a
+spike of sqrt(n)), which then sets the min-max step for the whole bucket. This measures, on the real FSDP2
+units of a GPT (one per block, plus the root with the embeddings), the sampled relative error
+``||decode(encode(w)) - w|| / ||w||`` of each unit's first weight all-gather, for:
 
 * ``plain``: buckets run across parameter boundaries (the default);
 * ``aligned``: every parameter's piece starts a bucket of its own (``align_buckets``);
 * ``aligned, norms and biases raw``: also ``unquantized_params=["*ln_*", "*.bias"]``.
 
-    python benchmarks/weight_error.py --model 125m --bits 4 [--bucket-size 1024] [--codec minmax]
+    python benchmarks/weight_error.py --model 125m --bits 4 [--bucket-size 1024] [--codec minmax] \
+        [--rounding stochastic|nearest] [--hadamard]
 
 Weights are the model's initialization (seeded): LayerNorm gains 1, biases 0, weights N(0, 0.02).
-Prints a markdown table (and writes weight_error.{md,json} into ``--out-dir DIR`` when given).
+Prints a markdown table (and writes ``weight_error-w{bits}-{rounding}[-hadamard].{md,json}`` into ``--out-dir``).
 """
 
 from __future__ import annotations
@@ -59,10 +62,14 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: Path)
     rows = {}
     for name, options in VARIANTS.items():
         config = from_preset("w8g8", weight_bits=args.bits, weight_codec=args.codec, bucket_size=args.bucket_size,
+                             weight_rounding=args.rounding, weight_codec_options={"hadamard": args.hadamard},
                              weight_scheme_options=options, error_sample_interval=1)
         handle = apply_qsdp(model, config)
         with torch.no_grad():
             model(tokens)
+        # a forward without backward leaves the units unsharded; the next variant must start from shards
+        for module in (*model.blocks, model):
+            module.reshard()
         errors = {u.name or "<root>": u.weights.take_error().item() for u in handle.units}
         rows[name] = {"wire_bytes": handle.traffic().weights.sent, "errors": errors}
         remove_qsdp(model)
@@ -77,16 +84,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bits", type=int, default=4)
     parser.add_argument("--bucket-size", type=int, default=1024)
     parser.add_argument("--codec", default="minmax")
+    parser.add_argument("--rounding", default="stochastic", choices=("stochastic", "nearest"))
+    parser.add_argument("--hadamard", action="store_true", help="rotate each bucket by a Hadamard transform first")
     parser.add_argument("--world", type=int, default=2, help="gloo ranks (default 2)")
-    parser.add_argument("--out-dir", type=Path, help="also write weight_error.md and weight_error.json here")
+    parser.add_argument("--out-dir", type=Path, help="also write the table and its JSON record here")
     args = parser.parse_args(argv)
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"weight_error_{os.getpid()}.json"
     mp.spawn(_rank, args=(args.world, 29600 + os.getpid() % 1000, args, out), nprocs=args.world)
     rows = json.loads(out.read_text())
     command = "python benchmarks/weight_error.py " + " ".join(argv if argv is not None else sys.argv[1:])
     lines = [
-        f"# 4-bit weight all-gather error by bucketing (GPT-{args.model}, {args.codec}, {args.bits} bits, "
-        f"buckets of {args.bucket_size}, {args.world} ranks)",
+        f"# {args.bits}-bit weight all-gather error by bucketing (GPT-{args.model}, {args.codec}, "
+        f"{args.rounding}{', Hadamard-rotated' if args.hadamard else ''}, buckets of {args.bucket_size}, "
+        f"{args.world} ranks)",
         "",
         f"git {git_revision()}, `{command}`, CPU (gloo), weights at initialization.",
         "",
@@ -101,9 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out_dir is not None:
         args.out_dir.mkdir(parents=True, exist_ok=True)
-        (args.out_dir / "weight_error.md").write_text(text + "\n")
+        stem = f"weight_error-w{args.bits}-{args.rounding}{'-hadamard' if args.hadamard else ''}"
+        (args.out_dir / f"{stem}.md").write_text(text + "\n")
         record = {"args": {**vars(args), "out_dir": str(args.out_dir)}, "rows": rows}
-        (args.out_dir / "weight_error.json").write_text(json.dumps(record))
+        (args.out_dir / f"{stem}.json").write_text(json.dumps(record))
     return 0
 
 
