@@ -35,7 +35,10 @@ class CodecOptions:
 
     Attributes:
         hadamard: rotate each bucket by a normalized Walsh-Hadamard transform before quantizing and back after
-            decoding (SDP4Bit's smoother, §3.2); needs a power-of-two bucket size.
+            decoding (SDP4Bit's smoother, §3.2); needs a power-of-two bucket size. The rotation spreads outliers,
+            but it turns a bucket's mean into one large coefficient that sets the min-max step of the whole bucket:
+            on weights, buckets that run across parameters put LayerNorm gains beside small weights, so rotate
+            weights only with ``weight_scheme_options={"align_buckets": True}``.
     """
 
     hadamard: bool = False
