@@ -262,6 +262,21 @@ def test_w8g4_candidates_change_only_the_gradients_within_a_tenth_of_its_bytes(t
     assert (loco.scheme_options.beta, loco.scheme_options.residual_dtype) == (0.5, "int8")
 
 
+def test_hadamard_weight_arm_changes_only_the_rotation_and_the_alignment(tmp_path):
+    """``w8-hadamard-only`` is ``w8-only`` with the rotation and parameter-aligned buckets (without them a LayerNorm's
+    gains rotate into a spike that sets its neighbours' step), and gradients left unquantized."""
+    import dataclasses as dc
+
+    from composer_qsdp.config import CodecOptions
+
+    plan = family_plan(tmp_path, "125m", "w8-only", "w8-hadamard-only")
+    plain, rotated = (arm_qsdp_config(plan, name) for name in ("w8-only", "w8-hadamard-only"))
+    assert rotated.weights.codec_options.hadamard and not plain.weights.codec_options.hadamard
+    assert (plain.weights.scheme_options, rotated.weights.scheme_options) == ({}, {"align_buckets": True})
+    assert dc.replace(rotated.weights, codec_options=CodecOptions(), scheme_options={}) == plain.weights
+    assert rotated.grads.bits is None and plain.grads.bits is None
+
+
 def test_renamed_arms_run_what_their_old_names_ran(tmp_path):
     """``w8g4`` builds what the arm ``w8g4-loco`` built (the overrides its records name, over the ``qsdp-w8g4.yaml``
     of then: ``qsdp-w8g8.yaml`` with 4-bit gradients), ``w8g4-paper`` what ``w8g4`` built; ``g4-only`` and
