@@ -127,6 +127,9 @@ ARMS: dict[str, Arm] = {
                                   "qwd-w3g3-loco in the lean layout (bench_memory's): the reference sharded within the "
                                   "node, LoCo's feedback on the inter-node hop's 3-bit gradients, 8-bit stochastic "
                                   "ones within the node; 4 ranks as 2 nodes x 2", nproc=4),
+    "w8g4-lean-2x2": Arm("qsdp-w8g4.yaml", (common.LEAN_GRADS, "algorithms.qsdp.ranks_per_node=2"),
+                         "w8g4 in the lean layout (bench_memory's): LoCo's feedback on the inter-node hop's 4-bit "
+                         "gradients, 8-bit stochastic ones within the node; 4 ranks as 2 nodes x 2", nproc=4),
     "qwd-w3g3-loco-ahead": Arm("qwd-w3g3-loco.yaml", ("algorithms.qsdp.speculative_update=true",),
                                "qwd-w3g3-loco with each unit's next update sent during the backward "
                                "(speculative_update): the same training bit for bit, its metrics give the hit rate"),
