@@ -1,0 +1,27 @@
+"""``benchmarks/weight_error.py`` on the tiny GPT's real FSDP2 units (2 gloo ranks): it runs every bucketing variant
+in one process group, and its figures show the property its Hadamard reading rests on."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import weight_error
+
+
+def test_a_rotation_in_plain_buckets_costs_what_aligned_buckets_do_not(tmp_path):
+    """At initialization a block's LayerNorm gains (1) share plain buckets with weights of scale 0.02; rotated, their
+    mean becomes one coefficient of about k/sqrt(n) that sets the step of the whole bucket, so plain buckets carry
+    several times the error of parameter-aligned ones, where the gains' run is a bucket of its own."""
+    assert weight_error.main(["--model", "tiny", "--bits", "8", "--hadamard", "--out-dir", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "weight_error-w8-stochastic-hadamard.json").read_text())
+    assert record["args"]["hadamard"] and record["args"]["rounding"] == "stochastic"
+    rows = record["rows"]
+    assert set(rows) == set(weight_error.VARIANTS)
+
+    def blocks(name: str) -> float:
+        return statistics.mean(e for unit, e in rows[name]["errors"].items() if unit.startswith("blocks."))
+
+    assert blocks("plain") > 3 * blocks("aligned")
+    assert 0 < blocks("aligned") < 2 ** -7  # an 8-bit step's error on weights of one scale, not a spike's
+    assert (tmp_path / "weight_error-w8-stochastic-hadamard.md").read_text().startswith("# 8-bit weight all-gather")
