@@ -67,9 +67,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: Path)
         handle = apply_qsdp(model, config)
         with torch.no_grad():
             model(tokens)
-        # a forward without backward leaves the units unsharded; the next variant must start from shards
-        for module in (*model.blocks, model):
-            module.reshard()
+        handle.release_gathered_weights()  # a forward without a backward leaves the root gathered
         errors = {u.name or "<root>": u.weights.take_error().item() for u in handle.units}
         rows[name] = {"wire_bytes": handle.traffic().weights.sent, "errors": errors}
         remove_qsdp(model)
