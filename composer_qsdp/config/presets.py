@@ -44,7 +44,8 @@ exclude=[...])`` builds with flat keyword changes (:mod:`composer_qsdp.config.se
   README). Loss: lossy (+1.77% on GPT-125M's ``prose`` corpus, three seeds, 2,000 steps).
 * ``tlq-hs``: SDP4Bit's gradients (§3.2, TLq-HS): the two-level reduce-scatter with symmetric INT8 within the node
   and INT4 across nodes, groups of 128, and a Hadamard rotation of 32-element blocks kept through the local
-  reduction. Weights as ``w8g8``; ``sdp4bit`` pairs these gradients with qWD weights. Loss: unproven.
+  reduction. Weights as ``w8g8``; ``sdp4bit`` pairs these gradients with qWD weights. Loss: unproven (inside
+  plain FSDP2's seed range on GPT-125M's ``prose`` corpus, +0.11% over three seeds, 2,000 steps; other cells not run).
 
 "Loss" is the preset's label in ``docs/presets.md``, from the seed protocol's records in ``benchmarks/RESULTS.md``:
 lossless (the mean of three seeds inside or below plain FSDP2's seed range on all six cells: three corpora each at
