@@ -215,8 +215,10 @@ def test_every_arm_plans_valid_launches_for_the_125m_family(tmp_path):
     assert convergence._parser().parse_args([]).arms == list(convergence_arms.DEFAULT_ARMS)  # DDP arms when named
 
 
-@pytest.mark.parametrize("preset,weight_bits,grad_bits", [("qwd-w3g3-loco", 3, 3), ("w8g4", 8, 4)])
-def test_lean_arm_runs_the_memory_benchmarks_lean_layout_on_two_nodes(tmp_path, preset, weight_bits, grad_bits):
+@pytest.mark.parametrize("preset,weight_scheme,weight_bits,grad_bits",
+                         [("qwd-w3g3-loco", "difference", 3, 3), ("w8g4", None, 8, 4)])
+def test_lean_arm_runs_the_memory_benchmarks_lean_layout_on_two_nodes(tmp_path, preset, weight_scheme, weight_bits,
+                                                                       grad_bits):
     """``<preset>-lean-2x2`` trains the layout ``bench_memory.py``'s ``-lean`` configurations measure, on 4 ranks as 2
     nodes of 2 so that both gradient hops (and a qWD preset's sharded reference) are taken."""
     import bench_memory
@@ -228,12 +230,12 @@ def test_lean_arm_runs_the_memory_benchmarks_lean_layout_on_two_nodes(tmp_path, 
     plan = family_plan(tmp_path, "125m", name)
     assert (plan.nproc(name), plan.micro(name)) == (4, 8)
     config = arm_qsdp_config(plan, name)
-    assert (config.grads.scheme, config.ranks_per_node, config.weights.bits, config.grads.bits) == (
-        "two_level_loco", 2, weight_bits, grad_bits)
+    assert (config.grads.scheme, config.ranks_per_node, config.weights.scheme, config.weights.bits,
+            config.grads.bits) == ("two_level_loco", 2, weight_scheme, weight_bits, grad_bits)
     # the intra-node hop, without feedback: 8-bit stochastic codes, not the preset's low-bit ones
     assert config.grads.scheme_options.intra_codec == {"name": "minmax", "bits": 8, "bucket_size": 1024,
                                                        "rounding": "stochastic"}
-    if config.weights.scheme == "difference":
+    if weight_scheme == "difference":
         assert config.weights.scheme_options.sharded_reference
     else:
         assert config.weights.scheme_options == {}
