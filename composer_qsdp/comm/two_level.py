@@ -22,7 +22,10 @@ dequantize-reduce-quantize kernels save that buffer's write and read.
 
 Hadamard smoothing (SDP4Bit §3.2, TLq-HS): with ``rotation_block=B`` each chunk is zero-padded to whole
 ``B``-element blocks and rotated by the normalized Walsh-Hadamard matrix once before step 1; both hops quantize and
-sum in the rotated domain (``sum_i H g_i = H sum_i g_i``) and one inverse rotation follows step 4.
+sum in the rotated domain (``sum_i H g_i = H sum_i g_i``) and one inverse rotation follows step 4. The rotated
+chunks take an fp32 copy of the input, unless the caller lets the collective overwrite an fp32 input whose chunks
+are whole blocks (``overwrite_input``; FSDP's reduce-scatter input is a scratch buffer): then they are rotated in
+place.
 
 A split with one node or one rank per node has a single hop: it runs the flat collective with that hop's codec
 (the intra codec on one node, the inter codec across single-rank nodes), bit-identical to
@@ -50,7 +53,7 @@ from composer_qsdp.comm.quality import relative_error
 from composer_qsdp.comm.reduce_scatter import is_average, quantized_reduce_scatter
 from composer_qsdp.comm.seeds import mix_seed
 from composer_qsdp.comm.validation import check_collective_buffers
-from composer_qsdp.quant import FLOAT_DTYPES, Codec, CodedResidual, hadamard_rows
+from composer_qsdp.quant import FLOAT_DTYPES, Codec, CodedResidual, hadamard_rows, hadamard_rows_
 from composer_qsdp.quant.buckets import ieee_div
 from composer_qsdp.quant.codec import sum_rows_in_order
 from composer_qsdp.validate import is_fraction
@@ -142,6 +145,7 @@ def two_level_reduce_scatter(
     measure_error: bool = False,
     inter_residual: torch.Tensor | CodedResidual | None = None,
     inter_beta: float = 0.0,
+    overwrite_input: bool = False,
 ) -> CallTraffic:
     """``reduce_scatter_tensor(output, input, op)`` in two hops (see the module docstring).
 
@@ -169,6 +173,8 @@ def two_level_reduce_scatter(
             entries are reset to zero. Ignored where that hop is unquantized (``inter_codec`` ``None``, a
             non-floating input, ``n == 0``). ``None``: no feedback.
         inter_beta: the residual's moving-average ``beta``, in ``[0, 1)`` (0: classic error feedback).
+        overwrite_input: the caller does not read ``input`` after the call, so that the rotation may overwrite it
+            (float32 chunks of whole ``rotation_block``s) instead of taking an fp32 copy of its size.
 
     Returns:
         Bytes this rank sent: both hops in ``sent``, the inter-node hop in ``inter_node``; ``bf16``/``native`` are
@@ -211,7 +217,10 @@ def two_level_reduce_scatter(
     rows = input.view(world, n)
     if rotation_block is not None:
         padded = -(-n // rotation_block) * rotation_block
-        rows = hadamard_rows(rows, rotation_block, padded, torch.float32)
+        if overwrite_input and input.dtype == torch.float32 and padded == n:
+            rows = hadamard_rows_(rows, rotation_block)
+        else:
+            rows = hadamard_rows(rows, rotation_block, padded, torch.float32)
     m = rows.shape[1]
     if split.two_level:
         intra, inter = _Hop(intra_codec, input.dtype), _Hop(inter_codec, input.dtype)

@@ -298,7 +298,8 @@ class QSDPHandle:
         group: dist.ProcessGroup | None = None,
         async_op: bool = False,
     ) -> dist.Work | None:
-        """Unit ``unit_index``'s gradient reduce-scatter (semantics of ``reduce_scatter_tensor``).
+        """Unit ``unit_index``'s gradient reduce-scatter (semantics of ``reduce_scatter_tensor``, except that
+        ``input`` may be overwritten: both adapters pass FSDP's scratch buffer, which FSDP itself divides in place).
 
         Unquantized gradients (a passthrough scheme) run the framework's collective as the framework would,
         ``async_op`` and ``op`` included, and nothing else; a quantized reduce-scatter runs on the current stream.
@@ -314,7 +315,8 @@ class QSDPHandle:
         if grads.passthrough:
             work = grads.plain_reduce_scatter(output, input, op, group, async_op)
         else:
-            grads.reduce_scatter(output, input, op, self.seeds.seed(unit_index, grads.seed_stream), group)
+            grads.reduce_scatter(output, input, op, self.seeds.seed(unit_index, grads.seed_stream), group,
+                                 overwrite_input=True)
             work = None
         if self.speculation is not None:  # after this unit's collective is queued: the link goes first
             self.speculation.on_reduce_scatter(unit_index)

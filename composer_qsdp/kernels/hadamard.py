@@ -113,16 +113,20 @@ def hadamard_rows(
     dtype: torch.dtype,
     buckets_per_program: int | None = None,
     num_warps: int | None = None,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Kernel launch of ``quant.hadamard.hadamard_rows`` (same arguments, validated there).
 
-    ``buckets_per_program`` (a power of two) and ``num_warps`` override the launch shape, not the result.
+    ``buckets_per_program`` (a power of two) and ``num_warps`` override the launch shape, not the result. ``out``:
+    the ``[R, out_cols]`` tensor of ``dtype`` (unit stride along a row) to write, which may be ``x`` itself: a
+    program loads its buckets whole before it stores them, and no other program touches them.
     """
     if x.stride(1) != 1:
         x = x.contiguous()
     rows, n = x.shape
     g, warps = _launch_shape(x.device, bucket_size, out_cols, buckets_per_program, num_warps)
-    y = torch.empty(rows, out_cols, dtype=dtype, device=x.device)
+    y = torch.empty(rows, out_cols, dtype=dtype, device=x.device) if out is None else out
     scale = rotation_scale(bucket_size)
     _hadamard_kernel[(cdiv(cdiv(out_cols, bucket_size), g), rows)](
         x, y, n, out_cols, row_stride(x), row_stride(y), scale,

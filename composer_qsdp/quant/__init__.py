@@ -10,7 +10,7 @@ checks are in :mod:`composer_qsdp.validate`.
 """
 
 from composer_qsdp.quant.codec import FLOAT_DTYPES, MAX_BUCKET_SIZE, Codec
-from composer_qsdp.quant.hadamard import FusedRotation, HadamardCodec, hadamard_rows
+from composer_qsdp.quant.hadamard import FusedRotation, HadamardCodec, hadamard_rows, hadamard_rows_
 from composer_qsdp.quant.learned import LearnedLevelsCodec
 from composer_qsdp.quant.minmax import MinMaxCodec
 from composer_qsdp.quant.random_shift import RandomShiftCodec
@@ -21,5 +21,6 @@ from composer_qsdp.quant.symmetric import SymmetricCodec
 
 __all__ = [
     "FLOAT_DTYPES", "MAX_BUCKET_SIZE", "Codec", "CodedResidual", "FusedRotation", "HadamardCodec", "LearnedLevelsCodec",
-    "MinMaxCodec", "RandomShiftCodec", "SignCodec", "SymmetricCodec", "codec_names", "hadamard_rows", "make_codec",
+    "MinMaxCodec", "RandomShiftCodec", "SignCodec", "SymmetricCodec", "codec_names", "hadamard_rows", "hadamard_rows_",
+    "make_codec",
 ]

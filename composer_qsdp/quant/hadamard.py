@@ -39,7 +39,7 @@ from composer_qsdp.kernels import use_triton
 from composer_qsdp.quant.codec import Codec
 from composer_qsdp.quant.residual import CodedResidual
 
-__all__ = ["FusedRotatedFeedback", "FusedRotation", "HadamardCodec", "hadamard_rows"]
+__all__ = ["FusedRotatedFeedback", "FusedRotation", "HadamardCodec", "hadamard_rows", "hadamard_rows_"]
 
 
 def _check_power_of_two(bucket_size: int) -> int:
@@ -77,6 +77,30 @@ def hadamard_rows(x: torch.Tensor, bucket_size: int, out_cols: int, dtype: torch
         if kernels.supports(bucket_size):
             return kernels.hadamard_rows(x, bucket_size, out_cols, dtype)
     return _hadamard_rows_reference(x, bucket_size, out_cols, dtype)
+
+
+def hadamard_rows_(x: torch.Tensor, bucket_size: int) -> torch.Tensor:
+    """:func:`hadamard_rows` of ``x`` written over ``x``, bit for bit: no second tensor of its size on the GPU.
+
+    Args:
+        x: ``[R, n]`` float32 tensor with unit stride along a row, ``n`` a multiple of ``bucket_size``.
+        bucket_size: a power of two (elements).
+
+    Returns:
+        ``x``, rotated.
+    """
+    _check_power_of_two(bucket_size)
+    if x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1 or x.shape[1] % bucket_size:
+        raise ValueError(
+            f"hadamard_rows_ cannot rotate a {x.dtype} tensor of shape {tuple(x.shape)} and strides {x.stride()} in "
+            f"place; allowed: float32 [R, n] with unit stride along a row and n a multiple of bucket_size={bucket_size}"
+        )
+    if use_triton(x):
+        from composer_qsdp.kernels import hadamard as kernels
+
+        if kernels.supports(bucket_size):
+            return kernels.hadamard_rows(x, bucket_size, x.shape[1], torch.float32, out=x)
+    return x.copy_(_hadamard_rows_reference(x, bucket_size, x.shape[1], torch.float32))
 
 
 def _hadamard_rows_reference(x: torch.Tensor, bucket_size: int, out_cols: int, dtype: torch.dtype) -> torch.Tensor:

@@ -316,6 +316,8 @@ class GradScheme(Scheme):
         op: dist.ReduceOp | dist.ReduceOp.RedOpType,
         seed: int,
         group: dist.ProcessGroup | None = None,
+        *,
+        overwrite_input: bool = False,
     ) -> CallTraffic:
         """``reduce_scatter_tensor(output, input, op)`` over the scheme's group, in this scheme's way.
 
@@ -325,12 +327,15 @@ class GradScheme(Scheme):
             op: ``ReduceOp.SUM`` or ``ReduceOp.AVG`` (quantized paths refuse anything else).
             seed: the call's rounding-noise key (the collectives mix in the rank).
             group: the group the caller was given, checked against the one of :meth:`setup` (``None``: skip).
+            overwrite_input: the caller does not read ``input`` after the call (FSDP's reduce-scatter input is a
+                scratch buffer): a scheme that transforms it before encoding may do so in place instead of in a copy.
 
         Returns:
             The bytes this rank put on the wire in this call.
         """
         return self._count(
-            self._reduce_scatter(output, input, op, seed, self._check_group(group), self._measure_now())
+            self._reduce_scatter(output, input, op, seed, self._check_group(group), self._measure_now(),
+                                 overwrite_input)  # fmt: skip
         )
 
     @abstractmethod
@@ -342,6 +347,7 @@ class GradScheme(Scheme):
         seed: int,
         group: dist.ProcessGroup,
         measure_error: bool,
+        overwrite_input: bool,
     ) -> CallTraffic:
         """The scheme's reduce-scatter (arguments validated, group resolved)."""
 

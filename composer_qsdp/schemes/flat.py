@@ -36,6 +36,7 @@ class FlatReduceScatter(GradScheme):
         seed: int,
         group: dist.ProcessGroup,
         measure_error: bool,
+        overwrite_input: bool,
     ) -> CallTraffic:
         return quantized_reduce_scatter(
             output, input, self.codec, group, op, seed, measure_error=measure_error,

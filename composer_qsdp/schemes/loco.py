@@ -186,8 +186,11 @@ class LoCoFeedback(GradScheme):
         seed: int,
         group: dist.ProcessGroup,
         measure_error: bool,
+        overwrite_input: bool,
     ) -> CallTraffic:
-        traffic = super()._reduce_scatter(output, input, op, seed, group, measure_error)  # type: ignore[safe-super]
+        traffic = super()._reduce_scatter(  # type: ignore[safe-super]
+            output, input, op, seed, group, measure_error, overwrite_input
+        )
         if self._work is not None:  # the call updated the device copy of a host residual: write it back
             assert self.residual is not None
             self._host.copy(_storage(self.residual), _storage(self._work))

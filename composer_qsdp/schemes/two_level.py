@@ -89,11 +89,13 @@ class TwoLevelReduceScatter(GradScheme):
         seed: int,
         group: dist.ProcessGroup,
         measure_error: bool,
+        overwrite_input: bool,
     ) -> CallTraffic:
         assert self.node_split is not None  # set with the group, which _check_group required
         return two_level_reduce_scatter(
             output, input, self.intra_codec, self.codec, group, self.node_split, op, seed,
-            rotation_block=self.rotation_block, measure_error=measure_error, **self._feedback(input),
+            rotation_block=self.rotation_block, measure_error=measure_error, overwrite_input=overwrite_input,
+            **self._feedback(input),
         )  # fmt: skip
 
     def _feedback(self, input: torch.Tensor) -> dict[str, Any]:

@@ -133,6 +133,25 @@ def _run_cases(rank: int, world: int, group: dist.ProcessGroup, split: NodeGroup
     two_level_reduce_scatter(output, inp, _codec(CASES["qgz_sum"][0]), _codec(CASES["qgz_sum"][1]), group, split,
                              dist.ReduceOp.SUM, SEED, rotation_block=32)  # fmt: skip
     out["nonfinite"] = output
+    out["overwrite"] = _overwrite_cases(rank, world, group, split, prefix, dev)
+    return out
+
+
+def _overwrite_cases(rank: int, world: int, group: dist.ProcessGroup, split: NodeGroups, prefix: str,
+                     dev: torch.device) -> dict:  # fmt: skip
+    """TLq-HS with ``overwrite_input`` against the same call on a copy: an fp32 input of whole rotation blocks
+    (rotated in place) and one that is not (bf16: it takes the copy and keeps its input)."""
+    intra, inter = _codec(("symmetric", 8, 64)), _codec(("minmax", 4, 32))
+    out = {}
+    for name, n, dtype in (("fp32_whole_blocks", 4 * 32, torch.float32), ("bf16", 4 * 32, torch.bfloat16)):
+        inp = _input(f"{prefix}/overwrite/{name}", rank, world * n, dtype).to(dev)
+        kept = inp.clone()
+        copy_out, in_place_out = torch.empty(n, dtype=dtype, device=dev), torch.empty(n, dtype=dtype, device=dev)
+        copy = two_level_reduce_scatter(copy_out, kept.clone(), intra, inter, group, split, dist.ReduceOp.AVG, SEED,
+                                        rotation_block=32, measure_error=True)  # fmt: skip
+        in_place = two_level_reduce_scatter(in_place_out, inp, intra, inter, group, split, dist.ReduceOp.AVG, SEED,
+                                            rotation_block=32, measure_error=True, overwrite_input=True)  # fmt: skip
+        out[name] = (copy_out, in_place_out, copy.rel_error, in_place.rel_error, kept, inp)
     return out
 
 
@@ -270,6 +289,21 @@ def test_two_hops_match_the_single_process_reference_bit_for_bit(run):
             for g, rank in enumerate(members):
                 torch.testing.assert_close(results[rank][key][name][0], expected[g], rtol=0, atol=0,
                                            msg=f"{key}/{name} rank {rank}")  # fmt: skip
+
+
+@RUNS
+def test_overwriting_the_input_rotates_it_in_place_with_the_same_result(run):
+    world, results = run
+    for key, _, _, members in _runs(world):
+        for rank in members:
+            cases = results[rank][key]["overwrite"]
+            copy_out, in_place_out, copy_err, in_place_err, kept, inp = cases["fp32_whole_blocks"]
+            assert torch.equal(in_place_out, copy_out) and in_place_err == copy_err, f"{key} rank {rank}"
+            rotated = hadamard_rows(kept.view(len(members), -1), 32, kept.numel() // len(members), torch.float32)
+            assert torch.equal(inp, rotated.view(-1)), f"{key} rank {rank}: the input was not rotated in place"
+            copy_out, in_place_out, copy_err, in_place_err, kept, inp = cases["bf16"]
+            assert torch.equal(in_place_out, copy_out) and in_place_err == copy_err, f"{key} rank {rank}"
+            assert torch.equal(inp, kept), f"{key} rank {rank}: a bf16 input cannot be rotated in place"
 
 
 @RUNS

@@ -9,7 +9,7 @@ from kernel_device import DEVICE
 
 from composer_qsdp.kernels import backend, use_triton
 from composer_qsdp.kernels import hadamard as kernels
-from composer_qsdp.quant import hadamard_rows, make_codec
+from composer_qsdp.quant import hadamard_rows, hadamard_rows_, make_codec
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 pytestmark = pytest.mark.requires_triton_kernels
@@ -53,6 +53,17 @@ def test_launch_configuration_does_not_change_results(buckets_per_program, num_w
     launch = {"buckets_per_program": buckets_per_program, "num_warps": num_warps}
     got = kernels.hadamard_rows(x, 64, 1024, torch.float32, **launch)
     assert torch.equal(got, _reference(x, 64, 1024, torch.float32))
+
+
+@pytest.mark.parametrize("bucket,buckets_per_program", [(32, None), (1024, None), (64, 8)])
+def test_kernel_rotates_in_place_bit_for_bit(bucket, buckets_per_program):
+    """Written over its input, every program's buckets are loaded whole before they are stored."""
+    x = (torch.randn(3, 8 * 1024, generator=torch.Generator().manual_seed(bucket)) * 3).to(DEVICE)
+    expected = _reference(x, bucket, x.shape[1], torch.float32)
+    assert kernels.hadamard_rows(x, bucket, x.shape[1], torch.float32, buckets_per_program, out=x) is x
+    assert torch.equal(x, expected)
+    with backend("triton"):
+        assert torch.equal(hadamard_rows_(x, bucket), _reference(expected, bucket, x.shape[1], torch.float32))
 
 
 def test_codec_dispatch_to_triton_matches_torch():
@@ -123,6 +134,17 @@ def test_cuda_kernel_matches_reference(bucket, dtype):
     torch.testing.assert_close(rotated.cpu(), expected, rtol=0, atol=1e-6 * expected.abs().max().item())
     back = hadamard_rows(rotated, bucket, x.shape[1], dtype)
     torch.testing.assert_close(back.cpu(), _reference(rotated.cpu(), bucket, x.shape[1], dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bucket", [32, 128, 8192])
+def test_cuda_kernel_rotates_in_place(bucket):
+    x = torch.randn(4, 1 << 20) * 5
+    expected = _reference(x, bucket, x.shape[1], torch.float32)
+    cuda = x.cuda()
+    assert hadamard_rows_(cuda, bucket) is cuda
+    torch.testing.assert_close(cuda.cpu(), expected, rtol=0, atol=1e-6 * expected.abs().max().item())
+    torch.testing.assert_close(cuda, hadamard_rows(x.cuda(), bucket, x.shape[1], torch.float32), rtol=0, atol=0)
 
 
 @pytest.mark.gpu

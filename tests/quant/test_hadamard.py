@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from composer_qsdp.kernels import backend
-from composer_qsdp.quant import FusedRotation, HadamardCodec, MinMaxCodec, SymmetricCodec, hadamard_rows, make_codec
+from composer_qsdp.quant import (FusedRotation, HadamardCodec, MinMaxCodec, SymmetricCodec, hadamard_rows,
+                                 hadamard_rows_, make_codec)
 
 
 def _sylvester(order: int) -> torch.Tensor:
@@ -85,6 +86,25 @@ def test_rejects_what_is_not_a_codec_and_bad_output_columns():
         HadamardCodec("symmetric")
     with pytest.raises(ValueError, match="out_cols=200 is invalid; allowed: 1..128"):
         hadamard_rows(torch.randn(1, 100), 64, 200, torch.float32)
+
+
+@pytest.mark.parametrize("bucket", (1, 32, 256))
+def test_in_place_rotation_is_the_rotation_written_over_its_input(bucket):
+    x = torch.randn(3, 4 * bucket, generator=torch.Generator().manual_seed(bucket))
+    expected = hadamard_rows(x, bucket, x.shape[1], torch.float32)
+    storage = x.data_ptr()
+    with backend("torch"):
+        assert hadamard_rows_(x, bucket) is x
+    assert x.data_ptr() == storage and torch.equal(x, expected)
+
+
+@pytest.mark.parametrize("shape,dtype,why", [((2, 64), torch.bfloat16, "bfloat16"), ((2, 48), torch.float32, "(2, 48)"),
+                                             ((64,), torch.float32, "(64,)")])  # fmt: skip
+def test_in_place_rotation_names_what_it_cannot_rotate(shape, dtype, why):
+    x = torch.zeros(shape, dtype=dtype)
+    with pytest.raises(ValueError, match=rf"cannot rotate .*{why}.* allowed: float32 \[R, n\]"):
+        hadamard_rows_(x, 32)
+    assert not x.any()
 
 
 class _RecordingMinMax(MinMaxCodec):
