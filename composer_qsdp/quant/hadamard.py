@@ -71,12 +71,7 @@ def hadamard_rows(x: torch.Tensor, bucket_size: int, out_cols: int, dtype: torch
     padded = -(-x.shape[1] // bucket_size) * bucket_size
     if not 1 <= out_cols <= padded:
         raise ValueError(f"out_cols={out_cols!r} is invalid; allowed: 1..{padded} (the padded row length)")
-    if use_triton(x):
-        from composer_qsdp.kernels import hadamard as kernels
-
-        if kernels.supports(bucket_size):
-            return kernels.hadamard_rows(x, bucket_size, out_cols, dtype)
-    return _hadamard_rows_reference(x, bucket_size, out_cols, dtype)
+    return _rotate(x, bucket_size, out_cols, dtype)
 
 
 def hadamard_rows_(x: torch.Tensor, bucket_size: int) -> torch.Tensor:
@@ -95,12 +90,19 @@ def hadamard_rows_(x: torch.Tensor, bucket_size: int) -> torch.Tensor:
             f"hadamard_rows_ cannot rotate a {x.dtype} tensor of shape {tuple(x.shape)} and strides {x.stride()} in "
             f"place; allowed: float32 [R, n] with unit stride along a row and n a multiple of bucket_size={bucket_size}"
         )
+    return _rotate(x, bucket_size, x.shape[1], torch.float32, out=x)
+
+
+def _rotate(x: torch.Tensor, bucket_size: int, out_cols: int, dtype: torch.dtype,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """The Triton kernel where it applies, else the reference; written into ``out`` when given."""
     if use_triton(x):
         from composer_qsdp.kernels import hadamard as kernels
 
         if kernels.supports(bucket_size):
-            return kernels.hadamard_rows(x, bucket_size, x.shape[1], torch.float32, out=x)
-    return x.copy_(_hadamard_rows_reference(x, bucket_size, x.shape[1], torch.float32))
+            return kernels.hadamard_rows(x, bucket_size, out_cols, dtype, out=out)
+    y = _hadamard_rows_reference(x, bucket_size, out_cols, dtype)
+    return y if out is None else out.copy_(y)
 
 
 def _hadamard_rows_reference(x: torch.Tensor, bucket_size: int, out_cols: int, dtype: torch.dtype) -> torch.Tensor:
