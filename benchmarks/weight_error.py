@@ -12,9 +12,11 @@ units of a GPT (one per block, plus the root with the embeddings), the sampled r
 * ``aligned, norms and biases raw``: also ``unquantized_params=["*ln_*", "*.bias"]``.
 
     python benchmarks/weight_error.py --model 125m --bits 4 [--bucket-size 1024] [--codec minmax] \
-        [--rounding stochastic|nearest] [--hadamard]
+        [--rounding stochastic|nearest] [--hadamard] [--gain-std 0.05]
 
-Weights are the model's initialization (seeded): LayerNorm gains 1, biases 0, weights N(0, 0.02).
+Weights are the model's initialization (seeded): LayerNorm gains 1, biases 0, weights N(0, 0.02). A bucket of equal
+gains rotates into one spike and zeros, which the min-max lattice holds exactly, so initialization hides what the
+rotation costs once training moves the gains apart: ``--gain-std S`` sets every LayerNorm gain to 1 + N(0, S).
 Prints a markdown table (and writes ``weight_error-w{bits}-{rounding}[-hadamard].{md,json}`` into ``--out-dir``).
 """
 
@@ -25,6 +27,7 @@ import json
 import os
 import statistics
 import sys
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import torch
@@ -54,6 +57,11 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: Path)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = GPT(gpt_config(args.model))
+    if args.gain_std:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if fnmatchcase(name, "*ln_*.weight"):
+                    p.normal_(1.0, args.gain_std)
     mesh = init_device_mesh("cpu", (world,))
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
@@ -84,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--codec", default="minmax")
     parser.add_argument("--rounding", default="stochastic", choices=("stochastic", "nearest"))
     parser.add_argument("--hadamard", action="store_true", help="rotate each bucket by a Hadamard transform first")
+    parser.add_argument("--gain-std", type=float, default=0.0,
+                        help="LayerNorm gains drawn from 1 + N(0, this) instead of 1 (default 0: initialization)")
     parser.add_argument("--world", type=int, default=2, help="gloo ranks (default 2)")
     parser.add_argument("--out-dir", type=Path, help="also write the table and its JSON record here")
     args = parser.parse_args(argv)
@@ -96,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.rounding}{', Hadamard-rotated' if args.hadamard else ''}, buckets of {args.bucket_size}, "
         f"{args.world} ranks)",
         "",
-        f"git {git_revision()}, `{command}`, CPU (gloo), weights at initialization.",
+        f"git {git_revision()}, `{command}`, CPU (gloo), weights at initialization"
+        + (f", LayerNorm gains 1 + N(0, {args.gain_std})." if args.gain_std else "."),
         "",
         "| bucketing | mean rel. error, blocks | root (embeddings, final norm) | weight bytes sent per rank |",
         "|---|---|---|---|",
@@ -109,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out_dir is not None:
         args.out_dir.mkdir(parents=True, exist_ok=True)
-        stem = f"weight_error-w{args.bits}-{args.rounding}{'-hadamard' if args.hadamard else ''}"
+        stem = (f"weight_error-w{args.bits}-{args.rounding}{'-hadamard' if args.hadamard else ''}"
+                f"{f'-gains{args.gain_std:g}' if args.gain_std else ''}")
         (args.out_dir / f"{stem}.md").write_text(text + "\n")
         record = {"args": {**vars(args), "out_dir": str(args.out_dir)}, "rows": rows}
         (args.out_dir / f"{stem}.json").write_text(json.dumps(record))

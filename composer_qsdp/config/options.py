@@ -36,9 +36,11 @@ class CodecOptions:
     Attributes:
         hadamard: rotate each bucket by a normalized Walsh-Hadamard transform before quantizing and back after
             decoding (SDP4Bit's smoother, §3.2); needs a power-of-two bucket size. The rotation spreads outliers,
-            but it turns a bucket's mean into one large coefficient that sets the min-max step of the whole bucket:
-            on weights, buckets that run across parameters put LayerNorm gains beside small weights, so rotate
-            weights only with ``weight_scheme_options={"align_buckets": True}``.
+            but it turns a bucket's mean into one large coefficient that sets the min-max step of the whole bucket.
+            On weights that is the LayerNorm gains (near 1): even in buckets of their own (``align_buckets``), gains
+            that training has moved apart come back with several percent of error, so rotate weights only with the
+            norms and biases sent raw (``weight_scheme_options={"align_buckets": True, "unquantized_params":
+            ["*ln_*", "*.bias"]}``), or rotate gradients and weight differences (mean near 0), as the presets do.
     """
 
     hadamard: bool = False

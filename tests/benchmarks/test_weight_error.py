@@ -25,3 +25,21 @@ def test_a_rotation_in_plain_buckets_costs_what_aligned_buckets_do_not(tmp_path)
     assert blocks("plain") > 3 * blocks("aligned")
     assert 0 < blocks("aligned") < 2 ** -7  # an 8-bit step's error on weights of one scale, not a spike's
     assert (tmp_path / "weight_error-w8-stochastic-hadamard.md").read_text().startswith("# 8-bit weight all-gather")
+
+
+def test_a_rotation_costs_the_gains_once_they_differ_even_in_aligned_buckets(tmp_path):
+    """Gains of exactly 1 rotate into a spike and zeros, both on the min-max lattice, so initialization hides the
+    rotation's cost; gains spread by training (1 + N(0, 0.01)) leave small coefficients beside the spike, whose step
+    the spike sets, and the rotated error lands on the gains even when they have a bucket of their own. Sending the
+    norms raw removes it."""
+    assert weight_error.main(["--model", "tiny", "--bits", "8", "--hadamard", "--gain-std", "0.01",
+                              "--out-dir", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "weight_error-w8-stochastic-hadamard-gains0.01.json").read_text())
+    assert record["args"]["gain_std"] == 0.01
+    rows = record["rows"]
+
+    def blocks(name: str) -> float:
+        return statistics.mean(e for unit, e in rows[name]["errors"].items() if unit.startswith("blocks."))
+
+    assert blocks("aligned") > 3 * blocks("aligned, norms and biases raw")
+    assert 0 < blocks("aligned, norms and biases raw") < 2 ** -7
