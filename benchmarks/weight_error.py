@@ -17,7 +17,8 @@ units of a GPT (one per block, plus the root with the embeddings), the sampled r
 Weights are the model's initialization (seeded): LayerNorm gains 1, biases 0, weights N(0, 0.02). A bucket of equal
 gains rotates into one spike and zeros, which the min-max lattice holds exactly, so initialization hides what the
 rotation costs once training moves the gains apart: ``--gain-std S`` sets every LayerNorm gain to 1 + N(0, S).
-Prints a markdown table (and writes ``weight_error-w{bits}-{rounding}[-hadamard].{md,json}`` into ``--out-dir``).
+Prints a markdown table (and writes ``weight_error-w{bits}-{rounding}[-hadamard][-gains{S}].{md,json}`` into
+``--out-dir``).
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world", type=int, default=2, help="gloo ranks (default 2)")
     parser.add_argument("--out-dir", type=Path, help="also write the table and its JSON record here")
     args = parser.parse_args(argv)
+    if not args.gain_std >= 0:
+        parser.error(f"--gain-std={args.gain_std} is invalid; it must be >= 0 (0: the gains at initialization)")
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"weight_error_{os.getpid()}.json"
     mp.spawn(_rank, args=(args.world, 29600 + os.getpid() % 1000, args, out), nprocs=args.world)
     rows = json.loads(out.read_text())

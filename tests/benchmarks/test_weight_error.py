@@ -6,7 +6,13 @@ from __future__ import annotations
 import json
 import statistics
 
+import pytest
 import weight_error
+
+
+def _blocks(rows: dict, variant: str) -> float:
+    """Mean relative error over the blocks' units of one bucketing variant."""
+    return statistics.mean(e for unit, e in rows[variant]["errors"].items() if unit.startswith("blocks."))
 
 
 def test_a_rotation_in_plain_buckets_costs_what_aligned_buckets_do_not(tmp_path):
@@ -19,11 +25,8 @@ def test_a_rotation_in_plain_buckets_costs_what_aligned_buckets_do_not(tmp_path)
     rows = record["rows"]
     assert set(rows) == set(weight_error.VARIANTS)
 
-    def blocks(name: str) -> float:
-        return statistics.mean(e for unit, e in rows[name]["errors"].items() if unit.startswith("blocks."))
-
-    assert blocks("plain") > 3 * blocks("aligned")
-    assert 0 < blocks("aligned") < 2 ** -7  # an 8-bit step's error on weights of one scale, not a spike's
+    assert _blocks(rows, "plain") > 3 * _blocks(rows, "aligned")
+    assert 0 < _blocks(rows, "aligned") < 2 ** -7  # an 8-bit step's error on weights of one scale, not a spike's
     assert (tmp_path / "weight_error-w8-stochastic-hadamard.md").read_text().startswith("# 8-bit weight all-gather")
 
 
@@ -38,8 +41,12 @@ def test_a_rotation_costs_the_gains_once_they_differ_even_in_aligned_buckets(tmp
     assert record["args"]["gain_std"] == 0.01
     rows = record["rows"]
 
-    def blocks(name: str) -> float:
-        return statistics.mean(e for unit, e in rows[name]["errors"].items() if unit.startswith("blocks."))
+    assert _blocks(rows, "aligned") > 3 * _blocks(rows, "aligned, norms and biases raw")
+    assert 0 < _blocks(rows, "aligned, norms and biases raw") < 2 ** -7
 
-    assert blocks("aligned") > 3 * blocks("aligned, norms and biases raw")
-    assert 0 < blocks("aligned, norms and biases raw") < 2 ** -7
+
+@pytest.mark.parametrize("std", ["-0.01", "nan"])
+def test_a_negative_or_nan_gain_spread_is_refused_with_its_value(std, capsys):
+    with pytest.raises(SystemExit):
+        weight_error.main(["--model", "tiny", "--gain-std", std])
+    assert f"--gain-std={float(std)} is invalid; it must be >= 0" in capsys.readouterr().err
