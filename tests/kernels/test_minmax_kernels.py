@@ -206,7 +206,7 @@ def _feedback_variants(aligned_rows: bool) -> list[dict]:
         (4, 256, False, True, "u8"),
     ]:
         log_row = kernels.rotation_rows(bits, bucket) if rotate else 0
-        per_thread = kernels.ROTATED_ELEMENTS_PER_THREAD if log_row else kernels._FLAT_ROTATED_ELEMENTS_PER_THREAD
+        per_thread = kernels.rotated_feedback_elements_per_thread(log_row, rdtype == "u8")
         groups, bpp, warps = kernels.launch_shape(bucket, 1 << 16, True, kernels.GPU_TILE, kernels.INTERPRETER_TILE,
                                                   per_thread, None, None) if rotate else \
             kernels._config(bucket, 1 << 16, True, aligned_rows, None, None, "encode")
