@@ -1,5 +1,5 @@
 """``provenance.git_revision``: the short commit, ``+dirty`` only for changes under the watched paths (relative to
-the repository root, wherever the caller runs), and ``$GIT_REV`` first."""
+the repository root, wherever the caller runs) outside the records, and ``$GIT_REV`` first."""
 
 from __future__ import annotations
 
@@ -27,6 +27,13 @@ def test_dirty_only_under_the_watched_paths_and_git_rev_wins(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)  # not the repository: the pathspecs must still be the root's
 
     assert provenance.git_revision() == head
+    record = repo / "benchmarks" / "results" / "2026-01-01_cpu_x"
+    record.mkdir(parents=True)
+    (record / "table.md").write_text("| a |\n")
+    assert provenance.git_revision() == head  # a record being written is output, not the code it measured
+    (repo / "benchmarks" / "bench.py").write_text("y = 1\n")
+    assert provenance.git_revision() == head + "+dirty"  # an untracked benchmark is code
+    (repo / "benchmarks" / "bench.py").unlink()
     (repo / "yamls" / "r.yaml").write_text("a: 2\n")
     assert provenance.git_revision() == head  # not watched by default
     assert provenance.git_revision(("composer_qsdp", "yamls")) == head + "+dirty"
