@@ -283,7 +283,7 @@ def arm_progress(plan: Plan, arm: str) -> dict[str, Any]:
     text = logs[-1].read_text(errors="replace") if logs else ""
     lines = [line for line in text.splitlines() if line.strip()]
     tail = lines[-1][-160:] if lines else ""
-    if (arm_dir / "done.json").is_file():
+    if _finished(plan, arm):  # a launch stopped after saving the final batch ran the whole run
         state = "done"
     elif not logs:
         state = "not started"

@@ -624,6 +624,28 @@ def test_status_and_collect_report_each_arm_and_pack_the_results(tiny_recipes, t
         assert {"baseline/metrics-00.json", "baseline/log-00.txt", "w8g8/log-00.txt"} <= set(tar.getnames())
 
 
+def test_collect_counts_an_arm_stopped_after_saving_its_final_batch_as_done(tiny_recipes, tmp_path, capsys):
+    # The driver's budget stopped the launch between its final save and its exit (Composer's launcher waiting for
+    # the other ranks): the run trained every batch, and the collected record must say so.
+    plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8")
+    out = plan.out_dir
+    for arm, batch in (("baseline", 20), ("w8g8", 10)):
+        write_segment(out / arm / "metrics-00.json", {10: 5.0, 20: 4.0} if batch == 20 else {10: 5.1})
+        (out / arm / "log-00.txt").write_text("Waiting up to 30 seconds for all training processes to terminate.\n")
+        (out / arm / "checkpoints" / f"ep0-ba{batch}").mkdir(parents=True)
+        (out / arm / "checkpoints" / "latest-rank0.pt").symlink_to(f"ep0-ba{batch}")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "manifest.json").write_text(json.dumps(
+        {"command": "c", "tokens": {"train": 1, "val": 1}, "input": {"files": 1, "bytes": 1, "sha256": "ab"}}))
+    assert convergence.report_progress(plan, tmp_path / "collected") == 3  # w8g8 stopped at batch 10 of 20
+    text = capsys.readouterr().out
+    assert "baseline         done" in text and "w8g8             stopped" in text
+    record = json.loads((tmp_path / "collected" / f"convergence-{plan.name}.json").read_text())
+    assert record["arms"]["baseline"]["complete"] and not record["arms"]["w8g8"]["complete"]
+    assert record["arms"]["baseline"]["final_step"] == 20
+
+
 def test_a_status_command_states_the_concurrency_only_when_told(tiny_recipes, tmp_path):
     # --status and --collect read arms that earlier commands ran: their own default --max-ranks says nothing about
     # how many processes those ran at once, so the settings line says it only when the command is given it.
