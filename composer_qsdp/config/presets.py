@@ -16,8 +16,8 @@ exclude=[...])`` builds with flat keyword changes (:mod:`composer_qsdp.config.se
   +9.5%: directly quantized 4-bit weights, SDP4Bit §3.5).
 * ``sdp4bit``: SDP4Bit's full setting (Jia et al., NeurIPS 2024): qWD weights (quantized differences against a
   reference every rank keeps, §3.1: symmetric INT4 in groups of 2048, round to nearest) and TLq-HS gradients
-  (below). Within one node the gradients take the intra-node INT8 hop only. Loss: unproven (below plain FSDP2 on
-  GPT-125M's ``prose`` corpus: two seeds of three at 2,000 steps, -0.36 / -0.83%; three at 1,600, -0.66%).
+  (below). Within one node the gradients take the intra-node INT8 hop only. Loss: unproven (below plain FSDP2's
+  seed range on GPT-125M's ``prose`` corpus, -0.33% over three seeds, 2,000 steps; other cells not run).
 * ``qwd-w4g4``: qWD weights as ``sdp4bit``, with one-hop 4-bit gradients in groups of 128 (§3.2, Table 3: 128
   suffices) rotated by a Hadamard transform (SDP4Bit's "smoother") and our unbiased stochastic rounding, the best
   4-bit gradient setting of our round-1 measurements: 4 bits on both sides within one node. Loss: unproven.
