@@ -38,6 +38,21 @@ def write_segment(path: Path, val: dict[int, float], **series: dict[int, float])
     path.write_text(json.dumps({"metrics": metrics, "communication": {}, "memory": None}))
 
 
+def write_checkpoint(arm_dir: Path, batch: int, complete: bool = True) -> None:
+    """A checkpoint folder of ``batch`` under ``arm_dir``; ``latest-rank0.pt`` names it once its save completed."""
+    folder = arm_dir / "checkpoints"
+    (folder / f"ep0-ba{batch}").mkdir(parents=True)
+    if complete:
+        (folder / "latest-rank0.pt").symlink_to(f"ep0-ba{batch}")
+
+
+def write_corpus_manifest(corpus: Path) -> None:
+    """The smallest manifest ``report_progress`` reads to rewrite the results."""
+    corpus.mkdir()
+    (corpus / "manifest.json").write_text(json.dumps(
+        {"command": "c", "tokens": {"train": 1, "val": 1}, "input": {"files": 1, "bytes": 1, "sha256": "ab"}}))
+
+
 def plan_for(tiny_recipes, tmp_path, *extra):
     args = convergence._parser().parse_args(
         ["--recipe-dir", str(tiny_recipes), "--steps", "20", "--seq-len", "32", "--global-batch", "8",
@@ -463,19 +478,13 @@ def test_arms_whose_saves_were_cut_short_start_again_and_trained_out_arms_are_do
     plan = plan_for(tiny_recipes, tmp_path, "--arms", "baseline", "w8g8", "w4g4", "--retries", "0",
                     "--stagger-s", "0", "--results-interval-s", "0", "--eval-batches", "-1")
 
-    def checkpoint(arm: str, batch: int, complete: bool) -> None:
-        folder = plan.arm_dir(arm) / "checkpoints"
-        (folder / f"ep0-ba{batch}").mkdir(parents=True)
-        if complete:
-            (folder / "latest-rank0.pt").symlink_to(f"ep0-ba{batch}")
-
     # An earlier run stopped the baseline while it saved batch 7, its only checkpoint, and w8g8 after it saved the
     # final batch (20) but before it exited.
     for arm in ("baseline", "w8g8"):
         plan.arm_dir(arm).mkdir(parents=True)
         (plan.arm_dir(arm) / "log-00.txt").write_text("stopped\n")
-    checkpoint("baseline", 7, complete=False)
-    checkpoint("w8g8", 20, complete=True)
+    write_checkpoint(plan.arm_dir("baseline"), 7, complete=False)
+    write_checkpoint(plan.arm_dir("w8g8"), 20)
     starts = []
 
     def fake_start(plan_, arm, gpus):
@@ -492,7 +501,7 @@ def test_arms_whose_saves_were_cut_short_start_again_and_trained_out_arms_are_do
             log.write_text("ok\n")
         else:  # w4g4 saves its final batch, then is stopped before it exits
             log.write_text("ok\n")
-            checkpoint(arm, 20, complete=True)
+            write_checkpoint(plan.arm_dir(arm), 20)
             code = "import sys; sys.exit(143)"
         return subprocess.Popen([sys.executable, "-c", code])
 
@@ -604,10 +613,7 @@ def test_status_and_collect_report_each_arm_and_pack_the_results(tiny_recipes, t
         "SystemExit: 143\nrank 0: stopped by SIGTERM after batch 1850; checkpoint saved at /tmp/cv0/w8g4/"
         "checkpoints/ep0-ba1850: autoresume (or load_path) continues from it\n"
         "ERROR:composer.cli.launcher:Global rank 0 (PID 9140) exited with code 143\n")
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    (corpus / "manifest.json").write_text(json.dumps(
-        {"command": "c", "tokens": {"train": 1, "val": 1}, "input": {"files": 1, "bytes": 1, "sha256": "ab"}}))
+    write_corpus_manifest(tmp_path / "corpus")
     collected = tmp_path / "collected"
     assert convergence.report_progress(plan, collected) == 3  # not every arm is done
     text = capsys.readouterr().out
@@ -632,12 +638,8 @@ def test_collect_counts_an_arm_stopped_after_saving_its_final_batch_as_done(tiny
     for arm, batch in (("baseline", 20), ("w8g8", 10)):
         write_segment(out / arm / "metrics-00.json", {10: 5.0, 20: 4.0} if batch == 20 else {10: 5.1})
         (out / arm / "log-00.txt").write_text("Waiting up to 30 seconds for all training processes to terminate.\n")
-        (out / arm / "checkpoints" / f"ep0-ba{batch}").mkdir(parents=True)
-        (out / arm / "checkpoints" / "latest-rank0.pt").symlink_to(f"ep0-ba{batch}")
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    (corpus / "manifest.json").write_text(json.dumps(
-        {"command": "c", "tokens": {"train": 1, "val": 1}, "input": {"files": 1, "bytes": 1, "sha256": "ab"}}))
+        write_checkpoint(out / arm, batch)
+    write_corpus_manifest(tmp_path / "corpus")
     assert convergence.report_progress(plan, tmp_path / "collected") == 3  # w8g8 stopped at batch 10 of 20
     text = capsys.readouterr().out
     assert "baseline         done" in text and "w8g8             stopped" in text
