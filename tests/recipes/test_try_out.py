@@ -34,8 +34,8 @@ EACH_SIZE = ["yamls/gpt-125m/qwd-w4g3-loco.yaml", "yamls/gpt-125m/sdp4bit.yaml",
              "yamls/gpt-6.7b/qsdp-auto.yaml", "yamls/gpt-13b/qwd-w3g3-loco-lean.yaml"]
 STEPS = 30
 #: The default suite's short try-out beside DEFAULT's: the recipe that shares the least with it (meta-initialised,
-#: the lean layout's sharded reference and two-level LoCo). A launch of each larger size costs CI's 2 cores about
-#: 4 minutes; the slow group launches every size.
+#: the lean layout's sharded reference and two-level LoCo). Launching one recipe of each of the four larger sizes
+#: cost CI's 2 cores about 4 minutes in all; the slow group launches every size.
 LARGEST = "yamls/gpt-13b/qwd-w3g3-loco-lean.yaml"
 
 
