@@ -25,18 +25,18 @@ ROOT = Path(__file__).resolve().parents[2]
 OVERRIDES = ROOT / "yamls" / "cpu" / "try-out.overrides"
 GPT_RECIPES = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "yamls").glob("gpt-*/*.yaml"))
 DEFAULT = "yamls/gpt-125m/qsdp-w8g8.yaml"
+#: The default suite's short try-out beside DEFAULT's: the recipe that shares the least with it (meta-initialised,
+#: the lean layout's sharded reference and two-level LoCo). A recipe of each of the four larger sizes would cost CI's
+#: 2 cores about 4 minutes in all; the slow group launches every size.
+LARGEST = "yamls/gpt-13b/qwd-w3g3-loco-lean.yaml"
 # One recipe of each size, and of each kind the try-out must shrink: qWD with LoCo gradients, SDP4Bit's two-level
 # gradients, ZeRO++'s blocks, the bandwidth-aware policy, DDP with 0/1 Adam, meta-initialised GPT-6.7B and 13B, the
 # lean layout (a sharded qWD reference, two-level LoCo).
 EACH_SIZE = ["yamls/gpt-125m/qwd-w4g3-loco.yaml", "yamls/gpt-125m/sdp4bit.yaml", "yamls/gpt-125m/zero-one-adam.yaml",
              "yamls/gpt-350m/qwd-w3g2-loco.yaml", "yamls/gpt-350m/zeropp.yaml", "yamls/gpt-1.3b/qsdp-auto.yaml",
              "yamls/gpt-1.3b/ddp-baseline.yaml", "yamls/gpt-6.7b/qsdp-w8g8.yaml", "yamls/gpt-6.7b/qwd-w4g2-loco.yaml",
-             "yamls/gpt-6.7b/qsdp-auto.yaml", "yamls/gpt-13b/qwd-w3g3-loco-lean.yaml"]
+             "yamls/gpt-6.7b/qsdp-auto.yaml", LARGEST]
 STEPS = 30
-#: The default suite's short try-out beside DEFAULT's: the recipe that shares the least with it (meta-initialised,
-#: the lean layout's sharded reference and two-level LoCo). Launching one recipe of each of the four larger sizes
-#: cost CI's 2 cores about 4 minutes in all; the slow group launches every size.
-LARGEST = "yamls/gpt-13b/qwd-w3g3-loco-lean.yaml"
 
 
 @pytest.fixture(scope="module")
