@@ -47,8 +47,8 @@ exclude=[...])`` builds with flat keyword changes (:mod:`composer_qsdp.config.se
 * ``tlq-hs``: SDP4Bit's gradients (§3.2, TLq-HS): the two-level reduce-scatter with symmetric INT8 within the node
   and INT4 across nodes, groups of 128, and a Hadamard rotation of 32-element blocks kept through the local
   reduction. Weights as ``w8g8``; ``sdp4bit`` pairs these gradients with qWD weights. Loss: unproven (inside
-  plain FSDP2's seed range on GPT-125M's ``prose`` corpus, +0.11% over three seeds, 2,000 steps; one seed above
-  it on ``pysource``, +1.22%; other cells not run).
+  plain FSDP2's seed range on GPT-125M's ``prose`` corpus, +0.11% over three seeds, 2,000 steps; on ``pysource``
+  two seeds at +1.22% and -0.03%, their mean above the range; other cells not run).
 
 "Loss" is the preset's label in ``docs/presets.md``, from the seed protocol's records in ``benchmarks/RESULTS.md``:
 lossless (the mean of three seeds inside or below plain FSDP2's seed range on all six cells: three corpora each at
