@@ -17,8 +17,8 @@ exclude=[...])`` builds with flat keyword changes (:mod:`composer_qsdp.config.se
 * ``sdp4bit``: SDP4Bit's full setting (Jia et al., NeurIPS 2024): qWD weights (quantized differences against a
   reference every rank keeps, §3.1: symmetric INT4 in groups of 2048, round to nearest) and TLq-HS gradients
   (below). Within one node the gradients take the intra-node INT8 hop only. Loss: unproven (below plain FSDP2's
-  seed range on GPT-125M's ``prose`` corpus, -0.33% over three seeds, 2,000 steps; one seed inside on
-  ``pysource``, -1.00%; other cells not run).
+  seed range on GPT-125M's ``prose`` corpus, -0.33% over three seeds, 2,000 steps; two seeds inside on
+  ``pysource``, -1.00% and -0.34%; other cells not run).
 * ``qwd-w4g4``: qWD weights as ``sdp4bit``, with one-hop 4-bit gradients in groups of 128 (§3.2, Table 3: 128
   suffices) rotated by a Hadamard transform (SDP4Bit's "smoother") and our unbiased stochastic rounding, the best
   4-bit gradient setting of our round-1 measurements: 4 bits on both sides within one node. Loss: unproven.
@@ -47,8 +47,8 @@ exclude=[...])`` builds with flat keyword changes (:mod:`composer_qsdp.config.se
 * ``tlq-hs``: SDP4Bit's gradients (§3.2, TLq-HS): the two-level reduce-scatter with symmetric INT8 within the node
   and INT4 across nodes, groups of 128, and a Hadamard rotation of 32-element blocks kept through the local
   reduction. Weights as ``w8g8``; ``sdp4bit`` pairs these gradients with qWD weights. Loss: unproven (inside
-  plain FSDP2's seed range on GPT-125M's ``prose`` corpus, +0.11% over three seeds, 2,000 steps; on ``pysource``
-  two seeds at +1.22% and -0.03%, their mean above the range; other cells not run).
+  plain FSDP2's seed range on GPT-125M's ``prose`` and ``pysource`` corpora, +0.11% and +0.88% over three seeds
+  each, 2,000 steps; other cells not run).
 
 "Loss" is the preset's label in ``docs/presets.md``, from the seed protocol's records in ``benchmarks/RESULTS.md``:
 lossless (the mean of three seeds inside or below plain FSDP2's seed range on all six cells: three corpora each at
