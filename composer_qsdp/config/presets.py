@@ -48,7 +48,7 @@ exclude=[...])`` builds with flat keyword changes (:mod:`composer_qsdp.config.se
   and INT4 across nodes, groups of 128, and a Hadamard rotation of 32-element blocks kept through the local
   reduction. Weights as ``w8g8``; ``sdp4bit`` pairs these gradients with qWD weights. Loss: unproven (inside
   plain FSDP2's seed range on GPT-125M's ``prose`` and ``pysource`` corpora, +0.11% and +0.88% over three seeds
-  each, 2,000 steps; other cells not run).
+  each, 2,000 steps; on ``csource`` one seed of three, inside the range; GPT-350M not run).
 
 "Loss" is the preset's label in ``docs/presets.md``, from the seed protocol's records in ``benchmarks/RESULTS.md``:
 lossless (the mean of three seeds inside or below plain FSDP2's seed range on all six cells: three corpora each at
