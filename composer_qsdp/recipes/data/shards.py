@@ -22,7 +22,7 @@ import os
 import re
 import shlex
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from composer_qsdp.recipes.data.integrity import SHARD_HASHES
 from composer_qsdp.recipes.data.sources import TRAIN_SPLIT, VAL_SPLIT
-from composer_qsdp.recipes.data.tokenizer import load_tokenizer
+from composer_qsdp.recipes.data.tokenizer import TextTokenizer, load_tokenizer
 
 __all__ = ["LARGE_SOURCES", "SplitStats", "TOKENS_COLUMN", "build_command", "check_sample_length", "sample_length",
            "shards_exist", "write_token_shards"]
@@ -155,6 +155,18 @@ class _SplitWriter:
         return self.stats
 
 
+# Documents tokenized together: enough to keep the tokenizer's threads busy, few enough that a build stopped by
+# max_train_tokens tokenizes little past the document that reached it.
+_ENCODE_BATCH_DOCUMENTS = 256
+
+
+def _tokenized(documents: Iterable[tuple[str, str]], tokenizer: TextTokenizer) -> Iterator[tuple[str, list[int]]]:
+    """``(split, token ids)`` of each document, in order, tokenized a batch of documents at a time."""
+    documents = iter(documents)
+    while batch := list(itertools.islice(documents, _ENCODE_BATCH_DOCUMENTS)):
+        yield from zip((split for split, _ in batch), tokenizer.encode_batch([text for _, text in batch]))
+
+
 def write_token_shards(
     documents: Iterable[tuple[str, str]],
     out_dir: str | os.PathLike,
@@ -211,12 +223,12 @@ def write_token_shards(
     writers = {split: _SplitWriter(tmp / split, seq_len, dtype, compression, size_limit)
                for split in (TRAIN_SPLIT, VAL_SPLIT)}
     try:
-        bar = tqdm(itertools.islice(documents, max_documents), desc=f"tokenizing into {out.name}",
-                   unit="doc", disable=not progress)
-        for split, text in bar:
+        bar = tqdm(_tokenized(itertools.islice(documents, max_documents), text_tokenizer),
+                   desc=f"tokenizing into {out.name}", unit="doc", disable=not progress)
+        for split, tokens in bar:
             if split not in writers:
                 raise ValueError(f"document has split {split!r}; allowed: {', '.join(writers)}")
-            writers[split].add(text_tokenizer.encode(text) + [text_tokenizer.eot_id])
+            writers[split].add(tokens + [text_tokenizer.eot_id])
             bar.set_postfix({name: w.stats.samples for name, w in writers.items()}, refresh=False)
             if max_train_tokens is not None and writers[TRAIN_SPLIT].stats.samples * seq_len >= max_train_tokens:
                 break

@@ -4,6 +4,7 @@ the docstrings of Python files (part of the ``prose`` corpus: ``test_prose_corpu
 
 from __future__ import annotations
 
+import fnmatch
 import inspect
 import json
 
@@ -11,7 +12,7 @@ import pytest
 
 from composer_qsdp.recipes.data import c_source_documents, source_files
 from composer_qsdp.recipes.data.build import main as build_main
-from composer_qsdp.recipes.data.sources import python_docstrings
+from composer_qsdp.recipes.data.sources import C_SOURCE_PATTERNS, python_docstrings
 
 LONG = ("Compute the thing. " * 20).strip()  # a docstring long enough to count as prose
 
@@ -88,3 +89,31 @@ def test_build_cli_writes_both_splits(source, tmp_path):
     for split in ("train", "val"):
         index = json.loads((out / split / "index.json").read_text())
         assert sum(shard["samples"] for shard in index["shards"]) > 0
+
+
+def rglob_reference(patterns, roots):
+    """source_files' listing as Path.rglob("*") and fnmatchcase give it: sorted per root, a file once."""
+    files, seen = [], set()
+    for root in sorted(roots):
+        for path in sorted(p for p in root.rglob("*") if any(fnmatch.fnmatchcase(p.name, pat) for pat in patterns)):
+            if path.resolve() not in seen and path.resolve().is_file():
+                seen.add(path.resolve())
+                files.append(path)
+    return files
+
+
+def test_source_files_list_what_rglob_and_fnmatch_list(tmp_path):
+    tree = tmp_path / "tree"
+    for rel in ("inc/a.h", "inc/deep/er/b.hpp", ".hidden/c.c", "src/.d.cc", "src/E.H", "src/f.h.txt", "d.c/g.c",
+                "x/h.py", "x/i.pyc", "x/j.cu", "x/k[1].cuh", "y/a.h", "../outside/o.h"):
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text(f"// {rel}\n")
+    (tree / "w").symlink_to(tmp_path / "outside", target_is_directory=True)  # a link to a folder: not followed
+    (tree / "v.h").symlink_to(tree / "inc", target_is_directory=True)  # a folder's name that matches: no file
+    (tree / "z_link.h").symlink_to(tree / "inc" / "a.h")  # a second name of a listed file
+    (tree / "dangling.c").symlink_to(tree / "missing.c")
+    roots = [tree / "x", tree]  # overlapping roots
+    for patterns in (C_SOURCE_PATTERNS, ("*.py",), ("[a-d].*", "k?1*")):
+        assert source_files(patterns, roots) == rglob_reference(patterns, roots)
+    assert [str(p.relative_to(tree)) for p in source_files(C_SOURCE_PATTERNS, [tree])] == [
+        ".hidden/c.c", "d.c/g.c", "inc/a.h", "inc/deep/er/b.hpp", "src/.d.cc", "x/j.cu", "x/k[1].cuh", "y/a.h"]

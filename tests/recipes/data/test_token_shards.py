@@ -58,7 +58,13 @@ def read_split(out_dir, split: str) -> np.ndarray:
     return np.stack([dataset[i]["tokens"] for i in range(dataset.num_samples)]).astype(np.int64)
 
 
-def test_shards_round_trip_with_document_level_split(tmp_path):
+# Documents tokenized per batch: one at a time, batches that end inside the corpus, and all in one batch.
+BATCHES = pytest.mark.parametrize("batch", [1, 7, 256])
+
+
+@BATCHES
+def test_shards_round_trip_with_document_level_split(tmp_path, monkeypatch, batch):
+    monkeypatch.setattr("composer_qsdp.recipes.data.shards._ENCODE_BATCH_DOCUMENTS", batch)
     texts = make_corpus(tmp_path / "text", 60)
     seq_len = 16
     stats = write_token_shards(text_directory_documents(tmp_path / "text", 0.25), tmp_path / "shards", seq_len)
@@ -75,7 +81,9 @@ def test_shards_round_trip_with_document_level_split(tmp_path):
     assert shards_exist(tmp_path / "shards")
 
 
-def test_train_token_cap_stops_at_the_first_document_that_reaches_it(tmp_path):
+@BATCHES
+def test_train_token_cap_stops_at_the_first_document_that_reaches_it(tmp_path, monkeypatch, batch):
+    monkeypatch.setattr("composer_qsdp.recipes.data.shards._ENCODE_BATCH_DOCUMENTS", batch)
     texts = make_corpus(tmp_path / "text", 60)
     seq_len, cap = 16, 400
     stats = write_token_shards(text_directory_documents(tmp_path / "text", 0.25), tmp_path / "shards", seq_len,
