@@ -543,3 +543,35 @@ def test_eval_weights_both_logs_the_exact_and_the_quantized_loss_of_each_evaluat
     for batch in exact:  # the same batches and weights, gathered exactly and 8-bit quantized
         assert exact[batch] != quantized[batch] and abs(exact[batch] - quantized[batch]) < 0.05 * exact[batch]
     assert logged["hyperparameters"]["qsdp/eval_weights"] == "val=exact, val_quantized=quantized"
+
+
+
+
+# The recipe's W8G8; qWD + LoCo (weight differences rounded to nearest); the same with stochastic weight differences.
+EVAL_CASES = {"w8g8": [], "qwd-w3g3-loco": ["algorithms.qsdp.preset=qwd-w3g3-loco"],
+              "qwd-stochastic": ["algorithms.qsdp.preset=qwd-w3g3-loco", "algorithms.qsdp.weight_codec=minmax"]}
+
+
+@pytest.mark.slow  # eight 2-process launches through the launcher: about 400 s on 2 shared cores
+def test_evaluations_leave_a_qsdp_run_bit_identical_unless_they_send_a_stochastic_update(corpus_shards, tmp_path):
+    """What pooling runs of other evaluation intervals relies on (benchmarks/convergence.py --combine): the
+    trainer's evaluations of the exact weights (its evaluator, eval dataloader and their gathers) change nothing in
+    training. Nor do quantized ones of a direct scheme (no state) or of differences rounded to nearest (the same
+    update whenever it is sent). Quantized evaluations of stochastically rounded differences send the step's update
+    with the evaluation's seeds, and training after them differs: the check can fail."""
+    losses = {}
+    for case, interval, weights in (("w8g8", "6ba", "exact"), ("w8g8", "2ba", "exact"),
+                                    ("qwd-w3g3-loco", "6ba", "exact"), ("qwd-w3g3-loco", "2ba", "exact"),
+                                    ("qwd-w3g3-loco", "2ba", "quantized"), ("qwd-stochastic", "6ba", "exact"),
+                                    ("qwd-stochastic", "2ba", "exact"), ("qwd-stochastic", "2ba", "quantized")):
+        run_dir = tmp_path / f"{case}-{interval}-{weights}"
+        result = launch(2, QSDP_RECIPE, tiny_overrides(corpus_shards, run_dir, "max_duration=6ba", *EVAL_CASES[case],
+                                                       f"eval_interval={interval}",
+                                                       f"algorithms.qsdp.eval_weights={weights}"))
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        losses[case, interval, weights] = train_losses(run_dir)
+    for case in EVAL_CASES:
+        assert sorted(losses[case, "6ba", "exact"]) == list(range(6))
+        assert losses[case, "2ba", "exact"] == losses[case, "6ba", "exact"], case
+    assert losses["qwd-w3g3-loco", "2ba", "quantized"] == losses["qwd-w3g3-loco", "6ba", "exact"]
+    assert losses["qwd-stochastic", "2ba", "quantized"] != losses["qwd-stochastic", "6ba", "exact"]
