@@ -545,8 +545,6 @@ def test_eval_weights_both_logs_the_exact_and_the_quantized_loss_of_each_evaluat
     assert logged["hyperparameters"]["qsdp/eval_weights"] == "val=exact, val_quantized=quantized"
 
 
-
-
 # The recipe's W8G8; qWD + LoCo (weight differences rounded to nearest); the same with stochastic weight differences.
 EVAL_CASES = {"w8g8": [], "qwd-w3g3-loco": ["algorithms.qsdp.preset=qwd-w3g3-loco"],
               "qwd-stochastic": ["algorithms.qsdp.preset=qwd-w3g3-loco", "algorithms.qsdp.weight_codec=minmax"]}

@@ -96,8 +96,9 @@ def rglob_reference(patterns, roots):
     files, seen = [], set()
     for root in sorted(roots):
         for path in sorted(p for p in root.rglob("*") if any(fnmatch.fnmatchcase(p.name, pat) for pat in patterns)):
-            if path.resolve() not in seen and path.resolve().is_file():
-                seen.add(path.resolve())
+            real = path.resolve()
+            if real not in seen and real.is_file():
+                seen.add(real)
                 files.append(path)
     return files
 
