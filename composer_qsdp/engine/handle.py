@@ -11,9 +11,11 @@ checkpoint state.
 The step boundary cannot be inferred from the parameters: a ``foreach`` update (torch's default optimizer
 implementation on CUDA) of FSDP2's DTensor parameters bumps neither their version counters nor their local
 tensors'. Weights that change outside an optimizer step (a checkpoint loaded into the model, an in-place edit)
-would leave schemes that keep gathered weights (``keeps_weights``) stale: the handle compares the parameters'
-version counters (read by the adapter, :meth:`QSDPHandle.weight_versions`: torch keeps them private) at every
-forward with those after the last step and tells such schemes (``on_weights_changed``). A change that bypasses
+would leave schemes that keep gathered weights (``keeps_weights``) stale: before each quantized gather of such a
+unit the handle compares its parameters' version counters (read by the adapter, :meth:`QSDPHandle.weight_versions`:
+torch keeps them private) with those of the last step or check and tells its scheme (``on_weights_changed``). The
+check sits at the gather, not at the model's forward, because forwards that bypass the model's hooks gather too
+(Composer's ``eval_forward``, with weights Composer's EMA swapped in for the evaluation). A change that bypasses
 version counters (``param.data.copy_(...)``, a ``foreach`` op) needs :meth:`QSDPHandle.refresh`.
 
 Evaluation can gather the exact weights (:meth:`QSDPHandle.set_weight_gathers`, :meth:`QSDPHandle.exact_weights`):
@@ -134,7 +136,6 @@ class QSDPHandle:
         self._monitor = WeightFiniteMonitor([u.name for u in units]) if config.check_finite else None
         self._optimizer_hooks: list[torch.utils.hooks.RemovableHandle] = []
         self._any_step_hook: torch.utils.hooks.RemovableHandle | None = None
-        self._watched = [u for u in self.units if u.weights.keeps_weights]
         self._versions = self._current_versions()
         self.wire_dtypes: dict[str, torch.dtype] = {}
         self.resume_changes: list[str] = []
@@ -273,6 +274,8 @@ class QSDPHandle:
             return work
         if weights.passthrough:
             return weights.plain_all_gather(output, input, group, async_op)
+        if unit_index in self._versions:
+            self._check_versions(unit_index)
         weights.all_gather(output, input, self.seeds.seed(unit_index, weights.seed_stream), group)
         if self._monitor is not None and output.is_floating_point():
             self._monitor.record(unit_index, output)
@@ -335,12 +338,15 @@ class QSDPHandle:
             return
         if self._monitor is not None:
             self._monitor.poll()
-        versions = self._current_versions()
-        for unit, before, now in zip(self._watched, self._versions, versions):
-            if before != now:
-                unit.weights.on_weights_changed()
-        self._versions = versions
         self.seeds.begin_microbatch()
+
+    def _check_versions(self, unit_index: int) -> None:
+        """Before a quantized gather of a unit whose scheme keeps gathered weights: tell the scheme if its weights
+        changed in place since the last optimizer step or check (module docstring)."""
+        now = self.weight_versions(self.units[unit_index].params)
+        if now != self._versions[unit_index]:
+            self.units[unit_index].weights.on_weights_changed()
+            self._versions[unit_index] = now
 
     # ------------------------------------------------------------------ exact weights for evaluation
     @property
@@ -451,14 +457,13 @@ class QSDPHandle:
                 grads.traffic = unit.grads.traffic
             units.append(dataclasses.replace(unit, weights=weights or unit.weights, grads=grads or unit.grads))
         self.units = tuple(units)
-        self._watched = [u for u in self.units if u.weights.keeps_weights]
         self._versions = self._current_versions()
 
     def refresh(self) -> None:
         """Weights changed in a way version counters do not show (``param.data`` edits): schemes that keep
         gathered weights rebuild them at the next gather (a full-precision keyframe)."""
-        for unit in self._watched:
-            unit.weights.on_weights_changed()
+        for unit_index in self._versions:
+            self.units[unit_index].weights.on_weights_changed()
 
     def attach_optimizer(self, optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer]) -> None:
         """Call :meth:`on_optimizer_step` after every ``step()`` of ``optimizers`` (a step-post hook each).
@@ -658,5 +663,6 @@ class QSDPHandle:
         """
         return ()
 
-    def _current_versions(self) -> list[tuple[int, ...]]:
-        return [self.weight_versions(unit.params) for unit in self._watched]
+    def _current_versions(self) -> dict[int, tuple[int, ...]]:
+        """The version counters of every unit whose scheme keeps gathered weights, by unit index."""
+        return {i: self.weight_versions(u.params) for i, u in enumerate(self.units) if u.weights.keeps_weights}

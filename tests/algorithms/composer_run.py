@@ -12,7 +12,9 @@ checkpoints every batch (QSDP must refuse the first checkpoint of non-finite wei
 keyword arguments (default: W8G8, buckets of 256, errors sampled every 2 calls); ``QSDP_TEST_FSDP`` (JSON) adds FSDP
 settings (e.g. ``{"reshard_after_forward": 2}``); ``QSDP_TEST_MICROBATCH`` splits each rank's batch of 16 into
 microbatches of that many samples (gradient accumulation: one reduce-scatter per microbatch);
-``QSDP_TEST_EVAL`` evaluates every that many batches on 2 batches of the training set.
+``QSDP_TEST_EVAL`` evaluates every that many batches on 2 batches of the training set; ``QSDP_TEST_EMA`` adds
+Composer's EMA algorithm with that half-life (e.g. ``"2ba"``), which swaps its averaged weights into the model in
+place for each evaluation.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import sys
 import torch
 import torch.nn as nn
 from composer import Trainer
+from composer.algorithms import EMA
 from composer.core import Callback
 from composer.loggers import InMemoryLogger
 from composer.models import ComposerModel
@@ -153,7 +156,7 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
         device=device,
         precision="fp32",
         parallelism_config={"fsdp": {"mixed_precision": "FULL", "state_dict_type": "sharded", **fsdp_settings}},
-        algorithms=[qsdp],
+        algorithms=[qsdp, *([EMA(half_life=ema)] if (ema := os.environ.get("QSDP_TEST_EMA")) else [])],
         callbacks=[recorder],
         loggers=[memory],
         progress_bar=False,
@@ -180,6 +183,7 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
             "traffic": {side: dataclasses.asdict(getattr(traffic, side)) for side in ("weights", "grads")},
             "eval_traffic": {side: dataclasses.asdict(getattr(qsdp.eval_traffic(), side)) for side in ("weights", "grads")},
             "metrics": metrics,
+            "eval_mse": [float(v) for _, v in memory.data.get("metrics/eval/MeanSquaredError", [])],
             "seeds": qsdp.handle.seeds.state_dict() if qsdp.handle is not None else None,
             "keyframes": [getattr(u.weights, "keyframes", None) for u in qsdp.handle.units] if qsdp.handle else None,
             "batches": batches,

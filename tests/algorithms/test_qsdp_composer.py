@@ -29,11 +29,12 @@ AUTO = {"policy": "auto", "auto_options": {"warmup_steps": 2, "recheck_tolerance
 
 def _run(tmp_path: Path, out: Path, *args: str, gpu: bool = False, options: dict | None = None, nproc: int = 2,
          fsdp: dict | None = None, fsdp_version: int = 2, microbatch: int = 16,
-         eval_every: int = 0) -> subprocess.CompletedProcess:
+         eval_every: int = 0, ema: str = "") -> subprocess.CompletedProcess:
     launch = e2e_common.launcher if gpu else e2e_common.torchrun
     env = {**os.environ, "FSDP_VERSION": str(fsdp_version), "OMP_NUM_THREADS": "1",
            "QSDP_TEST_OPTIONS": json.dumps(options), "QSDP_TEST_FSDP": json.dumps(fsdp),
-           "QSDP_TEST_MICROBATCH": str(microbatch), "QSDP_TEST_EVAL": str(eval_every)}
+           "QSDP_TEST_MICROBATCH": str(microbatch), "QSDP_TEST_EVAL": str(eval_every),
+           "QSDP_TEST_EMA": ema}
     if gpu:
         env["QSDP_TEST_DEVICE"] = "gpu"
     return subprocess.run([*launch(nproc), str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
@@ -41,10 +42,11 @@ def _run(tmp_path: Path, out: Path, *args: str, gpu: bool = False, options: dict
 
 
 def _launch(tmp_path: Path, *args: str, gpu: bool = False, options: dict | None = None, nproc: int = 2,
-            fsdp: dict | None = None, fsdp_version: int = 2, microbatch: int = 16, eval_every: int = 0) -> dict:
+            fsdp: dict | None = None, fsdp_version: int = 2, microbatch: int = 16, eval_every: int = 0,
+            ema: str = "") -> dict:
     out = tmp_path / f"result-{'-'.join(a for a in args if '/' not in a) or 'full'}.json"
     proc = _run(tmp_path, out, *args, gpu=gpu, options=options, nproc=nproc, fsdp=fsdp, fsdp_version=fsdp_version,
-                microbatch=microbatch, eval_every=eval_every)
+                microbatch=microbatch, eval_every=eval_every, ema=ema)
     assert proc.returncode == 0, f"launcher failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
     return json.loads(out.read_text())
 
@@ -169,6 +171,34 @@ def test_exact_evaluations_send_plain_gathers_and_leave_training_traffic_as_with
     assert evaluation["sent"] == evaluation["native"] == evals * 2 * fp32 and evaluation["calls"] == evals * 2 * 3
     assert result["traffic"]["weights"]["sent"] == fp32 + (batches - 1) * update + evals * 2 * fp32
     assert max(result["param_rel_error"].values()) < 5e-2, result["param_rel_error"]
+
+
+@pytest.mark.slow  # two 2-process Composer runs: about 3 minutes on 2 shared cores
+def test_a_quantized_evaluation_of_weights_swapped_in_place_gathers_them_exactly(tmp_path):
+    """Composer's EMA swaps its averaged weights into the model in place at ``EVAL_START`` and back at ``EVAL_END``,
+    and Composer's ``eval_forward`` bypasses the model's forward hooks. A quantized evaluation under the LoCo qWD
+    preset must still see the swap: its first gather of each unit is a full-precision keyframe of the averaged
+    weights (not a 4-bit difference from training's reference), so its metric is the exact evaluation's, bit for
+    bit. Training's next gather after the swap back is a keyframe too, in both runs, so their losses agree."""
+    world, every, batches = 2, 4, 16
+    runs = {}
+    for mode in ("exact", "quantized"):
+        (tmp_path / mode).mkdir()
+        runs[mode] = _launch(tmp_path / mode, options={"preset": "qwd-w4g2-loco", "eval_weights": mode},
+                             eval_every=every, ema="2ba")
+    exact, quantized = runs["exact"], runs["quantized"]
+    assert len(exact["eval_mse"]) == batches // every
+    assert quantized["eval_mse"] == exact["eval_mse"]
+    assert quantized["losses"] == exact["losses"]
+    chunks = [cdiv(o, world) * i + cdiv(o, world) for i, o in ((32, 128), (128, 67), (67, 16))]
+    update = (world - 1) * sum(symmetric_bytes(n, 4, 2048) for n in chunks)
+    fp32 = (world - 1) * 4 * sum(chunks)
+    after_eval = set(range(every + 1, batches + 1, every))
+    for result in (exact, quantized):
+        assert result["metrics"]["qsdp/weights/bytes_sent"] == [fp32] + [fp32 if b in after_eval else update
+                                                                        for b in range(2, batches + 1)]
+    evaluation = quantized["eval_traffic"]["weights"]  # per evaluation: a keyframe per unit, then the reference
+    assert evaluation["sent"] == batches // every * fp32 and evaluation["served_locally"] == 3 * batches // every
 
 
 @pytest.mark.slow

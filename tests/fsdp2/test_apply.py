@@ -223,24 +223,39 @@ def test_without_named_optimizers_the_models_optimizer_steps_are_the_boundary(on
     opt.step()
 
 
-def test_an_in_place_weight_change_outside_a_step_is_seen_through_the_version_counters(one_rank, monkeypatch):
-    """FSDP2's handle reads its units' version counters (fsdp2/compat.py): an in-place edit between two forwards,
-    no optimizer step, tells that unit's weight-difference scheme to rebuild its reference, and only that one."""
-    net = _sharded()
+def _in_place_edit_worker(info: RankInfo) -> tuple[list[str], list[str], list[str], bool]:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    net, mesh = Net(), init_device_mesh("cpu", (info.world_size,))
+    for module in (net.embed, *net.blocks, net.head):
+        fully_shard(module, mesh=mesh)
+    fully_shard(net, mesh=mesh)
     handle = apply_qsdp(net, QSDPConfig.from_preset("qwd-w4g4"))
     changed: list[str] = []
     for unit in handle.units:
-        monkeypatch.setattr(unit.weights, "on_weights_changed", lambda name=unit.name: changed.append(name))
+        unit.weights.on_weights_changed = lambda name=unit.name: changed.append(name)
     unit = next(u for u in handle.units if u.name == "blocks.1")
-    assert handle.weight_versions(unit.params) == compat.weight_versions(unit.params)
-    assert len(handle.weight_versions(unit.params)) == len(unit.params) == 2
-    net(torch.tensor([[1, 2, 3]]))
-    assert changed == []
+    readers_agree = (handle.weight_versions(unit.params) == compat.weight_versions(unit.params)
+                     and len(handle.weight_versions(unit.params)) == len(unit.params) == 2)
+    x = torch.randint(0, 100, (2, 3))
+    net(x).sum().backward()
+    untouched = list(changed)
     with torch.no_grad():
         net.blocks[1].weight.mul_(0.5)
-    net(torch.tensor([[1, 2, 3]]))
-    assert changed == ["blocks.1"]
-    remove_qsdp(net)
+        net.blocks[1](torch.randn(2, 16))  # the unit alone, as an evaluation that bypasses the model's hooks
+    seen_alone = list(changed)
+    net(x).sum().backward()  # nothing new since that gather
+    return untouched, seen_alone, changed, readers_agree
+
+
+def test_an_in_place_weight_change_outside_a_step_is_seen_through_the_version_counters():
+    """FSDP2's handle reads its units' version counters (fsdp2/compat.py) at each quantized gather: an in-place edit
+    between two steps' gathers, no optimizer step, tells that unit's weight-difference scheme to rebuild its
+    reference, once, and only that unit's, also where the gather runs outside the model's forward (the unit called
+    alone, as Composer's ``eval_forward`` calls the inner model). Two ranks: on one, FSDP2 gathers nothing."""
+    for untouched, seen_alone, changed, readers_agree in run_ranks(_in_place_edit_worker, 2):
+        assert readers_agree
+        assert untouched == [] and seen_alone == changed == ["blocks.1"]
 
 
 def test_state_dict_round_trips_and_rejects_other_models(one_rank):
