@@ -759,11 +759,11 @@ def _check_evaluated_weights(runs: list[dict[str, Any]]) -> None:
 def _check_evaluations_leave_training(i: int, record: dict[str, Any], first: dict[str, Any]) -> None:
     """Raise ``ValueError`` unless every arm of runs ``i`` and 1, which evaluated at different intervals, evaluated
     the exact weights or has no QSDP. Exact evaluations leave training bit for bit as without them
-    (tests/fsdp2/test_eval_weights.py; through the trainer, tests/test_train.py). Quantized ones can change it: a
-    weight-difference scheme that rounds stochastically sends the step's update in the evaluation's gathers, with
-    other seeds than training's next forward would use. Others leave it alone (a direct scheme's gathers keep no
-    state; a difference rounded to nearest is the same whenever it is sent), but a record does not tell them
-    apart, so every quantized evaluation refuses."""
+    (tests/fsdp2/test_eval_weights.py; through the trainer, tests/test_train.py), and so do quantized ones where the
+    seed schedule gives a gather outside the model's forward the next training forward's key. Where it did not, a
+    weight-difference scheme that rounds stochastically sent the step's update in the evaluation's gathers with
+    another key than training's next forward, and training after it differed. A record does not say which seed
+    schedule its runs had, so every quantized evaluation refuses."""
     for n, run in ((i, record), (1, first)):
         for name, r in run["arms"].items():
             weights = _evaluated_weights(r)
@@ -771,9 +771,10 @@ def _check_evaluations_leave_training(i: int, record: dict[str, Any], first: dic
                 raise ValueError(
                     f"run {i} differs from run 1 in setting 'eval_interval': {record['settings'].get('eval_interval')!r}"
                     f" != {first['settings'].get('eval_interval')!r}, and run {n}'s {name} evaluated the quantized "
-                    "weights, which can change its training after each evaluation (a stochastically rounded weight "
-                    "difference sent with the evaluation's seeds); runs of other evaluation intervals combine only "
-                    "where every arm evaluated the exact weights")
+                    "weights, which could change its training after each evaluation (a stochastically rounded weight "
+                    "difference sent with another key than training's, in runs whose seed schedule gave evaluations "
+                    "their own keys); runs of other evaluation intervals combine only where every arm evaluated the "
+                    "exact weights")
 
 
 def _losses(r: dict[str, Any]) -> dict[tuple[str, int], float]:

@@ -73,8 +73,14 @@ class StepSeeds:
         self.microbatch = 0
 
     def seed(self, unit_index: int, stream: SeedStream) -> int:
-        """Key of ``stream`` of unit ``unit_index`` in the current microbatch."""
-        return mix_seed(self.base_seed, self.optimizer_step, self.microbatch, unit_index, int(stream))
+        """Key of ``stream`` of unit ``unit_index`` in the current microbatch.
+
+        Before the step's first forward (``microbatch`` 0) it is the first microbatch's key. Only gathers outside
+        the model's forward run then (Composer's evaluation after a step calls the inner model): a
+        weight-difference update such a gather sends is, bit for bit, the one the next training forward would
+        have sent, so training after a quantized evaluation continues as without it.
+        """
+        return mix_seed(self.base_seed, self.optimizer_step, max(self.microbatch, 1), unit_index, int(stream))
 
     def next_step_seed(self, unit_index: int, stream: SeedStream) -> int:
         """Key of ``stream`` of unit ``unit_index`` in the first microbatch after the next optimizer step: the key

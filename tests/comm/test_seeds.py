@@ -23,6 +23,7 @@ def test_rejects_parts_outside_unsigned_64_bit(bad):
 
 def test_step_seeds_follow_the_optimizer_step_and_the_microbatch():
     seeds = StepSeeds(7)
+    assert seeds.seed(0, SeedStream.WEIGHTS) == mix_seed(7, 0, 1, 0, 0)  # before the first forward: its key
     seeds.begin_microbatch()
     first = seeds.seed(0, SeedStream.WEIGHTS)
     assert seeds.seed(0, SeedStream.WEIGHTS) == first  # forward and backward re-gather of one microbatch
@@ -31,8 +32,10 @@ def test_step_seeds_follow_the_optimizer_step_and_the_microbatch():
     seeds.begin_microbatch()
     second = seeds.seed(0, SeedStream.WEIGHTS)  # the next microbatch of the same step
     seeds.end_optimizer_step()
+    before_forward = seeds.seed(0, SeedStream.WEIGHTS)  # a gather outside the model's forward (an evaluation)
     seeds.begin_microbatch()
     third = seeds.seed(0, SeedStream.WEIGHTS)
+    assert before_forward == third == mix_seed(7, 1, 1, 0, 0)  # the key the step's first forward reads
     assert len({first, second, third}) == 3 and (seeds.optimizer_step, seeds.microbatch) == (1, 1)
     restored = StepSeeds(7)
     restored.load_state_dict(seeds.state_dict())
