@@ -547,18 +547,23 @@ def test_eval_weights_both_logs_the_exact_and_the_quantized_loss_of_each_evaluat
 
 # The recipe's W8G8; qWD + LoCo (weight differences rounded to nearest); the same with stochastic weight differences.
 EVAL_CASES = {"w8g8": [], "qwd-w3g3-loco": ["algorithms.qsdp.preset=qwd-w3g3-loco"],
-              "qwd-stochastic": ["algorithms.qsdp.preset=qwd-w3g3-loco", "algorithms.qsdp.weight_codec=minmax"]}
+              "qwd-stochastic": ["algorithms.qsdp.preset=qwd-w3g3-loco", "algorithms.qsdp.weight_codec=minmax"],
+              "learned": ["algorithms.qsdp.weight_codec=learned",  # refit at every new key: evaluations' keys too
+                          "algorithms.qsdp.weight_codec_options.refresh_every=1"]}
 
 
-@pytest.mark.slow  # nine 2-process launches through the launcher: about 450 s on 2 shared cores
+@pytest.mark.slow  # twelve 2-process launches through the launcher: about 600 s on 2 shared cores
 def test_evaluations_leave_a_qsdp_run_bit_identical(corpus_shards, tmp_path):
     """What pooling runs of other evaluation intervals relies on (benchmarks/convergence.py --combine): the
     trainer's evaluations (its evaluator, eval dataloader and their gathers) change nothing in training. Of the exact
-    weights, no scheme state moves. Of the quantized weights: a direct scheme keeps no state, and a weight
-    difference (rounded to nearest, or stochastically) is sent by the evaluation's first gather with the key the
-    next training forward would read, so the reference it builds is the one training would have built."""
+    weights, no scheme state moves. Of the quantized weights: a direct scheme keeps no state but learned levels,
+    whose refits are pinned to a key, and a weight difference (rounded to nearest, or stochastically) is sent by the
+    evaluation's first gather; both read the key the next training forward would read, so the levels and the
+    reference are the ones training would have had."""
     losses = {}
-    for case, interval, weights in (("w8g8", "6ba", "exact"), ("w8g8", "2ba", "exact"), ("w8g8", "2ba", "quantized"),
+    for case, interval, weights in (("learned", "6ba", "exact"), ("learned", "2ba", "exact"),
+                                    ("learned", "2ba", "quantized"),
+                                    ("w8g8", "6ba", "exact"), ("w8g8", "2ba", "exact"), ("w8g8", "2ba", "quantized"),
                                     ("qwd-w3g3-loco", "6ba", "exact"), ("qwd-w3g3-loco", "2ba", "exact"),
                                     ("qwd-w3g3-loco", "2ba", "quantized"), ("qwd-stochastic", "6ba", "exact"),
                                     ("qwd-stochastic", "2ba", "exact"), ("qwd-stochastic", "2ba", "quantized")):

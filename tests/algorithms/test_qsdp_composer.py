@@ -173,7 +173,7 @@ def test_exact_evaluations_send_plain_gathers_and_leave_training_traffic_as_with
     assert max(result["param_rel_error"].values()) < 5e-2, result["param_rel_error"]
 
 
-@pytest.mark.slow  # two 2-process Composer runs: about 3 minutes on 2 shared cores
+@pytest.mark.slow  # two 2-process Composer runs: about a minute on 2 shared cores
 def test_a_quantized_evaluation_of_weights_swapped_in_place_gathers_them_exactly(tmp_path):
     """Composer's EMA swaps its averaged weights into the model in place at ``EVAL_START`` and back at ``EVAL_END``,
     and Composer's ``eval_forward`` bypasses the model's forward hooks. A quantized evaluation under the LoCo qWD
