@@ -552,7 +552,8 @@ EVAL_CASES = {"w8g8": [], "qwd-w3g3-loco": ["algorithms.qsdp.preset=qwd-w3g3-loc
                           "algorithms.qsdp.weight_codec_options.refresh_every=1"]}
 
 
-@pytest.mark.slow  # twelve 2-process launches through the launcher: about 600 s on 2 shared cores
+@pytest.mark.slow  # twelve 2-process launches through the launcher: 550-610 s on 2 shared cores
+@pytest.mark.timeout(1200)  # above the suite's 600 s
 def test_evaluations_leave_a_qsdp_run_bit_identical(corpus_shards, tmp_path):
     """What pooling runs of other evaluation intervals relies on (benchmarks/convergence.py --combine): the
     trainer's evaluations (its evaluator, eval dataloader and their gathers) change nothing in training. Of the exact
