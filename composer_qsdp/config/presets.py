@@ -18,7 +18,7 @@ exclude=[...])`` builds with flat keyword changes (:mod:`composer_qsdp.config.se
   reference every rank keeps, §3.1: symmetric INT4 in groups of 2048, round to nearest) and TLq-HS gradients
   (below). Within one node the gradients take the intra-node INT8 hop only. Loss: unproven (below plain FSDP2's
   seed range on GPT-125M's ``prose`` corpus, -0.33% over three seeds, 2,000 steps; inside it on ``pysource``,
-  -0.43% over three seeds; ``csource`` and GPT-350M not run).
+  -0.43% over three seeds; on ``csource`` one seed of three, inside the range; GPT-350M not run).
 * ``qwd-w4g4``: qWD weights as ``sdp4bit``, with one-hop 4-bit gradients in groups of 128 (§3.2, Table 3: 128
   suffices) rotated by a Hadamard transform (SDP4Bit's "smoother") and our unbiased stochastic rounding, the best
   4-bit gradient setting of our round-1 measurements: 4 bits on both sides within one node. Loss: unproven.
