@@ -33,6 +33,9 @@ What the residual is, and what it costs:
 * a NaN/Inf gradient still reaches the output (a grad scaler skips the step), but the residual's non-finite
   entries are reset to zero (DeepSpeed drops the whole buffer on overflow).
 * ``reset_every``: the residual is zeroed every this many optimizer steps (DeepSpeed's ``reset_T``; 0: never).
+* FSDP reduce-scatters only the parameters of a unit that have gradients: when that set changes (layers frozen or
+  unfrozen mid-run, e.g. by Composer's ``LayerFreezing``), the residual restarts from zero in the new layout, with a
+  :class:`LoCoResidualWarning`, as a reset would.
 * ``residual_on_host``: the residual lives in pinned host memory instead of device memory; each call copies it to the
   device and the updated one back (:class:`~composer_qsdp.schemes.host_copies.HostCopies`): no device memory between
   calls, the same results, the residual's bytes over the host link each way per call.
@@ -89,7 +92,8 @@ def check_feedback_options(scheme: str, beta: object, reset_every: object, resid
 
 
 class LoCoResidualWarning(UserWarning):
-    """LoCo's error-feedback residuals restart from zero on a resume (another number of ranks, or no saved piece)."""
+    """LoCo's error-feedback residuals restart from zero: on a resume (another number of ranks, or no saved piece),
+    or when the unit's parameters with gradients change (another gradient layout)."""
 
 
 class LoCoFeedback(GradScheme):
@@ -158,12 +162,17 @@ class LoCoFeedback(GradScheme):
                 if pending:
                     warnings.warn(pending, LoCoResidualWarning, stacklevel=4)
                 self.residual = self._at_home(restored, input.device)
+        if self.residual is not None and _elements(self.residual) != numel:
+            # FSDP reduce-scatters only the unit's parameters that have gradients, so the layout changes when some
+            # are frozen or unfrozen mid-run: a residual of the old layout would feed errors into the wrong elements.
+            warnings.warn(f"the {self.name} gradient scheme's error-feedback residual restarts from zero: it holds "
+                          f"{_elements(self.residual)} elements and this reduce-scatter feeds back {numel} (the "
+                          "unit's parameters with gradients changed, e.g. layers frozen or unfrozen)",
+                          LoCoResidualWarning, stacklevel=4)
+            self._host.settle()  # a copy back to the old residual must land before it is dropped
+            self.residual = None
         if self.residual is None:
             self.residual = self._at_home(self._zero_residual(numel, input.device), input.device)
-        elif _elements(self.residual) != numel:
-            raise ValueError(f"the {self.name} gradient scheme serves one gradient size per unit: its residual has "
-                             f"{_elements(self.residual)} elements, but this reduce-scatter input of {input.numel()} "
-                             f"elements feeds back {numel}")
         if not self.residual_on_host:
             return self.residual
         self._work = _with_storage(self.residual, self._host.to_device(_storage(self.residual), input.device))

@@ -14,7 +14,8 @@
   rank's piece, or one saved in the other storage (int8 codes against floats) start from zero with one warning naming
   why; a piece of the wrong shape raises; ``reset_every`` zeroes the
   residual; a NaN gradient stays NaN in the output but leaves the residual finite; misuse raises naming the bad
-  value.
+  value; a call of another size (FSDP's gradient layout after parameters were frozen or unfrozen) warns once and
+  computes what a fresh scheme computes.
 * On an FSDP2 model with an uneven layer, with gradient accumulation, a ``torch.distributed.checkpoint`` resume
   continues exactly as the uninterrupted run.
 """
@@ -195,10 +196,25 @@ def _rank_side(info: RankInfo) -> dict:
     out["nan_output"] = bool(torch.isnan(o).any()) if info.rank == 0 else None
     out["residual_finite"] = bool(torch.isfinite(_values(first.residual)).all())
 
-    try:
-        first.reduce_scatter(torch.empty(N + 1), torch.empty(world * (N + 1)), dist.ReduceOp.SUM, SEED)
-    except ValueError as err:
-        out["other_size"] = str(err)
+    # another gradient layout (FSDP reduce-scatters only the parameters with gradients: some were frozen or
+    # unfrozen) restarts the residual from zero: each call computes what a fresh scheme computes for its input
+    for dtype in ("float32", "int8"):
+        layouts = LoCoReduceScatter(_codec(spec), beta=beta, residual_dtype=dtype)
+        layouts.setup(group, Topology(1))
+        for call, n in enumerate((N, N, N + 5, N + 5, N)):
+            g = torch.randn(world * n, generator=torch.Generator().manual_seed(77 * call + info.rank))
+            fresh_scheme = LoCoReduceScatter(_codec(spec), beta=beta, residual_dtype=dtype)
+            fresh_scheme.setup(group, Topology(1))
+            a, b = torch.empty(n), torch.empty(n)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                layouts.reduce_scatter(a, g.clone(), dist.ReduceOp.SUM, SEED + call)
+            fresh_scheme.reduce_scatter(b, g.clone(), dist.ReduceOp.SUM, SEED + call)
+            out[f"layout_{dtype}_{call}"] = {
+                "warnings": [str(w.message) for w in caught if issubclass(w.category, LoCoResidualWarning)],
+                "as_fresh": torch.equal(a, b)
+                and torch.equal(_values(layouts.residual), _values(fresh_scheme.residual)),
+            }
     return out
 
 
@@ -254,8 +270,22 @@ def test_loco_state_resets_nan_and_misuse(results):
         assert f"shape (2, {world * N}); this state needs (1, {world * N})" in out["wrong_piece"]
         assert all(out[f"kept_after_one_{d}"] and out[f"zero_after_two_{d}"] for d in ("float32", "int8"))
         assert out["residual_finite"]
-        assert "one gradient size per unit" in out["other_size"]
     assert outs[0]["nan_output"] is True
+
+
+def test_a_new_gradient_layout_restarts_the_residual_as_a_fresh_scheme(results):
+    """Calls of N, N, N + 5, N + 5, N elements per chunk: the calls that change the size warn once each and compute
+    what a fresh scheme computes (a zero residual of the new layout); the second call of a size carries feedback."""
+    world, outs = results
+    for out in outs:
+        for dtype in ("float32", "int8"):
+            calls = [out[f"layout_{dtype}_{call}"] for call in range(5)]
+            assert [len(c["warnings"]) for c in calls] == [0, 0, 1, 0, 1]
+            assert [c["as_fresh"] for c in calls] == [True, False, True, False, True]
+            for call, held, now in ((2, N, N + 5), (4, N + 5, N)):
+                said = f"holds {world * held} elements and this reduce-scatter feeds back {world * now}"
+                assert said in calls[call]["warnings"][0]
+            assert "parameters with gradients changed" in calls[2]["warnings"][0]
 
 
 @pytest.mark.parametrize("options, match", [
