@@ -73,12 +73,17 @@ class FlatLayout:
         """The buckets of ``part`` (a group's slice) in a per-bucket tensor of the whole layout."""
         return slice(part.start // self.align, part.stop // self.align)
 
+    def mask(self, indices: Iterable[int]) -> torch.Tensor:
+        """A boolean flat tensor: True on the elements of the parameters at ``indices`` (of :attr:`params`)."""
+        mask = torch.zeros(self.numel, dtype=torch.bool, device=self.device)
+        views = self.views(self.whole, mask)
+        for index in indices:
+            views[index].fill_(True)
+        return mask
+
     def valid(self) -> torch.Tensor:
         """A boolean flat tensor: True on the elements that belong to a parameter, False in the gaps."""
-        mask = torch.zeros(self.numel, dtype=torch.bool, device=self.device)
-        for view in self.views(self.whole, mask):
-            view.fill_(True)
-        return mask
+        return self.mask(range(len(self.params)))
 
     def flat_params(self, part: slice) -> torch.Tensor:
         """A new flat tensor laid out like ``part``: the values of its parameters, zeros in the gaps."""

@@ -88,6 +88,11 @@ What differs from DeepSpeed, on purpose:
   a gradient for them. Their Adam step would be ``m / eps``, and 1-bit compression, which cannot represent zero,
   hands every element of a bucket ``+-scale``; DeepSpeed's answer is a momentum mask (``exp_avg_mask``) the user
   supplies for parameters known to have constant-zero gradients, derived here from the variance.
+* A parameter frozen during training (it no longer requires a gradient, or no parameter group holds it: Composer's
+  ``LayerFreezing`` does both) keeps its value and its state, as torch's optimizers skip a parameter without a
+  gradient, and takes no part in the 1-bit synchronizations (its error buffers are dropped). One frozen between two
+  synchronizations of the local-step phase, where the ranks' copies differ, takes its last synchronized value, the
+  same on every rank; it still occupies its place in the flat buffers. Unfrozen, it continues from its state.
 * Every parameter starts on a codec bucket in the flat layout, so a bucket's scale never mixes two tensors (a bias
   with a weight matrix): DeepSpeed's scales are per tensor for the same reason.
 * A synchronization whose interval saw only zero learning rates (``S = 0``) leaves ``m`` as it was instead of
@@ -136,8 +141,9 @@ class ZeroOneAdam(torch.optim.Optimizer):
 
     Args:
         params: fp32 parameters (or parameter groups) of a full replica, on one device. Parameters that do not
-            require gradients are left alone; a parameter without a gradient at a step counts as a zero gradient,
-            so that every rank communicates the same layout.
+            require gradients are left alone; one that stops requiring them later, or that leaves every parameter
+            group, is frozen (module docstring). A parameter without a gradient at a step counts as a zero
+            gradient, so that every rank communicates the same layout.
         lr: learning rate.
         betas: ``(beta1, beta2)`` of the momentum and the variance.
         eps: added to ``sqrt(v)``; must be > 0 (an element whose variance decayed to zero would divide by it).
@@ -243,6 +249,9 @@ class ZeroOneAdam(torch.optim.Optimizer):
         self._flat: dict[str, torch.Tensor] | None = None
         self._stats: BucketStatistics | None = None  # variance_rescale's per-bucket statistics
         self._valid: torch.Tensor | None = None  # the flat elements that belong to a parameter
+        # Layout indices of the frozen parameters at the last step, and their flat mask (None: none frozen).
+        self._frozen: tuple[int, ...] = ()
+        self._frozen_mask: torch.Tensor | None = None
         self._scheme: OneBitAllReduce | None = None
         # The variance updates' all-reduce with variance_codec, and variance_rescale's all-reduce of the per-bucket
         # statistics (exact): None when unused or with world size 1.
@@ -364,7 +373,10 @@ class ZeroOneAdam(torch.optim.Optimizer):
         self._restored_params = {}
         plan = self._schedule.advance()
         scheme = self._scheme
+        frozen = self._freeze(plan)
         grads = self._layout.flat_grads()
+        if frozen is not None:
+            grads.masked_fill_(frozen, 0)
         silent = None
         if not plan.update_variance:
             # Elements whose variance is zero (every variance step saw a zero gradient, as for a dead unit or an
@@ -388,6 +400,8 @@ class ZeroOneAdam(torch.optim.Optimizer):
         squares = None if stats is None else stats.sums_of_squares(grads)
         if not plan.local and scheme is not None:
             valid = self._valid if silent is None else ~silent
+            if frozen is not None:
+                valid = valid & ~frozen
             if plan.update_variance and self._variance_scheme is not None:
                 self._variance_scheme.all_reduce(grads, valid=valid)
             elif plan.update_variance:
@@ -414,9 +428,13 @@ class ZeroOneAdam(torch.optim.Optimizer):
         for index, (group, part) in enumerate(self._group_slices()):
             beta1, beta2 = group["betas"]
             g, m, v = grads[part], flat["exp_avg"][part], flat["exp_avg_sq"][part]
+            keep = None if frozen is None else frozen[part]
+            kept = None if keep is None else (m[keep], v[keep])  # a frozen parameter's state stays as it is
             if plan.update_variance:
                 v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
             m.mul_(beta1).add_(g, alpha=1 - beta1)
+            if kept is not None:
+                m[keep], v[keep] = kept
             denom = self._denominator(group, v if ratio is None else v * ratio[part])
             update = self._corrected_momentum(group, m, plan.step) / denom
             if self._bound_updates:
@@ -424,32 +442,60 @@ class ZeroOneAdam(torch.optim.Optimizer):
                 update.clamp_(-bound, bound)
             if group["weight_decay"] > 0:
                 update.add_(self._layout.flat_params(part), alpha=group["weight_decay"])
-            self._layout.add_to_params(part, update.masked_fill_(v == 0, 0), -group["lr"])
+            still = v == 0 if keep is None else (v == 0) | keep
+            self._layout.add_to_params(part, update.masked_fill_(still, 0), -group["lr"])
             if plan.local:
                 self._lrs[index] += group["lr"]
             denoms.append(denom)
         if plan.local and plan.sync:
-            self._synchronize(plan, denoms)
+            self._synchronize(plan, denoms, frozen)
         if stats is not None and (plan.update_variance or (plan.local and plan.sync)):
             stats.synchronize(plan.step, plan.update_variance, self._bucket_parts(), self._stats_scheme)
         return loss
 
-    def _synchronize(self, plan: ScheduledStep, denoms: list[torch.Tensor]) -> None:
-        """The local-step phase's synchronization (after this step's local update)."""
+    def _synchronize(self, plan: ScheduledStep, denoms: list[torch.Tensor], frozen: torch.Tensor | None) -> None:
+        """The local-step phase's synchronization (after this step's local update); ``frozen``: the elements of
+        frozen parameters (they take no part)."""
         synced = self._flat["synced_param"]
         u = self._layout.flat_params(self._layout.whole).sub_(synced)
         slices = list(self._group_slices())
         if self._scheme is not None:
             # u is compressed as it is, in the preconditioned coordinates (lr-weighted m / (sqrt(v) + eps)), for
             # the reason the variance phase's 1-bit steps are; DeepSpeed compresses u * (sqrt(v) + eps).
-            self._scheme.all_reduce(u, valid=self._flat["exp_avg_sq"] != 0)  # the variance is frozen: as in step
+            valid = self._flat["exp_avg_sq"] != 0  # the variance is frozen: as in step
+            self._scheme.all_reduce(u, valid=valid if frozen is None else valid & ~frozen)
         for index, ((group, part), denom) in enumerate(zip(slices, denoms)):
             if self._lrs[index] > 0:
                 mean_momentum = u[part] * denom / -self._lrs[index]
-                self._flat["exp_avg"][part].copy_(self._uncorrect_momentum(group, mean_momentum, plan.step))
+                m = self._flat["exp_avg"][part]
+                keep = None if frozen is None else frozen[part]
+                kept = None if keep is None else m[keep]
+                m.copy_(self._uncorrect_momentum(group, mean_momentum, plan.step))
+                if kept is not None:
+                    m[keep] = kept
             synced[part].add_(u[part])
             self._lrs[index] = 0.0
         self._layout.copy_to_params(synced)
+
+    def _freeze(self, plan: ScheduledStep) -> torch.Tensor | None:
+        """The flat elements of the frozen parameters for this step (None: none), after returning each newly frozen
+        one to its last synchronized value in the local-step phase.
+
+        A parameter is frozen when it no longer requires a gradient or no parameter group holds it any more
+        (Composer's ``LayerFreezing`` does both). Between two synchronizations the ranks' copies of a parameter
+        differ; the last synchronized value is the same on every rank, so a parameter frozen there keeps that one.
+        """
+        held = {id(p) for group in self.param_groups for p in group["params"]}
+        now = tuple(i for i, p in enumerate(self._layout.params) if not p.requires_grad or id(p) not in held)
+        if now == self._frozen:
+            return self._frozen_mask
+        if plan.local and not plan.enter_local:
+            newly = [i for i in now if i not in self._frozen]
+            synced = self._layout.views(self._layout.whole, self._flat["synced_param"])
+            torch._foreach_copy_([self._layout.params[i] for i in newly], [synced[i] for i in newly])
+        self._frozen = now
+        self._frozen_mask = self._layout.mask(now) if now else None
+        return self._frozen_mask
 
     def _bucket_parts(self) -> list[tuple[float, slice]]:
         """Each group's ``beta2`` and its part of variance_rescale's per-bucket buffers."""

@@ -30,6 +30,9 @@ SCENARIOS = {
               "local_step_clipper": 4, "bias_correction": True},
 }
 RESUME_AT = (3, 10)  # a variance-phase step, and a local step between two synchronizations of "local"
+# The step before which a parameter is frozen mid-run: in the variance phase, and between the synchronizations of
+# steps 8 and 12 of "local"; and the step whose weights it must keep from then on (the last synchronized ones).
+FREEZE_AT = {"freezing": (5, 4), "local": (10, 8)}
 CLIP = 5.0  # max_grad_norm of the AdamW comparison
 
 
@@ -53,10 +56,11 @@ def _grads(step: int, rank: int, dead_unit: bool = True) -> list[list[torch.Tens
     return grads
 
 
-def _optimizer(params, settings: dict, frozen: torch.nn.Parameter | None = None) -> ZeroOneAdam:
+def _optimizer(params, settings: dict, extra: torch.nn.Parameter | None = None) -> ZeroOneAdam:
+    """``extra``: one more parameter of group 0 (frozen, or trained and frozen later)."""
     groups = [{"params": ps, **options} for ps, options in zip(params, GROUPS)]
-    if frozen is not None:
-        groups[0]["params"] = [*groups[0]["params"], frozen]
+    if extra is not None:
+        groups[0]["params"] = [*groups[0]["params"], extra]
     options = {k: v for k, v in settings.items() if k != "steps"}
     return ZeroOneAdam(groups, bucket_size=BUCKET, **options)
 
@@ -83,6 +87,27 @@ def _worker(info: RankInfo) -> dict:
         opt = _optimizer(params, settings, frozen)
         out[name] = {"flats": _train(opt, params, range(1, settings["steps"] + 1), info.rank),
                      "traffic": opt.traffic(), "frozen_untouched": bool((frozen == 1).all())}
+
+    # A third weight in group 0, trained and then frozen as Composer's LayerFreezing does it (requires_grad off, out
+    # of its group): the others' steps must be those of the optimizer above, which never held it.
+    for name, settings in SCENARIOS.items():
+        params = [[p.to(info.device).detach().requires_grad_() for p in ps] for ps in _params()]
+        later = torch.nn.Parameter(torch.randn(6, 5, generator=torch.Generator().manual_seed(3)).to(info.device))
+        opt = _optimizer(params, settings, later)
+        at, keeps = FREEZE_AT[name]
+        flats, laters = [], []
+        for step in range(1, settings["steps"] + 1):
+            if step == at:
+                later.requires_grad_(False)
+                later.grad = None
+                for group in opt.param_groups:
+                    group["params"] = [p for p in group["params"] if p is not later]
+            elif step < at:
+                gen = torch.Generator().manual_seed(500 * step + info.rank)
+                later.grad = torch.randn(6, 5, generator=gen).to(info.device)
+            flats.extend(_train(opt, params, range(step, step + 1), info.rank))
+            laters.append(later.detach().clone().cpu())
+        out[f"{name}_freeze_later"] = {"flats": flats, "laters": laters}
 
     # AdamW: every step updates the variance from an exact mean, and the variance never freezes; the mean gradient
     # is clipped (the test gradients' means have norms of about 9).
@@ -160,6 +185,29 @@ def test_matches_the_float64_reference(runs, name):
     if name == "local":  # between synchronizations the ranks' weights differ; after one they are the same again
         assert not torch.equal(outs[0][name]["flats"][8], outs[1][name]["flats"][8])  # step 9: local steps
         assert all(torch.equal(out[name]["flats"][11], outs[0][name]["flats"][11]) for out in outs)  # step 12: sync
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_a_parameter_frozen_mid_run_stays_and_leaves_the_others_alone(runs, name):
+    """Frozen before step ``at``, the parameter keeps the weights of step ``keeps`` (the step before, or in the
+    local-step phase the last synchronization's, the same on every rank) to the end, and the other parameters take
+    the steps of an optimizer that never held it: bit for bit on 2 ranks, to rounding on more."""
+    world, outs = runs
+    at, keeps = FREEZE_AT[name]
+    for out in outs:
+        got = out[f"{name}_freeze_later"]
+        for a, b in zip(got["flats"], out[name]["flats"]):
+            if world == 2:
+                assert torch.equal(a, b)
+            else:  # an exact all-reduce's sum of 3+ ranks rounds by where the element falls in the ring's segments
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+        assert not torch.equal(got["laters"][keeps - 1], got["laters"][0])  # it trained before
+        for step in range(at, SCENARIOS[name]["steps"] + 1):
+            assert torch.equal(got["laters"][step - 1], got["laters"][keeps - 1]), f"step {step}"
+        assert torch.equal(got["laters"][-1], outs[0][f"{name}_freeze_later"]["laters"][-1])
+    if name == "local":  # between synchronizations the ranks' copies differed: the frozen one is the synced one
+        ranks = [out[f"{name}_freeze_later"]["laters"][8] for out in outs]  # step 9
+        assert not torch.equal(ranks[0], ranks[1])
 
 
 def test_without_freezing_or_local_steps_it_is_adamw_with_the_mean_gradient_clipped(runs):
