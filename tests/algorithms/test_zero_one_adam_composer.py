@@ -71,6 +71,22 @@ def test_composer_checkpoint_resume_between_syncs_is_exact(tmp_path, options):
     assert resumed["traffic"] == saved["traffic"] and resumed["schedule"] == saved["schedule"]
 
 
+def test_composer_layer_freezing_keeps_the_frozen_layer_still_and_alike(tmp_path):
+    """Composer's LayerFreezing freezes l1 at the end of epoch 2, in the local-step phase: from batch 33 on l1 stays
+    as it is and the same on both ranks, while the other layers train on."""
+    result = _launch(tmp_path, "freeze")
+    assert result["optimizer"] == "ZeroOneAdam" and result["algorithms"][-1] == "LayerFreezing"
+    first = next(i for i, names in enumerate(result["frozen"]) if names)  # batch first + 1 is the first frozen one
+    assert (first, result["batches"]) == (32, 48)
+    assert result["frozen"][first] == ["module.net.l1.weight", "module.net.l1.bias"]
+    n = 32 * 128 + 128  # l1's elements, first in the flat parameters
+    kept = result["params"][first][0][:n]
+    for per_rank in result["params"][first:]:
+        assert per_rank[0][:n] == kept and per_rank[1][:n] == kept
+    assert result["params"][-1][0][n:] != result["params"][first][0][n:]
+    assert result["losses"][-1] < result["losses"][first]
+
+
 @pytest.mark.gpu
 def test_composer_ddp_run_on_two_gpu_ranks(tmp_path):
     _check_run(_launch(tmp_path, "full", gpu=True))

@@ -1,16 +1,17 @@
 """A real Composer DDP run with 0/1 Adam, for ``composer -n 2`` (driven by test_zero_one_adam_composer.py).
 
-    composer -n 2 tests/algorithms/zoa_composer_run.py OUT.json [full | save CKPT_DIR | resume CKPT_DIR]
+    composer -n 2 tests/algorithms/zoa_composer_run.py OUT.json [full | save CKPT_DIR | resume CKPT_DIR | freeze]
 
 Trains composer_run.py's MLP towards its linear teacher on CPU (gloo) or GPUs (``QSDP_TEST_DEVICE=gpu``) with
 Composer's ``DecoupledAdamW`` turned into 0/1 Adam by ``ZeroOneAdamDDP``: steps 1, 2, 4, 6 update the variance,
 steps 3 and 5 synchronize with 1 bit, and after the variance froze the local-step phase synchronizes at steps 7, 8,
 10 and 14 (intervals 1, 1, 2, 4). ``full`` first checks that ``ddp_sync_strategy='forced_sync'`` is refused, then
 trains 14 batches; ``save`` trains 14 batches with a checkpoint after batch 12 (two local steps after a
-synchronization: the ranks' weights differ); ``resume`` loads it and trains batches 13 and 14. ``ZOA_OPTIONS`` (JSON)
+synchronization: the ranks' weights differ); ``resume`` loads it and trains batches 13 and 14; ``freeze`` trains 3
+epochs (48 batches) with Composer's ``LayerFreezing``, which freezes ``l1`` at the end of epoch 2. ``ZOA_OPTIONS`` (JSON)
 adds options of ZeroOneAdamDDP (e.g. ``{"variance_codec": "symmetric"}``). Rank 0 writes JSON:
-the losses, every rank's parameters after each batch, the traffic report, the optimizer's type and the logged
-metrics.
+the losses, every rank's parameters after each batch and the names of the frozen ones, the traffic report, the
+optimizer's type and the logged metrics.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 import torch
 from composer import Trainer
 from composer.core import Callback
-from composer.algorithms import GradientClipping
+from composer.algorithms import GradientClipping, LayerFreezing
 from composer.loggers import InMemoryLogger
 from composer.optim import DecoupledAdamW
 from composer.utils import dist
@@ -46,10 +47,12 @@ class ParamRecorder(Callback):
 
     def __init__(self) -> None:
         self.params: list[list[list[float]]] = []
+        self.frozen: list[list[str]] = []
 
     def batch_end(self, state, logger) -> None:
         flat = torch.cat([p.detach().reshape(-1) for p in state.model.parameters()])
         self.params.append([t.cpu().tolist() for t in dist.all_gather(flat)])
+        self.frozen.append([name for name, p in state.model.named_parameters() if not p.requires_grad])
 
 
 def _trainer(mode: str, ckpt_dir: str, callbacks: list, **extra) -> tuple[Trainer, ZeroOneAdamDDP]:
@@ -69,7 +72,8 @@ def _trainer(mode: str, ckpt_dir: str, callbacks: list, **extra) -> tuple[Traine
         train_dataloader=loader,
         device=this_process_gpu()[0] if os.environ.get("QSDP_TEST_DEVICE") == "gpu" else "cpu",
         precision="fp32",
-        algorithms=[algorithm, GradientClipping("norm", CLIP)],
+        algorithms=[algorithm, GradientClipping("norm", CLIP),
+                    *([LayerFreezing(freeze_start=0.0, freeze_level=1.0)] if mode == "freeze" else [])],
         callbacks=callbacks,
         progress_bar=False,
         log_to_console=False,
@@ -94,7 +98,8 @@ def _forced_sync_error() -> str:
 def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
     forced = _forced_sync_error() if mode == "full" else None
     recorder, params, memory = LossRecorder(), ParamRecorder(), InMemoryLogger()
-    trainer, algorithm = _trainer(mode, ckpt_dir, [recorder, params], loggers=[memory])
+    extra = {"max_duration": "3ep"} if mode == "freeze" else {}
+    trainer, algorithm = _trainer(mode, ckpt_dir, [recorder, params], loggers=[memory], **extra)
     trainer.fit()
     if dist.get_global_rank() == 0:
         traffic = algorithm.traffic()
@@ -107,6 +112,7 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
             "algorithms": [type(a).__name__ for a in trainer.state.algorithms],
             "losses": recorder.losses,
             "params": params.params,
+            "frozen": params.frozen,
             "traffic": dataclasses.asdict(traffic.grads),
             "metrics": {name: [float(v) for _, v in series] for name, series in memory.data.items()
                         if name.startswith("zero_one_adam/")},
