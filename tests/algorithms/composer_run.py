@@ -14,7 +14,10 @@ settings (e.g. ``{"reshard_after_forward": 2}``); ``QSDP_TEST_MICROBATCH`` split
 microbatches of that many samples (gradient accumulation: one reduce-scatter per microbatch);
 ``QSDP_TEST_EVAL`` evaluates every that many batches on 2 batches of the training set; ``QSDP_TEST_EMA`` adds
 Composer's EMA algorithm with that half-life (e.g. ``"2ba"``), which swaps its averaged weights into the model in
-place for each evaluation.
+place for each evaluation. ``QSDP_TEST_FREEZE=1`` trains 3 epochs (48 batches) with Composer's ``LayerFreezing``,
+which freezes ``l1`` at the end of epoch 2, and makes ``l3`` the only unit below the root, so that ``l1`` freezes
+inside the root's unit (``l2`` trains on there); rank 0 then also writes the frozen parameters' names and whether
+``l1`` moved, after each batch.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import sys
 import torch
 import torch.nn as nn
 from composer import Trainer
-from composer.algorithms import EMA
+from composer.algorithms import EMA, LayerFreezing
 from composer.core import Callback
 from composer.loggers import InMemoryLogger
 from composer.models import ComposerModel
@@ -44,6 +47,7 @@ from full_dtensor import gather_full  # noqa: E402
 
 N, BS, IN, HID, OUT, LR = 512, 16, 32, 128, 16, 0.05
 DEFAULT_OPTIONS = {"weight_bits": 8, "grad_bits": 8, "bucket_size": 256, "error_sample_interval": 2}
+FREEZE = os.environ.get("QSDP_TEST_FREEZE") == "1"
 
 
 class Net(nn.Module):
@@ -55,7 +59,7 @@ class Net(nn.Module):
         return self.l3(torch.relu(self.l2(torch.relu(self.l1(x)))))
 
     def fsdp_wrap_fn(self, module: nn.Module) -> bool:  # Composer's wrapping hook: each Linear is a unit
-        return isinstance(module, nn.Linear)
+        return isinstance(module, nn.Linear) and (not FREEZE or module is self.l3)
 
 
 class Model(ComposerModel):
@@ -89,6 +93,22 @@ class LossRecorder(Callback):
         loss = state.loss.detach().clone()
         dist.all_reduce(loss)
         self.losses.append(loss.item() / dist.get_world_size())
+
+
+class FreezeRecorder(Callback):
+    """After each batch: the names of the frozen parameters, and whether ``l1``'s weight moved in the batch."""
+
+    def __init__(self) -> None:
+        self.frozen: list[list[str]] = []
+        self.l1_moved: list[bool] = []
+        self._last: torch.Tensor | None = None
+
+    def batch_end(self, state, logger) -> None:
+        net = state.model.net
+        self.frozen.append([name for name, p in net.named_parameters() if not p.requires_grad])
+        now = gather_full(net.l1.weight).cpu()
+        self.l1_moved.append(self._last is None or not torch.equal(now, self._last))
+        self._last = now
 
 
 def dataset() -> TensorDataset:
@@ -134,7 +154,7 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
     options = dict(json.loads(os.environ.get("QSDP_TEST_OPTIONS", "null")) or DEFAULT_OPTIONS)
     qsdp = QSDP(QSDPConfig.from_preset(options.pop("preset", "w8g8"), **options))
     fsdp_settings = json.loads(os.environ.get("QSDP_TEST_FSDP", "null")) or {}
-    recorder = LossRecorder()
+    recorder, freezing = LossRecorder(), FreezeRecorder()
     memory = InMemoryLogger()
     checkpointing = {}
     lr = 1e30 if mode == "diverge" else LR
@@ -152,12 +172,13 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
         model=model,
         optimizers=torch.optim.SGD(model.parameters(), lr=lr),
         train_dataloader=loader,
-        max_duration="6ba" if mode != "full" else "16ba",
+        max_duration="3ep" if FREEZE else "6ba" if mode != "full" else "16ba",
         device=device,
         precision="fp32",
         parallelism_config={"fsdp": {"mixed_precision": "FULL", "state_dict_type": "sharded", **fsdp_settings}},
-        algorithms=[qsdp, *([EMA(half_life=ema)] if (ema := os.environ.get("QSDP_TEST_EMA")) else [])],
-        callbacks=[recorder],
+        algorithms=[qsdp, *([EMA(half_life=ema)] if (ema := os.environ.get("QSDP_TEST_EMA")) else []),
+                    *([LayerFreezing(freeze_start=0.0, freeze_level=1.0)] if FREEZE else [])],
+        callbacks=[recorder, *([freezing] if FREEZE else [])],
         loggers=[memory],
         progress_bar=False,
         log_to_console=False,
@@ -189,6 +210,8 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
             "batches": batches,
             "hyperparameters": {k: v for k, v in memory.hyperparameters.items() if k.startswith("qsdp/")},
             "auto_current": qsdp.auto.current if qsdp.auto is not None else None,
+            "frozen": freezing.frozen,
+            "l1_moved": freezing.l1_moved,
         }
         with open(out_path, "w") as f:
             json.dump(result, f)

@@ -29,12 +29,12 @@ AUTO = {"policy": "auto", "auto_options": {"warmup_steps": 2, "recheck_tolerance
 
 def _run(tmp_path: Path, out: Path, *args: str, gpu: bool = False, options: dict | None = None, nproc: int = 2,
          fsdp: dict | None = None, fsdp_version: int = 2, microbatch: int = 16,
-         eval_every: int = 0, ema: str = "") -> subprocess.CompletedProcess:
+         eval_every: int = 0, ema: str = "", freeze: bool = False) -> subprocess.CompletedProcess:
     launch = e2e_common.launcher if gpu else e2e_common.torchrun
     env = {**os.environ, "FSDP_VERSION": str(fsdp_version), "OMP_NUM_THREADS": "1",
            "QSDP_TEST_OPTIONS": json.dumps(options), "QSDP_TEST_FSDP": json.dumps(fsdp),
            "QSDP_TEST_MICROBATCH": str(microbatch), "QSDP_TEST_EVAL": str(eval_every),
-           "QSDP_TEST_EMA": ema}
+           "QSDP_TEST_EMA": ema, "QSDP_TEST_FREEZE": "1" if freeze else ""}
     if gpu:
         env["QSDP_TEST_DEVICE"] = "gpu"
     return subprocess.run([*launch(nproc), str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
@@ -43,10 +43,10 @@ def _run(tmp_path: Path, out: Path, *args: str, gpu: bool = False, options: dict
 
 def _launch(tmp_path: Path, *args: str, gpu: bool = False, options: dict | None = None, nproc: int = 2,
             fsdp: dict | None = None, fsdp_version: int = 2, microbatch: int = 16, eval_every: int = 0,
-            ema: str = "") -> dict:
+            ema: str = "", freeze: bool = False) -> dict:
     out = tmp_path / f"result-{'-'.join(a for a in args if '/' not in a) or 'full'}.json"
     proc = _run(tmp_path, out, *args, gpu=gpu, options=options, nproc=nproc, fsdp=fsdp, fsdp_version=fsdp_version,
-                microbatch=microbatch, eval_every=eval_every, ema=ema)
+                microbatch=microbatch, eval_every=eval_every, ema=ema, freeze=freeze)
     assert proc.returncode == 0, f"launcher failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
     return json.loads(out.read_text())
 
@@ -199,6 +199,19 @@ def test_a_quantized_evaluation_of_weights_swapped_in_place_gathers_them_exactly
                                                                         for b in range(2, batches + 1)]
     evaluation = quantized["eval_traffic"]["weights"]  # per evaluation: a keyframe per unit, then the reference
     assert evaluation["sent"] == batches // every * fp32 and evaluation["served_locally"] == 3 * batches // every
+
+
+def test_composer_layer_freezing_under_a_loco_preset(tmp_path):
+    """Composer's LayerFreezing freezes l1 at the end of epoch 2 inside the root's FSDP unit, whose reduce-scatter
+    then carries l2's gradients alone: the w8g4 preset's error feedback restarts there and training goes on, l1
+    still from batch 33 on."""
+    result = _launch(tmp_path, options={"preset": "w8g4"}, freeze=True)
+    assert result["batches"] == 48 and len(result["losses"]) == 48
+    first = next(i for i, names in enumerate(result["frozen"]) if names)
+    assert first == 32 and result["frozen"][first] == ["l1.weight", "l1.bias"]
+    assert all(result["l1_moved"][:first]) and not any(result["l1_moved"][first:])
+    assert sum(result["losses"][-4:]) < sum(result["losses"][first - 4 : first])
+    assert result["traffic"]["grads"]["calls"] == 2 * 48  # the root's unit and l3's, at every batch
 
 
 @pytest.mark.slow
