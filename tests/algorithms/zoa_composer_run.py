@@ -8,8 +8,8 @@ steps 3 and 5 synchronize with 1 bit, and after the variance froze the local-ste
 10 and 14 (intervals 1, 1, 2, 4). ``full`` first checks that ``ddp_sync_strategy='forced_sync'`` is refused, then
 trains 14 batches; ``save`` trains 14 batches with a checkpoint after batch 12 (two local steps after a
 synchronization: the ranks' weights differ); ``resume`` loads it and trains batches 13 and 14; ``freeze`` trains 3
-epochs (48 batches) with Composer's ``LayerFreezing``, which freezes ``l1`` at the end of epoch 2. ``ZOA_OPTIONS`` (JSON)
-adds options of ZeroOneAdamDDP (e.g. ``{"variance_codec": "symmetric"}``). Rank 0 writes JSON:
+epochs (48 batches) with Composer's ``LayerFreezing``, which freezes ``l1`` at the end of epoch 2. ``ZOA_OPTIONS``
+(JSON) adds options of ZeroOneAdamDDP (e.g. ``{"variance_codec": "symmetric"}``). Rank 0 writes JSON:
 the losses, every rank's parameters after each batch and the names of the frozen ones, the traffic report, the
 optimizer's type and the logged metrics.
 """
