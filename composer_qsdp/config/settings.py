@@ -153,11 +153,12 @@ class QSDPConfig:
         auto_options: the automatic policy's options, an :class:`~composer_qsdp.config.options.AutoOptions` or a
             mapping of its fields (which becomes one); ``None`` is the defaults under ``"auto"`` and is required
             under ``"fixed"``.
-        eval_weights: which weights Composer's evaluations compute with: ``"exact"`` (default) gathers the exact
-            full-precision weights, as plain FSDP does, so a validation loss is that of the model being trained
-            and saved; ``"quantized"`` gathers them as training's forward does (quantized, through each unit's
-            scheme), which reports the loss of the quantized-weight model (and, unlike ``"exact"``, advances the
-            seed schedule and scheme state as a training forward would). A mapping ``{evaluator label: mode}``
+        eval_weights: which weights Composer's evaluations (and ``Trainer.predict``, evaluator label ``"predict"``)
+            compute with: ``"exact"`` (default) gathers the exact full-precision weights, as plain FSDP does, so a
+            validation loss is that of the model being trained and saved; ``"quantized"`` gathers them as
+            training's forward does (quantized, through each unit's scheme), which reports the loss of the
+            quantized-weight model (and, unlike ``"exact"``, advances the seed schedule and scheme state as a
+            training forward would). A mapping ``{evaluator label: mode}``
             chooses per evaluator (Composer's ``Evaluator(label=...)``); labels it does not name are
             ``"exact"``. An evaluation is no training step: ``"exact"`` leaves every piece of training state as it
             was (:meth:`QSDPHandle.set_weight_gathers <composer_qsdp.engine.QSDPHandle.set_weight_gathers>`).

@@ -17,7 +17,9 @@ Composer's EMA algorithm with that half-life (e.g. ``"2ba"``), which swaps its a
 place for each evaluation. ``QSDP_TEST_FREEZE=1`` trains 3 epochs (48 batches) with Composer's ``LayerFreezing``,
 which freezes ``l1`` at the end of epoch 2, and makes ``l3`` the only unit below the root, so that ``l1`` freezes
 inside the root's unit (``l2`` trains on there); rank 0 then also writes the frozen parameters' names and whether
-``l1`` moved, after each batch.
+``l1`` moved, after each batch. ``QSDP_TEST_PREDICT=1`` runs ``Trainer.predict`` twice over 64 samples after
+training and writes the largest difference of the predictions from each other and from the trained weights'
+outputs computed by a plain single-process copy of the network.
 """
 
 from __future__ import annotations
@@ -145,6 +147,23 @@ def full_params(state) -> dict[str, torch.Tensor]:
     return {n: gather_full(p).cpu() for n, p in net.named_parameters()}
 
 
+def _predictions(trainer: Trainer) -> dict[str, float]:
+    """Two ``Trainer.predict`` calls over the first 64 samples against the trained weights' outputs from a plain
+    single-process copy of the network (each rank checks the samples its sampler gives it; the maxima over ranks)."""
+    samples = torch.utils.data.Subset(dataset(), range(64))
+    sampler = dist.get_sampler(samples, shuffle=False)
+    loader = DataLoader(samples, batch_size=BS, sampler=sampler)
+    first, second = (torch.cat([o.detach().cpu() for o in trainer.predict(loader, return_outputs=True)])
+                     for _ in range(2))
+    plain = Net()
+    plain.load_state_dict(full_params(trainer.state))
+    with torch.no_grad():
+        expected = plain(samples.dataset.tensors[0][list(sampler)])
+    gaps = torch.stack([(first - expected).abs().max(), (second - first).abs().max()])
+    dist.all_reduce(gaps, reduce_operation="MAX")
+    return {"vs_trained_weights": gaps[0].item(), "between_calls": gaps[1].item()}
+
+
 def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
     # On GPUs, ranks share them over gloo where there are fewer GPUs than ranks (composer_qsdp.shared_gpu).
     device = this_process_gpu()[0] if os.environ.get("QSDP_TEST_DEVICE") == "gpu" else "cpu"
@@ -187,6 +206,7 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
         **checkpointing,
     )
     trainer.fit()
+    predictions = _predictions(trainer) if os.environ.get("QSDP_TEST_PREDICT") == "1" else None
     params = full_params(trainer.state)
     batches = int(trainer.state.timestamp.batch)
     if dist.get_global_rank() == 0:
@@ -211,6 +231,7 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
             "hyperparameters": {k: v for k, v in memory.hyperparameters.items() if k.startswith("qsdp/")},
             "auto_current": qsdp.auto.current if qsdp.auto is not None else None,
             "frozen": freezing.frozen,
+            "predictions": predictions,
             "l1_moved": freezing.l1_moved,
         }
         with open(out_path, "w") as f:

@@ -29,12 +29,14 @@ AUTO = {"policy": "auto", "auto_options": {"warmup_steps": 2, "recheck_tolerance
 
 def _run(tmp_path: Path, out: Path, *args: str, gpu: bool = False, options: dict | None = None, nproc: int = 2,
          fsdp: dict | None = None, fsdp_version: int = 2, microbatch: int = 16,
-         eval_every: int = 0, ema: str = "", freeze: bool = False) -> subprocess.CompletedProcess:
+         eval_every: int = 0, ema: str = "", freeze: bool = False,
+         predict: bool = False) -> subprocess.CompletedProcess:
     launch = e2e_common.launcher if gpu else e2e_common.torchrun
     env = {**os.environ, "FSDP_VERSION": str(fsdp_version), "OMP_NUM_THREADS": "1",
            "QSDP_TEST_OPTIONS": json.dumps(options), "QSDP_TEST_FSDP": json.dumps(fsdp),
            "QSDP_TEST_MICROBATCH": str(microbatch), "QSDP_TEST_EVAL": str(eval_every),
-           "QSDP_TEST_EMA": ema, "QSDP_TEST_FREEZE": "1" if freeze else ""}
+           "QSDP_TEST_EMA": ema, "QSDP_TEST_FREEZE": "1" if freeze else "",
+           "QSDP_TEST_PREDICT": "1" if predict else ""}
     if gpu:
         env["QSDP_TEST_DEVICE"] = "gpu"
     return subprocess.run([*launch(nproc), str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
@@ -43,10 +45,10 @@ def _run(tmp_path: Path, out: Path, *args: str, gpu: bool = False, options: dict
 
 def _launch(tmp_path: Path, *args: str, gpu: bool = False, options: dict | None = None, nproc: int = 2,
             fsdp: dict | None = None, fsdp_version: int = 2, microbatch: int = 16, eval_every: int = 0,
-            ema: str = "", freeze: bool = False) -> dict:
+            ema: str = "", freeze: bool = False, predict: bool = False) -> dict:
     out = tmp_path / f"result-{'-'.join(a for a in args if '/' not in a) or 'full'}.json"
     proc = _run(tmp_path, out, *args, gpu=gpu, options=options, nproc=nproc, fsdp=fsdp, fsdp_version=fsdp_version,
-                microbatch=microbatch, eval_every=eval_every, ema=ema, freeze=freeze)
+                microbatch=microbatch, eval_every=eval_every, ema=ema, freeze=freeze, predict=predict)
     assert proc.returncode == 0, f"launcher failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
     return json.loads(out.read_text())
 
@@ -76,6 +78,15 @@ def _check_quantized_training(result: dict, fsdp_version: int = 2) -> None:
 @pytest.mark.slow  # the recipe entrypoint's launcher run (tests/test_train.py) trains QSDP the same way
 def test_composer_launcher_run_quantizes_fsdp_traffic(tmp_path):
     _check_quantized_training(_launch(tmp_path))
+
+
+@pytest.mark.parametrize("preset", ["w8g8", "qwd-w3g3-loco"])
+def test_trainer_predict_computes_with_the_trained_weights(tmp_path, preset):
+    """Trainer.predict after training gathers the exact weights, as an evaluation does: its outputs are a plain
+    copy of the trained network's, and two calls agree (stochastically rounded 8-bit weights differed by 0.12)."""
+    result = _launch(tmp_path, options={"preset": preset}, predict=True)
+    assert result["predictions"]["between_calls"] == 0
+    assert result["predictions"]["vs_trained_weights"] < 1e-5, result["predictions"]
 
 
 @pytest.mark.slow  # the LoCo preset's launcher run below gathers weight differences through Composer too

@@ -131,14 +131,15 @@ class QSDP(Algorithm):
     ``qsdp/resume_changes``); the byte counters keep their totals. A resume from a checkpoint without QSDP state
     warns too, and the counters start from zero.
 
-    Evaluations compute with the exact weights by default: at ``Event.EVAL_START`` the handle's weight all-gathers
-    switch to the framework's own gather of the full-precision shards (:meth:`QSDPHandle.set_weight_gathers
-    <composer_qsdp.engine.QSDPHandle.set_weight_gathers>`), so a validation loss is that of the model trained and
-    saved, comparable with plain FSDP's, and training continues exactly as if the evaluation had not happened (no
-    seed drawn, no scheme state touched). The config's ``eval_weights`` chooses per evaluator label
+    Evaluations, and ``Trainer.predict`` (dataloader label ``"predict"``), compute with the exact weights by
+    default: at ``Event.EVAL_START`` (``PREDICT_START``) the handle's weight all-gathers switch to the framework's
+    own gather of the full-precision shards (:meth:`QSDPHandle.set_weight_gathers
+    <composer_qsdp.engine.QSDPHandle.set_weight_gathers>`), so a validation loss (a prediction) is that of the model
+    trained and saved, comparable with plain FSDP's, and training continues exactly as if the evaluation had not
+    happened (no seed drawn, no scheme state touched). The config's ``eval_weights`` chooses per evaluator label
     (``state.dataloader_label``): ``"quantized"`` evaluates the weights as training's forward sees them, today's
-    quantized-weight loss. ``EVAL_END`` restores training's gathers; if an evaluation raised before its
-    ``EVAL_END``, the next ``FIT_START`` or ``BATCH_START`` does. Hyperparameter ``qsdp/eval_weights``; the config's
+    quantized-weight loss. ``EVAL_END`` (``PREDICT_END``) restores training's gathers; if an evaluation raised
+    before its end, the next ``FIT_START`` or ``BATCH_START`` does. Hyperparameter ``qsdp/eval_weights``; the config's
     ``separate_grad_group``: ``qsdp/separate_grad_group``; its ``speculative_update``: ``qsdp/speculative_update``, and
     per batch the cumulative ``qsdp/speculation/sent``, ``hits``, ``misses`` and ``paused``. With it, QSDP also acts at
     ``Event.AFTER_TRAIN_BATCH`` (every microbatch's backward is done; Composer runs them inside the optimizer's step
@@ -232,7 +233,7 @@ class QSDP(Algorithm):
             return self.handle.weight_gathers != "quantized"
         if event == Event.AFTER_TRAIN_BATCH:  # inside the optimizer's step closure, after the pre-step hook
             return self.handle.speculation is not None
-        return event in (Event.BATCH_END, Event.FIT_END, Event.EVAL_START, Event.EVAL_END)
+        return event in (Event.BATCH_END, Event.FIT_END, *_EVAL_STARTS, *_EVAL_ENDS)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         assert event in (Event.INIT, Event.AFTER_LOAD) or self.handle is not None
@@ -250,10 +251,10 @@ class QSDP(Algorithm):
             self._refuse_nonfinite_checkpoint(state)
         elif event == Event.AFTER_TRAIN_BATCH:
             self.handle.on_backward_end()
-        elif event == Event.EVAL_START:
+        elif event in _EVAL_STARTS:
             self._eval_start = self.handle.traffic()
             self.handle.set_weight_gathers(self.config.eval_weights_for(state.dataloader_label or ""))
-        elif event == Event.EVAL_END:
+        elif event in _EVAL_ENDS:
             self.handle.set_weight_gathers("quantized")
             self._log_eval(logger)
         elif event in (Event.FIT_START, Event.BATCH_START):
@@ -264,8 +265,9 @@ class QSDP(Algorithm):
             self.handle.check_finite()
 
     def eval_traffic(self) -> TrafficReport:
-        """The part of :meth:`traffic` sent between Composer's ``EVAL_START`` and ``EVAL_END`` events (every
-        evaluation since training began, resumes included); the per-batch metrics leave it out.
+        """The part of :meth:`traffic` sent between Composer's ``EVAL_START`` and ``EVAL_END`` events, and between
+        ``PREDICT_START`` and ``PREDICT_END`` (every evaluation and ``Trainer.predict`` since training began, resumes
+        included); the per-batch metrics leave it out.
 
         An evaluation of the exact weights (``eval_weights`` ``"exact"``, the default) sends every gather
         unquantized, in the gathered dtype (bf16 under bf16 mixed precision), as plain FSDP does. Under
@@ -497,6 +499,9 @@ def _load_residuals(handle: QSDPHandle, saved: dict[str, Any], state: State) -> 
 
 
 _CHECKPOINT_EVENTS = (Event.BATCH_CHECKPOINT, Event.EPOCH_CHECKPOINT, Event.ITERATION_CHECKPOINT)
+# Where a forward that is no training step begins and ends: an evaluation, or Trainer.predict (label "predict").
+_EVAL_STARTS = (Event.EVAL_START, Event.PREDICT_START)
+_EVAL_ENDS = (Event.EVAL_END, Event.PREDICT_END)
 
 
 def _saves_now(callback: Any, state: State, event: Event) -> bool:
