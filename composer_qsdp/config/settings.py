@@ -158,10 +158,10 @@ class QSDPConfig:
             validation loss is that of the model being trained and saved; ``"quantized"`` gathers them as
             training's forward does (quantized, through each unit's scheme), which reports the loss of the
             quantized-weight model (and, unlike ``"exact"``, advances the seed schedule and scheme state as a
-            training forward would). A mapping ``{evaluator label: mode}``
-            chooses per evaluator (Composer's ``Evaluator(label=...)``); labels it does not name are
-            ``"exact"``. An evaluation is no training step: ``"exact"`` leaves every piece of training state as it
-            was (:meth:`QSDPHandle.set_weight_gathers <composer_qsdp.engine.QSDPHandle.set_weight_gathers>`).
+            training forward would). A mapping ``{evaluator label: mode}`` chooses per evaluator (Composer's
+            ``Evaluator(label=...)``); labels it does not name are ``"exact"``. An evaluation is no training step:
+            ``"exact"`` leaves every piece of training state as it was (:meth:`QSDPHandle.set_weight_gathers
+            <composer_qsdp.engine.QSDPHandle.set_weight_gathers>`).
             Not part of the quantization settings: :meth:`summary` and checkpoints leave it out, and
             :meth:`matching_preset` ignores it (the algorithm logs it as ``qsdp/eval_weights``). Recipes also
             take ``both`` (an evaluator of each kind); here a mapping says that.
