@@ -19,7 +19,8 @@ which freezes ``l1`` at the end of epoch 2, and makes ``l3`` the only unit below
 inside the root's unit (``l2`` trains on there); rank 0 then also writes the frozen parameters' names and whether
 ``l1`` moved, after each batch. ``QSDP_TEST_PREDICT=1`` runs ``Trainer.predict`` twice over 64 samples after
 training and writes the largest difference of the predictions from each other and from the trained weights'
-outputs computed by a plain single-process copy of the network.
+outputs computed by a plain single-process copy of the network. ``QSDP_TEST_COMPILE=1`` passes Composer's
+``compile_config={}`` (``torch.compile`` of the whole model); rank 0 then also writes how many graphs dynamo compiled.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from full_dtensor import gather_full  # noqa: E402
 N, BS, IN, HID, OUT, LR = 512, 16, 32, 128, 16, 0.05
 DEFAULT_OPTIONS = {"weight_bits": 8, "grad_bits": 8, "bucket_size": 256, "error_sample_interval": 2}
 FREEZE = os.environ.get("QSDP_TEST_FREEZE") == "1"
+COMPILE = os.environ.get("QSDP_TEST_COMPILE") == "1"
 
 
 class Net(nn.Module):
@@ -164,6 +166,14 @@ def _predictions(trainer: Trainer) -> dict[str, float]:
     return {"vs_trained_weights": gaps[0].item(), "between_calls": gaps[1].item()}
 
 
+def _compiled_graphs() -> int:
+    """The graphs dynamo compiled in this process (FSDP2's hooks, and with them QSDP's collectives, run eagerly
+    between them: torch skips FSDP hooks by default)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
     # On GPUs, ranks share them over gloo where there are fewer GPUs than ranks (composer_qsdp.shared_gpu).
     device = this_process_gpu()[0] if os.environ.get("QSDP_TEST_DEVICE") == "gpu" else "cpu"
@@ -203,6 +213,7 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
         log_to_console=False,
         seed=0,
         device_train_microbatch_size=int(os.environ.get("QSDP_TEST_MICROBATCH", BS)),
+        compile_config={} if COMPILE else None,
         **checkpointing,
     )
     trainer.fit()
@@ -233,6 +244,7 @@ def main(out_path: str, mode: str = "full", ckpt_dir: str = "") -> None:
             "frozen": freezing.frozen,
             "predictions": predictions,
             "l1_moved": freezing.l1_moved,
+            "compiled_graphs": _compiled_graphs() if COMPILE else None,
         }
         with open(out_path, "w") as f:
             json.dump(result, f)

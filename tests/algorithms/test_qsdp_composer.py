@@ -30,13 +30,13 @@ AUTO = {"policy": "auto", "auto_options": {"warmup_steps": 2, "recheck_tolerance
 def _run(tmp_path: Path, out: Path, *args: str, gpu: bool = False, options: dict | None = None, nproc: int = 2,
          fsdp: dict | None = None, fsdp_version: int = 2, microbatch: int = 16,
          eval_every: int = 0, ema: str = "", freeze: bool = False,
-         predict: bool = False) -> subprocess.CompletedProcess:
+         predict: bool = False, compile: bool = False) -> subprocess.CompletedProcess:
     launch = e2e_common.launcher if gpu else e2e_common.torchrun
     env = {**os.environ, "FSDP_VERSION": str(fsdp_version), "OMP_NUM_THREADS": "1",
            "QSDP_TEST_OPTIONS": json.dumps(options), "QSDP_TEST_FSDP": json.dumps(fsdp),
            "QSDP_TEST_MICROBATCH": str(microbatch), "QSDP_TEST_EVAL": str(eval_every),
            "QSDP_TEST_EMA": ema, "QSDP_TEST_FREEZE": "1" if freeze else "",
-           "QSDP_TEST_PREDICT": "1" if predict else ""}
+           "QSDP_TEST_PREDICT": "1" if predict else "", "QSDP_TEST_COMPILE": "1" if compile else ""}
     if gpu:
         env["QSDP_TEST_DEVICE"] = "gpu"
     return subprocess.run([*launch(nproc), str(SCRIPT), str(out), *args], env=env, cwd=tmp_path,
@@ -45,10 +45,12 @@ def _run(tmp_path: Path, out: Path, *args: str, gpu: bool = False, options: dict
 
 def _launch(tmp_path: Path, *args: str, gpu: bool = False, options: dict | None = None, nproc: int = 2,
             fsdp: dict | None = None, fsdp_version: int = 2, microbatch: int = 16, eval_every: int = 0,
-            ema: str = "", freeze: bool = False, predict: bool = False) -> dict:
-    out = tmp_path / f"result-{'-'.join(a for a in args if '/' not in a) or 'full'}.json"
+            ema: str = "", freeze: bool = False, predict: bool = False, compile: bool = False) -> dict:
+    name = "-".join(a for a in args if "/" not in a) or "full"
+    out = tmp_path / f"result-{name}{'-compiled' if compile else ''}.json"
     proc = _run(tmp_path, out, *args, gpu=gpu, options=options, nproc=nproc, fsdp=fsdp, fsdp_version=fsdp_version,
-                microbatch=microbatch, eval_every=eval_every, ema=ema, freeze=freeze, predict=predict)
+                microbatch=microbatch, eval_every=eval_every, ema=ema, freeze=freeze, predict=predict,
+                compile=compile)
     assert proc.returncode == 0, f"launcher failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
     return json.loads(out.read_text())
 
@@ -103,6 +105,21 @@ def test_composer_run_with_weight_differences(tmp_path):
     losses = result["losses"]
     assert sum(losses[-4:]) / 4 < 0.7 * sum(losses[:2]) / 2, losses
     assert max(result["param_rel_error"].values()) < 2e-2, result["param_rel_error"]
+
+
+def test_a_compiled_model_trains_as_the_eager_one(tmp_path):
+    """Composer's ``compile_config`` (``torch.compile`` of the whole model) under a LoCo preset with weight
+    differences: dynamo compiles the layers between FSDP2's hooks and QSDP's collectives keep running in them, so
+    the run sends the same bytes and trains to the eager run's losses (fp32 on CPU: inductor's kernels may order a
+    reduction differently, so to 1e-5)."""
+    options = {"preset": "qwd-w3g3-loco"}
+    eager = _launch(tmp_path, options=options)
+    compiled = _launch(tmp_path, options=options, compile=True)
+    assert compiled["compiled_graphs"] >= 1
+    assert compiled["traffic"] == eager["traffic"]
+    assert compiled["keyframes"] == eager["keyframes"] == [1, 1, 1]
+    assert compiled["losses"] == pytest.approx(eager["losses"], rel=1e-5)
+    assert max(compiled["param_rel_error"].values()) < 2e-2, compiled["param_rel_error"]
 
 
 def test_updates_sent_ahead_train_as_without_them_in_a_composer_run(tmp_path):
