@@ -22,10 +22,11 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass
+from collections.abc import Mapping
 from typing import Any, Union
 
-__all__ = ["MIN_SEEDS", "Run", "SeedComparison", "compare", "paired_trend", "run_label", "student_t_cdf",
-           "student_t_quantile"]
+__all__ = ["MIN_SEEDS", "PooledGap", "Run", "SeedComparison", "compare", "paired_gaps", "paired_trend", "pool_paired",
+           "run_label", "student_t_cdf", "student_t_quantile"]
 
 #: One run of an arm: its seed, or (seed, run index) where a seed ran more than once.
 Run = Union[int, tuple[int, int]]
@@ -198,8 +199,7 @@ def compare(arm_curves: dict[Run, dict[int, float]], baseline_curves: dict[Run, 
     base = {run: c[step] for run, c in sorted(baseline_curves.items(), key=lambda item: _order(item[0]))}
     a, b = list(arm.values()), list(base.values())
     arm_mean, base_mean = statistics.fmean(a), statistics.fmean(b)
-    arm_seed, base_seed = _seed_means(arm), _seed_means(base)
-    paired = [100.0 * (loss - base_seed[seed]) / base_seed[seed] for seed, loss in arm_seed.items() if seed in base_seed]
+    paired = list(paired_gaps(arm, base).values())
     paired_ci, paired_p = _one_sample_t(paired)
     t = df = p = ci = None
     if len(a) > 1 and len(b) > 1:
@@ -219,6 +219,73 @@ def compare(arm_curves: dict[Run, dict[int, float]], baseline_curves: dict[Run, 
                           100.0 * (arm_mean - base_mean) / base_mean,
                           statistics.fmean(paired) if paired else None, paired_ci, paired_p, t, df, p, ci, verdict,
                           left_out)
+
+
+def paired_gaps(arm_losses: Mapping[Run, float], baseline_losses: Mapping[Run, float]) -> dict[int, float]:
+    """Each seed both sides ran -> its gap in percent: the mean of the arm's runs of that seed against the mean of the
+    baseline's runs of it (the same initial weights and data order)."""
+    arm, base = _seed_means(arm_losses), _seed_means(baseline_losses)
+    return {seed: 100.0 * (loss - base[seed]) / base[seed] for seed, loss in arm.items() if seed in base}
+
+
+@dataclass(frozen=True)
+class PooledGap:
+    """An arm's paired gap averaged over cells (a corpus and a model size each), every cell weighing the same (gaps
+    in percent of the baseline's loss).
+
+    Attributes:
+        cells: cell -> its seeds' paired gaps (:func:`paired_gaps`).
+        mean_pct: the mean over the cells of each cell's mean paired gap.
+        se_pct: its standard error, ``sqrt(sum_c s_c**2 / k_c) / C`` from each cell's own sample variance ``s_c**2``
+            of its ``k_c`` seeds' gaps (``C`` cells).
+        df: Welch-Satterthwaite's degrees of freedom of that error.
+        ci95_pct / p_value: Student's t 95% interval of ``mean_pct`` and the two-sided p of a zero mean (None where
+            no cell's gaps spread).
+        above_cells: the cells whose own mean paired gap is above zero.
+    """
+
+    cells: dict[str, dict[int, float]]
+    mean_pct: float
+    se_pct: float
+    df: float | None
+    ci95_pct: tuple[float, float] | None
+    p_value: float | None
+    above_cells: tuple[str, ...]
+
+
+def pool_paired(cells: Mapping[str, Mapping[int, float]]) -> PooledGap:
+    """Pool an arm's paired seed gaps over independent cells, each cell weighing the same (:class:`PooledGap`).
+
+    A cell's seeds are paired against the baseline's runs of the same seeds, so its mean gap has the variance of
+    its seeds' gaps over their number; the cells are separate runs on other data or model sizes, so these add. The
+    mean estimates what the arm costs on average over the cells, much more tightly than one cell's three seeds do;
+    a cost on one cell can hide behind gains on others, which ``above_cells`` and the cells' own verdicts show. With
+    one cell it is that cell's paired t-test (:func:`compare`).
+
+    Args:
+        cells: cell name -> {seed: paired gap in percent}, at least 2 seeds each.
+
+    Raises:
+        ValueError: no cell, or a cell with fewer than 2 seeds (no variance to weigh it by); names the cell.
+    """
+    if not cells:
+        raise ValueError("no cell to pool: give at least one cell's paired gaps")
+    thin = {name: len(gaps) for name, gaps in cells.items() if len(gaps) < 2}
+    if thin:
+        raise ValueError(f"cells {thin} hold fewer than 2 seeds (seeds per cell shown); each cell needs at least 2")
+    means = {name: statistics.fmean(gaps.values()) for name, gaps in cells.items()}
+    variances = {name: statistics.variance(gaps.values()) / len(gaps) for name, gaps in cells.items()}
+    count = len(cells)
+    mean = statistics.fmean(means.values())
+    total = sum(variances.values())
+    se = math.sqrt(total) / count
+    df = ci = p = None
+    if total > 0:
+        df = total**2 / sum(v**2 / (len(cells[name]) - 1) for name, v in variances.items())
+        half = student_t_quantile(0.975, df) * se
+        ci, p = (mean - half, mean + half), 2.0 * (1.0 - student_t_cdf(abs(mean / se), df))
+    return PooledGap({name: dict(gaps) for name, gaps in cells.items()}, mean, se, df, ci, p,
+                     tuple(name for name, m in means.items() if m > 0))
 
 
 def _one_sample_t(values: list[float]) -> tuple[tuple[float, float] | None, float | None]:
@@ -273,7 +340,7 @@ def _furthest(curves: list[dict[int, float]]) -> list[dict[int, float]]:
     return [c for c in curves if max(c) == end]
 
 
-def _seed_means(losses: dict[Run, float]) -> dict[int, float]:
+def _seed_means(losses: Mapping[Run, float]) -> dict[int, float]:
     """Seed -> the mean loss of its runs in ``losses``."""
     by_seed: dict[int, list[float]] = {}
     for run, loss in losses.items():

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from seed_stats import MIN_SEEDS, compare, paired_trend, student_t_cdf, student_t_quantile
+from seed_stats import MIN_SEEDS, compare, paired_trend, pool_paired, student_t_cdf, student_t_quantile
 
 
 @pytest.mark.parametrize("df", [1.0, 2.0, 3.7, 10.0, 57.5])
@@ -132,3 +132,49 @@ def test_runs_stopped_early_are_left_out_once_enough_seeds_finished():
     assert sorted(r.arm_losses) == [(17, 1), (18, 1), (19, 1)] and set(r.left_out) == set(stopped)
     assert r.arm_mean == pytest.approx(statistics.fmean([1.705, 1.715, 1.71]))
     assert sorted(r.to_json()["left_out"]) == ["17@run2", "18@run2", "19@run2"]
+
+
+def test_pooling_one_cell_is_its_paired_t_test():
+    arm = {17: 1.7050, 18: 1.7150, 19: 1.6950, 20: 1.6990}
+    base = {17: 1.6981, 18: 1.7089, 19: 1.6897, 20: 1.7010}
+    r = compare(_curves(arm), _curves(base), complete_step=2000)
+    pool = pool_paired({"cell": {s: 100 * (arm[s] / base[s] - 1) for s in arm}})
+    assert pool.mean_pct == pytest.approx(r.paired_gap_pct)
+    assert pool.df == pytest.approx(3)
+    assert pool.ci95_pct == pytest.approx(r.paired_ci95_pct)
+    assert pool.p_value == pytest.approx(r.paired_p_value)
+
+
+def test_pooled_cells_weigh_the_same_with_welch_satterthwaite_degrees_of_freedom():
+    stats = pytest.importorskip("scipy.stats")
+    cells = {"a": {17: 0.9, 18: -0.2, 19: 1.4}, "b": {17: -0.31, 18: -0.40, 19: -0.22, 20: -0.35, 21: -0.30},
+             "c": {17: 0.05, 18: -0.6}}
+    pool = pool_paired(cells)
+    means = [statistics.fmean(g.values()) for g in cells.values()]
+    v = [statistics.variance(g.values()) / len(g) for g in cells.values()]
+    k = [len(g) for g in cells.values()]
+    se = math.sqrt(sum(v)) / 3
+    df = sum(v) ** 2 / sum(vi**2 / (ki - 1) for vi, ki in zip(v, k))
+    assert pool.mean_pct == pytest.approx(statistics.fmean(means))
+    assert (pool.se_pct, pool.df) == pytest.approx((se, df))
+    half = stats.t.ppf(0.975, df) * se
+    assert pool.ci95_pct == pytest.approx((pool.mean_pct - half, pool.mean_pct + half))
+    assert pool.p_value == pytest.approx(2 * stats.t.sf(abs(pool.mean_pct) / se, df))
+    assert pool.above_cells == ("a",)
+
+
+def test_cells_of_equal_spread_pool_their_degrees_of_freedom():
+    # Three cells of three seeds with the same variance: Welch-Satterthwaite gives 3 * (3 - 1) degrees of freedom.
+    cells = {name: {17: shift - 1.0, 18: shift, 19: shift + 1.0} for name, shift in (("a", 0.0), ("b", 2.0), ("c", -5))}
+    pool = pool_paired(cells)
+    assert pool.df == pytest.approx(6)
+    assert pool.se_pct == pytest.approx(math.sqrt(3 * 1.0 / 3) / 3)
+
+
+def test_pooling_refuses_a_cell_without_a_spread_to_weigh_it_by():
+    with pytest.raises(ValueError, match=r"cells \{'csource': 1\} hold fewer than 2 seeds"):
+        pool_paired({"pysource": {17: 0.1, 18: 0.2}, "csource": {17: 2.27}})
+    with pytest.raises(ValueError, match="no cell"):
+        pool_paired({})
+    flat = pool_paired({"a": {17: 0.5, 18: 0.5}})
+    assert flat.ci95_pct is None and flat.p_value is None and flat.mean_pct == pytest.approx(0.5)
