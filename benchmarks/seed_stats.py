@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any, Union
 
 __all__ = ["MIN_SEEDS", "PooledGap", "Run", "SeedComparison", "compare", "paired_gaps", "paired_trend", "pool_paired",
