@@ -32,12 +32,6 @@ from convergence_report import read_record
 __all__ = ["cell_comparisons", "main", "pooled_table"]
 
 
-def _run(label: str) -> seed_stats.Run:
-    """A comparison's run label back to its :data:`seed_stats.Run` (``"17"``, ``"17@run2"``)."""
-    seed, _, run = label.partition("@run")
-    return (int(seed), int(run)) if run else int(seed)
-
-
 def cell_comparisons(records: list[Path], arms: list[str], aliases: dict[str, str]) -> dict[str, dict[str, Any]]:
     """Each of ``arms`` -> its comparison in the last of ``records`` (oldest first) that holds one, under its own
     name or a recorded name that ``aliases`` maps to it; an arm no record compares is absent."""
@@ -55,10 +49,6 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 
 
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:+.2f}%"
-
-
 def pooled_table(cells: dict[str, dict[str, dict[str, Any]]], arms: list[str]) -> tuple[str, dict[str, Any]]:
     """The markdown table and the JSON record of ``arms`` over ``cells`` (cell -> :func:`cell_comparisons`)."""
     names = list(cells)
@@ -73,24 +63,23 @@ def pooled_table(cells: dict[str, dict[str, dict[str, Any]]], arms: list[str]) -
                 row.append("not run")
                 left_out[name] = "not run"
                 continue
-            gaps = seed_stats.paired_gaps({_run(k): v for k, v in c["arm_losses"].items()},
-                                          {_run(k): v for k, v in c["baseline_losses"].items()})
+            gaps = seed_stats.paired_gaps(*({seed_stats.parse_run_label(k): v for k, v in c[side].items()}
+                                            for side in ("arm_losses", "baseline_losses")))
             mean = sum(gaps.values()) / len(gaps) if gaps else None
             if c["verdict"].startswith("incomplete") or len(gaps) < seed_stats.MIN_SEEDS:
-                row.append(f"{_pct(mean)} ({_count(len(gaps), 'seed')}, not pooled: {c['verdict']})")
+                row.append(f"{common.fmt(mean, '+.2f', '%')} ({_count(len(gaps), 'seed')}, not pooled: {c['verdict']})")
                 left_out[name] = c["verdict"]
                 continue
             pooled_cells[name] = gaps
-            row.append(f"{_pct(mean)} ({_count(len(gaps), 'seed')})")
+            row.append(f"{common.fmt(mean, '+.2f', '%')} ({_count(len(gaps), 'seed')})")
         kept = ("record", "recorded_as", "baseline", "step", "verdict")
         entry: dict[str, Any] = {"left_out": left_out,
                                  "cells": {n: {k: cells[n][arm][k] for k in kept} for n in names if arm in cells[n]}}
         if pooled_cells:
             pool = seed_stats.pool_paired(pooled_cells)
             ci = "n/a" if pool.ci95_pct is None else f"{pool.ci95_pct[0]:+.2f} .. {pool.ci95_pct[1]:+.2f}%"
-            row += [f"**{_pct(pool.mean_pct)}** ({_count(len(pooled_cells), 'cell')})", ci,
-                    "n/a" if pool.p_value is None else f"{pool.p_value:.3f}",
-                    "n/a" if pool.df is None else f"{pool.df:.1f}", str(len(pool.above_cells))]
+            row += [f"**{common.fmt(pool.mean_pct, '+.2f', '%')}** ({_count(len(pooled_cells), 'cell')})", ci,
+                    common.fmt(pool.p_value, ".3f"), common.fmt(pool.df, ".1f"), str(len(pool.above_cells))]
             entry["pooled"] = {"mean_pct": pool.mean_pct, "se_pct": pool.se_pct, "df": pool.df,
                                "ci95_pct": pool.ci95_pct, "p_value": pool.p_value, "above_cells": pool.above_cells,
                                "gaps_pct": {n: {str(s): g for s, g in gaps.items()} for n, gaps in pool.cells.items()}}

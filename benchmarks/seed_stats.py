@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Union
 
-__all__ = ["MIN_SEEDS", "PooledGap", "Run", "SeedComparison", "compare", "paired_gaps", "paired_trend", "pool_paired",
-           "run_label", "student_t_cdf", "student_t_quantile"]
+__all__ = ["MIN_SEEDS", "PooledGap", "Run", "SeedComparison", "compare", "paired_gaps", "paired_trend",
+           "parse_run_label", "pool_paired", "run_label", "student_t_cdf", "student_t_quantile"]
 
 #: One run of an arm: its seed, or (seed, run index) where a seed ran more than once.
 Run = Union[int, tuple[int, int]]
@@ -46,6 +46,12 @@ def _order(run: Run) -> tuple[int, int]:
 def run_label(run: Run) -> str:
     """``"17"`` for seed 17, ``"17@run2"`` for its run in the second of several combined records."""
     return str(run) if isinstance(run, int) else f"{run[0]}@run{run[1]}"
+
+
+def parse_run_label(label: str) -> Run:
+    """The :data:`Run` that :func:`run_label` wrote as ``label`` (a comparison's ``arm_losses`` keys in JSON)."""
+    seed, _, run = label.partition("@run")
+    return (int(seed), int(run)) if run else int(seed)
 
 
 def _betacf(a: float, b: float, x: float) -> float:

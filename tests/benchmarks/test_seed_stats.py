@@ -7,7 +7,8 @@ import statistics
 
 import pytest
 
-from seed_stats import MIN_SEEDS, compare, paired_trend, pool_paired, student_t_cdf, student_t_quantile
+from seed_stats import (MIN_SEEDS, compare, paired_trend, parse_run_label, pool_paired, run_label, student_t_cdf,
+                        student_t_quantile)
 
 
 @pytest.mark.parametrize("df", [1.0, 2.0, 3.7, 10.0, 57.5])
@@ -178,3 +179,8 @@ def test_pooling_refuses_a_cell_without_a_spread_to_weigh_it_by():
         pool_paired({})
     flat = pool_paired({"a": {17: 0.5, 18: 0.5}})
     assert flat.ci95_pct is None and flat.p_value is None and flat.mean_pct == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("run", [17, (17, 2), (3, 11)])
+def test_a_run_label_reads_back_as_its_run(run):
+    assert parse_run_label(run_label(run)) == run
